@@ -1,0 +1,2044 @@
+/*
+train_fox.c: the CPU reference twin of train_fox.
+
+A complete fp32 trainer of the Forgetting Transformer (FoX) family and its Transformer
+baselines, parallel with OpenMP. Every forward and backward is written by hand and kept as
+simple as exactness allows: it is what the GPU trainer is diffed against. The model is
+specified in FOX_SPEC.md (kept in the project's shared folder) and in README.md.
+
+Valid C and C++: test_fox.cu and train_fox.cu include this file with TESTING defined,
+which drops main().
+*/
+#include <ctype.h>
+#include <errno.h>
+#include <glob.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// ----------------------------------------------------------------------------
+// errors and checked system calls
+
+static void fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(EXIT_FAILURE);
+}
+
+static void* malloc_check(size_t size, const char* what) {
+    void* p = malloc(size > 0 ? size : 1);
+    if (p == NULL) {
+        fail("could not allocate %zu bytes for %s\nHINT: use a smaller model, micro-batch (-b) "
+             "or sequence length (-t)", size, what);
+    }
+    return p;
+}
+
+static void* calloc_check(size_t count, size_t size, const char* what) {
+    void* p = malloc_check(count * size, what);
+    memset(p, 0, count * size);
+    return p;
+}
+
+static FILE* fopen_check(const char* path, const char* mode) {
+    FILE* f = fopen(path, mode);
+    if (f == NULL) {
+        fail("could not open '%s' (%s): %s\nHINT: check the path and its permissions", path,
+             mode[0] == 'r' ? "for reading" : "for writing", strerror(errno));
+    }
+    return f;
+}
+
+static void fread_check(void* dst, size_t size, size_t count, FILE* f, const char* path) {
+    if (fread(dst, size, count, f) != count) {
+        fail("'%s' is truncated or unreadable (%s)\nHINT: the file is damaged; regenerate it or "
+             "use another one", path, ferror(f) ? strerror(errno) : "unexpected end of file");
+    }
+}
+
+static void fwrite_check(const void* src, size_t size, size_t count, FILE* f, const char* path) {
+    if (fwrite(src, size, count, f) != count) {
+        fail("could not write '%s': %s\nHINT: is the disk full?", path, strerror(errno));
+    }
+}
+
+static long file_size_check(FILE* f, const char* path) {
+    if (fseek(f, 0, SEEK_END) != 0) { fail("could not seek in '%s': %s", path, strerror(errno)); }
+    long size = ftell(f);
+    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) { fail("could not seek in '%s'", path); }
+    return size;
+}
+
+// Writes go to "<path>.tmp", are flushed to disk, then renamed over <path>: a crash at any
+// moment leaves either the old complete file or the new complete file, never a partial one.
+static FILE* atomic_open(const char* path, char* tmp_path, size_t tmp_size) {
+    if ((size_t)snprintf(tmp_path, tmp_size, "%s.tmp", path) >= tmp_size) {
+        fail("path too long: '%s'", path);
+    }
+    return fopen_check(tmp_path, "wb");
+}
+
+static void atomic_commit(FILE* f, const char* tmp_path, const char* path) {
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
+        fail("could not write '%s': %s\nHINT: is the disk full? the previous file is intact",
+             tmp_path, strerror(errno));
+    }
+    if (fclose(f) != 0) { fail("could not close '%s': %s\nHINT: is the disk full?", tmp_path, strerror(errno)); }
+    if (rename(tmp_path, path) != 0) { fail("could not rename '%s' to '%s': %s", tmp_path, path, strerror(errno)); }
+}
+
+// ----------------------------------------------------------------------------
+// random numbers: splitmix64, deterministic on every platform
+
+static uint64_t rng_next(uint64_t* state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(uint64_t* state) { // in [0, 1)
+    return (double)(rng_next(state) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double rng_normal(uint64_t* state) { // Box-Muller
+    double u1 = rng_uniform(state), u2 = rng_uniform(state);
+    return sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * M_PI * u2);
+}
+
+static void shuffle_indices(int* idx, int n, uint64_t seed) { // Fisher-Yates
+    uint64_t state = seed;
+    for (int i = 0; i < n; i++) { idx[i] = i; }
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng_next(&state) % (uint64_t)(i + 1));
+        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// model configuration
+
+enum { BLOCK_LLAMA, BLOCK_PRO };
+enum { GATE_FULL, GATE_BIAS_ONLY, GATE_FIXED, GATE_NONE };
+static const char* BLOCK_NAMES[] = {"llama", "pro"};
+static const char* GATE_NAMES[] = {"full", "bias_only", "fixed", "none"};
+
+typedef struct {
+    int n_layer;           // L
+    int n_embd;            // C
+    int n_head;            // H, head size hd = C / H
+    int vocab_size;        // V, 50257 for GPT-2 tokens
+    int padded_vocab_size; // Vp, V rounded up to a multiple of 128
+    int mlp_hidden;        // I, SwiGLU hidden size
+    int block;             // BLOCK_LLAMA (MLP ratio 4) or BLOCK_PRO (3.5)
+    int gate;              // forget gate type
+    float decay_time_min;  // T_min, T_max: initial decay times of bias_only / fixed gates
+    float decay_time_max;
+    int k_shift, v_shift;  // Pro block: KV-shift on k and on v
+    int qk_norm;           // Pro block: per-head RMSNorm on q and k
+    int qk_norm_shared;    // one hd-sized scale shared by all heads (authors' checkpoints)
+    int output_gate;       // Pro block: y = W_o(o * sigmoid(W_g x))
+    int output_norm;       // Pro block: per-head RMSNorm on o
+    int rope;              // rotary position embedding on q and k (Transformer baselines)
+    float rope_theta;
+    int window;            // sliding window size, 0 = full causal attention
+} FoxConfig;
+
+static int padded_vocab(int V) { return ((V + 127) / 128) * 128; }
+
+// I = 256 * ceil(floor(C * r * 2/3) / 256), r = 4 (LLaMA) or 3.5 (Pro)
+static int derived_mlp_hidden(int C, int block) {
+    int twice_r = block == BLOCK_PRO ? 7 : 8; // r = twice_r / 2, kept in integers to be exact
+    int base = (C * twice_r * 2) / 6;        // floor(C * r * 2/3)
+    return 256 * ((base + 255) / 256);
+}
+
+static int apply_family(FoxConfig* c, const char* family) {
+    int fox = 0, pro = 0;
+    if (strcmp(family, "fox-pro") == 0) { fox = 1; pro = 1; }
+    else if (strcmp(family, "fox-llama") == 0) { fox = 1; pro = 0; }
+    else if (strcmp(family, "transformer-pro") == 0) { fox = 0; pro = 1; }
+    else if (strcmp(family, "transformer-llama") == 0) { fox = 0; pro = 0; }
+    else { return 0; }
+    c->block = pro ? BLOCK_PRO : BLOCK_LLAMA;
+    c->gate = fox ? GATE_FULL : GATE_NONE;
+    c->k_shift = c->v_shift = c->qk_norm = c->output_gate = c->output_norm = pro;
+    c->qk_norm_shared = 0;
+    c->rope = !fox;
+    c->rope_theta = 500000.0f;
+    c->window = 0;
+    c->decay_time_min = 2.0f;
+    c->decay_time_max = 128.0f;
+    return 1;
+}
+
+static int apply_size(FoxConfig* c, const char* size) {
+    if (strcmp(size, "tiny") == 0) { c->n_layer = 2; c->n_embd = 128; c->n_head = 2; }
+    else if (strcmp(size, "125m") == 0) { c->n_layer = 12; c->n_embd = 768; c->n_head = 12; }
+    else if (strcmp(size, "360m") == 0) { c->n_layer = 24; c->n_embd = 1024; c->n_head = 16; }
+    else if (strcmp(size, "760m") == 0) { c->n_layer = 24; c->n_embd = 1536; c->n_head = 24; }
+    else { return 0; }
+    return 1;
+}
+
+// A preset is "<family>-<size>", e.g. "fox-pro-125m" or "transformer-llama-tiny".
+static int config_from_preset(FoxConfig* c, const char* preset) {
+    char family[64];
+    const char* dash = strrchr(preset, '-');
+    if (dash == NULL || (size_t)(dash - preset) >= sizeof(family)) { return 0; }
+    memcpy(family, preset, (size_t)(dash - preset));
+    family[dash - preset] = '\0';
+    memset(c, 0, sizeof(*c));
+    if (!apply_family(c, family) || !apply_size(c, dash + 1)) { return 0; }
+    c->vocab_size = 50257;
+    c->padded_vocab_size = padded_vocab(c->vocab_size);
+    c->mlp_hidden = derived_mlp_hidden(c->n_embd, c->block);
+    return 1;
+}
+
+static int parse_choice(const char* value, const char* const* names, int n) {
+    for (int i = 0; i < n; i++) {
+        if (strcmp(value, names[i]) == 0) { return i; }
+    }
+    return -1;
+}
+
+static int parse_int_strict(const char* s, long* out) {
+    char* end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0') { return 0; }
+    *out = v;
+    return 1;
+}
+
+static int parse_float_strict(const char* s, double* out) {
+    char* end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !isfinite(v)) { return 0; }
+    *out = v;
+    return 1;
+}
+
+// Sets one configuration field by its name (the keys of the checkpoint header and of the
+// reference's debug states). Returns 0 for an unknown key, -1 for a bad value.
+static int config_set(FoxConfig* c, const char* key, const char* value) {
+    long iv = 0;
+    double fv = 0;
+    struct { const char* key; int* field; long lo, hi; } ints[] = {
+        {"n_layer", &c->n_layer, 1, 1000}, {"n_embd", &c->n_embd, 1, 1 << 16},
+        {"n_head", &c->n_head, 1, 4096}, {"vocab_size", &c->vocab_size, 2, 65536},
+        {"mlp_hidden", &c->mlp_hidden, 0, 1 << 20}, {"k_shift", &c->k_shift, 0, 1},
+        {"v_shift", &c->v_shift, 0, 1}, {"qk_norm", &c->qk_norm, 0, 1},
+        {"qk_norm_shared", &c->qk_norm_shared, 0, 1}, {"output_gate", &c->output_gate, 0, 1},
+        {"output_norm", &c->output_norm, 0, 1}, {"rope", &c->rope, 0, 1},
+        {"window", &c->window, 0, 1 << 30},
+    };
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+        if (strcmp(key, ints[i].key) != 0) { continue; }
+        if (!parse_int_strict(value, &iv) || iv < ints[i].lo || iv > ints[i].hi) { return -1; }
+        *ints[i].field = (int)iv;
+        if (strcmp(key, "vocab_size") == 0) { c->padded_vocab_size = padded_vocab(c->vocab_size); }
+        return 1;
+    }
+    struct { const char* key; float* field; } floats[] = {
+        {"decay_time_min", &c->decay_time_min}, {"decay_time_max", &c->decay_time_max},
+        {"rope_theta", &c->rope_theta},
+    };
+    for (size_t i = 0; i < sizeof(floats) / sizeof(floats[0]); i++) {
+        if (strcmp(key, floats[i].key) != 0) { continue; }
+        if (!parse_float_strict(value, &fv) || fv <= 0) { return -1; }
+        *floats[i].field = (float)fv;
+        return 1;
+    }
+    if (strcmp(key, "block") == 0) {
+        int b = parse_choice(value, BLOCK_NAMES, 2);
+        if (b < 0) { return -1; }
+        c->block = b;
+        return 1;
+    }
+    if (strcmp(key, "gate") == 0) {
+        int g = parse_choice(value, GATE_NAMES, 4);
+        if (g < 0) { return -1; }
+        c->gate = g;
+        return 1;
+    }
+    return 0;
+}
+
+// Checks a configuration for consistency; returns NULL if fine, else a description.
+static const char* config_problem(const FoxConfig* c) {
+    static char msg[256];
+    if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1) { return "n_layer, n_embd and n_head must be positive"; }
+    if (c->n_embd % c->n_head != 0) {
+        snprintf(msg, sizeof(msg), "n_embd %d is not divisible by n_head %d", c->n_embd, c->n_head);
+        return msg;
+    }
+    if (c->rope && (c->n_embd / c->n_head) % 2 != 0) { return "RoPE needs an even head size"; }
+    if (c->vocab_size < 2 || c->vocab_size > 65536) { return "vocab_size must be in [2, 65536] (tokens are uint16)"; }
+    if (c->padded_vocab_size != padded_vocab(c->vocab_size)) { return "padded_vocab_size is not vocab_size rounded up to 128"; }
+    if (c->mlp_hidden < 1) { return "mlp_hidden must be positive"; }
+    if (c->qk_norm_shared && !c->qk_norm) { return "qk_norm_shared needs qk_norm"; }
+    if (c->decay_time_min <= 0 || c->decay_time_max < c->decay_time_min) { return "need 0 < decay_time_min <= decay_time_max"; }
+    if (c->window < 0) { return "window must be >= 0"; }
+    return NULL;
+}
+
+static void config_print(FILE* f, const FoxConfig* c) {
+    fprintf(f, "model: L=%d C=%d H=%d hd=%d V=%d (padded %d) I=%d block=%s gate=%s",
+            c->n_layer, c->n_embd, c->n_head, c->n_embd / c->n_head, c->vocab_size,
+            c->padded_vocab_size, c->mlp_hidden, BLOCK_NAMES[c->block], GATE_NAMES[c->gate]);
+    if (c->gate == GATE_BIAS_ONLY || c->gate == GATE_FIXED) {
+        fprintf(f, " (decay times %g..%g)", c->decay_time_min, c->decay_time_max);
+    }
+    fprintf(f, " k_shift=%d v_shift=%d qk_norm=%d%s output_gate=%d output_norm=%d rope=%d",
+            c->k_shift, c->v_shift, c->qk_norm, c->qk_norm_shared ? "(shared)" : "",
+            c->output_gate, c->output_norm, c->rope);
+    if (c->rope) { fprintf(f, "(theta %g)", c->rope_theta); }
+    fprintf(f, " window=%d\n", c->window);
+}
+
+// ----------------------------------------------------------------------------
+// the parameter table: one flat buffer, every tensor described once
+
+enum {
+    P_WTE, P_ATTN_NORM, P_WQ, P_WK, P_WK_SHIFT, P_WV, P_WV_SHIFT, P_WF, P_BF, P_Q_NORM, P_K_NORM,
+    P_WG, P_O_NORM, P_WO, P_MLP_NORM, P_WGU, P_WDOWN, P_NORM_F, P_LM_HEAD, NUM_PARAM_TENSORS
+};
+
+typedef struct {
+    const char* name;   // short name, used in messages
+    int per_layer;      // stacked over layers: shape (L, rows, cols)
+    size_t rows, cols;  // shape of one layer's tensor; 0 rows when the tensor is absent
+    int decay;          // in the weight-decay group (matrices and the embedding)
+    int trainable;      // 0 for the frozen "fixed" forget-gate bias
+    int hf_rows;        // rows in the authors' HF layout (V instead of Vp for the vocabulary)
+} ParamSpec;
+
+typedef struct {
+    float* wte;       // (Vp, C)        token embedding
+    float* attn_norm; // (L, C)
+    float* wq;        // (L, C, C)
+    float* wk;        // (L, C, C)
+    float* wk_shift;  // (L, H, C)      k shift
+    float* wv;        // (L, C, C)
+    float* wv_shift;  // (L, H, C)      v shift
+    float* wf;        // (L, H, C)      forget gate, full
+    float* bf;        // (L, H)         forget gate bias, full / bias_only / fixed
+    float* q_norm;    // (L, C) or (L, hd) when shared
+    float* k_norm;    // (L, C) or (L, hd)
+    float* wg;        // (L, C, C)      output gate
+    float* o_norm;    // (L, C)         output norm
+    float* wo;        // (L, C, C)
+    float* mlp_norm;  // (L, C)
+    float* wgu;       // (L, 2I, C)     SwiGLU gate rows, then up rows
+    float* wdown;     // (L, C, I)
+    float* norm_f;    // (C)
+    float* lm_head;   // (Vp, C)
+} ParameterTensors;
+
+static void param_pointers(ParameterTensors* p, float** out[NUM_PARAM_TENSORS]) {
+    float** list[NUM_PARAM_TENSORS] = {
+        &p->wte, &p->attn_norm, &p->wq, &p->wk, &p->wk_shift, &p->wv, &p->wv_shift, &p->wf,
+        &p->bf, &p->q_norm, &p->k_norm, &p->wg, &p->o_norm, &p->wo, &p->mlp_norm, &p->wgu,
+        &p->wdown, &p->norm_f, &p->lm_head};
+    memcpy(out, list, sizeof(list));
+}
+
+static float* param_tensor(ParameterTensors* p, int tensor) {
+    float** ptrs[NUM_PARAM_TENSORS];
+    param_pointers(p, ptrs);
+    return *ptrs[tensor];
+}
+
+static void param_table(const FoxConfig* c, ParamSpec spec[NUM_PARAM_TENSORS]) {
+    size_t C = (size_t)c->n_embd, H = (size_t)c->n_head, hd = C / H, I = (size_t)c->mlp_hidden;
+    size_t Vp = (size_t)c->padded_vocab_size;
+    size_t qk = c->qk_norm ? (c->qk_norm_shared ? hd : C) : 0;
+    int has_bias = c->gate != GATE_NONE;
+    ParamSpec table[NUM_PARAM_TENSORS] = {
+        {"wte", 0, Vp, C, 1, 1, c->vocab_size},
+        {"attn_norm", 1, C, 1, 0, 1, (int)C},
+        {"wq", 1, C, C, 1, 1, (int)C},
+        {"wk", 1, C, C, 1, 1, (int)C},
+        {"wk_shift", 1, c->k_shift ? H : 0, C, 1, 1, (int)H},
+        {"wv", 1, C, C, 1, 1, (int)C},
+        {"wv_shift", 1, c->v_shift ? H : 0, C, 1, 1, (int)H},
+        {"wf", 1, c->gate == GATE_FULL ? H : 0, C, 1, 1, (int)H},
+        {"bf", 1, has_bias ? H : 0, 1, 0, c->gate != GATE_FIXED, (int)H},
+        {"q_norm", 1, qk, 1, 0, 1, (int)qk},
+        {"k_norm", 1, qk, 1, 0, 1, (int)qk},
+        {"wg", 1, c->output_gate ? C : 0, C, 1, 1, (int)C},
+        {"o_norm", 1, c->output_norm ? C : 0, 1, 0, 1, (int)C},
+        {"wo", 1, C, C, 1, 1, (int)C},
+        {"mlp_norm", 1, C, 1, 0, 1, (int)C},
+        {"wgu", 1, 2 * I, C, 1, 1, (int)(2 * I)},
+        {"wdown", 1, C, I, 1, 1, (int)C},
+        {"norm_f", 0, C, 1, 0, 1, (int)C},
+        {"lm_head", 0, Vp, C, 1, 1, c->vocab_size},
+    };
+    memcpy(spec, table, sizeof(table));
+}
+
+// elements of one layer's slice (or of the whole tensor when not per layer)
+static size_t param_slice_numel(const ParamSpec* s) { return s->rows * s->cols; }
+
+static size_t param_numel(const ParamSpec* s, int L) {
+    return param_slice_numel(s) * (s->per_layer ? (size_t)L : 1);
+}
+
+// The name of one layer's slice in the authors' HuggingFace layout (HF_LAYOUT.md).
+void param_hf_name(const FoxConfig* c, int tensor, int layer, char* out, size_t n) {
+    const char* name = "";
+    switch (tensor) {
+        case P_WTE: snprintf(out, n, "model.embeddings.weight"); return;
+        case P_NORM_F: snprintf(out, n, "model.norm.weight"); return;
+        case P_LM_HEAD: snprintf(out, n, "lm_head.weight"); return;
+        case P_ATTN_NORM: name = "attn_norm.weight"; break;
+        case P_WQ: name = "attn.q_proj.weight"; break;
+        case P_WK: name = c->k_shift ? "attn.k_proj.linear.weight" : "attn.k_proj.weight"; break;
+        case P_WK_SHIFT: name = "attn.k_proj.shift_proj.weight"; break;
+        case P_WV: name = c->v_shift ? "attn.v_proj.linear.weight" : "attn.v_proj.weight"; break;
+        case P_WV_SHIFT: name = "attn.v_proj.shift_proj.weight"; break;
+        case P_WF: name = "attn.fgate_proj.weight"; break;
+        case P_BF: name = c->gate == GATE_FULL ? "attn.fgate_proj.bias" : "attn.fgate_bias"; break;
+        case P_Q_NORM: name = "attn.q_norm.weight"; break;
+        case P_K_NORM: name = "attn.k_norm.weight"; break;
+        case P_WG: name = "attn.ogate_proj.weight"; break;
+        case P_O_NORM: name = "attn.output_norm.weight"; break;
+        case P_WO: name = "attn.o_proj.weight"; break;
+        case P_MLP_NORM: name = "mlp_norm.weight"; break;
+        case P_WGU: name = "mlp.gate_proj.weight"; break;
+        case P_WDOWN: name = "mlp.down_proj.weight"; break;
+    }
+    snprintf(out, n, "model.layers.%d.%s", layer, name);
+}
+
+// ----------------------------------------------------------------------------
+// activations: everything the backward pass reads, one flat buffer
+// N = B * T rows; per-layer tensors are stacked over L
+
+#define NUM_ACTIVATION_TENSORS 33
+typedef struct {
+    float* resid;     // (L+1, N, C) residual stream entering each layer; [L] is the final one
+    float* xa;        // (L, N, C)   RMSNorm_1 output, the attention input
+    float* rstd_a;    // (L, N)
+    float* q_raw;     // (L, N, C)   W_q x
+    float* k_raw;     // (L, N, C)   W_k x, before the shift
+    float* v_raw;     // (L, N, C)
+    float* k_alpha;   // (L, N, H)   shift weights alpha = sigmoid(w_s . x)
+    float* v_alpha;   // (L, N, H)
+    float* k_shifted; // (L, N, C)   after the k shift
+    float* v;         // (L, N, C)   attention values, after the v shift
+    float* rstd_q;    // (L, N, H)   QK-norm statistics
+    float* rstd_k;    // (L, N, H)
+    float* q_normed;  // (L, N, C)   after QK-norm, before RoPE
+    float* k_normed;  // (L, N, C)
+    float* q;         // (L, N, C)   attention queries (after QK-norm and RoPE)
+    float* k;         // (L, N, C)   attention keys
+    float* gate_logit;// (L, N, H)   w_f . x + b_f (the bias alone for bias_only / fixed)
+    float* c;         // (L, B, H, T) cumulative log forget gate, fp32
+    float* lse;       // (L, B, H, T) log-sum-exp of each attention row
+    float* o;         // (L, N, C)   attention output
+    float* rstd_o;    // (L, N, H)   output norm statistics
+    float* o_normed;  // (L, N, C)
+    float* og_logit;  // (L, N, C)   W_g x
+    float* y;         // (L, N, C)   input of W_o
+    float* attproj;   // (L, N, C)   W_o y
+    float* resid_mid; // (L, N, C)   residual after attention
+    float* xm;        // (L, N, C)   RMSNorm_2 output, the MLP input
+    float* rstd_m;    // (L, N)
+    float* gu;        // (L, N, 2I)  SwiGLU gate and up projections
+    float* act;       // (L, N, I)   silu(gate) * up
+    float* mlpproj;   // (L, N, C)   W_down act
+    float* xf;        // (N, C)      final RMSNorm output
+    float* rstd_f;    // (N)
+} ActivationTensors;
+// The classifier's buffers are kept apart: the backward turns logits into dlogits in place.
+
+static void activation_sizes(const FoxConfig* c, int B, int T, size_t sizes[NUM_ACTIVATION_TENSORS]) {
+    size_t L = (size_t)c->n_layer, C = (size_t)c->n_embd, H = (size_t)c->n_head;
+    size_t I = (size_t)c->mlp_hidden, N = (size_t)B * (size_t)T;
+    size_t list[NUM_ACTIVATION_TENSORS] = {
+        (L + 1) * N * C, L * N * C, L * N, L * N * C, L * N * C, L * N * C, L * N * H, L * N * H,
+        L * N * C, L * N * C, L * N * H, L * N * H, L * N * C, L * N * C, L * N * C, L * N * C,
+        L * N * H, L * N * H, L * N * H, L * N * C, L * N * H, L * N * C, L * N * C, L * N * C,
+        L * N * C, L * N * C, L * N * C, L * N, L * N * 2 * I, L * N * I, L * N * C, N * C, N};
+    memcpy(sizes, list, sizeof(list));
+}
+
+static float* point_tensors(float** ptrs[], const size_t* sizes, int n, float* memory) {
+    for (int i = 0; i < n; i++) {
+        *ptrs[i] = memory;
+        memory += sizes[i];
+    }
+    return memory;
+}
+
+static void activation_pointers(ActivationTensors* a, float** out[NUM_ACTIVATION_TENSORS]) {
+    float** list[NUM_ACTIVATION_TENSORS] = {
+        &a->resid, &a->xa, &a->rstd_a, &a->q_raw, &a->k_raw, &a->v_raw, &a->k_alpha, &a->v_alpha,
+        &a->k_shifted, &a->v, &a->rstd_q, &a->rstd_k, &a->q_normed, &a->k_normed, &a->q, &a->k,
+        &a->gate_logit, &a->c, &a->lse, &a->o, &a->rstd_o, &a->o_normed, &a->og_logit, &a->y,
+        &a->attproj, &a->resid_mid, &a->xm, &a->rstd_m, &a->gu, &a->act, &a->mlpproj, &a->xf,
+        &a->rstd_f};
+    memcpy(out, list, sizeof(list));
+}
+
+// ----------------------------------------------------------------------------
+// the model
+
+typedef struct {
+    FoxConfig config;
+    ParamSpec spec[NUM_PARAM_TENSORS];
+    size_t num_parameters;
+    float* params_memory;
+    ParameterTensors params;
+    float* grads_memory;
+    ParameterTensors grads;
+    float* m_memory; // AdamW moments, allocated on the first update
+    float* v_memory;
+    // activations, allocated for (max_B, max_T) on the first forward
+    int max_B, max_T;
+    size_t act_sizes[NUM_ACTIVATION_TENSORS];
+    float* acts_memory;
+    ActivationTensors acts;
+    float* grad_acts_memory;
+    ActivationTensors grad_acts;
+    float* logits;   // (N, Vp), turned into dlogits by the backward
+    float* losses;   // (N)
+    float* scratch;  // per-thread rows for attention, (threads, T) x 2
+    int B, T;        // shape of the last forward
+    const int* inputs;
+    const int* targets;
+    float mean_loss; // of the last forward with targets, -1 otherwise
+} FoxModel;
+
+static void fox_build(FoxModel* m, const FoxConfig* config) {
+    const char* problem = config_problem(config);
+    if (problem != NULL) { fail("bad model configuration: %s\nHINT: fix the overrides or the checkpoint", problem); }
+    memset(m, 0, sizeof(*m));
+    m->config = *config;
+    param_table(config, m->spec);
+    size_t sizes[NUM_PARAM_TENSORS];
+    m->num_parameters = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        sizes[i] = param_numel(&m->spec[i], config->n_layer);
+        m->num_parameters += sizes[i];
+    }
+    m->params_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "parameters");
+    m->grads_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "gradients");
+    float** ptrs[NUM_PARAM_TENSORS];
+    param_pointers(&m->params, ptrs);
+    point_tensors(ptrs, sizes, NUM_PARAM_TENSORS, m->params_memory);
+    param_pointers(&m->grads, ptrs);
+    point_tensors(ptrs, sizes, NUM_PARAM_TENSORS, m->grads_memory);
+    m->mean_loss = -1.0f;
+}
+
+static void fox_free(FoxModel* m) {
+    free(m->params_memory); free(m->grads_memory); free(m->m_memory); free(m->v_memory);
+    free(m->acts_memory); free(m->grad_acts_memory); free(m->logits); free(m->losses);
+    free(m->scratch);
+    memset(m, 0, sizeof(*m));
+}
+
+// Number of parameters that take part in matmuls (the embedding lookup does not), for the
+// FLOP count 6 * N + 6 * L * C * T of BENCHMARKS.md.
+static size_t fox_matmul_params(const FoxModel* m) {
+    size_t n = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        const ParamSpec* s = &m->spec[i];
+        if (i != P_WTE && s->cols > 1 && s->rows > 0) { n += param_numel(s, m->config.n_layer); }
+    }
+    return n;
+}
+
+// Forget-gate bias for bias_only / fixed: decay times T_h log-spaced from T_min to T_max
+// across heads, b = -log(expm1(1 / T_h)) so that -1 / logsigmoid(b) = T_h.
+static void gate_bias_init(float* b, int H, double t_min, double t_max) {
+    for (int h = 0; h < H; h++) {
+        double frac = H > 1 ? (double)h / (double)(H - 1) : 0.0;
+        double t = t_min * pow(t_max / t_min, frac);
+        b[h] = (float)(-log(expm1(1.0 / t)));
+    }
+}
+
+// The paper's initialisation: every matrix and the embedding N(0, 0.02^2), norm scales 1,
+// full-gate bias 0. Each tensor draws from its own stream, so that switching one component
+// off leaves the initial values of all the others unchanged (clean ablations).
+static void fox_init(FoxModel* m, uint64_t seed) {
+    const FoxConfig* c = &m->config;
+    int L = c->n_layer;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        const ParamSpec* s = &m->spec[t];
+        float* p = param_tensor(&m->params, t);
+        size_t n = param_numel(s, L);
+        uint64_t state = seed * 0x100000001B3ull + (uint64_t)t * 0x9E3779B97F4A7C15ull;
+        if (t == P_BF) {
+            for (int l = 0; l < L && n > 0; l++) {
+                if (c->gate == GATE_FULL) { memset(p + (size_t)l * s->rows, 0, s->rows * sizeof(float)); }
+                else { gate_bias_init(p + (size_t)l * s->rows, c->n_head, c->decay_time_min, c->decay_time_max); }
+            }
+        } else if (s->cols == 1) {
+            for (size_t i = 0; i < n; i++) { p[i] = 1.0f; }
+        } else {
+            for (size_t i = 0; i < n; i++) { p[i] = (float)(0.02 * rng_normal(&state)); }
+        }
+        if (t == P_WTE || t == P_LM_HEAD) { // pad rows stay 0: they are never used
+            size_t used = (size_t)c->vocab_size * (size_t)c->n_embd;
+            memset(p + used, 0, (n - used) * sizeof(float));
+        }
+    }
+}
+
+static void fox_ensure_activations(FoxModel* m, int B, int T) {
+    if (m->acts_memory != NULL) {
+        if (B > m->max_B || T > m->max_T) {
+            fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, m->max_B, m->max_T);
+        }
+        return;
+    }
+    m->max_B = B;
+    m->max_T = T;
+    activation_sizes(&m->config, B, T, m->act_sizes);
+    size_t total = 0;
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) { total += m->act_sizes[i]; }
+    float** ptrs[NUM_ACTIVATION_TENSORS];
+    m->acts_memory = (float*)calloc_check(total, sizeof(float), "activations");
+    activation_pointers(&m->acts, ptrs);
+    point_tensors(ptrs, m->act_sizes, NUM_ACTIVATION_TENSORS, m->acts_memory);
+    m->grad_acts_memory = (float*)calloc_check(total, sizeof(float), "activation gradients");
+    activation_pointers(&m->grad_acts, ptrs);
+    point_tensors(ptrs, m->act_sizes, NUM_ACTIVATION_TENSORS, m->grad_acts_memory);
+    size_t N = (size_t)B * (size_t)T;
+    m->logits = (float*)calloc_check(N * (size_t)m->config.padded_vocab_size, sizeof(float), "logits");
+    m->losses = (float*)calloc_check(N, sizeof(float), "losses");
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    m->scratch = (float*)calloc_check((size_t)threads * 2 * (size_t)T, sizeof(float), "attention rows");
+}
+
+// ----------------------------------------------------------------------------
+// layers, forward and backward. Every backward accumulates (+=) into its input gradients;
+// fox_backward zeroes the activation gradients first.
+
+static void encoder_forward(float* out, const int* tokens, const float* wte, size_t N, int C) {
+    // out (N, C) = wte[tokens]
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        memcpy(out + n * C, wte + (size_t)tokens[n] * C, (size_t)C * sizeof(float));
+    }
+}
+
+static void encoder_backward(float* dwte, const float* dout, const int* tokens, size_t N, int C) {
+    // parallel over channels: two rows with the same token never race, and the order of the
+    // sum over positions is fixed, so the result is deterministic
+    #pragma omp parallel for
+    for (int c = 0; c < C; c++) {
+        for (size_t n = 0; n < N; n++) { dwte[(size_t)tokens[n] * C + c] += dout[n * C + c]; }
+    }
+}
+
+// out (N, OC) = inp (N, IC) @ w (OC, IC)^T + bias (OC). Rows are taken 8 at a time so that
+// each row of w is read once per 8 outputs.
+static void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
+                           size_t N, int IC, int OC) {
+    const size_t TILE = 8;
+    size_t tiles = (N + TILE - 1) / TILE;
+    #pragma omp parallel for
+    for (size_t tile = 0; tile < tiles; tile++) {
+        size_t n0 = tile * TILE, n1 = n0 + TILE < N ? n0 + TILE : N;
+        for (int o = 0; o < OC; o++) {
+            const float* wrow = w + (size_t)o * IC;
+            for (size_t n = n0; n < n1; n++) {
+                const float* x = inp + n * IC;
+                float acc = bias != NULL ? bias[o] : 0.0f;
+                for (int i = 0; i < IC; i++) { acc += x[i] * wrow[i]; }
+                out[n * OC + o] = acc;
+            }
+        }
+    }
+}
+
+static void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
+                            const float* inp, const float* w, size_t N, int IC, int OC) {
+    // forward: out = inp @ w^T + bias
+    // dinp += dout @ w;  dw += dout^T @ inp;  dbias += sum over rows of dout
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const float* d = dout + n * OC;
+        float* di = dinp + n * IC;
+        for (int o = 0; o < OC; o++) {
+            const float* wrow = w + (size_t)o * IC;
+            float g = d[o];
+            for (int i = 0; i < IC; i++) { di[i] += g * wrow[i]; }
+        }
+    }
+    #pragma omp parallel for
+    for (int o = 0; o < OC; o++) {
+        float* dwrow = dw + (size_t)o * IC;
+        float db = 0.0f;
+        for (size_t n = 0; n < N; n++) {
+            float g = dout[n * OC + o];
+            const float* x = inp + n * IC;
+            for (int i = 0; i < IC; i++) { dwrow[i] += g * x[i]; }
+            db += g;
+        }
+        if (dbias != NULL) { dbias[o] += db; }
+    }
+}
+
+// RMSNorm over rows of D values: out = x / sqrt(mean(x^2) + eps) * w. Row r uses the scale
+// vector w + (r % groups) * D: groups = 1 for the model's norms; groups = H for per-head
+// norms over (N, H, hd) rows, or 1 when the heads share one scale.
+static void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, size_t rows,
+                            int D, int groups, float eps) {
+    #pragma omp parallel for
+    for (size_t r = 0; r < rows; r++) {
+        const float* xr = x + r * D;
+        const float* wr = w + (r % (size_t)groups) * D;
+        float ss = 0.0f;
+        for (int i = 0; i < D; i++) { ss += xr[i] * xr[i]; }
+        float s = 1.0f / sqrtf(ss / (float)D + eps);
+        for (int i = 0; i < D; i++) { out[r * D + i] = xr[i] * s * wr[i]; }
+        rstd[r] = s;
+    }
+}
+
+static void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x,
+                             const float* w, const float* rstd, size_t rows, int D, int groups) {
+    // forward: out_i = x_i * s * w_i with s = (mean(x^2) + eps)^(-1/2), ds/dx_i = -s^3 x_i / D
+    // dx_i = s * w_i dout_i - x_i * s^3 / D * sum_j(w_j dout_j x_j);  dw_i += dout_i x_i s
+    #pragma omp parallel for
+    for (size_t r = 0; r < rows; r++) {
+        const float* xr = x + r * D;
+        const float* dr = dout + r * D;
+        const float* wr = w + (r % (size_t)groups) * D;
+        float s = rstd[r], dot = 0.0f;
+        for (int i = 0; i < D; i++) { dot += wr[i] * dr[i] * xr[i]; }
+        float k = dot * s * s * s / (float)D;
+        for (int i = 0; i < D; i++) { dx[r * D + i] += s * wr[i] * dr[i] - xr[i] * k; }
+    }
+    #pragma omp parallel for
+    for (int gi = 0; gi < groups * D; gi++) {
+        int g = gi / D, i = gi % D;
+        float acc = 0.0f;
+        for (size_t r = (size_t)g; r < rows; r += (size_t)groups) {
+            acc += dout[r * D + i] * x[r * D + i] * rstd[r];
+        }
+        dw[gi] += acc;
+    }
+}
+
+static void add_forward(float* out, const float* a, const float* b, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) { out[i] = a[i] + b[i]; }
+}
+
+// backward of out = a + b, and of out = a (pass b = NULL) for stages that are switched off
+static void add_backward(float* da, float* db, const float* dout, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        da[i] += dout[i];
+        if (db != NULL) { db[i] += dout[i]; }
+    }
+}
+
+static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): finite for every finite x
+static float logsigmoidf(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x))); }
+
+static void sigmoid_inplace(float* x, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) { x[i] = sigmoidf(x[i]); }
+}
+
+// KV-shift, per head: out_t = alpha_t * raw_{t-1} + (1 - alpha_t) * raw_t, raw_{-1} = 0
+static void kv_shift_forward(float* out, const float* raw, const float* alpha, int B, int T,
+                             int H, int hd) {
+    size_t C = (size_t)H * hd;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            size_t n = (size_t)b * T + t;
+            for (int h = 0; h < H; h++) {
+                float a = alpha[n * H + h];
+                const float* cur = raw + n * C + (size_t)h * hd;
+                float* o = out + n * C + (size_t)h * hd;
+                for (int i = 0; i < hd; i++) {
+                    float prev = t > 0 ? cur[i - (ptrdiff_t)C] : 0.0f;
+                    o[i] = a * prev + (1.0f - a) * cur[i];
+                }
+            }
+        }
+    }
+}
+
+static void kv_shift_backward(float* draw, float* dalpha_logit, const float* dout,
+                              const float* raw, const float* alpha, int B, int T, int H, int hd) {
+    // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
+    // draw_t += (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
+    // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
+    size_t C = (size_t)H * hd;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            size_t n = (size_t)b * T + t;
+            for (int h = 0; h < H; h++) {
+                float a = alpha[n * H + h];
+                float a_next = t + 1 < T ? alpha[(n + 1) * H + h] : 0.0f;
+                size_t off = n * C + (size_t)h * hd;
+                float da = 0.0f;
+                for (int i = 0; i < hd; i++) {
+                    float d_next = t + 1 < T ? dout[off + C + i] : 0.0f;
+                    draw[off + i] += (1.0f - a) * dout[off + i] + a_next * d_next;
+                    float prev = t > 0 ? raw[off - C + i] : 0.0f;
+                    da += dout[off + i] * (prev - raw[off + i]);
+                }
+                dalpha_logit[n * H + h] += da * a * (1.0f - a);
+            }
+        }
+    }
+}
+
+// RoPE, non-interleaved: dims (i, i + hd/2) rotate by angle t * theta^(-2i/hd)
+static void rope_angle(int t, int i, int hd, float theta, float* cs, float* sn) {
+    double angle = (double)t * pow((double)theta, -2.0 * i / (double)hd);
+    *cs = (float)cos(angle);
+    *sn = (float)sin(angle);
+}
+
+// direction +1: forward rotation; -1: its transpose (the backward)
+static void rope_apply(float* out, const float* inp, int B, int T, int H, int hd, float theta,
+                       int direction) {
+    int half = hd / 2;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; i < half; i++) {
+                float cs, sn;
+                rope_angle(t, i, hd, theta, &cs, &sn);
+                sn *= (float)direction;
+                for (int h = 0; h < H; h++) {
+                    size_t off = (((size_t)b * T + t) * H + h) * hd;
+                    float x1 = inp[off + i], x2 = inp[off + i + half];
+                    out[off + i] += x1 * cs - x2 * sn;
+                    out[off + i + half] += x2 * cs + x1 * sn;
+                }
+            }
+        }
+    }
+}
+
+// The forget gate: log f = logsigmoid(gate_logit), c = cumulative sum over time in fp32.
+// gate_logit (B, T, H) -> c (B, H, T)
+static void forget_gate_forward(float* c, const float* gate_logit, int B, int T, int H) {
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            float acc = 0.0f;
+            for (int t = 0; t < T; t++) {
+                acc += logsigmoidf(gate_logit[((size_t)b * T + t) * H + h]);
+                c[((size_t)b * H + h) * T + t] = acc;
+            }
+        }
+    }
+}
+
+static void forget_gate_backward(float* dgate_logit, const float* dc, const float* gate_logit,
+                                 int B, int T, int H) {
+    // forward: c_t = sum_{s<=t} log f_s, log f_s = logsigmoid(x_s)
+    // dlogf_t = sum_{s>=t} dc_s (reverse cumulative sum); dx_t = dlogf_t * sigmoid(-x_t)
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            float acc = 0.0f;
+            for (int t = T - 1; t >= 0; t--) {
+                acc += dc[((size_t)b * H + h) * T + t];
+                size_t i = ((size_t)b * T + t) * H + h;
+                dgate_logit[i] += acc * sigmoidf(-gate_logit[i]);
+            }
+        }
+    }
+}
+
+// first key that query i may attend to
+static int attention_first_key(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
+
+// Forgetting attention, one materialised row at a time:
+// s_ij = q_i . k_j / sqrt(hd) + c_i - c_j for first_key(i) <= j <= i, o_i = softmax(s_i) v.
+// q, k, v, o (B, T, H, hd); c, lse (B, H, T); c == NULL for no gate. scratch: T floats a thread.
+static void attention_forward(float* o, float* lse, const float* q, const float* k,
+                              const float* v, const float* c, int B, int T, int H, int hd,
+                              int window, float* scratch) {
+    size_t C = (size_t)H * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    #pragma omp parallel for collapse(3)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            for (int i = 0; i < T; i++) {
+                int tid = 0;
+#ifdef _OPENMP
+                tid = omp_get_thread_num();
+#endif
+                float* s = scratch + (size_t)tid * 2 * T;
+                const float* qi = q + ((size_t)b * T + i) * C + (size_t)h * hd;
+                const float* ch = c != NULL ? c + ((size_t)b * H + h) * T : NULL;
+                int j0 = attention_first_key(i, window);
+                float mx = -INFINITY;
+                for (int j = j0; j <= i; j++) {
+                    const float* kj = k + ((size_t)b * T + j) * C + (size_t)h * hd;
+                    float dot = 0.0f;
+                    for (int d = 0; d < hd; d++) { dot += qi[d] * kj[d]; }
+                    s[j] = dot * scale + (ch != NULL ? ch[i] - ch[j] : 0.0f);
+                    mx = fmaxf(mx, s[j]);
+                }
+                float sum = 0.0f;
+                for (int j = j0; j <= i; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
+                float* oi = o + ((size_t)b * T + i) * C + (size_t)h * hd;
+                for (int d = 0; d < hd; d++) { oi[d] = 0.0f; }
+                for (int j = j0; j <= i; j++) {
+                    const float* vj = v + ((size_t)b * T + j) * C + (size_t)h * hd;
+                    float p = s[j] / sum;
+                    for (int d = 0; d < hd; d++) { oi[d] += p * vj[d]; }
+                }
+                lse[((size_t)b * H + h) * T + i] = mx + logf(sum);
+            }
+        }
+    }
+}
+
+static void attention_backward(float* dq, float* dk, float* dv, float* dc, const float* dout,
+                               const float* q, const float* k, const float* v, const float* o,
+                               const float* lse, const float* c, int B, int T, int H, int hd,
+                               int window) {
+    // forward: s_ij = scale q_i.k_j + c_i - c_j, p_ij = exp(s_ij - lse_i), o_i = sum_j p_ij v_j
+    // dp_ij = dout_i . v_j, Delta_i = dout_i . o_i, ds_ij = p_ij (dp_ij - Delta_i)
+    // dq_i += scale sum_j ds_ij k_j, dk_j += scale ds_ij q_i, dv_j += p_ij dout_i
+    // dc_i += sum_j ds_ij (as query), dc_j -= ds_ij (as key)
+    // One thread owns a whole (b, h): every write stays inside it, so nothing races.
+    size_t C = (size_t)H * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            const float* ch = c != NULL ? c + ((size_t)b * H + h) * T : NULL;
+            float* dch = c != NULL ? dc + ((size_t)b * H + h) * T : NULL;
+            for (int i = 0; i < T; i++) {
+                size_t oi = ((size_t)b * T + i) * C + (size_t)h * hd;
+                float row_lse = lse[((size_t)b * H + h) * T + i];
+                float delta = 0.0f;
+                for (int d = 0; d < hd; d++) { delta += dout[oi + d] * o[oi + d]; }
+                float ds_row = 0.0f;
+                for (int j = attention_first_key(i, window); j <= i; j++) {
+                    size_t oj = ((size_t)b * T + j) * C + (size_t)h * hd;
+                    float dot = 0.0f, dp = 0.0f;
+                    for (int d = 0; d < hd; d++) { dot += q[oi + d] * k[oj + d]; dp += dout[oi + d] * v[oj + d]; }
+                    float p = expf(dot * scale + (ch != NULL ? ch[i] - ch[j] : 0.0f) - row_lse);
+                    float ds = p * (dp - delta);
+                    for (int d = 0; d < hd; d++) {
+                        dq[oi + d] += scale * ds * k[oj + d];
+                        dk[oj + d] += scale * ds * q[oi + d];
+                        dv[oj + d] += p * dout[oi + d];
+                    }
+                    ds_row += ds;
+                    if (dch != NULL) { dch[j] -= ds; }
+                }
+                if (dch != NULL) { dch[i] += ds_row; }
+            }
+        }
+    }
+}
+
+// y = x * sigmoid(g), the output gate
+static void output_gate_forward(float* y, const float* x, const float* g, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) { y[i] = x[i] * sigmoidf(g[i]); }
+}
+
+static void output_gate_backward(float* dx, float* dg, const float* dy, const float* x,
+                                 const float* g, size_t n) {
+    // forward: y = x * sigmoid(g);  dx += dy sigmoid(g);  dg += dy x sigmoid(g) (1 - sigmoid(g))
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float s = sigmoidf(g[i]);
+        dx[i] += dy[i] * s;
+        dg[i] += dy[i] * x[i] * s * (1.0f - s);
+    }
+}
+
+// SwiGLU: act = silu(gate) * up, gu (N, 2I) holds the gate then the up projection of a row
+static void swiglu_forward(float* act, const float* gu, size_t N, int I) {
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        for (int i = 0; i < I; i++) {
+            float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
+            act[n * I + i] = g * sigmoidf(g) * u;
+        }
+    }
+}
+
+static void swiglu_backward(float* dgu, const float* dact, const float* gu, size_t N, int I) {
+    // forward: act = g sigmoid(g) u
+    // dg = dact u sigmoid(g) (1 + g (1 - sigmoid(g))),  du = dact g sigmoid(g)
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        for (int i = 0; i < I; i++) {
+            float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i], s = sigmoidf(g);
+            float d = dact[n * I + i];
+            dgu[n * 2 * I + i] += d * u * s * (1.0f + g * (1.0f - s));
+            dgu[n * 2 * I + I + i] += d * g * s;
+        }
+    }
+}
+
+// Cross-entropy over the first V logits of each row; the pad logits V..Vp-1 are masked.
+static void crossentropy_forward(float* losses, const float* logits, const int* targets,
+                                 size_t N, int V, int Vp) {
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const float* row = logits + n * Vp;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int j = 0; j < V; j++) { mx = fmaxf(mx, row[j]); }
+        for (int j = 0; j < V; j++) { sum += expf(row[j] - mx); }
+        losses[n] = mx + logf(sum) - row[targets[n]];
+    }
+}
+
+// turns logits into dlogits in place: (softmax - onehot(target)) * dloss, pads 0
+static void crossentropy_backward_inplace(float* logits, const int* targets, size_t N, int V,
+                                          int Vp, float dloss) {
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        float* row = logits + n * Vp;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int j = 0; j < V; j++) { mx = fmaxf(mx, row[j]); }
+        for (int j = 0; j < V; j++) { row[j] = expf(row[j] - mx); sum += row[j]; }
+        for (int j = 0; j < V; j++) { row[j] = row[j] / sum * dloss; }
+        row[targets[n]] -= dloss;
+        for (int j = V; j < Vp; j++) { row[j] = 0.0f; }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// forward and backward of the whole model
+
+// pointer to layer l's slice of a stacked tensor of `per` elements per layer
+#define LAYER(ptr, l, per) ((ptr) + (size_t)(l) * (per))
+
+static void check_tokens(const int* tokens, size_t n, int V, const char* what) {
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V) {
+            fail("%s token %d at position %zu is outside the vocabulary [0, %d)\nHINT: the data "
+                 "was tokenized for another vocabulary", what, tokens[i], i, V);
+        }
+    }
+}
+
+// inputs, targets (B, T); targets may be NULL (no loss). Returns nothing; logits and, with
+// targets, m->losses and m->mean_loss are filled.
+static void fox_forward(FoxModel* m, const int* inputs, const int* targets, int B, int T) {
+    const FoxConfig* cf = &m->config;
+    int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden;
+    int V = cf->vocab_size, Vp = cf->padded_vocab_size;
+    size_t N = (size_t)B * T, NC = N * C, NH = N * H, BHT = (size_t)B * H * T;
+    int groups_qk = cf->qk_norm_shared ? 1 : H;
+    fox_ensure_activations(m, B, T);
+    check_tokens(inputs, N, V, "input");
+    if (targets != NULL) { check_tokens(targets, N, V, "target"); }
+    m->B = B; m->T = T; m->inputs = inputs; m->targets = targets;
+    ParameterTensors p = m->params;
+    ActivationTensors a = m->acts;
+    encoder_forward(a.resid, inputs, p.wte, N, C);
+    for (int l = 0; l < L; l++) {
+        float* resid = LAYER(a.resid, l, NC);
+        float* xa = LAYER(a.xa, l, NC);
+        float* q_raw = LAYER(a.q_raw, l, NC); float* k_raw = LAYER(a.k_raw, l, NC);
+        float* v_raw = LAYER(a.v_raw, l, NC);
+        float* k_alpha = LAYER(a.k_alpha, l, NH); float* v_alpha = LAYER(a.v_alpha, l, NH);
+        float* k_shifted = LAYER(a.k_shifted, l, NC); float* v = LAYER(a.v, l, NC);
+        float* q_normed = LAYER(a.q_normed, l, NC); float* k_normed = LAYER(a.k_normed, l, NC);
+        float* q = LAYER(a.q, l, NC); float* k = LAYER(a.k, l, NC);
+        float* gate_logit = LAYER(a.gate_logit, l, NH); float* c = LAYER(a.c, l, BHT);
+        float* o = LAYER(a.o, l, NC); float* o_normed = LAYER(a.o_normed, l, NC);
+        float* og_logit = LAYER(a.og_logit, l, NC); float* y = LAYER(a.y, l, NC);
+        float* resid_mid = LAYER(a.resid_mid, l, NC); float* xm = LAYER(a.xm, l, NC);
+        float* gu = LAYER(a.gu, l, N * 2 * I); float* act = LAYER(a.act, l, N * I);
+        size_t qk_per = (size_t)m->spec[P_Q_NORM].rows;
+        // attention
+        rmsnorm_forward(xa, LAYER(a.rstd_a, l, N), resid, LAYER(p.attn_norm, l, C), N, C, 1, 1e-6f);
+        matmul_forward(q_raw, xa, LAYER(p.wq, l, (size_t)C * C), NULL, N, C, C);
+        matmul_forward(k_raw, xa, LAYER(p.wk, l, (size_t)C * C), NULL, N, C, C);
+        matmul_forward(v_raw, xa, LAYER(p.wv, l, (size_t)C * C), NULL, N, C, C);
+        if (cf->k_shift) {
+            matmul_forward(k_alpha, xa, LAYER(p.wk_shift, l, (size_t)H * C), NULL, N, C, H);
+            sigmoid_inplace(k_alpha, NH);
+            kv_shift_forward(k_shifted, k_raw, k_alpha, B, T, H, hd);
+        } else {
+            memcpy(k_shifted, k_raw, NC * sizeof(float));
+        }
+        if (cf->v_shift) {
+            matmul_forward(v_alpha, xa, LAYER(p.wv_shift, l, (size_t)H * C), NULL, N, C, H);
+            sigmoid_inplace(v_alpha, NH);
+            kv_shift_forward(v, v_raw, v_alpha, B, T, H, hd);
+        } else {
+            memcpy(v, v_raw, NC * sizeof(float));
+        }
+        if (cf->qk_norm) {
+            rmsnorm_forward(q_normed, LAYER(a.rstd_q, l, NH), q_raw, LAYER(p.q_norm, l, qk_per), NH, hd, groups_qk, 1e-5f);
+            rmsnorm_forward(k_normed, LAYER(a.rstd_k, l, NH), k_shifted, LAYER(p.k_norm, l, qk_per), NH, hd, groups_qk, 1e-5f);
+        } else {
+            memcpy(q_normed, q_raw, NC * sizeof(float));
+            memcpy(k_normed, k_shifted, NC * sizeof(float));
+        }
+        if (cf->rope) {
+            memset(q, 0, NC * sizeof(float));
+            memset(k, 0, NC * sizeof(float));
+            rope_apply(q, q_normed, B, T, H, hd, cf->rope_theta, 1);
+            rope_apply(k, k_normed, B, T, H, hd, cf->rope_theta, 1);
+        } else {
+            memcpy(q, q_normed, NC * sizeof(float));
+            memcpy(k, k_normed, NC * sizeof(float));
+        }
+        if (cf->gate == GATE_FULL) {
+            matmul_forward(gate_logit, xa, LAYER(p.wf, l, (size_t)H * C), LAYER(p.bf, l, H), N, C, H);
+        } else if (cf->gate != GATE_NONE) {
+            for (size_t n = 0; n < N; n++) { memcpy(gate_logit + n * H, LAYER(p.bf, l, H), (size_t)H * sizeof(float)); }
+        }
+        if (cf->gate != GATE_NONE) { forget_gate_forward(c, gate_logit, B, T, H); }
+        attention_forward(o, LAYER(a.lse, l, BHT), q, k, v, cf->gate != GATE_NONE ? c : NULL, B, T,
+                          H, hd, cf->window, m->scratch);
+        if (cf->output_norm) {
+            rmsnorm_forward(o_normed, LAYER(a.rstd_o, l, NH), o, LAYER(p.o_norm, l, C), NH, hd, H, 1e-6f);
+        } else {
+            memcpy(o_normed, o, NC * sizeof(float));
+        }
+        if (cf->output_gate) {
+            matmul_forward(og_logit, xa, LAYER(p.wg, l, (size_t)C * C), NULL, N, C, C);
+            output_gate_forward(y, o_normed, og_logit, NC);
+        } else {
+            memcpy(y, o_normed, NC * sizeof(float));
+        }
+        matmul_forward(LAYER(a.attproj, l, NC), y, LAYER(p.wo, l, (size_t)C * C), NULL, N, C, C);
+        add_forward(resid_mid, resid, LAYER(a.attproj, l, NC), NC);
+        // MLP
+        rmsnorm_forward(xm, LAYER(a.rstd_m, l, N), resid_mid, LAYER(p.mlp_norm, l, C), N, C, 1, 1e-6f);
+        matmul_forward(gu, xm, LAYER(p.wgu, l, (size_t)2 * I * C), NULL, N, C, 2 * I);
+        swiglu_forward(act, gu, N, I);
+        matmul_forward(LAYER(a.mlpproj, l, NC), act, LAYER(p.wdown, l, (size_t)C * I), NULL, N, I, C);
+        add_forward(LAYER(a.resid, l + 1, NC), resid_mid, LAYER(a.mlpproj, l, NC), NC);
+    }
+    rmsnorm_forward(a.xf, a.rstd_f, LAYER(a.resid, L, NC), p.norm_f, N, C, 1, 1e-6f);
+    matmul_forward(m->logits, a.xf, p.lm_head, NULL, N, C, Vp);
+    m->mean_loss = -1.0f;
+    if (targets != NULL) {
+        crossentropy_forward(m->losses, m->logits, targets, N, V, Vp);
+        double sum = 0.0;
+        for (size_t n = 0; n < N; n++) { sum += m->losses[n]; }
+        m->mean_loss = (float)(sum / (double)N);
+    }
+}
+
+static void fox_zero_grad(FoxModel* m) { memset(m->grads_memory, 0, m->num_parameters * sizeof(float)); }
+
+// Accumulates into the parameter gradients the gradient of loss_scale * mean_loss of the last
+// forward (loss_scale = 1 / accumulation steps when accumulating micro-batches).
+static void fox_backward(FoxModel* m, float loss_scale) {
+    if (m->targets == NULL) { fail("internal: backward needs a forward with targets"); }
+    const FoxConfig* cf = &m->config;
+    int B = m->B, T = m->T;
+    int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden;
+    size_t N = (size_t)B * T, NC = N * C, NH = N * H, BHT = (size_t)B * H * T;
+    int groups_qk = cf->qk_norm_shared ? 1 : H;
+    size_t total = 0;
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) { total += m->act_sizes[i]; }
+    memset(m->grad_acts_memory, 0, total * sizeof(float));
+    ParameterTensors p = m->params, g = m->grads;
+    ActivationTensors a = m->acts, d = m->grad_acts;
+    crossentropy_backward_inplace(m->logits, m->targets, N, cf->vocab_size, cf->padded_vocab_size,
+                                  loss_scale / (float)N);
+    matmul_backward(d.xf, g.lm_head, NULL, m->logits, a.xf, p.lm_head, N, C, cf->padded_vocab_size);
+    rmsnorm_backward(LAYER(d.resid, L, NC), g.norm_f, d.xf, LAYER(a.resid, L, NC), p.norm_f, a.rstd_f, N, C, 1);
+    for (int l = L - 1; l >= 0; l--) {
+        size_t qk_per = (size_t)m->spec[P_Q_NORM].rows;
+        float* xa = LAYER(a.xa, l, NC); float* dxa = LAYER(d.xa, l, NC);
+        // MLP
+        add_backward(LAYER(d.resid_mid, l, NC), LAYER(d.mlpproj, l, NC), LAYER(d.resid, l + 1, NC), NC);
+        matmul_backward(LAYER(d.act, l, N * I), LAYER(g.wdown, l, (size_t)C * I), NULL, LAYER(d.mlpproj, l, NC),
+                        LAYER(a.act, l, N * I), LAYER(p.wdown, l, (size_t)C * I), N, I, C);
+        swiglu_backward(LAYER(d.gu, l, N * 2 * I), LAYER(d.act, l, N * I), LAYER(a.gu, l, N * 2 * I), N, I);
+        matmul_backward(LAYER(d.xm, l, NC), LAYER(g.wgu, l, (size_t)2 * I * C), NULL, LAYER(d.gu, l, N * 2 * I),
+                        LAYER(a.xm, l, NC), LAYER(p.wgu, l, (size_t)2 * I * C), N, C, 2 * I);
+        rmsnorm_backward(LAYER(d.resid_mid, l, NC), LAYER(g.mlp_norm, l, C), LAYER(d.xm, l, NC),
+                         LAYER(a.resid_mid, l, NC), LAYER(p.mlp_norm, l, C), LAYER(a.rstd_m, l, N), N, C, 1);
+        // attention
+        add_backward(LAYER(d.resid, l, NC), LAYER(d.attproj, l, NC), LAYER(d.resid_mid, l, NC), NC);
+        matmul_backward(LAYER(d.y, l, NC), LAYER(g.wo, l, (size_t)C * C), NULL, LAYER(d.attproj, l, NC),
+                        LAYER(a.y, l, NC), LAYER(p.wo, l, (size_t)C * C), N, C, C);
+        if (cf->output_gate) {
+            output_gate_backward(LAYER(d.o_normed, l, NC), LAYER(d.og_logit, l, NC), LAYER(d.y, l, NC),
+                                 LAYER(a.o_normed, l, NC), LAYER(a.og_logit, l, NC), NC);
+            matmul_backward(dxa, LAYER(g.wg, l, (size_t)C * C), NULL, LAYER(d.og_logit, l, NC), xa,
+                            LAYER(p.wg, l, (size_t)C * C), N, C, C);
+        } else {
+            add_backward(LAYER(d.o_normed, l, NC), NULL, LAYER(d.y, l, NC), NC);
+        }
+        if (cf->output_norm) {
+            rmsnorm_backward(LAYER(d.o, l, NC), LAYER(g.o_norm, l, C), LAYER(d.o_normed, l, NC), LAYER(a.o, l, NC),
+                             LAYER(p.o_norm, l, C), LAYER(a.rstd_o, l, NH), NH, hd, H);
+        } else {
+            add_backward(LAYER(d.o, l, NC), NULL, LAYER(d.o_normed, l, NC), NC);
+        }
+        attention_backward(LAYER(d.q, l, NC), LAYER(d.k, l, NC), LAYER(d.v, l, NC), LAYER(d.c, l, BHT),
+                           LAYER(d.o, l, NC), LAYER(a.q, l, NC), LAYER(a.k, l, NC), LAYER(a.v, l, NC),
+                           LAYER(a.o, l, NC), LAYER(a.lse, l, BHT),
+                           cf->gate != GATE_NONE ? LAYER(a.c, l, BHT) : NULL, B, T, H, hd, cf->window);
+        if (cf->gate != GATE_NONE) {
+            float* dgl = LAYER(d.gate_logit, l, NH);
+            forget_gate_backward(dgl, LAYER(d.c, l, BHT), LAYER(a.gate_logit, l, NH), B, T, H);
+            if (cf->gate == GATE_FULL) {
+                matmul_backward(dxa, LAYER(g.wf, l, (size_t)H * C), LAYER(g.bf, l, H), dgl, xa,
+                                LAYER(p.wf, l, (size_t)H * C), N, C, H);
+            } else if (cf->gate == GATE_BIAS_ONLY) {
+                float* dbf = LAYER(g.bf, l, H);
+                for (size_t n = 0; n < N; n++) {
+                    for (int h = 0; h < H; h++) { dbf[h] += dgl[n * H + h]; }
+                }
+            }
+        }
+        if (cf->rope) {
+            rope_apply(LAYER(d.q_normed, l, NC), LAYER(d.q, l, NC), B, T, H, hd, cf->rope_theta, -1);
+            rope_apply(LAYER(d.k_normed, l, NC), LAYER(d.k, l, NC), B, T, H, hd, cf->rope_theta, -1);
+        } else {
+            add_backward(LAYER(d.q_normed, l, NC), NULL, LAYER(d.q, l, NC), NC);
+            add_backward(LAYER(d.k_normed, l, NC), NULL, LAYER(d.k, l, NC), NC);
+        }
+        if (cf->qk_norm) {
+            rmsnorm_backward(LAYER(d.q_raw, l, NC), LAYER(g.q_norm, l, qk_per), LAYER(d.q_normed, l, NC),
+                             LAYER(a.q_raw, l, NC), LAYER(p.q_norm, l, qk_per), LAYER(a.rstd_q, l, NH), NH, hd, groups_qk);
+            rmsnorm_backward(LAYER(d.k_shifted, l, NC), LAYER(g.k_norm, l, qk_per), LAYER(d.k_normed, l, NC),
+                             LAYER(a.k_shifted, l, NC), LAYER(p.k_norm, l, qk_per), LAYER(a.rstd_k, l, NH), NH, hd, groups_qk);
+        } else {
+            add_backward(LAYER(d.q_raw, l, NC), NULL, LAYER(d.q_normed, l, NC), NC);
+            add_backward(LAYER(d.k_shifted, l, NC), NULL, LAYER(d.k_normed, l, NC), NC);
+        }
+        if (cf->k_shift) {
+            kv_shift_backward(LAYER(d.k_raw, l, NC), LAYER(d.k_alpha, l, NH), LAYER(d.k_shifted, l, NC),
+                              LAYER(a.k_raw, l, NC), LAYER(a.k_alpha, l, NH), B, T, H, hd);
+            matmul_backward(dxa, LAYER(g.wk_shift, l, (size_t)H * C), NULL, LAYER(d.k_alpha, l, NH), xa,
+                            LAYER(p.wk_shift, l, (size_t)H * C), N, C, H);
+        } else {
+            add_backward(LAYER(d.k_raw, l, NC), NULL, LAYER(d.k_shifted, l, NC), NC);
+        }
+        if (cf->v_shift) {
+            kv_shift_backward(LAYER(d.v_raw, l, NC), LAYER(d.v_alpha, l, NH), LAYER(d.v, l, NC),
+                              LAYER(a.v_raw, l, NC), LAYER(a.v_alpha, l, NH), B, T, H, hd);
+            matmul_backward(dxa, LAYER(g.wv_shift, l, (size_t)H * C), NULL, LAYER(d.v_alpha, l, NH), xa,
+                            LAYER(p.wv_shift, l, (size_t)H * C), N, C, H);
+        } else {
+            add_backward(LAYER(d.v_raw, l, NC), NULL, LAYER(d.v, l, NC), NC);
+        }
+        matmul_backward(dxa, LAYER(g.wq, l, (size_t)C * C), NULL, LAYER(d.q_raw, l, NC), xa, LAYER(p.wq, l, (size_t)C * C), N, C, C);
+        matmul_backward(dxa, LAYER(g.wk, l, (size_t)C * C), NULL, LAYER(d.k_raw, l, NC), xa, LAYER(p.wk, l, (size_t)C * C), N, C, C);
+        matmul_backward(dxa, LAYER(g.wv, l, (size_t)C * C), NULL, LAYER(d.v_raw, l, NC), xa, LAYER(p.wv, l, (size_t)C * C), N, C, C);
+        rmsnorm_backward(LAYER(d.resid, l, NC), LAYER(g.attn_norm, l, C), dxa, LAYER(a.resid, l, NC),
+                         LAYER(p.attn_norm, l, C), LAYER(a.rstd_a, l, N), N, C, 1);
+    }
+    encoder_backward(g.wte, d.resid, m->inputs, N, C);
+}
+
+// ----------------------------------------------------------------------------
+// optimiser: AdamW with decay groups, global-norm clipping, token-driven schedule
+
+typedef struct {
+    float lr, weight_decay, beta1, beta2, eps, grad_clip;
+} AdamWConfig;
+
+static double fox_grad_norm(FoxModel* m) {
+    double sum = 0.0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (!m->spec[t].trainable) { continue; }
+        const float* gr = param_tensor(&m->grads, t);
+        size_t n = param_numel(&m->spec[t], m->config.n_layer);
+        double s = 0.0;
+        #pragma omp parallel for reduction(+ : s) schedule(static)
+        for (size_t i = 0; i < n; i++) { s += (double)gr[i] * gr[i]; }
+        sum += s;
+    }
+    return sqrt(sum);
+}
+
+// scales the gradients so that their global norm is at most max_norm (torch's rule)
+static void fox_clip_grads(FoxModel* m, double norm, float max_norm) {
+    double coef = max_norm / (norm + 1e-6);
+    if (coef >= 1.0) { return; }
+    float s = (float)coef;
+    #pragma omp parallel for
+    for (size_t i = 0; i < m->num_parameters; i++) { m->grads_memory[i] *= s; }
+}
+
+// one AdamW step; step is 1-based (bias correction)
+static void fox_update(FoxModel* m, const AdamWConfig* o, float lr, int step) {
+    if (m->m_memory == NULL) {
+        m->m_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW m");
+        m->v_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW v");
+    }
+    float c1 = 1.0f - powf(o->beta1, (float)step), c2 = 1.0f - powf(o->beta2, (float)step);
+    size_t offset = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        size_t n = param_numel(&m->spec[t], m->config.n_layer);
+        float wd = m->spec[t].decay ? o->weight_decay : 0.0f;
+        if (m->spec[t].trainable) {
+            float* p = m->params_memory + offset;
+            const float* gr = m->grads_memory + offset;
+            float* mm = m->m_memory + offset;
+            float* vv = m->v_memory + offset;
+            #pragma omp parallel for
+            for (size_t i = 0; i < n; i++) {
+                mm[i] = o->beta1 * mm[i] + (1.0f - o->beta1) * gr[i];
+                vv[i] = o->beta2 * vv[i] + (1.0f - o->beta2) * gr[i] * gr[i];
+                float mhat = mm[i] / c1, vhat = vv[i] / c2;
+                p[i] -= lr * (mhat / (sqrtf(vhat) + o->eps) + wd * p[i]);
+            }
+        }
+        offset += n;
+    }
+}
+
+enum { SCHEDULE_COSINE, SCHEDULE_LINEAR, SCHEDULE_CONSTANT };
+static const char* SCHEDULE_NAMES[] = {"cosine", "linear", "constant"};
+
+typedef struct {
+    int type;
+    double peak_lr;
+    double warmup_tokens;
+    double total_tokens;
+    double tokens_per_step;
+} LRSchedule;
+
+// Learning rate of step s (0-based), a function of tokens: linear warmup from 0 over the
+// first warmup_tokens (reaching the peak with the step that completes them), then decay by
+// the tokens seen before the step, to 0 at total_tokens.
+static double lr_at_step(const LRSchedule* s, long step) {
+    double before = (double)step * s->tokens_per_step, after = before + s->tokens_per_step;
+    if (before < s->warmup_tokens) { return s->peak_lr * fmin(1.0, after / s->warmup_tokens); }
+    if (s->type == SCHEDULE_CONSTANT) { return s->peak_lr; }
+    double span = s->total_tokens - s->warmup_tokens;
+    double progress = span > 0 ? fmin(1.0, (before - s->warmup_tokens) / span) : 1.0;
+    if (s->type == SCHEDULE_LINEAR) { return s->peak_lr * (1.0 - progress); }
+    return s->peak_lr * 0.5 * (1.0 + cos(M_PI * progress));
+}
+
+// ----------------------------------------------------------------------------
+// data: llm.c token shards (256 int32 header: magic 20240520, version 1, token count; then
+// uint16 tokens). A sample is a window of T+1 tokens at a multiple of T; each shard's samples
+// are split into batches of B * world samples and rank r takes the r-th block of B of each.
+
+#define SHARD_MAGIC 20240520
+#define SHARD_VERSION 1
+#define SHARD_HEADER_BYTES 1024
+
+typedef struct {
+    int B, T, rank, world;
+    int shuffle;   // shuffle shard order each epoch and sample order within each shard
+    int roll;      // rotate each sample's window by a random offset (removes position bias)
+    uint64_t seed;
+    int vocab_size;
+    int num_shards;
+    char** paths;
+    size_t* shard_tokens;
+    // position (saved in the optimiser state, so a resumed run sees the same batches)
+    int epoch, shard_pos, batch_pos;
+    // derived from the position
+    int* shard_order;
+    int* sample_order;
+    int current_batches;
+    FILE* file;
+    uint16_t* window;
+    int* inputs;  // (B, T)
+    int* targets; // (B, T)
+} DataLoader;
+
+static size_t shard_samples(const DataLoader* d, int shard) {
+    return d->shard_tokens[shard] > 0 ? (d->shard_tokens[shard] - 1) / (size_t)d->T : 0;
+}
+
+static int shard_batches(const DataLoader* d, int shard) {
+    return (int)(shard_samples(d, shard) / ((size_t)d->B * d->world));
+}
+
+static size_t read_shard_header(const char* path) {
+    FILE* f = fopen_check(path, "rb");
+    int header[256];
+    long size = file_size_check(f, path);
+    if (size < SHARD_HEADER_BYTES) { fail("'%s' is too small to be a token shard (%ld bytes)\nHINT: shards are written by data/tokenize or llm.c's scripts", path, size); }
+    fread_check(header, sizeof(int), 256, f, path);
+    fclose(f);
+    if (header[0] != SHARD_MAGIC) { fail("'%s' has magic %d, not %d: not a token shard\nHINT: shards are written by data/tokenize or llm.c's scripts", path, header[0], SHARD_MAGIC); }
+    if (header[1] != SHARD_VERSION) { fail("'%s' has shard version %d, this build reads version %d (uint16 tokens)\nHINT: re-tokenize the data", path, header[1], SHARD_VERSION); }
+    if (header[2] < 0 || (long)SHARD_HEADER_BYTES + 2L * header[2] != size) {
+        fail("'%s' says it holds %d tokens but its size is %ld bytes (expected %ld)\nHINT: the shard is truncated or damaged; regenerate it",
+             path, header[2], size, (long)SHARD_HEADER_BYTES + 2L * header[2]);
+    }
+    return (size_t)header[2];
+}
+
+static void dataloader_load_shard(DataLoader* d) {
+    int shard = d->shard_order[d->shard_pos];
+    if (d->file != NULL) { fclose(d->file); }
+    d->file = fopen_check(d->paths[shard], "rb");
+    size_t n = shard_samples(d, shard);
+    free(d->sample_order);
+    d->sample_order = (int*)malloc_check((n > 0 ? n : 1) * sizeof(int), "sample order");
+    uint64_t s = d->seed ^ ((uint64_t)(d->epoch + 1) * 0xD1B54A32D192ED03ull) ^ ((uint64_t)(shard + 1) * 0x8CB92BA72F3D8DD7ull);
+    if (d->shuffle) { shuffle_indices(d->sample_order, (int)n, s); }
+    else { for (size_t i = 0; i < n; i++) { d->sample_order[i] = (int)i; } }
+    d->current_batches = shard_batches(d, shard);
+}
+
+static void dataloader_set_position(DataLoader* d, int epoch, int shard_pos, int batch_pos) {
+    d->epoch = epoch;
+    d->shard_pos = shard_pos;
+    d->batch_pos = batch_pos;
+    if (d->shuffle) { shuffle_indices(d->shard_order, d->num_shards, d->seed + (uint64_t)epoch * 7919u); }
+    else { for (int i = 0; i < d->num_shards; i++) { d->shard_order[i] = i; } }
+    dataloader_load_shard(d);
+}
+
+static void dataloader_init(DataLoader* d, const char* pattern, int B, int T, int rank, int world,
+                            int shuffle, int roll, uint64_t seed, int vocab_size) {
+    memset(d, 0, sizeof(*d));
+    d->B = B; d->T = T; d->rank = rank; d->world = world;
+    d->shuffle = shuffle; d->roll = roll; d->seed = seed; d->vocab_size = vocab_size;
+    glob_t g;
+    int rc = glob(pattern, 0, NULL, &g);
+    if (rc != 0 || g.gl_pathc == 0) {
+        fail("no token shards match '%s'\nHINT: run 'make data' for the default corpus, or pass -i / -j with a pattern of existing shards", pattern);
+    }
+    d->num_shards = (int)g.gl_pathc;
+    d->paths = (char**)malloc_check(g.gl_pathc * sizeof(char*), "shard paths");
+    d->shard_tokens = (size_t*)malloc_check(g.gl_pathc * sizeof(size_t), "shard sizes");
+    size_t batches = 0;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        d->paths[i] = strdup(g.gl_pathv[i]);
+        d->shard_tokens[i] = read_shard_header(d->paths[i]);
+        batches += (size_t)shard_batches(d, (int)i);
+    }
+    globfree(&g);
+    if (batches == 0) {
+        fail("the shards of '%s' hold too few tokens for one batch of %d x %d tokens on %d process(es)\nHINT: use a smaller -b or -t",
+             pattern, B, T + 1, world);
+    }
+    d->shard_order = (int*)malloc_check((size_t)d->num_shards * sizeof(int), "shard order");
+    d->window = (uint16_t*)malloc_check((size_t)(T + 1) * sizeof(uint16_t), "token window");
+    d->inputs = (int*)malloc_check((size_t)B * T * sizeof(int), "inputs");
+    d->targets = (int*)malloc_check((size_t)B * T * sizeof(int), "targets");
+    dataloader_set_position(d, 0, 0, 0);
+}
+
+static size_t dataloader_total_batches(const DataLoader* d) {
+    size_t n = 0;
+    for (int i = 0; i < d->num_shards; i++) { n += (size_t)shard_batches(d, i); }
+    return n;
+}
+
+// moves to the next shard with at least one batch, starting a new epoch after the last one
+static void dataloader_advance_shard(DataLoader* d) {
+    do {
+        if (d->shard_pos + 1 < d->num_shards) { dataloader_set_position(d, d->epoch, d->shard_pos + 1, 0); }
+        else { dataloader_set_position(d, d->epoch + 1, 0, 0); }
+    } while (d->current_batches == 0);
+}
+
+static void dataloader_next_batch(DataLoader* d) {
+    if (d->batch_pos >= d->current_batches) { dataloader_advance_shard(d); }
+    int shard = d->shard_order[d->shard_pos];
+    const char* path = d->paths[shard];
+    int T = d->T;
+    for (int b = 0; b < d->B; b++) {
+        size_t slot = (size_t)d->batch_pos * d->B * d->world + (size_t)d->rank * d->B + b;
+        size_t sample = (size_t)d->sample_order[slot];
+        long offset = SHARD_HEADER_BYTES + (long)(sample * T * sizeof(uint16_t));
+        if (fseek(d->file, offset, SEEK_SET) != 0) { fail("could not seek in '%s'", path); }
+        fread_check(d->window, sizeof(uint16_t), (size_t)T + 1, d->file, path);
+        int shift = 0;
+        if (d->roll) {
+            uint64_t s = d->seed ^ (sample * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(d->epoch + 1) << 40) ^ (uint64_t)shard;
+            shift = (int)(rng_next(&s) % (uint64_t)(T + 1));
+        }
+        for (int t = 0; t <= T; t++) {
+            int tok = d->window[(t + shift) % (T + 1)];
+            if (tok >= d->vocab_size) {
+                fail("'%s' holds token %d at sample %zu, outside the model's vocabulary of %d\nHINT: the shard was tokenized for another vocabulary",
+                     path, tok, sample, d->vocab_size);
+            }
+            if (t < T) { d->inputs[b * T + t] = tok; }
+            if (t > 0) { d->targets[b * T + t - 1] = tok; }
+        }
+    }
+    d->batch_pos++;
+}
+
+static void dataloader_free(DataLoader* d) {
+    for (int i = 0; i < d->num_shards; i++) { free(d->paths[i]); }
+    free(d->paths); free(d->shard_tokens); free(d->shard_order); free(d->sample_order);
+    free(d->window); free(d->inputs); free(d->targets);
+    if (d->file != NULL) { fclose(d->file); }
+    memset(d, 0, sizeof(*d));
+}
+
+// ----------------------------------------------------------------------------
+// decode table (llm.c's tokenizer format): 256 uint32 header (magic 20240328, version 2,
+// vocab size, EOT id), then per token a length byte and the bytes
+
+typedef struct {
+    int vocab_size;
+    int eot;
+    char** tokens; // NUL-terminated byte strings
+} Tokenizer;
+
+static int tokenizer_init(Tokenizer* tk, const char* path) {
+    memset(tk, 0, sizeof(*tk));
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) { return 0; }
+    uint32_t header[256];
+    fread_check(header, sizeof(uint32_t), 256, f, path);
+    if (header[0] != 20240328 || header[1] != 2 || header[2] == 0 || header[2] > 65536 || header[3] >= header[2]) {
+        fail("'%s' is not a version-2 decode table (magic %u, version %u, vocab %u, eot %u)\nHINT: run 'make data' to write it",
+             path, header[0], header[1], header[2], header[3]);
+    }
+    tk->vocab_size = (int)header[2];
+    tk->eot = (int)header[3];
+    tk->tokens = (char**)malloc_check((size_t)tk->vocab_size * sizeof(char*), "decode table");
+    for (int i = 0; i < tk->vocab_size; i++) {
+        unsigned char len;
+        fread_check(&len, 1, 1, f, path);
+        if (len == 0) { fail("'%s': token %d has length 0\nHINT: the decode table is damaged; run 'make data'", path, i); }
+        tk->tokens[i] = (char*)malloc_check((size_t)len + 1, "token");
+        fread_check(tk->tokens[i], 1, len, f, path);
+        tk->tokens[i][len] = '\0';
+    }
+    if (fgetc(f) != EOF) { fail("'%s' has bytes after the last token\nHINT: the decode table is damaged; run 'make data'", path); }
+    fclose(f);
+    return 1;
+}
+
+static void tokenizer_free(Tokenizer* tk) {
+    for (int i = 0; i < tk->vocab_size && tk->tokens != NULL; i++) { free(tk->tokens[i]); }
+    free(tk->tokens);
+    memset(tk, 0, sizeof(*tk));
+}
+
+// prints a token, skipping lone control bytes that would garble the terminal
+static void tokenizer_print(const Tokenizer* tk, int token) {
+    if (token < 0 || token >= tk->vocab_size) { return; }
+    const char* s = tk->tokens[token];
+    if (s[1] == '\0' && !isprint((unsigned char)s[0]) && !isspace((unsigned char)s[0]) && (unsigned char)s[0] < 128) { return; }
+    fputs(s, stdout);
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints: a model file (header with the whole configuration, then fp32 parameters) and
+// an optimiser-state file (step, data position, AdamW moments)
+
+#define MODEL_MAGIC 20261101
+#define STATE_MAGIC 20261102
+#define CHECKPOINT_VERSION 1
+
+static void float_to_header(int* slot, float v) { memcpy(slot, &v, sizeof(float)); }
+static float float_from_header(const int* slot) { float v; memcpy(&v, slot, sizeof(float)); return v; }
+
+static void config_to_header(const FoxConfig* c, int* h) {
+    int ints[] = {c->n_layer, c->n_embd, c->n_head, c->vocab_size, c->padded_vocab_size,
+                  c->mlp_hidden, c->block, c->gate, c->k_shift, c->v_shift, c->qk_norm,
+                  c->qk_norm_shared, c->output_gate, c->output_norm, c->rope, c->window};
+    memcpy(h, ints, sizeof(ints));
+    float_to_header(h + 16, c->rope_theta);
+    float_to_header(h + 17, c->decay_time_min);
+    float_to_header(h + 18, c->decay_time_max);
+}
+
+static void config_from_header(FoxConfig* c, const int* h) {
+    memset(c, 0, sizeof(*c));
+    int* fields[] = {&c->n_layer, &c->n_embd, &c->n_head, &c->vocab_size, &c->padded_vocab_size,
+                     &c->mlp_hidden, &c->block, &c->gate, &c->k_shift, &c->v_shift, &c->qk_norm,
+                     &c->qk_norm_shared, &c->output_gate, &c->output_norm, &c->rope, &c->window};
+    for (int i = 0; i < 16; i++) { *fields[i] = h[i]; }
+    c->rope_theta = float_from_header(h + 16);
+    c->decay_time_min = float_from_header(h + 17);
+    c->decay_time_max = float_from_header(h + 18);
+}
+
+static void write_size(int* slot, size_t v) { slot[0] = (int)(v & 0x7fffffff); slot[1] = (int)(v >> 31); }
+static size_t read_size(const int* slot) { return (size_t)(unsigned)slot[0] | ((size_t)(unsigned)slot[1] << 31); }
+
+static void save_model(const FoxModel* m, const char* path) {
+    int header[256] = {0};
+    header[0] = MODEL_MAGIC;
+    header[1] = CHECKPOINT_VERSION;
+    config_to_header(&m->config, header + 2);
+    write_size(header + 24, m->num_parameters);
+    char tmp[4096];
+    FILE* f = atomic_open(path, tmp, sizeof(tmp));
+    fwrite_check(header, sizeof(int), 256, f, tmp);
+    fwrite_check(m->params_memory, sizeof(float), m->num_parameters, f, tmp);
+    atomic_commit(f, tmp, path);
+}
+
+// reads a model file's configuration; the file is left positioned at the parameters
+static FILE* open_model(const char* path, FoxConfig* c, size_t* num_parameters) {
+    FILE* f = fopen_check(path, "rb");
+    long size = file_size_check(f, path);
+    int header[256];
+    if (size < (long)sizeof(header)) { fail("'%s' is too small to be a train_fox checkpoint\nHINT: pass a model_*.bin written by train_fox", path); }
+    fread_check(header, sizeof(int), 256, f, path);
+    if (header[0] != MODEL_MAGIC) { fail("'%s' is not a train_fox model checkpoint (magic %d)\nHINT: pass a model_*.bin written by train_fox, or a preset name", path, header[0]); }
+    if (header[1] != CHECKPOINT_VERSION) { fail("'%s' is checkpoint version %d; this build reads version %d\nHINT: use the train_fox version that wrote it", path, header[1], CHECKPOINT_VERSION); }
+    config_from_header(c, header + 2);
+    const char* problem = config_problem(c);
+    if (problem != NULL || c->block < 0 || c->block > 1 || c->gate < 0 || c->gate > 3) {
+        fail("'%s' holds an invalid configuration (%s)\nHINT: the file is damaged", path, problem != NULL ? problem : "bad block or gate");
+    }
+    *num_parameters = read_size(header + 24);
+    if ((size_t)size != sizeof(header) + *num_parameters * sizeof(float)) {
+        fail("'%s' is %ld bytes, expected %zu for %zu parameters\nHINT: the file is truncated or damaged", path, size,
+             sizeof(header) + *num_parameters * sizeof(float), *num_parameters);
+    }
+    return f;
+}
+
+static void load_model(FoxModel* m, const char* path) {
+    FoxConfig c;
+    size_t n;
+    FILE* f = open_model(path, &c, &n);
+    fox_build(m, &c);
+    if (n != m->num_parameters) {
+        fail("'%s' holds %zu parameters but its configuration needs %zu\nHINT: the file is damaged", path, n, m->num_parameters);
+    }
+    fread_check(m->params_memory, sizeof(float), n, f, path);
+    fclose(f);
+}
+
+typedef struct {
+    int step;               // optimizer steps done
+    int epoch, shard_pos, batch_pos; // training data position
+    int world;              // processes that wrote it
+} TrainState;
+
+static void save_state(const FoxModel* m, const TrainState* s, const char* path) {
+    int header[256] = {0};
+    header[0] = STATE_MAGIC;
+    header[1] = CHECKPOINT_VERSION;
+    header[2] = s->step;
+    write_size(header + 3, m->num_parameters);
+    header[5] = s->epoch; header[6] = s->shard_pos; header[7] = s->batch_pos; header[8] = s->world;
+    header[9] = m->m_memory != NULL;
+    char tmp[4096];
+    FILE* f = atomic_open(path, tmp, sizeof(tmp));
+    fwrite_check(header, sizeof(int), 256, f, tmp);
+    if (m->m_memory != NULL) {
+        fwrite_check(m->m_memory, sizeof(float), m->num_parameters, f, tmp);
+        fwrite_check(m->v_memory, sizeof(float), m->num_parameters, f, tmp);
+    }
+    atomic_commit(f, tmp, path);
+}
+
+static void load_state(FoxModel* m, TrainState* s, const char* path) {
+    FILE* f = fopen_check(path, "rb");
+    long size = file_size_check(f, path);
+    int header[256];
+    if (size < (long)sizeof(header)) { fail("'%s' is too small to be a train_fox state file\nHINT: the file is damaged", path); }
+    fread_check(header, sizeof(int), 256, f, path);
+    if (header[0] != STATE_MAGIC || header[1] != CHECKPOINT_VERSION) {
+        fail("'%s' is not a version-%d train_fox state file\nHINT: pass the state_*.bin written with the model", path, CHECKPOINT_VERSION);
+    }
+    if (read_size(header + 3) != m->num_parameters) {
+        fail("'%s' belongs to a model of %zu parameters, not %zu\nHINT: resume with the model file of the same run", path, read_size(header + 3), m->num_parameters);
+    }
+    s->step = header[2]; s->epoch = header[5]; s->shard_pos = header[6]; s->batch_pos = header[7]; s->world = header[8];
+    int has_moments = header[9];
+    size_t expected = sizeof(header) + (has_moments ? 2 * m->num_parameters * sizeof(float) : 0);
+    if ((size_t)size != expected) { fail("'%s' is %ld bytes, expected %zu\nHINT: the file is truncated or damaged", path, size, expected); }
+    if (has_moments) {
+        if (m->m_memory == NULL) {
+            m->m_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW m");
+            m->v_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW v");
+        }
+        fread_check(m->m_memory, sizeof(float), m->num_parameters, f, path);
+        fread_check(m->v_memory, sizeof(float), m->num_parameters, f, path);
+    }
+    fclose(f);
+}
+
+static void checkpoint_paths(const char* dir, int step, char* model_path, char* state_path, size_t n) {
+    snprintf(model_path, n, "%s/model_%08d.bin", dir, step);
+    snprintf(state_path, n, "%s/state_%08d.bin", dir, step);
+}
+
+// the newest step for which both files exist, or -1
+static int latest_checkpoint(const char* dir) {
+    char pattern[4096];
+    snprintf(pattern, sizeof(pattern), "%s/model_*.bin", dir);
+    glob_t g;
+    int best = -1;
+    if (glob(pattern, 0, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            const char* base = strrchr(g.gl_pathv[i], '/');
+            int step;
+            char model_path[4096], state_path[4096];
+            if (base == NULL || sscanf(base, "/model_%d.bin", &step) != 1) { continue; }
+            checkpoint_paths(dir, step, model_path, state_path, sizeof(model_path));
+            if (step > best && access(state_path, R_OK) == 0) { best = step; }
+        }
+        globfree(&g);
+    }
+    return best;
+}
+
+// ----------------------------------------------------------------------------
+// sampling and evaluation
+
+static int sample_from_logits(const float* logits, int V, float temperature, uint64_t* rng) {
+    float mx = -INFINITY;
+    for (int j = 0; j < V; j++) { mx = fmaxf(mx, logits[j]); }
+    double sum = 0.0;
+    for (int j = 0; j < V; j++) { sum += exp((logits[j] - mx) / temperature); }
+    double r = rng_uniform(rng) * sum, acc = 0.0;
+    for (int j = 0; j < V; j++) {
+        acc += exp((logits[j] - mx) / temperature);
+        if (r < acc) { return j; }
+    }
+    return V - 1;
+}
+
+// generates from the EOT token by recomputing the full forward at each step (simple, exact)
+static void fox_sample(FoxModel* m, const Tokenizer* tk, int gen_tokens, uint64_t* rng) {
+    int* tokens = (int*)malloc_check((size_t)gen_tokens * sizeof(int), "sample");
+    tokens[0] = tk->eot;
+    printf("sample: ");
+    for (int t = 1; t < gen_tokens; t++) {
+        fox_forward(m, tokens, NULL, 1, t);
+        const float* row = m->logits + (size_t)(t - 1) * m->config.padded_vocab_size;
+        tokens[t] = sample_from_logits(row, m->config.vocab_size, 1.0f, rng);
+        tokenizer_print(tk, tokens[t]);
+    }
+    printf("\n---\n");
+    free(tokens);
+}
+
+static float evaluate(FoxModel* m, DataLoader* val, int max_batches) {
+    dataloader_set_position(val, 0, 0, 0);
+    if (val->current_batches == 0) { dataloader_advance_shard(val); }
+    size_t total = dataloader_total_batches(val);
+    int n = max_batches > 0 && (size_t)max_batches < total ? max_batches : (int)total;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next_batch(val);
+        fox_forward(m, val->inputs, val->targets, val->B, val->T);
+        sum += m->mean_loss;
+    }
+    return (float)(sum / n);
+}
+
+#ifndef TESTING
+// ----------------------------------------------------------------------------
+// command line
+
+typedef struct {
+    const char* train_pattern; const char* val_pattern; const char* model; const char* out_dir;
+    const char* tokenizer_path;
+    int B, T; long total_batch_tokens; double lr; long steps; long warmup_tokens;
+    int schedule; double weight_decay; double grad_clip;
+    int val_every, val_batches, sample_every, gen_tokens, checkpoint_every, resume;
+    int roll; uint64_t seed;
+    int num_overrides; const char* override_keys[64]; const char* override_values[64];
+} Args;
+
+static void usage(void) {
+    printf(
+"train_fox (CPU twin): trains a Forgetting Transformer in fp32 on the CPU.\n"
+"usage: train_fox [options] [--<model key> <value> ...]\n"
+"  -i <glob>   train shards        (default data/gutenberg/gutenberg_train_*.bin)\n"
+"  -j <glob>   validation shards   (default data/gutenberg/gutenberg_val_*.bin)\n"
+"  -e <model>  preset <family>-<size> or a model_*.bin checkpoint (default fox-pro-tiny)\n"
+"              families: fox-pro fox-llama transformer-pro transformer-llama\n"
+"              sizes: tiny 125m 360m 760m\n"
+"  -o <dir>    output directory for main.log and checkpoints (default: none)\n"
+"  -b <int>    micro-batch size, sequences (default 4)\n"
+"  -t <int>    sequence length (default 256)\n"
+"  -d <int>    total batch in tokens, a multiple of b*t (default b*t: no accumulation)\n"
+"  -l <float>  peak learning rate (default 2e-3)\n"
+"  -x <int>    optimizer steps (default: one epoch of the train shards)\n"
+"  -u <int>    warmup tokens (default: min(256 x 2^20, 10%% of the training tokens))\n"
+"  -k <name>   schedule after warmup: cosine (default), linear, constant\n"
+"  -c <float>  weight decay (default 0.1)\n"
+"  -a <float>  gradient clipping global norm (default 1.0, 0 = off)\n"
+"  -v <int>    validation loss every v steps (default 100, 0 = off)\n"
+"  -m <int>    validation batches (default 20, 0 = the whole validation set)\n"
+"  -s <int>    sample text every s steps (default 100, 0 = off)\n"
+"  -g <int>    tokens to generate per sample (default 64)\n"
+"  -n <int>    checkpoint every n steps, needs -o (default 0 = only at the end)\n"
+"  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
+"  -r <0|1>    roll each sequence by a random offset (default 0)\n"
+"  -S <int>    seed (default 1337)\n"
+"  -z <path>   decode table for samples (default data/gpt2_tokenizer.bin)\n"
+"  -h          this help\n"
+"model keys (override a preset): n_layer n_embd n_head vocab_size mlp_hidden block gate\n"
+"  decay_time_min decay_time_max k_shift v_shift qk_norm qk_norm_shared output_gate\n"
+"  output_norm rope rope_theta window\n");
+}
+
+static void bad_flag(const char* flag, const char* value, const char* expected) {
+    fail("invalid value '%s' for %s: expected %s\nHINT: train_fox -h lists every flag", value, flag, expected);
+}
+
+static long flag_int(const char* flag, const char* value, long lo, long hi) {
+    long v;
+    if (!parse_int_strict(value, &v) || v < lo || v > hi) {
+        char expected[128];
+        snprintf(expected, sizeof(expected), "an integer in [%ld, %ld]", lo, hi);
+        bad_flag(flag, value, expected);
+    }
+    return v;
+}
+
+static double flag_float(const char* flag, const char* value, double lo, double hi) {
+    double v;
+    if (!parse_float_strict(value, &v) || v < lo || v > hi) {
+        char expected[128];
+        snprintf(expected, sizeof(expected), "a number in [%g, %g]", lo, hi);
+        bad_flag(flag, value, expected);
+    }
+    return v;
+}
+
+static void parse_args(Args* a, int argc, char** argv) {
+    memset(a, 0, sizeof(*a));
+    a->train_pattern = "data/gutenberg/gutenberg_train_*.bin";
+    a->val_pattern = "data/gutenberg/gutenberg_val_*.bin";
+    a->model = "fox-pro-tiny";
+    a->tokenizer_path = "data/gpt2_tokenizer.bin";
+    a->B = 4; a->T = 256; a->total_batch_tokens = -1; a->lr = 2e-3; a->steps = -1;
+    a->warmup_tokens = -1; a->schedule = SCHEDULE_COSINE; a->weight_decay = 0.1; a->grad_clip = 1.0;
+    a->val_every = 100; a->val_batches = 20; a->sample_every = 100; a->gen_tokens = 64;
+    a->seed = 1337;
+    for (int i = 1; i < argc; i++) {
+        const char* arg = argv[i];
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) { usage(); exit(EXIT_SUCCESS); }
+        if (i + 1 >= argc) { fail("flag %s needs a value\nHINT: train_fox -h lists every flag", arg); }
+        const char* v = argv[++i];
+        if (arg[0] == '-' && arg[1] == '-') {
+            if (a->num_overrides == 64) { fail("too many model overrides"); }
+            a->override_keys[a->num_overrides] = arg + 2;
+            a->override_values[a->num_overrides++] = v;
+            continue;
+        }
+        if (arg[0] != '-' || strlen(arg) != 2) { fail("unknown argument '%s'\nHINT: train_fox -h lists every flag", arg); }
+        switch (arg[1]) {
+            case 'i': a->train_pattern = v; break;
+            case 'j': a->val_pattern = v; break;
+            case 'e': a->model = v; break;
+            case 'o': a->out_dir = v; break;
+            case 'b': a->B = (int)flag_int(arg, v, 1, 1 << 20); break;
+            case 't': a->T = (int)flag_int(arg, v, 1, 1 << 24); break;
+            case 'd': a->total_batch_tokens = flag_int(arg, v, 1, 1L << 40); break;
+            case 'l': a->lr = flag_float(arg, v, 0.0, 10.0); break;
+            case 'x': a->steps = flag_int(arg, v, 1, 1L << 40); break;
+            case 'u': a->warmup_tokens = flag_int(arg, v, 0, 1L << 50); break;
+            case 'k': a->schedule = parse_choice(v, SCHEDULE_NAMES, 3); if (a->schedule < 0) { bad_flag(arg, v, "cosine, linear or constant"); } break;
+            case 'c': a->weight_decay = flag_float(arg, v, 0.0, 10.0); break;
+            case 'a': a->grad_clip = flag_float(arg, v, 0.0, 1e9); break;
+            case 'v': a->val_every = (int)flag_int(arg, v, 0, 1 << 30); break;
+            case 'm': a->val_batches = (int)flag_int(arg, v, 0, 1 << 30); break;
+            case 's': a->sample_every = (int)flag_int(arg, v, 0, 1 << 30); break;
+            case 'g': a->gen_tokens = (int)flag_int(arg, v, 2, 1 << 20); break;
+            case 'n': a->checkpoint_every = (int)flag_int(arg, v, 0, 1 << 30); break;
+            case 'y': a->resume = (int)flag_int(arg, v, 0, 1); break;
+            case 'r': a->roll = (int)flag_int(arg, v, 0, 1); break;
+            case 'S': a->seed = (uint64_t)flag_int(arg, v, 0, 1L << 62); break;
+            case 'z': a->tokenizer_path = v; break;
+            default: fail("unknown flag '%s'\nHINT: train_fox -h lists every flag", arg);
+        }
+    }
+    if (a->resume && a->out_dir == NULL) { fail("-y 1 needs -o, the directory of the run to resume\nHINT: add -o <dir>"); }
+}
+
+static int is_file(const char* path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static void build_model(FoxModel* m, const Args* a) {
+    if (is_file(a->model)) {
+        if (a->num_overrides > 0) { fail("model overrides (--%s) apply to presets, not to the checkpoint '%s'\nHINT: drop the overrides", a->override_keys[0], a->model); }
+        load_model(m, a->model);
+        printf("loaded %s\n", a->model);
+        return;
+    }
+    FoxConfig c;
+    if (!config_from_preset(&c, a->model)) {
+        fail("'%s' is neither a file nor a preset\nHINT: presets are <family>-<size>: fox-pro, fox-llama, transformer-pro, transformer-llama with tiny, 125m, 360m, 760m (e.g. fox-pro-125m)", a->model);
+    }
+    int mlp_given = 0;
+    for (int i = 0; i < a->num_overrides; i++) {
+        int r = config_set(&c, a->override_keys[i], a->override_values[i]);
+        if (r == 0) { fail("unknown model key --%s\nHINT: train_fox -h lists the model keys", a->override_keys[i]); }
+        if (r < 0) { fail("invalid value '%s' for --%s\nHINT: train_fox -h lists the model keys", a->override_values[i], a->override_keys[i]); }
+        if (strcmp(a->override_keys[i], "mlp_hidden") == 0) { mlp_given = 1; }
+    }
+    if (!mlp_given) { c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block); }
+    fox_build(m, &c);
+    fox_init(m, a->seed);
+}
+
+static void log_line(FILE* f, const char* fmt, ...) {
+    if (f == NULL) { return; }
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+    fflush(f);
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void save_checkpoint(const FoxModel* m, const Args* a, const DataLoader* train, int step) {
+    char model_path[4096], state_path[4096];
+    checkpoint_paths(a->out_dir, step, model_path, state_path, sizeof(model_path));
+    TrainState s = {step, train->epoch, train->shard_pos, train->batch_pos, 1};
+    save_state(m, &s, state_path);
+    save_model(m, model_path);
+    printf("saved %s\n", model_path);
+}
+
+int main(int argc, char** argv) {
+    Args a;
+    parse_args(&a, argc, argv);
+    FoxModel model;
+    build_model(&model, &a);
+    const FoxConfig* cf = &model.config;
+    if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T; }
+    long micro_tokens = (long)a.B * a.T;
+    if (a.total_batch_tokens % micro_tokens != 0) {
+        fail("total batch -d %ld is not a multiple of b*t = %ld\nHINT: choose -d as a multiple of -b times -t", a.total_batch_tokens, micro_tokens);
+    }
+    int accum = (int)(a.total_batch_tokens / micro_tokens);
+    DataLoader train, val;
+    dataloader_init(&train, a.train_pattern, a.B, a.T, 0, 1, 1, a.roll, a.seed, cf->vocab_size);
+    int have_val = a.val_every > 0;
+    if (have_val) { dataloader_init(&val, a.val_pattern, a.B, a.T, 0, 1, 0, 0, a.seed, cf->vocab_size); }
+    if (a.steps < 0) { a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum); if (a.steps < 1) { a.steps = 1; } }
+    LRSchedule sched = {a.schedule, a.lr, 0, (double)a.steps * a.total_batch_tokens, (double)a.total_batch_tokens};
+    sched.warmup_tokens = a.warmup_tokens >= 0 ? (double)a.warmup_tokens : fmin(268435456.0, 0.1 * sched.total_tokens);
+    AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
+    Tokenizer tk;
+    int have_tokenizer = tokenizer_init(&tk, a.tokenizer_path);
+    if (!have_tokenizer && a.sample_every > 0) { printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path); }
+
+    config_print(stdout, cf);
+    size_t act_sizes[NUM_ACTIVATION_TENSORS], acts = 0;
+    activation_sizes(cf, a.B, a.T, act_sizes);
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) { acts += act_sizes[i]; }
+    acts = 2 * acts + (size_t)a.B * a.T * cf->padded_vocab_size;
+    printf("parameters: %zu (%zu in matmuls) | memory estimate %.1f MiB (weights, grads, AdamW, activations)\n",
+           model.num_parameters, fox_matmul_params(&model), (4.0 * model.num_parameters + acts) * 4.0 / 1048576.0);
+    printf("batch: %d x %d tokens, %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | %s schedule, peak lr %g\n",
+           a.B, a.T, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
+#ifdef _OPENMP
+    printf("threads: %d\n", omp_get_max_threads());
+#endif
+
+    int start = 0;
+    if (a.resume) {
+        int step = latest_checkpoint(a.out_dir);
+        if (step < 0) { fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a.out_dir); }
+        char model_path[4096], state_path[4096];
+        checkpoint_paths(a.out_dir, step, model_path, state_path, sizeof(model_path));
+        FoxModel loaded;
+        load_model(&loaded, model_path);
+        if (loaded.num_parameters != model.num_parameters || memcmp(&loaded.config, &model.config, sizeof(FoxConfig)) != 0) {
+            fail("the checkpoint '%s' holds another model than -e %s\nHINT: resume with the same -e and overrides as the run that wrote it", model_path, a.model);
+        }
+        memcpy(model.params_memory, loaded.params_memory, model.num_parameters * sizeof(float));
+        fox_free(&loaded);
+        TrainState s;
+        load_state(&model, &s, state_path);
+        dataloader_set_position(&train, s.epoch, s.shard_pos, s.batch_pos);
+        start = s.step;
+        printf("resumed from %s at step %d\n", model_path, start);
+    }
+    FILE* logf_ = NULL;
+    if (a.out_dir != NULL) {
+        mkdir(a.out_dir, 0755);
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/main.log", a.out_dir);
+        logf_ = fopen_check(path, a.resume ? "a" : "w");
+    }
+    uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
+    for (long step = start; step <= a.steps; step++) {
+        int last = step == a.steps;
+        if (have_val && (step % a.val_every == 0 || last)) {
+            float vl = evaluate(&model, &val, a.val_batches);
+            printf("step %ld: val loss %.6f\n", step, vl);
+            log_line(logf_, "s:%ld tel:%.6f\n", step, vl);
+        }
+        if (have_tokenizer && a.sample_every > 0 && (step % a.sample_every == 0 || last) && step > 0) {
+            int gen = a.gen_tokens < a.T ? a.gen_tokens : a.T;
+            fox_sample(&model, &tk, gen, &sample_rng);
+        }
+        if (a.out_dir != NULL && step > start && ((a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last)) {
+            save_checkpoint(&model, &a, &train, (int)step);
+        }
+        if (last) { break; }
+        double t0 = now_seconds();
+        fox_zero_grad(&model);
+        double loss = 0.0;
+        for (int micro = 0; micro < accum; micro++) {
+            dataloader_next_batch(&train);
+            fox_forward(&model, train.inputs, train.targets, a.B, a.T);
+            fox_backward(&model, 1.0f / accum);
+            loss += model.mean_loss / accum;
+        }
+        double norm = fox_grad_norm(&model);
+        if (!isfinite(loss) || !isfinite(norm)) {
+            fail("step %ld: loss %f, grad norm %f: training diverged\nHINT: lower the learning rate (-l) or resume from an earlier checkpoint", step + 1, loss, norm);
+        }
+        if (a.grad_clip > 0) { fox_clip_grads(&model, norm, (float)a.grad_clip); }
+        float lr = (float)lr_at_step(&sched, step);
+        fox_update(&model, &opt, lr, (int)step + 1);
+        double dt = now_seconds() - t0;
+        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s\n", step + 1, a.steps, loss,
+               norm, lr, dt * 1e3, a.total_batch_tokens / dt);
+        log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
+    }
+    if (logf_ != NULL) { fclose(logf_); }
+    if (have_tokenizer) { tokenizer_free(&tk); }
+    dataloader_free(&train);
+    if (have_val) { dataloader_free(&val); }
+    fox_free(&model);
+    return 0;
+}
+#endif
