@@ -1759,9 +1759,8 @@ static float evaluate(FoxModel* m, DataLoader* val, int max_batches) {
     return (float)(sum / n);
 }
 
-#ifndef TESTING
 // ----------------------------------------------------------------------------
-// command line
+// command line (shared with train_fox.cu)
 
 typedef struct {
     const char* train_pattern; const char* val_pattern; const char* model; const char* out_dir;
@@ -1934,6 +1933,7 @@ static void save_checkpoint(const FoxModel* m, const Args* a, const DataLoader* 
     printf("saved %s\n", model_path);
 }
 
+#ifndef TESTING
 int main(int argc, char** argv) {
     Args a;
     parse_args(&a, argc, argv);
