@@ -176,10 +176,13 @@ static double rel_error_f64(const float* a, const double* b, size_t n, size_t a_
 // sums here run over at most a few hundred terms (C = 32 channels, T = 24 keys, B*T = 48 rows
 // for weight gradients), so the error relative to the tensor's scale stays well below 1e-5.
 // Gradients pass through the whole backward and suffer cancellation: 1e-4. The 10-step losses
-// compound rounding through the optimiser: 1e-4 relative.
+// compound rounding through the optimiser: 1e-4 relative. The grad norms of the last steps are
+// small (the batch is nearly memorised) and carry the parameters' drift relative to that small
+// value: 1e-3 (seen up to 7e-5).
 #define TOL_LOGITS 1e-5
 #define TOL_GRADS 1e-4
 #define TOL_STEPS 1e-4
+#define TOL_STEP_NORMS 1e-3
 
 static void test_against_reference(const char* path) {
     DebugState ds;
@@ -254,9 +257,9 @@ static void test_against_reference(const char* path) {
         e_loss = isnan(el) ? INFINITY : fmax(e_loss, el);
         e_norm = isnan(en) ? INFINITY : fmax(e_norm, en);
     }
-    check(e_lr <= 1e-9 && e_loss <= TOL_STEPS && e_norm <= TOL_STEPS,
-          "%s: %d AdamW steps: lr (rel err %.1e), losses (%.1e), grad norms (%.1e) <= %.0e; last loss %.4f",
-          name, tr.n_steps, e_lr, e_loss, e_norm, TOL_STEPS, ref_sl[tr.n_steps - 1]);
+    check(e_lr <= 1e-9 && e_loss <= TOL_STEPS && e_norm <= TOL_STEP_NORMS,
+          "%s: %d AdamW steps: lr (rel err %.1e <= 1e-9), losses (%.1e <= %.0e), grad norms (%.1e <= %.0e); last loss %.4f",
+          name, tr.n_steps, e_lr, e_loss, TOL_STEPS, e_norm, TOL_STEP_NORMS, ref_sl[tr.n_steps - 1]);
     fox_free(&m);
     debug_state_free(&ds);
 }

@@ -1,0 +1,88 @@
+# train_fox: `make train` trains (GPU if present, else the CPU twin on a tiny model),
+# `make test` runs the tests. Both prepare what they need first (see README.md).
+
+CC ?= gcc
+CXX ?= g++
+# -fassociative-math lets the compiler vectorise the fp32 sums; NaN and inf keep their meaning
+CFLAGS ?= -O3 -march=native -fno-math-errno -fassociative-math -fno-signed-zeros -fno-trapping-math
+WARN = -Wall -Wextra
+LDLIBS = -lm
+
+# OpenMP on by default; NO_OMP=1 turns it off
+ifeq ($(NO_OMP),1)
+  OMP_FLAGS =
+else
+  OMP_FLAGS = -fopenmp
+endif
+
+# nvcc from PATH or the default CUDA location; the GPU file is built for Hopper (sm_90a)
+ifeq ($(origin NVCC),undefined)
+  NVCC := $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+endif
+GPU_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
+NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -Xcompiler "$(CFLAGS) $(OMP_FLAGS) -Wno-unused-function"
+NVCC_LIBS = -lcublasLt -lcublas -lm
+# PRECISION=FP32 builds the GPU trainer with fp32 activations and matmuls, for tight diffs
+ifeq ($(PRECISION),FP32)
+  NVCC_FLAGS += -DENABLE_FP32
+endif
+HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+HAVE_GPU_TRAINER := $(wildcard train_fox.cu)
+
+.PHONY: all train train-cpu train-gpu test fixtures-check clean
+all: train_fox_cpu test_fox
+
+include data/data.mk
+
+train_fox_cpu: train_fox.c
+	$(CC) $(CFLAGS) $(WARN) $(OMP_FLAGS) $< -o $@ $(LDLIBS)
+
+ifneq ($(HAVE_GPU_TRAINER),)
+train_fox: train_fox.cu train_fox.c
+	@test -n "$(NVCC)" || { echo "error: nvcc not found. HINT: install the CUDA toolkit or put nvcc on PATH"; exit 1; }
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
+endif
+
+# The tests build with nvcc when there is one (so the GPU code is compiled everywhere and
+# cannot rot), else with the C++ compiler (CPU part only).
+TEST_DEPS = test_fox.cu train_fox.c $(HAVE_GPU_TRAINER)
+test_fox: $(TEST_DEPS)
+ifneq ($(NVCC),)
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
+else
+	@echo "note: nvcc not found, building the CPU tests only"
+	$(CXX) -x c++ $(CFLAGS) $(WARN) -Wno-unused-function $(OMP_FLAGS) $< -o $@ $(LDLIBS)
+endif
+
+# --- the two commands ---------------------------------------------------------
+
+# CPU twin: a tiny FoX (Pro) on the Gutenberg corpus, a few minutes on 2 cores
+CPU_TRAIN_FLAGS ?= -e fox-pro-tiny -b 8 -t 64 -x 300 -l 3e-3 -u 8192 -v 50 -m 8 -s 100 -g 64 -o log_cpu
+# GPU: FoX (Pro) at a small size (L=6, C=384) on the same corpus, a few minutes
+GPU_TRAIN_FLAGS ?= -e fox-pro-tiny --n_layer 6 --n_embd 384 --n_head 6 -b 16 -t 1024 -x 2000 -l 2e-3 -u 2000000 -v 250 -m 20 -s 500 -g 128 -n 1000 -o log_gpu
+
+ifneq ($(and $(filter-out 0,$(HAVE_GPU)),$(HAVE_GPU_TRAINER)),)
+train: train-gpu
+else
+train: train-cpu
+endif
+
+train-cpu: data train_fox_cpu
+	@echo "make train: no GPU trainer to run here, training the CPU twin on a tiny model"
+	./train_fox_cpu $(CPU_TRAIN_FLAGS)
+
+train-gpu: data train_fox
+	./train_fox $(GPU_TRAIN_FLAGS)
+
+# tokenizer-test also writes the decode table that test_fox checks
+test: tokenizer-test test_fox
+	./test_fox
+
+# CI: the committed reference fixtures must equal what the reference computes now
+fixtures-check:
+	rm -rf build/fixtures && mkdir -p build/fixtures
+	/usr/bin/python3 dev/fox_reference.py --all --out build/fixtures
+	/usr/bin/python3 dev/compare_debug_states.py build/fixtures dev/fixtures
+
+clean:
+	rm -rf build train_fox train_fox_cpu test_fox
