@@ -1,0 +1,745 @@
+/*
+Forgetting Attention forward (FoX), causal, optional forget gate and sliding window.
+
+    S_ij = q_i.k_j * scale + c_i - c_j     (j <= i, and i - w < j when a window w > 0)
+    o_i  = sum_j softmax_j(S_ij) v_j,       lse_i = log sum_j exp(S_ij)
+
+q, k, v, o: bf16 (B, T, H, hd) with a token stride; c, lse: fp32 (B, H, T); c == NULL is plain
+causal attention. The bias c_i - c_j is not scaled.
+
+Compile (sm_90a; the CPU reference uses OpenMP):
+nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fopenmp fox_attention_forward.cu -o fox_attention_forward
+
+version 1 is a naive port of the CPU code: one thread per query row, two passes over the keys
+./fox_attention_forward 1
+
+version 2 is a tiled flash forward in fp32 CUDA cores: K/V tiles in shared memory, online softmax
+./fox_attention_forward 2
+
+version 3 is a flash forward on tensor cores (mma.sync m16n8k16 bf16, FlashAttention-2 layout):
+64-row query tile per block, a warp per 16 rows, 64-key K/V tiles double-buffered with cp.async
+./fox_attention_forward 3
+
+version 4 is version 3 with 32 rows per warp (128-row query tile; 32-key tiles at hd 128 to fit
+the registers): each K/V fragment feeds two mma's, half the shared-memory traffic per mma
+./fox_attention_forward 4
+
+With no argument every version runs. Each version is validated against an fp64 CPU reference on
+small shapes (T not a multiple of the tiles, hd 64/128, gate on/off, windows, packed qkv), then at
+T = 65536 with strongly decaying and nearly-one gates against an fp64 GPU reference (version 1's
+kernel instantiated in double, itself validated against the CPU), then timed.
+*/
+#include "common.h"
+#include <omp.h>
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+// query i sees key j
+__host__ __device__ __forceinline__ bool fox_visible(int i, int j, int window) {
+    return j <= i && (window == 0 || j > i - window);
+}
+
+// ----------------------------------------------------------------------------
+// CPU reference, fp64 on the bf16 values
+
+static void fox_forward_cpu(double* o, double* lse, const float* q, const float* k, const float* v,
+                            const float* c, int B, int T, int H, int hd, int stride_qkv, int window) {
+    // o: (B, T, H, hd) compact; lse: (B, H, T)
+    double scale = 1.0 / sqrt((double)hd);
+    #pragma omp parallel for collapse(3) schedule(dynamic)
+    for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+    for (int i = 0; i < T; i++) {
+        const float* qi = q + ((size_t)b * T + i) * stride_qkv + (size_t)h * hd;
+        const float* cb = c ? c + ((size_t)b * H + h) * T : nullptr;
+        std::vector<double> s(T);
+        double m = -INFINITY;
+        for (int j = 0; j <= i; j++) {
+            if (!fox_visible(i, j, window)) continue;
+            const float* kj = k + ((size_t)b * T + j) * stride_qkv + (size_t)h * hd;
+            double dot = 0;
+            for (int d = 0; d < hd; d++) dot += (double)qi[d] * kj[d];
+            s[j] = dot * scale + (cb ? (double)cb[i] - (double)cb[j] : 0.0);
+            m = std::max(m, s[j]);
+        }
+        double l = 0;
+        std::vector<double> acc(hd, 0.0);
+        for (int j = 0; j <= i; j++) {
+            if (!fox_visible(i, j, window)) continue;
+            const float* vj = v + ((size_t)b * T + j) * stride_qkv + (size_t)h * hd;
+            double p = exp(s[j] - m);
+            l += p;
+            for (int d = 0; d < hd; d++) acc[d] += p * vj[d];
+        }
+        double* oi = o + (((size_t)b * T + i) * H + h) * hd;
+        for (int d = 0; d < hd; d++) oi[d] = acc[d] / l;
+        lse[((size_t)b * H + h) * T + i] = m + log(l);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// small device helpers shared by the versions (and by the backward file)
+
+__device__ __forceinline__ void st_out(bf16* p, float x) { *p = __float2bfloat16(x); }
+__device__ __forceinline__ void st_out(bf16* p, double x) { *p = __float2bfloat16((float)x); }
+__device__ __forceinline__ void st_out(float* p, float x) { *p = x; }
+__device__ __forceinline__ void st_out(double* p, double x) { *p = x; }
+template<class A> __device__ __forceinline__ A ld_in(const bf16* p) { return (A)__bfloat162float(*p); }
+template<class A> __device__ __forceinline__ A ld_in(const float* p) { return (A)*p; }
+template<class A> __device__ __forceinline__ A ld_in(const double* p) { return (A)*p; }
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// 16-byte global->shared copy; pred false writes zeros (rows past T)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool pred) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template<int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+// four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m, register m receives
+// (row lane/4, cols 2*(lane%4), +1) of matrix m (transposed with .trans)
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)) : "memory");
+}
+// d (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col)
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+// The accumulator of two adjacent n8 tiles (keys 16kk..16kk+15) is, repacked to bf16, exactly the
+// A fragment of the k16 step kk: a0 = (row g, k 2t..), a1 = (row g+8, k 2t..), a2/a3 = same at k+8.
+__device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const float hi[4]) {
+    a[0] = pack_bf16(lo[0], lo[1]); a[1] = pack_bf16(lo[2], lo[3]);
+    a[2] = pack_bf16(hi[0], hi[1]); a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// ROWS rows of one head of a (B, T, H, hd) tensor into a padded shared tile (ROWS, LD); rows past T
+// are zero-filled so the tensor cores never read garbage.
+template<int ROWS, int HD, int LD, int NTHREADS>
+__device__ __forceinline__ void load_tile_async(bf16* sm, const bf16* g, int row0, int T, int stride) {
+    constexpr int CHUNKS = HD / 8;
+    #pragma unroll
+    for (int e = threadIdx.x; e < ROWS * CHUNKS; e += NTHREADS) {
+        int r = e / CHUNKS, ch = e % CHUNKS, row = row0 + r;
+        bool ok = row < T;
+        cp_async16(sm + r * LD + ch * 8, g + (size_t)(ok ? row : 0) * stride + ch * 8, ok);
+    }
+}
+// ROWS fp32 values of a (B, H, T) vector; past T zero-filled
+template<int ROWS>
+__device__ __forceinline__ void load_vec_async(float* sm, const float* g, int row0, int T) {
+    if (threadIdx.x < ROWS) {
+        int row = row0 + threadIdx.x;
+        bool ok = row < T;
+        cp_async4(sm + threadIdx.x, g + (ok ? row : 0), ok);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// version 1: naive, one thread per (b, h, i); acc_t = float for the ladder, double for the
+// long-T reference. Pass 1 finds the row max, pass 2 sums exp and accumulates v.
+
+template<class acc_t, class o_t, int HD>
+__global__ void fox_fwd_naive_kernel(o_t* o, acc_t* lse, const bf16* q, const bf16* k, const bf16* v,
+                                     const float* c, int B, int T, int H, int stride_qkv, int stride_o,
+                                     int window) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * H * T) return;
+    int i = idx % T;
+    size_t bh = idx / T;
+    int h = bh % H, b = bh / H;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    const bf16* qi = q + base + (size_t)i * stride_qkv;
+    const float* cb = c ? c + bh * T : nullptr;
+    acc_t scale = (acc_t)1 / sqrt((acc_t)HD);
+    int jlo = window > 0 ? max(0, i - window + 1) : 0;
+    // c_i - c_j in fp32 is exact near the diagonal (Sterbenz), where the weights are large
+    acc_t m = -INFINITY;
+    for (int j = jlo; j <= i; j++) {
+        const bf16* kj = k + base + (size_t)j * stride_qkv;
+        acc_t dot = 0;
+        #pragma unroll
+        for (int d = 0; d < HD; d++) dot += ld_in<acc_t>(qi + d) * ld_in<acc_t>(kj + d);
+        acc_t s = dot * scale + (cb ? (acc_t)cb[i] - (acc_t)cb[j] : (acc_t)0);
+        m = s > m ? s : m;
+    }
+    acc_t l = 0, acc[HD];  // registers: every index below is a compile-time constant after unrolling
+    #pragma unroll
+    for (int d = 0; d < HD; d++) acc[d] = 0;
+    for (int j = jlo; j <= i; j++) {
+        const bf16* kj = k + base + (size_t)j * stride_qkv;
+        const bf16* vj = v + base + (size_t)j * stride_qkv;
+        acc_t dot = 0;
+        #pragma unroll
+        for (int d = 0; d < HD; d++) dot += ld_in<acc_t>(qi + d) * ld_in<acc_t>(kj + d);
+        acc_t p = exp(dot * scale + (cb ? (acc_t)cb[i] - (acc_t)cb[j] : (acc_t)0) - m);
+        l += p;
+        #pragma unroll
+        for (int d = 0; d < HD; d++) acc[d] += p * ld_in<acc_t>(vj + d);
+    }
+    o_t* oi = o + (size_t)b * T * stride_o + (size_t)i * stride_o + (size_t)h * HD;
+    #pragma unroll
+    for (int d = 0; d < HD; d++) st_out(oi + d, acc[d] / l);
+    lse[idx] = m + log(l);
+}
+
+template<class acc_t, class o_t>
+static void fox_forward1(o_t* o, acc_t* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window) {
+    int block = 128, grid = ceil_div(B * H * T, block);
+    if (hd == 64) fox_fwd_naive_kernel<acc_t, o_t, 64><<<grid, block>>>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window);
+    else fox_fwd_naive_kernel<acc_t, o_t, 128><<<grid, block>>>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window);
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------
+// version 2: tiled flash forward in fp32. A block owns 32 query rows, a quad of threads per row
+// (each quad lane holds every 4th element of q and o); 32-key tiles of K and V go through shared
+// memory in fp32, and the softmax is updated once per tile.
+
+#define V2_BR 32
+#define V2_BC 32
+
+template<int HD>
+__global__ void __launch_bounds__(128) fox_fwd_tiled_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
+                                                             const bf16* v, const float* c, int T, int H,
+                                                             int stride_qkv, int stride_o, int window, float scale) {
+    __shared__ float sK[V2_BC][HD], sV[V2_BC][HD], sC[V2_BC];
+    constexpr int DPT = HD / 4;  // elements of a row per quad lane
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int r = threadIdx.x / 4, lq = threadIdx.x % 4;
+    int i0 = qt * V2_BR, i = i0 + r;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    const float* cb = c ? c + (size_t)bh * T : nullptr;
+    float qr[DPT], acc[DPT];
+    for (int e = 0; e < DPT; e++) {
+        qr[e] = i < T ? __bfloat162float(q[base + (size_t)i * stride_qkv + 4 * e + lq]) * scale : 0.f;
+        acc[e] = 0.f;
+    }
+    float ci = (cb && i < T) ? cb[i] : 0.f;
+    float m = -INFINITY, l = 0.f;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0, j_end = min(T, i0 + V2_BR);
+    for (int j0 = (j_begin / V2_BC) * V2_BC; j0 < j_end; j0 += V2_BC) {
+        __syncthreads();  // previous tile fully consumed
+        for (int e = threadIdx.x; e < V2_BC * HD; e += blockDim.x) {
+            int jj = e / HD, d = e % HD, j = j0 + jj;
+            sK[jj][d] = j < T ? __bfloat162float(k[base + (size_t)j * stride_qkv + d]) : 0.f;
+            sV[jj][d] = j < T ? __bfloat162float(v[base + (size_t)j * stride_qkv + d]) : 0.f;
+        }
+        if (threadIdx.x < V2_BC) sC[threadIdx.x] = (cb && j0 + threadIdx.x < T) ? cb[j0 + threadIdx.x] : 0.f;
+        __syncthreads();
+        float s[V2_BC], mt = -INFINITY;
+        #pragma unroll
+        for (int jj = 0; jj < V2_BC; jj++) {
+            float part = 0.f;
+            #pragma unroll
+            for (int e = 0; e < DPT; e++) part += qr[e] * sK[jj][4 * e + lq];
+            part += __shfl_xor_sync(0xffffffff, part, 1);
+            part += __shfl_xor_sync(0xffffffff, part, 2);
+            int j = j0 + jj;
+            s[jj] = (j < T && fox_visible(i, j, window)) ? part + (ci - sC[jj]) : -INFINITY;
+            mt = fmaxf(mt, s[jj]);
+        }
+        float m_new = fmaxf(m, mt);
+        float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at 0
+        float alpha = expf(m - m_use);
+        l *= alpha;
+        for (int e = 0; e < DPT; e++) acc[e] *= alpha;
+        #pragma unroll
+        for (int jj = 0; jj < V2_BC; jj++) {
+            float p = expf(s[jj] - m_use);
+            l += p;
+            #pragma unroll
+            for (int e = 0; e < DPT; e++) acc[e] += p * sV[jj][4 * e + lq];
+        }
+        m = m_new;
+    }
+    if (i < T) {
+        bf16* oi = o + (size_t)b * T * stride_o + (size_t)i * stride_o + (size_t)h * HD;
+        for (int e = 0; e < DPT; e++) oi[4 * e + lq] = __float2bfloat16(acc[e] / l);
+        if (lq == 0) lse[(size_t)bh * T + i] = m + logf(l);
+    }
+}
+
+static void fox_forward2(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window) {
+    dim3 grid(ceil_div(T, V2_BR), B * H);
+    float scale = 1.0f / sqrtf((float)hd);
+    if (hd == 64) fox_fwd_tiled_kernel<64><<<grid, 128>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale);
+    else fox_fwd_tiled_kernel<128><<<grid, 128>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale);
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------
+// ---- begin: fused forward for train_fox.cu (versions 3 and 4 and the API) ----
+// Flash forward on tensor cores. Block = 4 warps = one query tile of BR = 64 * WM rows of one
+// (b, h); each warp owns 16 * WM rows and keeps their Q fragments, O accumulator and softmax state
+// in registers. Key tiles of BC keys (K, V and c_j) stream through shared memory, double-buffered
+// with cp.async. Every K/V fragment read from shared memory feeds WM mma's: with WM = 2 a warp
+// needs half the shared-memory traffic per mma (version 4), which is what limits WM = 1 (v3).
+// Scores are kept in log2 units: x = (q.k * scale + c_i - c_j) * log2(e), so exp is one ex2.
+
+#define FOX_BR 64  // query tile of the backward kernels
+#define FOX_BC 64  // key tile of the backward kernels
+
+template<int HD, int BC, int WM, bool GATE>
+__global__ void __launch_bounds__(128) fox_fwd_mma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
+                                                           const bf16* v, const float* c, int T, int H,
+                                                           int stride_qkv, int stride_o, int window,
+                                                           float scale_log2) {
+    constexpr int BR = 64 * WM;
+    constexpr int LD = HD + 8;  // padded row: the 8 rows of an ldmatrix land in distinct banks
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_raw;             // (BR, LD)
+    bf16* sK = sQ + BR * LD;                // (2, BC, LD)
+    bf16* sV = sK + 2 * BC * LD;            // (2, BC, LD)
+    float* sC = (float*)(sV + 2 * BC * LD); // (2, BC)
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+
+    load_tile_async<BR, HD, LD, 128>(sQ, qb, i0, T, stride_qkv);
+    load_tile_async<BC, HD, LD, 128>(sK, kb, jt_begin * BC, T, stride_qkv);
+    load_tile_async<BC, HD, LD, 128>(sV, vb, jt_begin * BC, T, stride_qkv);
+    if (GATE) load_vec_async<BC>(sC, cb, jt_begin * BC, T);
+    cp_async_commit();
+
+    // this thread's rows: rows[mt][r] = 16-row tile mt of the warp, r = 0 (row g) or 1 (row g + 8)
+    int rows[WM][2];
+    float cr[WM][2], m[WM][2], l[WM][2];
+    float acc[WM][HD / 8][4];
+    // Q fragments live in registers unless they would crowd out the accumulators (hd 128, WM 2):
+    // then they are re-read from shared memory for every key tile
+    constexpr bool Q_REGS = HD * WM <= 128;
+    uint32_t qf[WM][Q_REGS ? HD / 16 : 1][4];
+    #pragma unroll
+    for (int mt = 0; mt < WM; mt++) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            rows[mt][r] = i0 + warp * 16 * WM + mt * 16 + g + 8 * r;
+            cr[mt][r] = (GATE && rows[mt][r] < T) ? cb[rows[mt][r]] : 0.f;
+            m[mt][r] = -INFINITY;
+            l[mt][r] = 0.f;
+        }
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.f;
+    }
+
+    for (int jt = jt_begin; jt < jt_end; jt++) {
+        int buf = (jt - jt_begin) & 1;
+        if (jt + 1 < jt_end) {  // prefetch the next tile into the other buffer
+            int nb = buf ^ 1, j1 = (jt + 1) * BC;
+            load_tile_async<BC, HD, LD, 128>(sK + nb * BC * LD, kb, j1, T, stride_qkv);
+            load_tile_async<BC, HD, LD, 128>(sV + nb * BC * LD, vb, j1, T, stride_qkv);
+            if (GATE) load_vec_async<BC>(sC + nb * BC, cb, j1, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        auto load_q = [&](uint32_t r[4], int mt, int kk) {
+            ldmatrix_x4(r, sQ + (warp * 16 * WM + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + kk * 16 + (lane / 16) * 8);
+        };
+        if (Q_REGS && jt == jt_begin) {
+            #pragma unroll
+            for (int mt = 0; mt < WM; mt++)
+                #pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) load_q(qf[mt][Q_REGS ? kk : 0], mt, kk);
+        }
+        const bf16* sKb = sK + buf * BC * LD;
+        const bf16* sVb = sV + buf * BC * LD;
+        const float* sCb = sC + buf * BC;
+
+        // S = Q K^T, (16 WM, BC) per warp: BC/8 n-tiles of 8 keys
+        float s[WM][BC / 8][4];
+        #pragma unroll
+        for (int mt = 0; mt < WM; mt++)
+            #pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            if (!Q_REGS)
+                #pragma unroll
+                for (int mt = 0; mt < WM; mt++) load_q(qf[mt][0], mt, kk);
+            #pragma unroll
+            for (int np = 0; np < BC / 16; np++) {
+                uint32_t bk[4];  // b0, b1 of key tiles 2np and 2np+1
+                ldmatrix_x4(bk, sKb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+                #pragma unroll
+                for (int mt = 0; mt < WM; mt++) {
+                    mma_bf16(s[mt][2 * np], qf[mt][Q_REGS ? kk : 0], bk[0], bk[1]);
+                    mma_bf16(s[mt][2 * np + 1], qf[mt][Q_REGS ? kk : 0], bk[2], bk[3]);
+                }
+            }
+        }
+        // scale, bias, mask (only tiles that touch the diagonal, the window edge or T need it),
+        // so that nothing above the diagonal is ever exponentiated
+        int j0 = jt * BC;
+        bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
+        #pragma unroll
+        for (int mt = 0; mt < WM; mt++) {
+            float mx[2] = {-INFINITY, -INFINITY};
+            #pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int jl = nt * 8 + 2 * tq + (e & 1);
+                    float x = s[mt][nt][e] * scale_log2;
+                    if (GATE) x = fmaf(cr[mt][e / 2] - sCb[jl], LOG2E, x);  // c_i - c_j exact near the diagonal
+                    if (need_mask) {
+                        int j = j0 + jl;
+                        if (j >= T || !fox_visible(rows[mt][e / 2], j, window)) x = -INFINITY;
+                    }
+                    s[mt][nt][e] = x;
+                    mx[e / 2] = fmaxf(mx[e / 2], x);
+                }
+            }
+            float mu[2];
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+                float m_new = fmaxf(m[mt][r], mx[r]);
+                mu[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: exp2(-inf - 0) = 0
+                float alpha = exp2f(m[mt][r] - mu[r]);
+                l[mt][r] *= alpha;
+                #pragma unroll
+                for (int dt = 0; dt < HD / 8; dt++) { acc[mt][dt][2 * r] *= alpha; acc[mt][dt][2 * r + 1] *= alpha; }
+                m[mt][r] = m_new;
+            }
+            #pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[mt][nt][e] = exp2f(s[mt][nt][e] - mu[e / 2]);
+                    l[mt][e / 2] += s[mt][nt][e];  // per-thread partial; the quad sums once at the end
+                }
+            }
+        }
+        // O += P V: P straight from registers, V^T fragments by ldmatrix.trans
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            uint32_t pa[WM][4];
+            #pragma unroll
+            for (int mt = 0; mt < WM; mt++) acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+            #pragma unroll
+            for (int dp = 0; dp < HD / 16; dp++) {
+                uint32_t bv[4];
+                ldmatrix_x4_trans(bv, sVb + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+                #pragma unroll
+                for (int mt = 0; mt < WM; mt++) {
+                    mma_bf16(acc[mt][2 * dp], pa[mt], bv[0], bv[1]);
+                    mma_bf16(acc[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+                }
+            }
+        }
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+    }
+    bf16* ob = o + (size_t)b * T * stride_o + (size_t)h * HD;
+    #pragma unroll
+    for (int mt = 0; mt < WM; mt++) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 1);
+            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 2);
+            int row = rows[mt][r];
+            if (row >= T) continue;
+            float inv = 1.f / l[mt][r];
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++)
+                *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
+                    __floats2bfloat162_rn(acc[mt][dt][2 * r] * inv, acc[mt][dt][2 * r + 1] * inv);
+            if (tq == 0) lse[(size_t)bh * T + row] = (m[mt][r] + log2f(l[mt][r])) * LN2;  // natural log
+        }
+    }
+}
+
+static void fox_check_args(const char* who, const void* q, const void* k, const void* v, int B, int T, int H,
+                           int hd, int stride_qkv, int stride_o, int window) {
+    if (hd != 64 && hd != 128) {
+        fprintf(stderr, "%s: head size %d is not supported\nHINT: use hd = 64 or 128 (C / H).\n", who, hd);
+        exit(EXIT_FAILURE);
+    }
+    if (B < 1 || T < 1 || H < 1 || window < 0 || stride_qkv < H * hd || stride_o < H * hd) {
+        fprintf(stderr, "%s: bad shape B=%d T=%d H=%d stride_qkv=%d stride_o=%d window=%d\n"
+                "HINT: strides count elements between consecutive tokens (>= H*hd); window >= 0.\n",
+                who, B, T, H, stride_qkv, stride_o, window);
+        exit(EXIT_FAILURE);
+    }
+    if (stride_qkv % 8 || stride_o % 2 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16) {
+        fprintf(stderr, "%s: q/k/v must be 16-byte aligned with stride_qkv %% 8 == 0, stride_o even\n"
+                "HINT: q, k, v are read in 16-byte chunks; allocate with cudaMalloc and keep strides multiples of 8.\n", who);
+        exit(EXIT_FAILURE);
+    }
+}
+
+template<int HD, int BC, int WM, bool GATE>
+static void fox_fwd_mma_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                               int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    constexpr int LD = HD + 8, BR = 64 * WM;
+    size_t smem = (size_t)(BR + 4 * BC) * LD * sizeof(bf16) + 2 * BC * sizeof(float);
+    static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(fox_fwd_mma_kernel<HD, BC, WM, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
+    dim3 grid(ceil_div(T, BR), B * H);
+    float scale_log2 = LOG2E / sqrtf((float)HD);
+    fox_fwd_mma_kernel<HD, BC, WM, GATE><<<grid, 128, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2);
+    cudaCheckLaunch();
+}
+
+// tile shape (key tile BC, 16-row tiles per warp WM) -> launch, for hd 64/128, gate on/off
+template<int BC64, int BC128, int WM>
+static void fox_fwd_mma_dispatch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                                 int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    if (hd == 64) {
+        if (c) fox_fwd_mma_launch<64, BC64, WM, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_fwd_mma_launch<64, BC64, WM, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+    } else {
+        if (c) fox_fwd_mma_launch<128, BC128, WM, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_fwd_mma_launch<128, BC128, WM, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+    }
+}
+
+// o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
+// q, k, v: bf16 (B, T, H, hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv).
+// c: fp32 (B, H, T) cumulative log forget gate, or NULL for plain causal attention.
+// window: query i sees keys i - window < j <= i; 0 means no window.
+void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                           int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
+    fox_fwd_mma_dispatch<64, 32, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, s);  // version 4
+}
+// ---- end: fused forward for train_fox.cu ----
+
+// ----------------------------------------------------------------------------
+// test problems, shared with the backward file
+
+struct FoxProblem {
+    int B, T, H, hd, window;
+    bool packed, gate;
+    int stride_qkv, stride_o;
+    size_t n_qkv, n_o, n_bht;             // element counts of the qkv buffer, of o, of (B, H, T)
+    size_t q_off, k_off, v_off;           // q, k, v inside the qkv buffer
+    std::vector<bf16> qkv, dout;          // device data
+    std::vector<float> qkvf, doutf, c;    // the same values as float; c empty when no gate
+};
+
+// gate_rate > 0: log f_t = -gate_rate * U(0.5, 1.5); gate_rate < 0: per head, rates log-spaced
+// from 1e-3 to 3 (both regimes in one problem); gate_rate == 0: no gate
+static FoxProblem make_problem(int B, int T, int H, int hd, int window, bool packed, double gate_rate, int o_pad = 0) {
+    FoxProblem p;
+    p.B = B; p.T = T; p.H = H; p.hd = hd; p.window = window; p.packed = packed; p.gate = gate_rate != 0;
+    size_t C = (size_t)H * hd, BT = (size_t)B * T;
+    p.stride_qkv = packed ? 3 * (int)C : (int)C;
+    p.stride_o = (int)C + o_pad;
+    p.n_qkv = 3 * BT * C;
+    p.n_o = BT * p.stride_o;
+    p.n_bht = BT * H;
+    p.q_off = 0;
+    p.k_off = packed ? C : BT * C;
+    p.v_off = packed ? 2 * C : 2 * BT * C;
+    fill_bf16(p.qkv, p.qkvf, p.n_qkv, 1.0f);
+    fill_bf16(p.dout, p.doutf, p.n_o, 1.0f);
+    if (p.gate) {
+        p.c.resize(p.n_bht);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++) {
+                double rate = gate_rate > 0 ? gate_rate : 1e-3 * pow(3e3, H > 1 ? (double)h / (H - 1) : 0.5);
+                float acc = 0.f;  // fp32 cumulative sum, as the trainer computes it
+                for (int t = 0; t < T; t++) {
+                    acc += (float)(-rate * (0.5 + rng_uniform()));
+                    p.c[((size_t)b * H + h) * T + t] = acc;
+                }
+            }
+    }
+    return p;
+}
+
+// bf16 outputs: the output rounding alone is ~2e-3 rms relative and P is rounded to bf16 before
+// P V, so 1e-2 leaves room without hiding an indexing error (those give O(1)). lse is fp32 from
+// exact bf16 products, so an absolute 1e-3 on values O(1..10) is loose but catches any mask error.
+#define TOL_BF16 1e-2
+#define TOL_LSE_ABS 1e-3
+
+static double attn_fwd_flops(int B, int T, int H, int hd) { return 4.0 * B * H * (double)T * T * hd / 2; }
+
+// ----------------------------------------------------------------------------
+#ifndef FOX_SKIP_FORWARD_MAIN
+
+static void run_forward(int version, bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                        int B, int T, int H, int hd, int sq, int so, int w) {
+    switch (version) {
+        case 1: fox_forward1<float, bf16>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w); break;
+        case 2: fox_forward2(o, lse, q, k, v, c, B, T, H, hd, sq, so, w); break;
+        case 3: fox_fwd_mma_dispatch<64, 64, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
+        case 4: fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..4\n", version); exit(EXIT_FAILURE);
+    }
+}
+
+struct FwdDev { bf16 *qkv, *o; float *c, *lse; };
+static FwdDev upload(const FoxProblem& p) {
+    FwdDev d;
+    d.qkv = dmalloc<bf16>(p.n_qkv); h2d(d.qkv, p.qkv);
+    d.o = dmalloc<bf16>(p.n_o);
+    d.lse = dmalloc<float>(p.n_bht);
+    d.c = nullptr;
+    if (p.gate) { d.c = dmalloc<float>(p.n_bht); h2d(d.c, p.c); }
+    return d;
+}
+static void release(FwdDev& d) {
+    cudaCheck(cudaFree(d.qkv)); cudaCheck(cudaFree(d.o)); cudaCheck(cudaFree(d.lse));
+    if (d.c) cudaCheck(cudaFree(d.c));
+}
+
+// o_ref: (B, T, H, hd) compact, lse_ref (B, H, T); both double
+static bool check_forward(const FoxProblem& p, const FwdDev& d, const double* o_ref, const double* lse_ref) {
+    std::vector<bf16> o = d2h(d.o, p.n_o);
+    std::vector<float> lse = d2h(d.lse, p.n_bht);
+    size_t C = (size_t)p.H * p.hd;
+    ErrStat so = compare((size_t)p.B * p.T * C, [&](size_t e, double* g, double* r) {
+        size_t bt = e / C, x = e % C;
+        *g = __bfloat162float(o[bt * p.stride_o + x]); *r = o_ref[e];
+    });
+    ErrStat sl = compare(p.n_bht, [&](size_t e, double* g, double* r) { *g = lse[e]; *r = lse_ref[e]; });
+    bool ok = report("o", so, TOL_BF16);
+    bool ok2 = sl.nonfinite == 0 && sl.max_abs <= TOL_LSE_ABS;
+    printf("    %-6s max_abs %.3e  nonfinite %zu/%zu  (tol %.0e abs) %s\n", "lse", sl.max_abs, sl.nonfinite, sl.n,
+           TOL_LSE_ABS, ok2 ? "ok" : "FAIL");
+    return ok && ok2;
+}
+
+int main(int argc, char** argv) {
+    int only = argc > 1 ? atoi(argv[1]) : 0;
+    int first = only ? only : 1, last = only ? only : 4;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    bool all_ok = true;
+
+    // 1. small shapes against the fp64 CPU reference
+    struct Cfg { int B, T, H, hd, window; bool packed; double gate; int o_pad; };
+    Cfg cfgs[] = {
+        {2, 197, 3, 64, 0, true, -1, 0},     // T not a multiple of any tile, packed qkv, both gate regimes
+        {1, 256, 2, 128, 0, false, -1, 8},   // hd 128, padded o stride
+        {2, 130, 2, 64, 0, false, 0, 0},     // no gate (c == NULL)
+        {1, 300, 2, 128, 37, true, -1, 0},   // sliding window smaller than a tile
+        {1, 333, 2, 64, 100, false, 0.5, 0}, // window spanning tiles, T ragged
+        {1, 70, 1, 64, 1, false, 0.1, 0},    // window 1: only the diagonal
+        {3, 1, 2, 128, 0, false, 1, 0},      // T = 1
+    };
+    for (const Cfg& cf : cfgs) {
+        FoxProblem p = make_problem(cf.B, cf.T, cf.H, cf.hd, cf.window, cf.packed, cf.gate, cf.o_pad);
+        std::vector<double> o_ref((size_t)p.B * p.T * p.H * p.hd), lse_ref(p.n_bht);
+        fox_forward_cpu(o_ref.data(), lse_ref.data(), p.qkvf.data() + p.q_off, p.qkvf.data() + p.k_off,
+                        p.qkvf.data() + p.v_off, p.gate ? p.c.data() : nullptr, p.B, p.T, p.H, p.hd, p.stride_qkv, p.window);
+        FwdDev d = upload(p);
+        printf("B=%d T=%d H=%d hd=%d window=%d packed=%d gate=%s\n", p.B, p.T, p.H, p.hd, p.window, (int)p.packed,
+               p.gate ? "yes" : "none");
+        for (int ver = first; ver <= last; ver++) {
+            poison(d.o, p.n_o); poison(d.lse, p.n_bht);
+            run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
+                        p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window);
+            cudaCheck(cudaDeviceSynchronize());
+            printf("  version %d\n", ver);
+            all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
+        }
+        // the fp64 GPU kernel used as the long-T reference must itself match the CPU
+        double *o64 = dmalloc<double>(o_ref.size()), *lse64 = dmalloc<double>(p.n_bht);
+        poison(o64, o_ref.size()); poison(lse64, p.n_bht);
+        fox_forward1<double, double>(o64, lse64, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
+                                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.H * p.hd, p.window);
+        std::vector<double> og = d2h(o64, o_ref.size()), lg = d2h(lse64, p.n_bht);
+        ErrStat s64 = compare(og.size(), [&](size_t e, double* g, double* r) { *g = og[e]; *r = o_ref[e]; });
+        ErrStat l64 = compare(lg.size(), [&](size_t e, double* g, double* r) { *g = lg[e]; *r = lse_ref[e]; });
+        printf("  fp64 GPU reference\n");
+        all_ok &= report("o", s64, 1e-12) & report("lse", l64, 1e-12);
+        cudaCheck(cudaFree(o64)); cudaCheck(cudaFree(lse64));
+        release(d);
+    }
+
+    // 2. long sequences with extreme gates, against the fp64 GPU reference
+    struct Long { int T, H, hd, window; double gate; const char* what; };
+    Long longs[] = {
+        {65536, 2, 64, 0, 5.0, "log f ~ -5 (strong decay)"},
+        {65536, 2, 64, 0, 1e-4, "log f ~ -1e-4 (nearly one)"},
+        {16384, 2, 128, 2048, 1e-4, "hd 128, window 2048, nearly one"},
+    };
+    for (const Long& L : longs) {
+        FoxProblem p = make_problem(1, L.T, L.H, L.hd, L.window, false, L.gate);
+        FwdDev d = upload(p);
+        size_t n_ref = (size_t)p.T * p.H * p.hd;
+        double *o64 = dmalloc<double>(n_ref), *lse64 = dmalloc<double>(p.n_bht);
+        fox_forward1<double, double>(o64, lse64, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
+                                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.H * p.hd, p.window);
+        std::vector<double> o_ref = d2h(o64, n_ref), lse_ref = d2h(lse64, p.n_bht);
+        printf("T=%d H=%d hd=%d window=%d %s\n", p.T, p.H, p.hd, p.window, L.what);
+        for (int ver = std::max(first, 2); ver <= last; ver++) {  // v1 in fp32 is the reference's twin, and slow
+            poison(d.o, p.n_o); poison(d.lse, p.n_bht);
+            run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
+                        p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window);
+            cudaCheck(cudaDeviceSynchronize());
+            printf("  version %d\n", ver);
+            all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
+        }
+        cudaCheck(cudaFree(o64)); cudaCheck(cudaFree(lse64));
+        release(d);
+    }
+    if (!all_ok) { printf("VALIDATION FAILED: no timing\n"); return EXIT_FAILURE; }
+
+    // 3. timing on the shapes of BENCHMARKS.md (gate on, random data)
+    int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64}, {1, 16, 16384, 128}, {4, 16, 4096, 128}};
+    printf("\nforward, causal, gate on: TFLOP/s (ms)\n%-22s", "B x H x T x hd");
+    for (int ver = first; ver <= last; ver++) printf("   version %d        ", ver);
+    printf("\n");
+    for (auto& sh : shapes) {
+        int B = sh[0], H = sh[1], T = sh[2], hd = sh[3];
+        FoxProblem p = make_problem(B, T, H, hd, 0, false, 0.05);
+        FwdDev d = upload(p);
+        char name[64]; snprintf(name, sizeof(name), "%d x %d x %d x %d", B, H, T, hd);
+        printf("%-22s", name);
+        for (int ver = first; ver <= last; ver++) {
+            if (ver == 1 && &sh != &shapes[0]) { printf("   %19s", "-"); continue; }  // v1 takes seconds there
+            auto launch = [&]() {
+                run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
+                            B, T, H, hd, p.stride_qkv, p.stride_o, 0);
+            };
+            int reps = ver == 1 ? 3 : 30;
+            float ms = time_median_ms(launch, 1, reps);
+            printf("   %7.1f (%8.3f)", attn_fwd_flops(B, T, H, hd) / (ms * 1e-3) / 1e12, ms);
+        }
+        printf("\n");
+        release(d);
+    }
+    return 0;
+}
+#endif
