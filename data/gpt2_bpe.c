@@ -9,6 +9,7 @@
 #include "gpt2_bpe.h"
 
 #define NONE UINT32_MAX // no token / no pair / end of the part list
+_Static_assert(GPT2_VOCAB_SIZE < 0xFFFF, "merges pack ids in 16 bits; all ones marks an empty slot");
 
 // GPT-2's split pattern. \s must be Unicode White_Space, as in tiktoken's Rust regex; PCRE2 also
 // counts U+180E (a space before Unicode 6.3), so it is taken out of \s and counted as "other".
@@ -125,9 +126,9 @@ static inline uint64_t hash_bytes(const uint8_t *p, size_t n) {
     return h ^ (h >> 29);
 }
 
-static inline uint64_t hash_pair(uint64_t key) {
-    key *= 0x9E3779B97F4A7C15ull;
-    return key ^ (key >> 31);
+static inline uint64_t hash_pair(uint32_t key) {
+    uint64_t h = key * 0x9E3779B97F4A7C15ull;
+    return h ^ (h >> 31);
 }
 
 static inline uint32_t token_lookup(const GPT2BPE *t, const uint8_t *p, size_t n) {
@@ -138,11 +139,14 @@ static inline uint32_t token_lookup(const GPT2BPE *t, const uint8_t *p, size_t n
     }
 }
 
+// a merge packed in 64 bits: left id << 48 | right id << 32 | merged id (ids fit 16 bits), so
+// that the whole table stays small (2 MB) and a lookup touches one cache line
 static inline uint32_t pair_lookup(const GPT2BPE *t, uint32_t left, uint32_t right) {
-    uint64_t key = (uint64_t)left << 32 | right;
+    uint32_t key = left << 16 | right;
     for (size_t s = hash_pair(key) & t->pair_mask;; s = (s + 1) & t->pair_mask) {
-        if (t->pair_keys[s] == key) return t->pair_vals[s];
-        if (t->pair_keys[s] == UINT64_MAX) return NONE;
+        uint64_t e = t->pairs[s];
+        if ((uint32_t)(e >> 32) == key) return (uint32_t)e;
+        if (e == UINT64_MAX) return NONE;
     }
 }
 
@@ -168,26 +172,27 @@ static void build_token_map(GPT2BPE *t, uint32_t n_tokens) {
 
 // every way to cut a token into two tokens is a merge whose rank is the token's id
 static void build_pair_map(GPT2BPE *t, uint32_t n_tokens) {
-    size_t bound = 0;
+    size_t bound = 0, n_pairs = 0;
     for (uint32_t id = 0; id < n_tokens; id++) bound += t->offset[id + 1] - t->offset[id] - 1;
-    size_t cap = pow2_at_least(2 * bound);
-    t->pair_keys = xrealloc(NULL, cap * sizeof(uint64_t));
-    t->pair_vals = xrealloc(NULL, cap * sizeof(uint32_t));
-    memset(t->pair_keys, 0xff, cap * sizeof(uint64_t));
-    t->pair_mask = cap - 1;
+    uint64_t *found = xrealloc(NULL, bound * sizeof(uint64_t));
     for (uint32_t id = 0; id < n_tokens; id++) {
         const uint8_t *p = t->bytes + t->offset[id];
         size_t n = t->offset[id + 1] - t->offset[id];
         for (size_t cut = 1; cut < n; cut++) {
             uint32_t left = token_lookup(t, p, cut), right = token_lookup(t, p + cut, n - cut);
-            if (left == NONE || right == NONE) continue;
-            uint64_t key = (uint64_t)left << 32 | right;
-            size_t s = hash_pair(key) & t->pair_mask;
-            while (t->pair_keys[s] != UINT64_MAX) s = (s + 1) & t->pair_mask;
-            t->pair_keys[s] = key;
-            t->pair_vals[s] = id;
+            if (left != NONE && right != NONE) found[n_pairs++] = (uint64_t)left << 48 | (uint64_t)right << 32 | id;
         }
     }
+    size_t cap = pow2_at_least(2 * n_pairs);
+    t->pairs = xrealloc(NULL, cap * sizeof(uint64_t));
+    memset(t->pairs, 0xff, cap * sizeof(uint64_t));
+    t->pair_mask = cap - 1;
+    for (size_t i = 0; i < n_pairs; i++) {
+        size_t s = hash_pair((uint32_t)(found[i] >> 32)) & t->pair_mask;
+        while (t->pairs[s] != UINT64_MAX) s = (s + 1) & t->pair_mask;
+        t->pairs[s] = found[i];
+    }
+    free(found);
 }
 
 // ----------------------------------------------------------------------------
@@ -307,8 +312,7 @@ void gpt2_bpe_free(GPT2BPE *t) {
     free(t->bytes);
     free(t->offset);
     free(t->tok_slots);
-    free(t->pair_keys);
-    free(t->pair_vals);
+    free(t->pairs);
     pcre2_code_free(t->re);
     memset(t, 0, sizeof(*t));
 }

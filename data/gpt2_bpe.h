@@ -32,8 +32,7 @@ typedef struct {
     uint32_t byte_token[256];// id of the token that is this single byte
     uint32_t *tok_slots;     // open addressing: token bytes -> id (UINT32_MAX = empty)
     size_t tok_mask;
-    uint64_t *pair_keys;     // open addressing: (left id << 32 | right id) -> merged id
-    uint32_t *pair_vals;
+    uint64_t *pairs;         // open addressing: (left id, right id) -> merged id, see gpt2_bpe.c
     size_t pair_mask;
     struct pcre2_real_code_8 *re; // the split pattern, JIT compiled
 } GPT2BPE;

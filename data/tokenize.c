@@ -25,6 +25,10 @@ Other modes:
 #endif
 #include "gpt2_bpe.h"
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "shards are little-endian and are written as they are in memory"
+#endif
+
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
 #define SHARD_HEADER_INTS 256
@@ -114,12 +118,10 @@ static void writer_close(ShardWriter *w) {
     if (fseek(w->f, 0, SEEK_SET) != 0 || fwrite(header, sizeof(header), 1, w->f) != 1) writer_fail(w);
     FILE *f = w->f;
     w->f = NULL;
-    if (fclose(f) != 0) {
+    if (fclose(f) != 0 || rename(w->tmp, w->path) != 0) {
+        int e = errno;
         remove(w->tmp);
-        writer_fail(w);
-    }
-    if (rename(w->tmp, w->path) != 0) {
-        remove(w->tmp);
+        errno = e;
         writer_fail(w);
     }
     w->shards++;
@@ -347,22 +349,23 @@ static int json_text_field(const uint8_t *line, size_t n, Bytes *text, Json *j) 
 // a batch of documents, encoded in parallel
 
 typedef struct {
-    size_t off, len; // in the batch's text
-    int val;         // goes to the validation split
+    size_t off, len;       // in the batch's text
+    int val;               // goes to the validation split
+    int thread;            // its tokens are out[thread].ids[ids_off .. ids_off + n_ids)
+    size_t ids_off, n_ids;
 } Doc;
 
 typedef struct {
     Bytes text;
     Doc *docs;
+    size_t *order;         // documents by decreasing length, for load balance
     size_t n_docs, docs_cap;
-    GPT2Ids *ids;    // (n_docs,) tokens of each document
-    size_t *order;   // documents by decreasing length, for load balance
-    size_t ids_cap;
 } Batch;
 
 typedef struct {
     const GPT2BPE *t;
-    GPT2Worker *workers; // one per OpenMP thread
+    GPT2Worker *workers;   // (n_workers,) one per OpenMP thread
+    GPT2Ids *out;          // (n_workers,) the tokens each thread encoded in this batch
     int n_workers;
     Batch batch;
     ShardWriter train, val;
@@ -380,15 +383,11 @@ static int longer_first(const void *a, const void *b) {
 
 static void encode_batch(Run *r) {
     Batch *b = &r->batch;
-    if (b->n_docs > b->ids_cap) {
-        b->ids = xrealloc(b->ids, b->n_docs * sizeof(GPT2Ids));
-        memset(b->ids + b->ids_cap, 0, (b->n_docs - b->ids_cap) * sizeof(GPT2Ids));
-        b->order = xrealloc(b->order, b->n_docs * sizeof(size_t));
-        b->ids_cap = b->n_docs;
-    }
+    b->order = xrealloc(b->order, b->n_docs * sizeof(size_t));
     for (size_t i = 0; i < b->n_docs; i++) b->order[i] = i;
     sort_docs = b->docs;
     qsort(b->order, b->n_docs, sizeof(size_t), longer_first);
+    for (int i = 0; i < r->n_workers; i++) r->out[i].len = 0;
     double t0 = now_s();
     long n = (long)b->n_docs;
     #pragma omp parallel for schedule(dynamic, 1)
@@ -397,9 +396,13 @@ static void encode_batch(Run *r) {
 #ifdef _OPENMP
         thread = omp_get_thread_num();
 #endif
-        size_t d = b->order[k];
-        b->ids[d].len = 0;
-        gpt2_encode(&r->workers[thread], b->text.p + b->docs[d].off, b->docs[d].len, &b->ids[d]);
+        Doc *d = &b->docs[b->order[k]];
+        GPT2Ids out = r->out[thread]; // a local copy: neighbouring threads' entries share a cache line
+        d->thread = thread;
+        d->ids_off = out.len;
+        gpt2_encode(&r->workers[thread], b->text.p + d->off, d->len, &out);
+        d->n_ids = out.len - d->ids_off;
+        r->out[thread] = out;
     }
     r->t_encode += now_s() - t0;
 }
@@ -419,10 +422,11 @@ static void flush_batch(Run *r) {
     if (b->n_docs == 0) return;
     encode_batch(r);
     const uint32_t eot = GPT2_EOT;
-    for (size_t d = 0; d < b->n_docs; d++) {
-        ShardWriter *w = b->docs[d].val ? &r->val : &r->train;
+    for (size_t i = 0; i < b->n_docs; i++) {
+        const Doc *d = &b->docs[i];
+        ShardWriter *w = d->val ? &r->val : &r->train;
         writer_put(w, &eot, 1);
-        writer_put(w, b->ids[d].ids, b->ids[d].len);
+        writer_put(w, r->out[d->thread].ids + d->ids_off, d->n_ids);
         w->docs++;
     }
     r->bytes_read += b->text.len;
@@ -446,7 +450,7 @@ static void end_doc(Run *r, size_t off, int val) {
         b->docs_cap = b->docs_cap ? 2 * b->docs_cap : 1024;
         b->docs = xrealloc(b->docs, b->docs_cap * sizeof(Doc));
     }
-    b->docs[b->n_docs++] = (Doc){off, b->text.len - off, val};
+    b->docs[b->n_docs++] = (Doc){.off = off, .len = b->text.len - off, .val = val};
     if (b->text.len >= BATCH_BYTES) flush_batch(r);
 }
 
@@ -624,6 +628,8 @@ static void run_tokenize(const char *ranks, const char *prefix, Input *inputs, i
     r.n_workers = omp_get_max_threads();
 #endif
     r.workers = xrealloc(NULL, (size_t)r.n_workers * sizeof(GPT2Worker));
+    r.out = calloc((size_t)r.n_workers, sizeof(GPT2Ids));
+    if (!r.out) die("free memory", "out of memory");
     for (int i = 0; i < r.n_workers; i++) gpt2_worker_init(&r.workers[i], &t);
     r.train = (ShardWriter){.prefix = prefix, .split = "train", .shard_tokens = shard_tokens};
     r.val = (ShardWriter){.prefix = prefix, .split = "val", .shard_tokens = shard_tokens};
@@ -652,8 +658,15 @@ static void run_tokenize(const char *ranks, const char *prefix, Input *inputs, i
     if (r.empty_docs) printf("skipped %zu empty documents\n", r.empty_docs);
     if (r.val.docs == 0) printf("warning: no validation documents (use -v FILE or -n N)\n");
     if (r.train.docs == 0) printf("warning: no training documents\n");
-    for (int i = 0; i < r.n_workers; i++) gpt2_worker_free(&r.workers[i]);
+    for (int i = 0; i < r.n_workers; i++) {
+        gpt2_worker_free(&r.workers[i]);
+        gpt2_ids_free(&r.out[i]);
+    }
     free(r.workers);
+    free(r.out);
+    free(r.batch.text.p);
+    free(r.batch.docs);
+    free(r.batch.order);
     gpt2_bpe_free(&t);
 }
 
@@ -661,7 +674,6 @@ int main(int argc, char **argv) {
     const char *ranks = GPT2_DEFAULT_RANKS, *prefix = NULL, *format = NULL;
     size_t shard_tokens = DEFAULT_SHARD_TOKENS, val_docs = 0;
     int quiet = 0, n_inputs = 0;
-    Input *inputs = xrealloc(NULL, (size_t)argc * sizeof(Input));
     if (argc >= 2 && strcmp(argv[1], "--check") == 0) {
         if (argc < 3) usage();
         int ok = 1;
@@ -670,6 +682,7 @@ int main(int argc, char **argv) {
         return ok ? EXIT_SUCCESS : EXIT_FAILURE;
     }
     const char *decode_table = NULL;
+    Input *inputs = xrealloc(NULL, (size_t)argc * sizeof(Input));
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;
@@ -690,6 +703,7 @@ int main(int argc, char **argv) {
         gpt2_write_decode_table(&t, decode_table);
         gpt2_bpe_free(&t);
         printf("wrote %s (%d tokens, EOT %d)\n", decode_table, GPT2_VOCAB_SIZE, GPT2_EOT);
+        free(inputs);
         return EXIT_SUCCESS;
     }
     if (!prefix || n_inputs == 0) usage();
