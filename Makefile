@@ -59,7 +59,7 @@ endif
 # CPU twin: a tiny FoX (Pro) on the Gutenberg corpus, a few minutes on 2 cores
 CPU_TRAIN_FLAGS ?= -e fox-pro-tiny -b 8 -t 64 -x 300 -l 3e-3 -u 8192 -v 50 -m 8 -s 100 -g 64 -o log_cpu
 # GPU: FoX (Pro) at a small size (L=6, C=384) on the same corpus, a few minutes
-GPU_TRAIN_FLAGS ?= -e fox-pro-tiny --n_layer 6 --n_embd 384 --n_head 6 -b 16 -t 1024 -x 2000 -l 2e-3 -u 2000000 -v 250 -m 20 -s 500 -g 128 -n 1000 -o log_gpu
+GPU_TRAIN_FLAGS ?= -e fox-pro-tiny --n_layer 6 --n_embd 384 --n_head 6 -b 16 -t 1024 -x 400 -l 2e-3 -u 1000000 -v 50 -m 20 -s 200 -g 128 -n 400 -o log_gpu
 
 ifneq ($(and $(filter-out 0,$(HAVE_GPU)),$(HAVE_GPU_TRAINER)),)
 train: train-gpu
@@ -71,7 +71,10 @@ train-cpu: data train_fox_cpu
 	@echo "make train: no GPU trainer to run here, training the CPU twin on a tiny model"
 	./train_fox_cpu $(CPU_TRAIN_FLAGS)
 
-train-gpu: data train_fox
+# A GPU machine may have no npm or PCRE2: shards and the decode table made elsewhere and
+# copied over are enough.
+DATA_READY := $(and $(wildcard data/gutenberg/gutenberg_train_000000.bin),$(wildcard data/gutenberg/gutenberg_val_000000.bin),$(wildcard data/gpt2_tokenizer.bin))
+train-gpu: $(if $(DATA_READY),,data) train_fox
 	./train_fox $(GPU_TRAIN_FLAGS)
 
 # tokenizer-test also writes the decode table that test_fox checks

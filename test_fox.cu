@@ -12,7 +12,11 @@ failure.
 Builds with nvcc (as CUDA) or with any C++ compiler (CPU part only).
 */
 #define TESTING
+#ifdef __CUDACC__
+#include "train_fox.cu" // the GPU trainer, which includes the CPU twin
+#else
 #include "train_fox.c"
+#endif
 #include <fcntl.h>
 #include <sys/wait.h>
 
@@ -733,15 +737,450 @@ static void test_command_line(void) {
 #ifndef __CUDACC__
 static void run_gpu_tests(void) { printf("skipped: GPU tests (built without nvcc)\n"); }
 #else
-static void run_gpu_tests(void) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("skipped: no GPU (GPU against CPU twin checks)\n");
+// ----------------------------------------------------------------------------
+// GPU part: train_fox.cu against the CPU twin on the same weights and batches. Needs this
+// file compiled as CUDA with train_fox.cu included in place of train_fox.c (it includes the
+// twin). Without a GPU every group prints a "skipped: no GPU" line and counts nothing.
+//
+// Errors are max |gpu - twin| / max |twin| over a tensor.
+// - fp32 build (-DENABLE_FP32): both sides are fp32 and differ only in summation order
+//   (warp trees, cuBLASLt tiles, a chunked scan for c): logits and loss 1e-5, gradients 1e-4
+//   (the backward adds cancellation), 10-step losses 1e-4, grad norms 5e-4.
+// - bf16 build: every activation is rounded to bf16 (eps 2^-8 = 3.9e-3, half an ulp of
+//   relative error per rounding) and the matmuls read bf16 weights. A 2-layer forward rounds
+//   a value about 10 times on its way to the logits, as independent errors: sqrt(10) * 2e-3
+//   ~ 6e-3, so the floors are logits 2e-2 (5 eps), mean loss 5e-3 (it averages many rows),
+//   matrix gradients 5e-2 (the backward doubles the chain), norm-scale and gate-bias
+//   gradients 1e-1 (sums over all rows of terms that cancel), 10-step losses 2e-2.
+//   How much a model amplifies rounding depends on its weights: the reference fixtures use
+//   weights 15x the paper's init (std 0.3 at C = 32: sharp softmaxes). So each tolerance is
+//   the larger of its floor and GTOL_SENS times the tensor's measured sensitivity: the error
+//   of the twin itself when only its weights are rounded to bf16. The GPU rounds those
+//   weights plus about as many activations on every path (x2 as independent errors), with a
+//   safety factor of 4: GTOL_SENS = 8. The gate-bias gradient, a sum of terms that cancel,
+//   is measured against the sum of its terms' magnitudes (see compare_gradients).
+
+#ifdef ENABLE_FP32
+#define GTOL_LOGITS 1e-5
+#define GTOL_LOSS 1e-5
+#define GTOL_GRAD_MATRIX 1e-4
+#define GTOL_GRAD_VECTOR 1e-4
+#define GTOL_STEPS 1e-4
+#define GTOL_SENS 0.0
+#else
+#define GTOL_LOGITS 2e-2
+#define GTOL_LOSS 5e-3
+#define GTOL_GRAD_MATRIX 5e-2
+#define GTOL_GRAD_VECTOR 1e-1
+#define GTOL_STEPS 2e-2
+#define GTOL_SENS 8.0
+#endif
+
+// 0xFF bytes are NaN in fp32 and in bf16: a value a kernel forgot to write shows up
+static void gpu_poison(GPUModel* g) {
+    cudaCheck(cudaMemset(g->acts_memory, 0xFF, g->acts_bytes));
+    cudaCheck(cudaMemset(g->grad_memory, 0xFF, g->grad_bytes));
+}
+
+// max |a - b| / max |b|; NaN in a gives infinity
+static double rel_error_f32(const float* a, const float* b, size_t n, size_t a_stride, size_t b_stride, size_t row) {
+    double num = 0.0, den = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        size_t ia = (i / row) * a_stride + i % row, ib = (i / row) * b_stride + i % row;
+        double d = fabs((double)a[ia] - (double)b[ib]);
+        if (!(d <= num)) { num = isnan(d) ? INFINITY : d; }
+        den = fmax(den, fabs((double)b[ib]));
+    }
+    return num / den;
+}
+
+static void random_tokens(int* out, size_t n, int V, uint64_t seed) {
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) { out[i] = (int)(rng_next(&s) % (uint64_t)V); }
+}
+
+// a twin model of the configuration with the paper's initialisation
+static void twin_from_config(FoxModel* m, const FoxConfig* c, uint64_t seed) {
+    fox_build(m, c);
+    fox_init(m, seed);
+}
+
+// a copy of the twin with every weight rounded to bf16 (the sensitivity probe)
+static void twin_rounded_copy(FoxModel* out, const FoxModel* twin) {
+    fox_build(out, &twin->config);
+    for (size_t i = 0; i < twin->num_parameters; i++) {
+        out->params_memory[i] = __bfloat162float(__float2bfloat16(twin->params_memory[i]));
+    }
+}
+
+static double tolerance(double floor_tol, double sensitivity) { return fmax(floor_tol, GTOL_SENS * sensitivity); }
+
+// max |a - b| over n values, divided by `scale`
+static double abs_error_f32(const float* a, const float* b, size_t n, double scale) {
+    double num = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= num)) { num = isnan(d) ? INFINITY : d; }
+    }
+    return num / fmax(scale, 1e-30);
+}
+
+// Compares the GPU's parameter gradients with the twin's, tensor by tensor (probe: the
+// rounded twin after the same backward); one check line with the tensor nearest its
+// tolerance, then every tensor's error on an indented line. The gate bias's gradient is the
+// sum over all rows of dz, terms that largely cancel, so its error is measured against
+// bf_scale = max over (layer, head) of sum_n |dz_n| (the forward-error scale of a sum), not
+// against its own small value.
+static void compare_gradients(GPUModel* g, FoxModel* twin, FoxModel* probe, double bf_scale, const char* name) {
+    float* grads = (float*)malloc_check(g->num_parameters * sizeof(float), "GPU gradients");
+    cudaCheck(cudaMemcpy(grads, g->grads, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+    char detail[4096] = "";
+    size_t used = 0;
+    double worst_ratio = 0.0, worst_err = 0.0, worst_tol = 0.0;
+    const char* worst_name = "";
+    int tensors = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        const ParamSpec* s = &twin->spec[t];
+        size_t n = param_numel(s, twin->config.n_layer);
+        if (n == 0 || !s->trainable) { continue; }
+        const float* ref = param_tensor(&twin->grads, t);
+        double sens = rel_error_f32(param_tensor(&probe->grads, t), ref, n, n, n, n);
+        double err = rel_error_f32(grads + g->offsets[t], ref, n, n, n, n);
+        if (t == P_BF) {
+            sens = abs_error_f32(param_tensor(&probe->grads, t), ref, n, bf_scale);
+            err = abs_error_f32(grads + g->offsets[t], ref, n, bf_scale);
+        }
+        double tol = tolerance(s->cols == 1 ? GTOL_GRAD_VECTOR : GTOL_GRAD_MATRIX, sens);
+        tensors++;
+        if (!(err / tol <= worst_ratio)) { worst_ratio = err / tol; worst_err = err; worst_tol = tol; worst_name = s->name; }
+        if (used < sizeof(detail)) {
+            used += (size_t)snprintf(detail + used, sizeof(detail) - used, " %s %.1e (sens %.1e)", s->name, err, sens);
+        }
+    }
+    check(worst_ratio <= 1.0, "gpu %s: %d gradient tensors within tolerance (nearest: %s rel err %.1e <= %.1e)", name,
+          tensors, worst_name, worst_err, worst_tol);
+    printf("      grad rel errs:%s\n", detail);
+    free(grads);
+}
+
+// rows of n logits as floats (the first V columns are compared)
+static float* gpu_logits_host(GPUModel* g, size_t N) {
+    size_t n = N * g->config.padded_vocab_size;
+    floatX* lx = (floatX*)malloc_check(n * sizeof(floatX), "GPU logits");
+    float* lg = (float*)malloc_check(n * sizeof(float), "GPU logits");
+    cudaCheck(cudaMemcpy(lx, g->acts.logits, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) { lg[i] = to_float(lx[i]); }
+    free(lx);
+    return lg;
+}
+
+// One batch: forward and backward from the same weights on the GPU, the twin and the probe
+// (the twin with bf16 weights), optionally as `micro` accumulated micro-batches of B rows
+// each (inputs holds micro * B * T tokens).
+static void gpu_vs_twin_batch(FoxModel* twin, const int* inputs, const int* targets, int B, int T, int micro,
+                              const char* name) {
+    int V = twin->config.vocab_size, Vp = twin->config.padded_vocab_size;
+    size_t N = (size_t)B * T;
+    FoxModel probe;
+    twin_rounded_copy(&probe, twin);
+    GPUModel g;
+    gpu_build(&g, twin, B, T);
+    fox_zero_grad(twin);
+    fox_zero_grad(&probe);
+    gpu_zero_grad(&g);
+    const FoxConfig* c = &twin->config;
+    int H = c->n_head, L = c->n_layer;
+    double* bf_sums = (double*)calloc_check((size_t)L * H, sizeof(double), "gate-bias scales");
+    double e_logits = 0, e_loss = 0, s_logits = 0, s_loss = 0;
+    float gpu_loss = 0, twin_loss = 0;
+    for (int k = 0; k < micro; k++) {
+        gpu_poison(&g);
+        fox_forward(twin, inputs + k * N, targets + k * N, B, T);
+        fox_forward(&probe, inputs + k * N, targets + k * N, B, T);
+        gpu_forward(&g, inputs + k * N, targets + k * N, B, T);
+        float* lg = gpu_logits_host(&g, N);
+        e_logits = fmax(e_logits, rel_error_f32(lg, twin->logits, N * V, Vp, Vp, V));
+        s_logits = fmax(s_logits, rel_error_f32(probe.logits, twin->logits, N * V, Vp, Vp, V));
+        e_loss = fmax(e_loss, fabs((double)g.mean_loss - twin->mean_loss) / fabs((double)twin->mean_loss));
+        s_loss = fmax(s_loss, fabs((double)probe.mean_loss - twin->mean_loss) / fabs((double)twin->mean_loss));
+        gpu_loss = g.mean_loss;
+        twin_loss = twin->mean_loss;
+        free(lg);
+        fox_backward(twin, 1.0f / micro);
+        fox_backward(&probe, 1.0f / micro);
+        gpu_backward(&g, 1.0f / micro);
+        for (size_t i = 0; c->gate != GATE_NONE && i < (size_t)L * N * H; i++) {
+            bf_sums[(i / (N * H)) * H + i % H] += fabs(twin->grad_acts.gate_logit[i]);
+        }
+    }
+    double bf_scale = 0.0;
+    for (int i = 0; i < L * H; i++) { bf_scale = fmax(bf_scale, bf_sums[i]); }
+    free(bf_sums);
+    double tol_logits = tolerance(GTOL_LOGITS, s_logits), tol_loss = tolerance(GTOL_LOSS, s_loss);
+    check(e_logits <= tol_logits, "gpu %s: logits (rel err %.1e <= %.1e; sens %.1e)", name, e_logits, tol_logits, s_logits);
+    check(e_loss <= tol_loss, "gpu %s: loss %.6f vs twin %.6f (rel err %.1e <= %.1e; sens %.1e)", name, gpu_loss,
+          twin_loss, e_loss, tol_loss, s_loss);
+    compare_gradients(&g, twin, &probe, bf_scale, name);
+    gpu_free(&g);
+    fox_free(&probe);
+}
+
+// one AdamW step of a twin on one batch; returns the gradient norm
+static double twin_step(FoxModel* m, const int* inputs, const int* targets, int B, int T, const AdamWConfig* opt,
+                        float lr, int step) {
+    fox_forward(m, inputs, targets, B, T);
+    fox_zero_grad(m);
+    fox_backward(m, 1.0f);
+    double norm = fox_grad_norm(m);
+    if (opt->grad_clip > 0) { fox_clip_grads(m, norm, opt->grad_clip); }
+    fox_update(m, opt, lr, step);
+    return norm;
+}
+
+// n_steps AdamW steps on the same batch on the GPU, the twin and the probe: the losses and
+// grad norms of the GPU must follow the twin's
+static void gpu_vs_twin_steps(FoxModel* twin, const int* inputs, const int* targets, int B, int T,
+                              const AdamWConfig* opt, const LRSchedule* sched, int n_steps, const char* name) {
+    FoxModel probe;
+    twin_rounded_copy(&probe, twin);
+    GPUModel g;
+    gpu_build(&g, twin, B, T);
+    double e_loss = 0.0, e_norm = 0.0, s_loss = 0.0, s_norm = 0.0;
+    for (int step = 0; step < n_steps; step++) {
+        float lr = (float)lr_at_step(sched, step);
+        double norm = twin_step(twin, inputs, targets, B, T, opt, lr, step + 1);
+        double pnorm = twin_step(&probe, inputs, targets, B, T, opt, lr, step + 1);
+        gpu_poison(&g);
+        gpu_forward(&g, inputs, targets, B, T);
+        gpu_zero_grad(&g);
+        gpu_backward(&g, 1.0f);
+        double gnorm = gpu_grad_norm(&g);
+        gpu_update(&g, opt, lr, step + 1, gnorm);
+        double ref = fabs((double)twin->mean_loss);
+        double el = fabs((double)g.mean_loss - twin->mean_loss) / ref, en = fabs(gnorm - norm) / fmax(norm, 1e-30);
+        e_loss = isnan(el) ? INFINITY : fmax(e_loss, el);
+        e_norm = isnan(en) ? INFINITY : fmax(e_norm, en);
+        s_loss = fmax(s_loss, fabs((double)probe.mean_loss - twin->mean_loss) / ref);
+        s_norm = fmax(s_norm, fabs(pnorm - norm) / fmax(norm, 1e-30));
+    }
+    double tol_loss = tolerance(GTOL_STEPS, s_loss), tol_norm = tolerance(5 * GTOL_STEPS, s_norm);
+    check(e_loss <= tol_loss && e_norm <= tol_norm,
+          "gpu %s: %d AdamW steps: losses (rel err %.1e <= %.1e; sens %.1e), grad norms (%.1e <= %.1e; sens %.1e); "
+          "last loss %.4f vs twin %.4f", name, n_steps, e_loss, tol_loss, s_loss, e_norm, tol_norm, s_norm, g.mean_loss,
+          twin->mean_loss);
+    gpu_free(&g);
+    fox_free(&probe);
+}
+
+// every reference fixture (every preset and single toggle, head size 16, T = 24: one tile)
+static void gpu_test_fixture(const char* path) {
+    DebugState ds;
+    debug_state_read(&ds, path);
+    const char* base = strrchr(path, '/');
+    base = base != NULL ? base + 1 : path;
+    char name[128];
+    snprintf(name, sizeof(name), "%.*s", (int)(strlen(base) > 5 ? strlen(base) - 5 : strlen(base)), base);
+    FoxConfig c;
+    DebugTraining tr;
+    debug_config(&ds, &c, &tr);
+    FoxModel twin;
+    fox_build(&twin, &c);
+    load_debug_params(&twin, &ds);
+    float* initial = (float*)malloc_check(twin.num_parameters * sizeof(float), "initial weights");
+    memcpy(initial, twin.params_memory, twin.num_parameters * sizeof(float));
+    const int* inputs = (const int*)debug_find(&ds, "inputs")->data;
+    const int* targets = (const int*)debug_find(&ds, "targets")->data;
+    gpu_vs_twin_batch(&twin, inputs, targets, tr.B, tr.T, 1, name);
+    memcpy(twin.params_memory, initial, twin.num_parameters * sizeof(float));
+    gpu_vs_twin_steps(&twin, inputs, targets, tr.B, tr.T, &tr.opt, &tr.sched, tr.n_steps, name);
+    free(initial);
+    fox_free(&twin);
+    debug_state_free(&ds);
+}
+
+// Configurations the fixtures do not reach: head sizes 64 and 128, several key tiles
+// (T = 100, not a multiple of the tile), sliding windows, RoPE with QK-norm, and gradient
+// accumulation over two micro-batches. Random initialisation, random tokens, V = 500
+// (padded to 512, so pad logits are masked).
+static void gpu_test_larger_heads(void) {
+    struct { const char* preset; int n_embd, n_head, T; const char* key; const char* value; } cases[] = {
+        {"fox-pro-tiny", 128, 2, 100, "window", "0"},
+        {"fox-pro-tiny", 128, 2, 100, "window", "37"},
+        {"fox-llama-tiny", 128, 1, 100, "rope", "1"},
+        {"transformer-pro-tiny", 128, 2, 100, "window", "40"},
+        {"fox-pro-tiny", 256, 2, 70, "qk_norm_shared", "1"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        FoxConfig c;
+        config_from_preset(&c, cases[i].preset);
+        c.n_embd = cases[i].n_embd;
+        c.n_head = cases[i].n_head;
+        config_set(&c, "vocab_size", "500");
+        config_set(&c, cases[i].key, cases[i].value);
+        c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
+        char name[160];
+        snprintf(name, sizeof(name), "%s C=%d hd=%d T=%d %s=%s", cases[i].preset, c.n_embd, c.n_embd / c.n_head,
+                 cases[i].T, cases[i].key, cases[i].value);
+        FoxModel twin;
+        twin_from_config(&twin, &c, 7 + i);
+        int B = 2, T = cases[i].T, micro = 2;
+        size_t n = (size_t)micro * B * T;
+        int* inputs = (int*)malloc_check(n * sizeof(int), "tokens");
+        int* targets = (int*)malloc_check(n * sizeof(int), "tokens");
+        random_tokens(inputs, n, c.vocab_size, 100 + i);
+        random_tokens(targets, n, c.vocab_size, 200 + i);
+        gpu_vs_twin_batch(&twin, inputs, targets, B, T, micro, name);
+        free(inputs); free(targets);
+        fox_free(&twin);
+    }
+}
+
+// a few GPU AdamW steps on one fixed batch; returns the losses in `losses`
+static void gpu_train_steps(GPUModel* g, const int* inputs, const int* targets, int B, int T, int first, int n,
+                            float* losses) {
+    AdamWConfig opt = {1e-2f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
+    for (int s = first; s < first + n; s++) {
+        gpu_forward(g, inputs, targets, B, T);
+        gpu_zero_grad(g);
+        gpu_backward(g, 1.0f);
+        double norm = gpu_grad_norm(g);
+        gpu_update(g, &opt, 1e-2f, s + 1, norm);
+        losses[s - first] = g->mean_loss;
+    }
+}
+
+static int gpu_same_device_buffer(const float* d, const float* h, size_t n) {
+    float* tmp = (float*)malloc_check(n * sizeof(float), "device copy");
+    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    int same = memcmp(tmp, h, n * sizeof(float)) == 0;
+    free(tmp);
+    return same;
+}
+
+// Determinism, checkpoints in both directions, and an exact resume.
+static void gpu_test_checkpoints_and_determinism(void) {
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-tiny");
+    config_set(&c, "vocab_size", "500");
+    c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
+    int B = 2, T = 100;
+    size_t N = (size_t)B * T;
+    int* inputs = (int*)malloc_check(N * sizeof(int), "tokens");
+    int* targets = (int*)malloc_check(N * sizeof(int), "tokens");
+    random_tokens(inputs, N, c.vocab_size, 11);
+    random_tokens(targets, N, c.vocab_size, 12);
+    char dir[] = "/tmp/test_fox_gpu_XXXXXX";
+    if (mkdtemp(dir) == NULL) { check(0, "gpu checkpoints: could not make a temporary directory"); return; }
+
+    // same seed, same bits: two runs of 6 steps
+    float run1[6], run2[6];
+    FoxModel h1, h2;
+    twin_from_config(&h1, &c, 5);
+    twin_from_config(&h2, &c, 5);
+    GPUModel g1, g2;
+    gpu_build(&g1, &h1, B, T);
+    gpu_build(&g2, &h2, B, T);
+    gpu_train_steps(&g1, inputs, targets, B, T, 0, 6, run1);
+    gpu_train_steps(&g2, inputs, targets, B, T, 0, 6, run2);
+    gpu_params_to_host(&g2);
+    check(memcmp(run1, run2, sizeof(run1)) == 0 && gpu_same_device_buffer(g1.params, h2.params_memory, h1.num_parameters),
+          "gpu: two runs with the same seed give bit-identical losses and weights (last loss %.6f, first %.6f)",
+          run1[5], run1[0]);
+    gpu_free(&g2);
+    fox_free(&h2);
+
+    // GPU writes after 3 steps, the twin reads: the same weights and moments, bit for bit
+    FoxModel h3;
+    twin_from_config(&h3, &c, 5);
+    GPUModel g3;
+    gpu_build(&g3, &h3, B, T);
+    float first3[3], rest3[3];
+    gpu_train_steps(&g3, inputs, targets, B, T, 0, 3, first3);
+    DataLoader fake;
+    memset(&fake, 0, sizeof(fake));
+    gpu_save_checkpoint(&g3, dir, &fake, 3);
+    char model_path[4096], state_path[4096];
+    checkpoint_paths(dir, 3, model_path, state_path, sizeof(model_path));
+    FoxModel cpu;
+    load_model(&cpu, model_path);
+    TrainState st;
+    load_state(&cpu, &st, state_path);
+    check(st.step == 3 && cpu.num_parameters == g3.num_parameters &&
+          gpu_same_device_buffer(g3.params, cpu.params_memory, cpu.num_parameters) &&
+          gpu_same_device_buffer(g3.adam_m, cpu.m_memory, cpu.num_parameters) &&
+          gpu_same_device_buffer(g3.adam_v, cpu.v_memory, cpu.num_parameters),
+          "gpu checkpoint -> twin: %zu weights and both AdamW moments load bit-identical", cpu.num_parameters);
+
+    // resume on the GPU from that checkpoint: steps 4..6 equal the uninterrupted run's
+    GPUModel g4;
+    gpu_build(&g4, &cpu, B, T);
+    gpu_state_from_host(&g4);
+    gpu_train_steps(&g4, inputs, targets, B, T, 3, 3, rest3);
+    check(memcmp(rest3, run1 + 3, sizeof(rest3)) == 0 && memcmp(first3, run1, sizeof(first3)) == 0,
+          "gpu: resuming from the checkpoint continues bit-exactly (step 6 loss %.6f vs %.6f)", rest3[2], run1[5]);
+    gpu_free(&g4);
+    gpu_free(&g3);
+    fox_free(&h3);
+
+    // the twin writes after 2 CPU steps, the GPU reads: same weights, and the same loss
+    AdamWConfig opt = {1e-2f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
+    for (int s = 0; s < 2; s++) {
+        fox_forward(&cpu, inputs, targets, B, T);
+        fox_zero_grad(&cpu);
+        fox_backward(&cpu, 1.0f);
+        fox_clip_grads(&cpu, fox_grad_norm(&cpu), 1.0f);
+        fox_update(&cpu, &opt, 1e-2f, 4 + s);
+    }
+    TrainState st2 = {5, 0, 0, 0, 1};
+    checkpoint_paths(dir, 5, model_path, state_path, sizeof(model_path));
+    save_model(&cpu, model_path);
+    save_state(&cpu, &st2, state_path);
+    FoxModel loaded;
+    load_model(&loaded, model_path);
+    load_state(&loaded, &st2, state_path);
+    GPUModel g5;
+    gpu_build(&g5, &loaded, B, T);
+    gpu_state_from_host(&g5);
+    int same = gpu_same_device_buffer(g5.params, cpu.params_memory, cpu.num_parameters) &&
+               gpu_same_device_buffer(g5.adam_m, cpu.m_memory, cpu.num_parameters) &&
+               gpu_same_device_buffer(g5.adam_v, cpu.v_memory, cpu.num_parameters);
+    fox_forward(&cpu, inputs, targets, B, T);
+    gpu_forward(&g5, inputs, targets, B, T);
+    double el = fabs((double)g5.mean_loss - cpu.mean_loss) / cpu.mean_loss;
+    check(same && el <= GTOL_LOSS, "twin checkpoint -> gpu: weights and moments bit-identical, loss %.6f vs twin %.6f "
+          "(rel err %.1e <= %.0e)", g5.mean_loss, cpu.mean_loss, el, GTOL_LOSS);
+    gpu_free(&g5);
+    fox_free(&loaded);
+    fox_free(&cpu);
+    gpu_free(&g1);
+    fox_free(&h1);
+    free(inputs); free(targets);
+    char cmd[4200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) { printf("      (could not remove %s)\n", dir); }
+}
+
+void run_gpu_tests(void) {
+    char why[256];
+    if (!gpu_available(why, sizeof(why))) {
+        printf("skipped: no GPU (%s): GPU against twin on every fixture\n", why);
+        printf("skipped: no GPU (%s): head sizes 64/128, windows, accumulation\n", why);
+        printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
         return;
     }
-    printf("skipped: the GPU trainer is not built into this test yet\n");
+    gpu_init();
+    printf("GPU tests on %s, %s build\n", g_prop.name, PRECISION_NAME);
+    glob_t gl;
+    if (glob("dev/fixtures/*.fxds", 0, NULL, &gl) != 0 || gl.gl_pathc == 0) {
+        check(0, "gpu: no reference fixtures in dev/fixtures");
+    } else {
+        for (size_t i = 0; i < gl.gl_pathc; i++) { gpu_test_fixture(gl.gl_pathv[i]); }
+        globfree(&gl);
+    }
+    gpu_test_larger_heads();
+    gpu_test_checkpoints_and_determinism();
 }
-#endif
+#endif // __CUDACC__
 
 int main(void) {
     make_test_dir();

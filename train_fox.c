@@ -1774,7 +1774,7 @@ typedef struct {
 
 static void usage(void) {
     printf(
-"train_fox (CPU twin): trains a Forgetting Transformer in fp32 on the CPU.\n"
+"train_fox: trains a Forgetting Transformer (train_fox_cpu: the fp32 CPU twin; train_fox: the GPU trainer).\n"
 "usage: train_fox [options] [--<model key> <value> ...]\n"
 "  -i <glob>   train shards        (default data/gutenberg/gutenberg_train_*.bin)\n"
 "  -j <glob>   validation shards   (default data/gutenberg/gutenberg_val_*.bin)\n"

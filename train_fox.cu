@@ -1,0 +1,1787 @@
+/*
+train_fox.cu: the GPU trainer of the Forgetting Transformer (FoX), for H100 / H200 (sm_90).
+
+The same models, parameter layout, checkpoints and command line as the CPU twin train_fox.c,
+which this file includes: the configuration, the flat parameter table, the data loader, the
+tokenizer, the schedule, the checkpoint files and the arguments are the twin's; everything
+here is the GPU side. Precision: fp32 master weights, gradients and AdamW state; a bf16 copy
+of the weights for the matmuls; bf16 activations; fp32 residual stream, norm statistics,
+log f, c, softmax statistics and the loss. Build with -DENABLE_FP32 for fp32 activations and
+matmuls (for tight diffs against the twin).
+
+Every matmul is cuBLASLt (fp32 accumulation); every other layer is a hand-written kernel,
+mirroring the twin's functions in the same order. Reductions that feed training (weight,
+bias and norm-scale gradients, the gradient norm, dc) never use atomics: same seed, same bits.
+
+Build: nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fopenmp train_fox.cu \
+           -lcublasLt -lcublas -o train_fox_gpu
+Test code includes this file with TESTING defined, which drops main() (and the twin's).
+*/
+#ifndef TESTING
+#define TESTING
+#define TRAIN_FOX_GPU_MAIN
+#endif
+#include "train_fox.c"
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+
+#ifdef ENABLE_FP32
+typedef float floatX;
+#define CUDA_R_X CUDA_R_32F
+#define PRECISION_NAME "fp32"
+#else
+typedef __nv_bfloat16 floatX;
+#define CUDA_R_X CUDA_R_16BF
+#define PRECISION_NAME "bf16"
+#endif
+
+__host__ __device__ static inline float to_float(float x) { return x; }
+#ifndef ENABLE_FP32
+__host__ __device__ static inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+#endif
+__host__ __device__ static inline floatX to_floatX(float x) {
+#ifdef ENABLE_FP32
+    return x;
+#else
+    return __float2bfloat16(x);
+#endif
+}
+
+static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+// ----------------------------------------------------------------------------
+// checked CUDA and cuBLASLt calls
+
+static void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
+    if (err == cudaSuccess) { return; }
+    fail("CUDA error '%s' in %s at %s:%d\nHINT: run under compute-sanitizer to locate a bad access; "
+         "the build targets sm_90 (H100 / H200)", cudaGetErrorString(err), call, file, line);
+}
+#define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
+#define launchCheck() cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+static void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
+    if (status == CUBLAS_STATUS_SUCCESS) { return; }
+    fail("cuBLASLt error %d in %s at %s:%d\nHINT: check the CUDA toolkit and driver versions match the "
+         "GPU", (int)status, call, file, line);
+}
+#define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+// The memory the run needs in all, printed at start and repeated if an allocation fails.
+static size_t g_memory_estimate = 0;
+
+static void* gpu_malloc(size_t bytes, const char* what) {
+    void* p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes > 0 ? bytes : 1);
+    if (err == cudaErrorMemoryAllocation) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total_b);
+        fail("out of GPU memory allocating %s (%.1f MiB); the run needs about %.1f MiB, the GPU has "
+             "%.1f MiB free of %.1f MiB\nHINT: use a smaller micro-batch -b (raise -d to keep the total "
+             "batch through gradient accumulation) or a shorter sequence -t", what, bytes / 1048576.0,
+             g_memory_estimate / 1048576.0, free_b / 1048576.0, total_b / 1048576.0);
+    }
+    cudaCheck(err);
+    return p;
+}
+
+// ----------------------------------------------------------------------------
+// device and cuBLASLt setup
+
+static cublasLtHandle_t g_lt;
+static void* g_workspace;
+static const size_t WORKSPACE_BYTES = 32u << 20;
+static cudaDeviceProp g_prop;
+
+// returns 0 (with the reason in `why`) when there is no usable GPU
+static int gpu_available(char* why, size_t n) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(why, n, "%s", cudaGetErrorString(err));
+        return 0;
+    }
+    if (count == 0) { snprintf(why, n, "no CUDA device"); return 0; }
+    return 1;
+}
+
+static void gpu_init(void) {
+    char why[256];
+    if (!gpu_available(why, sizeof(why))) {
+        fail("no CUDA GPU found (%s)\nHINT: on a machine without a GPU use the CPU twin: make train_fox "
+             "and run ./train_fox with the same flags", why);
+    }
+    cudaCheck(cudaSetDevice(0));
+    cudaCheck(cudaGetDeviceProperties(&g_prop, 0));
+    if (g_prop.major != 9) {
+        fail("GPU '%s' has compute capability %d.%d; this build targets sm_90 (H100 / H200)\nHINT: "
+             "rebuild with -gencode for your GPU, or use the CPU twin", g_prop.name, g_prop.major, g_prop.minor);
+    }
+    cublasCheck(cublasLtCreate(&g_lt));
+    g_workspace = gpu_malloc(WORKSPACE_BYTES, "cuBLASLt workspace");
+}
+
+// dense bf16 peak of the GPU in FLOP/s, recognised by name; 0 when unknown
+static double gpu_peak_flops(void) {
+    if (strstr(g_prop.name, "H200") != NULL) { return 989e12; }
+    if (strstr(g_prop.name, "H100") != NULL && strstr(g_prop.name, "PCIe") == NULL &&
+        strstr(g_prop.name, "NVL") == NULL) { return 989e12; }
+    return 0.0;
+}
+
+// ----------------------------------------------------------------------------
+// matmuls: cuBLASLt, fp32 accumulation. Everything is row-major on our side; cuBLASLt is
+// column-major, so a row-major (R, C) matrix is a column-major (C, R) one.
+// D (m, n) = op(A) op(B) + beta C in column-major terms; C and D are floatX or fp32.
+
+typedef struct {
+    int m, n, k, trans_a, trans_b;
+    cudaDataType_t d_type;
+    unsigned align[4];
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c, d;
+    cublasLtMatmulAlgo_t algo;
+} MatmulPlan;
+
+#define MAX_MATMUL_PLANS 512
+static MatmulPlan g_plans[MAX_MATMUL_PLANS];
+static int g_num_plans = 0;
+
+// largest power of two (up to 256) dividing the address: cuBLASLt assumes 256 unless told
+static unsigned ptr_alignment(const void* p) {
+    unsigned a = 256;
+    while (a > 1 && (uintptr_t)p % a != 0) { a /= 2; }
+    return a;
+}
+
+// Descriptors and algorithm for one shape, made once and reused (the heuristic query costs
+// more than many small matmuls).
+static const MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, cudaDataType_t d_type,
+                                     const unsigned align[4]) {
+    for (int i = 0; i < g_num_plans; i++) {
+        const MatmulPlan* p = &g_plans[i];
+        if (p->m == m && p->n == n && p->k == k && p->trans_a == trans_a && p->trans_b == trans_b &&
+            p->d_type == d_type && memcmp(p->align, align, sizeof(p->align)) == 0) { return p; }
+    }
+    if (g_num_plans == MAX_MATMUL_PLANS) { fail("internal: more than %d matmul shapes", MAX_MATMUL_PLANS); }
+    MatmulPlan* p = &g_plans[g_num_plans];
+    p->m = m; p->n = n; p->k = k; p->trans_a = trans_a; p->trans_b = trans_b; p->d_type = d_type;
+    memcpy(p->align, align, sizeof(p->align));
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    // stored shapes: op(A) is (m, k), op(B) is (k, n)
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_X, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_X, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->c, d_type, m, n, m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->d, d_type, m, n, m));
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = WORKSPACE_BYTES;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++) {
+        uint32_t a = align[i];
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &a, sizeof(a)));
+    }
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_lt, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &found));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    if (found == 0) {
+        fail("cuBLASLt has no algorithm for a %dx%dx%d matmul (transa %d, transb %d)\nHINT: unusual "
+             "model sizes can trip cuBLASLt; try n_embd and mlp_hidden multiples of 8", m, n, k, trans_a, trans_b);
+    }
+    p->algo = result.algo;
+    g_num_plans++;
+    return p;
+}
+
+static void matmul_lt(void* d, cudaDataType_t d_type, const void* c, const floatX* a, const floatX* b,
+                      int m, int n, int k, int trans_a, int trans_b, float beta) {
+    const void* c_ptr = c != NULL ? c : d;
+    unsigned align[4] = {ptr_alignment(a), ptr_alignment(b), ptr_alignment(c_ptr), ptr_alignment(d)};
+    const MatmulPlan* p = matmul_plan(m, n, k, trans_a, trans_b, d_type, align);
+    float alpha = 1.0f;
+    cublasCheck(cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta, c_ptr, p->c, d, p->d, &p->algo,
+                               g_workspace, WORKSPACE_BYTES, 0));
+}
+
+// out (N, OC) = inp (N, IC) @ w (OC, IC)^T, plus `add` (N, OC) when given (the residual)
+static void matmul_forward_gpu(void* out, cudaDataType_t out_type, const void* add, const floatX* inp,
+                               const floatX* w, size_t N, int IC, int OC) {
+    matmul_lt(out, out_type, add, w, inp, OC, (int)N, IC, 1, 0, add != NULL ? 1.0f : 0.0f);
+}
+
+// backward of out = inp @ w^T: dinp (N, IC) (+)= dout @ w;  dw (OC, IC) += dout^T @ inp (fp32)
+static void matmul_backward_input_gpu(void* dinp, cudaDataType_t dinp_type, const floatX* dout, const floatX* w,
+                                      size_t N, int IC, int OC, float beta) {
+    matmul_lt(dinp, dinp_type, NULL, w, dout, IC, (int)N, OC, 0, 0, beta);
+}
+
+static void matmul_backward_weight_gpu(float* dw, const floatX* dout, const floatX* inp, size_t N, int IC, int OC) {
+    matmul_lt(dw, CUDA_R_32F, NULL, inp, dout, IC, OC, (int)N, 0, 1, 1.0f);
+}
+
+// ----------------------------------------------------------------------------
+// reductions: warp shuffles in a fixed pattern, so every lane gets the same bits every run
+
+__device__ static inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
+    return v;
+}
+
+__device__ static inline float warp_max(float v) {
+    for (int o = 16; o > 0; o /= 2) { v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o)); }
+    return v;
+}
+
+// sum over a block of up to 1024 threads; every thread gets the result
+__device__ static float block_sum(float v, float* smem32) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) { smem32[warp] = v; }
+    __syncthreads();
+    v = lane < warps ? smem32[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ static float block_max(float v, float* smem32) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) { smem32[warp] = v; }
+    __syncthreads();
+    v = lane < warps ? smem32[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+__device__ static inline float sigmoid_gpu(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): finite for every finite x
+__device__ static inline float logsigmoid_gpu(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x))); }
+
+// ----------------------------------------------------------------------------
+// kernels, forward and backward mirrored. A backward kernel writes (=) its input gradient
+// unless it says it accumulates.
+
+#define WARPS_PER_BLOCK 8
+#define MAX_HD 256                  // head size limit of the per-head kernels
+#define MAX_HD_LANE (MAX_HD / 32)   // per-lane registers for one head row
+
+static unsigned warp_blocks(size_t rows) { return (unsigned)ceil_div(rows, WARPS_PER_BLOCK); }
+
+__global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte, size_t N, int C) {
+    // out (N, C) = wte[tokens], from the fp32 master embedding: the residual stream is fp32
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * C) { return; }
+    size_t n = idx / C, c = idx % C;
+    out[idx] = wte[(size_t)tokens[n] * C + c];
+}
+
+// encoder backward, deterministic: one block per distinct token sums that token's positions
+// in increasing order (a CSR list built on the host), as the twin does
+__global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* token_ids, const int* offsets,
+                                        const int* positions, int C) {
+    // forward: out_n = wte[tokens_n]  =>  dwte[v] += sum over n with tokens_n = v of dout_n
+    int u = blockIdx.x, tok = token_ids[u];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int e = offsets[u]; e < offsets[u + 1]; e++) { acc += dout[(size_t)positions[e] * C + c]; }
+        dwte[(size_t)tok * C + c] += acc;
+    }
+}
+
+// RMSNorm of the fp32 residual stream, one warp per row: out = x / sqrt(mean(x^2) + eps) * w
+__global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x, const float* w, size_t rows,
+                                       int C, float eps) {
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) { return; }
+    const float* xr = x + row * C;
+    float ss = 0.0f;
+    for (int i = lane; i < C; i += 32) { ss += xr[i] * xr[i]; }
+    ss = warp_sum(ss);
+    float s = 1.0f / sqrtf(ss / (float)C + eps);
+    for (int i = lane; i < C; i += 32) { out[row * C + i] = to_floatX(xr[i] * s * w[i]); }
+    if (lane == 0) { rstd[row] = s; }
+}
+
+// Accumulates into the fp32 residual gradient and refreshes its matmul copy.
+__global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, const float* dout, const float* x,
+                                        const float* w, const float* rstd, size_t rows, int C) {
+    // forward: out_i = x_i s w_i, s = (mean(x^2) + eps)^(-1/2), ds/dx_i = -s^3 x_i / C
+    // dx_i = s w_i dout_i - x_i s^3 / C * sum_j w_j dout_j x_j   (added to dresid)
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) { return; }
+    const float* xr = x + row * C;
+    const float* dr = dout + row * C;
+    float s = rstd[row], dot = 0.0f;
+    for (int i = lane; i < C; i += 32) { dot += w[i] * dr[i] * xr[i]; }
+    dot = warp_sum(dot);
+    float k = dot * s * s * s / (float)C;
+    for (int i = lane; i < C; i += 32) {
+        float g = dresid[row * C + i] + (s * w[i] * dr[i] - xr[i] * k);
+        dresid[row * C + i] = g;
+        dresid_x[row * C + i] = to_floatX(g);
+    }
+}
+
+// Column sums without atomics, in two fixed-order stages, for the norm-scale and bias
+// gradients: stage 1 sums a chunk of rows of d * x * rstd per column (x = NULL: d alone);
+// rstd has one value per segment of `seg` columns of a row (seg = W for the model's norms,
+// hd for per-head norms).
+#define COLSUM_ROWS 256
+template <typename Td, typename Tx>
+__global__ void colsum_partial_kernel(float* partial, const Td* d, const Tx* x, const float* rstd, size_t rows,
+                                      int W, int seg) {
+    __shared__ float sums[8][33];
+    int col = blockIdx.x * 32 + threadIdx.x;
+    size_t r0 = (size_t)blockIdx.y * COLSUM_ROWS, r1 = r0 + COLSUM_ROWS < rows ? r0 + COLSUM_ROWS : rows;
+    float acc = 0.0f;
+    if (col < W) {
+        for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
+            float v = to_float(d[r * W + col]);
+            if (x != NULL) { v = v * to_float(x[r * W + col]) * rstd[r * (W / seg) + col / seg]; }
+            acc += v;
+        }
+    }
+    sums[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < W) {
+        float total = 0.0f;
+        for (int y = 0; y < 8; y++) { total += sums[y][threadIdx.x]; }
+        partial[(size_t)blockIdx.y * W + col] = total;
+    }
+}
+
+// stage 2: out[i] += sum over chunks and over `fold` groups of W / fold columns (fold = H
+// folds the heads onto one shared scale vector)
+__global__ void colsum_finish_kernel(float* out, const float* partial, int chunks, int W, int fold) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, len = W / fold;
+    if (i >= len) { return; }
+    float acc = 0.0f;
+    for (int ch = 0; ch < chunks; ch++) {
+        for (int g = 0; g < fold; g++) { acc += partial[(size_t)ch * W + g * len + i]; }
+    }
+    out[i] += acc;
+}
+
+// KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z)
+__global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const float* alpha_logit, size_t N, int T,
+                                        int H, int hd) {
+    size_t C = (size_t)H * hd, idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * C) { return; }
+    size_t n = idx / C;
+    int h = (int)(idx % C) / hd;
+    float a = sigmoid_gpu(alpha_logit[n * H + h]);
+    float prev = n % T > 0 ? to_float(raw[idx - C]) : 0.0f;
+    out[idx] = to_floatX(a * prev + (1.0f - a) * to_float(raw[idx]));
+}
+
+// one warp per (token, head)
+__global__ void kv_shift_backward_kernel(floatX* draw, floatX* dalpha_logit, const floatX* dout, const floatX* raw,
+                                         const float* alpha_logit, size_t N, int T, int H, int hd) {
+    // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
+    // draw_t = (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
+    // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N * H) { return; }
+    size_t n = row / H, C = (size_t)H * hd;
+    int h = (int)(row % H);
+    int has_prev = n % T > 0, has_next = n % T + 1 < (size_t)T;
+    float a = sigmoid_gpu(alpha_logit[row]);
+    float a_next = has_next ? sigmoid_gpu(alpha_logit[row + H]) : 0.0f;
+    size_t off = n * C + (size_t)h * hd;
+    float da = 0.0f;
+    for (int i = lane; i < hd; i += 32) {
+        float d = to_float(dout[off + i]);
+        float d_next = has_next ? to_float(dout[off + C + i]) : 0.0f;
+        draw[off + i] = to_floatX((1.0f - a) * d + a_next * d_next);
+        float prev = has_prev ? to_float(raw[off - C + i]) : 0.0f;
+        da += d * (prev - to_float(raw[off + i]));
+    }
+    da = warp_sum(da);
+    if (lane == 0) { dalpha_logit[row] = to_floatX(da * a * (1.0f - a)); }
+}
+
+// QK-norm then RoPE on one (token, head) row of hd values per warp; either stage may be off
+// (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for head h is
+// w + (h % groups) * hd (groups = 1 when the heads share one scale vector). RoPE rotates the
+// non-interleaved pairs (i, i + hd/2) by the angle of table rope[t][i] = (cos, sin).
+__global__ void qk_norm_rope_forward_kernel(floatX* out, float* rstd, const floatX* inp, const float* w, int groups,
+                                            const float* rope, size_t N, int T, int H, int hd, float eps) {
+    __shared__ float row_buf[WARPS_PER_BLOCK][MAX_HD];
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N * H) { return; }
+    int h = (int)(row % H), t = (int)((row / H) % T), half = hd / 2;
+    const floatX* x = inp + row * hd;
+    float* buf = row_buf[warp];
+    float s = 1.0f;
+    if (w != NULL) {
+        float ss = 0.0f;
+        for (int e = lane; e < hd; e += 32) { float v = to_float(x[e]); ss += v * v; }
+        ss = warp_sum(ss);
+        s = 1.0f / sqrtf(ss / (float)hd + eps);
+        if (lane == 0) { rstd[row] = s; }
+    }
+    const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
+    for (int e = lane; e < hd; e += 32) { buf[e] = wr != NULL ? to_float(x[e]) * s * wr[e] : to_float(x[e]); }
+    __syncwarp();
+    for (int e = lane; e < hd; e += 32) {
+        float v = buf[e];
+        if (rope != NULL) {
+            int i = e < half ? e : e - half;
+            float cs = rope[((size_t)t * half + i) * 2], sn = rope[((size_t)t * half + i) * 2 + 1];
+            v = e < half ? buf[e] * cs - buf[e + half] * sn : buf[e] * cs + buf[e - half] * sn;
+        }
+        out[row * hd + e] = to_floatX(v);
+    }
+}
+
+// Writes dinp and, with the norm on, dnormed (the gradient at the norm's output, for the
+// scale gradient).
+__global__ void qk_norm_rope_backward_kernel(floatX* dinp, floatX* dnormed, const floatX* dout, const floatX* inp,
+                                             const float* w, int groups, const float* rstd, const float* rope,
+                                             size_t N, int T, int H, int hd) {
+    // forward: n = x s w (per head), out = R_t n (rotation of the pairs (i, i + hd/2))
+    // dn = R_t^T dout: dn_i = d_i cos + d_{i+half} sin, dn_{i+half} = d_{i+half} cos - d_i sin
+    // dx_i = s w_i dn_i - x_i s^3 / hd * sum_j w_j dn_j x_j
+    __shared__ float row_buf[WARPS_PER_BLOCK][MAX_HD];
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N * H) { return; }
+    int h = (int)(row % H), t = (int)((row / H) % T), half = hd / 2;
+    float* buf = row_buf[warp];
+    for (int e = lane; e < hd; e += 32) { buf[e] = to_float(dout[row * hd + e]); }
+    __syncwarp();
+    float dn[MAX_HD_LANE];
+    #pragma unroll
+    for (int r = 0; r < MAX_HD_LANE; r++) {
+        int e = lane + 32 * r;
+        dn[r] = 0.0f;
+        if (e >= hd) { continue; }
+        dn[r] = buf[e];
+        if (rope != NULL) {
+            int i = e < half ? e : e - half;
+            float cs = rope[((size_t)t * half + i) * 2], sn = rope[((size_t)t * half + i) * 2 + 1];
+            dn[r] = e < half ? buf[e] * cs + buf[e + half] * sn : buf[e] * cs - buf[e - half] * sn;
+        }
+    }
+    if (w == NULL) {
+        for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) { dinp[row * hd + lane + 32 * r] = to_floatX(dn[r]); }
+        return;
+    }
+    const float* wr = w + (size_t)(h % groups) * hd;
+    const floatX* x = inp + row * hd;
+    float s = rstd[row], dot = 0.0f;
+    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
+        int e = lane + 32 * r;
+        dot += wr[e] * dn[r] * to_float(x[e]);
+    }
+    dot = warp_sum(dot);
+    float k = dot * s * s * s / (float)hd;
+    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
+        int e = lane + 32 * r;
+        dnormed[row * hd + e] = to_floatX(dn[r]);
+        dinp[row * hd + e] = to_floatX(s * wr[e] * dn[r] - to_float(x[e]) * k);
+    }
+}
+
+// The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only
+// and fixed gates), written back into gate_logit; c_t = sum_{s<=t} logsigmoid(z_s) in fp32.
+// The scan: each thread sums a contiguous chunk, thread 0 scans the chunk totals in order,
+// then each thread re-walks its chunk from its offset. The order is fixed: deterministic.
+#define SCAN_THREADS 256
+__global__ void forget_gate_forward_kernel(float* c, float* gate_logit, const float* bias, int has_proj, int B,
+                                           int T, int H) {
+    // gate_logit (B, T, H) -> c (B, H, T)
+    __shared__ float offsets[SCAN_THREADS];
+    int bh = blockIdx.x, b = bh / H, h = bh % H;
+    int chunk = (T + SCAN_THREADS - 1) / SCAN_THREADS;
+    int t0 = threadIdx.x * chunk, t1 = min(T, t0 + chunk);
+    float local = 0.0f;
+    for (int t = t0; t < t1; t++) {
+        size_t i = ((size_t)b * T + t) * H + h;
+        float z = has_proj ? gate_logit[i] + bias[h] : bias[h];
+        gate_logit[i] = z;
+        local += logsigmoid_gpu(z);
+    }
+    offsets[threadIdx.x] = local;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float acc = 0.0f;
+        for (int j = 0; j < SCAN_THREADS; j++) { float v = offsets[j]; offsets[j] = acc; acc += v; }
+    }
+    __syncthreads();
+    float acc = offsets[threadIdx.x];
+    for (int t = t0; t < t1; t++) {
+        acc += logsigmoid_gpu(gate_logit[((size_t)b * T + t) * H + h]);
+        c[(size_t)bh * T + t] = acc;
+    }
+}
+
+__global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_logit_x, const float* dc,
+                                            const float* gate_logit, int B, int T, int H) {
+    // forward: c_t = sum_{s<=t} log f_s, log f_s = logsigmoid(z_s)
+    // dlogf_t = sum_{s>=t} dc_s (reverse cumulative sum, same chunked scan reversed);
+    // dz_t = dlogf_t * sigmoid(-z_t)
+    __shared__ float offsets[SCAN_THREADS];
+    int bh = blockIdx.x, b = bh / H, h = bh % H;
+    int chunk = (T + SCAN_THREADS - 1) / SCAN_THREADS;
+    int t0 = threadIdx.x * chunk, t1 = min(T, t0 + chunk);
+    const float* dch = dc + (size_t)bh * T;
+    float local = 0.0f;
+    for (int t = t1 - 1; t >= t0; t--) { local += dch[t]; }
+    offsets[threadIdx.x] = local;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float acc = 0.0f;
+        for (int j = SCAN_THREADS - 1; j >= 0; j--) { float v = offsets[j]; offsets[j] = acc; acc += v; }
+    }
+    __syncthreads();
+    float acc = offsets[threadIdx.x];
+    for (int t = t1 - 1; t >= t0; t--) {
+        acc += dch[t];
+        size_t i = ((size_t)b * T + t) * H + h;
+        float g = acc * sigmoid_gpu(-gate_logit[i]);
+        dgate_logit[i] = g;
+        dgate_logit_x[i] = to_floatX(g);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Forgetting attention: s_ij = q_i . k_j / sqrt(hd) + c_i - c_j for first_key(i) <= j <= i.
+// A straightforward tiled kernel in fp32 CUDA cores: a block holds WARPS_PER_BLOCK rows of
+// one (b, h), a warp one row; tiles of 32 keys (one per lane) are staged in shared memory
+// and reused by the block's rows. The fused flash kernel replaces these behind the same
+// attention_forward_gpu / attention_backward_gpu boundary.
+
+#define ATT_TILE 32
+
+__device__ static inline int first_key_gpu(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
+
+// copies rows [r0, r0 + rows) of one head (zeros past T) into a (rows, ld) fp32 tile
+__device__ static void load_head_rows(float* tile, int ld, const floatX* src, int b, int h, int r0, int rows, int T,
+                                      int H, int hd) {
+    size_t C = (size_t)H * hd;
+    for (int idx = threadIdx.x; idx < rows * hd; idx += blockDim.x) {
+        int r = idx / hd, d = idx % hd, t = r0 + r;
+        tile[r * ld + d] = t < T ? to_float(src[((size_t)b * T + t) * C + (size_t)h * hd + d]) : 0.0f;
+    }
+}
+
+static size_t attention_forward_smem(int hd) {
+    return sizeof(float) * ((size_t)ATT_TILE * (hd + 1) * 2 + (size_t)WARPS_PER_BLOCK * hd);
+}
+
+__global__ void attention_forward_kernel(floatX* o, float* lse, const floatX* q, const floatX* k, const floatX* v,
+                                         const float* c, int T, int H, int hd, int window, float scale) {
+    extern __shared__ float smem[];
+    int ld = hd + 1; // odd stride: the lanes of a warp read distinct banks
+    float* ks = smem;                      // (ATT_TILE, ld)
+    float* vs = ks + ATT_TILE * ld;        // (ATT_TILE, ld)
+    float* qs = vs + ATT_TILE * ld;        // (WARPS_PER_BLOCK, hd)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int i0 = blockIdx.x * WARPS_PER_BLOCK, i = i0 + warp;
+    int live = i < T, i_last = min(i0 + WARPS_PER_BLOCK - 1, T - 1);
+    const float* ch = c != NULL ? c + (size_t)bh * T : NULL;
+    load_head_rows(qs, hd, q, b, h, i0, WARPS_PER_BLOCK, T, H, hd);
+    float ci = live && ch != NULL ? ch[i] : 0.0f;
+    float m = -INFINITY, l = 0.0f, acc[MAX_HD_LANE];
+    #pragma unroll
+    for (int r = 0; r < MAX_HD_LANE; r++) { acc[r] = 0.0f; }
+    for (int j0 = first_key_gpu(i0, window) / ATT_TILE * ATT_TILE; j0 <= i_last; j0 += ATT_TILE) {
+        __syncthreads(); // the previous tile is consumed
+        load_head_rows(ks, ld, k, b, h, j0, ATT_TILE, T, H, hd);
+        load_head_rows(vs, ld, v, b, h, j0, ATT_TILE, T, H, hd);
+        __syncthreads();
+        int j = j0 + lane;
+        int valid = live && j <= i && j >= first_key_gpu(i, window);
+        float s = -INFINITY; // masked before exponentiating: never exp of c_i - c_j above the diagonal
+        if (valid) {
+            float dot = 0.0f;
+            for (int d = 0; d < hd; d++) { dot += qs[warp * hd + d] * ks[lane * ld + d]; }
+            s = dot * scale + (ch != NULL ? ci - ch[j] : 0.0f);
+        }
+        float mt = warp_max(s);
+        if (mt == -INFINITY) { continue; } // uniform over the warp
+        float m_new = fmaxf(m, mt), corr = expf(m - m_new);
+        float p = valid ? expf(s - m_new) : 0.0f;
+        l = l * corr + warp_sum(p);
+        #pragma unroll
+        for (int r = 0; r < MAX_HD_LANE; r++) { acc[r] *= corr; }
+        for (int jj = 0; jj < ATT_TILE; jj++) {
+            float pj = __shfl_sync(0xffffffffu, p, jj);
+            #pragma unroll
+            for (int r = 0; r < MAX_HD_LANE; r++) {
+                int d = lane + 32 * r;
+                if (d < hd) { acc[r] += pj * vs[jj * ld + d]; }
+            }
+        }
+        m = m_new;
+    }
+    if (!live) { return; }
+    size_t off = ((size_t)b * T + i) * H * hd + (size_t)h * hd;
+    #pragma unroll
+    for (int r = 0; r < MAX_HD_LANE; r++) {
+        int d = lane + 32 * r;
+        if (d < hd) { o[off + d] = to_floatX(acc[r] / l); }
+    }
+    if (lane == 0) { lse[(size_t)bh * T + i] = m + logf(l); }
+}
+
+// Delta_i = dout_i . o_i, one warp per (token, head), written (B, H, T)
+__global__ void attention_delta_kernel(float* delta, const floatX* dout, const floatX* o, size_t N, int T, int H,
+                                       int hd) {
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N * H) { return; }
+    float acc = 0.0f;
+    for (int d = lane; d < hd; d += 32) { acc += to_float(dout[row * hd + d]) * to_float(o[row * hd + d]); }
+    acc = warp_sum(acc);
+    size_t n = row / H;
+    int h = (int)(row % H);
+    if (lane == 0) { delta[((n / T) * H + h) * T + n % T] = acc; }
+}
+
+static size_t attention_backward_smem(int hd) {
+    return sizeof(float) * ((size_t)ATT_TILE * (hd + 1) * 2 + (size_t)WARPS_PER_BLOCK * hd * 2 + 3 * ATT_TILE);
+}
+
+// dq and the row part of dc, one warp per query row (it owns dq_i and dc_i); key tiles
+// staged in shared memory
+__global__ void attention_backward_dq_kernel(floatX* dq, float* dc, const floatX* dout, const floatX* q,
+                                             const floatX* k, const floatX* v, const float* lse, const float* delta,
+                                             const float* c, int T, int H, int hd, int window, float scale) {
+    // forward: s_ij = scale q_i.k_j + c_i - c_j, p_ij = exp(s_ij - lse_i), o_i = sum_j p_ij v_j
+    // dp_ij = dout_i . v_j, ds_ij = p_ij (dp_ij - Delta_i), dq_i = scale sum_j ds_ij k_j
+    // dc_i = sum_j ds_ij (as query) here; the key kernel subtracts the column sum
+    extern __shared__ float smem[];
+    int ld = hd + 1;
+    float* ks = smem;                          // (ATT_TILE, ld)
+    float* vs = ks + ATT_TILE * ld;            // (ATT_TILE, ld)
+    float* qs = vs + ATT_TILE * ld;            // (WARPS_PER_BLOCK, hd)
+    float* dos = qs + WARPS_PER_BLOCK * hd;    // (WARPS_PER_BLOCK, hd)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int i0 = blockIdx.x * WARPS_PER_BLOCK, i = i0 + warp;
+    int live = i < T, i_last = min(i0 + WARPS_PER_BLOCK - 1, T - 1);
+    const float* ch = c != NULL ? c + (size_t)bh * T : NULL;
+    load_head_rows(qs, hd, q, b, h, i0, WARPS_PER_BLOCK, T, H, hd);
+    load_head_rows(dos, hd, dout, b, h, i0, WARPS_PER_BLOCK, T, H, hd);
+    float ci = live && ch != NULL ? ch[i] : 0.0f;
+    float row_lse = live ? lse[(size_t)bh * T + i] : 0.0f, row_delta = live ? delta[(size_t)bh * T + i] : 0.0f;
+    float acc[MAX_HD_LANE], dc_row = 0.0f;
+    #pragma unroll
+    for (int r = 0; r < MAX_HD_LANE; r++) { acc[r] = 0.0f; }
+    for (int j0 = first_key_gpu(i0, window) / ATT_TILE * ATT_TILE; j0 <= i_last; j0 += ATT_TILE) {
+        __syncthreads();
+        load_head_rows(ks, ld, k, b, h, j0, ATT_TILE, T, H, hd);
+        load_head_rows(vs, ld, v, b, h, j0, ATT_TILE, T, H, hd);
+        __syncthreads();
+        int j = j0 + lane;
+        float ds = 0.0f;
+        if (live && j <= i && j >= first_key_gpu(i, window)) {
+            float dot = 0.0f, dp = 0.0f;
+            for (int d = 0; d < hd; d++) {
+                dot += qs[warp * hd + d] * ks[lane * ld + d];
+                dp += dos[warp * hd + d] * vs[lane * ld + d];
+            }
+            float p = expf(dot * scale + (ch != NULL ? ci - ch[j] : 0.0f) - row_lse);
+            ds = p * (dp - row_delta);
+        }
+        for (int jj = 0; jj < ATT_TILE; jj++) {
+            float dsj = __shfl_sync(0xffffffffu, ds, jj);
+            #pragma unroll
+            for (int r = 0; r < MAX_HD_LANE; r++) {
+                int d = lane + 32 * r;
+                if (d < hd) { acc[r] += dsj * ks[jj * ld + d]; }
+            }
+        }
+        dc_row += warp_sum(ds);
+    }
+    if (!live) { return; }
+    size_t off = ((size_t)b * T + i) * H * hd + (size_t)h * hd;
+    #pragma unroll
+    for (int r = 0; r < MAX_HD_LANE; r++) {
+        int d = lane + 32 * r;
+        if (d < hd) { dq[off + d] = to_floatX(scale * acc[r]); }
+    }
+    if (dc != NULL && lane == 0) { dc[(size_t)bh * T + i] = dc_row; }
+}
+
+// dk, dv and dc, one warp per key row (it owns dk_j, dv_j, dc_j: no atomics); query tiles
+// staged in shared memory; runs after the dq kernel, which wrote the row sums into dc
+__global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc, const floatX* dout,
+                                               const floatX* q, const floatX* k, const floatX* v, const float* lse,
+                                               const float* delta, const float* c, int T, int H, int hd, int window,
+                                               float scale) {
+    // dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i
+    // dc_j = sum_i ds_ji - sum_i ds_ij (row sum as query, minus column sum as key). The row
+    // sum is 0 in exact arithmetic, but not with Delta taken from the bf16-rounded o; keeping
+    // it makes sum_t dc_t = 0 to fp32 rounding, so the gate gradients, reverse cumulative
+    // sums of dc that must cancel to dlogf_0 = 0, keep that cancellation.
+    extern __shared__ float smem[];
+    int ld = hd + 1;
+    float* qs = smem;                          // (ATT_TILE, ld)
+    float* dos = qs + ATT_TILE * ld;           // (ATT_TILE, ld)
+    float* ks = dos + ATT_TILE * ld;           // (WARPS_PER_BLOCK, hd)
+    float* vs = ks + WARPS_PER_BLOCK * hd;     // (WARPS_PER_BLOCK, hd)
+    float* lse_s = vs + WARPS_PER_BLOCK * hd;  // (ATT_TILE) each
+    float* delta_s = lse_s + ATT_TILE;
+    float* c_s = delta_s + ATT_TILE;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int j_first = blockIdx.x * WARPS_PER_BLOCK, j = j_first + warp;
+    int live = j < T, j_last = min(j_first + WARPS_PER_BLOCK - 1, T - 1);
+    int i_end = window > 0 ? min(T - 1, j_last + window - 1) : T - 1;
+    const float* ch = c != NULL ? c + (size_t)bh * T : NULL;
+    load_head_rows(ks, hd, k, b, h, j_first, WARPS_PER_BLOCK, T, H, hd);
+    load_head_rows(vs, hd, v, b, h, j_first, WARPS_PER_BLOCK, T, H, hd);
+    float cj = live && ch != NULL ? ch[j] : 0.0f;
+    float acc_k[MAX_HD_LANE], acc_v[MAX_HD_LANE], dc_acc = 0.0f;
+    #pragma unroll
+    for (int r = 0; r < MAX_HD_LANE; r++) { acc_k[r] = 0.0f; acc_v[r] = 0.0f; }
+    for (int i0 = j_first / ATT_TILE * ATT_TILE; i0 <= i_end; i0 += ATT_TILE) {
+        __syncthreads();
+        load_head_rows(qs, ld, q, b, h, i0, ATT_TILE, T, H, hd);
+        load_head_rows(dos, ld, dout, b, h, i0, ATT_TILE, T, H, hd);
+        if (threadIdx.x < ATT_TILE) {
+            int t = i0 + threadIdx.x;
+            lse_s[threadIdx.x] = t < T ? lse[(size_t)bh * T + t] : 0.0f;
+            delta_s[threadIdx.x] = t < T ? delta[(size_t)bh * T + t] : 0.0f;
+            c_s[threadIdx.x] = t < T && ch != NULL ? ch[t] : 0.0f;
+        }
+        __syncthreads();
+        int i = i0 + lane;
+        float p = 0.0f, ds = 0.0f;
+        if (live && i < T && i >= j && (window == 0 || i - j < window)) {
+            float dot = 0.0f, dp = 0.0f;
+            for (int d = 0; d < hd; d++) {
+                dot += qs[lane * ld + d] * ks[warp * hd + d];
+                dp += dos[lane * ld + d] * vs[warp * hd + d];
+            }
+            p = expf(dot * scale + (ch != NULL ? c_s[lane] - cj : 0.0f) - lse_s[lane]);
+            ds = p * (dp - delta_s[lane]);
+        }
+        for (int ii = 0; ii < ATT_TILE; ii++) {
+            float pi = __shfl_sync(0xffffffffu, p, ii), dsi = __shfl_sync(0xffffffffu, ds, ii);
+            #pragma unroll
+            for (int r = 0; r < MAX_HD_LANE; r++) {
+                int d = lane + 32 * r;
+                if (d < hd) {
+                    acc_k[r] += dsi * qs[ii * ld + d];
+                    acc_v[r] += pi * dos[ii * ld + d];
+                }
+            }
+        }
+        dc_acc += warp_sum(ds);
+    }
+    if (!live) { return; }
+    size_t off = ((size_t)b * T + j) * H * hd + (size_t)h * hd;
+    #pragma unroll
+    for (int r = 0; r < MAX_HD_LANE; r++) {
+        int d = lane + 32 * r;
+        if (d < hd) {
+            dk[off + d] = to_floatX(scale * acc_k[r]);
+            dv[off + d] = to_floatX(acc_v[r]);
+        }
+    }
+    if (dc != NULL && lane == 0) { dc[(size_t)bh * T + j] -= dc_acc; }
+}
+
+// q, k, v, o (B, T, H, hd) floatX; c, lse (B, H, T) fp32; c == NULL for no forget gate
+static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const floatX* k, const floatX* v,
+                                  const float* c, int B, int T, int H, int hd, int window) {
+    size_t smem = attention_forward_smem(hd);
+    cudaCheck(cudaFuncSetAttribute(attention_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
+    attention_forward_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(o, lse, q, k, v, c, T, H, hd, window,
+                                                                  1.0f / sqrtf((float)hd));
+    launchCheck();
+}
+
+// dq, dk, dv written; dc (B, H, T) written when c != NULL; delta: (B, H, T) fp32 scratch
+static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dc, float* delta, const floatX* dout,
+                                   const floatX* q, const floatX* k, const floatX* v, const floatX* o,
+                                   const float* lse, const float* c, int B, int T, int H, int hd, int window) {
+    size_t N = (size_t)B * T, smem = attention_backward_smem(hd);
+    float scale = 1.0f / sqrtf((float)hd);
+    attention_delta_kernel<<<warp_blocks(N * H), 32 * WARPS_PER_BLOCK>>>(delta, dout, o, N, T, H, hd);
+    launchCheck();
+    dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
+    cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attention_backward_dq_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dq, c != NULL ? dc : NULL, dout, q, k, v, lse,
+                                                                      delta, c, T, H, hd, window, scale);
+    launchCheck();
+    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attention_backward_dkdv_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dk, dv, c != NULL ? dc : NULL, dout, q, k, v,
+                                                                        lse, delta, c, T, H, hd, window, scale);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+
+// Output norm and output gate on one (token, head) row per warp; either may be off
+// (w == NULL: no norm, og == NULL: no gate). o_normed is written when both are on (the gate's
+// backward needs it); y is the input of W_o.
+__global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, float* rstd, const floatX* o,
+                                                const floatX* og, const float* w, size_t N, int H, int hd, float eps) {
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N * H) { return; }
+    int h = (int)(row % H);
+    const floatX* x = o + row * hd;
+    float s = 1.0f;
+    if (w != NULL) {
+        float ss = 0.0f;
+        for (int e = lane; e < hd; e += 32) { float v = to_float(x[e]); ss += v * v; }
+        ss = warp_sum(ss);
+        s = 1.0f / sqrtf(ss / (float)hd + eps);
+        if (lane == 0) { rstd[row] = s; }
+    }
+    for (int e = lane; e < hd; e += 32) {
+        float v = to_float(x[e]);
+        if (w != NULL) {
+            v = v * s * w[(size_t)h * hd + e];
+            if (og != NULL) { o_normed[row * hd + e] = to_floatX(v); }
+        }
+        if (og != NULL) { v = v * sigmoid_gpu(to_float(og[row * hd + e])); }
+        y[row * hd + e] = to_floatX(v);
+    }
+}
+
+// writes do_ (the attention output gradient), dog when the gate is on, and don (the norm's
+// output gradient, for the scale gradient) when the norm is on
+__global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, floatX* don, const floatX* dy,
+                                                 const floatX* o, const floatX* o_normed, const floatX* og,
+                                                 const float* w, const float* rstd, size_t N, int H, int hd) {
+    // forward: on = o s w (per head), y = on sigmoid(g)
+    // don = dy sigmoid(g), dg = dy on sigmoid(g) (1 - sigmoid(g))
+    // do_i = s w_i don_i - o_i s^3 / hd * sum_j w_j don_j o_j
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N * H) { return; }
+    int h = (int)(row % H);
+    float dn[MAX_HD_LANE];
+    #pragma unroll
+    for (int r = 0; r < MAX_HD_LANE; r++) {
+        int e = lane + 32 * r;
+        dn[r] = 0.0f;
+        if (e >= hd) { continue; }
+        size_t i = row * hd + e;
+        dn[r] = to_float(dy[i]);
+        if (og != NULL) {
+            float sg = sigmoid_gpu(to_float(og[i]));
+            float x = w != NULL ? to_float(o_normed[i]) : to_float(o[i]);
+            dog[i] = to_floatX(dn[r] * x * sg * (1.0f - sg));
+            dn[r] = dn[r] * sg;
+        }
+    }
+    if (w == NULL) {
+        for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) { do_[row * hd + lane + 32 * r] = to_floatX(dn[r]); }
+        return;
+    }
+    const float* wr = w + (size_t)h * hd;
+    float s = rstd[row], dot = 0.0f;
+    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
+        int e = lane + 32 * r;
+        dot += wr[e] * dn[r] * to_float(o[row * hd + e]);
+    }
+    dot = warp_sum(dot);
+    float k = dot * s * s * s / (float)hd;
+    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
+        int e = lane + 32 * r;
+        don[row * hd + e] = to_floatX(dn[r]);
+        do_[row * hd + e] = to_floatX(s * wr[e] * dn[r] - to_float(o[row * hd + e]) * k);
+    }
+}
+
+// SwiGLU: act = silu(g) * u, gu (N, 2I) holds the gate then the up projection of a row
+__global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, int I) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * I) { return; }
+    size_t n = idx / I, i = idx % I;
+    float g = to_float(gu[n * 2 * I + i]), u = to_float(gu[n * 2 * I + I + i]);
+    act[idx] = to_floatX(g * sigmoid_gpu(g) * u);
+}
+
+__global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I) {
+    // forward: act = g sigmoid(g) u
+    // dg = dact u sigmoid(g) (1 + g (1 - sigmoid(g))),  du = dact g sigmoid(g)
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * I) { return; }
+    size_t n = idx / I, i = idx % I;
+    float g = to_float(gu[n * 2 * I + i]), u = to_float(gu[n * 2 * I + I + i]), s = sigmoid_gpu(g);
+    float d = to_float(dact[idx]);
+    dgu[n * 2 * I + i] = to_floatX(d * u * s * (1.0f + g * (1.0f - s)));
+    dgu[n * 2 * I + I + i] = to_floatX(d * g * s);
+}
+
+// Cross-entropy over the first V logits of a row (pads V..Vp-1 masked), one block per row;
+// keeps the row's log-sum-exp for the backward. Probabilities are never stored.
+__global__ void crossentropy_forward_kernel(float* losses, float* row_lse, const floatX* logits, const int* targets,
+                                            int V, int Vp) {
+    __shared__ float red[32];
+    size_t n = blockIdx.x;
+    const floatX* row = logits + n * Vp;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) { mx = fmaxf(mx, to_float(row[j])); }
+    mx = block_max(mx, red);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) { sum += expf(to_float(row[j]) - mx); }
+    sum = block_sum(sum, red);
+    if (threadIdx.x == 0) {
+        float lse = mx + logf(sum);
+        row_lse[n] = lse;
+        losses[n] = lse - to_float(row[targets[n]]);
+    }
+}
+
+// turns logits into dlogits in place: (softmax - onehot(target)) * dloss, pads 0
+__global__ void crossentropy_backward_kernel(floatX* logits, const float* row_lse, const int* targets, int V, int Vp,
+                                             float dloss) {
+    // forward: loss = lse - logit_target  =>  dlogit_j = (exp(logit_j - lse) - [j = target]) dloss
+    size_t n = blockIdx.x;
+    floatX* row = logits + n * Vp;
+    float lse = row_lse[n];
+    int target = targets[n];
+    for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
+        float g = 0.0f;
+        if (j < V) { g = expf(to_float(row[j]) - lse) * dloss - (j == target ? dloss : 0.0f); }
+        row[j] = to_floatX(g);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// optimiser kernels
+
+// stage 1 of the gradient norm: fixed grid, fixed order, fp64 partial sums of squares
+#define NORM_BLOCKS 512
+__global__ void sumsq_partial_kernel(double* partial, const float* g, size_t n) {
+    __shared__ double red[256];
+    double acc = 0.0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        acc += (double)g[i] * g[i];
+    }
+    red[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) { red[threadIdx.x] += red[threadIdx.x + s]; }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { partial[blockIdx.x] = red[0]; }
+}
+
+// AdamW on one tensor, the twin's arithmetic; grad_scale applies the clipping; the matmul
+// copy of the weight is refreshed
+__global__ void adamw_kernel(float* p, floatX* p_x, const float* g, float* m, float* v, size_t n, float lr,
+                             float beta1, float beta2, float c1, float c2, float eps, float wd, float grad_scale) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float gr = g[i] * grad_scale; // exact when not clipping (grad_scale = 1)
+    m[i] = beta1 * m[i] + (1.0f - beta1) * gr;
+    v[i] = beta2 * v[i] + (1.0f - beta2) * gr * gr;
+    float mhat = m[i] / c1, vhat = v[i] / c2;
+    p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+    p_x[i] = to_floatX(p[i]);
+}
+
+__global__ void to_floatX_kernel(floatX* out, const float* in, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = to_floatX(in[i]); }
+}
+
+static unsigned elem_blocks(size_t n) { return (unsigned)ceil_div(n, 256); }
+
+// ----------------------------------------------------------------------------
+// the GPU model: the twin's FoxModel holds the configuration, the parameter table and a
+// host copy of the weights (checkpoints, tests); the device holds everything else
+
+typedef struct {
+    float* resid;       // (L+1, N, C) fp32 residual stream entering each layer; [L] the final one
+    float* resid_mid;   // (L, N, C)   fp32 residual after attention
+    floatX* xa;         // (L, N, C)   RMSNorm_1 output
+    float* rstd_a;      // (L, N)
+    floatX* q_raw;      // (L, N, C)   W_q x
+    floatX* k_raw;      // (L, N, C)
+    floatX* v_raw;      // (L, N, C)
+    float* k_alpha;     // (L, N, H)   shift logits w_s . x (fp32)
+    float* v_alpha;     // (L, N, H)
+    floatX* k_shifted;  // (L, N, C)   = k_raw without the k shift
+    floatX* v;          // (L, N, C)   = v_raw without the v shift
+    float* rstd_q;      // (L, N, H)
+    float* rstd_k;      // (L, N, H)
+    floatX* q;          // (L, N, C)   after QK-norm and RoPE (= q_raw with both off)
+    floatX* k;          // (L, N, C)   (= k_shifted with both off)
+    float* gate_logit;  // (L, N, H)   z = w_f . x + b_f (fp32)
+    float* c;           // (L, B, H, T) fp32
+    float* lse;         // (L, B, H, T)
+    floatX* o;          // (L, N, C)
+    float* rstd_o;      // (L, N, H)
+    floatX* o_normed;   // (L, N, C)   only with output norm and gate both on
+    floatX* og_logit;   // (L, N, C)
+    floatX* y;          // (L, N, C)   input of W_o (= o with norm and gate off)
+    floatX* xm;         // (L, N, C)
+    float* rstd_m;      // (L, N)
+    floatX* gu;         // (L, N, 2I)
+    floatX* act;        // (L, N, I)
+    floatX* xf;         // (N, C)
+    float* rstd_f;      // (N)
+    floatX* logits;     // (N, Vp), turned into dlogits by the backward
+    float* losses;      // (N)
+    float* row_lse;     // (N)
+} GPUActivations;
+
+// backward buffers, one layer's worth, reused by every layer
+typedef struct {
+    float* dresid;      // (N, C) fp32 gradient of the residual stream
+    floatX* dresid_x;   // (N, C) its matmul copy
+    float* dxn;         // (N, C) fp32 gradient at an RMSNorm's output (matmuls accumulate into it)
+    floatX* dact;       // (N, I)
+    floatX* dgu;        // (N, 2I)
+    floatX* dy;         // (N, C)
+    floatX* dog;        // (N, C)
+    floatX* don;        // (N, C)  gradient at the output norm's output
+    floatX* d_o;        // (N, C)
+    floatX* dq;         // (N, C)
+    floatX* dk;         // (N, C)
+    floatX* dv;         // (N, C)
+    float* dc;          // (B, H, T)
+    float* delta;       // (B, H, T)
+    float* dgl;         // (N, H)
+    floatX* dgl_x;      // (N, H)
+    floatX* dq_normed;  // (N, C)
+    floatX* dk_normed;  // (N, C)
+    floatX* dq_raw;     // (N, C)
+    floatX* dk_shifted; // (N, C)
+    floatX* dk_raw;     // (N, C)
+    floatX* dv_raw;     // (N, C)
+    floatX* dk_alpha;   // (N, H)
+    floatX* dv_alpha;   // (N, H)
+    float* partial;     // column-sum partials, (N / COLSUM_ROWS, C)
+    int* enc_tokens;    // encoder backward: distinct tokens (N), CSR offsets (N+1), positions (N)
+    int* enc_offsets;
+    int* enc_positions;
+} GPUGradBuffers;
+
+typedef struct {
+    FoxModel* host;
+    FoxConfig config;
+    size_t num_parameters;
+    size_t offsets[NUM_PARAM_TENSORS]; // of each tensor in the flat buffers
+    float* params;      // fp32 master weights, the twin's flat layout
+    floatX* params_x;   // their matmul copy
+    float* grads;       // fp32, same layout
+    float* adam_m;      // fp32 AdamW moments, same layout
+    float* adam_v;
+    int max_B, max_T;
+    char* acts_memory;
+    size_t acts_bytes;
+    GPUActivations acts;
+    char* grad_memory;
+    size_t grad_bytes;
+    GPUGradBuffers gb;
+    float* rope;        // (max_T, hd/2, 2) cos, sin; NULL without RoPE
+    int* inputs;        // (B, T) device copies
+    int* targets;
+    double* norm_partial;
+    // host side
+    int B, T;
+    const int* inputs_host;
+    int has_targets;
+    float mean_loss;    // of the last forward with targets, -1 otherwise
+    float* losses_host; // (N)
+    int* enc_host;      // (3N + 1 + V) counting-sort workspace
+    double norm_partial_host[NORM_BLOCKS];
+} GPUModel;
+
+// layer l's slice of a tensor in a flat buffer
+static float* pm(GPUModel* g, int tensor, int l) {
+    return g->params + g->offsets[tensor] + (size_t)l * param_slice_numel(&g->host->spec[tensor]);
+}
+static floatX* px(GPUModel* g, int tensor, int l) {
+    return g->params_x + g->offsets[tensor] + (size_t)l * param_slice_numel(&g->host->spec[tensor]);
+}
+static float* pg(GPUModel* g, int tensor, int l) {
+    return g->grads + g->offsets[tensor] + (size_t)l * param_slice_numel(&g->host->spec[tensor]);
+}
+
+// Places buffers in one allocation at 256-byte boundaries; with base == NULL it only counts.
+static void* arena_take(char* base, size_t* offset, size_t bytes) {
+    void* p = base != NULL ? base + *offset : NULL;
+    *offset += (bytes + 255) / 256 * 256;
+    return p;
+}
+
+// Lays out the activations of a (B, T) batch; stages that are off alias their input.
+static size_t layout_activations(GPUActivations* a, const FoxConfig* cf, int B, int T, char* base) {
+    size_t L = (size_t)cf->n_layer, C = (size_t)cf->n_embd, H = (size_t)cf->n_head, I = (size_t)cf->mlp_hidden;
+    size_t N = (size_t)B * T, Vp = (size_t)cf->padded_vocab_size, off = 0;
+    size_t fx = sizeof(floatX), f = sizeof(float);
+    int qk_stage = cf->qk_norm || cf->rope;
+    memset(a, 0, sizeof(*a));
+    a->resid = (float*)arena_take(base, &off, (L + 1) * N * C * f);
+    a->resid_mid = (float*)arena_take(base, &off, L * N * C * f);
+    a->xa = (floatX*)arena_take(base, &off, L * N * C * fx);
+    a->rstd_a = (float*)arena_take(base, &off, L * N * f);
+    a->q_raw = (floatX*)arena_take(base, &off, L * N * C * fx);
+    a->k_raw = (floatX*)arena_take(base, &off, L * N * C * fx);
+    a->v_raw = (floatX*)arena_take(base, &off, L * N * C * fx);
+    if (cf->k_shift) {
+        a->k_alpha = (float*)arena_take(base, &off, L * N * H * f);
+        a->k_shifted = (floatX*)arena_take(base, &off, L * N * C * fx);
+    } else { a->k_shifted = a->k_raw; }
+    if (cf->v_shift) {
+        a->v_alpha = (float*)arena_take(base, &off, L * N * H * f);
+        a->v = (floatX*)arena_take(base, &off, L * N * C * fx);
+    } else { a->v = a->v_raw; }
+    if (cf->qk_norm) {
+        a->rstd_q = (float*)arena_take(base, &off, L * N * H * f);
+        a->rstd_k = (float*)arena_take(base, &off, L * N * H * f);
+    }
+    if (qk_stage) {
+        a->q = (floatX*)arena_take(base, &off, L * N * C * fx);
+        a->k = (floatX*)arena_take(base, &off, L * N * C * fx);
+    } else { a->q = a->q_raw; a->k = a->k_shifted; }
+    if (cf->gate != GATE_NONE) {
+        a->gate_logit = (float*)arena_take(base, &off, L * N * H * f);
+        a->c = (float*)arena_take(base, &off, L * N * H * f);
+    }
+    a->lse = (float*)arena_take(base, &off, L * N * H * f);
+    a->o = (floatX*)arena_take(base, &off, L * N * C * fx);
+    if (cf->output_norm) { a->rstd_o = (float*)arena_take(base, &off, L * N * H * f); }
+    if (cf->output_norm && cf->output_gate) { a->o_normed = (floatX*)arena_take(base, &off, L * N * C * fx); }
+    if (cf->output_gate) { a->og_logit = (floatX*)arena_take(base, &off, L * N * C * fx); }
+    if (cf->output_norm || cf->output_gate) { a->y = (floatX*)arena_take(base, &off, L * N * C * fx); }
+    else { a->y = a->o; }
+    a->xm = (floatX*)arena_take(base, &off, L * N * C * fx);
+    a->rstd_m = (float*)arena_take(base, &off, L * N * f);
+    a->gu = (floatX*)arena_take(base, &off, L * N * 2 * I * fx);
+    a->act = (floatX*)arena_take(base, &off, L * N * I * fx);
+    a->xf = (floatX*)arena_take(base, &off, N * C * fx);
+    a->rstd_f = (float*)arena_take(base, &off, N * f);
+    a->logits = (floatX*)arena_take(base, &off, N * Vp * fx);
+    a->losses = (float*)arena_take(base, &off, N * f);
+    a->row_lse = (float*)arena_take(base, &off, N * f);
+    return off;
+}
+
+static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B, int T, char* base) {
+    size_t C = (size_t)cf->n_embd, H = (size_t)cf->n_head, I = (size_t)cf->mlp_hidden;
+    size_t N = (size_t)B * T, off = 0, fx = sizeof(floatX), f = sizeof(float);
+    memset(d, 0, sizeof(*d));
+    d->dresid = (float*)arena_take(base, &off, N * C * f);
+    d->dresid_x = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dxn = (float*)arena_take(base, &off, N * C * f);
+    d->dact = (floatX*)arena_take(base, &off, N * I * fx);
+    d->dgu = (floatX*)arena_take(base, &off, N * 2 * I * fx);
+    d->dy = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dog = (floatX*)arena_take(base, &off, N * C * fx);
+    d->don = (floatX*)arena_take(base, &off, N * C * fx);
+    d->d_o = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dq = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dk = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dv = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dc = (float*)arena_take(base, &off, N * H * f);
+    d->delta = (float*)arena_take(base, &off, N * H * f);
+    d->dgl = (float*)arena_take(base, &off, N * H * f);
+    d->dgl_x = (floatX*)arena_take(base, &off, N * H * fx);
+    d->dq_normed = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dk_normed = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dq_raw = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dk_shifted = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dk_raw = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dv_raw = (floatX*)arena_take(base, &off, N * C * fx);
+    d->dk_alpha = (floatX*)arena_take(base, &off, N * H * fx);
+    d->dv_alpha = (floatX*)arena_take(base, &off, N * H * fx);
+    d->partial = (float*)arena_take(base, &off, ceil_div(N, COLSUM_ROWS) * C * f);
+    d->enc_tokens = (int*)arena_take(base, &off, N * sizeof(int));
+    d->enc_offsets = (int*)arena_take(base, &off, (N + 1) * sizeof(int));
+    d->enc_positions = (int*)arena_take(base, &off, N * sizeof(int));
+    return off;
+}
+
+// bytes of device memory for a model of n parameters trained on (B, T) batches
+static size_t gpu_memory_needed(const FoxConfig* cf, size_t n, int B, int T) {
+    GPUActivations a;
+    GPUGradBuffers d;
+    size_t params = n * (4 * sizeof(float) + sizeof(floatX)); // master, grads, m, v + copy
+    size_t rope = cf->rope ? (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float) : 0;
+    return params + layout_activations(&a, cf, B, T, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) + rope +
+           2 * (size_t)B * T * sizeof(int) + WORKSPACE_BYTES;
+}
+
+// uploads the host copy of the weights (master and matmul copy)
+static void gpu_params_from_host(GPUModel* g) {
+    cudaCheck(cudaMemcpy(g->params, g->host->params_memory, g->num_parameters * sizeof(float), cudaMemcpyHostToDevice));
+    to_floatX_kernel<<<elem_blocks(g->num_parameters), 256>>>(g->params_x, g->params, g->num_parameters);
+    launchCheck();
+}
+
+static void gpu_params_to_host(GPUModel* g) {
+    cudaCheck(cudaMemcpy(g->host->params_memory, g->params, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+// Builds the device side of `host` (whose weights are uploaded) for batches up to (B, T).
+static void gpu_build(GPUModel* g, FoxModel* host, int B, int T) {
+    const FoxConfig* cf = &host->config;
+    if (cf->n_embd / cf->n_head > MAX_HD) {
+        fail("head size %d exceeds the GPU kernels' limit of %d\nHINT: use more heads (--n_head)", cf->n_embd / cf->n_head, MAX_HD);
+    }
+    memset(g, 0, sizeof(*g));
+    g->host = host;
+    g->config = *cf;
+    g->num_parameters = host->num_parameters;
+    g->max_B = B;
+    g->max_T = T;
+    size_t offset = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        g->offsets[t] = offset;
+        offset += param_numel(&host->spec[t], cf->n_layer);
+    }
+    g_memory_estimate = gpu_memory_needed(cf, g->num_parameters, B, T);
+    size_t np = g->num_parameters;
+    g->params = (float*)gpu_malloc(np * sizeof(float), "master weights");
+    g->params_x = (floatX*)gpu_malloc(np * sizeof(floatX), "matmul weights");
+    g->grads = (float*)gpu_malloc(np * sizeof(float), "gradients");
+    g->adam_m = (float*)gpu_malloc(np * sizeof(float), "AdamW m");
+    g->adam_v = (float*)gpu_malloc(np * sizeof(float), "AdamW v");
+    cudaCheck(cudaMemset(g->grads, 0, np * sizeof(float)));
+    cudaCheck(cudaMemset(g->adam_m, 0, np * sizeof(float)));
+    cudaCheck(cudaMemset(g->adam_v, 0, np * sizeof(float)));
+    g->acts_bytes = layout_activations(&g->acts, cf, B, T, NULL);
+    g->acts_memory = (char*)gpu_malloc(g->acts_bytes, "activations");
+    layout_activations(&g->acts, cf, B, T, g->acts_memory);
+    g->grad_bytes = layout_grad_buffers(&g->gb, cf, B, T, NULL);
+    g->grad_memory = (char*)gpu_malloc(g->grad_bytes, "activation gradients");
+    layout_grad_buffers(&g->gb, cf, B, T, g->grad_memory);
+    size_t N = (size_t)B * T;
+    g->inputs = (int*)gpu_malloc(N * sizeof(int), "inputs");
+    g->targets = (int*)gpu_malloc(N * sizeof(int), "targets");
+    g->norm_partial = (double*)gpu_malloc(NORM_BLOCKS * sizeof(double), "norm partials");
+    if (cf->rope) { // the twin's angles, computed once on the host: the same fp32 values
+        int hd = cf->n_embd / cf->n_head, half = hd / 2;
+        float* table = (float*)malloc_check((size_t)T * half * 2 * sizeof(float), "RoPE table");
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; i < half; i++) { rope_angle(t, i, hd, cf->rope_theta, &table[((size_t)t * half + i) * 2], &table[((size_t)t * half + i) * 2 + 1]); }
+        }
+        g->rope = (float*)gpu_malloc((size_t)T * half * 2 * sizeof(float), "RoPE table");
+        cudaCheck(cudaMemcpy(g->rope, table, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
+        free(table);
+    }
+    g->losses_host = (float*)malloc_check(N * sizeof(float), "losses");
+    g->enc_host = (int*)malloc_check((3 * N + 1 + (size_t)cf->vocab_size) * sizeof(int), "encoder lists");
+    g->mean_loss = -1.0f;
+    gpu_params_from_host(g);
+}
+
+static void gpu_free(GPUModel* g) {
+    cudaCheck(cudaFree(g->params)); cudaCheck(cudaFree(g->params_x)); cudaCheck(cudaFree(g->grads));
+    cudaCheck(cudaFree(g->adam_m)); cudaCheck(cudaFree(g->adam_v)); cudaCheck(cudaFree(g->acts_memory));
+    cudaCheck(cudaFree(g->grad_memory)); cudaCheck(cudaFree(g->inputs)); cudaCheck(cudaFree(g->targets));
+    cudaCheck(cudaFree(g->norm_partial)); cudaCheck(cudaFree(g->rope));
+    free(g->losses_host); free(g->enc_host);
+    memset(g, 0, sizeof(*g));
+}
+
+// ----------------------------------------------------------------------------
+// layer launchers used by the forward and backward
+
+static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
+    rmsnorm_forward_kernel<<<warp_blocks(rows), 32 * WARPS_PER_BLOCK>>>(out, rstd, x, w, rows, C, 1e-6f);
+    launchCheck();
+}
+
+// dw[out_len] += column sums of d * x * rstd over rows (see colsum_partial_kernel)
+template <typename Td, typename Tx>
+static void colsum_gpu(float* dw, float* partial, const Td* d, const Tx* x, const float* rstd, size_t rows, int W,
+                       int seg, int fold) {
+    dim3 grid((unsigned)ceil_div(W, 32), (unsigned)ceil_div(rows, COLSUM_ROWS));
+    colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, x, rstd, rows, W, seg);
+    launchCheck();
+    colsum_finish_kernel<<<(unsigned)ceil_div(W / fold, 256), 256>>>(dw, partial, (int)grid.y, W, fold);
+    launchCheck();
+}
+
+static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const float* w, const float* rstd, size_t N, int C) {
+    GPUGradBuffers* d = &g->gb;
+    rmsnorm_backward_kernel<<<warp_blocks(N), 32 * WARPS_PER_BLOCK>>>(d->dresid, d->dresid_x, d->dxn, x, w, rstd, N, C);
+    launchCheck();
+    colsum_gpu(dw, d->partial, d->dxn, x, rstd, N, C, C, 1);
+}
+
+// ----------------------------------------------------------------------------
+// forward and backward of the whole model
+
+// inputs, targets (B, T) on the host; targets may be NULL (no loss). Fills the logits and,
+// with targets, the losses and mean_loss.
+static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int B, int T) {
+    const FoxConfig* cf = &g->config;
+    int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden;
+    int V = cf->vocab_size, Vp = cf->padded_vocab_size;
+    size_t N = (size_t)B * T, NC = N * C, NH = N * H;
+    if (T > g->max_T || N > (size_t)g->max_B * g->max_T) {
+        fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, g->max_B, g->max_T);
+    }
+    check_tokens(inputs, N, V, "input");
+    if (targets != NULL) { check_tokens(targets, N, V, "target"); }
+    g->B = B; g->T = T; g->inputs_host = inputs; g->has_targets = targets != NULL;
+    cudaCheck(cudaMemcpy(g->inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
+    if (targets != NULL) { cudaCheck(cudaMemcpy(g->targets, targets, N * sizeof(int), cudaMemcpyHostToDevice)); }
+    GPUActivations a = g->acts;
+    int groups_qk = cf->qk_norm_shared ? 1 : H;
+    encoder_forward_kernel<<<elem_blocks(NC), 256>>>(a.resid, g->inputs, pm(g, P_WTE, 0), N, C);
+    launchCheck();
+    for (int l = 0; l < L; l++) {
+        float* resid = LAYER(a.resid, l, NC);
+        float* resid_mid = LAYER(a.resid_mid, l, NC);
+        floatX* xa = LAYER(a.xa, l, NC);
+        floatX* q_raw = LAYER(a.q_raw, l, NC); floatX* k_raw = LAYER(a.k_raw, l, NC);
+        floatX* v_raw = LAYER(a.v_raw, l, NC);
+        floatX* k_shifted = LAYER(a.k_shifted, l, NC); floatX* v = LAYER(a.v, l, NC);
+        floatX* q = LAYER(a.q, l, NC); floatX* k = LAYER(a.k, l, NC);
+        float* gate_logit = LAYER(a.gate_logit, l, NH); float* c = LAYER(a.c, l, NH);
+        floatX* o = LAYER(a.o, l, NC); floatX* y = LAYER(a.y, l, NC);
+        floatX* og_logit = LAYER(a.og_logit, l, NC);
+        floatX* xm = LAYER(a.xm, l, NC);
+        floatX* gu = LAYER(a.gu, l, N * 2 * I); floatX* act = LAYER(a.act, l, N * I);
+        // attention
+        rmsnorm_forward_gpu(xa, LAYER(a.rstd_a, l, N), resid, pm(g, P_ATTN_NORM, l), N, C);
+        matmul_forward_gpu(q_raw, CUDA_R_X, NULL, xa, px(g, P_WQ, l), N, C, C);
+        matmul_forward_gpu(k_raw, CUDA_R_X, NULL, xa, px(g, P_WK, l), N, C, C);
+        matmul_forward_gpu(v_raw, CUDA_R_X, NULL, xa, px(g, P_WV, l), N, C, C);
+        if (cf->k_shift) {
+            float* k_alpha = LAYER(a.k_alpha, l, NH);
+            matmul_forward_gpu(k_alpha, CUDA_R_32F, NULL, xa, px(g, P_WK_SHIFT, l), N, C, H);
+            kv_shift_forward_kernel<<<elem_blocks(NC), 256>>>(k_shifted, k_raw, k_alpha, N, T, H, hd);
+            launchCheck();
+        }
+        if (cf->v_shift) {
+            float* v_alpha = LAYER(a.v_alpha, l, NH);
+            matmul_forward_gpu(v_alpha, CUDA_R_32F, NULL, xa, px(g, P_WV_SHIFT, l), N, C, H);
+            kv_shift_forward_kernel<<<elem_blocks(NC), 256>>>(v, v_raw, v_alpha, N, T, H, hd);
+            launchCheck();
+        }
+        if (cf->qk_norm || cf->rope) {
+            const float* wq_n = cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL;
+            const float* wk_n = cf->qk_norm ? pm(g, P_K_NORM, l) : NULL;
+            const float* rope = cf->rope ? g->rope : NULL;
+            qk_norm_rope_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+                q, LAYER(a.rstd_q, l, NH), q_raw, wq_n, groups_qk, rope, N, T, H, hd, 1e-5f);
+            launchCheck();
+            qk_norm_rope_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+                k, LAYER(a.rstd_k, l, NH), k_shifted, wk_n, groups_qk, rope, N, T, H, hd, 1e-5f);
+            launchCheck();
+        }
+        if (cf->gate == GATE_FULL) { matmul_forward_gpu(gate_logit, CUDA_R_32F, NULL, xa, px(g, P_WF, l), N, C, H); }
+        if (cf->gate != GATE_NONE) {
+            forget_gate_forward_kernel<<<B * H, SCAN_THREADS>>>(c, gate_logit, pm(g, P_BF, l), cf->gate == GATE_FULL, B, T, H);
+            launchCheck();
+        }
+        attention_forward_gpu(o, LAYER(a.lse, l, NH), q, k, v, cf->gate != GATE_NONE ? c : NULL, B, T, H, hd, cf->window);
+        if (cf->output_gate) { matmul_forward_gpu(og_logit, CUDA_R_X, NULL, xa, px(g, P_WG, l), N, C, C); }
+        if (cf->output_norm || cf->output_gate) {
+            output_norm_gate_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+                LAYER(a.o_normed, l, NC), y, LAYER(a.rstd_o, l, NH), o, cf->output_gate ? og_logit : NULL,
+                cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, H, hd, 1e-6f);
+            launchCheck();
+        }
+        matmul_forward_gpu(resid_mid, CUDA_R_32F, resid, y, px(g, P_WO, l), N, C, C); // resid + W_o y
+        // MLP
+        rmsnorm_forward_gpu(xm, LAYER(a.rstd_m, l, N), resid_mid, pm(g, P_MLP_NORM, l), N, C);
+        matmul_forward_gpu(gu, CUDA_R_X, NULL, xm, px(g, P_WGU, l), N, C, 2 * I);
+        swiglu_forward_kernel<<<elem_blocks(N * I), 256>>>(act, gu, N, I);
+        launchCheck();
+        matmul_forward_gpu(LAYER(a.resid, l + 1, NC), CUDA_R_32F, resid_mid, act, px(g, P_WDOWN, l), N, I, C);
+    }
+    rmsnorm_forward_gpu(a.xf, a.rstd_f, LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), N, C);
+    matmul_forward_gpu(a.logits, CUDA_R_X, NULL, a.xf, px(g, P_LM_HEAD, 0), N, C, Vp);
+    g->mean_loss = -1.0f;
+    if (targets != NULL) {
+        crossentropy_forward_kernel<<<(unsigned)N, 256>>>(a.losses, a.row_lse, a.logits, g->targets, V, Vp);
+        launchCheck();
+        cudaCheck(cudaMemcpy(g->losses_host, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost));
+        double sum = 0.0;
+        for (size_t n = 0; n < N; n++) { sum += g->losses_host[n]; }
+        g->mean_loss = (float)(sum / (double)N);
+    }
+}
+
+static void gpu_zero_grad(GPUModel* g) { cudaCheck(cudaMemset(g->grads, 0, g->num_parameters * sizeof(float))); }
+
+// the encoder backward's lists: distinct tokens, and for each its positions in increasing
+// order (a counting sort on the host, uploaded)
+static int encoder_lists(GPUModel* g, size_t N) {
+    int V = g->config.vocab_size;
+    int* tokens = g->enc_host;           // (N)
+    int* offsets = tokens + N;           // (N + 1)
+    int* positions = offsets + N + 1;    // (N)
+    int* count = positions + N;          // (V)
+    memset(count, 0, (size_t)V * sizeof(int));
+    for (size_t n = 0; n < N; n++) { count[g->inputs_host[n]]++; }
+    int u = 0, start = 0;
+    for (int v = 0; v < V; v++) { // count[v] becomes the start of token v's positions
+        int n_v = count[v];
+        if (n_v > 0) { tokens[u] = v; offsets[u] = start; u++; }
+        count[v] = start;
+        start += n_v;
+    }
+    offsets[u] = start;
+    for (size_t n = 0; n < N; n++) { positions[count[g->inputs_host[n]]++] = (int)n; }
+    cudaCheck(cudaMemcpy(g->gb.enc_tokens, tokens, (size_t)u * sizeof(int), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(g->gb.enc_offsets, offsets, ((size_t)u + 1) * sizeof(int), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(g->gb.enc_positions, positions, N * sizeof(int), cudaMemcpyHostToDevice));
+    return u;
+}
+
+// Accumulates into the gradients the gradient of loss_scale * mean_loss of the last forward.
+static void gpu_backward(GPUModel* g, float loss_scale) {
+    if (!g->has_targets) { fail("internal: backward needs a forward with targets"); }
+    const FoxConfig* cf = &g->config;
+    int B = g->B, T = g->T;
+    int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden, Vp = cf->padded_vocab_size;
+    size_t N = (size_t)B * T, NC = N * C, NH = N * H;
+    int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1;
+    GPUActivations a = g->acts;
+    GPUGradBuffers d = g->gb;
+    // the gradient buffers of stages that are off alias the gradient of their output
+    floatX* d_o = cf->output_norm || cf->output_gate ? d.d_o : d.dy;
+    floatX* dq_raw = cf->qk_norm || cf->rope ? d.dq_raw : d.dq;
+    floatX* dk_shifted = cf->qk_norm || cf->rope ? d.dk_shifted : d.dk;
+    floatX* dk_raw = cf->k_shift ? d.dk_raw : dk_shifted;
+    floatX* dv_raw = cf->v_shift ? d.dv_raw : d.dv;
+    crossentropy_backward_kernel<<<(unsigned)N, 256>>>(a.logits, a.row_lse, g->targets, cf->vocab_size, Vp,
+                                                      loss_scale / (float)N);
+    launchCheck();
+    matmul_backward_input_gpu(d.dxn, CUDA_R_32F, a.logits, px(g, P_LM_HEAD, 0), N, C, Vp, 0.0f);
+    matmul_backward_weight_gpu(pg(g, P_LM_HEAD, 0), a.logits, a.xf, N, C, Vp);
+    cudaCheck(cudaMemset(d.dresid, 0, NC * sizeof(float)));
+    rmsnorm_backward_gpu(g, pg(g, P_NORM_F, 0), LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), a.rstd_f, N, C);
+    for (int l = L - 1; l >= 0; l--) {
+        floatX* xa = LAYER(a.xa, l, NC);
+        // MLP: dresid passes through the residual add unchanged
+        matmul_backward_input_gpu(d.dact, CUDA_R_X, d.dresid_x, px(g, P_WDOWN, l), N, I, C, 0.0f);
+        matmul_backward_weight_gpu(pg(g, P_WDOWN, l), d.dresid_x, LAYER(a.act, l, N * I), N, I, C);
+        swiglu_backward_kernel<<<elem_blocks(N * I), 256>>>(d.dgu, d.dact, LAYER(a.gu, l, N * 2 * I), N, I);
+        launchCheck();
+        matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dgu, px(g, P_WGU, l), N, C, 2 * I, 0.0f);
+        matmul_backward_weight_gpu(pg(g, P_WGU, l), d.dgu, LAYER(a.xm, l, NC), N, C, 2 * I);
+        rmsnorm_backward_gpu(g, pg(g, P_MLP_NORM, l), LAYER(a.resid_mid, l, NC), pm(g, P_MLP_NORM, l),
+                             LAYER(a.rstd_m, l, N), N, C);
+        // attention
+        matmul_backward_input_gpu(d.dy, CUDA_R_X, d.dresid_x, px(g, P_WO, l), N, C, C, 0.0f);
+        matmul_backward_weight_gpu(pg(g, P_WO, l), d.dresid_x, LAYER(a.y, l, NC), N, C, C);
+        cudaCheck(cudaMemset(d.dxn, 0, NC * sizeof(float))); // the attention input's gradient sums 7 matmuls
+        if (cf->output_norm || cf->output_gate) {
+            output_norm_gate_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+                d.d_o, d.dog, d.don, d.dy, LAYER(a.o, l, NC), LAYER(a.o_normed, l, NC),
+                cf->output_gate ? LAYER(a.og_logit, l, NC) : NULL, cf->output_norm ? pm(g, P_O_NORM, l) : NULL,
+                LAYER(a.rstd_o, l, NH), N, H, hd);
+            launchCheck();
+        }
+        if (cf->output_gate) {
+            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dog, px(g, P_WG, l), N, C, C, 1.0f);
+            matmul_backward_weight_gpu(pg(g, P_WG, l), d.dog, xa, N, C, C);
+        }
+        if (cf->output_norm) {
+            colsum_gpu(pg(g, P_O_NORM, l), d.partial, d.don, LAYER(a.o, l, NC), LAYER(a.rstd_o, l, NH), N, C, hd, 1);
+        }
+        attention_backward_gpu(d.dq, d.dk, d.dv, d.dc, d.delta, d_o, LAYER(a.q, l, NC), LAYER(a.k, l, NC),
+                               LAYER(a.v, l, NC), LAYER(a.o, l, NC), LAYER(a.lse, l, NH),
+                               cf->gate != GATE_NONE ? LAYER(a.c, l, NH) : NULL, B, T, H, hd, cf->window);
+        if (cf->gate != GATE_NONE) {
+            forget_gate_backward_kernel<<<B * H, SCAN_THREADS>>>(d.dgl, d.dgl_x, d.dc, LAYER(a.gate_logit, l, NH), B, T, H);
+            launchCheck();
+            if (cf->gate == GATE_FULL) {
+                matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dgl_x, px(g, P_WF, l), N, C, H, 1.0f);
+                matmul_backward_weight_gpu(pg(g, P_WF, l), d.dgl_x, xa, N, C, H);
+            }
+            if (cf->gate != GATE_FIXED) { // the fixed gate's bias is frozen
+                colsum_gpu(pg(g, P_BF, l), d.partial, d.dgl, (const float*)NULL, NULL, N, H, H, 1);
+            }
+        }
+        if (cf->qk_norm || cf->rope) {
+            const float* rope = cf->rope ? g->rope : NULL;
+            qk_norm_rope_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+                dq_raw, d.dq_normed, d.dq, LAYER(a.q_raw, l, NC), cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL, groups_qk,
+                LAYER(a.rstd_q, l, NH), rope, N, T, H, hd);
+            launchCheck();
+            qk_norm_rope_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+                dk_shifted, d.dk_normed, d.dk, LAYER(a.k_shifted, l, NC), cf->qk_norm ? pm(g, P_K_NORM, l) : NULL,
+                groups_qk, LAYER(a.rstd_k, l, NH), rope, N, T, H, hd);
+            launchCheck();
+        }
+        if (cf->qk_norm) {
+            colsum_gpu(pg(g, P_Q_NORM, l), d.partial, d.dq_normed, LAYER(a.q_raw, l, NC), LAYER(a.rstd_q, l, NH), N, C, hd, fold_qk);
+            colsum_gpu(pg(g, P_K_NORM, l), d.partial, d.dk_normed, LAYER(a.k_shifted, l, NC), LAYER(a.rstd_k, l, NH), N, C, hd, fold_qk);
+        }
+        if (cf->k_shift) {
+            kv_shift_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+                dk_raw, d.dk_alpha, dk_shifted, LAYER(a.k_raw, l, NC), LAYER(a.k_alpha, l, NH), N, T, H, hd);
+            launchCheck();
+            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dk_alpha, px(g, P_WK_SHIFT, l), N, C, H, 1.0f);
+            matmul_backward_weight_gpu(pg(g, P_WK_SHIFT, l), d.dk_alpha, xa, N, C, H);
+        }
+        if (cf->v_shift) {
+            kv_shift_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+                dv_raw, d.dv_alpha, d.dv, LAYER(a.v_raw, l, NC), LAYER(a.v_alpha, l, NH), N, T, H, hd);
+            launchCheck();
+            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dv_alpha, px(g, P_WV_SHIFT, l), N, C, H, 1.0f);
+            matmul_backward_weight_gpu(pg(g, P_WV_SHIFT, l), d.dv_alpha, xa, N, C, H);
+        }
+        matmul_backward_input_gpu(d.dxn, CUDA_R_32F, dq_raw, px(g, P_WQ, l), N, C, C, 1.0f);
+        matmul_backward_weight_gpu(pg(g, P_WQ, l), dq_raw, xa, N, C, C);
+        matmul_backward_input_gpu(d.dxn, CUDA_R_32F, dk_raw, px(g, P_WK, l), N, C, C, 1.0f);
+        matmul_backward_weight_gpu(pg(g, P_WK, l), dk_raw, xa, N, C, C);
+        matmul_backward_input_gpu(d.dxn, CUDA_R_32F, dv_raw, px(g, P_WV, l), N, C, C, 1.0f);
+        matmul_backward_weight_gpu(pg(g, P_WV, l), dv_raw, xa, N, C, C);
+        rmsnorm_backward_gpu(g, pg(g, P_ATTN_NORM, l), LAYER(a.resid, l, NC), pm(g, P_ATTN_NORM, l),
+                             LAYER(a.rstd_a, l, N), N, C);
+    }
+    int distinct = encoder_lists(g, N);
+    encoder_backward_kernel<<<distinct, 256>>>(pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, C);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// optimiser
+
+// global gradient norm: fixed-grid fp64 partials, summed on the host in order (frozen
+// tensors have zero gradients and add nothing)
+static double gpu_grad_norm(GPUModel* g) {
+    sumsq_partial_kernel<<<NORM_BLOCKS, 256>>>(g->norm_partial, g->grads, g->num_parameters);
+    launchCheck();
+    cudaCheck(cudaMemcpy(g->norm_partial_host, g->norm_partial, sizeof(g->norm_partial_host), cudaMemcpyDeviceToHost));
+    double sum = 0.0;
+    for (int i = 0; i < NORM_BLOCKS; i++) { sum += g->norm_partial_host[i]; }
+    return sqrt(sum);
+}
+
+// one AdamW step (step is 1-based), the gradients clipped first to global norm o->grad_clip
+// when it is > 0 (the twin's rule: scale by grad_clip / (norm + 1e-6) when that is below 1)
+static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
+    float grad_scale = 1.0f;
+    if (o->grad_clip > 0) {
+        double coef = o->grad_clip / (norm + 1e-6);
+        if (coef < 1.0) { grad_scale = (float)coef; }
+    }
+    float c1 = 1.0f - powf(o->beta1, (float)step), c2 = 1.0f - powf(o->beta2, (float)step);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        const ParamSpec* s = &g->host->spec[t];
+        size_t n = param_numel(s, g->config.n_layer), off = g->offsets[t];
+        if (!s->trainable || n == 0) { continue; }
+        float wd = s->decay ? o->weight_decay : 0.0f;
+        adamw_kernel<<<elem_blocks(n), 256>>>(g->params + off, g->params_x + off, g->grads + off, g->adam_m + off,
+                                              g->adam_v + off, n, lr, o->beta1, o->beta2, c1, c2, o->eps, wd, grad_scale);
+        launchCheck();
+    }
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints (the twin's files: fp32 master weights; AdamW moments in the state file)
+
+static void gpu_state_to_host(GPUModel* g) {
+    FoxModel* m = g->host;
+    gpu_params_to_host(g);
+    if (m->m_memory == NULL) {
+        m->m_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW m");
+        m->v_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW v");
+    }
+    cudaCheck(cudaMemcpy(m->m_memory, g->adam_m, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(m->v_memory, g->adam_v, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+// uploads the host weights and, when the host has them, the AdamW moments (else zeros)
+static void gpu_state_from_host(GPUModel* g) {
+    FoxModel* m = g->host;
+    gpu_params_from_host(g);
+    if (m->m_memory != NULL) {
+        cudaCheck(cudaMemcpy(g->adam_m, m->m_memory, g->num_parameters * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(g->adam_v, m->v_memory, g->num_parameters * sizeof(float), cudaMemcpyHostToDevice));
+    } else {
+        cudaCheck(cudaMemset(g->adam_m, 0, g->num_parameters * sizeof(float)));
+        cudaCheck(cudaMemset(g->adam_v, 0, g->num_parameters * sizeof(float)));
+    }
+}
+
+static void gpu_save_checkpoint(GPUModel* g, const char* dir, const DataLoader* train, int step) {
+    char model_path[4096], state_path[4096];
+    checkpoint_paths(dir, step, model_path, state_path, sizeof(model_path));
+    gpu_state_to_host(g);
+    TrainState s = {step, train->epoch, train->shard_pos, train->batch_pos, 1};
+    save_state(g->host, &s, state_path);
+    save_model(g->host, model_path);
+    printf("saved %s\n", model_path);
+}
+
+// ----------------------------------------------------------------------------
+// sampling and evaluation on the GPU
+
+// generates from the EOT token, recomputing the full forward at each step (simple, exact)
+static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_t* rng) {
+    int V = g->config.vocab_size, Vp = g->config.padded_vocab_size;
+    int* tokens = (int*)malloc_check((size_t)gen_tokens * sizeof(int), "sample");
+    floatX* row_x = (floatX*)malloc_check((size_t)Vp * sizeof(floatX), "logits row");
+    float* row = (float*)malloc_check((size_t)Vp * sizeof(float), "logits row");
+    tokens[0] = tk->eot;
+    printf("sample: ");
+    for (int t = 1; t < gen_tokens; t++) {
+        gpu_forward(g, tokens, NULL, 1, t);
+        cudaCheck(cudaMemcpy(row_x, g->acts.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+        for (int j = 0; j < V; j++) { row[j] = to_float(row_x[j]); }
+        tokens[t] = sample_from_logits(row, V, 1.0f, rng);
+        tokenizer_print(tk, tokens[t]);
+    }
+    printf("\n---\n");
+    free(tokens); free(row_x); free(row);
+}
+
+static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
+    dataloader_set_position(val, 0, 0, 0);
+    if (val->current_batches == 0) { dataloader_advance_shard(val); }
+    size_t total = dataloader_total_batches(val);
+    int n = max_batches > 0 && (size_t)max_batches < total ? max_batches : (int)total;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next_batch(val);
+        gpu_forward(g, val->inputs, val->targets, val->B, val->T);
+        sum += g->mean_loss;
+    }
+    return (float)(sum / n);
+}
+
+// ----------------------------------------------------------------------------
+
+#ifdef TRAIN_FOX_GPU_MAIN
+int main(int argc, char** argv) {
+    Args a;
+    parse_args(&a, argc, argv);
+    gpu_init();
+    FoxModel model;
+    build_model(&model, &a);
+    const FoxConfig* cf = &model.config;
+    if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T; }
+    long micro_tokens = (long)a.B * a.T;
+    if (a.total_batch_tokens % micro_tokens != 0) {
+        fail("total batch -d %ld is not a multiple of b*t = %ld\nHINT: choose -d as a multiple of -b times -t", a.total_batch_tokens, micro_tokens);
+    }
+    int accum = (int)(a.total_batch_tokens / micro_tokens);
+    DataLoader train, val;
+    dataloader_init(&train, a.train_pattern, a.B, a.T, 0, 1, 1, a.roll, a.seed, cf->vocab_size);
+    int have_val = a.val_every > 0;
+    if (have_val) { dataloader_init(&val, a.val_pattern, a.B, a.T, 0, 1, 0, 0, a.seed, cf->vocab_size); }
+    if (a.steps < 0) { a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum); if (a.steps < 1) { a.steps = 1; } }
+    LRSchedule sched = {a.schedule, a.lr, 0, (double)a.steps * a.total_batch_tokens, (double)a.total_batch_tokens};
+    sched.warmup_tokens = a.warmup_tokens >= 0 ? (double)a.warmup_tokens : fmin(268435456.0, 0.1 * sched.total_tokens);
+    AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
+    Tokenizer tk;
+    int have_tokenizer = tokenizer_init(&tk, a.tokenizer_path);
+    if (!have_tokenizer && a.sample_every > 0) { printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path); }
+
+    printf("device: %s (%d SMs, %.1f GiB), precision %s\n", g_prop.name, g_prop.multiProcessorCount,
+           g_prop.totalGlobalMem / 1073741824.0, PRECISION_NAME);
+    config_print(stdout, cf);
+    size_t matmul_params = fox_matmul_params(&model);
+    double flops_per_token = 6.0 * (double)matmul_params + 6.0 * cf->n_layer * cf->n_embd * (double)a.T;
+    double peak = gpu_peak_flops();
+    size_t need = gpu_memory_needed(cf, model.num_parameters, a.B, a.T);
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free\n",
+           model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0);
+    printf("batch: %d x %d tokens, %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | %s schedule, peak lr %g\n",
+           a.B, a.T, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
+    printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g, peak %s\n", matmul_params,
+           cf->n_layer, cf->n_embd, a.T, flops_per_token, peak > 0 ? "989 TFLOP/s (bf16 dense)" : "unknown for this GPU (MFU n/a)");
+    GPUModel gm;
+    gpu_build(&gm, &model, a.B, a.T);
+
+    int start = 0;
+    if (a.resume) {
+        int step = latest_checkpoint(a.out_dir);
+        if (step < 0) { fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a.out_dir); }
+        char model_path[4096], state_path[4096];
+        checkpoint_paths(a.out_dir, step, model_path, state_path, sizeof(model_path));
+        FoxModel loaded;
+        load_model(&loaded, model_path);
+        if (loaded.num_parameters != model.num_parameters || memcmp(&loaded.config, &model.config, sizeof(FoxConfig)) != 0) {
+            fail("the checkpoint '%s' holds another model than -e %s\nHINT: resume with the same -e and overrides as the run that wrote it", model_path, a.model);
+        }
+        memcpy(model.params_memory, loaded.params_memory, model.num_parameters * sizeof(float));
+        fox_free(&loaded);
+        TrainState s;
+        load_state(&model, &s, state_path);
+        gpu_state_from_host(&gm);
+        dataloader_set_position(&train, s.epoch, s.shard_pos, s.batch_pos);
+        start = s.step;
+        printf("resumed from %s at step %d\n", model_path, start);
+    }
+    FILE* logf_ = NULL;
+    if (a.out_dir != NULL) {
+        mkdir(a.out_dir, 0755);
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/main.log", a.out_dir);
+        logf_ = fopen_check(path, a.resume ? "a" : "w");
+    }
+    uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
+    for (long step = start; step <= a.steps; step++) {
+        int last = step == a.steps;
+        if (have_val && (step % a.val_every == 0 || last)) {
+            float vl = gpu_evaluate(&gm, &val, a.val_batches);
+            printf("step %ld: val loss %.6f\n", step, vl);
+            log_line(logf_, "s:%ld tel:%.6f\n", step, vl);
+        }
+        if (have_tokenizer && a.sample_every > 0 && (step % a.sample_every == 0 || last) && step > 0) {
+            int gen = a.gen_tokens < a.T ? a.gen_tokens : a.T;
+            gpu_sample(&gm, &tk, gen, &sample_rng);
+        }
+        if (a.out_dir != NULL && step > start && ((a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last)) {
+            gpu_save_checkpoint(&gm, a.out_dir, &train, (int)step);
+        }
+        if (last) { break; }
+        double t0 = now_seconds();
+        gpu_zero_grad(&gm);
+        double loss = 0.0;
+        for (int micro = 0; micro < accum; micro++) {
+            dataloader_next_batch(&train);
+            gpu_forward(&gm, train.inputs, train.targets, a.B, a.T);
+            gpu_backward(&gm, 1.0f / accum);
+            loss += gm.mean_loss / accum;
+        }
+        double norm = gpu_grad_norm(&gm);
+        if (!isfinite(loss) || !isfinite(norm)) {
+            fail("step %ld: loss %f, grad norm %f: training diverged\nHINT: lower the learning rate (-l) or resume from an earlier checkpoint", step + 1, loss, norm);
+        }
+        float lr = (float)lr_at_step(&sched, step);
+        gpu_update(&gm, &opt, lr, (int)step + 1, norm);
+        cudaCheck(cudaDeviceSynchronize());
+        double dt = now_seconds() - t0;
+        double tok_s = a.total_batch_tokens / dt;
+        char mfu[32] = "n/a";
+        if (peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops_per_token * tok_s / peak); }
+        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %s\n", step + 1, a.steps,
+               loss, norm, lr, dt * 1e3, tok_s, mfu);
+        log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
+    }
+    if (logf_ != NULL) { fclose(logf_); }
+    if (have_tokenizer) { tokenizer_free(&tk); }
+    dataloader_free(&train);
+    if (have_val) { dataloader_free(&val); }
+    gpu_free(&gm);
+    fox_free(&model);
+    return 0;
+}
+#endif
