@@ -157,6 +157,18 @@ static unsigned ptr_alignment(const void* p) {
     return a;
 }
 
+static void matmul_plans_clear(void) {
+    for (int i = 0; i < g_num_plans; i++) {
+        MatmulPlan* p = &g_plans[i];
+        cublasCheck(cublasLtMatmulDescDestroy(p->desc));
+        cublasCheck(cublasLtMatrixLayoutDestroy(p->a));
+        cublasCheck(cublasLtMatrixLayoutDestroy(p->b));
+        cublasCheck(cublasLtMatrixLayoutDestroy(p->c));
+        cublasCheck(cublasLtMatrixLayoutDestroy(p->d));
+    }
+    g_num_plans = 0;
+}
+
 // Descriptors and algorithm for one shape, made once and reused (the heuristic query costs
 // more than many small matmuls).
 static const MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, cudaDataType_t d_type,
@@ -166,7 +178,7 @@ static const MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans
         if (p->m == m && p->n == n && p->k == k && p->trans_a == trans_a && p->trans_b == trans_b &&
             p->d_type == d_type && memcmp(p->align, align, sizeof(p->align)) == 0) { return p; }
     }
-    if (g_num_plans == MAX_MATMUL_PLANS) { fail("internal: more than %d matmul shapes", MAX_MATMUL_PLANS); }
+    if (g_num_plans == MAX_MATMUL_PLANS) { matmul_plans_clear(); } // sampling meets a new shape per length
     MatmulPlan* p = &g_plans[g_num_plans];
     p->m = m; p->n = n; p->k = k; p->trans_a = trans_a; p->trans_b = trans_b; p->d_type = d_type;
     memcpy(p->align, align, sizeof(p->align));
