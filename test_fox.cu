@@ -593,7 +593,7 @@ static void test_dataloader(void) {
             moved |= in[0] % 8 != 0;
         }
     }
-    check(rotated && moved, "data loader: --roll gives rotations of each window, not all at offset 0");
+    check(rotated && moved, "data loader: -R 1 gives rotations of each window, not all at offset 0");
     dataloader_free(&d); dataloader_free(&r); dataloader_free(&r0); dataloader_free(&r1); dataloader_free(&rl);
     // bad shards
     static char bad_magic[512], bad_size[512], bad_token[512], missing[512];

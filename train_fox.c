@@ -1797,7 +1797,7 @@ static void usage(void) {
 "  -g <int>    tokens to generate per sample (default 64)\n"
 "  -n <int>    checkpoint every n steps, needs -o (default 0 = only at the end)\n"
 "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
-"  -r <0|1>    roll each sequence by a random offset (default 0)\n"
+"  -R <0|1>    roll each sequence by a random offset (default 0)\n"
 "  -S <int>    seed (default 1337)\n"
 "  -z <path>   decode table for samples (default data/gpt2_tokenizer.bin)\n"
 "  -h          this help\n"
@@ -1872,7 +1872,7 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'g': a->gen_tokens = (int)flag_int(arg, v, 2, 1 << 20); break;
             case 'n': a->checkpoint_every = (int)flag_int(arg, v, 0, 1 << 30); break;
             case 'y': a->resume = (int)flag_int(arg, v, 0, 1); break;
-            case 'r': a->roll = (int)flag_int(arg, v, 0, 1); break;
+            case 'R': a->roll = (int)flag_int(arg, v, 0, 1); break;
             case 'S': a->seed = (uint64_t)flag_int(arg, v, 0, 1L << 62); break;
             case 'z': a->tokenizer_path = v; break;
             default: fail("unknown flag '%s'\nHINT: train_fox -h lists every flag", arg);
