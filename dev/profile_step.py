@@ -1,0 +1,82 @@
+"""
+Kernel time table of train_fox training steps, from Nsight Compute (issue 6).
+
+    python dev/profile_step.py -- -e fox-pro-125m -b 16 -t 2048
+    python dev/profile_step.py --steps 2 --binary ./train_fox -- -e fox-pro-760m -b 1 -t 16384 -r 1
+
+Runs `ncu` over a short run of ./train_fox (validation and samples off), collects every kernel's
+duration (gpu__time_duration.sum; clocks and caches left as they are), and prints a markdown
+table: kernel, launches per step, time per step, share. ncu runs kernels one at a time, so the
+table shows where the GPU's time goes, not launch gaps or overlap: the step time that train_fox
+itself prints (without ncu) is the figure to compare against the table's total.
+
+The run is `steps` steps; kernels launched before the first step (initialisation) are counted
+separately by their launch order: everything before the first forward kernel of step 1 is
+dropped, found as the first launch of the encoder kernel.
+"""
+import argparse
+import collections
+import csv
+import io
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def short_name(name):
+    # "void foo_kernel<128, (bool)1>(float*, ...)" -> "foo_kernel<128, 1>"
+    name = re.sub(r"\(.*\)$", "", name.strip())
+    name = re.sub(r"^void ", "", name)
+    name = name.replace("(bool)", "").replace("(int)", "")
+    return name if len(name) < 70 else name[:67] + "..."
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary", default="./train_fox")
+    ap.add_argument("--steps", type=int, default=2, help="training steps profiled (the table is per step)")
+    ap.add_argument("--first-kernel", default="encoder_forward",
+                    help="substring of the first kernel of a training step (drops initialisation)")
+    ap.add_argument("--ncu", default="ncu")
+    ap.add_argument("train_fox_args", nargs=argparse.REMAINDER, help="after --: flags for train_fox")
+    args = ap.parse_args()
+    extra = [a for a in args.train_fox_args if a != "--"]
+    cmd = [args.ncu, "--csv", "--metrics", "gpu__time_duration.sum", "--clock-control", "none",
+           "--cache-control", "none", args.binary, "-x", str(args.steps), "-v", "0", "-s", "0"] + extra
+    print("$ " + " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout[-4000:] + out.stderr[-4000:])
+        sys.exit("error: ncu or train_fox failed. HINT: build with 'make train_fox' and run on a GPU machine with ncu")
+    lines = out.stdout.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+    if start is None:
+        sys.exit("error: no kernel table in ncu's output. HINT: run the ncu command above by hand")
+    step_lines = [l for l in lines[:start] if re.match(r"step\s+\d+/", l)]
+    launches = []
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        unit = row["Metric Unit"]
+        value = float(row["Metric Value"].replace(",", ""))
+        scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}[unit]
+        launches.append((short_name(row["Kernel Name"]), value * scale))
+    first = next((i for i, (n, _) in enumerate(launches) if args.first_kernel in n), 0)
+    per_kernel = collections.defaultdict(lambda: [0, 0.0])
+    for name, ms in launches[first:]:
+        per_kernel[name][0] += 1
+        per_kernel[name][1] += ms
+    total = sum(ms for _, ms in per_kernel.values())
+    print("\n".join(step_lines[-args.steps:]))
+    print(f"\nkernels of {args.steps} step(s), per step: {total / args.steps:.2f} ms in {sum(n for n, _ in per_kernel.values()) / args.steps:.0f} launches\n")
+    print("| kernel | launches/step | ms/step | share |")
+    print("|---|---|---|---|")
+    for name, (n, ms) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1]):
+        print(f"| `{name}` | {n / args.steps:.0f} | {ms / args.steps:.2f} | {100 * ms / total:.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
