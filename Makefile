@@ -21,7 +21,20 @@ ifeq ($(origin NVCC),undefined)
 endif
 GPU_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -Xcompiler "$(CFLAGS) $(OMP_FLAGS) -Wno-unused-function"
-NVCC_LIBS = -lcublasLt -lcublas -lm
+NVCC_LIBS = -lcublasLt -lcublas -lnccl -lm
+# USE_MPI=1 adds launching through mpirun (the NCCL id goes out by MPI_Bcast); without it the
+# processes meet through -F (see README.md, Multi-GPU). mpicc tells where MPI lives.
+ifeq ($(USE_MPI),1)
+  MPICC ?= mpicc
+  MPI_INCDIRS := $(shell $(MPICC) --showme:incdirs 2>/dev/null)
+  MPI_LIBDIRS := $(shell $(MPICC) --showme:libdirs 2>/dev/null)
+  MPI_LIBS := $(shell $(MPICC) --showme:libs 2>/dev/null)
+  ifeq ($(MPI_LIBS),)
+    $(error USE_MPI=1 but '$(MPICC) --showme' gave nothing. HINT: install Open MPI (mpicc on PATH) or build without USE_MPI and launch with -W/-I/-F)
+  endif
+  NVCC_FLAGS += -DUSE_MPI $(addprefix -I,$(MPI_INCDIRS))
+  NVCC_LIBS += $(addprefix -L,$(MPI_LIBDIRS)) $(addprefix -Xlinker -rpath=,$(MPI_LIBDIRS)) $(addprefix -l,$(MPI_LIBS))
+endif
 # PRECISION=FP32 builds the GPU trainer with fp32 activations and matmuls, for tight diffs
 ifeq ($(PRECISION),FP32)
   NVCC_FLAGS += -DENABLE_FP32
@@ -38,14 +51,14 @@ train_fox_cpu: train_fox.c
 	$(CC) $(CFLAGS) $(WARN) $(OMP_FLAGS) $< -o $@ $(LDLIBS)
 
 ifneq ($(HAVE_GPU_TRAINER),)
-train_fox: train_fox.cu train_fox.c
+train_fox: train_fox.cu train_fox.c fox_dist.h
 	@test -n "$(NVCC)" || { echo "error: nvcc not found. HINT: install the CUDA toolkit or put nvcc on PATH"; exit 1; }
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
 endif
 
 # The tests build with nvcc when there is one (so the GPU code is compiled everywhere and
 # cannot rot), else with the C++ compiler (CPU part only).
-TEST_DEPS = test_fox.cu train_fox.c $(HAVE_GPU_TRAINER)
+TEST_DEPS = test_fox.cu train_fox.c fox_dist.h $(HAVE_GPU_TRAINER)
 test_fox: $(TEST_DEPS)
 ifneq ($(NVCC),)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)

@@ -16,6 +16,7 @@ Builds with nvcc (as CUDA) or with any C++ compiler (CPU part only).
 #include "train_fox.cu" // the GPU trainer, which includes the CPU twin
 #else
 #include "train_fox.c"
+#include "fox_dist.h"
 #endif
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -648,7 +649,7 @@ static void test_checkpoints(void) {
     fox_update(&m, &opt, 1e-3f, 1);
     char model_path[512], state_path[512];
     checkpoint_paths(test_dir, 1, model_path, state_path, sizeof(model_path));
-    TrainState s = {1, 0, 1, 2, 1};
+    TrainState s = {1, 0, 1, 2, 1, 8};
     save_model(&m, model_path);
     save_state(&m, &s, state_path);
     FoxModel l;
@@ -658,7 +659,7 @@ static void test_checkpoints(void) {
     int same = memcmp(&l.config, &m.config, sizeof(FoxConfig)) == 0 && l.num_parameters == m.num_parameters &&
                memcmp(l.params_memory, m.params_memory, m.num_parameters * sizeof(float)) == 0 &&
                memcmp(l.m_memory, m.m_memory, m.num_parameters * sizeof(float)) == 0 &&
-               memcmp(l.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0 && ls.step == 1 && ls.batch_pos == 2;
+               memcmp(l.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0 && ls.step == 1 && ls.batch_pos == 2 && ls.batch_samples == 8;
     check(same, "checkpoint round trip: configuration, %zu parameters, AdamW moments and data position bit for bit", m.num_parameters);
     check(latest_checkpoint(test_dir) == 1, "checkpoint: the newest complete checkpoint is found");
     char tmp_path[600];
@@ -735,6 +736,151 @@ static void test_command_line(void) {
 }
 
 // ----------------------------------------------------------------------------
+
+// ----------------------------------------------------------------------------
+// data parallel, the plain-C part (fox_dist.h): ranks from flags and the environment, ZeRO-1
+// shards, data positions across process counts, the NCCL id rendezvous
+
+static void clear_launcher_env(void) {
+    for (int i = 0; i < 3; i++) { unsetenv(WORLD_ENV[i]); unsetenv(RANK_ENV[i]); unsetenv(LOCAL_RANK_ENV[i]); }
+}
+
+static void topology_child(const void* arg) {
+    const int* world_rank = (const int*)arg;
+    Topology t;
+    resolve_topology(&t, world_rank[0], world_rank[1]);
+}
+
+static void test_topology(void) {
+    clear_launcher_env();
+    Topology t;
+    resolve_topology(&t, -1, -1);
+    check(t.world == 1 && t.rank == 0 && t.local_rank == 0, "topology: no flags and no launcher make one process");
+    setenv("OMPI_COMM_WORLD_SIZE", "4", 1); setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1); setenv("SLURM_PROCID", "3", 1); setenv("SLURM_NTASKS", "8", 1);
+    resolve_topology(&t, -1, -1);
+    check(t.world == 4 && t.rank == 2 && t.local_rank == 1, "topology: Open MPI's environment comes before Slurm's");
+    resolve_topology(&t, 8, 5);
+    check(t.world == 8 && t.rank == 5 && t.local_rank == 1, "topology: -W and -I win over the environment");
+    clear_launcher_env();
+    setenv("WORLD_SIZE", "2", 1); setenv("RANK", "1", 1);
+    resolve_topology(&t, -1, -1);
+    check(t.world == 2 && t.rank == 1 && t.local_rank == 1, "topology: WORLD_SIZE/RANK; without a local rank it is the rank");
+    clear_launcher_env();
+    static const int no_rank[] = {2, -1}, rank_too_big[] = {2, 2};
+    expect_failure(topology_child, no_rank, "-W 2 without a rank");
+    expect_failure(topology_child, rank_too_big, "-W 2 -I 2");
+    static const int from_env[] = {-1, -1};
+    setenv("WORLD_SIZE", "two", 1);
+    expect_failure(topology_child, from_env, "WORLD_SIZE=two");
+    clear_launcher_env();
+    static const char* zero_world[] = {"train_fox", "-W", "0", NULL};
+    static const char* bad_stage[] = {"train_fox", "-Q", "2", NULL};
+    expect_failure(parse_args_child, zero_world, "-W 0");
+    expect_failure(parse_args_child, bad_stage, "-Q 2");
+}
+
+static void test_shards(void) {
+    check(padded_count(10, 3) == 12 && shard_count(10, 3) == 4 && shard_offset(10, 3, 2) == 8,
+          "shards: 10 parameters over 3 ranks are padded to 12, slices of 4, the last at 8");
+    check(padded_count(12, 4) == 12 && shard_count(12, 4) == 3 && padded_count(7, 1) == 7, "shards: divisible sizes are not padded");
+    int covered_once = 1;
+    for (size_t n = 1; n <= 70; n++) {
+        for (int world = 1; world <= 9; world++) {
+            int hits[70] = {0};
+            for (int r = 0; r < world; r++) {
+                size_t lo, k = range_overlap(0, n, shard_offset(n, world, r), shard_count(n, world), &lo);
+                for (size_t i = lo; i < lo + k; i++) { hits[i]++; }
+            }
+            for (size_t i = 0; i < n; i++) { covered_once &= hits[i] == 1; }
+        }
+    }
+    check(covered_once, "shards: every parameter lies in exactly one shard (n = 1..70, world = 1..9)");
+    size_t lo;
+    check(range_overlap(5, 10, 8, 4, &lo) == 4 && lo == 8 && range_overlap(5, 10, 0, 6, &lo) == 1 && lo == 5 &&
+          range_overlap(0, 3, 8, 4, &lo) == 0, "shards: a tensor's part in a slice");
+    check(translate_batch_pos(3, 16, 16) == 3 && translate_batch_pos(3, 16, 8) == 6 && translate_batch_pos(4, 16, 32) == 2 &&
+          translate_batch_pos(3, 16, 32) == -1 && translate_batch_pos(5, 0, 8) == -1,
+          "data position: batches translate to another process count when they fill whole batches");
+}
+
+static const unsigned char* test_id(void) {
+    static unsigned char id[128];
+    for (int i = 0; i < 128; i++) { id[i] = (unsigned char)(i * 7 + 3); }
+    return id;
+}
+
+static char rendezvous_path[600];
+
+static void publish_child(const void* arg) { rendezvous_file_publish((const char*)arg, test_id(), 128, 2); }
+static void await_acks_child(const void* arg) { rendezvous_file_await_acks((const char*)arg, 3, 0.2); }
+static void fetch_child(const void* arg) {
+    unsigned char got[128];
+    rendezvous_file_fetch((const char*)arg, got, 128, 1, 0.2);
+}
+static void serve_child(const void* arg) { rendezvous_tcp_serve(*(const int*)arg, test_id(), 128, 2, 0.3); }
+static void bad_tcp_child(const void* arg) {
+    char host[64];
+    int port;
+    rendezvous_is_tcp((const char*)arg, host, sizeof(host), &port);
+}
+
+// ranks 1..world-1 as child processes that fetch the id (file or TCP) and exit 0 when it is
+// rank 0's; rank 0 is this process. Returns 1 when every child got the id.
+static int rendezvous_round(int world, int tcp, int port) {
+    pid_t kids[8];
+    fflush(stdout);
+    for (int r = 1; r < world; r++) {
+        kids[r] = fork();
+        if (kids[r] == 0) {
+            unsigned char got[128];
+            if (tcp) { rendezvous_tcp_fetch("localhost", port, got, 128, r, 10.0); }
+            else { rendezvous_file_fetch(rendezvous_path, got, 128, r, 10.0); }
+            _exit(memcmp(got, test_id(), 128) != 0);
+        }
+    }
+    usleep(100000); // the others wait first, as when rank 0 starts last
+    if (tcp) {
+        rendezvous_tcp_serve(port, test_id(), 128, world, 10.0);
+    } else {
+        rendezvous_file_publish(rendezvous_path, test_id(), 128, world);
+        rendezvous_file_await_acks(rendezvous_path, world, 10.0);
+        rendezvous_file_cleanup(rendezvous_path, world);
+    }
+    int all = 1;
+    for (int r = 1; r < world; r++) {
+        int status = 0;
+        waitpid(kids[r], &status, 0);
+        all &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    return all;
+}
+
+static void test_rendezvous(void) {
+    snprintf(rendezvous_path, sizeof(rendezvous_path), "%s/nccl_id", test_dir);
+    check(rendezvous_round(4, 0, 0), "file rendezvous: ranks 1-3 get rank 0's id");
+    char ack[700];
+    rendezvous_ack_path(rendezvous_path, 2, ack, sizeof(ack));
+    check(access(rendezvous_path, F_OK) != 0 && access(ack, F_OK) != 0, "file rendezvous: the id and acknowledgements are removed after");
+    FILE* f = fopen_check(rendezvous_path, "wb");
+    fclose(f);
+    expect_failure(publish_child, rendezvous_path, "a rendezvous file left by a crashed run");
+    unlink(rendezvous_path);
+    expect_failure(await_acks_child, rendezvous_path, "rank 0 waits for ranks that never start");
+    unlink(rendezvous_path);
+    expect_failure(fetch_child, rendezvous_path, "rank 1 waits for a rank 0 that never starts");
+    int port = 20000 + (int)(getpid() % 20000);
+    check(rendezvous_round(4, 1, port), "TCP rendezvous: ranks 1-3 get rank 0's id (port %d)", port);
+    static int lonely_port;
+    lonely_port = port + 1;
+    expect_failure(serve_child, &lonely_port, "rank 0 waits on TCP for a rank that never starts");
+    char host[64];
+    int p = 0;
+    check(rendezvous_is_tcp("tcp://node001:29500", host, sizeof(host), &p) && strcmp(host, "node001") == 0 && p == 29500 &&
+          !rendezvous_is_tcp("/shared/run/nccl_id", host, sizeof(host), &p), "rendezvous: tcp://host:port and file paths told apart");
+    expect_failure(bad_tcp_child, "tcp://node001", "-F tcp://node001 (no port)");
+    expect_failure(bad_tcp_child, "tcp://node001:70000", "-F tcp://node001:70000");
+}
 
 #ifndef __CUDACC__
 static void run_gpu_tests(void) { printf("skipped: GPU tests (built without nvcc)\n"); }
@@ -1133,7 +1279,7 @@ static void gpu_test_checkpoints_and_determinism(void) {
         fox_clip_grads(&cpu, fox_grad_norm(&cpu), 1.0f);
         fox_update(&cpu, &opt, 1e-2f, 4 + s);
     }
-    TrainState st2 = {5, 0, 0, 0, 1};
+    TrainState st2 = {5, 0, 0, 0, 1, 2};
     checkpoint_paths(dir, 5, model_path, state_path, sizeof(model_path));
     save_model(&cpu, model_path);
     save_state(&cpu, &st2, state_path);
@@ -1200,6 +1346,10 @@ int main(void) {
     test_checkpoints();
     test_decode_table();
     test_bad_decode_table();
+    printf("# data parallel (plain C part)\n");
+    test_topology();
+    test_shards();
+    test_rendezvous();
     printf("# GPU\n");
     run_gpu_tests();
     char cleanup[600];
