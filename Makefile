@@ -42,7 +42,7 @@ endif
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 HAVE_GPU_TRAINER := $(wildcard train_fox.cu)
 
-.PHONY: all train train-cpu train-gpu test fixtures-check clean
+.PHONY: all train train-cpu train-gpu test fixtures-check multi-gpu-check clean
 all: train_fox_cpu test_fox
 
 include data/data.mk
@@ -89,6 +89,10 @@ train-cpu: data train_fox_cpu
 DATA_READY := $(and $(wildcard data/gutenberg/gutenberg_train_000000.bin),$(wildcard data/gutenberg/gutenberg_val_000000.bin),$(wildcard data/gpt2_tokenizer.bin))
 train-gpu: $(if $(DATA_READY),,data) train_fox
 	./train_fox $(GPU_TRAIN_FLAGS)
+
+# data parallel on 2-4 GPUs of one node: equal losses, exact resume, tokens/s per GPU (README.md)
+multi-gpu-check: $(if $(DATA_READY),,data)
+	dev/multi_gpu_check.sh $(MULTI_GPU_LOG)
 
 # tokenizer-test also writes the decode table that test_fox checks
 test: tokenizer-test test_fox

@@ -42,7 +42,8 @@ static long env_first_int(const char* const* names, int n, const char** which) {
     return -1;
 }
 
-// flag_world < 1 and flag_rank < 0 mean "not given"
+// flag_world < 1 and flag_rank < 0 mean "not given". The local rank comes from the launcher
+// that gave the rank; with -I it is the rank (one node, or GPUs picked modulo their count).
 static void resolve_topology(Topology* t, int flag_world, int flag_rank) {
     const char* world_from = "-W";
     const char* rank_from = "-I";
@@ -61,10 +62,10 @@ static void resolve_topology(Topology* t, int flag_world, int flag_rank) {
         fail("rank %ld (from %s) is not below the world size %ld (from %s)\nHINT: ranks run from 0 to world-1; check -I and -W",
              rank, rank_from, world, world_from);
     }
-    long local = env_first_int(LOCAL_RANK_ENV, 3, &local_from);
+    long local = flag_rank >= 0 ? -1 : env_first_int(LOCAL_RANK_ENV, 3, &local_from);
     t->world = (int)world;
     t->rank = (int)rank;
-    t->local_rank = local >= 0 ? (int)local : (int)rank; // no launcher: one node, rank = local rank
+    t->local_rank = local >= 0 ? (int)local : (int)rank;
 }
 
 // ----------------------------------------------------------------------------

@@ -761,7 +761,7 @@ static void test_topology(void) {
     resolve_topology(&t, -1, -1);
     check(t.world == 4 && t.rank == 2 && t.local_rank == 1, "topology: Open MPI's environment comes before Slurm's");
     resolve_topology(&t, 8, 5);
-    check(t.world == 8 && t.rank == 5 && t.local_rank == 1, "topology: -W and -I win over the environment");
+    check(t.world == 8 && t.rank == 5 && t.local_rank == 5, "topology: -W and -I win over the environment (local rank = -I)");
     clear_launcher_env();
     setenv("WORLD_SIZE", "2", 1); setenv("RANK", "1", 1);
     resolve_topology(&t, -1, -1);

@@ -1999,8 +1999,8 @@ static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
 static int gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* train) {
     const Dist* d = g->dist;
     int step = latest_checkpoint(a->out_dir);
-    if (step < 0) { fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a->out_dir); }
     dist_check_same(d, step, "the newest checkpoint in -o (the directory must be on a filesystem all processes share)");
+    if (step < 0) { fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a->out_dir); }
     char model_path[4096], state_path[4096];
     checkpoint_paths(a->out_dir, step, model_path, state_path, sizeof(model_path));
     FoxModel loaded;
@@ -2062,6 +2062,10 @@ int main(int argc, char** argv) {
     dist_check_same(&dist, (double)a.steps, "the steps -x");
     dist_check_same(&dist, (double)a.seed, "the seed -S");
     dist_check_same(&dist, dist.zero_stage, "the ZeRO stage -Q");
+    // these decide when the collectives of validation and checkpoints happen
+    dist_check_same(&dist, a.val_every * 2.0 + (a.out_dir != NULL), "-v and whether -o is given");
+    dist_check_same(&dist, a.val_batches, "the validation batches -m");
+    dist_check_same(&dist, a.checkpoint_every * 2.0 + a.resume, "-n and -y");
 
     printf("device: %s (%d SMs, %.1f GiB), precision %s\n", g_prop.name, g_prop.multiProcessorCount,
            g_prop.totalGlobalMem / 1073741824.0, PRECISION_NAME);
