@@ -1134,6 +1134,8 @@ static double dist_sum(const Dist* d, const double* values_dev, int n) {
     return sum;
 }
 
+// (the upload is a blocking copy: call it with no collective in flight, or a rank that died
+// would hang this one before dist_wait can notice)
 static double dist_sum_scalar(const Dist* d, double v) {
     if (d->world == 1) { return v; }
     cudaCheck(cudaMemcpy(d->scalar_dev, &v, sizeof(double), cudaMemcpyHostToDevice));
@@ -1942,7 +1944,8 @@ static void gpu_save_checkpoint(GPUModel* g, const char* dir, const DataLoader* 
     checkpoint_paths(dir, step, model_path, state_path, sizeof(model_path));
     gpu_state_to_host(g);
     if (g->dist->rank != 0) { return; }
-    TrainState s = {step, train->epoch, train->shard_pos, train->batch_pos, train->world, train->B * train->world};
+    int world = g->dist->world;
+    TrainState s = {step, train->epoch, train->shard_pos, train->batch_pos, world, train->B * world};
     save_state(g->host, &s, state_path);
     save_model(g->host, model_path); // last: a model file marks a complete checkpoint
     printf("saved %s\n", model_path);
@@ -2122,8 +2125,8 @@ int main(int argc, char** argv) {
             gpu_backward(&gm, loss_scale);
             loss += gm.mean_loss / (accum * dist.world);
         }
+        loss = dist_sum_scalar(&dist, loss); // before the gradients' collective: its upload blocks
         gpu_reduce_grads(&gm);
-        loss = dist_sum_scalar(&dist, loss);
         double norm = gpu_grad_norm(&gm);
         if (!isfinite(loss) || !isfinite(norm)) {
             fail("step %ld: loss %f, grad norm %f: training diverged\nHINT: lower the learning rate (-l) or resume from an earlier checkpoint", step + 1, loss, norm);
