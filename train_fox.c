@@ -1788,7 +1788,7 @@ static void usage(void) {
 "  -o <dir>    output directory for main.log and checkpoints (default: none)\n"
 "  -b <int>    micro-batch size, sequences (default 4)\n"
 "  -t <int>    sequence length (default 256)\n"
-"  -d <int>    total batch in tokens, a multiple of b*t (default b*t: no accumulation)\n"
+"  -d <int>    total batch in tokens, a multiple of b*t*processes (default: no accumulation)\n"
 "  -l <float>  peak learning rate (default 2e-3)\n"
 "  -x <int>    optimizer steps (default: one epoch of the train shards)\n"
 "  -u <int>    warmup tokens (default: min(256 x 2^20, 10%% of the training tokens))\n"
@@ -1951,7 +1951,7 @@ static void save_checkpoint(const FoxModel* m, const Args* a, const DataLoader* 
 int main(int argc, char** argv) {
     Args a;
     parse_args(&a, argc, argv);
-    if (a.world > 1 || a.rank > 0 || a.rendezvous != NULL) { fail("the CPU twin trains in one process\nHINT: drop -W, -I and -F, or use the GPU trainer train_fox"); }
+    if (a.world > 1 || a.rank > 0 || a.rendezvous != NULL || a.zero_stage >= 0) { fail("the CPU twin trains in one process\nHINT: drop -W, -I, -F and -Q, or use the GPU trainer train_fox"); }
     FoxModel model;
     build_model(&model, &a);
     const FoxConfig* cf = &model.config;
