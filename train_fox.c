@@ -1804,12 +1804,12 @@ static void usage(void) {
 "  -R <0|1>    roll each sequence by a random offset (default 0)\n"
 "  -S <int>    seed (default 1337)\n"
 "  -z <path>   decode table for samples (default data/gpt2_tokenizer.bin)\n"
+"  -h          this help\n"
 "data parallel (train_fox on GPUs only; one process per GPU, see README.md):\n"
 "  -W <int>    processes (default: the launcher's environment, else 1)\n"
 "  -I <int>    this process's rank (default: the launcher's environment, else 0)\n"
 "  -F <spec>   NCCL id rendezvous without MPI: a file path all processes see, or tcp://host:port of rank 0\n"
 "  -Q <0|1>    ZeRO stage: 0 all-reduces gradients, 1 shards AdamW state (default 1)\n"
-"  -h          this help\n"
 "model keys (override a preset): n_layer n_embd n_head vocab_size mlp_hidden block gate\n"
 "  decay_time_min decay_time_max k_shift v_shift qk_norm qk_norm_shared output_gate\n"
 "  output_norm rope rope_theta window\n");
