@@ -11,6 +11,7 @@ Included after train_fox.c, whose fail() and now_seconds() it uses.
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #define RENDEZVOUS_TIMEOUT_S 300
 
@@ -198,6 +199,13 @@ static int socket_recv_all(int fd, void* buf, size_t n) {
     return 1;
 }
 
+// a peer that connects and then says nothing must not block the rendezvous
+static void socket_set_timeout(int fd, int seconds) {
+    struct timeval tv = {seconds, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
 // rank 0: accepts one connection from every other rank (each sends its rank as an int32)
 // and sends each the id
 static void rendezvous_tcp_serve(int port, const void* id, size_t n, int world, double timeout_s) {
@@ -239,6 +247,7 @@ static void rendezvous_tcp_serve(int port, const void* id, size_t n, int world, 
         }
         int c = accept(fd, NULL, NULL);
         if (c < 0) { continue; }
+        socket_set_timeout(c, 10);
         int32_t r = -1;
         if (socket_recv_all(c, &r, sizeof(r)) && r >= 1 && r < world && !joined[r] && socket_send_all(c, id, n)) {
             joined[r] = 1;
@@ -268,6 +277,7 @@ static void rendezvous_tcp_fetch(const char* host, int port, void* id, size_t n,
         for (struct addrinfo* ai = res; ai != NULL; ai = ai->ai_next) {
             int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
             if (fd < 0) { continue; }
+            socket_set_timeout(fd, 10);
             int32_t r = rank;
             int got = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 && socket_send_all(fd, &r, sizeof(r)) &&
                       socket_recv_all(fd, id, n);
