@@ -1308,12 +1308,93 @@ static void gpu_test_checkpoints_and_determinism(void) {
     if (system(cmd) != 0) { printf("      (could not remove %s)\n", dir); }
 }
 
+// ZeRO-1 slices without a communicator: "ranks" of fake worlds of 2 and 3 run AdamW on their
+// slices of one process's gradients; over 3 steps their slices of the weights and moments must
+// equal the one process's bit for bit (the all-gather is a copy), and a checkpoint's moments
+// must load into each slice
+static void gpu_test_zero_slices(void) {
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-tiny");
+    config_set(&c, "vocab_size", "500");
+    c.n_layer = 3; c.n_embd = 160; c.n_head = 5; // 1,294,895 parameters: padded on 2 and on 3 ranks
+    c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
+    int B = 2, T = 64;
+    size_t N = (size_t)B * T;
+    int* inputs = (int*)malloc_check(N * sizeof(int), "tokens");
+    int* targets = (int*)malloc_check(N * sizeof(int), "tokens");
+    random_tokens(inputs, N, c.vocab_size, 21);
+    random_tokens(targets, N, c.vocab_size, 22);
+    FoxModel host;
+    twin_from_config(&host, &c, 9);
+    GPUModel full;
+    gpu_build(&full, &host, B, T);
+    size_t np = full.num_parameters;
+    enum { RANKS = 5 }; // world 2: ranks 0-1, world 3: ranks 0-2
+    Dist fake[RANKS];
+    FoxModel hosts[RANKS];
+    GPUModel part[RANKS];
+    for (int i = 0; i < RANKS; i++) {
+        fake[i] = g_single_process;
+        fake[i].world = i < 2 ? 2 : 3;
+        fake[i].rank = i < 2 ? i : i - 2;
+        fake[i].zero_stage = 1;
+        twin_from_config(&hosts[i], &c, 9);
+        gpu_build_dist(&part[i], &hosts[i], B, T, &fake[i]);
+    }
+    float* a = (float*)malloc_check(np * sizeof(float), "weights");
+    float* b = (float*)malloc_check(np * sizeof(float), "weights");
+    AdamWConfig opt = {1e-2f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
+    int same = 1;
+    for (int s = 0; s < 3; s++) {
+        gpu_forward(&full, inputs, targets, B, T);
+        gpu_zero_grad(&full);
+        gpu_backward(&full, 1.0f);
+        double norm = gpu_grad_norm(&full);
+        for (int i = 0; i < RANKS; i++) {
+            cudaCheck(cudaMemcpy(part[i].grads, full.grads, np * sizeof(float), cudaMemcpyDeviceToDevice));
+            gpu_adamw(&part[i], &opt, 1e-2f, s + 1, norm);
+        }
+        gpu_update(&full, &opt, 1e-2f, s + 1, norm);
+        for (int i = 0; i < RANKS; i++) {
+            size_t lo, n = range_overlap(0, np, part[i].shard_offset, part[i].shard_size, &lo);
+            float* dev_full[3] = {full.params, full.adam_m, full.adam_v};
+            float* dev_part[3] = {part[i].params + lo, part[i].adam_m, part[i].adam_v};
+            for (int k = 0; k < 3; k++) {
+                cudaCheck(cudaMemcpy(a, dev_full[k] + lo, n * sizeof(float), cudaMemcpyDeviceToHost));
+                cudaCheck(cudaMemcpy(b, dev_part[k], n * sizeof(float), cudaMemcpyDeviceToHost));
+                same &= memcmp(a, b, n * sizeof(float)) == 0;
+            }
+            cudaCheck(cudaMemcpy(part[i].params, full.params, np * sizeof(float), cudaMemcpyDeviceToDevice));
+        }
+    }
+    check(same, "gpu ZeRO-1 slices: worlds of 2 and 3 (%zu parameters, padded to %zu and %zu) update their slices "
+          "bit-identical to one process over 3 steps", np, part[0].padded_parameters, part[2].padded_parameters);
+    gpu_state_to_host(&full); // host now holds the weights and moments after 3 steps
+    int loads = 1;
+    for (int i = 2; i < RANKS; i++) {
+        GPUModel resumed;
+        gpu_build_dist(&resumed, &host, B, T, &fake[i]);
+        gpu_state_from_host(&resumed);
+        size_t lo, n = range_overlap(0, np, resumed.shard_offset, resumed.shard_size, &lo);
+        loads &= gpu_same_device_buffer(resumed.adam_m, host.m_memory + lo, n) &&
+                 gpu_same_device_buffer(resumed.adam_v, host.v_memory + lo, n) &&
+                 gpu_same_device_buffer(resumed.params, host.params_memory, np);
+        gpu_free(&resumed);
+    }
+    check(loads, "gpu ZeRO-1 slices: a checkpoint's moments load into each rank's slice of a world of 3");
+    for (int i = 0; i < RANKS; i++) { gpu_free(&part[i]); fox_free(&hosts[i]); }
+    gpu_free(&full);
+    fox_free(&host);
+    free(a); free(b); free(inputs); free(targets);
+}
+
 void run_gpu_tests(void) {
     char why[256];
     if (!gpu_available(why, sizeof(why))) {
         printf("skipped: no GPU (%s): GPU against twin on every fixture\n", why);
         printf("skipped: no GPU (%s): head sizes 64/128, windows, accumulation\n", why);
         printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
+        printf("skipped: no GPU (%s): ZeRO-1 slices against one process\n", why);
         return;
     }
     gpu_init();
@@ -1327,6 +1408,7 @@ void run_gpu_tests(void) {
     }
     gpu_test_larger_heads();
     gpu_test_checkpoints_and_determinism();
+    gpu_test_zero_slices();
 }
 #endif // __CUDACC__
 

@@ -1858,8 +1858,8 @@ static double gpu_grad_norm(GPUModel* g) {
 
 // one AdamW step (step is 1-based) on this rank's optimizer slice, the gradients clipped first
 // to global norm o->grad_clip when it is > 0 (the twin's rule: scale by grad_clip / (norm +
-// 1e-6) when that is below 1); under ZeRO-1 the updated shards are then all-gathered
-static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
+// 1e-6) when that is below 1)
+static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
     float grad_scale = 1.0f;
     if (o->grad_clip > 0) {
         double coef = o->grad_clip / (norm + 1e-6);
@@ -1876,6 +1876,11 @@ static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, do
                                               g->adam_v + mo, n, lr, o->beta1, o->beta2, c1, c2, o->eps, wd, grad_scale);
         launchCheck();
     }
+}
+
+// the optimizer step; under ZeRO-1 the updated shards are then all-gathered
+static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
+    gpu_adamw(g, o, lr, step, norm);
     const Dist* d = g->dist;
     if (d->world > 1 && d->zero_stage == 1) {
         dist_stream_begin(d);
