@@ -2021,6 +2021,10 @@ static int gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* t
     TrainState s;
     load_state(model, &s, state_path);
     gpu_state_from_host(g);
+    if (d->rank != 0) { // only rank 0 writes checkpoints: the host copy of the moments is spent
+        free(model->m_memory); free(model->v_memory);
+        model->m_memory = model->v_memory = NULL;
+    }
     long samples = (long)train->B * train->world;
     long saved = s.batch_samples > 0 ? s.batch_samples : (s.world == train->world ? samples : 0); // 0: an older file
     long batch_pos = translate_batch_pos(s.batch_pos, saved, samples);
