@@ -206,31 +206,35 @@ static void socket_set_timeout(int fd, int seconds) {
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-// rank 0: accepts one connection from every other rank (each sends its rank as an int32)
-// and sends each the id
-static void rendezvous_tcp_serve(int port, const void* id, size_t n, int world, double timeout_s) {
-    int fd = socket(AF_INET6, SOCK_STREAM, 0);
-    int v6 = fd >= 0;
-    if (!v6) { fd = socket(AF_INET, SOCK_STREAM, 0); }
-    if (fd < 0) { fail("rendezvous: could not open a socket: %s", strerror(errno)); }
+// a socket listening on port on every address: IPv6 dual stack (IPv4 peers too), else IPv4
+static int listen_any(int port, int backlog) {
     int one = 1, zero = 0;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    int rc;
-    if (v6) { // dual stack: IPv4 peers too
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    if (fd >= 0) {
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
         struct sockaddr_in6 addr;
         memset(&addr, 0, sizeof(addr));
         addr.sin6_family = AF_INET6; addr.sin6_addr = in6addr_any; addr.sin6_port = htons((uint16_t)port);
-        rc = bind(fd, (struct sockaddr*)&addr, sizeof(addr));
-    } else {
-        struct sockaddr_in addr;
-        memset(&addr, 0, sizeof(addr));
-        addr.sin_family = AF_INET; addr.sin_addr.s_addr = htonl(INADDR_ANY); addr.sin_port = htons((uint16_t)port);
-        rc = bind(fd, (struct sockaddr*)&addr, sizeof(addr));
+        if (bind(fd, (struct sockaddr*)&addr, sizeof(addr)) == 0 && listen(fd, backlog) == 0) { return fd; }
+        close(fd);
     }
-    if (rc != 0 || listen(fd, world) != 0) {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) { fail("rendezvous: could not open a socket: %s", strerror(errno)); }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.sin_family = AF_INET; addr.sin_addr.s_addr = htonl(INADDR_ANY); addr.sin_port = htons((uint16_t)port);
+    if (bind(fd, (struct sockaddr*)&addr, sizeof(addr)) != 0 || listen(fd, backlog) != 0) {
         fail("rendezvous: rank 0 could not listen on port %d: %s\nHINT: pick a free port in -F tcp://host:port", port, strerror(errno));
     }
+    return fd;
+}
+
+// rank 0: accepts one connection from every other rank (each sends its rank as an int32)
+// and sends each the id
+static void rendezvous_tcp_serve(int port, const void* id, size_t n, int world, double timeout_s) {
+    int fd = listen_any(port, world);
     char* joined = (char*)calloc_check((size_t)world, 1, "rendezvous ranks");
     int remaining = world - 1;
     double start = now_seconds();

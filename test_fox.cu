@@ -874,6 +874,11 @@ static void test_rendezvous(void) {
     static int lonely_port;
     lonely_port = port + 1;
     expect_failure(serve_child, &lonely_port, "rank 0 waits on TCP for a rank that never starts");
+    static int busy_port;
+    busy_port = port + 2;
+    int holder = listen_any(busy_port, 1);
+    expect_failure(serve_child, &busy_port, "rank 0's port is taken");
+    close(holder);
     char host[64];
     int p = 0;
     check(rendezvous_is_tcp("tcp://node001:29500", host, sizeof(host), &p) && strcmp(host, "node001") == 0 && p == 29500 &&
