@@ -21,7 +21,25 @@ ifeq ($(origin NVCC),undefined)
 endif
 GPU_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -Xcompiler "$(CFLAGS) $(OMP_FLAGS) -Wno-unused-function"
-NVCC_LIBS = -lcublasLt -lcublas -lnccl -lm
+NVCC_LIBS = -lcublasLt -lcublas -lm
+# NCCL (multi-GPU): NCCL_HOME=<dir>, else the CUDA toolkit's or the system's, else the pip
+# wheel nvidia-nccl (PyTorch's); with none, train_fox builds for one GPU (-DNO_NCCL)
+NCCL_SYSTEM_H := $(firstword $(wildcard $(dir $(NVCC))../include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h))
+ifneq ($(NCCL_HOME),)
+  NVCC_FLAGS += -I$(NCCL_HOME)/include
+  NVCC_LIBS += -L$(NCCL_HOME)/lib -Xlinker -rpath=$(NCCL_HOME)/lib -lnccl
+else ifneq ($(NCCL_SYSTEM_H),)
+  NVCC_LIBS += -lnccl
+else
+  NCCL_WHEEL := $(shell python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null)
+  NCCL_WHEEL_LIB := $(notdir $(firstword $(wildcard $(NCCL_WHEEL)/lib/libnccl.so $(NCCL_WHEEL)/lib/libnccl.so.2)))
+  ifneq ($(and $(wildcard $(NCCL_WHEEL)/include/nccl.h),$(NCCL_WHEEL_LIB)),)
+    NVCC_FLAGS += -I$(NCCL_WHEEL)/include
+    NVCC_LIBS += -L$(NCCL_WHEEL)/lib -l:$(NCCL_WHEEL_LIB) -Xlinker -rpath=$(NCCL_WHEEL)/lib
+  else
+    NVCC_FLAGS += -DNO_NCCL
+  endif
+endif
 # USE_MPI=1 adds launching through mpirun (the NCCL id goes out by MPI_Bcast); without it the
 # processes meet through -F (see README.md, Multi-GPU). mpicc tells where MPI lives.
 ifeq ($(USE_MPI),1)
@@ -53,6 +71,7 @@ train_fox_cpu: train_fox.c
 ifneq ($(HAVE_GPU_TRAINER),)
 train_fox: train_fox.cu train_fox.c fox_dist.h
 	@test -n "$(NVCC)" || { echo "error: nvcc not found. HINT: install the CUDA toolkit or put nvcc on PATH"; exit 1; }
+	@test -z "$(filter -DNO_NCCL,$(NVCC_FLAGS))" || echo "note: NCCL not found: train_fox is built for one GPU (NCCL_HOME=<dir> for several)"
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
 endif
 

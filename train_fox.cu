@@ -25,8 +25,28 @@ Test code includes this file with TESTING defined, which drops main() (and the t
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublasLt.h>
-#include <nccl.h>
 #include <sched.h>
+#ifndef NO_NCCL
+#include <nccl.h>
+#else
+// Built without NCCL (the Makefile found none): one GPU only; dist_init refuses more
+// processes before any of these stand-ins could be called.
+typedef struct ncclComm* ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef enum { ncclSuccess, ncclInProgress, ncclUnavailable } ncclResult_t;
+enum { ncclFloat, ncclDouble, ncclSum };
+template <typename... Args> static ncclResult_t nccl_absent(Args...) { return ncclUnavailable; }
+static const char* ncclGetErrorString(ncclResult_t) { return "this train_fox was built without NCCL"; }
+static const char* ncclGetLastError(ncclComm_t) { return ""; }
+#define ncclGetUniqueId nccl_absent
+#define ncclCommInitRank nccl_absent
+#define ncclCommGetAsyncError nccl_absent
+#define ncclCommAbort nccl_absent
+#define ncclCommDestroy nccl_absent
+#define ncclAllReduce nccl_absent
+#define ncclReduceScatter nccl_absent
+#define ncclAllGather nccl_absent
+#endif
 #ifdef USE_MPI
 #include <mpi.h>
 #endif
@@ -1099,7 +1119,7 @@ static void dist_wait(const Dist* d) {
         cudaError_t e = cudaStreamQuery(d->stream);
         if (e == cudaSuccess) { return; }
         if (e != cudaErrorNotReady) { cudaCheck(e); }
-        ncclResult_t async_err;
+        ncclResult_t async_err = ncclSuccess;
         ncclCheck(ncclCommGetAsyncError(d->comm, &async_err));
         if (async_err != ncclSuccess && async_err != ncclInProgress) {
             ncclCommAbort(d->comm);
@@ -1221,6 +1241,12 @@ static void dist_init(Dist* d, const Args* a, int argc, char** argv) {
     d->rank = t.rank; d->world = t.world; d->local_rank = t.local_rank;
     d->zero_stage = a->zero_stage >= 0 ? a->zero_stage : (t.world > 1 ? 1 : 0);
     setenv("NCCL_NVLS_ENABLE", "0", 0); // never NVLink multicast, unless the user asks for it
+#ifdef NO_NCCL
+    if (t.world > 1) {
+        fail("%d processes, but this train_fox was built without NCCL, so it trains on one GPU\nHINT: install NCCL "
+             "(or pass NCCL_HOME=<its directory> to make) and rebuild with 'make train_fox'", t.world);
+    }
+#endif
     gpu_init_device(t.local_rank);
     if (t.world == 1) { return; }
     ncclUniqueId id;
