@@ -50,7 +50,8 @@ static void resolve_topology(Topology* t, int flag_world, int flag_rank) {
     const char* rank_from = "-I";
     const char* local_from = "";
     long world = flag_world >= 1 ? flag_world : env_first_int(WORLD_ENV, 3, &world_from);
-    if (world < 1) { world = 1; world_from = "default"; }
+    if (world < 0) { world = 1; world_from = "default"; }
+    if (world == 0) { fail("a world of 0 processes (from %s)\nHINT: the process count is at least 1", world_from); }
     long rank = flag_rank >= 0 ? flag_rank : env_first_int(RANK_ENV, 3, &rank_from);
     if (rank < 0) {
         if (world > 1) {
@@ -59,7 +60,7 @@ static void resolve_topology(Topology* t, int flag_world, int flag_rank) {
         }
         rank = 0;
     }
-    if (world == 0 || rank >= world) {
+    if (rank >= world) {
         fail("rank %ld (from %s) is not below the world size %ld (from %s)\nHINT: ranks run from 0 to world-1; check -I and -W",
              rank, rank_from, world, world_from);
     }

@@ -773,6 +773,8 @@ static void test_topology(void) {
     static const int from_env[] = {-1, -1};
     setenv("WORLD_SIZE", "two", 1);
     expect_failure(topology_child, from_env, "WORLD_SIZE=two");
+    setenv("WORLD_SIZE", "0", 1);
+    expect_failure(topology_child, from_env, "WORLD_SIZE=0");
     clear_launcher_env();
     static const char* zero_world[] = {"train_fox", "-W", "0", NULL};
     static const char* bad_stage[] = {"train_fox", "-Q", "2", NULL};

@@ -1196,7 +1196,8 @@ static void dist_exchange_id(Dist* d, ncclUniqueId* id, const char* rendezvous) 
 #endif
     if (rendezvous == NULL) {
         fail("%d processes need a rendezvous to find each other\nHINT: pass -F <file on a shared filesystem> or -F "
-             "tcp://<rank 0 host>:<port> to every process, or build with 'make train_fox USE_MPI=1' and launch with mpirun", d->world);
+             "tcp://<rank 0 host>:<port> to every process, or build with 'make train_fox USE_MPI=1' and launch with mpirun; "
+             "for one GPU inside a Slurm or MPI allocation pass -W 1", d->world);
     }
     char host[256];
     int port;
