@@ -22,6 +22,37 @@ endif
 GPU_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -Xcompiler "$(CFLAGS) $(OMP_FLAGS) -Wno-unused-function"
 NVCC_LIBS = -lcublasLt -lcublas -lm
+# NCCL (multi-GPU): NCCL_HOME=<dir>, else the CUDA toolkit's or the system's, else the pip
+# wheel nvidia-nccl (PyTorch's); with none, train_fox builds for one GPU (-DNO_NCCL)
+NCCL_SYSTEM_H := $(firstword $(wildcard $(dir $(NVCC))../include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h))
+ifneq ($(NCCL_HOME),)
+  NVCC_FLAGS += -I$(NCCL_HOME)/include
+  NVCC_LIBS += -L$(NCCL_HOME)/lib -Xlinker -rpath=$(NCCL_HOME)/lib -lnccl
+else ifneq ($(NCCL_SYSTEM_H),)
+  NVCC_LIBS += -lnccl
+else
+  NCCL_WHEEL := $(shell python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null)
+  NCCL_WHEEL_LIB := $(notdir $(firstword $(wildcard $(NCCL_WHEEL)/lib/libnccl.so $(NCCL_WHEEL)/lib/libnccl.so.2)))
+  ifneq ($(and $(wildcard $(NCCL_WHEEL)/include/nccl.h),$(NCCL_WHEEL_LIB)),)
+    NVCC_FLAGS += -I$(NCCL_WHEEL)/include
+    NVCC_LIBS += -L$(NCCL_WHEEL)/lib -l:$(NCCL_WHEEL_LIB) -Xlinker -rpath=$(NCCL_WHEEL)/lib
+  else
+    NVCC_FLAGS += -DNO_NCCL
+  endif
+endif
+# USE_MPI=1 adds launching through mpirun (the NCCL id goes out by MPI_Bcast); without it the
+# processes meet through -F (see README.md, Multi-GPU). mpicc tells where MPI lives.
+ifeq ($(USE_MPI),1)
+  MPICC ?= mpicc
+  MPI_INCDIRS := $(shell $(MPICC) --showme:incdirs 2>/dev/null)
+  MPI_LIBDIRS := $(shell $(MPICC) --showme:libdirs 2>/dev/null)
+  MPI_LIBS := $(shell $(MPICC) --showme:libs 2>/dev/null)
+  ifeq ($(MPI_LIBS),)
+    $(error USE_MPI=1 but '$(MPICC) --showme' gave nothing. HINT: install Open MPI (mpicc on PATH) or build without USE_MPI and launch with -W/-I/-F)
+  endif
+  NVCC_FLAGS += -DUSE_MPI $(addprefix -I,$(MPI_INCDIRS))
+  NVCC_LIBS += $(addprefix -L,$(MPI_LIBDIRS)) $(addprefix -Xlinker -rpath=,$(MPI_LIBDIRS)) $(addprefix -l,$(MPI_LIBS))
+endif
 # PRECISION=FP32 builds the GPU trainer with fp32 activations and matmuls, for tight diffs
 ifeq ($(PRECISION),FP32)
   NVCC_FLAGS += -DENABLE_FP32
@@ -29,7 +60,7 @@ endif
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 HAVE_GPU_TRAINER := $(wildcard train_fox.cu)
 
-.PHONY: all train train-cpu train-gpu test fixtures-check clean
+.PHONY: all train train-cpu train-gpu test fixtures-check multi-gpu-check clean
 all: train_fox_cpu test_fox
 
 include data/data.mk
@@ -38,14 +69,15 @@ train_fox_cpu: train_fox.c
 	$(CC) $(CFLAGS) $(WARN) $(OMP_FLAGS) $< -o $@ $(LDLIBS)
 
 ifneq ($(HAVE_GPU_TRAINER),)
-train_fox: train_fox.cu train_fox.c
+train_fox: train_fox.cu train_fox.c fox_dist.h
 	@test -n "$(NVCC)" || { echo "error: nvcc not found. HINT: install the CUDA toolkit or put nvcc on PATH"; exit 1; }
+	@test -z "$(filter -DNO_NCCL,$(NVCC_FLAGS))" || echo "note: NCCL not found: train_fox is built for one GPU (NCCL_HOME=<dir> for several)"
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
 endif
 
 # The tests build with nvcc when there is one (so the GPU code is compiled everywhere and
 # cannot rot), else with the C++ compiler (CPU part only).
-TEST_DEPS = test_fox.cu train_fox.c $(HAVE_GPU_TRAINER)
+TEST_DEPS = test_fox.cu train_fox.c fox_dist.h $(HAVE_GPU_TRAINER)
 test_fox: $(TEST_DEPS)
 ifneq ($(NVCC),)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
@@ -76,6 +108,10 @@ train-cpu: data train_fox_cpu
 DATA_READY := $(and $(wildcard data/gutenberg/gutenberg_train_000000.bin),$(wildcard data/gutenberg/gutenberg_val_000000.bin),$(wildcard data/gpt2_tokenizer.bin))
 train-gpu: $(if $(DATA_READY),,data) train_fox
 	./train_fox $(GPU_TRAIN_FLAGS)
+
+# data parallel on 2-4 GPUs of one node: equal losses, exact resume, tokens/s per GPU (README.md)
+multi-gpu-check: $(if $(DATA_READY),,data)
+	dev/multi_gpu_check.sh $(MULTI_GPU_LOG)
 
 # tokenizer-test also writes the decode table that test_fox checks
 test: tokenizer-test test_fox

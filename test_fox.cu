@@ -16,6 +16,7 @@ Builds with nvcc (as CUDA) or with any C++ compiler (CPU part only).
 #include "train_fox.cu" // the GPU trainer, which includes the CPU twin
 #else
 #include "train_fox.c"
+#include "fox_dist.h"
 #endif
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -648,7 +649,7 @@ static void test_checkpoints(void) {
     fox_update(&m, &opt, 1e-3f, 1);
     char model_path[512], state_path[512];
     checkpoint_paths(test_dir, 1, model_path, state_path, sizeof(model_path));
-    TrainState s = {1, 0, 1, 2, 1};
+    TrainState s = {1, 0, 1, 2, 1, 8};
     save_model(&m, model_path);
     save_state(&m, &s, state_path);
     FoxModel l;
@@ -658,7 +659,7 @@ static void test_checkpoints(void) {
     int same = memcmp(&l.config, &m.config, sizeof(FoxConfig)) == 0 && l.num_parameters == m.num_parameters &&
                memcmp(l.params_memory, m.params_memory, m.num_parameters * sizeof(float)) == 0 &&
                memcmp(l.m_memory, m.m_memory, m.num_parameters * sizeof(float)) == 0 &&
-               memcmp(l.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0 && ls.step == 1 && ls.batch_pos == 2;
+               memcmp(l.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0 && ls.step == 1 && ls.batch_pos == 2 && ls.batch_samples == 8;
     check(same, "checkpoint round trip: configuration, %zu parameters, AdamW moments and data position bit for bit", m.num_parameters);
     check(latest_checkpoint(test_dir) == 1, "checkpoint: the newest complete checkpoint is found");
     char tmp_path[600];
@@ -735,6 +736,158 @@ static void test_command_line(void) {
 }
 
 // ----------------------------------------------------------------------------
+
+// ----------------------------------------------------------------------------
+// data parallel, the plain-C part (fox_dist.h): ranks from flags and the environment, ZeRO-1
+// shards, data positions across process counts, the NCCL id rendezvous
+
+static void clear_launcher_env(void) {
+    for (int i = 0; i < 3; i++) { unsetenv(WORLD_ENV[i]); unsetenv(RANK_ENV[i]); unsetenv(LOCAL_RANK_ENV[i]); }
+}
+
+static void topology_child(const void* arg) {
+    const int* world_rank = (const int*)arg;
+    Topology t;
+    resolve_topology(&t, world_rank[0], world_rank[1]);
+}
+
+static void test_topology(void) {
+    clear_launcher_env();
+    Topology t;
+    resolve_topology(&t, -1, -1);
+    check(t.world == 1 && t.rank == 0 && t.local_rank == 0, "topology: no flags and no launcher make one process");
+    setenv("OMPI_COMM_WORLD_SIZE", "4", 1); setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1); setenv("SLURM_PROCID", "3", 1); setenv("SLURM_NTASKS", "8", 1);
+    resolve_topology(&t, -1, -1);
+    check(t.world == 4 && t.rank == 2 && t.local_rank == 1, "topology: Open MPI's environment comes before Slurm's");
+    resolve_topology(&t, 8, 5);
+    check(t.world == 8 && t.rank == 5 && t.local_rank == 5, "topology: -W and -I win over the environment (local rank = -I)");
+    clear_launcher_env();
+    setenv("WORLD_SIZE", "2", 1); setenv("RANK", "1", 1);
+    resolve_topology(&t, -1, -1);
+    check(t.world == 2 && t.rank == 1 && t.local_rank == 1, "topology: WORLD_SIZE/RANK; without a local rank it is the rank");
+    clear_launcher_env();
+    static const int no_rank[] = {2, -1}, rank_too_big[] = {2, 2};
+    expect_failure(topology_child, no_rank, "-W 2 without a rank");
+    expect_failure(topology_child, rank_too_big, "-W 2 -I 2");
+    static const int from_env[] = {-1, -1};
+    setenv("WORLD_SIZE", "two", 1);
+    expect_failure(topology_child, from_env, "WORLD_SIZE=two");
+    setenv("WORLD_SIZE", "0", 1);
+    expect_failure(topology_child, from_env, "WORLD_SIZE=0");
+    clear_launcher_env();
+    static const char* zero_world[] = {"train_fox", "-W", "0", NULL};
+    static const char* bad_stage[] = {"train_fox", "-Q", "2", NULL};
+    expect_failure(parse_args_child, zero_world, "-W 0");
+    expect_failure(parse_args_child, bad_stage, "-Q 2");
+}
+
+static void test_shards(void) {
+    check(padded_count(10, 3) == 12 && shard_count(10, 3) == 4 && shard_offset(10, 3, 2) == 8,
+          "shards: 10 parameters over 3 ranks are padded to 12, slices of 4, the last at 8");
+    check(padded_count(12, 4) == 12 && shard_count(12, 4) == 3 && padded_count(7, 1) == 7, "shards: divisible sizes are not padded");
+    int covered_once = 1;
+    for (size_t n = 1; n <= 70; n++) {
+        for (int world = 1; world <= 9; world++) {
+            int hits[70] = {0};
+            for (int r = 0; r < world; r++) {
+                size_t lo, k = range_overlap(0, n, shard_offset(n, world, r), shard_count(n, world), &lo);
+                for (size_t i = lo; i < lo + k; i++) { hits[i]++; }
+            }
+            for (size_t i = 0; i < n; i++) { covered_once &= hits[i] == 1; }
+        }
+    }
+    check(covered_once, "shards: every parameter lies in exactly one shard (n = 1..70, world = 1..9)");
+    size_t lo;
+    check(range_overlap(5, 10, 8, 4, &lo) == 4 && lo == 8 && range_overlap(5, 10, 0, 6, &lo) == 1 && lo == 5 &&
+          range_overlap(0, 3, 8, 4, &lo) == 0, "shards: a tensor's part in a slice");
+    check(translate_batch_pos(3, 16, 16) == 3 && translate_batch_pos(3, 16, 8) == 6 && translate_batch_pos(4, 16, 32) == 2 &&
+          translate_batch_pos(3, 16, 32) == -1 && translate_batch_pos(5, 0, 8) == -1,
+          "data position: batches translate to another process count when they fill whole batches");
+}
+
+static const unsigned char* test_id(void) {
+    static unsigned char id[128];
+    for (int i = 0; i < 128; i++) { id[i] = (unsigned char)(i * 7 + 3); }
+    return id;
+}
+
+static char rendezvous_path[600];
+
+static void publish_child(const void* arg) { rendezvous_file_publish((const char*)arg, test_id(), 128, 2); }
+static void await_acks_child(const void* arg) { rendezvous_file_await_acks((const char*)arg, 3, 0.2); }
+static void fetch_child(const void* arg) {
+    unsigned char got[128];
+    rendezvous_file_fetch((const char*)arg, got, 128, 1, 0.2);
+}
+static void serve_child(const void* arg) { rendezvous_tcp_serve(*(const int*)arg, test_id(), 128, 2, 0.3); }
+static void bad_tcp_child(const void* arg) {
+    char host[64];
+    int port;
+    rendezvous_is_tcp((const char*)arg, host, sizeof(host), &port);
+}
+
+// ranks 1..world-1 as child processes that fetch the id (file or TCP) and exit 0 when it is
+// rank 0's; rank 0 is this process. Returns 1 when every child got the id.
+static int rendezvous_round(int world, int tcp, int port) {
+    pid_t kids[8];
+    fflush(stdout);
+    for (int r = 1; r < world; r++) {
+        kids[r] = fork();
+        if (kids[r] == 0) {
+            unsigned char got[128];
+            if (tcp) { rendezvous_tcp_fetch("localhost", port, got, 128, r, 10.0); }
+            else { rendezvous_file_fetch(rendezvous_path, got, 128, r, 10.0); }
+            _exit(memcmp(got, test_id(), 128) != 0);
+        }
+    }
+    usleep(100000); // the others wait first, as when rank 0 starts last
+    if (tcp) {
+        rendezvous_tcp_serve(port, test_id(), 128, world, 10.0);
+    } else {
+        rendezvous_file_publish(rendezvous_path, test_id(), 128, world);
+        rendezvous_file_await_acks(rendezvous_path, world, 10.0);
+        rendezvous_file_cleanup(rendezvous_path, world);
+    }
+    int all = 1;
+    for (int r = 1; r < world; r++) {
+        int status = 0;
+        waitpid(kids[r], &status, 0);
+        all &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    return all;
+}
+
+static void test_rendezvous(void) {
+    snprintf(rendezvous_path, sizeof(rendezvous_path), "%s/nccl_id", test_dir);
+    check(rendezvous_round(4, 0, 0), "file rendezvous: ranks 1-3 get rank 0's id");
+    char ack[700];
+    rendezvous_ack_path(rendezvous_path, 2, ack, sizeof(ack));
+    check(access(rendezvous_path, F_OK) != 0 && access(ack, F_OK) != 0, "file rendezvous: the id and acknowledgements are removed after");
+    FILE* f = fopen_check(rendezvous_path, "wb");
+    fclose(f);
+    expect_failure(publish_child, rendezvous_path, "a rendezvous file left by a crashed run");
+    unlink(rendezvous_path);
+    expect_failure(await_acks_child, rendezvous_path, "rank 0 waits for ranks that never start");
+    unlink(rendezvous_path);
+    expect_failure(fetch_child, rendezvous_path, "rank 1 waits for a rank 0 that never starts");
+    int port = 20000 + (int)(getpid() % 20000);
+    check(rendezvous_round(4, 1, port), "TCP rendezvous: ranks 1-3 get rank 0's id (port %d)", port);
+    static int lonely_port;
+    lonely_port = port + 1;
+    expect_failure(serve_child, &lonely_port, "rank 0 waits on TCP for a rank that never starts");
+    static int busy_port;
+    busy_port = port + 2;
+    int holder = listen_any(busy_port, 1);
+    expect_failure(serve_child, &busy_port, "rank 0's port is taken");
+    close(holder);
+    char host[64];
+    int p = 0;
+    check(rendezvous_is_tcp("tcp://node001:29500", host, sizeof(host), &p) && strcmp(host, "node001") == 0 && p == 29500 &&
+          !rendezvous_is_tcp("/shared/run/nccl_id", host, sizeof(host), &p), "rendezvous: tcp://host:port and file paths told apart");
+    expect_failure(bad_tcp_child, "tcp://node001", "-F tcp://node001 (no port)");
+    expect_failure(bad_tcp_child, "tcp://node001:70000", "-F tcp://node001:70000");
+}
 
 #ifndef __CUDACC__
 static void run_gpu_tests(void) { printf("skipped: GPU tests (built without nvcc)\n"); }
@@ -1133,7 +1286,7 @@ static void gpu_test_checkpoints_and_determinism(void) {
         fox_clip_grads(&cpu, fox_grad_norm(&cpu), 1.0f);
         fox_update(&cpu, &opt, 1e-2f, 4 + s);
     }
-    TrainState st2 = {5, 0, 0, 0, 1};
+    TrainState st2 = {5, 0, 0, 0, 1, 2};
     checkpoint_paths(dir, 5, model_path, state_path, sizeof(model_path));
     save_model(&cpu, model_path);
     save_state(&cpu, &st2, state_path);
@@ -1162,12 +1315,93 @@ static void gpu_test_checkpoints_and_determinism(void) {
     if (system(cmd) != 0) { printf("      (could not remove %s)\n", dir); }
 }
 
+// ZeRO-1 slices without a communicator: "ranks" of fake worlds of 2 and 3 run AdamW on their
+// slices of one process's gradients; over 3 steps their slices of the weights and moments must
+// equal the one process's bit for bit (the all-gather is a copy), and a checkpoint's moments
+// must load into each slice
+static void gpu_test_zero_slices(void) {
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-tiny");
+    config_set(&c, "vocab_size", "500");
+    c.n_layer = 3; c.n_embd = 160; c.n_head = 5; // 1,294,895 parameters: padded on 2 and on 3 ranks
+    c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
+    int B = 2, T = 64;
+    size_t N = (size_t)B * T;
+    int* inputs = (int*)malloc_check(N * sizeof(int), "tokens");
+    int* targets = (int*)malloc_check(N * sizeof(int), "tokens");
+    random_tokens(inputs, N, c.vocab_size, 21);
+    random_tokens(targets, N, c.vocab_size, 22);
+    FoxModel host;
+    twin_from_config(&host, &c, 9);
+    GPUModel full;
+    gpu_build(&full, &host, B, T);
+    size_t np = full.num_parameters;
+    enum { RANKS = 5 }; // world 2: ranks 0-1, world 3: ranks 0-2
+    Dist fake[RANKS];
+    FoxModel hosts[RANKS];
+    GPUModel part[RANKS];
+    for (int i = 0; i < RANKS; i++) {
+        fake[i] = g_single_process;
+        fake[i].world = i < 2 ? 2 : 3;
+        fake[i].rank = i < 2 ? i : i - 2;
+        fake[i].zero_stage = 1;
+        twin_from_config(&hosts[i], &c, 9);
+        gpu_build_dist(&part[i], &hosts[i], B, T, &fake[i]);
+    }
+    float* a = (float*)malloc_check(np * sizeof(float), "weights");
+    float* b = (float*)malloc_check(np * sizeof(float), "weights");
+    AdamWConfig opt = {1e-2f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
+    int same = 1;
+    for (int s = 0; s < 3; s++) {
+        gpu_forward(&full, inputs, targets, B, T);
+        gpu_zero_grad(&full);
+        gpu_backward(&full, 1.0f);
+        double norm = gpu_grad_norm(&full);
+        for (int i = 0; i < RANKS; i++) {
+            cudaCheck(cudaMemcpy(part[i].grads, full.grads, np * sizeof(float), cudaMemcpyDeviceToDevice));
+            gpu_adamw(&part[i], &opt, 1e-2f, s + 1, norm);
+        }
+        gpu_update(&full, &opt, 1e-2f, s + 1, norm);
+        for (int i = 0; i < RANKS; i++) {
+            size_t lo, n = range_overlap(0, np, part[i].shard_offset, part[i].shard_size, &lo);
+            float* dev_full[3] = {full.params, full.adam_m, full.adam_v};
+            float* dev_part[3] = {part[i].params + lo, part[i].adam_m, part[i].adam_v};
+            for (int k = 0; k < 3; k++) {
+                cudaCheck(cudaMemcpy(a, dev_full[k] + lo, n * sizeof(float), cudaMemcpyDeviceToHost));
+                cudaCheck(cudaMemcpy(b, dev_part[k], n * sizeof(float), cudaMemcpyDeviceToHost));
+                same &= memcmp(a, b, n * sizeof(float)) == 0;
+            }
+            cudaCheck(cudaMemcpy(part[i].params, full.params, np * sizeof(float), cudaMemcpyDeviceToDevice));
+        }
+    }
+    check(same, "gpu ZeRO-1 slices: worlds of 2 and 3 (%zu parameters, padded to %zu and %zu) update their slices "
+          "bit-identical to one process over 3 steps", np, part[0].padded_parameters, part[2].padded_parameters);
+    gpu_state_to_host(&full); // host now holds the weights and moments after 3 steps
+    int loads = 1;
+    for (int i = 2; i < RANKS; i++) {
+        GPUModel resumed;
+        gpu_build_dist(&resumed, &host, B, T, &fake[i]);
+        gpu_state_from_host(&resumed);
+        size_t lo, n = range_overlap(0, np, resumed.shard_offset, resumed.shard_size, &lo);
+        loads &= gpu_same_device_buffer(resumed.adam_m, host.m_memory + lo, n) &&
+                 gpu_same_device_buffer(resumed.adam_v, host.v_memory + lo, n) &&
+                 gpu_same_device_buffer(resumed.params, host.params_memory, np);
+        gpu_free(&resumed);
+    }
+    check(loads, "gpu ZeRO-1 slices: a checkpoint's moments load into each rank's slice of a world of 3");
+    for (int i = 0; i < RANKS; i++) { gpu_free(&part[i]); fox_free(&hosts[i]); }
+    gpu_free(&full);
+    fox_free(&host);
+    free(a); free(b); free(inputs); free(targets);
+}
+
 void run_gpu_tests(void) {
     char why[256];
     if (!gpu_available(why, sizeof(why))) {
         printf("skipped: no GPU (%s): GPU against twin on every fixture\n", why);
         printf("skipped: no GPU (%s): head sizes 64/128, windows, accumulation\n", why);
         printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
+        printf("skipped: no GPU (%s): ZeRO-1 slices against one process\n", why);
         return;
     }
     gpu_init();
@@ -1181,6 +1415,7 @@ void run_gpu_tests(void) {
     }
     gpu_test_larger_heads();
     gpu_test_checkpoints_and_determinism();
+    gpu_test_zero_slices();
 }
 #endif // __CUDACC__
 
@@ -1200,6 +1435,10 @@ int main(void) {
     test_checkpoints();
     test_decode_table();
     test_bad_decode_table();
+    printf("# data parallel (plain C part)\n");
+    test_topology();
+    test_shards();
+    test_rendezvous();
     printf("# GPU\n");
     run_gpu_tests();
     char cleanup[600];

@@ -1642,6 +1642,7 @@ typedef struct {
     int step;               // optimizer steps done
     int epoch, shard_pos, batch_pos; // training data position
     int world;              // processes that wrote it
+    int batch_samples;      // samples per data-loader batch over all processes (B * world); 0: unknown
 } TrainState;
 
 static void save_state(const FoxModel* m, const TrainState* s, const char* path) {
@@ -1652,6 +1653,7 @@ static void save_state(const FoxModel* m, const TrainState* s, const char* path)
     write_size(header + 3, m->num_parameters);
     header[5] = s->epoch; header[6] = s->shard_pos; header[7] = s->batch_pos; header[8] = s->world;
     header[9] = m->m_memory != NULL;
+    header[10] = s->batch_samples;
     char tmp[4096];
     FILE* f = atomic_open(path, tmp, sizeof(tmp));
     fwrite_check(header, sizeof(int), 256, f, tmp);
@@ -1675,6 +1677,7 @@ static void load_state(FoxModel* m, TrainState* s, const char* path) {
         fail("'%s' belongs to a model of %zu parameters, not %zu\nHINT: resume with the model file of the same run", path, read_size(header + 3), m->num_parameters);
     }
     s->step = header[2]; s->epoch = header[5]; s->shard_pos = header[6]; s->batch_pos = header[7]; s->world = header[8];
+    s->batch_samples = header[10];
     int has_moments = header[9];
     size_t expected = sizeof(header) + (has_moments ? 2 * m->num_parameters * sizeof(float) : 0);
     if ((size_t)size != expected) { fail("'%s' is %ld bytes, expected %zu\nHINT: the file is truncated or damaged", path, size, expected); }
@@ -1769,6 +1772,7 @@ typedef struct {
     int schedule; double weight_decay; double grad_clip;
     int val_every, val_batches, sample_every, gen_tokens, checkpoint_every, resume;
     int roll; uint64_t seed;
+    int world, rank, zero_stage; const char* rendezvous; // data parallel (GPU trainer); -1 / NULL: not given
     int num_overrides; const char* override_keys[64]; const char* override_values[64];
 } Args;
 
@@ -1784,7 +1788,7 @@ static void usage(void) {
 "  -o <dir>    output directory for main.log and checkpoints (default: none)\n"
 "  -b <int>    micro-batch size, sequences (default 4)\n"
 "  -t <int>    sequence length (default 256)\n"
-"  -d <int>    total batch in tokens, a multiple of b*t (default b*t: no accumulation)\n"
+"  -d <int>    total batch in tokens, a multiple of b*t*processes (default: no accumulation)\n"
 "  -l <float>  peak learning rate (default 2e-3)\n"
 "  -x <int>    optimizer steps (default: one epoch of the train shards)\n"
 "  -u <int>    warmup tokens (default: min(256 x 2^20, 10%% of the training tokens))\n"
@@ -1801,6 +1805,11 @@ static void usage(void) {
 "  -S <int>    seed (default 1337)\n"
 "  -z <path>   decode table for samples (default data/gpt2_tokenizer.bin)\n"
 "  -h          this help\n"
+"data parallel (train_fox on GPUs only; one process per GPU, see README.md):\n"
+"  -W <int>    processes (default: the launcher's environment, else 1)\n"
+"  -I <int>    this process's rank (default: the launcher's environment, else 0)\n"
+"  -F <spec>   NCCL id rendezvous without MPI: a file path all processes see, or tcp://host:port of rank 0\n"
+"  -Q <0|1>    ZeRO stage: 0 all-reduces gradients, 1 shards AdamW state (default 1)\n"
 "model keys (override a preset): n_layer n_embd n_head vocab_size mlp_hidden block gate\n"
 "  decay_time_min decay_time_max k_shift v_shift qk_norm qk_norm_shared output_gate\n"
 "  output_norm rope rope_theta window\n");
@@ -1840,6 +1849,7 @@ static void parse_args(Args* a, int argc, char** argv) {
     a->warmup_tokens = -1; a->schedule = SCHEDULE_COSINE; a->weight_decay = 0.1; a->grad_clip = 1.0;
     a->val_every = 100; a->val_batches = 20; a->sample_every = 100; a->gen_tokens = 64;
     a->seed = 1337;
+    a->world = -1; a->rank = -1; a->zero_stage = -1;
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) { usage(); exit(EXIT_SUCCESS); }
@@ -1875,6 +1885,10 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'R': a->roll = (int)flag_int(arg, v, 0, 1); break;
             case 'S': a->seed = (uint64_t)flag_int(arg, v, 0, 1L << 62); break;
             case 'z': a->tokenizer_path = v; break;
+            case 'W': a->world = (int)flag_int(arg, v, 1, 1 << 20); break;
+            case 'I': a->rank = (int)flag_int(arg, v, 0, (1 << 20) - 1); break;
+            case 'F': a->rendezvous = v; break;
+            case 'Q': a->zero_stage = (int)flag_int(arg, v, 0, 1); break;
             default: fail("unknown flag '%s'\nHINT: train_fox -h lists every flag", arg);
         }
     }
@@ -1927,7 +1941,7 @@ static double now_seconds(void) {
 static void save_checkpoint(const FoxModel* m, const Args* a, const DataLoader* train, int step) {
     char model_path[4096], state_path[4096];
     checkpoint_paths(a->out_dir, step, model_path, state_path, sizeof(model_path));
-    TrainState s = {step, train->epoch, train->shard_pos, train->batch_pos, 1};
+    TrainState s = {step, train->epoch, train->shard_pos, train->batch_pos, 1, train->B};
     save_state(m, &s, state_path);
     save_model(m, model_path);
     printf("saved %s\n", model_path);
@@ -1937,6 +1951,7 @@ static void save_checkpoint(const FoxModel* m, const Args* a, const DataLoader* 
 int main(int argc, char** argv) {
     Args a;
     parse_args(&a, argc, argv);
+    if (a.world > 1 || a.rank > 0 || a.rendezvous != NULL || a.zero_stage >= 0) { fail("the CPU twin trains in one process\nHINT: drop -W, -I, -F and -Q, or use the GPU trainer train_fox"); }
     FoxModel model;
     build_model(&model, &a);
     const FoxConfig* cf = &model.config;

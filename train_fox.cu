@@ -25,6 +25,32 @@ Test code includes this file with TESTING defined, which drops main() (and the t
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublasLt.h>
+#include <sched.h>
+#ifndef NO_NCCL
+#include <nccl.h>
+#else
+// Built without NCCL (the Makefile found none): one GPU only; dist_init refuses more
+// processes before any of these stand-ins could be called.
+typedef struct ncclComm* ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef enum { ncclSuccess, ncclInProgress, ncclUnavailable } ncclResult_t;
+enum { ncclFloat, ncclDouble, ncclSum };
+template <typename... Args> static ncclResult_t nccl_absent(Args...) { return ncclUnavailable; }
+static const char* ncclGetErrorString(ncclResult_t) { return "this train_fox was built without NCCL"; }
+static const char* ncclGetLastError(ncclComm_t) { return ""; }
+#define ncclGetUniqueId nccl_absent
+#define ncclCommInitRank nccl_absent
+#define ncclCommGetAsyncError nccl_absent
+#define ncclCommAbort nccl_absent
+#define ncclCommDestroy nccl_absent
+#define ncclAllReduce nccl_absent
+#define ncclReduceScatter nccl_absent
+#define ncclAllGather nccl_absent
+#endif
+#ifdef USE_MPI
+#include <mpi.h>
+#endif
+#include "fox_dist.h"
 
 #ifdef ENABLE_FP32
 typedef float floatX;
@@ -68,6 +94,25 @@ static void cublas_check(cublasStatus_t status, const char* call, const char* fi
 }
 #define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
 
+static void nccl_check(ncclResult_t r, const char* call, const char* file, int line) {
+    if (r == ncclSuccess) { return; }
+    fail("NCCL error '%s' in %s at %s:%d: %s\nHINT: rerun with NCCL_DEBUG=INFO; every process must run the same "
+         "command with its own rank, and all must see the same rendezvous (-F) or mpirun", ncclGetErrorString(r), call,
+         file, line, ncclGetLastError(NULL));
+}
+#define ncclCheck(call) nccl_check((call), #call, __FILE__, __LINE__)
+
+#ifdef USE_MPI
+static void mpi_check(int rc, const char* call, const char* file, int line) {
+    if (rc == MPI_SUCCESS) { return; }
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    fail("MPI error '%s' in %s at %s:%d\nHINT: launch with mpirun from the same MPI the binary was built with", msg, call, file, line);
+}
+#define mpiCheck(call) mpi_check((call), #call, __FILE__, __LINE__)
+#endif
+
 // The memory the run needs in all, printed at start and repeated if an allocation fails.
 static size_t g_memory_estimate = 0;
 
@@ -108,14 +153,19 @@ static int gpu_available(char* why, size_t n) {
     return 1;
 }
 
-static void gpu_init(void) {
+// local_rank picks the GPU among the visible ones (modulo their count, so that one visible GPU
+// per process also works)
+static void gpu_init_device(int local_rank) {
     char why[256];
     if (!gpu_available(why, sizeof(why))) {
         fail("no CUDA GPU found (%s)\nHINT: on a machine without a GPU use the CPU twin: make train_fox "
              "and run ./train_fox with the same flags", why);
     }
-    cudaCheck(cudaSetDevice(0));
-    cudaCheck(cudaGetDeviceProperties(&g_prop, 0));
+    int count = 0;
+    cudaCheck(cudaGetDeviceCount(&count));
+    int device = local_rank % count;
+    cudaCheck(cudaSetDevice(device));
+    cudaCheck(cudaGetDeviceProperties(&g_prop, device));
     if (g_prop.major != 9) {
         fail("GPU '%s' has compute capability %d.%d; this build targets sm_90 (H100 / H200)\nHINT: "
              "rebuild with -gencode for your GPU, or use the CPU twin", g_prop.name, g_prop.major, g_prop.minor);
@@ -123,6 +173,10 @@ static void gpu_init(void) {
     cublasCheck(cublasLtCreate(&g_lt));
     g_workspace = gpu_malloc(WORKSPACE_BYTES, "cuBLASLt workspace");
 }
+
+#ifndef TRAIN_FOX_GPU_MAIN
+static void gpu_init(void) { gpu_init_device(0); } // the tests' single-process entry
+#endif
 
 // dense bf16 peak of the GPU in FLOP/s, recognised by name; 0 when unknown
 static double gpu_peak_flops(void) {
@@ -1019,6 +1073,213 @@ __global__ void to_floatX_kernel(floatX* out, const float* in, size_t n) {
 static unsigned elem_blocks(size_t n) { return (unsigned)ceil_div(n, 256); }
 
 // ----------------------------------------------------------------------------
+// data parallel: one process per GPU, NCCL between them. Every rank holds the full fp32
+// master weights, their matmul copy and full gradients. ZeRO stage 0 all-reduces the
+// gradients and every rank runs AdamW on everything; stage 1 reduce-scatters them, each rank
+// runs AdamW on its shard (and holds only that shard's moments), then the weights are
+// all-gathered. Results that the host needs (losses, the gradient norm) are gathered from
+// every rank and summed on the host in rank order: the same bits on every rank, every run.
+
+#define DIST_TIMEOUT_S 900 // longest wait for a collective; a rank that died never arrives
+#define GATHER_MAX NORM_BLOCKS
+
+typedef struct {
+    int rank, world, local_rank;
+    int zero_stage;        // 0: all-reduce gradients; 1: reduce-scatter, sharded AdamW, all-gather
+    const char* how;       // how the processes found each other (for the log)
+    ncclComm_t comm;       // NULL in a single process
+    cudaStream_t stream;   // the collectives' stream, joined to the default stream by events
+    cudaEvent_t ready, done;
+    double* gather_dev;    // (world, GATHER_MAX) values from every rank
+    double* gather_host;
+    double* scalar_dev;
+    int mpi;               // MPI_Init was called
+} Dist;
+
+static Dist g_single_process = {0, 1, 0, 0, "single process", NULL, 0, NULL, NULL, NULL, NULL, NULL, 0};
+
+// the collectives wait for the work queued so far on the default stream, and work queued after
+// them waits for them
+static void dist_stream_begin(const Dist* d) {
+    cudaCheck(cudaEventRecord(d->ready, 0));
+    cudaCheck(cudaStreamWaitEvent(d->stream, d->ready, 0));
+}
+
+static void dist_stream_end(const Dist* d) {
+    cudaCheck(cudaEventRecord(d->done, d->stream));
+    cudaCheck(cudaStreamWaitEvent(0, d->done, 0));
+}
+
+// Waits for the collectives queued so far. A rank that failed never joins them and the others
+// would hang in NCCL forever: report that instead, after DIST_TIMEOUT_S.
+static void dist_wait(const Dist* d) {
+    if (d->comm == NULL) { cudaCheck(cudaDeviceSynchronize()); return; }
+    double start = now_seconds();
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(d->stream);
+        if (e == cudaSuccess) { return; }
+        if (e != cudaErrorNotReady) { cudaCheck(e); }
+        ncclResult_t async_err = ncclSuccess;
+        ncclCheck(ncclCommGetAsyncError(d->comm, &async_err));
+        if (async_err != ncclSuccess && async_err != ncclInProgress) {
+            ncclCommAbort(d->comm);
+            fail("rank %d: a collective failed: %s\nHINT: rerun with NCCL_DEBUG=INFO", d->rank, ncclGetErrorString(async_err));
+        }
+        if (now_seconds() - start > DIST_TIMEOUT_S) {
+            ncclCommAbort(d->comm);
+            fail("rank %d: a collective did not finish in %d s: another process probably failed or stopped\nHINT: read the "
+                 "other processes' errors; all must run the same command and reach the same steps", d->rank, DIST_TIMEOUT_S);
+        }
+        sched_yield();
+    }
+}
+
+// sum over ranks and values of n device doubles per rank, in rank order then value order
+static double dist_sum(const Dist* d, const double* values_dev, int n) {
+    double local[GATHER_MAX];
+    const double* all = local;
+    if (n > GATHER_MAX) { fail("dist_sum: %d values exceed GATHER_MAX %d", n, GATHER_MAX); }
+    if (d->world == 1) {
+        cudaCheck(cudaMemcpy(local, values_dev, (size_t)n * sizeof(double), cudaMemcpyDeviceToHost));
+    } else {
+        dist_stream_begin(d);
+        ncclCheck(ncclAllGather(values_dev, d->gather_dev, (size_t)n, ncclDouble, d->comm, d->stream));
+        dist_stream_end(d);
+        dist_wait(d);
+        cudaCheck(cudaMemcpy(d->gather_host, d->gather_dev, (size_t)n * d->world * sizeof(double), cudaMemcpyDeviceToHost));
+        all = d->gather_host;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < n * d->world; i++) { sum += all[i]; }
+    return sum;
+}
+
+// (the upload is a blocking copy: call it with no collective in flight, or a rank that died
+// would hang this one before dist_wait can notice)
+static double dist_sum_scalar(const Dist* d, double v) {
+    if (d->world == 1) { return v; }
+    cudaCheck(cudaMemcpy(d->scalar_dev, &v, sizeof(double), cudaMemcpyHostToDevice));
+    return dist_sum(d, d->scalar_dev, 1);
+}
+
+// stops every rank when the ranks disagree on v (they were started with different commands)
+static void dist_check_same(const Dist* d, double v, const char* what) {
+    if (d->world == 1) { return; }
+    cudaCheck(cudaMemcpy(d->scalar_dev, &v, sizeof(double), cudaMemcpyHostToDevice));
+    dist_stream_begin(d);
+    ncclCheck(ncclAllGather(d->scalar_dev, d->gather_dev, 1, ncclDouble, d->comm, d->stream));
+    dist_stream_end(d);
+    dist_wait(d);
+    cudaCheck(cudaMemcpy(d->gather_host, d->gather_dev, (size_t)d->world * sizeof(double), cudaMemcpyDeviceToHost));
+    for (int r = 1; r < d->world; r++) {
+        if (d->gather_host[r] != d->gather_host[0]) {
+            fail("the processes disagree on %s: rank 0 has %.17g, rank %d has %.17g\nHINT: start every process with the "
+                 "same flags (only -I differs)", what, d->gather_host[0], r, d->gather_host[r]);
+        }
+    }
+}
+
+#ifdef USE_MPI
+static int launched_by_mpi(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL || getenv("PMI_RANK") != NULL;
+}
+#endif
+
+// rank 0 makes the NCCL id and hands it to the others: MPI, a TCP rendezvous or a shared file
+static void dist_exchange_id(Dist* d, ncclUniqueId* id, const char* rendezvous) {
+    if (d->rank == 0) { ncclCheck(ncclGetUniqueId(id)); }
+#ifdef USE_MPI
+    if (d->mpi) {
+        mpiCheck(MPI_Bcast(id, (int)sizeof(*id), MPI_BYTE, 0, MPI_COMM_WORLD));
+        return;
+    }
+#endif
+    if (rendezvous == NULL) {
+        fail("%d processes need a rendezvous to find each other\nHINT: pass -F <file on a shared filesystem> or -F "
+             "tcp://<rank 0 host>:<port> to every process, or build with 'make train_fox USE_MPI=1' and launch with mpirun; "
+             "for one GPU inside a Slurm or MPI allocation pass -W 1", d->world);
+    }
+    char host[256];
+    int port;
+    if (rendezvous_is_tcp(rendezvous, host, sizeof(host), &port)) {
+        d->how = "TCP rendezvous";
+        if (d->rank == 0) { rendezvous_tcp_serve(port, id, sizeof(*id), d->world, RENDEZVOUS_TIMEOUT_S); }
+        else { rendezvous_tcp_fetch(host, port, id, sizeof(*id), d->rank, RENDEZVOUS_TIMEOUT_S); }
+    } else {
+        d->how = "file rendezvous";
+        if (d->rank == 0) {
+            rendezvous_file_publish(rendezvous, id, sizeof(*id), d->world);
+            rendezvous_file_await_acks(rendezvous, d->world, RENDEZVOUS_TIMEOUT_S);
+        } else {
+            rendezvous_file_fetch(rendezvous, id, sizeof(*id), d->rank, RENDEZVOUS_TIMEOUT_S);
+        }
+    }
+}
+
+// Finds this process's rank and GPU, initialises the GPU and, with more than one process,
+// the NCCL communicator.
+static void dist_init(Dist* d, const Args* a, int argc, char** argv) {
+    *d = g_single_process;
+    Topology t;
+#ifdef USE_MPI
+    if (a->rendezvous == NULL && launched_by_mpi()) {
+        mpiCheck(MPI_Init(&argc, &argv));
+        d->mpi = 1;
+        mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &t.rank));
+        mpiCheck(MPI_Comm_size(MPI_COMM_WORLD, &t.world));
+        MPI_Comm node;
+        mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+        mpiCheck(MPI_Comm_rank(node, &t.local_rank));
+        mpiCheck(MPI_Comm_free(&node));
+        if ((a->world > 0 && a->world != t.world) || (a->rank >= 0 && a->rank != t.rank)) {
+            fail("-W %d / -I %d disagree with mpirun's %d processes (this one rank %d)\nHINT: drop -W and -I under mpirun",
+                 a->world, a->rank, t.world, t.rank);
+        }
+        d->how = "MPI";
+    } else
+#endif
+    { (void)argc; (void)argv; resolve_topology(&t, a->world, a->rank); }
+    d->rank = t.rank; d->world = t.world; d->local_rank = t.local_rank;
+    d->zero_stage = a->zero_stage >= 0 ? a->zero_stage : (t.world > 1 ? 1 : 0);
+    setenv("NCCL_NVLS_ENABLE", "0", 0); // never NVLink multicast, unless the user asks for it
+#ifdef NO_NCCL
+    if (t.world > 1) {
+        fail("%d processes, but this train_fox was built without NCCL, so it trains on one GPU\nHINT: install NCCL "
+             "(or pass NCCL_HOME=<its directory> to make) and rebuild with 'make train_fox'", t.world);
+    }
+#endif
+    gpu_init_device(t.local_rank);
+    if (t.world == 1) { return; }
+    ncclUniqueId id;
+    dist_exchange_id(d, &id, a->rendezvous);
+    ncclCheck(ncclCommInitRank(&d->comm, d->world, id, d->rank));
+    if (d->rank == 0 && !d->mpi && a->rendezvous != NULL && strncmp(a->rendezvous, "tcp://", 6) != 0) {
+        rendezvous_file_cleanup(a->rendezvous, d->world); // every rank has joined: the file is spent
+    }
+    cudaCheck(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&d->ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&d->done, cudaEventDisableTiming));
+    d->gather_dev = (double*)gpu_malloc((size_t)d->world * GATHER_MAX * sizeof(double), "gather buffer");
+    d->scalar_dev = (double*)gpu_malloc(sizeof(double), "gather scalar");
+    d->gather_host = (double*)malloc_check((size_t)d->world * GATHER_MAX * sizeof(double), "gather buffer");
+}
+
+static void dist_free(Dist* d) {
+    if (d->comm != NULL) {
+        dist_wait(d);
+        ncclCheck(ncclCommDestroy(d->comm));
+        cudaCheck(cudaStreamDestroy(d->stream));
+        cudaCheck(cudaEventDestroy(d->ready)); cudaCheck(cudaEventDestroy(d->done));
+        cudaCheck(cudaFree(d->gather_dev)); cudaCheck(cudaFree(d->scalar_dev));
+        free(d->gather_host);
+    }
+#ifdef USE_MPI
+    if (d->mpi) { mpiCheck(MPI_Finalize()); }
+#endif
+    *d = g_single_process;
+}
+
+// ----------------------------------------------------------------------------
 // the GPU model: the twin's FoxModel holds the configuration, the parameter table and a
 // host copy of the weights (checkpoints, tests); the device holds everything else
 
@@ -1094,10 +1355,14 @@ typedef struct {
     FoxConfig config;
     size_t num_parameters;
     size_t offsets[NUM_PARAM_TENSORS]; // of each tensor in the flat buffers
-    float* params;      // fp32 master weights, the twin's flat layout
-    floatX* params_x;   // their matmul copy
-    float* grads;       // fp32, same layout
-    float* adam_m;      // fp32 AdamW moments, same layout
+    const Dist* dist;
+    size_t padded_parameters; // num_parameters rounded up to a multiple of the world size
+    size_t shard_offset, shard_size; // this rank's ZeRO-1 slice of the flat buffers
+    size_t opt_offset, opt_size;     // the slice whose AdamW state this rank holds and updates
+    float* params;      // (padded) fp32 master weights, the twin's flat layout
+    floatX* params_x;   // (padded) their matmul copy
+    float* grads;       // (padded) fp32, same layout
+    float* adam_m;      // (opt_size) fp32 AdamW moments of the slice at opt_offset
     float* adam_v;
     int max_B, max_T;
     char* acts_memory;
@@ -1109,7 +1374,7 @@ typedef struct {
     float* rope;        // (max_T, hd/2, 2) cos, sin; NULL without RoPE
     int* inputs;        // (B, T) device copies
     int* targets;
-    double* norm_partial;
+    double* norm_partial; // (NORM_BLOCKS)
     // host side
     int B, T;
     const int* inputs_host;
@@ -1117,7 +1382,6 @@ typedef struct {
     float mean_loss;    // of the last forward with targets, -1 otherwise
     float* losses_host; // (N)
     int* enc_host;      // (3N + 1 + V) counting-sort workspace
-    double norm_partial_host[NORM_BLOCKS];
 } GPUModel;
 
 // layer l's slice of a tensor in a flat buffer
@@ -1226,11 +1490,22 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     return off;
 }
 
+// the slice of the flat buffers whose AdamW moments this rank holds: all of them, except
+// under ZeRO-1 with several processes
+static void optimizer_slice(size_t n, const Dist* d, size_t* offset, size_t* count) {
+    int sharded = d->world > 1 && d->zero_stage == 1;
+    *offset = sharded ? shard_offset(n, d->world, d->rank) : 0;
+    *count = sharded ? shard_count(n, d->world) : padded_count(n, d->world);
+}
+
 // bytes of device memory for a model of n parameters trained on (B, T) batches
-static size_t gpu_memory_needed(const FoxConfig* cf, size_t n, int B, int T) {
+static size_t gpu_memory_needed(const FoxConfig* cf, size_t n, int B, int T, const Dist* dist) {
     GPUActivations a;
     GPUGradBuffers d;
-    size_t params = n * (4 * sizeof(float) + sizeof(floatX)); // master, grads, m, v + copy
+    size_t opt_offset, opt_count;
+    optimizer_slice(n, dist, &opt_offset, &opt_count);
+    size_t params = padded_count(n, dist->world) * (2 * sizeof(float) + sizeof(floatX)) + // master, grads, copy
+                    opt_count * 2 * sizeof(float);                                     // m, v
     size_t rope = cf->rope ? (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float) : 0;
     return params + layout_activations(&a, cf, B, T, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) + rope +
            2 * (size_t)B * T * sizeof(int) + WORKSPACE_BYTES;
@@ -1247,8 +1522,9 @@ static void gpu_params_to_host(GPUModel* g) {
     cudaCheck(cudaMemcpy(g->host->params_memory, g->params, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
-// Builds the device side of `host` (whose weights are uploaded) for batches up to (B, T).
-static void gpu_build(GPUModel* g, FoxModel* host, int B, int T) {
+// Builds the device side of `host` (whose weights are uploaded) for batches up to (B, T), as
+// one rank of `dist`.
+static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist* dist) {
     const FoxConfig* cf = &host->config;
     if (cf->n_embd / cf->n_head > MAX_HD) {
         fail("head size %d exceeds the GPU kernels' limit of %d\nHINT: use more heads (--n_head)", cf->n_embd / cf->n_head, MAX_HD);
@@ -1257,6 +1533,11 @@ static void gpu_build(GPUModel* g, FoxModel* host, int B, int T) {
     g->host = host;
     g->config = *cf;
     g->num_parameters = host->num_parameters;
+    g->dist = dist;
+    g->padded_parameters = padded_count(g->num_parameters, dist->world);
+    g->shard_offset = shard_offset(g->num_parameters, dist->world, dist->rank);
+    g->shard_size = shard_count(g->num_parameters, dist->world);
+    optimizer_slice(g->num_parameters, dist, &g->opt_offset, &g->opt_size);
     g->max_B = B;
     g->max_T = T;
     size_t offset = 0;
@@ -1264,16 +1545,17 @@ static void gpu_build(GPUModel* g, FoxModel* host, int B, int T) {
         g->offsets[t] = offset;
         offset += param_numel(&host->spec[t], cf->n_layer);
     }
-    g_memory_estimate = gpu_memory_needed(cf, g->num_parameters, B, T);
-    size_t np = g->num_parameters;
+    g_memory_estimate = gpu_memory_needed(cf, g->num_parameters, B, T, dist);
+    size_t np = g->padded_parameters, no = g->opt_size;
     g->params = (float*)gpu_malloc(np * sizeof(float), "master weights");
     g->params_x = (floatX*)gpu_malloc(np * sizeof(floatX), "matmul weights");
     g->grads = (float*)gpu_malloc(np * sizeof(float), "gradients");
-    g->adam_m = (float*)gpu_malloc(np * sizeof(float), "AdamW m");
-    g->adam_v = (float*)gpu_malloc(np * sizeof(float), "AdamW v");
+    g->adam_m = (float*)gpu_malloc(no * sizeof(float), "AdamW m");
+    g->adam_v = (float*)gpu_malloc(no * sizeof(float), "AdamW v");
+    cudaCheck(cudaMemset(g->params, 0, np * sizeof(float))); // the padding stays zero
     cudaCheck(cudaMemset(g->grads, 0, np * sizeof(float)));
-    cudaCheck(cudaMemset(g->adam_m, 0, np * sizeof(float)));
-    cudaCheck(cudaMemset(g->adam_v, 0, np * sizeof(float)));
+    cudaCheck(cudaMemset(g->adam_m, 0, no * sizeof(float)));
+    cudaCheck(cudaMemset(g->adam_v, 0, no * sizeof(float)));
     g->acts_bytes = layout_activations(&g->acts, cf, B, T, NULL);
     g->acts_memory = (char*)gpu_malloc(g->acts_bytes, "activations");
     layout_activations(&g->acts, cf, B, T, g->acts_memory);
@@ -1299,6 +1581,10 @@ static void gpu_build(GPUModel* g, FoxModel* host, int B, int T) {
     g->mean_loss = -1.0f;
     gpu_params_from_host(g);
 }
+
+#ifndef TRAIN_FOX_GPU_MAIN
+static void gpu_build(GPUModel* g, FoxModel* host, int B, int T) { gpu_build_dist(g, host, B, T, &g_single_process); }
+#endif
 
 static void gpu_free(GPUModel* g) {
     cudaCheck(cudaFree(g->params)); cudaCheck(cudaFree(g->params_x)); cudaCheck(cudaFree(g->grads));
@@ -1432,7 +1718,7 @@ static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int 
     }
 }
 
-static void gpu_zero_grad(GPUModel* g) { cudaCheck(cudaMemset(g->grads, 0, g->num_parameters * sizeof(float))); }
+static void gpu_zero_grad(GPUModel* g) { cudaCheck(cudaMemset(g->grads, 0, g->padded_parameters * sizeof(float))); }
 
 // the encoder backward's lists: distinct tokens, and for each its positions in increasing
 // order (a counting sort on the host, uploaded)
@@ -1571,20 +1857,36 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
 // ----------------------------------------------------------------------------
 // optimiser
 
-// global gradient norm: fixed-grid fp64 partials, summed on the host in order (frozen
-// tensors have zero gradients and add nothing)
-static double gpu_grad_norm(GPUModel* g) {
-    sumsq_partial_kernel<<<NORM_BLOCKS, 256>>>(g->norm_partial, g->grads, g->num_parameters);
-    launchCheck();
-    cudaCheck(cudaMemcpy(g->norm_partial_host, g->norm_partial, sizeof(g->norm_partial_host), cudaMemcpyDeviceToHost));
-    double sum = 0.0;
-    for (int i = 0; i < NORM_BLOCKS; i++) { sum += g->norm_partial_host[i]; }
-    return sqrt(sum);
+// Sums the gradients of all ranks (the backward scaled each rank's share by 1/(accum*world), so
+// the sum is the mean over the global batch): stage 0 everywhere, stage 1 only this rank's
+// shard (reduce-scatter, in place).
+static void gpu_reduce_grads(GPUModel* g) {
+    const Dist* d = g->dist;
+    if (d->world == 1) { return; }
+    dist_stream_begin(d);
+    if (d->zero_stage == 0) {
+        ncclCheck(ncclAllReduce(g->grads, g->grads, g->padded_parameters, ncclFloat, ncclSum, d->comm, d->stream));
+    } else {
+        ncclCheck(ncclReduceScatter(g->grads, g->grads + g->shard_offset, g->shard_size, ncclFloat, ncclSum, d->comm, d->stream));
+    }
+    dist_stream_end(d);
 }
 
-// one AdamW step (step is 1-based), the gradients clipped first to global norm o->grad_clip
-// when it is > 0 (the twin's rule: scale by grad_clip / (norm + 1e-6) when that is below 1)
-static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
+// global gradient norm (after gpu_reduce_grads): fixed-grid fp64 partials over this rank's
+// shard (everything in one process), gathered and summed on the host in order (frozen tensors
+// have zero gradients and add nothing)
+static double gpu_grad_norm(GPUModel* g) {
+    int one = g->dist->world == 1;
+    size_t lo = one ? 0 : g->shard_offset, n = one ? g->num_parameters : g->shard_size;
+    sumsq_partial_kernel<<<NORM_BLOCKS, 256>>>(g->norm_partial, g->grads + lo, n);
+    launchCheck();
+    return sqrt(dist_sum(g->dist, g->norm_partial, NORM_BLOCKS));
+}
+
+// one AdamW step (step is 1-based) on this rank's optimizer slice, the gradients clipped first
+// to global norm o->grad_clip when it is > 0 (the twin's rule: scale by grad_clip / (norm +
+// 1e-6) when that is below 1)
+static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
     float grad_scale = 1.0f;
     if (o->grad_clip > 0) {
         double coef = o->grad_clip / (norm + 1e-6);
@@ -1593,49 +1895,91 @@ static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, do
     float c1 = 1.0f - powf(o->beta1, (float)step), c2 = 1.0f - powf(o->beta2, (float)step);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         const ParamSpec* s = &g->host->spec[t];
-        size_t n = param_numel(s, g->config.n_layer), off = g->offsets[t];
+        size_t lo, n = range_overlap(g->offsets[t], param_numel(s, g->config.n_layer), g->opt_offset, g->opt_size, &lo);
         if (!s->trainable || n == 0) { continue; }
         float wd = s->decay ? o->weight_decay : 0.0f;
-        adamw_kernel<<<elem_blocks(n), 256>>>(g->params + off, g->params_x + off, g->grads + off, g->adam_m + off,
-                                              g->adam_v + off, n, lr, o->beta1, o->beta2, c1, c2, o->eps, wd, grad_scale);
+        size_t mo = lo - g->opt_offset;
+        adamw_kernel<<<elem_blocks(n), 256>>>(g->params + lo, g->params_x + lo, g->grads + lo, g->adam_m + mo,
+                                              g->adam_v + mo, n, lr, o->beta1, o->beta2, c1, c2, o->eps, wd, grad_scale);
+        launchCheck();
+    }
+}
+
+// the optimizer step; under ZeRO-1 the updated shards are then all-gathered
+static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
+    gpu_adamw(g, o, lr, step, norm);
+    const Dist* d = g->dist;
+    if (d->world > 1 && d->zero_stage == 1) {
+        dist_stream_begin(d);
+        ncclCheck(ncclAllGather(g->params + g->shard_offset, g->params, g->shard_size, ncclFloat, d->comm, d->stream));
+        dist_stream_end(d);
+        to_floatX_kernel<<<elem_blocks(g->num_parameters), 256>>>(g->params_x, g->params, g->num_parameters);
         launchCheck();
     }
 }
 
 // ----------------------------------------------------------------------------
-// checkpoints (the twin's files: fp32 master weights; AdamW moments in the state file)
+// checkpoints (the twin's files: fp32 master weights; AdamW moments in the state file). With
+// several processes rank 0 writes both files: the weights are the same on every rank and
+// ZeRO-1 shards of the moments are gathered first, so a run resumes on any number of GPUs.
 
-static void gpu_state_to_host(GPUModel* g) {
-    FoxModel* m = g->host;
-    gpu_params_to_host(g);
-    if (m->m_memory == NULL) {
-        m->m_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW m");
-        m->v_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW v");
-    }
-    cudaCheck(cudaMemcpy(m->m_memory, g->adam_m, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(m->v_memory, g->adam_v, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+// all-gathers one ZeRO-1 moment buffer into the gradient buffer (free between steps) and
+// copies it to `host` on rank 0; a collective
+static void gpu_gather_moments(GPUModel* g, const float* shard, float* host) {
+    const Dist* d = g->dist;
+    dist_stream_begin(d);
+    ncclCheck(ncclAllGather(shard, g->grads, g->shard_size, ncclFloat, d->comm, d->stream));
+    dist_stream_end(d);
+    dist_wait(d);
+    if (host != NULL) { cudaCheck(cudaMemcpy(host, g->grads, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost)); }
 }
 
-// uploads the host weights and, when the host has them, the AdamW moments (else zeros)
+// the weights and moments into the host model, on rank 0 (the others only join the collectives)
+static void gpu_state_to_host(GPUModel* g) {
+    FoxModel* m = g->host;
+    int writer = g->dist->rank == 0;
+    if (writer) {
+        gpu_params_to_host(g);
+        if (m->m_memory == NULL) {
+            m->m_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW m");
+            m->v_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW v");
+        }
+    }
+    if (g->opt_offset == 0 && g->opt_size >= g->num_parameters) {
+        if (writer) {
+            cudaCheck(cudaMemcpy(m->m_memory, g->adam_m, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(m->v_memory, g->adam_v, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+        }
+    } else {
+        gpu_gather_moments(g, g->adam_m, writer ? m->m_memory : NULL);
+        gpu_gather_moments(g, g->adam_v, writer ? m->v_memory : NULL);
+    }
+}
+
+// uploads the host weights and, when the host has them, this rank's slice of the AdamW
+// moments (else zeros)
 static void gpu_state_from_host(GPUModel* g) {
     FoxModel* m = g->host;
     gpu_params_from_host(g);
-    if (m->m_memory != NULL) {
-        cudaCheck(cudaMemcpy(g->adam_m, m->m_memory, g->num_parameters * sizeof(float), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(g->adam_v, m->v_memory, g->num_parameters * sizeof(float), cudaMemcpyHostToDevice));
-    } else {
-        cudaCheck(cudaMemset(g->adam_m, 0, g->num_parameters * sizeof(float)));
-        cudaCheck(cudaMemset(g->adam_v, 0, g->num_parameters * sizeof(float)));
+    cudaCheck(cudaMemset(g->adam_m, 0, g->opt_size * sizeof(float)));
+    cudaCheck(cudaMemset(g->adam_v, 0, g->opt_size * sizeof(float)));
+    size_t lo, n = range_overlap(0, g->num_parameters, g->opt_offset, g->opt_size, &lo);
+    if (m->m_memory != NULL && n > 0) {
+        cudaCheck(cudaMemcpy(g->adam_m, m->m_memory + lo, n * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(g->adam_v, m->v_memory + lo, n * sizeof(float), cudaMemcpyHostToDevice));
     }
 }
 
+// a collective with several processes: every rank calls it, rank 0 writes
 static void gpu_save_checkpoint(GPUModel* g, const char* dir, const DataLoader* train, int step) {
     char model_path[4096], state_path[4096];
     checkpoint_paths(dir, step, model_path, state_path, sizeof(model_path));
     gpu_state_to_host(g);
-    TrainState s = {step, train->epoch, train->shard_pos, train->batch_pos, 1};
+    if (g->dist->rank != 0) { return; }
+    int world = g->dist->world;
+    TrainState s = {step, train->epoch, train->shard_pos, train->batch_pos, world, train->B * world};
     save_state(g->host, &s, state_path);
-    save_model(g->host, model_path);
+    save_model(g->host, model_path); // last: a model file marks a complete checkpoint
     printf("saved %s\n", model_path);
 }
 
@@ -1661,88 +2005,132 @@ static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_
     free(tokens); free(row_x); free(row);
 }
 
+// Mean loss over max_batches batches of B sequences (0: the whole validation set). With
+// several processes each evaluates its slice of every batch and the sums are gathered: for
+// max_batches a multiple of the world size they cover the same sequences as one process.
 static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
     dataloader_set_position(val, 0, 0, 0);
     if (val->current_batches == 0) { dataloader_advance_shard(val); }
-    size_t total = dataloader_total_batches(val);
-    int n = max_batches > 0 && (size_t)max_batches < total ? max_batches : (int)total;
+    size_t total = dataloader_total_batches(val); // batches of B * world sequences
+    int world = g->dist->world;
+    size_t want = max_batches > 0 ? ceil_div((size_t)max_batches, (size_t)world) : total;
+    int n = (int)(want < total ? want : total);
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         dataloader_next_batch(val);
         gpu_forward(g, val->inputs, val->targets, val->B, val->T);
         sum += g->mean_loss;
     }
-    return (float)(sum / n);
+    return (float)(dist_sum_scalar(g->dist, sum) / ((double)n * world));
 }
 
 // ----------------------------------------------------------------------------
 
 #ifdef TRAIN_FOX_GPU_MAIN
+// Loads the newest complete checkpoint of a.out_dir into the host model and the GPU and moves
+// the training data to its position; returns its step. The data position is translated when
+// the number of processes or the micro-batch changed, which works when the sequences consumed
+// so far fill whole batches of the new size.
+static int gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* train) {
+    const Dist* d = g->dist;
+    int step = latest_checkpoint(a->out_dir);
+    dist_check_same(d, step, "the newest checkpoint in -o (the directory must be on a filesystem all processes share)");
+    if (step < 0) { fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a->out_dir); }
+    char model_path[4096], state_path[4096];
+    checkpoint_paths(a->out_dir, step, model_path, state_path, sizeof(model_path));
+    FoxModel loaded;
+    load_model(&loaded, model_path);
+    if (loaded.num_parameters != model->num_parameters || memcmp(&loaded.config, &model->config, sizeof(FoxConfig)) != 0) {
+        fail("the checkpoint '%s' holds another model than -e %s\nHINT: resume with the same -e and overrides as the run that wrote it", model_path, a->model);
+    }
+    memcpy(model->params_memory, loaded.params_memory, model->num_parameters * sizeof(float));
+    fox_free(&loaded);
+    TrainState s;
+    load_state(model, &s, state_path);
+    gpu_state_from_host(g);
+    if (d->rank != 0) { // only rank 0 writes checkpoints: the host copy of the moments is spent
+        free(model->m_memory); free(model->v_memory);
+        model->m_memory = model->v_memory = NULL;
+    }
+    long samples = (long)train->B * train->world;
+    long saved = s.batch_samples > 0 ? s.batch_samples : (s.world == train->world ? samples : 0); // 0: an older file
+    long batch_pos = translate_batch_pos(s.batch_pos, saved, samples);
+    if (batch_pos < 0) {
+        fail("'%s' stopped %d batches of %ld sequences into a shard, which is no whole number of batches of -b %d x %d processes\nHINT: resume with -b and the process count of the run that wrote it (%d processes)",
+             state_path, s.batch_pos, saved, train->B, train->world, s.world);
+    }
+    dataloader_set_position(train, s.epoch, s.shard_pos, (int)batch_pos);
+    printf("resumed from %s at step %d (written by %d process(es))\n", model_path, s.step, s.world);
+    return s.step;
+}
+
 int main(int argc, char** argv) {
     Args a;
     parse_args(&a, argc, argv);
-    gpu_init();
+    Dist dist;
+    dist_init(&dist, &a, argc, argv);
+    if (dist.rank > 0 && freopen("/dev/null", "w", stdout) == NULL) { // rank 0 alone logs; errors go to stderr
+        fail("rank %d could not silence its output: %s", dist.rank, strerror(errno));
+    }
     FoxModel model;
     build_model(&model, &a);
     const FoxConfig* cf = &model.config;
-    if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T; }
-    long micro_tokens = (long)a.B * a.T;
+    if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T * dist.world; }
+    long micro_tokens = (long)a.B * a.T * dist.world; // one micro-step of every process
     if (a.total_batch_tokens % micro_tokens != 0) {
-        fail("total batch -d %ld is not a multiple of b*t = %ld\nHINT: choose -d as a multiple of -b times -t", a.total_batch_tokens, micro_tokens);
+        fail("total batch -d %ld is not a multiple of b*t*processes = %d*%d*%d = %ld\nHINT: choose -d as a multiple of -b times -t times the process count",
+             a.total_batch_tokens, a.B, a.T, dist.world, micro_tokens);
     }
     int accum = (int)(a.total_batch_tokens / micro_tokens);
+    float loss_scale = 1.0f / ((float)accum * dist.world); // the summed gradients are the global batch's mean
     DataLoader train, val;
-    dataloader_init(&train, a.train_pattern, a.B, a.T, 0, 1, 1, a.roll, a.seed, cf->vocab_size);
+    dataloader_init(&train, a.train_pattern, a.B, a.T, dist.rank, dist.world, 1, a.roll, a.seed, cf->vocab_size);
     int have_val = a.val_every > 0;
-    if (have_val) { dataloader_init(&val, a.val_pattern, a.B, a.T, 0, 1, 0, 0, a.seed, cf->vocab_size); }
+    if (have_val) { dataloader_init(&val, a.val_pattern, a.B, a.T, dist.rank, dist.world, 0, 0, a.seed, cf->vocab_size); }
     if (a.steps < 0) { a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum); if (a.steps < 1) { a.steps = 1; } }
     LRSchedule sched = {a.schedule, a.lr, 0, (double)a.steps * a.total_batch_tokens, (double)a.total_batch_tokens};
     sched.warmup_tokens = a.warmup_tokens >= 0 ? (double)a.warmup_tokens : fmin(268435456.0, 0.1 * sched.total_tokens);
     AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
     Tokenizer tk;
-    int have_tokenizer = tokenizer_init(&tk, a.tokenizer_path);
+    int have_tokenizer = dist.rank == 0 && tokenizer_init(&tk, a.tokenizer_path);
     if (!have_tokenizer && a.sample_every > 0) { printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path); }
+    dist_check_same(&dist, (double)model.num_parameters, "the parameter count (-e and model overrides)");
+    dist_check_same(&dist, a.B, "the micro-batch -b");
+    dist_check_same(&dist, a.T, "the sequence length -t");
+    dist_check_same(&dist, (double)a.total_batch_tokens, "the total batch -d");
+    dist_check_same(&dist, (double)a.steps, "the steps -x");
+    dist_check_same(&dist, (double)a.seed, "the seed -S");
+    dist_check_same(&dist, dist.zero_stage, "the ZeRO stage -Q");
+    // these decide when the collectives of validation and checkpoints happen
+    dist_check_same(&dist, a.val_every * 2.0 + (a.out_dir != NULL), "-v and whether -o is given");
+    dist_check_same(&dist, a.val_batches, "the validation batches -m");
+    dist_check_same(&dist, a.checkpoint_every * 2.0 + a.resume, "-n and -y");
 
     printf("device: %s (%d SMs, %.1f GiB), precision %s\n", g_prop.name, g_prop.multiProcessorCount,
            g_prop.totalGlobalMem / 1073741824.0, PRECISION_NAME);
+    if (dist.world > 1) {
+        printf("data parallel: %d processes (%s), ZeRO stage %d, NCCL_NVLS_ENABLE=%s\n", dist.world, dist.how,
+               dist.zero_stage, getenv("NCCL_NVLS_ENABLE"));
+    }
     config_print(stdout, cf);
     size_t matmul_params = fox_matmul_params(&model);
     double flops_per_token = 6.0 * (double)matmul_params + 6.0 * cf->n_layer * cf->n_embd * (double)a.T;
     double peak = gpu_peak_flops();
-    size_t need = gpu_memory_needed(cf, model.num_parameters, a.B, a.T);
+    size_t need = gpu_memory_needed(cf, model.num_parameters, a.B, a.T, &dist);
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free\n",
+    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU)\n",
            model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0);
-    printf("batch: %d x %d tokens, %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | %s schedule, peak lr %g\n",
-           a.B, a.T, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
+    printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | %s schedule, peak lr %g\n",
+           a.B, a.T, dist.world, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
     printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g, peak %s\n", matmul_params,
-           cf->n_layer, cf->n_embd, a.T, flops_per_token, peak > 0 ? "989 TFLOP/s (bf16 dense)" : "unknown for this GPU (MFU n/a)");
+           cf->n_layer, cf->n_embd, a.T, flops_per_token, peak > 0 ? "989 TFLOP/s (bf16 dense) per GPU" : "unknown for this GPU (MFU n/a)");
     GPUModel gm;
-    gpu_build(&gm, &model, a.B, a.T);
+    gpu_build_dist(&gm, &model, a.B, a.T, &dist);
 
-    int start = 0;
-    if (a.resume) {
-        int step = latest_checkpoint(a.out_dir);
-        if (step < 0) { fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a.out_dir); }
-        char model_path[4096], state_path[4096];
-        checkpoint_paths(a.out_dir, step, model_path, state_path, sizeof(model_path));
-        FoxModel loaded;
-        load_model(&loaded, model_path);
-        if (loaded.num_parameters != model.num_parameters || memcmp(&loaded.config, &model.config, sizeof(FoxConfig)) != 0) {
-            fail("the checkpoint '%s' holds another model than -e %s\nHINT: resume with the same -e and overrides as the run that wrote it", model_path, a.model);
-        }
-        memcpy(model.params_memory, loaded.params_memory, model.num_parameters * sizeof(float));
-        fox_free(&loaded);
-        TrainState s;
-        load_state(&model, &s, state_path);
-        gpu_state_from_host(&gm);
-        dataloader_set_position(&train, s.epoch, s.shard_pos, s.batch_pos);
-        start = s.step;
-        printf("resumed from %s at step %d\n", model_path, start);
-    }
+    int start = a.resume ? gpu_resume(&gm, &model, &a, &train) : 0;
     FILE* logf_ = NULL;
-    if (a.out_dir != NULL) {
+    if (a.out_dir != NULL && dist.rank == 0) {
         mkdir(a.out_dir, 0755);
         char path[4096];
         snprintf(path, sizeof(path), "%s/main.log", a.out_dir);
@@ -1766,26 +2154,30 @@ int main(int argc, char** argv) {
         if (last) { break; }
         double t0 = now_seconds();
         gpu_zero_grad(&gm);
-        double loss = 0.0;
+        double loss = 0.0; // this process's share of the global batch's mean loss
         for (int micro = 0; micro < accum; micro++) {
             dataloader_next_batch(&train);
             gpu_forward(&gm, train.inputs, train.targets, a.B, a.T);
-            gpu_backward(&gm, 1.0f / accum);
-            loss += gm.mean_loss / accum;
+            gpu_backward(&gm, loss_scale);
+            loss += gm.mean_loss / (accum * dist.world);
         }
+        loss = dist_sum_scalar(&dist, loss); // before the gradients' collective: its upload blocks
+        gpu_reduce_grads(&gm);
         double norm = gpu_grad_norm(&gm);
         if (!isfinite(loss) || !isfinite(norm)) {
             fail("step %ld: loss %f, grad norm %f: training diverged\nHINT: lower the learning rate (-l) or resume from an earlier checkpoint", step + 1, loss, norm);
         }
         float lr = (float)lr_at_step(&sched, step);
         gpu_update(&gm, &opt, lr, (int)step + 1, norm);
+        dist_wait(&dist);
         cudaCheck(cudaDeviceSynchronize());
         double dt = now_seconds() - t0;
         double tok_s = a.total_batch_tokens / dt;
-        char mfu[32] = "n/a";
-        if (peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops_per_token * tok_s / peak); }
-        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %s\n", step + 1, a.steps,
-               loss, norm, lr, dt * 1e3, tok_s, mfu);
+        char mfu[32] = "n/a", per_gpu[48] = "";
+        if (peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops_per_token * tok_s / (peak * dist.world)); }
+        if (dist.world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / dist.world); }
+        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s\n", step + 1, a.steps,
+               loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
         log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
     }
     if (logf_ != NULL) { fclose(logf_); }
@@ -1794,6 +2186,7 @@ int main(int argc, char** argv) {
     if (have_val) { dataloader_free(&val); }
     gpu_free(&gm);
     fox_free(&model);
+    dist_free(&dist);
     return 0;
 }
 #endif
