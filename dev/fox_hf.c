@@ -20,6 +20,7 @@ exiting, so that dev/fuzz/fuzz_safetensors.c can fuzz them.
 #endif
 #include "../train_fox.c"
 #endif
+#include <float.h>
 
 // ----------------------------------------------------------------------------
 // a strict JSON reader (RFC 8259): the whole document becomes an array of nodes, children
@@ -576,7 +577,11 @@ static float f16_to_f32(uint16_t h) {
 // little-endian element i of a tensor's bytes, as fp32 (exact for F16 and BF16)
 static float st_element(const uint8_t* p, int dtype, size_t i) {
     if (dtype == ST_F32) { float f; memcpy(&f, p + 4 * i, 4); return f; }
-    if (dtype == ST_F64) { double d; memcpy(&d, p + 8 * i, 8); return (float)d; }
+    if (dtype == ST_F64) { // beyond float's range the conversion is undefined: make it infinite
+        double d;
+        memcpy(&d, p + 8 * i, 8);
+        return fabs(d) > FLT_MAX ? (d > 0 ? INFINITY : -INFINITY) : (float)d;
+    }
     uint16_t h;
     memcpy(&h, p + 2 * i, 2);
     return dtype == ST_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
