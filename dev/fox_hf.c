@@ -329,8 +329,9 @@ static int json_parse(Json* j, const char* src, size_t len, char* error, size_t 
     return result;
 }
 
-// the member of an object with this key, 0 when absent
+// the member of an object with this key, 0 when absent (or when not an object)
 static size_t json_member(const Json* j, size_t object, const char* key) {
+    if (j->nodes[object].type != JSON_OBJECT) { return 0; }
     for (size_t c = j->nodes[object].first; c != 0; c = j->nodes[c].next) {
         if (strcmp(j->nodes[c].key, key) == 0) { return c; }
     }
@@ -939,6 +940,7 @@ static void hf_import(const char* dir, const char* model_path, int unshare_qk_no
             if (!expected) { fail("'%s' holds tensor '%s', which config.json does not imply\nHINT: the weights and config.json do not belong together", path, st.tensors[i].name); }
         }
     }
+    if (unshare_qk_norm && !c.qk_norm_shared) { printf("note: --unshare-qk-norm: the QK-norm scales are not shared, nothing to do\n"); }
     if (c.qk_norm_shared && unshare_qk_norm) {
         // each head starts from the shared scale: the same function, trained per head from here on
         FoxModel per_head;
