@@ -141,7 +141,8 @@ def reference_config(config, batch_cfg):
 
 
 MODEL_KEYS = ["n_layer", "n_embd", "n_head", "vocab_size", "mlp_hidden", "block", "gate", "k_shift", "v_shift",
-              "qk_norm", "qk_norm_shared", "output_gate", "output_norm", "rope", "rope_theta", "window"]
+              "qk_norm", "qk_norm_shared", "output_gate", "output_norm", "rope", "rope_theta", "window",
+              "decay_time_min", "decay_time_max"]
 
 # ----------------------------------------------------------------------------
 
