@@ -907,8 +907,8 @@ static void test_hf_roundtrip(void) {
 }
 
 // a copy of the export src as folder dst, its model.safetensors changed: the first `find` in the
-// header replaced by `replace` (the length field follows), then `drop` bytes cut off the end;
-// a non-zero header_len overrides the length field
+// header replaced by `replace` (the length field follows), then `drop` bytes cut off the end
+// (at least 4 bytes stay); a non-zero header_len overrides the length field
 static void hf_corrupt_copy(const char* src, const char* dst, const char* find, const char* replace, size_t drop, uint64_t header_len) {
     char path[600], out[600];
     make_dir(dst);
@@ -918,23 +918,22 @@ static void hf_corrupt_copy(const char* src, const char* dst, const char* find, 
     snprintf(path, sizeof(path), "%s/model.safetensors", src);
     size_t size;
     uint8_t* buf = read_file(path, SIZE_MAX, &size);
-    size_t n = (size_t)read_le64(buf);
-    Text t = {NULL, 0, 0};
-    text_add(&t, "%.*s", (int)n, (const char*)buf + 8);
-    const char* at = find != NULL ? strstr(t.s, find) : NULL;
-    Text h = {NULL, 0, 0};
-    if (at != NULL) { text_add(&h, "%.*s%s%s", (int)(at - t.s), t.s, replace, at + strlen(find)); } else { text_add(&h, "%s", t.s); }
-    uint64_t len = header_len != 0 ? header_len : (uint64_t)h.len;
-    uint8_t len_bytes[8];
-    for (int i = 0; i < 8; i++) { len_bytes[i] = (uint8_t)(len >> (8 * i)); }
+    size_t n = (size_t)read_le64(buf), data = size - 8 - n;
+    Text header = {NULL, 0, 0}, file = {NULL, 0, 0};
+    text_add(&header, "%.*s", (int)n, (const char*)buf + 8);
+    const char* at = find != NULL ? strstr(header.s, find) : NULL;
+    uint64_t new_len = header.len + (at != NULL ? strlen(replace) - strlen(find) : 0);
+    uint64_t len = header_len != 0 ? header_len : new_len;
+    for (int i = 0; i < 8; i++) { text_add(&file, "%c", (char)(len >> (8 * i))); } // %c writes NUL bytes too
+    if (at != NULL) { text_add(&file, "%.*s%s%s", (int)(at - header.s), header.s, replace, at + strlen(find)); }
+    else { text_add(&file, "%s", header.s); }
+    size_t total = file.len + data, keep = drop < total - 4 ? total - drop : 4;
     snprintf(out, sizeof(out), "%s/model.safetensors", dst);
     FILE* f = fopen_check(out, "wb");
-    size_t data = size - 8 - n, keep_data = drop < data ? data - drop : 0;
-    fwrite_check(len_bytes, 1, drop > data + h.len ? 4 : 8, f, out);
-    if (drop <= data) { fwrite_check(h.s, 1, h.len, f, out); }
-    fwrite_check(buf + 8 + n, 1, keep_data, f, out);
+    fwrite_check(file.s, 1, keep < file.len ? keep : file.len, f, out);
+    if (keep > file.len) { fwrite_check(buf + 8 + n, 1, keep - file.len, f, out); }
     fclose(f);
-    free(t.s); free(h.s); free(buf);
+    free(header.s); free(file.s); free(buf);
 }
 
 static int hf_parse_text(const char* header, size_t data_size) {
