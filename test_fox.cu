@@ -735,7 +735,6 @@ static void test_command_line(void) {
     expect_failure(parse_args_child, bad_heads, "--n_head 3 with n_embd 128");
 }
 
-
 // ----------------------------------------------------------------------------
 // HuggingFace export and import (dev/fox_hf.c); dev/hf_check.py checks the numbers against
 // the reference, these the round trip, the file contents and bad input
@@ -764,7 +763,7 @@ static int hf_cli_ok(const char* const* argv) {
 
 typedef struct { const char* name; const char* preset; const char* keys[2]; const char* values[2]; int vocab; } HfVariant;
 
-// every parameter random (norm scales and biases too), the vocabulary's pad rows 0
+// every parameter random (norm scales and biases too); the vocabulary's pad rows stay 0 from fox_build
 static void hf_random_model(FoxModel* m, const HfVariant* v, uint64_t seed) {
     FoxConfig c;
     config_from_preset(&c, v->preset);
@@ -772,7 +771,6 @@ static void hf_random_model(FoxModel* m, const HfVariant* v, uint64_t seed) {
     if (v->vocab > 0) { c.vocab_size = v->vocab; c.padded_vocab_size = padded_vocab(v->vocab); }
     c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
     fox_build(m, &c);
-    fox_init(m, seed);
     uint64_t rng = seed;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         float* p = param_tensor(&m->params, t);
