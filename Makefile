@@ -60,13 +60,17 @@ endif
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 HAVE_GPU_TRAINER := $(wildcard train_fox.cu)
 
-.PHONY: all train train-cpu train-gpu test fixtures-check multi-gpu-check clean
-all: train_fox_cpu test_fox
+.PHONY: all train train-cpu train-gpu test fixtures-check hf-check multi-gpu-check clean
+all: train_fox_cpu test_fox fox_hf
 
 include data/data.mk
 
 train_fox_cpu: train_fox.c
 	$(CC) $(CFLAGS) $(WARN) $(OMP_FLAGS) $< -o $@ $(LDLIBS)
+
+# export to / import from the authors' HuggingFace layout (README.md)
+fox_hf: dev/fox_hf.c train_fox.c
+	$(CC) $(CFLAGS) $(WARN) -Wno-unused-function $(OMP_FLAGS) $< -o $@ $(LDLIBS)
 
 ifneq ($(HAVE_GPU_TRAINER),)
 train_fox: train_fox.cu train_fox.c fox_dist.h
@@ -77,7 +81,7 @@ endif
 
 # The tests build with nvcc when there is one (so the GPU code is compiled everywhere and
 # cannot rot), else with the C++ compiler (CPU part only).
-TEST_DEPS = test_fox.cu train_fox.c fox_dist.h $(HAVE_GPU_TRAINER)
+TEST_DEPS = test_fox.cu train_fox.c fox_dist.h dev/fox_hf.c $(HAVE_GPU_TRAINER)
 test_fox: $(TEST_DEPS)
 ifneq ($(NVCC),)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
@@ -114,8 +118,13 @@ multi-gpu-check: $(if $(DATA_READY),,data)
 	dev/multi_gpu_check.sh $(MULTI_GPU_LOG)
 
 # tokenizer-test also writes the decode table that test_fox checks
-test: tokenizer-test test_fox
+test: tokenizer-test test_fox hf-check
 	./test_fox
+
+# fox_hf against the float64 reference: import, twin logits, export, reference logits
+hf-check: fox_hf
+	@if /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then /usr/bin/python3 dev/hf_check.py --fox-hf ./fox_hf; \
+	else echo "skipped: hf-check (needs /usr/bin/python3 with torch and numpy: apt-get install python3-torch python3-numpy)"; fi
 
 # CI: the committed reference fixtures must equal what the reference computes now
 fixtures-check:
@@ -124,4 +133,4 @@ fixtures-check:
 	/usr/bin/python3 dev/compare_debug_states.py build/fixtures dev/fixtures
 
 clean:
-	rm -rf build train_fox train_fox_cpu test_fox
+	rm -rf build train_fox train_fox_cpu test_fox fox_hf

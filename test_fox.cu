@@ -18,6 +18,7 @@ Builds with nvcc (as CUDA) or with any C++ compiler (CPU part only).
 #include "train_fox.c"
 #include "fox_dist.h"
 #endif
+#include "dev/fox_hf.c" // HF export and import
 #include <fcntl.h>
 #include <sys/wait.h>
 
@@ -736,6 +737,317 @@ static void test_command_line(void) {
 }
 
 // ----------------------------------------------------------------------------
+// HuggingFace export and import (dev/fox_hf.c); dev/hf_check.py checks the numbers against
+// the reference, these the round trip, the file contents and bad input
+
+static void hf_cli_child(const void* arg) {
+    const char* const* argv = (const char* const*)arg;
+    int argc = 0;
+    while (argv[argc] != NULL) { argc++; }
+    fox_hf_cli(argc, (char**)argv);
+}
+
+// fox_hf with these arguments in a child process (it exits on errors); 1 if it succeeded
+static int hf_cli_ok(const char* const* argv) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) { dup2(devnull, 1); dup2(devnull, 2); }
+        hf_cli_child(argv);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+typedef struct { const char* name; const char* preset; const char* keys[2]; const char* values[2]; int vocab; } HfVariant;
+
+// every parameter random (norm scales and biases too); the vocabulary's pad rows stay 0 from fox_build
+static void hf_random_model(FoxModel* m, const HfVariant* v, uint64_t seed) {
+    FoxConfig c;
+    config_from_preset(&c, v->preset);
+    for (int i = 0; i < 2 && v->keys[i] != NULL; i++) { config_set(&c, v->keys[i], v->values[i]); }
+    if (v->vocab > 0) { c.vocab_size = v->vocab; c.padded_vocab_size = padded_vocab(v->vocab); }
+    c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
+    fox_build(m, &c);
+    uint64_t rng = seed;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        float* p = param_tensor(&m->params, t);
+        size_t n = param_numel(&m->spec[t], c.n_layer);
+        if (t == P_WTE || t == P_LM_HEAD) { n = (size_t)c.vocab_size * c.n_embd; }
+        for (size_t i = 0; i < n; i++) { p[i] = (float)rng_normal(&rng); }
+    }
+}
+
+static int hf_same_model(const FoxModel* a, const FoxModel* b) {
+    return memcmp(&a->config, &b->config, sizeof(FoxConfig)) == 0 && a->num_parameters == b->num_parameters &&
+           memcmp(a->params_memory, b->params_memory, a->num_parameters * sizeof(float)) == 0;
+}
+
+// the named tensor of an exported file has this shape and holds exactly these floats
+static int hf_tensor_is(const SafeTensors* st, const char* name, size_t rows, size_t cols, const float* want) {
+    const StTensor* t = safetensors_find(st, name);
+    if (t == NULL || t->dtype != ST_F32 || t->shape[0] != rows || t->ndim != (cols > 0 ? 2 : 1) || (cols > 0 && t->shape[1] != cols)) { return 0; }
+    return memcmp(st->data + t->begin, want, rows * (cols > 0 ? cols : 1) * sizeof(float)) == 0;
+}
+
+// the authors' names and shapes (HF_LAYOUT), written out here rather than derived from param_hf_name
+static void hf_check_contents(const FoxModel* m, const char* dir, const char* what) {
+    char path[600];
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    size_t size;
+    uint8_t* buf = read_file(path, SIZE_MAX, &size);
+    SafeTensors st;
+    char error[256];
+    if (safetensors_parse(&st, buf, size, error, sizeof(error)) != 0) {
+        check(0, "hf %s: the export does not parse: %s", what, error);
+        free(buf);
+        return;
+    }
+    const FoxConfig* c = &m->config;
+    const ParameterTensors* p = &m->params;
+    size_t C = (size_t)c->n_embd, H = (size_t)c->n_head, V = (size_t)c->vocab_size, I = (size_t)c->mlp_hidden;
+    size_t qk = c->qk_norm_shared ? C / H : C;
+    int ok = hf_tensor_is(&st, "model.embeddings.weight", V, C, p->wte) && hf_tensor_is(&st, "lm_head.weight", V, C, p->lm_head) &&
+             hf_tensor_is(&st, "model.norm.weight", C, 0, p->norm_f) &&
+             hf_tensor_is(&st, "model.layers.1.attn.q_proj.weight", C, C, p->wq + C * C) &&
+             hf_tensor_is(&st, "model.layers.1.attn.o_proj.weight", C, C, p->wo + C * C) &&
+             hf_tensor_is(&st, "model.layers.1.mlp.gate_proj.weight", 2 * I, C, p->wgu + 2 * I * C) &&
+             hf_tensor_is(&st, "model.layers.0.mlp.down_proj.weight", C, I, p->wdown) &&
+             hf_tensor_is(&st, "model.layers.1.mlp_norm.weight", C, 0, p->mlp_norm + C);
+    ok = ok && (c->k_shift ? hf_tensor_is(&st, "model.layers.1.attn.k_proj.linear.weight", C, C, p->wk + C * C) &&
+                             hf_tensor_is(&st, "model.layers.1.attn.k_proj.shift_proj.weight", H, C, p->wk_shift + H * C)
+                           : hf_tensor_is(&st, "model.layers.1.attn.k_proj.weight", C, C, p->wk + C * C));
+    ok = ok && (c->v_shift ? hf_tensor_is(&st, "model.layers.1.attn.v_proj.shift_proj.weight", H, C, p->wv_shift + H * C)
+                           : hf_tensor_is(&st, "model.layers.1.attn.v_proj.weight", C, C, p->wv + C * C));
+    if (c->gate == GATE_FULL) {
+        ok = ok && hf_tensor_is(&st, "model.layers.1.attn.fgate_proj.weight", H, C, p->wf + H * C) &&
+             hf_tensor_is(&st, "model.layers.1.attn.fgate_proj.bias", H, 0, p->bf + H);
+    } else if (c->gate != GATE_NONE) {
+        ok = ok && hf_tensor_is(&st, "model.layers.1.attn.fgate_bias", H, 0, p->bf + H);
+    }
+    if (c->qk_norm) { ok = ok && hf_tensor_is(&st, "model.layers.1.attn.k_norm.weight", qk, 0, p->k_norm + qk); }
+    if (c->output_gate) { ok = ok && hf_tensor_is(&st, "model.layers.1.attn.ogate_proj.weight", C, C, p->wg + C * C); }
+    if (c->output_norm) { ok = ok && hf_tensor_is(&st, "model.layers.1.attn.output_norm.weight", C, 0, p->o_norm + C); }
+    size_t count = st.count;
+    size_t want_count;
+    HfTensor* list = hf_tensors_alloc(m, &want_count);
+    free(list);
+    check(ok && count == want_count, "hf %s: %zu tensors by the authors' names and shapes, pad rows dropped, values exact", what, count);
+    safetensors_free(&st);
+    free(buf);
+}
+
+static void test_hf_roundtrip(void) {
+    static const HfVariant variants[] = {
+        {"fox-pro-tiny", "fox-pro-tiny", {NULL, NULL}, {NULL, NULL}, 0},
+        {"transformer-llama-tiny", "transformer-llama-tiny", {NULL, NULL}, {NULL, NULL}, 1000},
+        {"fox-pro qk_norm_shared", "fox-pro-tiny", {"qk_norm_shared", NULL}, {"1", NULL}, 1000},
+        {"fox-pro gate bias_only", "fox-pro-tiny", {"gate", NULL}, {"bias_only", NULL}, 1000},
+        {"fox-llama gate fixed", "fox-llama-tiny", {"gate", NULL}, {"fixed", NULL}, 1000},
+        {"fox-pro shifts off", "fox-pro-tiny", {"k_shift", "v_shift"}, {"0", "0"}, 1000},
+    };
+    static char model_path[512], dir[512], back_path[512];
+    for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
+        FoxModel m, back;
+        hf_random_model(&m, &variants[i], 11 + i);
+        snprintf(model_path, sizeof(model_path), "%s/hf_%zu.bin", test_dir, i);
+        snprintf(dir, sizeof(dir), "%s/hf_%zu", test_dir, i);
+        snprintf(back_path, sizeof(back_path), "%s/hf_%zu_back.bin", test_dir, i);
+        save_model(&m, model_path);
+        const char* export_argv[] = {"export", model_path, dir, NULL};
+        const char* import_argv[] = {"import", dir, back_path, NULL};
+        int ran = hf_cli_ok(export_argv) && hf_cli_ok(import_argv);
+        int same = 0;
+        if (ran) {
+            load_model(&back, back_path);
+            same = hf_same_model(&m, &back);
+            fox_free(&back);
+        }
+        check(ran && same, "hf %s: export then import gives the configuration and %zu parameters bit for bit", variants[i].name, m.num_parameters);
+        if (ran) { hf_check_contents(&m, dir, variants[i].name); }
+        fox_free(&m);
+    }
+    // bf16 export: the import holds the round-to-nearest-even of every parameter
+    FoxModel m, back;
+    hf_random_model(&m, &variants[2], 3);
+    snprintf(model_path, sizeof(model_path), "%s/hf_bf16.bin", test_dir);
+    snprintf(dir, sizeof(dir), "%s/hf_bf16", test_dir);
+    snprintf(back_path, sizeof(back_path), "%s/hf_bf16_back.bin", test_dir);
+    save_model(&m, model_path);
+    const char* export_bf16[] = {"export", "--bf16", model_path, dir, NULL};
+    const char* import_bf16[] = {"import", dir, back_path, NULL};
+    int ok = hf_cli_ok(export_bf16) && hf_cli_ok(import_bf16);
+    if (ok) {
+        load_model(&back, back_path);
+        for (size_t k = 0; k < m.num_parameters; k++) { m.params_memory[k] = bf16_to_f32(f32_to_bf16(m.params_memory[k])); }
+        ok = hf_same_model(&m, &back);
+        fox_free(&back);
+    }
+    check(ok, "hf --bf16 export then import: every parameter is its bf16 rounding");
+    // --unshare-qk-norm: the shared scale copied to every head
+    const char* import_unshared[] = {"import", "--unshare-qk-norm", dir, back_path, NULL};
+    ok = hf_cli_ok(import_unshared);
+    if (ok) {
+        load_model(&back, back_path);
+        int hd = m.config.n_embd / m.config.n_head;
+        ok = !back.config.qk_norm_shared && back.spec[P_Q_NORM].rows == (size_t)m.config.n_embd;
+        for (int l = 0; l < m.config.n_layer && ok; l++) {
+            for (int h = 0; h < m.config.n_head; h++) {
+                ok = ok && memcmp(back.params.q_norm + ((size_t)l * m.config.n_head + h) * hd, m.params.q_norm + (size_t)l * hd, (size_t)hd * sizeof(float)) == 0;
+            }
+        }
+        fox_free(&back);
+    }
+    check(ok, "hf import --unshare-qk-norm: every head's q_norm starts from the shared scale");
+    fox_free(&m);
+}
+
+// a copy of the export src as folder dst, its model.safetensors changed: the first `find` in the
+// header replaced by `replace` (the length field follows), then `drop` bytes cut off the end
+// (at least 4 bytes stay); a non-zero header_len overrides the length field
+static void hf_corrupt_copy(const char* src, const char* dst, const char* find, const char* replace, size_t drop, uint64_t header_len) {
+    char path[600], out[600];
+    make_dir(dst);
+    snprintf(path, sizeof(path), "%s/config.json", src);
+    snprintf(out, sizeof(out), "%s/config.json", dst);
+    copy_truncated(path, out, 0);
+    snprintf(path, sizeof(path), "%s/model.safetensors", src);
+    size_t size;
+    uint8_t* buf = read_file(path, SIZE_MAX, &size);
+    size_t n = (size_t)read_le64(buf), data = size - 8 - n;
+    Text header = {NULL, 0, 0}, file = {NULL, 0, 0};
+    text_add(&header, "%.*s", (int)n, (const char*)buf + 8);
+    const char* at = find != NULL ? strstr(header.s, find) : NULL;
+    uint64_t new_len = header.len + (at != NULL ? strlen(replace) - strlen(find) : 0);
+    uint64_t len = header_len != 0 ? header_len : new_len;
+    for (int i = 0; i < 8; i++) { text_add(&file, "%c", (char)(len >> (8 * i))); } // %c writes NUL bytes too
+    if (at != NULL) { text_add(&file, "%.*s%s%s", (int)(at - header.s), header.s, replace, at + strlen(find)); }
+    else { text_add(&file, "%s", header.s); }
+    size_t total = file.len + data, keep = drop < total - 4 ? total - drop : 4;
+    snprintf(out, sizeof(out), "%s/model.safetensors", dst);
+    FILE* f = fopen_check(out, "wb");
+    fwrite_check(file.s, 1, keep < file.len ? keep : file.len, f, out);
+    if (keep > file.len) { fwrite_check(buf + 8 + n, 1, keep - file.len, f, out); }
+    fclose(f);
+    free(header.s); free(file.s); free(buf);
+}
+
+static int hf_parse_text(const char* header, size_t data_size) {
+    size_t n = strlen(header), size = 8 + n + data_size;
+    uint8_t* buf = (uint8_t*)calloc_check(size, 1, "safetensors test");
+    for (int i = 0; i < 8; i++) { buf[i] = (uint8_t)((uint64_t)n >> (8 * i)); }
+    memcpy(buf + 8, header, n);
+    SafeTensors st;
+    char error[256];
+    int r = safetensors_parse(&st, buf, size, error, sizeof(error));
+    if (r == 0) { safetensors_free(&st); }
+    free(buf);
+    return r;
+}
+
+static void test_hf_bad_input(void) {
+    // the reader alone, on hand-made headers
+    int accepted = hf_parse_text("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"__metadata__\":{\"k\":\"v\"}}", 8) == 0 &&
+                   hf_parse_text("{\"b\":{\"dtype\":\"BF16\",\"shape\":[1],\"data_offsets\":[2,4]},\"a\":{\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[0,2]}}  ", 4) == 0;
+    const char* bad[] = {
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]}}", // duplicate
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],\"data_offsets\":[0,8]}}",   // size overflow
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[6,10]}}", // gap
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",  // overlap
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}",                 // unknown key
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}",                         // negative size
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},}",                         // trailing comma
+        "{\"a\\ud800\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",                   // lone surrogate
+        "[1, 2]",                                                                                    // not an object
+        "{\"__metadata__\":{\"k\":1}}",                                                              // metadata not strings
+    };
+    int refused = 0;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) { refused += hf_parse_text(bad[i], 8) != 0; }
+    check(accepted && refused == (int)(sizeof(bad) / sizeof(bad[0])), "safetensors reader: 2 valid files accepted, %d of %zu malformed refused "
+          "(duplicate, overflow, gap, overlap, unknown key, negative, trailing comma, surrogate, array, metadata)", refused, sizeof(bad) / sizeof(bad[0]));
+    // the tool on damaged exports: a message with a HINT and a non-zero exit
+    FoxModel m;
+    const HfVariant small = {"small", "fox-pro-tiny", {NULL, NULL}, {NULL, NULL}, 1000};
+    hf_random_model(&m, &small, 5);
+    static char model_path[512], good[512], out_path[512];
+    snprintf(model_path, sizeof(model_path), "%s/hf_bad.bin", test_dir);
+    snprintf(good, sizeof(good), "%s/hf_good", test_dir);
+    snprintf(out_path, sizeof(out_path), "%s/hf_out.bin", test_dir);
+    save_model(&m, model_path);
+    const char* export_argv[] = {"export", model_path, good, NULL};
+    if (!hf_cli_ok(export_argv)) { check(0, "hf: export of a valid model failed"); fox_free(&m); return; }
+    size_t C = 128, V = 1000, data = 0, lm_bytes = V * C * 4;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        const ParamSpec* s = &m.spec[t];
+        data += (size_t)s->hf_rows * s->cols * 4 * (s->rows == 0 ? 0 : s->per_layer ? (size_t)m.config.n_layer : 1);
+    }
+    char shape_from[128], offsets_from[128], offsets_past[128], offsets_overlap[128];
+    snprintf(shape_from, sizeof(shape_from), "\"lm_head.weight\":{\"dtype\":\"F32\",\"shape\":[%zu,%zu]", V, C);
+    char shape_to[128];
+    snprintf(shape_to, sizeof(shape_to), "\"lm_head.weight\":{\"dtype\":\"F32\",\"shape\":[%zu,%zu]", C, V);
+    snprintf(offsets_from, sizeof(offsets_from), "[%zu,%zu]", data - lm_bytes, data);
+    snprintf(offsets_past, sizeof(offsets_past), "[%zu,%zu]", data - lm_bytes + 4, data + 4);
+    snprintf(offsets_overlap, sizeof(offsets_overlap), "[%zu,%zu]", data - lm_bytes - 4, data - 4);
+    struct { const char* what; const char* find; const char* replace; size_t drop; uint64_t header_len; } cases[] = {
+        {"safetensors header length past the end of the file", NULL, NULL, 0, (uint64_t)1 << 40},
+        {"safetensors header that is not JSON", "\"shape\":[", "\"shape\":[,", 0, 0},
+        {"safetensors lm_head of shape (C, V) instead of (V, C)", shape_from, shape_to, 0, 0},
+        {"safetensors without lm_head.weight", "\"lm_head.weight\"", "\"lm_head.weighs\"", 0, 0},
+        {"safetensors with an unknown dtype", "\"F32\"", "\"F31\"", 0, 0},
+        {"safetensors offsets past the data", offsets_from, offsets_past, 0, 0},
+        {"safetensors tensors overlapping", offsets_from, offsets_overlap, 0, 0},
+        {"safetensors truncated by 4 bytes", NULL, NULL, 4, 0},
+        {"safetensors of 4 bytes", NULL, NULL, SIZE_MAX, 0},
+    };
+    static char dirs[16][512];
+    static const char* argvs[16][4];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(dirs[i], sizeof(dirs[i]), "%s/hf_bad_%zu", test_dir, i);
+        hf_corrupt_copy(good, dirs[i], cases[i].find, cases[i].replace, cases[i].drop, cases[i].header_len);
+        argvs[i][0] = "import"; argvs[i][1] = dirs[i]; argvs[i][2] = out_path; argvs[i][3] = NULL;
+        expect_failure(hf_cli_child, argvs[i], cases[i].what);
+    }
+    // config.json problems, a model the layout cannot express, bad command lines
+    static char bad_config[512], path[600], window_path[512], window_dir[512];
+    snprintf(bad_config, sizeof(bad_config), "%s/hf_bad_config", test_dir);
+    hf_corrupt_copy(good, bad_config, NULL, NULL, 0, 0);
+    snprintf(path, sizeof(path), "%s/config.json", bad_config);
+    FILE* f = fopen_check(path, "wb");
+    fprintf(f, "{\"model_type\": \"forgetting_transformer-project_fox\", \"vocab_size\": 1000, \"hidden_size\": 128, "
+               "\"num_hidden_layers\": 2, \"num_heads\": 2, \"fgate_type\": \"sometimes\"}");
+    fclose(f);
+    static const char* bad_gate[] = {"import", bad_config, out_path, NULL};
+    expect_failure(hf_cli_child, bad_gate, "config.json with fgate_type \"sometimes\"");
+    f = fopen_check(path, "wb");
+    fprintf(f, "{\"model_type\": \"forgetting_transformer-project_fox\", \"vocab_size\": 1000, \"hidden_size\": 128,}");
+    fclose(f);
+    expect_failure(hf_cli_child, bad_gate, "config.json with a trailing comma");
+    static const char* missing[] = {"import", "/nonexistent/hf", out_path, NULL};
+    expect_failure(hf_cli_child, missing, "import of a missing folder");
+    fox_free(&m);
+    const HfVariant windowed = {"window", "fox-pro-tiny", {"window", NULL}, {"64", NULL}, 1000};
+    hf_random_model(&m, &windowed, 6);
+    snprintf(window_path, sizeof(window_path), "%s/hf_window.bin", test_dir);
+    snprintf(window_dir, sizeof(window_dir), "%s/hf_window", test_dir);
+    save_model(&m, window_path);
+    static const char* export_window[] = {"export", window_path, window_dir, NULL};
+    expect_failure(hf_cli_child, export_window, "export of a sliding-window model (no key for it in the layout)");
+    static const char* bad_flag[] = {"export", "--fp8", window_path, window_dir, NULL};
+    expect_failure(hf_cli_child, bad_flag, "fox_hf export --fp8");
+    static const char* no_args[] = {"import", NULL};
+    expect_failure(hf_cli_child, no_args, "fox_hf import without paths");
+    fox_free(&m);
+}
+
+static void test_hf(void) {
+    test_hf_roundtrip();
+    test_hf_bad_input();
+}
+
+// ----------------------------------------------------------------------------
 
 // ----------------------------------------------------------------------------
 // data parallel, the plain-C part (fox_dist.h): ranks from flags and the environment, ZeRO-1
@@ -1439,6 +1751,8 @@ int main(void) {
     test_topology();
     test_shards();
     test_rendezvous();
+    printf("# HuggingFace export and import\n");
+    test_hf();
     printf("# GPU\n");
     run_gpu_tests();
     char cleanup[600];
