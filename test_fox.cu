@@ -1168,17 +1168,21 @@ static void gpu_test_checkpoints_and_determinism(void) {
 // twin's attention_forward / attention_backward on the same (bf16-rounded) inputs.
 //
 // Two measures per tensor: relative L2, ||gpu - ref|| / ||ref||, and max |gpu - ref| / max |ref|
-// (a wrong row at a tile edge hides in the L2 norm, not in the max). A reference below 1e-3 rms
-// (dlogf at T = 1, exactly 0) is measured against 1e-3 rms instead.
+// (a wrong row at a tile edge hides in the L2 norm, not in the max). The inputs are N(0, 1), so
+// outputs are O(0.1-1) unless they cancel: with one visible key per row (T = 1, window 1) dq, dk
+// and dlogf are exactly 0 (dS = dP - Delta with o = v) and both sides return rounding noise of
+// terms of size |dO| |v| ~ 8. So the L2 measure's denominator is at least 1e-2 rms and the max
+// measure's at least 1e-1 (the largest of many values is a few rms): absolute there.
 // - bf16: the outputs are rounded to bf16 (2^-9 relative at most, ~1e-3 rms) and P, dS are
 //   rounded to bf16 before the second matmuls (as much again); Delta comes from the bf16 o.
-//   dev/cuda measured at most 3.4e-3 relative L2 on these shapes against fp64, so L2 1e-2;
+//   dev/cuda measured at most 3.4e-3 relative L2 against fp64, here up to 5.8e-3 (dq, dk with
+//   the strongest gate) against the fp32 twin, so L2 1e-2;
 //   the max measure sees the largest of many roundings of a sum: 5e-2. An indexing or mask
 //   error gives O(1) on the rows it touches. lse is fp32 from exact bf16 products: 1e-3 abs.
-// - fp32: both sides fp32, different summation orders: 1e-5 (L2), 1e-4 (max; dlogf sums
-//   cancelling terms), lse 1e-5 abs.
+// - fp32: both sides fp32, different summation orders: 1e-4 (L2 and max; measured <= 2e-6,
+//   and up to 4e-6 absolute in the one-key cases, the noise of dP - Delta), lse 1e-5 abs.
 #ifdef ENABLE_FP32
-#define ATOL_L2 1e-5
+#define ATOL_L2 1e-4
 #define ATOL_MAX 1e-4
 #define ATOL_LSE 1e-5
 #else
@@ -1199,8 +1203,7 @@ static AttnErr attn_error(const float* a, const float* ref, size_t n) {
         mx = fmax(mx, d);
         ref_max = fmax(ref_max, fabs((double)ref[i]));
     }
-    double floor_rms = 1e-3;
-    AttnErr e = {sqrt(num) / fmax(sqrt(den), floor_rms * sqrt((double)n)), mx / fmax(ref_max, floor_rms)};
+    AttnErr e = {sqrt(num) / fmax(sqrt(den), 1e-2 * sqrt((double)n)), mx / fmax(ref_max, 1e-1)};
     return e;
 }
 
