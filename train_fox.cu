@@ -2004,7 +2004,12 @@ static void gpu_params_to_host(GPUModel* g) {
 // what the GPU kernels cannot run in this configuration (a message ending in a HINT), or NULL
 static const char* gpu_config_problem(const FoxConfig* cf) {
     int hd = cf->n_embd / cf->n_head;
-    if (hd > MAX_HD) { return "head size (n_embd / n_head) exceeds the GPU kernels' limit of 256\nHINT: use more heads (--n_head)"; }
+    static char too_big[128];
+    if (hd > MAX_HD) {
+        snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) exceeds the GPU kernels' limit of %d\n"
+                 "HINT: use more heads (--n_head)", MAX_HD);
+        return too_big;
+    }
 #ifndef ENABLE_FP32
     if (!attention_fused(hd) && !g_attention_any_head) {
         return "head size (n_embd / n_head) must be 64 or 128: the fused attention kernels of the bf16 build "
