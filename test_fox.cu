@@ -1707,11 +1707,262 @@ static void gpu_test_zero_slices(void) {
     free(a); free(b); free(inputs); free(targets);
 }
 
+// ----------------------------------------------------------------------------
+// The attention kernels alone (attention_forward_gpu / attention_backward_gpu: the fused
+// kernels at head sizes 64 and 128 in the bf16 build, the simple kernel otherwise) against the
+// twin's attention_forward / attention_backward on the same (bf16-rounded) inputs.
+//
+// Two measures per tensor: relative L2, ||gpu - ref|| / ||ref||, and max |gpu - ref| / max |ref|
+// (a wrong row at a tile edge hides in the L2 norm, not in the max). The inputs are N(0, 1), so
+// outputs are O(0.1-1) unless they cancel: with one visible key per row (T = 1, window 1) dq, dk
+// and dlogf are exactly 0 (dS = dP - Delta with o = v) and both sides return rounding noise of
+// terms of size |dO| |v| ~ 8. So the L2 measure's denominator is at least 1e-2 rms and the max
+// measure's at least 1e-1 (the largest of many values is a few rms): absolute there.
+// - bf16: the outputs are rounded to bf16 (2^-9 relative at most, ~1e-3 rms) and P, dS are
+//   rounded to bf16 before the second matmuls (as much again); Delta comes from the bf16 o.
+//   dev/cuda measured at most 3.4e-3 relative L2 against fp64, here up to 5.8e-3 (dq, dk with
+//   the strongest gate) against the fp32 twin, so L2 1e-2;
+//   the max measure sees the largest of many roundings of a sum: 5e-2. An indexing or mask
+//   error gives O(1) on the rows it touches. lse is fp32 from exact bf16 products: 1e-3 abs.
+// - fp32: both sides fp32, different summation orders: 1e-4 (L2 and max; measured <= 2e-6,
+//   and up to 4e-6 absolute in the one-key cases, the noise of dP - Delta), lse 1e-5 abs.
+#ifdef ENABLE_FP32
+#define ATOL_L2 1e-4
+#define ATOL_MAX 1e-4
+#define ATOL_LSE 1e-5
+#else
+#define ATOL_L2 1e-2
+#define ATOL_MAX 5e-2
+#define ATOL_LSE 1e-3
+#endif
+
+typedef struct { double l2, max; } AttnErr;
+
+static AttnErr attn_error(const float* a, const float* ref, size_t n) {
+    double num = 0.0, den = 0.0, mx = 0.0, ref_max = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)ref[i]);
+        if (isnan(d)) { d = INFINITY; }
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        mx = fmax(mx, d);
+        ref_max = fmax(ref_max, fabs((double)ref[i]));
+    }
+    AttnErr e = {sqrt(num) / fmax(sqrt(den), 1e-2 * sqrt((double)n)), mx / fmax(ref_max, 1e-1)};
+    return e;
+}
+
+static const char* attention_kernel_name(int hd) {
+#ifdef ENABLE_FP32
+    (void)hd;
+    return "simple kernel";
+#else
+    return attention_fused(hd) ? "fused kernel" : "simple kernel";
+#endif
+}
+
+static int attn_ok(AttnErr e) { return e.l2 <= ATOL_L2 && e.max <= ATOL_MAX; }
+
+// n floatX values from the device as floats
+static void attn_download(float* out, const floatX* d, size_t n) {
+    floatX* tmp = (floatX*)malloc_check(n * sizeof(floatX), "attention download");
+    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) { out[i] = to_float(tmp[i]); }
+    free(tmp);
+}
+
+static floatX* attn_upload(const float* h, size_t n) {
+    floatX* tmp = (floatX*)malloc_check(n * sizeof(floatX), "attention upload");
+    for (size_t i = 0; i < n; i++) { tmp[i] = to_floatX(h[i]); }
+    floatX* d;
+    cudaCheck(cudaMalloc(&d, n * sizeof(floatX)));
+    cudaCheck(cudaMemcpy(d, tmp, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    free(tmp);
+    return d;
+}
+
+typedef struct {
+    int B, T, H, hd, window, gate;
+    float *q, *k, *v, *dout, *c;                        // inputs, floatX-rounded, c fp32 (B, H, T)
+    float *o, *lse, *dq, *dk, *dv, *dlogf;              // GPU results
+    float *o_ref, *lse_ref, *dq_ref, *dk_ref, *dv_ref, *dlogf_ref;  // twin
+} AttnCase;
+
+static float* attn_buf(size_t n) { return (float*)calloc_check(n, sizeof(float), "attention test"); }
+
+// random inputs (N(0, 1), rounded to floatX); log f_t = -rate_h U(0.5, 1.5) with the rate
+// log-spaced over the heads from 1e-2 (c nearly flat) to 3 (a few keys visible)
+static void attn_case_init(AttnCase* t, int B, int T, int H, int hd, int window, int gate, uint64_t seed) {
+    memset(t, 0, sizeof(*t));
+    t->B = B; t->T = T; t->H = H; t->hd = hd; t->window = window; t->gate = gate;
+    size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T;
+    float** x[] = {&t->q, &t->k, &t->v, &t->dout, &t->o, &t->dq, &t->dk, &t->dv, &t->o_ref, &t->dq_ref, &t->dk_ref, &t->dv_ref};
+    for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++) { *x[i] = attn_buf(n); }
+    float** y[] = {&t->c, &t->lse, &t->dlogf, &t->lse_ref, &t->dlogf_ref};
+    for (size_t i = 0; i < sizeof(y) / sizeof(y[0]); i++) { *y[i] = attn_buf(nh); }
+    uint64_t s = seed;
+    float* in[] = {t->q, t->k, t->v, t->dout};
+    for (int a = 0; a < 4; a++) {
+        for (size_t i = 0; i < n; i++) { in[a][i] = to_float(to_floatX((float)rng_normal(&s))); }
+    }
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            double rate = H > 1 ? 1e-2 * pow(300.0, (double)h / (H - 1)) : 0.3;
+            float acc = 0.0f;
+            for (int tt = 0; tt < T; tt++) {
+                acc += (float)(-rate * (0.5 + rng_uniform(&s)));
+                t->c[((size_t)b * H + h) * T + tt] = acc;
+            }
+        }
+    }
+}
+
+static void attn_case_free(AttnCase* t) {
+    float* all[] = {t->q, t->k, t->v, t->dout, t->c, t->o, t->lse, t->dq, t->dk, t->dv, t->dlogf,
+                    t->o_ref, t->lse_ref, t->dq_ref, t->dk_ref, t->dv_ref, t->dlogf_ref};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) { free(all[i]); }
+}
+
+// the twin's forward and backward at `window`; dlogf by the reverse cumulative sum of dc (fp64)
+static void attn_reference(AttnCase* t, int window) {
+    int B = t->B, T = t->T, H = t->H, hd = t->hd;
+    size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T;
+    const float* c = t->gate ? t->c : NULL;
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    float* scratch = attn_buf((size_t)threads * 2 * T);
+    float* dc = attn_buf(nh);
+    attention_forward(t->o_ref, t->lse_ref, t->q, t->k, t->v, c, B, T, H, hd, window, scratch);
+    memset(t->dq_ref, 0, n * sizeof(float)); memset(t->dk_ref, 0, n * sizeof(float)); memset(t->dv_ref, 0, n * sizeof(float));
+    attention_backward(t->dq_ref, t->dk_ref, t->dv_ref, dc, t->dout, t->q, t->k, t->v, t->o_ref, t->lse_ref, c, B, T, H,
+                       hd, window);
+    for (size_t bh = 0; bh < (size_t)B * H; bh++) {
+        double acc = 0.0;
+        for (int tt = T - 1; tt >= 0; tt--) { acc += dc[bh * T + tt]; t->dlogf_ref[bh * T + tt] = t->gate ? (float)acc : 0.0f; }
+    }
+    free(dc); free(scratch);
+}
+
+// the GPU forward and backward, every output poisoned with NaN first
+static void attn_gpu(AttnCase* t) {
+    int B = t->B, T = t->T, H = t->H, hd = t->hd;
+    size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T;
+    floatX *q = attn_upload(t->q, n), *k = attn_upload(t->k, n), *v = attn_upload(t->v, n), *dout = attn_upload(t->dout, n);
+    floatX *o, *dq, *dk, *dv;
+    float *c = NULL, *lse, *dlogf, *scratch;
+    cudaCheck(cudaMalloc(&o, n * sizeof(floatX))); cudaCheck(cudaMalloc(&dq, n * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dk, n * sizeof(floatX))); cudaCheck(cudaMalloc(&dv, n * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&lse, nh * sizeof(float))); cudaCheck(cudaMalloc(&dlogf, nh * sizeof(float)));
+    cudaCheck(cudaMalloc(&scratch, 3 * nh * sizeof(float)));
+    if (t->gate) {
+        cudaCheck(cudaMalloc(&c, nh * sizeof(float)));
+        cudaCheck(cudaMemcpy(c, t->c, nh * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    cudaCheck(cudaMemset(o, 0xFF, n * sizeof(floatX))); cudaCheck(cudaMemset(lse, 0xFF, nh * sizeof(float)));
+    cudaCheck(cudaMemset(dq, 0xFF, n * sizeof(floatX))); cudaCheck(cudaMemset(dk, 0xFF, n * sizeof(floatX)));
+    cudaCheck(cudaMemset(dv, 0xFF, n * sizeof(floatX))); cudaCheck(cudaMemset(dlogf, 0xFF, nh * sizeof(float)));
+    cudaCheck(cudaMemset(scratch, 0xFF, 3 * nh * sizeof(float)));
+    attention_forward_gpu(o, lse, q, k, v, c, B, T, H, hd, t->window);
+    attention_backward_gpu(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, t->window);
+    cudaCheck(cudaDeviceSynchronize());
+    attn_download(t->o, o, n); attn_download(t->dq, dq, n); attn_download(t->dk, dk, n); attn_download(t->dv, dv, n);
+    cudaCheck(cudaMemcpy(t->lse, lse, nh * sizeof(float), cudaMemcpyDeviceToHost));
+    if (t->gate) { cudaCheck(cudaMemcpy(t->dlogf, dlogf, nh * sizeof(float), cudaMemcpyDeviceToHost)); }
+    void* bufs[] = {q, k, v, dout, o, dq, dk, dv, c, lse, dlogf, scratch};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cudaCheck(cudaFree(bufs[i])); }
+}
+
+// compares every output; returns 1 when all are within tolerance, and the report in `line`
+static int attn_compare(const AttnCase* t, char* line, size_t len) {
+    size_t n = (size_t)t->B * t->T * t->H * t->hd, nh = (size_t)t->B * t->H * t->T;
+    const float* got[] = {t->o, t->dq, t->dk, t->dv, t->dlogf};
+    const float* ref[] = {t->o_ref, t->dq_ref, t->dk_ref, t->dv_ref, t->dlogf_ref};
+    const char* names[] = {"o", "dq", "dk", "dv", "dlogf"};
+    int ok = 1, outputs = t->gate ? 5 : 4;
+    size_t used = 0;
+    for (int i = 0; i < outputs; i++) {
+        AttnErr e = attn_error(got[i], ref[i], i == 4 ? nh : n);
+        ok = ok && attn_ok(e);
+        used += (size_t)snprintf(line + used, len - used, "%s %.1e/%.1e ", names[i], e.l2, e.max);
+    }
+    double lse_err = 0.0, dlogf_max = 0.0;
+    for (size_t i = 0; i < nh; i++) {
+        double d = fabs((double)t->lse[i] - t->lse_ref[i]);
+        lse_err = isnan(d) ? INFINITY : fmax(lse_err, d);
+        dlogf_max = fmax(dlogf_max, fabs((double)t->dlogf_ref[i]));
+    }
+    ok = ok && lse_err <= ATOL_LSE;
+    used += (size_t)snprintf(line + used, len - used, "lse %.1e abs", lse_err);
+    if (t->gate && t->T > 1) { // c_0 cancels in every row: dlogf_0 = 0 for every (b, h)
+        double d0 = 0.0;
+        for (int bh = 0; bh < t->B * t->H; bh++) { d0 = fmax(d0, fabs((double)t->dlogf[(size_t)bh * t->T])); }
+        d0 = isnan(d0) ? INFINITY : d0 / fmax(dlogf_max, 1e-30);
+        ok = ok && d0 <= 1e-4;
+        snprintf(line + used, len - used, ", dlogf_0 %.1e of max", d0);
+    }
+    return ok;
+}
+
+static void gpu_test_attention(void) {
+    struct { int B, T, H, hd, window, gate; } cases[] = {
+        {1, 1, 1, 64, 0, 1},     // one token
+        {2, 70, 3, 64, 0, 1},    // B, H > 1; T not a tile multiple
+        {1, 197, 2, 128, 0, 1},
+        {2, 197, 2, 64, 37, 1},  // sliding window
+        {1, 130, 2, 128, 1, 1},  // window 1: the diagonal only
+        {1, 300, 2, 64, 0, 1},   // several tiles of every kernel
+        {1, 256, 2, 128, 100, 1},
+        {2, 70, 2, 64, 0, 0},    // gate none (c == NULL)
+        {1, 197, 2, 128, 37, 0},
+        {1, 70, 2, 16, 0, 1},    // head size 16: the simple kernel in both builds
+    };
+    char line[512];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        AttnCase t;
+        attn_case_init(&t, cases[i].B, cases[i].T, cases[i].H, cases[i].hd, cases[i].window, cases[i].gate, 31 + i);
+        attn_reference(&t, t.window);
+        attn_gpu(&t);
+        int ok = attn_compare(&t, line, sizeof(line));
+        check(ok, "gpu attention B=%d T=%d H=%d hd=%d window=%d gate %s (%s): %s", t.B, t.T, t.H, t.hd, t.window,
+              t.gate ? "on" : "none", attention_kernel_name(t.hd), line);
+        attn_case_free(&t);
+    }
+    // negative controls: the comparison must catch a wrong output
+    AttnCase t;
+    attn_case_init(&t, 2, 197, 2, 64, 37, 1, 77);
+    attn_reference(&t, t.window);
+    attn_gpu(&t);
+    int base_ok = attn_compare(&t, line, sizeof(line));
+    size_t n = (size_t)t.B * t.T * t.H * t.hd, at = n - 1 - 5 * t.hd; // one value of a late row
+    float kept = t.dq[at], dq_max = 0.0f;
+    for (size_t i = 0; i < n; i++) { dq_max = fmaxf(dq_max, fabsf(t.dq_ref[i])); }
+    t.dq[at] += 0.1f * dq_max;
+    int caught_value = !attn_compare(&t, line, sizeof(line));
+    t.dq[at] = kept;
+    attn_reference(&t, t.window - 1); // the GPU at window 37 against a reference at 36: an off-by-one
+    int caught_window = !attn_compare(&t, line, sizeof(line));
+    check(base_ok && caught_value && caught_window, "gpu attention negative controls: a case that passes fails with one "
+          "dq value off by 10%% of max |dq| (%s) and against an off-by-one window reference (%s; %s)",
+          caught_value ? "caught" : "MISSED", caught_window ? "caught" : "MISSED", line);
+    attn_case_free(&t);
+#ifndef ENABLE_FP32
+    FoxConfig bad;
+    config_from_preset(&bad, "fox-pro-tiny");
+    bad.n_head = 4; // head size 32
+    const char* why = gpu_config_problem(&bad);
+    check(why != NULL && strstr(why, "HINT") != NULL, "gpu: the bf16 build refuses head size 32 with a HINT (%s)",
+          why != NULL ? why : "accepted");
+#endif
+}
+
 void run_gpu_tests(void) {
     char why[256];
     if (!gpu_available(why, sizeof(why))) {
         printf("skipped: no GPU (%s): GPU against twin on every fixture\n", why);
         printf("skipped: no GPU (%s): head sizes 64/128, windows, accumulation\n", why);
+        printf("skipped: no GPU (%s): attention kernels against the twin's attention\n", why);
         printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
         printf("skipped: no GPU (%s): ZeRO-1 slices against one process\n", why);
         return;
@@ -1722,12 +1973,25 @@ void run_gpu_tests(void) {
     if (glob("dev/fixtures/*.fxds", 0, NULL, &gl) != 0 || gl.gl_pathc == 0) {
         check(0, "gpu: no reference fixtures in dev/fixtures");
     } else {
+#ifndef ENABLE_FP32
+        g_attention_any_head = 1; // the fixtures' head size 16 runs on the simple attention kernel
+#endif
         for (size_t i = 0; i < gl.gl_pathc; i++) { gpu_test_fixture(gl.gl_pathv[i]); }
+#ifndef ENABLE_FP32
+        g_attention_any_head = 0;
+#endif
         globfree(&gl);
     }
+    gpu_test_attention();
     gpu_test_larger_heads();
     gpu_test_checkpoints_and_determinism();
+#ifndef ENABLE_FP32
+    g_attention_any_head = 1; // head size 32: the padded parameter count matters here, not the kernel
+#endif
     gpu_test_zero_slices();
+#ifndef ENABLE_FP32
+    g_attention_any_head = 0;
+#endif
 }
 #endif // __CUDACC__
 

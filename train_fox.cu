@@ -74,7 +74,8 @@ __host__ __device__ static inline floatX to_floatX(float x) {
 #endif
 }
 
-static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+// the one ceil_div, for host code and the kernels (attention tile counts)
+__host__ __device__ static inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 // ----------------------------------------------------------------------------
 // checked CUDA and cuBLASLt calls
@@ -597,46 +598,69 @@ __global__ void forget_gate_forward_kernel(float* c, float* gate_logit, const fl
     }
 }
 
-__global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_logit_x, const float* dc,
+// dlogf (B, H, T) comes from the attention backward, which does the reverse cumulative sum
+__global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_logit_x, const float* dlogf,
                                             const float* gate_logit, int B, int T, int H) {
-    // forward: c_t = sum_{s<=t} log f_s, log f_s = logsigmoid(z_s)
-    // dlogf_t = sum_{s>=t} dc_s (reverse cumulative sum, same chunked scan reversed);
-    // dz_t = dlogf_t * sigmoid(-z_t)
-    __shared__ float offsets[SCAN_THREADS];
-    int bh = blockIdx.x, b = bh / H, h = bh % H;
-    int chunk = (T + SCAN_THREADS - 1) / SCAN_THREADS;
-    int t0 = threadIdx.x * chunk, t1 = min(T, t0 + chunk);
-    const float* dch = dc + (size_t)bh * T;
-    float local = 0.0f;
-    for (int t = t1 - 1; t >= t0; t--) { local += dch[t]; }
-    offsets[threadIdx.x] = local;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float acc = 0.0f;
-        for (int j = SCAN_THREADS - 1; j >= 0; j--) { float v = offsets[j]; offsets[j] = acc; acc += v; }
-    }
-    __syncthreads();
-    float acc = offsets[threadIdx.x];
-    for (int t = t1 - 1; t >= t0; t--) {
-        acc += dch[t];
-        size_t i = ((size_t)b * T + t) * H + h;
-        float g = acc * sigmoid_gpu(-gate_logit[i]);
-        dgate_logit[i] = g;
-        dgate_logit_x[i] = to_floatX(g);
-    }
+    // forward: log f_t = logsigmoid(z_t)  =>  dz_t = dlogf_t * sigmoid(-z_t), (B, H, T) -> (B, T, H)
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)B * T * H) { return; }
+    size_t n = i / H;
+    int h = (int)(i % H);
+    float g = dlogf[((n / T) * H + h) * T + n % T] * sigmoid_gpu(-gate_logit[i]);
+    dgate_logit[i] = g;
+    dgate_logit_x[i] = to_floatX(g);
 }
 
 // ----------------------------------------------------------------------------
 // Forgetting attention: s_ij = q_i . k_j / sqrt(hd) + c_i - c_j for first_key(i) <= j <= i.
-// A straightforward tiled kernel in fp32 CUDA cores: a block holds WARPS_PER_BLOCK rows of
-// one (b, h), a warp one row; tiles of 32 keys (one per lane) are staged in shared memory
-// and reused by the block's rows. The fused flash kernel replaces these behind the same
-// attention_forward_gpu / attention_backward_gpu boundary.
+// Two implementations behind attention_forward_gpu / attention_backward_gpu:
+// - the fused flash kernels (bf16 build, head sizes 64 and 128): tensor cores (mma.sync bf16),
+//   the versions chosen in dev/cuda/fox_attention_forward.cu (4) and _backward.cu (2);
+// - a simple tiled kernel in fp32 CUDA cores, any head size up to MAX_HD. The fp32 build
+//   needs it (the fused kernels read bf16 only); in the bf16 build it serves the tests' head
+//   size 16 fixtures (gpu_config_problem refuses other head sizes to the trainer).
+// Both backwards write dlogf (B, H, T), the gradient of log f, through the same scratch:
+// dc's column part (as key), dc's row part (as query), Delta, then one fp64 reverse scan.
 
 #define ATT_TILE 32
 
+#ifndef ENABLE_FP32
+// tests only: lets the bf16 build run head sizes other than 64 and 128 on the simple kernel
+static int g_attention_any_head = 0;
+
+static int attention_fused(int hd) { return hd == 64 || hd == 128; }
+#endif
+
 __device__ static inline int first_key_gpu(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
 
+// dlogf_t = sum_{s>=t} dc_s, dc = dc_col + dc_row, one (b, h) per block: each thread sums a
+// contiguous chunk, a suffix scan over the chunk sums gives each chunk its carry; fp64 inside,
+// fixed order. The row part is 0 in exact arithmetic but not with Delta from the rounded o:
+// keeping it makes dlogf_0 = sum_t dc_t cancel to ~0, as it must (c_0 cancels in every row).
+#define FOX_SCAN_THREADS 1024
+__global__ void __launch_bounds__(FOX_SCAN_THREADS) fox_bwd_dlogf_kernel(float* dlogf, const float* dc_col,
+                                                                         const float* dc_row, int T) {
+    __shared__ double part[FOX_SCAN_THREADS];
+    const float* xc = dc_col + (size_t)blockIdx.x * T;
+    const float* xr = dc_row + (size_t)blockIdx.x * T;
+    float* y = dlogf + (size_t)blockIdx.x * T;
+    int tid = threadIdx.x, chunk = (int)ceil_div(T, FOX_SCAN_THREADS);
+    int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
+    double sum = 0;
+    for (int t = t0; t < t1; t++) sum += (double)xc[t] + xr[t];
+    part[tid] = sum;
+    __syncthreads();
+    for (int off = 1; off < FOX_SCAN_THREADS; off <<= 1) {  // inclusive suffix scan
+        double add = tid + off < FOX_SCAN_THREADS ? part[tid + off] : 0.0;
+        __syncthreads();
+        part[tid] += add;
+        __syncthreads();
+    }
+    double run = tid + 1 < FOX_SCAN_THREADS ? part[tid + 1] : 0.0;
+    for (int t = t1 - 1; t >= t0; t--) { run += (double)xc[t] + xr[t]; y[t] = (float)run; }
+}
+
+// ---- the simple kernel ----
 // copies rows [r0, r0 + rows) of one head (zeros past T) into a (rows, ld) fp32 tile
 __device__ static void load_head_rows(float* tile, int ld, const floatX* src, int b, int h, int r0, int rows, int T,
                                       int H, int hd) {
@@ -726,14 +750,14 @@ static size_t attention_backward_smem(int hd) {
     return sizeof(float) * ((size_t)ATT_TILE * (hd + 1) * 2 + (size_t)WARPS_PER_BLOCK * hd * 2 + 3 * ATT_TILE);
 }
 
-// dq and the row part of dc, one warp per query row (it owns dq_i and dc_i); key tiles
+// dq and the row part of dc, one warp per query row (it owns dq_i and dc_row_i); key tiles
 // staged in shared memory
-__global__ void attention_backward_dq_kernel(floatX* dq, float* dc, const floatX* dout, const floatX* q,
+__global__ void attention_backward_dq_kernel(floatX* dq, float* dc_row, const floatX* dout, const floatX* q,
                                              const floatX* k, const floatX* v, const float* lse, const float* delta,
                                              const float* c, int T, int H, int hd, int window, float scale) {
     // forward: s_ij = scale q_i.k_j + c_i - c_j, p_ij = exp(s_ij - lse_i), o_i = sum_j p_ij v_j
     // dp_ij = dout_i . v_j, ds_ij = p_ij (dp_ij - Delta_i), dq_i = scale sum_j ds_ij k_j
-    // dc_i = sum_j ds_ij (as query) here; the key kernel subtracts the column sum
+    // dc_row_i = sum_j ds_ij (as query); the key kernel writes the column part
     extern __shared__ float smem[];
     int ld = hd + 1;
     float* ks = smem;                          // (ATT_TILE, ld)
@@ -749,7 +773,7 @@ __global__ void attention_backward_dq_kernel(floatX* dq, float* dc, const floatX
     load_head_rows(dos, hd, dout, b, h, i0, WARPS_PER_BLOCK, T, H, hd);
     float ci = live && ch != NULL ? ch[i] : 0.0f;
     float row_lse = live ? lse[(size_t)bh * T + i] : 0.0f, row_delta = live ? delta[(size_t)bh * T + i] : 0.0f;
-    float acc[MAX_HD_LANE], dc_row = 0.0f;
+    float acc[MAX_HD_LANE], ds_sum = 0.0f;
     #pragma unroll
     for (int r = 0; r < MAX_HD_LANE; r++) { acc[r] = 0.0f; }
     for (int j0 = first_key_gpu(i0, window) / ATT_TILE * ATT_TILE; j0 <= i_last; j0 += ATT_TILE) {
@@ -776,7 +800,7 @@ __global__ void attention_backward_dq_kernel(floatX* dq, float* dc, const floatX
                 if (d < hd) { acc[r] += dsj * ks[jj * ld + d]; }
             }
         }
-        dc_row += warp_sum(ds);
+        ds_sum += warp_sum(ds);
     }
     if (!live) { return; }
     size_t off = ((size_t)b * T + i) * H * hd + (size_t)h * hd;
@@ -785,20 +809,18 @@ __global__ void attention_backward_dq_kernel(floatX* dq, float* dc, const floatX
         int d = lane + 32 * r;
         if (d < hd) { dq[off + d] = to_floatX(scale * acc[r]); }
     }
-    if (dc != NULL && lane == 0) { dc[(size_t)bh * T + i] = dc_row; }
+    if (dc_row != NULL && lane == 0) { dc_row[(size_t)bh * T + i] = ds_sum; }
 }
 
-// dk, dv and dc, one warp per key row (it owns dk_j, dv_j, dc_j: no atomics); query tiles
-// staged in shared memory; runs after the dq kernel, which wrote the row sums into dc
-__global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc, const floatX* dout,
+// dk, dv and the column part of dc, one warp per key row (it owns dk_j, dv_j, dc_col_j: no
+// atomics); query tiles staged in shared memory
+__global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc_col, const floatX* dout,
                                                const floatX* q, const floatX* k, const floatX* v, const float* lse,
                                                const float* delta, const float* c, int T, int H, int hd, int window,
                                                float scale) {
     // dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i
-    // dc_j = sum_i ds_ji - sum_i ds_ij (row sum as query, minus column sum as key). The row
-    // sum is 0 in exact arithmetic, but not with Delta taken from the bf16-rounded o; keeping
-    // it makes sum_t dc_t = 0 to fp32 rounding, so the gate gradients, reverse cumulative
-    // sums of dc that must cancel to dlogf_0 = 0, keep that cancellation.
+    // dc_j = sum_i ds_ji - sum_i ds_ij (row sum as query, minus column sum as key); this
+    // kernel writes dc_col_j = -sum_i ds_ij, the dq kernel the row sum (see fox_bwd_dlogf_kernel)
     extern __shared__ float smem[];
     int ld = hd + 1;
     float* qs = smem;                          // (ATT_TILE, ld)
@@ -865,12 +887,730 @@ __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc
             dv[off + d] = to_floatX(acc_v[r]);
         }
     }
-    if (dc != NULL && lane == 0) { dc[(size_t)bh * T + j] -= dc_acc; }
+    if (dc_col != NULL && lane == 0) { dc_col[(size_t)bh * T + j] = -dc_acc; }
 }
+
+// ---- the fused kernels (bf16 build) ----
+#ifndef ENABLE_FP32
+typedef __nv_bfloat16 bf16;
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+// query i sees key j
+__device__ __forceinline__ bool fox_visible(int i, int j, int window) {
+    return j <= i && (window == 0 || j > i - window);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// 16-byte global->shared copy; pred false writes zeros (rows past T)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool pred) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template<int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+// four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m, register m receives
+// (row lane/4, cols 2*(lane%4), +1) of matrix m (transposed with .trans)
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)) : "memory");
+}
+// d (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col)
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+// The accumulator of two adjacent n8 tiles (keys 16kk..16kk+15) is, repacked to bf16, exactly the
+// A fragment of the k16 step kk: a0 = (row g, k 2t..), a1 = (row g+8, k 2t..), a2/a3 = same at k+8.
+__device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const float hi[4]) {
+    a[0] = pack_bf16(lo[0], lo[1]); a[1] = pack_bf16(lo[2], lo[3]);
+    a[2] = pack_bf16(hi[0], hi[1]); a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// ROWS rows of one head of a (B, T, H, hd) tensor into a padded shared tile (ROWS, LD); rows past T
+// are zero-filled so the tensor cores never read garbage.
+template<int ROWS, int HD, int LD, int NTHREADS>
+__device__ __forceinline__ void load_tile_async(bf16* sm, const bf16* g, int row0, int T, int stride) {
+    constexpr int CHUNKS = HD / 8;
+    #pragma unroll
+    for (int e = threadIdx.x; e < ROWS * CHUNKS; e += NTHREADS) {
+        int r = e / CHUNKS, ch = e % CHUNKS, row = row0 + r;
+        bool ok = row < T;
+        cp_async16(sm + r * LD + ch * 8, g + (size_t)(ok ? row : 0) * stride + ch * 8, ok);
+    }
+}
+// ROWS fp32 values of a (B, H, T) vector; past T zero-filled
+template<int ROWS>
+__device__ __forceinline__ void load_vec_async(float* sm, const float* g, int row0, int T) {
+    if (threadIdx.x < ROWS) {
+        int row = row0 + threadIdx.x;
+        bool ok = row < T;
+        cp_async4(sm + threadIdx.x, g + (ok ? row : 0), ok);
+    }
+}
+
+// Flash forward on tensor cores. Block = 4 warps = one query tile of BR = 64 * WM rows of one
+// (b, h); each warp owns 16 * WM rows and keeps their Q fragments, O accumulator and softmax state
+// in registers. Key tiles of BC keys (K, V and c_j) stream through shared memory, double-buffered
+// with cp.async. Every K/V fragment read from shared memory feeds WM mma's: with WM = 2 a warp
+// needs half the shared-memory traffic per mma (version 4), which is what limits WM = 1 (v3).
+// Scores are kept in log2 units: x = (q.k * scale + c_i - c_j) * log2(e), so exp is one ex2.
+
+#define FOX_BR 64  // query tile of the backward kernels
+#define FOX_BC 64  // key tile of the backward kernels
+
+template<int HD, int BC, int WM, bool GATE>
+__global__ void __launch_bounds__(128) fox_fwd_mma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
+                                                           const bf16* v, const float* c, int T, int H,
+                                                           int stride_qkv, int stride_o, int window,
+                                                           float scale_log2) {
+    constexpr int BR = 64 * WM;
+    constexpr int LD = HD + 8;  // padded row: the 8 rows of an ldmatrix land in distinct banks
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_raw;             // (BR, LD)
+    bf16* sK = sQ + BR * LD;                // (2, BC, LD)
+    bf16* sV = sK + 2 * BC * LD;            // (2, BC, LD)
+    float* sC = (float*)(sV + 2 * BC * LD); // (2, BC)
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+
+    load_tile_async<BR, HD, LD, 128>(sQ, qb, i0, T, stride_qkv);
+    load_tile_async<BC, HD, LD, 128>(sK, kb, jt_begin * BC, T, stride_qkv);
+    load_tile_async<BC, HD, LD, 128>(sV, vb, jt_begin * BC, T, stride_qkv);
+    if (GATE) load_vec_async<BC>(sC, cb, jt_begin * BC, T);
+    cp_async_commit();
+
+    // this thread's rows: rows[mt][r] = 16-row tile mt of the warp, r = 0 (row g) or 1 (row g + 8)
+    int rows[WM][2];
+    float cr[WM][2], m[WM][2], l[WM][2];
+    float acc[WM][HD / 8][4];
+    // Q fragments live in registers unless they would crowd out the accumulators (hd 128, WM 2):
+    // then they are re-read from shared memory for every key tile
+    constexpr bool Q_REGS = HD * WM <= 128;
+    uint32_t qf[WM][Q_REGS ? HD / 16 : 1][4];
+    #pragma unroll
+    for (int mt = 0; mt < WM; mt++) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            rows[mt][r] = i0 + warp * 16 * WM + mt * 16 + g + 8 * r;
+            cr[mt][r] = (GATE && rows[mt][r] < T) ? cb[rows[mt][r]] : 0.f;
+            m[mt][r] = -INFINITY;
+            l[mt][r] = 0.f;
+        }
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) acc[mt][dt][0] = acc[mt][dt][1] = acc[mt][dt][2] = acc[mt][dt][3] = 0.f;
+    }
+
+    for (int jt = jt_begin; jt < jt_end; jt++) {
+        int buf = (jt - jt_begin) & 1;
+        if (jt + 1 < jt_end) {  // prefetch the next tile into the other buffer
+            int nb = buf ^ 1, j1 = (jt + 1) * BC;
+            load_tile_async<BC, HD, LD, 128>(sK + nb * BC * LD, kb, j1, T, stride_qkv);
+            load_tile_async<BC, HD, LD, 128>(sV + nb * BC * LD, vb, j1, T, stride_qkv);
+            if (GATE) load_vec_async<BC>(sC + nb * BC, cb, j1, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        auto load_q = [&](uint32_t r[4], int mt, int kk) {
+            ldmatrix_x4(r, sQ + (warp * 16 * WM + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + kk * 16 + (lane / 16) * 8);
+        };
+        if (Q_REGS && jt == jt_begin) {
+            #pragma unroll
+            for (int mt = 0; mt < WM; mt++)
+                #pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) load_q(qf[mt][Q_REGS ? kk : 0], mt, kk);
+        }
+        const bf16* sKb = sK + buf * BC * LD;
+        const bf16* sVb = sV + buf * BC * LD;
+        const float* sCb = sC + buf * BC;
+
+        // S = Q K^T, (16 WM, BC) per warp: BC/8 n-tiles of 8 keys
+        float s[WM][BC / 8][4];
+        #pragma unroll
+        for (int mt = 0; mt < WM; mt++)
+            #pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            if (!Q_REGS)
+                #pragma unroll
+                for (int mt = 0; mt < WM; mt++) load_q(qf[mt][0], mt, kk);
+            #pragma unroll
+            for (int np = 0; np < BC / 16; np++) {
+                uint32_t bk[4];  // b0, b1 of key tiles 2np and 2np+1
+                ldmatrix_x4(bk, sKb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+                #pragma unroll
+                for (int mt = 0; mt < WM; mt++) {
+                    mma_bf16(s[mt][2 * np], qf[mt][Q_REGS ? kk : 0], bk[0], bk[1]);
+                    mma_bf16(s[mt][2 * np + 1], qf[mt][Q_REGS ? kk : 0], bk[2], bk[3]);
+                }
+            }
+        }
+        // scale, bias, mask (only tiles that touch the diagonal, the window edge or T need it),
+        // so that nothing above the diagonal is ever exponentiated
+        int j0 = jt * BC;
+        bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
+        #pragma unroll
+        for (int mt = 0; mt < WM; mt++) {
+            float mx[2] = {-INFINITY, -INFINITY};
+            #pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int jl = nt * 8 + 2 * tq + (e & 1);
+                    float x = s[mt][nt][e] * scale_log2;
+                    if (GATE) x = fmaf(cr[mt][e / 2] - sCb[jl], LOG2E, x);  // c_i - c_j exact near the diagonal
+                    if (need_mask) {
+                        int j = j0 + jl;
+                        if (j >= T || !fox_visible(rows[mt][e / 2], j, window)) x = -INFINITY;
+                    }
+                    s[mt][nt][e] = x;
+                    mx[e / 2] = fmaxf(mx[e / 2], x);
+                }
+            }
+            float mu[2];
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+                float m_new = fmaxf(m[mt][r], mx[r]);
+                mu[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: exp2(-inf - 0) = 0
+                float alpha = exp2f(m[mt][r] - mu[r]);
+                l[mt][r] *= alpha;
+                #pragma unroll
+                for (int dt = 0; dt < HD / 8; dt++) { acc[mt][dt][2 * r] *= alpha; acc[mt][dt][2 * r + 1] *= alpha; }
+                m[mt][r] = m_new;
+            }
+            #pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[mt][nt][e] = exp2f(s[mt][nt][e] - mu[e / 2]);
+                    l[mt][e / 2] += s[mt][nt][e];  // per-thread partial; the quad sums once at the end
+                }
+            }
+        }
+        // O += P V: P straight from registers, V^T fragments by ldmatrix.trans
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            uint32_t pa[WM][4];
+            #pragma unroll
+            for (int mt = 0; mt < WM; mt++) acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+            #pragma unroll
+            for (int dp = 0; dp < HD / 16; dp++) {
+                uint32_t bv[4];
+                ldmatrix_x4_trans(bv, sVb + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+                #pragma unroll
+                for (int mt = 0; mt < WM; mt++) {
+                    mma_bf16(acc[mt][2 * dp], pa[mt], bv[0], bv[1]);
+                    mma_bf16(acc[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+                }
+            }
+        }
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+    }
+    bf16* ob = o + (size_t)b * T * stride_o + (size_t)h * HD;
+    #pragma unroll
+    for (int mt = 0; mt < WM; mt++) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 1);
+            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 2);
+            int row = rows[mt][r];
+            if (row >= T) continue;
+            float inv = 1.f / l[mt][r];
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++)
+                *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
+                    __floats2bfloat162_rn(acc[mt][dt][2 * r] * inv, acc[mt][dt][2 * r + 1] * inv);
+            if (tq == 0) lse[(size_t)bh * T + row] = (m[mt][r] + log2f(l[mt][r])) * LN2;  // natural log
+        }
+    }
+}
+
+static void fox_check_args(const char* who, const void* q, const void* k, const void* v, int B, int T, int H,
+                           int hd, int stride_qkv, int stride_o, int window) {
+    if (hd != 64 && hd != 128) { fail("%s: head size %d is not supported\nHINT: use hd = 64 or 128 (C / H)", who, hd); }
+    if (B < 1 || T < 1 || H < 1 || window < 0 || stride_qkv < H * hd || stride_o < H * hd) {
+        fail("%s: bad shape B=%d T=%d H=%d stride_qkv=%d stride_o=%d window=%d\n"
+             "HINT: strides count elements between consecutive tokens (>= H*hd); window >= 0", who, B, T, H,
+             stride_qkv, stride_o, window);
+    }
+    if (stride_qkv % 8 || stride_o % 2 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16) {
+        fail("%s: q/k/v must be 16-byte aligned with stride_qkv %% 8 == 0, stride_o even\n"
+             "HINT: q, k, v are read in 16-byte chunks; allocate with cudaMalloc and keep strides multiples of 8", who);
+    }
+}
+
+template<int HD, int BC, int WM, bool GATE>
+static void fox_fwd_mma_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                               int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    constexpr int LD = HD + 8, BR = 64 * WM;
+    size_t smem = (size_t)(BR + 4 * BC) * LD * sizeof(bf16) + 2 * BC * sizeof(float);
+    // the shared memory limit is a per-device attribute: set on every call (microseconds)
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_mma_kernel<HD, BC, WM, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
+    float scale_log2 = LOG2E / sqrtf((float)HD);
+    fox_fwd_mma_kernel<HD, BC, WM, GATE><<<grid, 128, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2);
+    launchCheck();
+}
+
+// tile shape (key tile BC, 16-row tiles per warp WM) -> launch, for hd 64/128, gate on/off
+template<int BC64, int BC128, int WM>
+static void fox_fwd_mma_dispatch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                                 int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    if (hd == 64) {
+        if (c) fox_fwd_mma_launch<64, BC64, WM, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_fwd_mma_launch<64, BC64, WM, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+    } else {
+        if (c) fox_fwd_mma_launch<128, BC128, WM, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_fwd_mma_launch<128, BC128, WM, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+    }
+}
+
+// o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
+// q, k, v: bf16 (B, T, H, hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv).
+// c: fp32 (B, H, T) cumulative log forget gate, or NULL for plain causal attention.
+// window: query i sees keys i - window < j <= i; 0 means no window.
+void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                           int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
+    fox_fwd_mma_dispatch<64, 32, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, s);  // version 4
+}
+
+// Delta_i = dO_i . O_i in fp32, a warp per row
+template<int HD>
+__global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* o, int BHT, int T, int H, int stride_o) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= BHT) return;
+    int i = row % T, bh = row / T, h = bh % H, b = bh / H;
+    size_t off = ((size_t)b * T + i) * stride_o + (size_t)h * HD;
+    float s = 0.f;
+    #pragma unroll
+    for (int d = 2 * lane; d < HD; d += 64) {
+        float2 g = __bfloat1622float2(*(const __nv_bfloat162*)(dout + off + d));
+        float2 x = __bfloat1622float2(*(const __nv_bfloat162*)(o + off + d));
+        s += g.x * x.x + g.y * x.y;
+    }
+    for (int sh = 16; sh > 0; sh >>= 1) s += __shfl_xor_sync(0xffffffff, s, sh);
+    if (lane == 0) delta[row] = s;
+}
+
+// dk, dv and dc of one key tile of BK = 64 * WM keys. A warp owns 16 * WM keys; S^T = K Q^T and
+// dP^T = V dO^T put the keys in the rows, so dV += P^T dO and dK += dS^T Q take P^T, dS^T straight
+// from registers as A fragments, and the dc column sum is a per-thread row sum. Query tiles of BQ
+// stream through shared memory, double-buffered with cp.async. With WM = 2 (version 3, hd 64) each
+// Q/dO fragment read from shared memory feeds two mma's instead of one.
+template<int HD, int BQ, int WM, bool GATE>
+__global__ void __launch_bounds__(128) fox_bwd_dkdv_mma_kernel(bf16* dk, bf16* dv, float* dc, const bf16* dout,
+                                                                const bf16* q, const bf16* k, const bf16* v,
+                                                                const float* lse, const float* delta, const float* c,
+                                                                int T, int H, int stride_qkv, int stride_o, int window,
+                                                                float scale_log2, float scale) {
+    constexpr int BK = 64 * WM, LD = HD + 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = (bf16*)smem_raw;             // (BK, LD)
+    bf16* sV = sK + BK * LD;                // (BK, LD)
+    bf16* sQ = sV + BK * LD;                // (2, BQ, LD)
+    bf16* sG = sQ + 2 * BQ * LD;            // (2, BQ, LD) dO
+    float* sL = (float*)(sG + 2 * BQ * LD); // (2, BQ) lse
+    float* sD = sL + 2 * BQ;                // (2, BQ) Delta
+    float* sC = sD + 2 * BQ;                // (2, BQ) c of the queries
+
+    int kt = blockIdx.x;  // the first key tiles see the most queries and are scheduled first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    size_t base_o = (size_t)b * T * stride_o + (size_t)h * HD;
+    const float *lb = lse + (size_t)bh * T, *db = delta + (size_t)bh * T;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int j0 = kt * BK;
+    int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
+    int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
+
+    load_tile_async<BK, HD, LD, 128>(sK, k + base, j0, T, stride_qkv);
+    load_tile_async<BK, HD, LD, 128>(sV, v + base, j0, T, stride_qkv);
+    auto load_q_tile = [&](int it, int nb) {
+        int i1 = it * BQ;
+        load_tile_async<BQ, HD, LD, 128>(sQ + nb * BQ * LD, q + base, i1, T, stride_qkv);
+        load_tile_async<BQ, HD, LD, 128>(sG + nb * BQ * LD, dout + base_o, i1, T, stride_o);
+        load_vec_async<BQ>(sL + nb * BQ, lb, i1, T);
+        load_vec_async<BQ>(sD + nb * BQ, db, i1, T);
+        if (GATE) load_vec_async<BQ>(sC + nb * BQ, cb, i1, T);
+    };
+    load_q_tile(it_begin, 0);
+    cp_async_commit();
+
+    // this thread's keys: keys[mt][r] = 16-key tile mt of the warp, r = 0 (key g) or 1 (key g + 8)
+    int keys[WM][2];
+    float cj[WM][2], dcs[WM][2];
+    float dka[WM][HD / 8][4], dva[WM][HD / 8][4];
+    #pragma unroll
+    for (int mt = 0; mt < WM; mt++) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            keys[mt][r] = j0 + warp * 16 * WM + mt * 16 + g + 8 * r;
+            cj[mt][r] = (GATE && keys[mt][r] < T) ? cb[keys[mt][r]] : 0.f;
+            dcs[mt][r] = 0.f;
+        }
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) dka[mt][dt][e] = dva[mt][dt][e] = 0.f;
+    }
+
+    for (int it = it_begin; it < it_end; it++) {
+        int buf = (it - it_begin) & 1;
+        if (it + 1 < it_end) { load_q_tile(it + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
+        else cp_async_wait<0>();
+        __syncthreads();
+        const bf16 *sQb = sQ + buf * BQ * LD, *sGb = sG + buf * BQ * LD;
+        const float *sLb = sL + buf * BQ, *sDb = sD + buf * BQ, *sCb = sC + buf * BQ;
+
+        // S^T = K Q^T and dP^T = V dO^T, (16 WM keys, BQ queries) per warp
+        float st[WM][BQ / 8][4], dpt[WM][BQ / 8][4];
+        #pragma unroll
+        for (int mt = 0; mt < WM; mt++)
+            #pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) st[mt][nt][e] = dpt[mt][nt][e] = 0.f;
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t ka[WM][4], va[WM][4];
+            #pragma unroll
+            for (int mt = 0; mt < WM; mt++) {
+                int arow = (warp * 16 * WM + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + kk * 16 + (lane / 16) * 8;
+                ldmatrix_x4(ka[mt], sK + arow);
+                ldmatrix_x4(va[mt], sV + arow);
+            }
+            #pragma unroll
+            for (int np = 0; np < BQ / 16; np++) {
+                uint32_t bq[4], bg[4];
+                int brow = (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8;
+                ldmatrix_x4(bq, sQb + brow);
+                ldmatrix_x4(bg, sGb + brow);
+                #pragma unroll
+                for (int mt = 0; mt < WM; mt++) {
+                    mma_bf16(st[mt][2 * np], ka[mt], bq[0], bq[1]);
+                    mma_bf16(st[mt][2 * np + 1], ka[mt], bq[2], bq[3]);
+                    mma_bf16(dpt[mt][2 * np], va[mt], bg[0], bg[1]);
+                    mma_bf16(dpt[mt][2 * np + 1], va[mt], bg[2], bg[3]);
+                }
+            }
+        }
+        // P^T, dS^T in place; masked entries are selected to 0, never multiplied
+        int i0 = it * BQ;
+        bool need_mask = (i0 < j0 + BK - 1) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0 >= window);
+        #pragma unroll
+        for (int mt = 0; mt < WM; mt++) {
+            #pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int il = nt * 8 + 2 * tq + (e & 1);
+                    float x = fmaf(st[mt][nt][e], scale_log2, -sLb[il] * LOG2E);
+                    if (GATE) x = fmaf(sCb[il] - cj[mt][e / 2], LOG2E, x);
+                    float p = exp2f(x);
+                    if (need_mask) {
+                        int i = i0 + il;
+                        if (i >= T || !fox_visible(i, keys[mt][e / 2], window)) p = 0.f;
+                    }
+                    float ds = p * (dpt[mt][nt][e] - sDb[il]);
+                    dcs[mt][e / 2] += ds;
+                    st[mt][nt][e] = p;
+                    dpt[mt][nt][e] = ds;
+                }
+            }
+        }
+        // dV += P^T dO, dK += dS^T Q: B fragments (k = query, n = d) by ldmatrix.trans
+        #pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            uint32_t pa[WM][4], sa[WM][4];
+            #pragma unroll
+            for (int mt = 0; mt < WM; mt++) {
+                acc_to_a(pa[mt], st[mt][2 * kk], st[mt][2 * kk + 1]);
+                acc_to_a(sa[mt], dpt[mt][2 * kk], dpt[mt][2 * kk + 1]);
+            }
+            #pragma unroll
+            for (int dp = 0; dp < HD / 16; dp++) {
+                uint32_t bg[4], bq[4];
+                int brow = (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8;
+                ldmatrix_x4_trans(bg, sGb + brow);
+                ldmatrix_x4_trans(bq, sQb + brow);
+                #pragma unroll
+                for (int mt = 0; mt < WM; mt++) {
+                    mma_bf16(dva[mt][2 * dp], pa[mt], bg[0], bg[1]);
+                    mma_bf16(dva[mt][2 * dp + 1], pa[mt], bg[2], bg[3]);
+                    mma_bf16(dka[mt][2 * dp], sa[mt], bq[0], bq[1]);
+                    mma_bf16(dka[mt][2 * dp + 1], sa[mt], bq[2], bq[3]);
+                }
+            }
+        }
+        __syncthreads();  // buffer free for the prefetch of the next iteration
+    }
+    bf16 *dkb = dk + base, *dvb = dv + base;
+    #pragma unroll
+    for (int mt = 0; mt < WM; mt++) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int key = keys[mt][r];
+            if (GATE) {  // fixed shuffle order: deterministic
+                dcs[mt][r] += __shfl_xor_sync(0xffffffff, dcs[mt][r], 1);
+                dcs[mt][r] += __shfl_xor_sync(0xffffffff, dcs[mt][r], 2);
+                if (tq == 0 && key < T) dc[(size_t)bh * T + key] = -dcs[mt][r];
+            }
+            if (key >= T) continue;
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++) {
+                int col = dt * 8 + 2 * tq;
+                *(__nv_bfloat162*)(dkb + (size_t)key * stride_qkv + col) =
+                    __floats2bfloat162_rn(dka[mt][dt][2 * r] * scale, dka[mt][dt][2 * r + 1] * scale);
+                *(__nv_bfloat162*)(dvb + (size_t)key * stride_qkv + col) =
+                    __floats2bfloat162_rn(dva[mt][dt][2 * r], dva[mt][dt][2 * r + 1]);
+            }
+        }
+    }
+}
+
+// dq of one 64-query tile: a warp owns 16 queries, key tiles stream through shared memory
+template<int HD, bool GATE>
+__global__ void __launch_bounds__(128) fox_bwd_dq_mma_kernel(bf16* dq, float* dc_row, const bf16* dout, const bf16* q, const bf16* k,
+                                                              const bf16* v, const float* lse, const float* delta,
+                                                              const float* c, int T, int H, int stride_qkv, int stride_o,
+                                                              int window, float scale_log2, float scale) {
+    constexpr int LD = HD + 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_raw;                  // (BR, LD)
+    bf16* sG = sQ + FOX_BR * LD;                 // (BR, LD) dO
+    bf16* sK = sG + FOX_BR * LD;                 // (2, BC, LD)
+    bf16* sV = sK + 2 * FOX_BC * LD;             // (2, BC, LD)
+    float* sC = (float*)(sV + 2 * FOX_BC * LD);  // (2, BC) c of the keys
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    size_t base_o = (size_t)b * T * stride_o + (size_t)h * HD;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * FOX_BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / FOX_BC, jt_end = ceil_div(min(T, i0 + FOX_BR), FOX_BC);
+
+    load_tile_async<FOX_BR, HD, LD, 128>(sQ, q + base, i0, T, stride_qkv);
+    load_tile_async<FOX_BR, HD, LD, 128>(sG, dout + base_o, i0, T, stride_o);
+    auto load_k_tile = [&](int jt, int nb) {
+        int j1 = jt * FOX_BC;
+        load_tile_async<FOX_BC, HD, LD, 128>(sK + nb * FOX_BC * LD, k + base, j1, T, stride_qkv);
+        load_tile_async<FOX_BC, HD, LD, 128>(sV + nb * FOX_BC * LD, v + base, j1, T, stride_qkv);
+        if (GATE) load_vec_async<FOX_BC>(sC + nb * FOX_BC, cb, j1, T);
+    };
+    load_k_tile(jt_begin, 0);
+    cp_async_commit();
+
+    int r0 = i0 + warp * 16 + g, r1 = r0 + 8;
+    float rl[2], rd[2], rc[2];  // lse in log2 units, Delta, c of this thread's rows
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = r ? r1 : r0;
+        bool ok = row < T;
+        rl[r] = ok ? lse[(size_t)bh * T + row] * LOG2E : 0.f;
+        rd[r] = ok ? delta[(size_t)bh * T + row] : 0.f;
+        rc[r] = (GATE && ok) ? cb[row] : 0.f;
+    }
+    float dqa[HD / 8][4], rs[2] = {0.f, 0.f};  // rs: row sums of dS
+    #pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++) dqa[dt][0] = dqa[dt][1] = dqa[dt][2] = dqa[dt][3] = 0.f;
+
+    for (int jt = jt_begin; jt < jt_end; jt++) {
+        int buf = (jt - jt_begin) & 1;
+        if (jt + 1 < jt_end) { load_k_tile(jt + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
+        else cp_async_wait<0>();
+        __syncthreads();
+        const bf16 *sKb = sK + buf * FOX_BC * LD, *sVb = sV + buf * FOX_BC * LD;
+        const float* sCb = sC + buf * FOX_BC;
+
+        // S = Q K^T, dP = dO V^T, (16, 64) per warp
+        float s[FOX_BC / 8][4], dp[FOX_BC / 8][4];
+        #pragma unroll
+        for (int nt = 0; nt < FOX_BC / 8; nt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t qa[4], ga[4];
+            int arow = (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + kk * 16 + (lane / 16) * 8;
+            ldmatrix_x4(qa, sQ + arow);
+            ldmatrix_x4(ga, sG + arow);
+            #pragma unroll
+            for (int np = 0; np < FOX_BC / 16; np++) {
+                uint32_t bk[4], bv[4];
+                int brow = (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kk * 16 + ((lane / 8) % 2) * 8;
+                ldmatrix_x4(bk, sKb + brow);
+                ldmatrix_x4(bv, sVb + brow);
+                mma_bf16(s[2 * np], qa, bk[0], bk[1]);
+                mma_bf16(s[2 * np + 1], qa, bk[2], bk[3]);
+                mma_bf16(dp[2 * np], ga, bv[0], bv[1]);
+                mma_bf16(dp[2 * np + 1], ga, bv[2], bv[3]);
+            }
+        }
+        int j0 = jt * FOX_BC;
+        bool need_mask = (j0 + FOX_BC - 1 > i0) || (j0 + FOX_BC > T) ||
+                         (window > 0 && j0 <= i0 + FOX_BR - 1 - window);
+        #pragma unroll
+        for (int nt = 0; nt < FOX_BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int jl = nt * 8 + 2 * tq + (e & 1);
+                float x = fmaf(s[nt][e], scale_log2, -rl[e / 2]);
+                if (GATE) x = fmaf(rc[e / 2] - sCb[jl], LOG2E, x);
+                float p = exp2f(x);
+                if (need_mask) {
+                    int j = j0 + jl;
+                    if (j >= T || !fox_visible(e < 2 ? r0 : r1, j, window)) p = 0.f;
+                }
+                s[nt][e] = p * (dp[nt][e] - rd[e / 2]);  // dS
+                rs[e / 2] += s[nt][e];
+            }
+        }
+        // dQ += dS K: B fragments (k = key, n = d) by ldmatrix.trans
+        #pragma unroll
+        for (int kk = 0; kk < FOX_BC / 16; kk++) {
+            uint32_t sa[4];
+            acc_to_a(sa, s[2 * kk], s[2 * kk + 1]);
+            #pragma unroll
+            for (int dp2 = 0; dp2 < HD / 16; dp2++) {
+                uint32_t bk[4];
+                ldmatrix_x4_trans(bk, sKb + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp2 * 16 + (lane / 16) * 8);
+                mma_bf16(dqa[2 * dp2], sa, bk[0], bk[1]);
+                mma_bf16(dqa[2 * dp2 + 1], sa, bk[2], bk[3]);
+            }
+        }
+        __syncthreads();
+    }
+    bf16* dqb = dq + base;
+    #pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++) {
+        int col = dt * 8 + 2 * tq;
+        if (r0 < T) *(__nv_bfloat162*)(dqb + (size_t)r0 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt][0] * scale, dqa[dt][1] * scale);
+        if (r1 < T) *(__nv_bfloat162*)(dqb + (size_t)r1 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt][2] * scale, dqa[dt][3] * scale);
+    }
+    if (GATE) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {  // fixed shuffle order: deterministic
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 1);
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 2);
+        }
+        if (tq == 0) {
+            if (r0 < T) dc_row[(size_t)bh * T + r0] = rs[0];
+            if (r1 < T) dc_row[(size_t)bh * T + r1] = rs[1];
+        }
+    }
+}
+
+template<int HD, int BQ, int WM, bool GATE>
+static void fox_bwd_mma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
+                               const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
+                               int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    constexpr int LD = HD + 8, BK = 64 * WM;
+    size_t smem_kv = (size_t)(2 * BK + 4 * BQ) * LD * sizeof(bf16) + 6 * BQ * sizeof(float);
+    size_t smem_q = (size_t)(2 * FOX_BR + 4 * FOX_BC) * LD * sizeof(bf16) + 2 * FOX_BC * sizeof(float);
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_mma_kernel<HD, BQ, WM, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_mma_kernel<HD, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
+    fox_bwd_dkdv_mma_kernel<HD, BQ, WM, GATE><<<dim3((unsigned)ceil_div(T, BK), (unsigned)(B * H)), 128, smem_kv, s>>>(
+        dk, dv, dc, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
+    launchCheck();
+    fox_bwd_dq_mma_kernel<HD, GATE><<<dim3((unsigned)ceil_div(T, FOX_BR), (unsigned)(B * H)), 128, smem_q, s>>>(
+        dq, dc_row, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
+    launchCheck();
+}
+
+// Delta, then the dkdv (key tile: BQ queries per step, WM 16-key tiles per warp at hd 64) and dq
+// kernels, then the dlogf scan. scratch: 3 * B*H*T floats (see fox_attention_backward).
+template<int BQ64, int WM64>
+static void fox_bwd_mma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
+                        const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
+                        int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    int BHT = B * H * T;
+    float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
+    if (hd == 64) fox_bwd_delta_kernel<64><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    else fox_bwd_delta_kernel<128><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    launchCheck();
+    if (hd == 64) {
+        if (c) fox_bwd_mma_launch<64, BQ64, WM64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_mma_launch<64, BQ64, WM64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+    } else {  // hd 128: 32 keys per warp would need 256 accumulator registers
+        if (c) fox_bwd_mma_launch<128, 64, 1, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_mma_launch<128, 64, 1, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+    }
+    if (c) {
+        fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
+        launchCheck();
+    }
+}
+
+// dq, dk, dv: bf16 (B, T, H, hd), token stride stride_qkv (like q, k, v; may be a packed dqkv).
+// dout, o: bf16 (B, T, H, hd), token stride stride_o. lse: from fox_attention_forward.
+// c: fp32 (B, H, T) or NULL (plain causal attention). dlogf: fp32 (B, H, T) gradient of log f,
+// written when c != NULL (may be NULL when c is NULL).
+// scratch_dc: fp32 scratch of 3*B*H*T floats: [0, BHT) column part of dc (gradient of c),
+// [BHT, 2BHT) row part of dc, [2BHT, 3BHT) Delta = rowsum(dO * O).
+void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch_dc, const bf16* dout,
+                            const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse,
+                            const float* c, int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
+                            cudaStream_t s) {
+    fox_check_args("fox_attention_backward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
+    if (((uintptr_t)dq | (uintptr_t)dk | (uintptr_t)dv | (uintptr_t)dout | (uintptr_t)o) % 16 || stride_o % 8) {
+        fail("fox_attention_backward: dq/dk/dv/dout/o must be 16-byte aligned, stride_o %% 8 == 0\n"
+             "HINT: dout is read in 16-byte chunks; allocate with cudaMalloc and keep strides multiples of 8");
+    }
+    if (c && !dlogf) {
+        fail("fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf");
+    }
+    fox_bwd_mma<64, 1>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
+                       window, s);  // version 2 (version 3 measured no faster)
+}
+#endif // ENABLE_FP32
+
+// ---- the boundary used by gpu_forward / gpu_backward ----
 
 // q, k, v, o (B, T, H, hd) floatX; c, lse (B, H, T) fp32; c == NULL for no forget gate
 static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const floatX* k, const floatX* v,
                                   const float* c, int B, int T, int H, int hd, int window) {
+#ifndef ENABLE_FP32
+    if (attention_fused(hd)) {
+        fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, H * hd, H * hd, window, 0);
+        return;
+    }
+#endif
     size_t smem = attention_forward_smem(hd);
     cudaCheck(cudaFuncSetAttribute(attention_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
@@ -879,23 +1619,37 @@ static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const 
     launchCheck();
 }
 
-// dq, dk, dv written; dc (B, H, T) written when c != NULL; delta: (B, H, T) fp32 scratch
-static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dc, float* delta, const floatX* dout,
-                                   const floatX* q, const floatX* k, const floatX* v, const floatX* o,
-                                   const float* lse, const float* c, int B, int T, int H, int hd, int window) {
-    size_t N = (size_t)B * T, smem = attention_backward_smem(hd);
+// dq, dk, dv (B, T, H, hd) written; dlogf (B, H, T), the gradient of log f, written when
+// c != NULL. scratch: 3 * B * H * T floats (dc column part, dc row part, Delta).
+static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dlogf, float* scratch,
+                                   const floatX* dout, const floatX* q, const floatX* k, const floatX* v,
+                                   const floatX* o, const float* lse, const float* c, int B, int T, int H, int hd,
+                                   int window) {
+#ifndef ENABLE_FP32
+    if (attention_fused(hd)) {
+        fox_attention_backward(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, H * hd, H * hd,
+                               window, 0);
+        return;
+    }
+#endif
+    size_t N = (size_t)B * T, BHT = N * H, smem = attention_backward_smem(hd);
+    float *dc_col = scratch, *dc_row = scratch + BHT, *delta = scratch + 2 * BHT;
     float scale = 1.0f / sqrtf((float)hd);
     attention_delta_kernel<<<warp_blocks(N * H), 32 * WARPS_PER_BLOCK>>>(delta, dout, o, N, T, H, hd);
     launchCheck();
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
     cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attention_backward_dq_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dq, c != NULL ? dc : NULL, dout, q, k, v, lse,
-                                                                      delta, c, T, H, hd, window, scale);
+    attention_backward_dq_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dq, c != NULL ? dc_row : NULL, dout, q, k, v,
+                                                                      lse, delta, c, T, H, hd, window, scale);
     launchCheck();
     cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attention_backward_dkdv_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dk, dv, c != NULL ? dc : NULL, dout, q, k, v,
-                                                                        lse, delta, c, T, H, hd, window, scale);
+    attention_backward_dkdv_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dk, dv, c != NULL ? dc_col : NULL, dout, q,
+                                                                        k, v, lse, delta, c, T, H, hd, window, scale);
     launchCheck();
+    if (c != NULL) {
+        fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS>>>(dlogf, dc_col, dc_row, T);
+        launchCheck();
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -1332,8 +2086,8 @@ typedef struct {
     floatX* dq;         // (N, C)
     floatX* dk;         // (N, C)
     floatX* dv;         // (N, C)
-    float* dc;          // (B, H, T)
-    float* delta;       // (B, H, T)
+    float* dlogf;       // (B, H, T) gradient of log f
+    float* attn_scratch; // (3, B, H, T) attention backward: dc column part, dc row part, Delta
     float* dgl;         // (N, H)
     floatX* dgl_x;      // (N, H)
     floatX* dq_normed;  // (N, C)
@@ -1471,8 +2225,8 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     d->dq = (floatX*)arena_take(base, &off, N * C * fx);
     d->dk = (floatX*)arena_take(base, &off, N * C * fx);
     d->dv = (floatX*)arena_take(base, &off, N * C * fx);
-    d->dc = (float*)arena_take(base, &off, N * H * f);
-    d->delta = (float*)arena_take(base, &off, N * H * f);
+    d->dlogf = (float*)arena_take(base, &off, N * H * f);
+    d->attn_scratch = (float*)arena_take(base, &off, 3 * N * H * f);
     d->dgl = (float*)arena_take(base, &off, N * H * f);
     d->dgl_x = (floatX*)arena_take(base, &off, N * H * fx);
     d->dq_normed = (floatX*)arena_take(base, &off, N * C * fx);
@@ -1522,13 +2276,30 @@ static void gpu_params_to_host(GPUModel* g) {
     cudaCheck(cudaMemcpy(g->host->params_memory, g->params, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
+// what the GPU kernels cannot run in this configuration (a message ending in a HINT), or NULL
+static const char* gpu_config_problem(const FoxConfig* cf) {
+    int hd = cf->n_embd / cf->n_head;
+    static char too_big[128];
+    if (hd > MAX_HD) {
+        snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) exceeds the GPU kernels' limit of %d\n"
+                 "HINT: use more heads (--n_head)", MAX_HD);
+        return too_big;
+    }
+#ifndef ENABLE_FP32
+    if (!attention_fused(hd) && !g_attention_any_head) {
+        return "head size (n_embd / n_head) must be 64 or 128: the fused attention kernels of the bf16 build "
+               "support only these\nHINT: set --n_head to n_embd / 64 or n_embd / 128, or build with PRECISION=FP32 (slow)";
+    }
+#endif
+    return NULL;
+}
+
 // Builds the device side of `host` (whose weights are uploaded) for batches up to (B, T), as
 // one rank of `dist`.
 static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist* dist) {
     const FoxConfig* cf = &host->config;
-    if (cf->n_embd / cf->n_head > MAX_HD) {
-        fail("head size %d exceeds the GPU kernels' limit of %d\nHINT: use more heads (--n_head)", cf->n_embd / cf->n_head, MAX_HD);
-    }
+    const char* problem = gpu_config_problem(cf);
+    if (problem != NULL) { fail("n_embd %d, n_head %d: %s", cf->n_embd, cf->n_head, problem); }
     memset(g, 0, sizeof(*g));
     g->host = host;
     g->config = *cf;
@@ -1797,11 +2568,11 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
         if (cf->output_norm) {
             colsum_gpu(pg(g, P_O_NORM, l), d.partial, d.don, LAYER(a.o, l, NC), LAYER(a.rstd_o, l, NH), N, C, hd, 1);
         }
-        attention_backward_gpu(d.dq, d.dk, d.dv, d.dc, d.delta, d_o, LAYER(a.q, l, NC), LAYER(a.k, l, NC),
+        attention_backward_gpu(d.dq, d.dk, d.dv, d.dlogf, d.attn_scratch, d_o, LAYER(a.q, l, NC), LAYER(a.k, l, NC),
                                LAYER(a.v, l, NC), LAYER(a.o, l, NC), LAYER(a.lse, l, NH),
                                cf->gate != GATE_NONE ? LAYER(a.c, l, NH) : NULL, B, T, H, hd, cf->window);
         if (cf->gate != GATE_NONE) {
-            forget_gate_backward_kernel<<<B * H, SCAN_THREADS>>>(d.dgl, d.dgl_x, d.dc, LAYER(a.gate_logit, l, NH), B, T, H);
+            forget_gate_backward_kernel<<<elem_blocks(NH), 256>>>(d.dgl, d.dgl_x, d.dlogf, LAYER(a.gate_logit, l, NH), B, T, H);
             launchCheck();
             if (cf->gate == GATE_FULL) {
                 matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dgl_x, px(g, P_WF, l), N, C, H, 1.0f);
