@@ -34,24 +34,33 @@ all: train_fox_cpu test_fox
 
 include data/data.mk
 
-train_fox_cpu: train_fox.c
-	$(CC) $(CFLAGS) $(WARN) $(OMP_FLAGS) $< -o $@ $(LDLIBS)
+# The GPT-2 encoder (prompts of the evaluation modes) is linked into every program; it needs
+# libpcre2-8 (data/ensure_deps.sh installs libpcre2-dev, or says how)
+BPE_OBJ = build/gpt2_bpe.o
+BPE_LIBS = -lpcre2-8
+$(BPE_OBJ): data/gpt2_bpe.c data/gpt2_bpe.h
+	@sh data/ensure_deps.sh pcre2
+	@mkdir -p build
+	$(CC) $(DATA_CFLAGS) -c $< -o $@
+
+train_fox_cpu: train_fox.c $(BPE_OBJ)
+	$(CC) $(CFLAGS) $(WARN) $(OMP_FLAGS) $< $(BPE_OBJ) -o $@ $(LDLIBS) $(BPE_LIBS)
 
 ifneq ($(HAVE_GPU_TRAINER),)
-train_fox: train_fox.cu train_fox.c
+train_fox: train_fox.cu train_fox.c $(BPE_OBJ)
 	@test -n "$(NVCC)" || { echo "error: nvcc not found. HINT: install the CUDA toolkit or put nvcc on PATH"; exit 1; }
-	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $< $(BPE_OBJ) -o $@ $(NVCC_LIBS) $(BPE_LIBS)
 endif
 
 # The tests build with nvcc when there is one (so the GPU code is compiled everywhere and
 # cannot rot), else with the C++ compiler (CPU part only).
-TEST_DEPS = test_fox.cu train_fox.c $(HAVE_GPU_TRAINER)
+TEST_DEPS = test_fox.cu train_fox.c $(HAVE_GPU_TRAINER) $(BPE_OBJ)
 test_fox: $(TEST_DEPS)
 ifneq ($(NVCC),)
-	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $< $(BPE_OBJ) -o $@ $(NVCC_LIBS) $(BPE_LIBS)
 else
 	@echo "note: nvcc not found, building the CPU tests only"
-	$(CXX) -x c++ $(CFLAGS) $(WARN) -Wno-unused-function $(OMP_FLAGS) $< -o $@ $(LDLIBS)
+	$(CXX) -x c++ $(CFLAGS) $(WARN) -Wno-unused-function $(OMP_FLAGS) $< -x none $(BPE_OBJ) -o $@ $(LDLIBS) $(BPE_LIBS)
 endif
 
 # --- the two commands ---------------------------------------------------------
