@@ -1675,12 +1675,68 @@ static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
     return (float)(sum / n);
 }
 
+
+// ----------------------------------------------------------------------------
+// the evaluation modes on the GPU: gpu_forward behind the twin's ForwardBackend, so eval and
+// niah run the twin's code on GPU logits and losses. Generation recomputes the full forward
+// for every new token (no KV cache on the GPU yet); maps run on the twin (exact fp32).
+
+typedef struct {
+    GPUModel* g;
+    floatX* row_x; // (V) one row of logits, as stored on the device
+} GpuBackend;
+
+static void gpu_backend_forward(void* ctx, const int* inputs, const int* targets, int B, int T, float* losses) {
+    GPUModel* g = ((GpuBackend*)ctx)->g;
+    gpu_forward(g, inputs, targets, B, T);
+    if (targets != NULL) { memcpy(losses, g->losses_host, (size_t)B * T * sizeof(float)); }
+}
+
+static void gpu_backend_logits_row(void* ctx, size_t n, float* out) {
+    GpuBackend* gb = (GpuBackend*)ctx;
+    int V = gb->g->config.vocab_size, Vp = gb->g->config.padded_vocab_size;
+    cudaCheck(cudaMemcpy(gb->row_x, gb->g->acts.logits + n * Vp, (size_t)V * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (int j = 0; j < V; j++) { out[j] = to_float(gb->row_x[j]); }
+}
+
+static void gpu_backend_reset(void* ctx) { (void)ctx; } // nothing cached
+
+static void gpu_backend_next_logits(void* ctx, const int* tokens, int t, float* out) {
+    gpu_forward(((GpuBackend*)ctx)->g, tokens, NULL, 1, t);
+    gpu_backend_logits_row(ctx, (size_t)(t - 1), out);
+}
+
+static int gpu_eval_main(const Args* a) {
+    check_eval_args(a);
+    gpu_init();
+    FoxModel model;
+    build_model(&model, a);
+    int rc;
+    if (a->mode == MODE_MAPS) {
+        rc = run_eval_mode(a, &model, NULL, "CPU twin");
+    } else {
+        int B, T;
+        eval_mode_shape(a, &B, &T);
+        GPUModel gm;
+        gpu_build(&gm, &model, B > 0 ? B : 1, T);
+        GpuBackend gb = {&gm, (floatX*)malloc_check((size_t)model.config.vocab_size * sizeof(floatX), "logits row")};
+        ForwardBackend be = {&gb, model.config.vocab_size, gpu_backend_forward, gpu_backend_logits_row,
+                             gpu_backend_reset, gpu_backend_next_logits};
+        printf("device: %s, precision %s\n", g_prop.name, PRECISION_NAME);
+        rc = run_eval_mode(a, &model, &be, "GPU, full forward for every token (no KV cache)");
+        free(gb.row_x);
+        gpu_free(&gm);
+    }
+    fox_free(&model);
+    return rc;
+}
 // ----------------------------------------------------------------------------
 
 #ifdef TRAIN_FOX_GPU_MAIN
 int main(int argc, char** argv) {
     Args a;
     parse_args(&a, argc, argv);
+    if (a.mode != MODE_TRAIN) { return gpu_eval_main(&a); }
     gpu_init();
     FoxModel model;
     build_model(&model, &a);
