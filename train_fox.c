@@ -25,12 +25,16 @@ which drops main().
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifndef NO_GPT2_ENCODER // the project's GPT-2 encoder, for prompts (data/gpt2_bpe.c, needs PCRE2)
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "data/gpt2_bpe.h" // the project's GPT-2 encoder, for prompts (linked from data/gpt2_bpe.c)
+#include "data/gpt2_bpe.h"
 #ifdef __cplusplus
 }
+#endif
+#else
+#define GPT2_EOT 50256 // as in data/gpt2_bpe.h
 #endif
 
 // ----------------------------------------------------------------------------
@@ -2303,6 +2307,7 @@ static int sample_token(const float* logits, int V, double temperature, int top_
 // ----------------------------------------------------------------------------
 // text in: the GPT-2 encoder (data/gpt2_bpe.c), prompts, held-out token streams
 
+#ifndef NO_GPT2_ENCODER
 static void bpe_load_checked(GPT2BPE* bpe) {
     if (access(GPT2_DEFAULT_RANKS, R_OK) != 0) {
         fail("the GPT-2 merge ranks %s are missing (needed to encode text)\nHINT: run `make data`", GPT2_DEFAULT_RANKS);
@@ -2350,6 +2355,14 @@ static int encode_prompt(const char* arg, int eot, int* out, int cap) {
     gpt2_bpe_free(&bpe);
     return n;
 }
+#else
+static int encode_prompt(const char* arg, int eot, int* out, int cap) {
+    (void)arg; (void)eot; (void)out; (void)cap;
+    fail("this build has no GPT-2 encoder (PCRE2 was missing when it was built), so it cannot encode -P\n"
+         "HINT: install libpcre2-dev (sh data/ensure_deps.sh pcre2) and rebuild; eval, niah and maps without -P work as is");
+    return 0;
+}
+#endif
 
 // the first n tokens of the shards matching pattern (in name order), EOT separators dropped
 // when drop_eot; fails if they hold fewer
@@ -2477,12 +2490,6 @@ static int run_eval(const Args* a, ForwardBackend* be) {
 // ----------------------------------------------------------------------------
 // -M generate: continues -P for -g tokens (greedy, temperature, top-k)
 
-static void print_token(const GPT2BPE* bpe, int token) {
-    size_t len;
-    const uint8_t* bytes = gpt2_token_bytes(bpe, (uint32_t)token, &len);
-    fwrite(bytes, 1, len, stdout);
-}
-
 static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
     if (a->prompt == NULL) { fail("-M generate needs a prompt\nHINT: add -P \"text\" or -P @file"); }
     int* tokens = (int*)malloc_check((size_t)a->T * sizeof(int), "tokens");
@@ -2491,11 +2498,11 @@ static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
         fail("the prompt (%d tokens with the leading EOT) plus -g %d tokens exceed the context -t %d\nHINT: raise -t or shorten the prompt",
              n, a->gen_tokens, a->T);
     }
-    GPT2BPE bpe;
-    bpe_load_checked(&bpe);
+    Tokenizer tk;
+    if (!tokenizer_init(&tk, a->tokenizer_path)) { fail("no decode table at '%s'\nHINT: run `make data`, or pass -z", a->tokenizer_path); }
     printf("prompt: %d tokens | %d new tokens, %s, temperature %g, top-k %d, seed %llu | %s\n---\n", n, a->gen_tokens,
            a->temperature == 0 ? "greedy" : "sampled", a->temperature, a->top_k, (unsigned long long)a->seed, how);
-    for (int i = 1; i < n; i++) { print_token(&bpe, tokens[i]); }
+    for (int i = 1; i < n; i++) { tokenizer_print(&tk, tokens[i]); }
     float* row = (float*)malloc_check((size_t)be->vocab_size * sizeof(float), "logits row");
     uint64_t rng = a->seed ^ 0x5DEECE66Dull;
     be->reset(be->ctx);
@@ -2503,13 +2510,13 @@ static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
     for (int t = n; t < n + a->gen_tokens; t++) {
         be->next_logits(be->ctx, tokens, t, row);
         tokens[t] = sample_token(row, be->vocab_size, a->temperature, a->top_k, &rng);
-        print_token(&bpe, tokens[t]);
+        tokenizer_print(&tk, tokens[t]);
         fflush(stdout);
     }
     double dt = now_seconds() - t0;
     printf("\n---\n%d tokens in %.2f s (%.1f tokens/s, prompt included)\n", a->gen_tokens, dt, a->gen_tokens / dt);
     free(row); free(tokens);
-    gpt2_bpe_free(&bpe);
+    tokenizer_free(&tk);
     return 0;
 }
 
@@ -2517,15 +2524,26 @@ static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
 // -M niah: needle in a haystack (FOX_SPEC.md, Data conventions). A prompt of exactly
 // `context` tokens: EOT, haystack (held-out text, EOT separators dropped) with the needle
 // inserted after round(depth * haystack length) of its tokens, then the question. Each piece
-// is encoded on its own and the tokens concatenated. A cell is scored by log p(answer | prompt)
-// and by greedy decoding: the argmax at each answer position given the prompt and the answer
-// so far (teacher forcing), which reproduces the answer exactly when greedy decoding would.
+// is encoded on its own and the tokens concatenated; the tokens are written out below so that
+// a build without the encoder runs it too (test_fox checks them against the encoder). A cell
+// is scored by log p(answer | prompt) and by greedy decoding: the argmax at each answer
+// position given the prompt and the answer so far (teacher forcing), which reproduces the
+// answer exactly when greedy decoding would.
 
 static const char* NIAH_NEEDLE = " The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.";
 static const char* NIAH_NEEDLE_EASY = " What is the best thing to do in San Francisco? Answer: The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.";
 static const char* NIAH_QUESTION = "\n\nAnswer the following question: What is the best thing to do in San Francisco? Answer: The best thing to do in San Francisco is";
 static const char* NIAH_ANSWER = " eat a sandwich and sit in Dolores Park on a sunny day.";
+static const int NIAH_NEEDLE_IDS[] = {383, 1266, 1517, 284, 466, 287, 2986, 6033, 318, 4483, 257, 20433, 290, 1650, 287,
+                                     25143, 2850, 3250, 319, 257, 27737, 1110, 13};
+static const int NIAH_NEEDLE_EASY_IDS[] = {1867, 318, 262, 1266, 1517, 284, 466, 287, 2986, 6033, 30, 23998, 25, 383, 1266,
+                                          1517, 284, 466, 287, 2986, 6033, 318, 4483, 257, 20433, 290, 1650, 287, 25143,
+                                          2850, 3250, 319, 257, 27737, 1110, 13};
+static const int NIAH_QUESTION_IDS[] = {198, 198, 33706, 262, 1708, 1808, 25, 1867, 318, 262, 1266, 1517, 284, 466, 287,
+                                       2986, 6033, 30, 23998, 25, 383, 1266, 1517, 284, 466, 287, 2986, 6033, 318};
+static const int NIAH_ANSWER_IDS[] = {4483, 257, 20433, 290, 1650, 287, 25143, 2850, 3250, 319, 257, 27737, 1110, 13};
 #define NIAH_MAX_PIECE 128 // tokens of one piece (needle, question or answer)
+#define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 typedef struct {
     int easy;
@@ -2534,12 +2552,18 @@ typedef struct {
     int answer[NIAH_MAX_PIECE], answer_n;
 } NiahTexts;
 
-static void niah_texts_init(NiahTexts* tx, GPT2Worker* w, int easy) {
+static void niah_piece(int* dst, int* n, const int* ids, int count) {
+    memcpy(dst, ids, (size_t)count * sizeof(int));
+    *n = count;
+}
+
+static void niah_texts_init(NiahTexts* tx, int easy) {
     memset(tx, 0, sizeof(*tx));
     tx->easy = easy;
-    tx->needle_n = encode_append(w, easy ? NIAH_NEEDLE_EASY : NIAH_NEEDLE, tx->needle, 0, NIAH_MAX_PIECE);
-    tx->question_n = encode_append(w, NIAH_QUESTION, tx->question, 0, NIAH_MAX_PIECE);
-    tx->answer_n = encode_append(w, NIAH_ANSWER, tx->answer, 0, NIAH_MAX_PIECE);
+    if (easy) { niah_piece(tx->needle, &tx->needle_n, NIAH_NEEDLE_EASY_IDS, COUNT_OF(NIAH_NEEDLE_EASY_IDS)); }
+    else { niah_piece(tx->needle, &tx->needle_n, NIAH_NEEDLE_IDS, COUNT_OF(NIAH_NEEDLE_IDS)); }
+    niah_piece(tx->question, &tx->question_n, NIAH_QUESTION_IDS, COUNT_OF(NIAH_QUESTION_IDS));
+    niah_piece(tx->answer, &tx->answer_n, NIAH_ANSWER_IDS, COUNT_OF(NIAH_ANSWER_IDS));
 }
 
 // the shortest prompt: EOT, needle, question
@@ -2600,13 +2624,9 @@ static int niah_max_length(const Args* a) {
 static int run_niah(const Args* a, ForwardBackend* be) {
     int lengths[256];
     int nl = niah_lengths(a, lengths, 256), nd = a->depths, max_len = niah_max_length(a);
-    GPT2BPE bpe;
-    GPT2Worker w;
-    bpe_load_checked(&bpe);
-    gpt2_worker_init(&w, &bpe);
     NiahTexts texts[2];
-    niah_texts_init(&texts[0], &w, 0);
-    niah_texts_init(&texts[1], &w, 1);
+    niah_texts_init(&texts[0], 0);
+    niah_texts_init(&texts[1], 1);
     for (int i = 0; i < nl; i++) {
         if (lengths[i] < niah_min_context(&texts[1])) {
             fail("-D: context %d is shorter than the easy needle and the question (%d tokens)\nHINT: use contexts of at least %d",
@@ -2626,6 +2646,7 @@ static int run_niah(const Args* a, ForwardBackend* be) {
         fprintf(f, "mode,context,depth,needle_position,answer_tokens,answer_logprob,greedy_tokens,greedy_success\n");
     }
     printf("needle in a haystack: %d context lengths x %d depths, haystack from '%s'\n", nl, nd, a->val_pattern);
+    printf("needle:%s\neasy needle:%s\nquestion:%s\nanswer:%s\n", NIAH_NEEDLE, NIAH_NEEDLE_EASY, NIAH_QUESTION, NIAH_ANSWER);
     for (int mode = 0; mode < 2; mode++) {
         const NiahTexts* tx = &texts[mode];
         const char* name = mode ? "easy" : "standard";
@@ -2651,8 +2672,6 @@ static int run_niah(const Args* a, ForwardBackend* be) {
     }
     if (f != NULL) { close_output(f, path); }
     free(haystack); free(prompt); free(seq); free(losses); free(row);
-    gpt2_worker_free(&w);
-    gpt2_bpe_free(&bpe);
     return 0;
 }
 
