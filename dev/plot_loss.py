@@ -65,6 +65,9 @@ def main():
     ax_l.set_ylabel(f"loss L(i), moving average over {args.window} tokens")
     ax_l.set_title("per-token loss")
     ax_p.set_xscale("log", base=2)
+    low, high = ax_p.get_ylim()
+    if low > 0 and high / low > 10:  # runs far apart (e.g. an untrained model): log scale
+        ax_p.set_yscale("log")
     ax_p.set_xlabel("context length l")
     ax_p.set_ylabel("perplexity P(l)")
     ax_p.set_title("P(l) = exp(mean of L(1..l))")
