@@ -2065,6 +2065,18 @@ static void fox_decoder_free(FoxDecoder* d) {
     memset(d, 0, sizeof(*d));
 }
 
+// out (OC) = w (OC, IC) @ x (IC) + bias (OC): matmul_forward's sum for one row, parallel over
+// the outputs (matmul_forward parallelises over rows, and a step has one)
+static void matvec_forward(float* out, const float* x, const float* w, const float* bias, int IC, int OC) {
+    #pragma omp parallel for
+    for (int o = 0; o < OC; o++) {
+        const float* wrow = w + (size_t)o * IC;
+        float acc = bias != NULL ? bias[o] : 0.0f;
+        for (int i = 0; i < IC; i++) { acc += x[i] * wrow[i]; }
+        out[o] = acc;
+    }
+}
+
 // KV-shift of one token (kv_shift_forward's expression): out = alpha raw_last + (1 - alpha) raw;
 // then raw becomes raw_last
 static void kv_shift_step(float* out, const float* raw, float* raw_last, const float* alpha, int H, int hd) {
@@ -2143,11 +2155,11 @@ static void fox_decode_step(FoxDecoder* d, int token) {
         float* c_cache = LAYER(d->c, l, cap * H);
         // attention
         rmsnorm_forward(r->xa, r->rstd, r->resid, LAYER(p.attn_norm, l, C), 1, C, 1, 1e-6f);
-        matmul_forward(r->q_raw, r->xa, LAYER(p.wq, l, (size_t)C * C), NULL, 1, C, C);
-        matmul_forward(r->k_raw, r->xa, LAYER(p.wk, l, (size_t)C * C), NULL, 1, C, C);
-        matmul_forward(r->v_raw, r->xa, LAYER(p.wv, l, (size_t)C * C), NULL, 1, C, C);
+        matvec_forward(r->q_raw, r->xa, LAYER(p.wq, l, (size_t)C * C), NULL, C, C);
+        matvec_forward(r->k_raw, r->xa, LAYER(p.wk, l, (size_t)C * C), NULL, C, C);
+        matvec_forward(r->v_raw, r->xa, LAYER(p.wv, l, (size_t)C * C), NULL, C, C);
         if (cf->k_shift) {
-            matmul_forward(r->alpha, r->xa, LAYER(p.wk_shift, l, (size_t)H * C), NULL, 1, C, H);
+            matvec_forward(r->alpha, r->xa, LAYER(p.wk_shift, l, (size_t)H * C), NULL, C, H);
             sigmoid_inplace(r->alpha, (size_t)H);
             kv_shift_step(r->k_shifted, r->k_raw, LAYER(d->k_raw_last, l, C), r->alpha, H, hd);
         } else {
@@ -2155,7 +2167,7 @@ static void fox_decode_step(FoxDecoder* d, int token) {
         }
         float* v_new = v_cache + slot * C;
         if (cf->v_shift) {
-            matmul_forward(r->alpha, r->xa, LAYER(p.wv_shift, l, (size_t)H * C), NULL, 1, C, H);
+            matvec_forward(r->alpha, r->xa, LAYER(p.wv_shift, l, (size_t)H * C), NULL, C, H);
             sigmoid_inplace(r->alpha, (size_t)H);
             kv_shift_step(v_new, r->v_raw, LAYER(d->v_raw_last, l, C), r->alpha, H, hd);
         } else {
@@ -2179,7 +2191,7 @@ static void fox_decode_step(FoxDecoder* d, int token) {
         if (cf->gate != GATE_NONE) { // c continues from the last token: O(1) per token
             float* c_last = LAYER(d->c_last, l, H);
             if (cf->gate == GATE_FULL) {
-                matmul_forward(r->gate_logit, r->xa, LAYER(p.wf, l, (size_t)H * C), LAYER(p.bf, l, H), 1, C, H);
+                matvec_forward(r->gate_logit, r->xa, LAYER(p.wf, l, (size_t)H * C), LAYER(p.bf, l, H), C, H);
             } else {
                 memcpy(r->gate_logit, LAYER(p.bf, l, H), (size_t)H * sizeof(float));
             }
@@ -2196,22 +2208,22 @@ static void fox_decode_step(FoxDecoder* d, int token) {
             memcpy(r->o_normed, r->o, (size_t)C * sizeof(float));
         }
         if (cf->output_gate) {
-            matmul_forward(r->og_logit, r->xa, LAYER(p.wg, l, (size_t)C * C), NULL, 1, C, C);
+            matvec_forward(r->og_logit, r->xa, LAYER(p.wg, l, (size_t)C * C), NULL, C, C);
             output_gate_forward(r->y, r->o_normed, r->og_logit, (size_t)C);
         } else {
             memcpy(r->y, r->o_normed, (size_t)C * sizeof(float));
         }
-        matmul_forward(r->attproj, r->y, LAYER(p.wo, l, (size_t)C * C), NULL, 1, C, C);
+        matvec_forward(r->attproj, r->y, LAYER(p.wo, l, (size_t)C * C), NULL, C, C);
         add_forward(r->resid_mid, r->resid, r->attproj, (size_t)C);
         // MLP
         rmsnorm_forward(r->xm, r->rstd, r->resid_mid, LAYER(p.mlp_norm, l, C), 1, C, 1, 1e-6f);
-        matmul_forward(r->gu, r->xm, LAYER(p.wgu, l, (size_t)2 * I * C), NULL, 1, C, 2 * I);
+        matvec_forward(r->gu, r->xm, LAYER(p.wgu, l, (size_t)2 * I * C), NULL, C, 2 * I);
         swiglu_forward(r->act, r->gu, 1, I);
-        matmul_forward(r->mlpproj, r->act, LAYER(p.wdown, l, (size_t)C * I), NULL, 1, I, C);
+        matvec_forward(r->mlpproj, r->act, LAYER(p.wdown, l, (size_t)C * I), NULL, I, C);
         add_forward(r->resid, r->resid_mid, r->mlpproj, (size_t)C);
     }
     rmsnorm_forward(r->xf, r->rstd, r->resid, p.norm_f, 1, C, 1, 1e-6f);
-    matmul_forward(r->logits, r->xf, p.lm_head, NULL, 1, C, cf->padded_vocab_size);
+    matvec_forward(r->logits, r->xf, p.lm_head, NULL, C, cf->padded_vocab_size);
     d->len++;
 }
 

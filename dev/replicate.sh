@@ -34,7 +34,7 @@ else
     RESULTS=${RESULTS:-results/replicate}
     SIZE="--n_layer 6 --n_embd 384 --n_head 6"
     # 200 steps of 32 x 2048 tokens: 13.1M tokens (4.2 epochs of the 3.1M-token corpus)
-    T=2048; B=16; TOTAL=65536; STEPS=${STEPS:-200}; CKPT=50; VAL_EVERY=50; VAL_BATCHES=0
+    T=2048; B=16; TOTAL=65536; STEPS=${STEPS:-200}; CKPT=100; VAL_EVERY=50; VAL_BATCHES=0
     EVAL_T=8192; EVAL_BATCHES=0
     NIAH="-t 4096 -E 11"
     MAPS_T=512
