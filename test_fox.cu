@@ -1517,12 +1517,67 @@ static void gpu_test_checkpoints_and_determinism(void) {
     if (system(cmd) != 0) { printf("      (could not remove %s)\n", dir); }
 }
 
+// The evaluation modes through the GPU backend against the twin's backend, at the paper's
+// initialisation (where the bf16 tolerances above were set): per-position losses of a batch
+// (what -M eval sums), next-token logits of generation (GPU: full recompute; twin: KV cache)
+// and a NIAH score. Errors relative to the tensor's scale, tolerance GTOL_LOGITS.
+static void gpu_test_eval_backend(void) {
+    enum { B = 2, T = 150, V = 50257, PROMPT = 5, STEPS = 8 };
+    FoxModel m;
+    eval_test_model(&m, "fox-pro-tiny", NULL, V, 1.0f);
+    CpuBackend cb;
+    ForwardBackend cpu = cpu_backend_init(&cb, &m, B, T);
+    GPUModel g;
+    gpu_build(&g, &m, B, T);
+    GpuBackend gb = {&g, (floatX*)malloc_check((size_t)V * sizeof(floatX), "row")};
+    ForwardBackend gpu = {&gb, V, gpu_backend_forward, gpu_backend_logits_row, gpu_backend_reset, gpu_backend_next_logits};
+    int* inputs = (int*)malloc_check((size_t)B * T * sizeof(int), "tokens");
+    int* targets = (int*)malloc_check((size_t)B * T * sizeof(int), "tokens");
+    random_tokens(inputs, (size_t)B * T, V, 11);
+    random_tokens(targets, (size_t)B * T, V, 12);
+    static float lc[B * T], lg[B * T];
+    cpu.forward(cpu.ctx, inputs, targets, B, T, lc);
+    gpu.forward(gpu.ctx, inputs, targets, B, T, lg);
+    double loss_err = 0.0, loss_scale = 0.0;
+    for (int i = 0; i < B * T; i++) { loss_err = fmax(loss_err, fabs(lc[i] - lg[i])); loss_scale = fmax(loss_scale, fabs(lc[i])); }
+    check(loss_err / loss_scale <= GTOL_LOGITS, "gpu eval: per-token losses of a %dx%d batch, rel err %.1e <= %.0e",
+          B, T, loss_err / loss_scale, GTOL_LOGITS);
+    static float rc[V], rg[V];
+    cpu.reset(cpu.ctx);
+    gpu.reset(gpu.ctx);
+    double logit_err = 0.0;
+    for (int t = PROMPT; t < PROMPT + STEPS; t++) {
+        cpu.next_logits(cpu.ctx, inputs, t, rc);
+        gpu.next_logits(gpu.ctx, inputs, t, rg);
+        double err = 0.0, scale = 0.0;
+        for (int j = 0; j < V; j++) { err = fmax(err, fabs(rc[j] - rg[j])); scale = fmax(scale, fabs(rc[j])); }
+        logit_err = fmax(logit_err, err / scale);
+    }
+    check(logit_err <= GTOL_LOGITS, "gpu generate: next-token logits (full recompute) against the twin's KV cache over %d steps, "
+          "rel err %.1e <= %.0e", STEPS, logit_err, GTOL_LOGITS);
+    NiahTexts tx;
+    niah_texts_init(&tx, 0);
+    static int prompt[T], seq[T + NIAH_MAX_PIECE];
+    static float losses[T + NIAH_MAX_PIECE];
+    enum { CTX = T - NIAH_MAX_PIECE / 4 };
+    niah_build_prompt(&tx, inputs, CTX, 0.5, GPT2_EOT, prompt);
+    NiahScore sc = niah_score(&cpu, &tx, prompt, CTX, seq, losses, rc);
+    NiahScore sg = niah_score(&gpu, &tx, prompt, CTX, seq, losses, rg);
+    double e = fabs(sc.logprob - sg.logprob) / fabs(sc.logprob);
+    check(e <= GTOL_LOGITS, "gpu niah: log p(answer) %.4f vs twin %.4f, rel err %.1e <= %.0e", sg.logprob, sc.logprob, e, GTOL_LOGITS);
+    free(inputs); free(targets); free(gb.row_x);
+    gpu_free(&g);
+    if (cb.dec.m != NULL) { fox_decoder_free(&cb.dec); }
+    fox_free(&m);
+}
+
 void run_gpu_tests(void) {
     char why[256];
     if (!gpu_available(why, sizeof(why))) {
         printf("skipped: no GPU (%s): GPU against twin on every fixture\n", why);
         printf("skipped: no GPU (%s): head sizes 64/128, windows, accumulation\n", why);
         printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
+        printf("skipped: no GPU (%s): evaluation modes through the GPU backend\n", why);
         return;
     }
     gpu_init();
@@ -1536,6 +1591,7 @@ void run_gpu_tests(void) {
     }
     gpu_test_larger_heads();
     gpu_test_checkpoints_and_determinism();
+    gpu_test_eval_backend();
 }
 #endif // __CUDACC__
 
