@@ -2641,7 +2641,8 @@ static int run_niah(const Args* a, ForwardBackend* be) {
     niah_texts_init(&texts[1], 1);
     for (int i = 0; i < nl; i++) {
         if (lengths[i] < niah_min_context(&texts[1])) {
-            fail("-D: context %d is shorter than the easy needle and the question (%d tokens)\nHINT: use contexts of at least %d",
+            fail("NIAH context %d is shorter than the easy needle and the question (%d tokens)\nHINT: pass contexts of at least %d "
+                 "with -D, or a larger -t (the default contexts are -t * i / 11, i = 1 .. 11)",
                  lengths[i], niah_min_context(&texts[1]), niah_min_context(&texts[1]));
         }
     }
