@@ -1074,6 +1074,15 @@ static void eval_main_child(const void* arg) {
     cpu_eval_main(&a);
 }
 
+#ifndef NO_GPT2_ENCODER
+// the merge ranks are looked up relative to the working directory: from elsewhere they are missing
+static void missing_ranks_child(const void* arg) {
+    if (chdir((const char*)arg) != 0) { return; }
+    int tokens[16];
+    encode_prompt("a prompt", GPT2_EOT, tokens, 16);
+}
+#endif
+
 static void test_eval_bad_input(void) {
     static const char* bad_mode[] = {"train_fox", "-M", "evaluate", NULL};
     static const char* bad_temp[] = {"train_fox", "-T", "-1", NULL};
@@ -1092,6 +1101,9 @@ static void test_eval_bad_input(void) {
     expect_failure(eval_main_child, short_niah, "-M niah -D 32 (shorter than needle and question)");
     expect_failure(eval_main_child, bad_head, "-M maps -D 0:7 with 2 heads");
     expect_failure(eval_main_child, maps_no_out, "-M maps without -O");
+#ifndef NO_GPT2_ENCODER
+    expect_failure(missing_ranks_child, test_dir, "a prompt without the merge ranks (make data)");
+#endif
 }
 
 // ----------------------------------------------------------------------------

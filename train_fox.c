@@ -6,6 +6,10 @@ baselines, parallel with OpenMP. Every forward and backward is written by hand a
 simple as exactness allows: it is what the GPU trainer is diffed against. The model is
 specified in FOX_SPEC.md (kept in the project's shared folder) and in README.md.
 
+It also holds the evaluation modes of both trainers (-M eval, generate, niah, maps: per-token
+loss, generation with a KV cache, needle in a haystack, gate and attention maps), written
+against a forward "backend" that train_fox.cu implements with the GPU forward.
+
 Valid C and C++: test_fox.cu and train_fox.cu include this file with TESTING defined,
 which drops main().
 */
