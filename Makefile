@@ -65,29 +65,46 @@ all: train_fox_cpu test_fox fox_hf
 
 include data/data.mk
 
-train_fox_cpu: train_fox.c
-	$(CC) $(CFLAGS) $(WARN) $(OMP_FLAGS) $< -o $@ $(LDLIBS)
+# The GPT-2 encoder (prompts of -M generate and -M maps -P) is linked into every program when
+# PCRE2 is there (make data installs libpcre2-dev). A GPU machine without it builds with
+# NO_GPT2_ENCODER: then only -P stops, with a hint; eval, niah and maps work.
+HASH := \#
+HAVE_PCRE2 := $(shell printf '$(HASH)define PCRE2_CODE_UNIT_WIDTH 8\n$(HASH)include <pcre2.h>\nint main(void) { return pcre2_config(PCRE2_CONFIG_UNICODE, 0) < 0; }\n' | $(CC) -x c - -o /dev/null -lpcre2-8 >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_PCRE2),1)
+  BPE_OBJ = build/gpt2_bpe.o
+  BPE_LIBS = -lpcre2-8
+else
+  BPE_OBJ =
+  BPE_LIBS =
+  ENCODER_DEFS = -DNO_GPT2_ENCODER
+endif
+build/gpt2_bpe.o: data/gpt2_bpe.c data/gpt2_bpe.h
+	@mkdir -p build
+	$(CC) $(DATA_CFLAGS) -c $< -o $@
+
+train_fox_cpu: train_fox.c $(BPE_OBJ)
+	$(CC) $(CFLAGS) $(ENCODER_DEFS) $(WARN) $(OMP_FLAGS) $< $(BPE_OBJ) -o $@ $(LDLIBS) $(BPE_LIBS)
 
 # export to / import from the authors' HuggingFace layout (README.md)
 fox_hf: dev/fox_hf.c train_fox.c
 	$(CC) $(CFLAGS) $(WARN) -Wno-unused-function $(OMP_FLAGS) $< -o $@ $(LDLIBS)
 
 ifneq ($(HAVE_GPU_TRAINER),)
-train_fox: train_fox.cu train_fox.c fox_dist.h
+train_fox: train_fox.cu train_fox.c fox_dist.h $(BPE_OBJ)
 	@test -n "$(NVCC)" || { echo "error: nvcc not found. HINT: install the CUDA toolkit or put nvcc on PATH"; exit 1; }
 	@test -z "$(filter -DNO_NCCL,$(NVCC_FLAGS))" || echo "note: NCCL not found: train_fox is built for one GPU (NCCL_HOME=<dir> for several)"
-	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $(ENCODER_DEFS) $< $(BPE_OBJ) -o $@ $(NVCC_LIBS) $(BPE_LIBS)
 endif
 
 # The tests build with nvcc when there is one (so the GPU code is compiled everywhere and
 # cannot rot), else with the C++ compiler (CPU part only).
-TEST_DEPS = test_fox.cu train_fox.c fox_dist.h dev/fox_hf.c $(HAVE_GPU_TRAINER)
+TEST_DEPS = test_fox.cu train_fox.c fox_dist.h dev/fox_hf.c $(HAVE_GPU_TRAINER) $(BPE_OBJ)
 test_fox: $(TEST_DEPS)
 ifneq ($(NVCC),)
-	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $(ENCODER_DEFS) $< $(BPE_OBJ) -o $@ $(NVCC_LIBS) $(BPE_LIBS)
 else
 	@echo "note: nvcc not found, building the CPU tests only"
-	$(CXX) -x c++ $(CFLAGS) $(WARN) -Wno-unused-function $(OMP_FLAGS) $< -o $@ $(LDLIBS)
+	$(CXX) -x c++ $(CFLAGS) $(ENCODER_DEFS) $(WARN) -Wno-unused-function $(OMP_FLAGS) $< -x none $(BPE_OBJ) -o $@ $(LDLIBS) $(BPE_LIBS)
 endif
 
 # --- the two commands ---------------------------------------------------------

@@ -1201,6 +1201,380 @@ static void test_rendezvous(void) {
     expect_failure(bad_tcp_child, "tcp://node001:70000", "-F tcp://node001:70000");
 }
 
+// ----------------------------------------------------------------------------
+// evaluation modes: per-token loss, KV-cache generation, sampling, needle in a haystack, maps
+
+// a tiny model of the family `preset` with a small vocabulary and overrides (key, value pairs),
+// its weights scaled up from the paper's init so that attention and gates are far from uniform
+static void eval_test_model(FoxModel* m, const char* preset, const char* const* overrides, int vocab, float scale) {
+    FoxConfig c;
+    if (!config_from_preset(&c, preset)) { fail("test: bad preset %s", preset); }
+    char v[32];
+    snprintf(v, sizeof(v), "%d", vocab);
+    if (config_set(&c, "vocab_size", v) != 1) { fail("test: bad vocab"); }
+    for (int i = 0; overrides != NULL && overrides[i] != NULL; i += 2) {
+        if (config_set(&c, overrides[i], overrides[i + 1]) != 1) { fail("test: bad override %s", overrides[i]); }
+    }
+    c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
+    fox_build(m, &c);
+    fox_init(m, 42);
+    for (size_t i = 0; i < m->num_parameters; i++) { m->params_memory[i] *= scale; }
+}
+
+// L(i) of per_token_loss against the losses of fox_forward on the same batches, and P(l)
+static void test_eval_per_token(void) {
+    enum { B = 2, T = 16, BATCHES = 3, V = 1000 };
+    static char pattern[512];
+    snprintf(pattern, sizeof(pattern), "%s/ev_val_*.bin", test_dir);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/ev_val_000.bin", test_dir);
+    enum { NTOK = B * BATCHES * T + 1 };
+    uint16_t toks[NTOK];
+    uint64_t rng = 7;
+    for (int i = 0; i < NTOK; i++) { toks[i] = (uint16_t)(rng_next(&rng) % V); }
+    write_shard(path, toks, NTOK, SHARD_MAGIC, NTOK);
+    FoxModel m;
+    eval_test_model(&m, "fox-pro-tiny", NULL, V, 3.0f);
+    CpuBackend cb;
+    ForwardBackend be = cpu_backend_init(&cb, &m, B, T);
+    DataLoader val;
+    dataloader_init(&val, pattern, B, T, 0, 1, 0, 0, 1, V);
+    double sum[T] = {0};
+    float losses[B * T];
+    size_t seqs = per_token_loss(&be, &val, 0, sum, losses, 0);
+    double L[T];
+    for (int t = 0; t < T; t++) { L[t] = sum[t] / (double)seqs; }
+    // directly: every batch through fox_forward, its losses kept, averaged per position
+    static float all[BATCHES][B * T];
+    double mean_of_means = 0.0;
+    dataloader_set_position(&val, 0, 0, 0);
+    for (int i = 0; i < BATCHES; i++) {
+        dataloader_next_batch(&val);
+        fox_forward(&m, val.inputs, val.targets, B, T);
+        memcpy(all[i], m.losses, sizeof(all[i]));
+        mean_of_means += m.mean_loss / (double)BATCHES;
+    }
+    double err = 0.0, other = INFINITY;
+    for (int t = 0; t < T; t++) {
+        double direct = 0.0;
+        for (int i = 0; i < BATCHES; i++) {
+            for (int b = 0; b < B; b++) { direct += all[i][b * T + t]; }
+        }
+        direct /= (double)(BATCHES * B);
+        err = fmax(err, fabs(direct - L[t]));
+        if (t + 1 < T) { // negative control: the neighbouring position
+            double next = 0.0;
+            for (int i = 0; i < BATCHES; i++) { for (int b = 0; b < B; b++) { next += all[i][b * T + t + 1]; } }
+            other = fmin(other, fabs(next / (BATCHES * B) - L[t]));
+        }
+    }
+    check(seqs == (size_t)(B * BATCHES) && err <= 1e-9, "eval: L(i) of %zu sequences equals fox_forward's per-token losses "
+          "(max err %.1e <= 1e-9, fp64 sums of the same fp32 losses)", seqs, err);
+    check(other > 1e-3, "eval: negative control, L(i) differs from L(i+1) (min %.2e > 1e-3)", other);
+    // P(l) = exp(mean_{i<=l} L(i)): P(T) from the batches' mean losses, P(1) = exp(L(1))
+    double pT = perplexity_upto(L, T), p1 = perplexity_upto(L, 1), p4 = perplexity_upto(L, 4);
+    double l4 = (L[0] + L[1] + L[2] + L[3]) / 4;
+    check(fabs(log(pT) - mean_of_means) <= 1e-6 && fabs(log(p1) - L[0]) <= 1e-12 && fabs(log(p4) - l4) <= 1e-12,
+          "eval: P(l) consistent: log P(%d) = mean loss %.6f (err %.1e <= 1e-6), log P(1) = L(1), log P(4) = mean L(1..4)",
+          T, mean_of_means, fabs(log(pT) - mean_of_means));
+    dataloader_free(&val);
+    fox_free(&m);
+}
+
+// Generation with the KV cache against recomputing the full forward at every step: same greedy
+// tokens, logits within 1e-5 of the logits' scale (both fp32, the same layer functions in the
+// same order; the only differences are fused multiply-adds the compiler may place differently).
+static double kv_cache_run(const char* preset, const char* const* overrides, int steps, int* tokens_same, int corrupt,
+                           double* scale) {
+    enum { V = 1000, PROMPT = 5 };
+    FoxModel m;
+    eval_test_model(&m, preset, overrides, V, 4.0f);
+    int total = PROMPT + steps;
+    CpuBackend cb;
+    ForwardBackend be = cpu_backend_init(&cb, &m, 1, total);
+    int* tokens = (int*)malloc_check((size_t)total * sizeof(int), "test");
+    float row[V];
+    uint64_t rng = 3;
+    for (int i = 0; i < PROMPT; i++) { tokens[i] = (int)(rng_next(&rng) % V); }
+    be.reset(be.ctx);
+    double worst = 0.0;
+    *tokens_same = 1;
+    *scale = 0.0;
+    for (int t = PROMPT; t < total; t++) {
+        be.next_logits(be.ctx, tokens, t, row);
+        if (corrupt && t == PROMPT) { memset(cb.dec.c_last, 0, (size_t)m.config.n_layer * m.config.n_head * sizeof(float)); }
+        fox_forward(&m, tokens, NULL, 1, t);
+        const float* full = m.logits + (size_t)(t - 1) * m.config.padded_vocab_size;
+        double mx = 1.0, diff = 0.0;
+        for (int j = 0; j < V; j++) { mx = fmax(mx, fabs(full[j])); diff = fmax(diff, fabs(full[j] - row[j])); }
+        worst = fmax(worst, diff / mx);
+        *scale = fmax(*scale, mx);
+        tokens[t] = argmax_token(row, V);
+        if (tokens[t] != argmax_token(full, V)) { *tokens_same = 0; }
+    }
+    free(tokens);
+    fox_decoder_free(&cb.dec);
+    fox_free(&m);
+    return worst;
+}
+
+static void test_kv_cache(void) {
+    static const char* none[] = {NULL};
+    static const char* no_shift[] = {"k_shift", "0", "v_shift", "0", NULL};
+    static const char* window[] = {"window", "8", NULL};
+    static const char* bias_only[] = {"gate", "bias_only", NULL};
+    static const char* fixed[] = {"gate", "fixed", NULL};
+    static const char* gate_none[] = {"gate", "none", NULL};
+    static const char* shared[] = {"qk_norm_shared", "1", "window", "5", NULL};
+    struct { const char* preset; const char* const* ov; const char* what; } cases[] = {
+        {"fox-pro-tiny", none, "fox-pro"}, {"transformer-llama-tiny", none, "transformer-llama (RoPE)"},
+        {"transformer-pro-tiny", none, "transformer-pro (RoPE, shifts, QK-norm)"},
+        {"fox-pro-tiny", no_shift, "fox-pro, shifts off"}, {"fox-pro-tiny", window, "fox-pro, window 8"},
+        {"fox-llama-tiny", none, "fox-llama"}, {"fox-pro-tiny", bias_only, "fox-pro, gate bias_only"},
+        {"fox-pro-tiny", fixed, "fox-pro, gate fixed"}, {"fox-pro-tiny", gate_none, "fox-pro, gate none"},
+        {"fox-pro-tiny", shared, "fox-pro, shared QK-norm, window 5"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int same;
+        double scale;
+        double err = kv_cache_run(cases[i].preset, cases[i].ov, 24, &same, 0, &scale);
+        check(same && err <= 1e-5, "kv cache: %s, 24 greedy tokens: same tokens as the full forward, logits max err %.1e <= 1e-5 "
+              "of max(1, max|logit|) = %.2f", cases[i].what, err, scale);
+    }
+    int same;
+    double scale;
+    double err = kv_cache_run("fox-pro-tiny", none, 6, &same, 1, &scale);
+    check(err > 1e-3, "kv cache: negative control, a cache whose running c restarts misses (err %.1e > 1e-3)", err);
+}
+
+static void test_sampling(void) {
+    float logits[5] = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+    uint64_t rng = 11;
+    int greedy = sample_token(logits, 5, 0.0, 0, &rng);
+    int top1 = 1, in_top2 = 1;
+    for (int i = 0; i < 200; i++) {
+        if (sample_token(logits, 5, 1.0, 1, &rng) != 1) { top1 = 0; }
+        int s = sample_token(logits, 5, 5.0, 2, &rng);
+        if (s != 1 && s != 3) { in_top2 = 0; }
+    }
+    // frequencies of 100000 draws at temperature 2 against softmax(logits / 2): 3 sigma < 0.005
+    enum { DRAWS = 100000 };
+    int count[5] = {0};
+    for (int i = 0; i < DRAWS; i++) { count[sample_token(logits, 5, 2.0, 0, &rng)]++; }
+    double z = 0.0, worst = 0.0;
+    for (int j = 0; j < 5; j++) { z += exp(logits[j] / 2.0); }
+    for (int j = 0; j < 5; j++) { worst = fmax(worst, fabs(count[j] / (double)DRAWS - exp(logits[j] / 2.0) / z)); }
+    check(greedy == 1 && top1 && in_top2 && worst < 0.005, "sampling: greedy takes the lowest id of tied maxima, top-k 1 = greedy, "
+          "top-k 2 stays in the top 2, frequencies match softmax(logits / T) (max err %.4f < 0.005)", worst);
+}
+
+#ifndef NO_GPT2_ENCODER
+// the NIAH pieces' token ids written in train_fox.c are the encoder's tokens of the texts
+static void test_niah_token_ids(void) {
+    if (access(GPT2_DEFAULT_RANKS, R_OK) != 0) {
+        check(0, "niah: %s is missing (make test runs make data first)", GPT2_DEFAULT_RANKS);
+        return;
+    }
+    GPT2BPE bpe;
+    GPT2Worker w;
+    gpt2_bpe_load(&bpe, GPT2_DEFAULT_RANKS);
+    gpt2_worker_init(&w, &bpe);
+    const char* texts[] = {NIAH_NEEDLE, NIAH_NEEDLE_EASY, NIAH_QUESTION, NIAH_ANSWER};
+    const int* ids[] = {NIAH_NEEDLE_IDS, NIAH_NEEDLE_EASY_IDS, NIAH_QUESTION_IDS, NIAH_ANSWER_IDS};
+    int counts[] = {COUNT_OF(NIAH_NEEDLE_IDS), COUNT_OF(NIAH_NEEDLE_EASY_IDS), COUNT_OF(NIAH_QUESTION_IDS), COUNT_OF(NIAH_ANSWER_IDS)};
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        int out[NIAH_MAX_PIECE];
+        int n = encode_append(&w, texts[i], out, 0, NIAH_MAX_PIECE);
+        ok &= n == counts[i] && memcmp(out, ids[i], (size_t)n * sizeof(int)) == 0;
+    }
+    check(ok, "niah: the written token ids of needle (%d), easy needle (%d), question (%d), answer (%d) are the encoder's",
+          counts[0], counts[1], counts[2], counts[3]);
+    gpt2_worker_free(&w);
+    gpt2_bpe_free(&bpe);
+}
+#else
+static void test_niah_token_ids(void) { printf("skipped: niah token ids against the encoder (built without PCRE2)\n"); }
+#endif
+
+static void niah_short_child(const void* arg) {
+    const NiahTexts* tx = (const NiahTexts*)arg;
+    int out[64], hay[64] = {0};
+    niah_build_prompt(tx, hay, 40, 0.5, GPT2_EOT, out);
+}
+
+static void test_niah(void) {
+    test_niah_token_ids();
+    static NiahTexts tx, easy;
+    niah_texts_init(&tx, 0);
+    niah_texts_init(&easy, 1);
+    check(easy.needle_n > tx.needle_n && easy.question_n == tx.question_n && tx.answer_n == 14,
+          "niah: needle %d tokens (easy %d), question %d, answer %d", tx.needle_n, easy.needle_n, tx.question_n, tx.answer_n);
+    // prompt layout: a haystack of recognisable tokens
+    enum { CTX = 200 };
+    int hay[CTX], a[CTX + 1], b[CTX + 1];
+    for (int i = 0; i < CTX; i++) { hay[i] = 1000 + i; }
+    a[CTX] = b[CTX] = -7; // sentinel: nothing written past the context
+    int pos = niah_build_prompt(&tx, hay, CTX, 0.3, GPT2_EOT, a);
+    int pos2 = niah_build_prompt(&tx, hay, CTX, 0.3, GPT2_EOT, b);
+    int H = CTX - 1 - tx.needle_n - tx.question_n, split = (int)floor(0.3 * H + 0.5);
+    int ok = pos == pos2 && memcmp(a, b, sizeof(a)) == 0 && a[CTX] == -7 && a[0] == GPT2_EOT && pos == 1 + split;
+    for (int i = 0; i < split; i++) { ok &= a[1 + i] == hay[i]; }
+    for (int i = 0; i < tx.needle_n; i++) { ok &= a[pos + i] == tx.needle[i]; }
+    for (int i = split; i < H; i++) { ok &= a[pos + tx.needle_n + i - split] == hay[i]; }
+    for (int i = 0; i < tx.question_n; i++) { ok &= a[CTX - tx.question_n + i] == tx.question[i]; }
+    int p0 = niah_build_prompt(&tx, hay, CTX, 0.0, GPT2_EOT, b);
+    int p1 = niah_build_prompt(&tx, hay, CTX, 1.0, GPT2_EOT, b);
+    check(ok && p0 == 1 && p1 == CTX - tx.question_n - tx.needle_n,
+          "niah: prompt deterministic, exactly %d tokens, EOT + haystack[:%d] + needle at %d + haystack[%d:] + question; "
+          "depth 0 at 1, depth 1 right before the question", CTX, split, pos, split);
+    expect_failure(niah_short_child, &tx, "niah context shorter than needle and question");
+    // scoring against fox_forward and a log-softmax in fp64; greedy against KV-cache decoding
+    FoxModel m;
+    eval_test_model(&m, "fox-pro-tiny", NULL, 50257, 3.0f);
+    CpuBackend cb;
+    ForwardBackend be = cpu_backend_init(&cb, &m, 1, CTX + NIAH_MAX_PIECE);
+    static int seq[CTX + NIAH_MAX_PIECE];
+    static float losses[CTX + NIAH_MAX_PIECE], row[50257];
+    // the answer is made the model's own greedy continuation (positive control), then spoiled
+    static NiahTexts own;
+    own = tx;
+    own.answer_n = 5;
+    be.reset(be.ctx);
+    memcpy(seq, a, sizeof(int) * CTX);
+    for (int k = 0; k < own.answer_n; k++) {
+        be.next_logits(be.ctx, seq, CTX + k, row);
+        seq[CTX + k] = own.answer[k] = argmax_token(row, 50257);
+    }
+    NiahScore s_own = niah_score(&be, &own, a, CTX, seq, losses, row);
+    own.answer[3] = (own.answer[3] + 1) % 50257;
+    NiahScore s_spoiled = niah_score(&be, &own, a, CTX, seq, losses, row);
+    NiahScore s = niah_score(&be, &tx, a, CTX, seq, losses, row);
+    fox_forward(&m, seq, NULL, 1, CTX + tx.answer_n - 1);
+    double direct = 0.0;
+    int greedy = 0, miss = 0;
+    for (int k = 0; k < tx.answer_n; k++) {
+        const float* r = m.logits + (size_t)(CTX - 1 + k) * m.config.padded_vocab_size;
+        double mx = -INFINITY, z = 0.0;
+        for (int j = 0; j < 50257; j++) { mx = fmax(mx, r[j]); }
+        for (int j = 0; j < 50257; j++) { z += exp(r[j] - mx); }
+        direct += r[tx.answer[k]] - mx - log(z);
+        if (!miss && argmax_token(r, 50257) == tx.answer[k]) { greedy++; } else { miss = 1; }
+    }
+    double err = fabs(s.logprob - direct);
+    check(err <= 1e-4 * fabs(direct) && s.greedy_tokens == greedy,
+          "niah: score = fp64 log-softmax of fox_forward's logits: log p(answer) %.5f vs %.5f (err %.1e <= 1e-4 rel: "
+          "fp32 losses), greedy tokens %d = %d", s.logprob, direct, err, s.greedy_tokens, greedy);
+    check(s_own.greedy_tokens == 5 && s_spoiled.greedy_tokens == 3,
+          "niah: greedy scoring = KV-cache greedy decoding: its own continuation scores 5/5, with token 4 changed 3/5 (%d, %d)",
+          s_own.greedy_tokens, s_spoiled.greedy_tokens);
+    fox_decoder_free(&cb.dec);
+    fox_free(&m);
+}
+
+// A rows sum to 1, A @ V = the attention output of fox_forward, F = exp(c_i - c_j) below the
+// diagonal, the window respected
+static void maps_check(const char* preset, const char* const* ov, const char* what) {
+    enum { T = 20, V = 1000 };
+    FoxModel m;
+    eval_test_model(&m, preset, ov, V, 4.0f);
+    int tokens[T];
+    uint64_t rng = 5;
+    for (int i = 0; i < T; i++) { tokens[i] = (int)(rng_next(&rng) % V); }
+    fox_forward(&m, tokens, NULL, 1, T);
+    const FoxConfig* cf = &m.config;
+    int H = cf->n_head, hd = cf->n_embd / H, C = cf->n_embd;
+    static float F[T * T], A[T * T];
+    double row_err = 0.0, av_err = 0.0, f_err = 0.0, cross = 0.0;
+    int mask_ok = 1;
+    for (int l = 0; l < cf->n_layer; l++) {
+        const float* v = LAYER(m.acts.v, l, (size_t)T * C);
+        const float* o = LAYER(m.acts.o, l, (size_t)T * C);
+        for (int h = 0; h < H; h++) {
+            attention_maps(&m, l, h, F, A);
+            const float* c = cf->gate != GATE_NONE ? LAYER(m.acts.c, l, (size_t)H * T) + (size_t)h * T : NULL;
+            double omax = 0.0;
+            for (int i = 0; i < T * C; i++) { omax = fmax(omax, fabs(o[i])); }
+            for (int i = 0; i < T; i++) {
+                double rs = 0.0;
+                for (int j = 0; j < T; j++) {
+                    rs += A[i * T + j];
+                    int inside = j <= i && j >= attention_first_key(i, cf->window);
+                    if (!inside && A[i * T + j] != 0.0f) { mask_ok = 0; }
+                    double f = j <= i ? (c != NULL ? exp((double)c[i] - c[j]) : 1.0) : 0.0;
+                    f_err = fmax(f_err, fabs(F[i * T + j] - f) / fmax(f, 1e-30) * (f > 0) + (f == 0) * fabs(F[i * T + j]));
+                }
+                row_err = fmax(row_err, fabs(rs - 1.0));
+                int other = (h + 1) % H; // negative control
+                for (int d = 0; d < hd; d++) {
+                    double av = 0.0, av_other = 0.0;
+                    for (int j = 0; j <= i; j++) {
+                        av += (double)A[i * T + j] * v[(size_t)j * C + h * hd + d];
+                        av_other += (double)A[i * T + j] * v[(size_t)j * C + other * hd + d];
+                    }
+                    av_err = fmax(av_err, fabs(av - o[(size_t)i * C + h * hd + d]) / omax);
+                    cross = fmax(cross, fabs(av_other - o[(size_t)i * C + other * hd + d]) / omax);
+                }
+            }
+        }
+    }
+    check(row_err <= 1e-6 && av_err <= 1e-5 && f_err <= 1e-6 && mask_ok && cross > 1e-3,
+          "maps: %s: rows of A sum to 1 (err %.1e <= 1e-6), A @ V = fox_forward's attention output (err %.1e <= 1e-5 of max|o|), "
+          "F = exp(c_i - c_j) (rel err %.1e <= 1e-6), zero outside the causal window; negative control: the other head's A "
+          "misses (err %.1e > 1e-3)", what, row_err, av_err, f_err, cross);
+    fox_free(&m);
+}
+
+static void test_maps(void) {
+    static const char* window[] = {"window", "6", NULL};
+    maps_check("fox-pro-tiny", NULL, "fox-pro");
+    maps_check("fox-pro-tiny", window, "fox-pro, window 6");
+    maps_check("transformer-llama-tiny", NULL, "transformer-llama (F = 1)");
+}
+
+static void eval_main_child(const void* arg) {
+    const char* const* argv = (const char* const*)arg;
+    int argc = 0;
+    while (argv[argc] != NULL) { argc++; }
+    Args a;
+    parse_args(&a, argc, (char**)argv);
+    cpu_eval_main(&a);
+}
+
+#ifndef NO_GPT2_ENCODER
+// the merge ranks are looked up relative to the working directory: from elsewhere they are missing
+static void missing_ranks_child(const void* arg) {
+    if (chdir((const char*)arg) != 0) { return; }
+    int tokens[16];
+    encode_prompt("a prompt", GPT2_EOT, tokens, 16);
+}
+#endif
+
+static void test_eval_bad_input(void) {
+    static const char* bad_mode[] = {"train_fox", "-M", "evaluate", NULL};
+    static const char* bad_temp[] = {"train_fox", "-T", "-1", NULL};
+    static const char* no_prompt[] = {"train_fox", "-M", "generate", NULL};
+    static const char* long_prompt[] = {"train_fox", "-M", "generate", "-t", "8", "-g", "4", "-P",
+                                        "a prompt of more than four tokens", NULL};
+    static const char* missing_file[] = {"train_fox", "-M", "generate", "-P", "@/nonexistent/prompt.txt", NULL};
+    static const char* short_niah[] = {"train_fox", "-M", "niah", "-D", "32", NULL};
+    static const char* bad_head[] = {"train_fox", "-M", "maps", "-O", "/tmp/x", "-D", "0:7", NULL};
+    static const char* maps_no_out[] = {"train_fox", "-M", "maps", NULL};
+    expect_failure(eval_main_child, bad_mode, "-M evaluate");
+    expect_failure(eval_main_child, bad_temp, "-T -1");
+    expect_failure(eval_main_child, no_prompt, "-M generate without -P");
+    expect_failure(eval_main_child, long_prompt, "a prompt plus -g longer than -t");
+    expect_failure(eval_main_child, missing_file, "-P @ a missing file");
+    expect_failure(eval_main_child, short_niah, "-M niah -D 32 (shorter than needle and question)");
+    expect_failure(eval_main_child, bad_head, "-M maps -D 0:7 with 2 heads");
+    expect_failure(eval_main_child, maps_no_out, "-M maps without -O");
+#ifndef NO_GPT2_ENCODER
+    expect_failure(missing_ranks_child, test_dir, "a prompt without the merge ranks (make data)");
+#endif
+}
+
+// ----------------------------------------------------------------------------
+
 #ifndef __CUDACC__
 static void run_gpu_tests(void) { printf("skipped: GPU tests (built without nvcc)\n"); }
 #else
@@ -1957,6 +2331,60 @@ static void gpu_test_attention(void) {
 #endif
 }
 
+// The evaluation modes through the GPU backend against the twin's backend, at the paper's
+// initialisation (where the bf16 tolerances above were set): per-position losses of a batch
+// (what -M eval sums), next-token logits of generation (GPU: full recompute; twin: KV cache)
+// and a NIAH score. Errors relative to the tensor's scale, tolerance GTOL_LOGITS.
+static void gpu_test_eval_backend(void) {
+    enum { B = 2, T = 150, V = 50257, PROMPT = 5, STEPS = 8 };
+    FoxModel m;
+    eval_test_model(&m, "fox-pro-tiny", NULL, V, 1.0f);
+    CpuBackend cb;
+    ForwardBackend cpu = cpu_backend_init(&cb, &m, B, T);
+    GPUModel g;
+    gpu_build(&g, &m, B, T);
+    GpuBackend gb = {&g, (floatX*)malloc_check((size_t)V * sizeof(floatX), "row")};
+    ForwardBackend gpu = {&gb, V, gpu_backend_forward, gpu_backend_logits_row, gpu_backend_reset, gpu_backend_next_logits};
+    int* inputs = (int*)malloc_check((size_t)B * T * sizeof(int), "tokens");
+    int* targets = (int*)malloc_check((size_t)B * T * sizeof(int), "tokens");
+    random_tokens(inputs, (size_t)B * T, V, 11);
+    random_tokens(targets, (size_t)B * T, V, 12);
+    static float lc[B * T], lg[B * T];
+    cpu.forward(cpu.ctx, inputs, targets, B, T, lc);
+    gpu.forward(gpu.ctx, inputs, targets, B, T, lg);
+    double loss_err = 0.0, loss_scale = 0.0;
+    for (int i = 0; i < B * T; i++) { loss_err = fmax(loss_err, fabs(lc[i] - lg[i])); loss_scale = fmax(loss_scale, fabs(lc[i])); }
+    check(loss_err / loss_scale <= GTOL_LOGITS, "gpu eval: per-token losses of a %dx%d batch, rel err %.1e <= %.0e",
+          B, T, loss_err / loss_scale, GTOL_LOGITS);
+    static float rc[V], rg[V];
+    cpu.reset(cpu.ctx);
+    gpu.reset(gpu.ctx);
+    double logit_err = 0.0;
+    for (int t = PROMPT; t < PROMPT + STEPS; t++) {
+        cpu.next_logits(cpu.ctx, inputs, t, rc);
+        gpu.next_logits(gpu.ctx, inputs, t, rg);
+        double err = 0.0, scale = 0.0;
+        for (int j = 0; j < V; j++) { err = fmax(err, fabs(rc[j] - rg[j])); scale = fmax(scale, fabs(rc[j])); }
+        logit_err = fmax(logit_err, err / scale);
+    }
+    check(logit_err <= GTOL_LOGITS, "gpu generate: next-token logits (full recompute) against the twin's KV cache over %d steps, "
+          "rel err %.1e <= %.0e", STEPS, logit_err, GTOL_LOGITS);
+    NiahTexts tx;
+    niah_texts_init(&tx, 0);
+    static int prompt[T], seq[T + NIAH_MAX_PIECE];
+    static float losses[T + NIAH_MAX_PIECE];
+    enum { CTX = T - NIAH_MAX_PIECE / 4 };
+    niah_build_prompt(&tx, inputs, CTX, 0.5, GPT2_EOT, prompt);
+    NiahScore sc = niah_score(&cpu, &tx, prompt, CTX, seq, losses, rc);
+    NiahScore sg = niah_score(&gpu, &tx, prompt, CTX, seq, losses, rg);
+    double e = fabs(sc.logprob - sg.logprob) / fabs(sc.logprob);
+    check(e <= GTOL_LOGITS, "gpu niah: log p(answer) %.4f vs twin %.4f, rel err %.1e <= %.0e", sg.logprob, sc.logprob, e, GTOL_LOGITS);
+    free(inputs); free(targets); free(gb.row_x);
+    gpu_free(&g);
+    if (cb.dec.m != NULL) { fox_decoder_free(&cb.dec); }
+    fox_free(&m);
+}
+
 void run_gpu_tests(void) {
     char why[256];
     if (!gpu_available(why, sizeof(why))) {
@@ -1965,6 +2393,7 @@ void run_gpu_tests(void) {
         printf("skipped: no GPU (%s): attention kernels against the twin's attention\n", why);
         printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
         printf("skipped: no GPU (%s): ZeRO-1 slices against one process\n", why);
+        printf("skipped: no GPU (%s): evaluation modes through the GPU backend\n", why);
         return;
     }
     gpu_init();
@@ -1992,6 +2421,7 @@ void run_gpu_tests(void) {
 #ifndef ENABLE_FP32
     g_attention_any_head = 0;
 #endif
+    gpu_test_eval_backend();
 }
 #endif // __CUDACC__
 
@@ -2017,6 +2447,13 @@ int main(void) {
     test_rendezvous();
     printf("# HuggingFace export and import\n");
     test_hf();
+    printf("# evaluation: per-token loss, KV cache, sampling, needle in a haystack, maps\n");
+    test_eval_per_token();
+    test_kv_cache();
+    test_sampling();
+    test_niah();
+    test_maps();
+    test_eval_bad_input();
     printf("# GPU\n");
     run_gpu_tests();
     char cleanup[600];

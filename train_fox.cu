@@ -175,9 +175,7 @@ static void gpu_init_device(int local_rank) {
     g_workspace = gpu_malloc(WORKSPACE_BYTES, "cuBLASLt workspace");
 }
 
-#ifndef TRAIN_FOX_GPU_MAIN
-static void gpu_init(void) { gpu_init_device(0); } // the tests' single-process entry
-#endif
+static void gpu_init(void) { gpu_init_device(0); } // single process: the tests and the evaluation modes
 
 // dense bf16 peak of the GPU in FLOP/s, recognised by name; 0 when unknown
 static double gpu_peak_flops(void) {
@@ -2353,9 +2351,7 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     gpu_params_from_host(g);
 }
 
-#ifndef TRAIN_FOX_GPU_MAIN
 static void gpu_build(GPUModel* g, FoxModel* host, int B, int T) { gpu_build_dist(g, host, B, T, &g_single_process); }
-#endif
 
 static void gpu_free(GPUModel* g) {
     cudaCheck(cudaFree(g->params)); cudaCheck(cudaFree(g->params_x)); cudaCheck(cudaFree(g->grads));
@@ -2795,6 +2791,61 @@ static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
     return (float)(dist_sum_scalar(g->dist, sum) / ((double)n * world));
 }
 
+
+// ----------------------------------------------------------------------------
+// the evaluation modes on the GPU: gpu_forward behind the twin's ForwardBackend, so eval and
+// niah run the twin's code on GPU logits and losses. Generation recomputes the full forward
+// for every new token (no KV cache on the GPU yet); maps run on the twin (exact fp32).
+
+typedef struct {
+    GPUModel* g;
+    floatX* row_x; // (V) one row of logits, as stored on the device
+} GpuBackend;
+
+static void gpu_backend_forward(void* ctx, const int* inputs, const int* targets, int B, int T, float* losses) {
+    GPUModel* g = ((GpuBackend*)ctx)->g;
+    gpu_forward(g, inputs, targets, B, T);
+    if (targets != NULL) { memcpy(losses, g->losses_host, (size_t)B * T * sizeof(float)); }
+}
+
+static void gpu_backend_logits_row(void* ctx, size_t n, float* out) {
+    GpuBackend* gb = (GpuBackend*)ctx;
+    int V = gb->g->config.vocab_size, Vp = gb->g->config.padded_vocab_size;
+    cudaCheck(cudaMemcpy(gb->row_x, gb->g->acts.logits + n * Vp, (size_t)V * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (int j = 0; j < V; j++) { out[j] = to_float(gb->row_x[j]); }
+}
+
+static void gpu_backend_reset(void* ctx) { (void)ctx; } // nothing cached
+
+static void gpu_backend_next_logits(void* ctx, const int* tokens, int t, float* out) {
+    gpu_forward(((GpuBackend*)ctx)->g, tokens, NULL, 1, t);
+    gpu_backend_logits_row(ctx, (size_t)(t - 1), out);
+}
+
+static int gpu_eval_main(const Args* a) {
+    check_eval_args(a);
+    gpu_init();
+    FoxModel model;
+    build_model(&model, a);
+    int rc;
+    if (a->mode == MODE_MAPS) {
+        rc = run_eval_mode(a, &model, NULL, "CPU twin");
+    } else {
+        int B, T;
+        eval_mode_shape(a, &B, &T);
+        GPUModel gm;
+        gpu_build(&gm, &model, B > 0 ? B : 1, T);
+        GpuBackend gb = {&gm, (floatX*)malloc_check((size_t)model.config.vocab_size * sizeof(floatX), "logits row")};
+        ForwardBackend be = {&gb, model.config.vocab_size, gpu_backend_forward, gpu_backend_logits_row,
+                             gpu_backend_reset, gpu_backend_next_logits};
+        printf("device: %s, precision %s\n", g_prop.name, PRECISION_NAME);
+        rc = run_eval_mode(a, &model, &be, "GPU, full forward for every token (no KV cache)");
+        free(gb.row_x);
+        gpu_free(&gm);
+    }
+    fox_free(&model);
+    return rc;
+}
 // ----------------------------------------------------------------------------
 
 #ifdef TRAIN_FOX_GPU_MAIN
@@ -2838,6 +2889,7 @@ static int gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* t
 int main(int argc, char** argv) {
     Args a;
     parse_args(&a, argc, argv);
+    if (a.mode != MODE_TRAIN) { return gpu_eval_main(&a); }
     Dist dist;
     dist_init(&dist, &a, argc, argv);
     if (dist.rank > 0 && freopen("/dev/null", "w", stdout) == NULL) { // rank 0 alone logs; errors go to stderr
