@@ -423,6 +423,100 @@ static void test_attention_dlogf(void) {
 }
 
 // ----------------------------------------------------------------------------
+// numerical guards and extreme forget gates
+
+static int all_finite(const float* x, size_t n) {
+    for (size_t i = 0; i < n; i++) { if (!isfinite(x[i])) { return 0; } }
+    return 1;
+}
+
+static void test_step_guard(void) {
+    char why[512];
+    StepGuard g;
+    step_guard_init(&g, NONFINITE_STOP, 0.0);
+    check(step_guard_check(&g, 3.0, 1.0, why, sizeof(why)) == STEP_UPDATE, "guard: a finite step updates");
+    check(step_guard_check(&g, NAN, 1.0, why, sizeof(why)) == STEP_STOP && strstr(why, "loss") != NULL,
+          "guard -G stop: a NaN loss stops (\"%s\")", why);
+    check(step_guard_check(&g, 3.0, INFINITY, why, sizeof(why)) == STEP_STOP && strstr(why, "gradient") != NULL,
+          "guard -G stop: an infinite grad norm stops (\"%s\")", why);
+    step_guard_init(&g, NONFINITE_SKIP, 0.0);
+    int v1 = step_guard_check(&g, NAN, NAN, why, sizeof(why));
+    int v2 = step_guard_check(&g, 3.0, 1.0, why, sizeof(why));
+    int v3 = step_guard_check(&g, 3.0, -NAN, why, sizeof(why));
+    check(v1 == STEP_SKIP && v2 == STEP_UPDATE && v3 == STEP_SKIP && g.skipped == 2, "guard -G skip: non-finite steps are skipped and counted (%ld)", g.skipped);
+    // spikes: a full window of losses 3 +- 0.01 and norms 1 +- 0.01, then a loss of 3.5 (z ~ 50)
+    StepGuard off, on;
+    step_guard_init(&off, NONFINITE_STOP, 0.0);
+    step_guard_init(&on, NONFINITE_STOP, 6.0);
+    int quiet = 1;
+    for (int i = 0; i < SPIKE_WINDOW + 10; i++) {
+        double wobble = 0.01 * ((i * 7919) % 13 - 6) / 6.0;
+        quiet &= step_guard_check(&on, 3.0 + wobble, 1.0 - wobble, why, sizeof(why)) == STEP_UPDATE;
+        step_guard_check(&off, 3.0 + wobble, 1.0 - wobble, why, sizeof(why));
+    }
+    check(quiet && on.skipped == 0, "guard -Z 6: steady losses and norms are never skipped");
+    int loss_spike = step_guard_check(&on, 3.5, 1.0, why, sizeof(why));
+    check(loss_spike == STEP_SKIP && on.skipped == 1 && strstr(why, "loss spike") != NULL, "guard -Z 6: a loss spike is skipped (\"%s\")", why);
+    int norm_spike = step_guard_check(&on, 3.0, 2.0, why, sizeof(why));
+    check(norm_spike == STEP_SKIP && strstr(why, "grad norm spike") != NULL, "guard -Z 6: a grad-norm spike is skipped (\"%s\")", why);
+    check(step_guard_check(&off, 3.5, 2.0, why, sizeof(why)) == STEP_UPDATE, "guard -Z 0: spikes are not checked");
+    check(step_guard_check(&on, 3.0, 1.0, why, sizeof(why)) == STEP_UPDATE, "guard -Z 6: an ordinary step after the spikes updates");
+    StepGuard fresh;
+    step_guard_init(&fresh, NONFINITE_STOP, 6.0);
+    check(step_guard_check(&fresh, 3.0, 1.0, why, sizeof(why)) == STEP_UPDATE && step_guard_check(&fresh, 30.0, 1.0, why, sizeof(why)) == STEP_UPDATE,
+          "guard -Z 6: no spike test before the window of %d steps is full", SPIKE_WINDOW);
+}
+
+static void test_nonfinite_grad_name(void) {
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-tiny");
+    c.vocab_size = 300; c.padded_vocab_size = padded_vocab(300); c.n_layer = 3;
+    FoxModel m;
+    fox_build(&m, &c);
+    char why[512] = "";
+    int clean = nonfinite_grad_name(&c, m.grads_memory, why, sizeof(why));
+    m.grads.wq[(size_t)c.n_embd * c.n_embd + 5] = NAN; // layer 1
+    int named = nonfinite_grad_name(&c, m.grads_memory, why, sizeof(why));
+    check(!clean && named && strstr(why, "model.layers.1.attn.q_proj.weight") != NULL && strstr(why, "element 5") != NULL,
+          "guard: a NaN in layer 1's wq gradient is named (\"%s\")", why);
+    m.grads.lm_head[7] = INFINITY;
+    m.grads.wq[(size_t)c.n_embd * c.n_embd + 5] = 0.0f;
+    named = nonfinite_grad_name(&c, m.grads_memory, why, sizeof(why));
+    check(named && strstr(why, "lm_head.weight") != NULL, "guard: an inf in the lm_head gradient is named (\"%s\")", why);
+    fox_free(&m);
+}
+
+// Forget-gate logits far out on both sides (f = 1 and f = 0 in fp32) and cumulative sums c
+// far beyond 1e5 must leave the forward and backward finite.
+static void test_extreme_forget_gates(void) {
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-tiny");
+    c.vocab_size = 300; c.padded_vocab_size = padded_vocab(300); c.n_layer = 2;
+    FoxModel m;
+    fox_build(&m, &c);
+    fox_init(&m, 11);
+    enum { B = 2, T = 16 };
+    int inputs[B * T], targets[B * T];
+    for (int i = 0; i < B * T; i++) { inputs[i] = (i * 37) % 300; targets[i] = (i * 53 + 1) % 300; }
+    const float logits[] = {100.0f, -100.0f, 1e4f, -1e4f, 1e6f, -1e6f, 1e30f, -1e30f};
+    size_t per_layer = (size_t)c.n_head * c.n_embd;
+    for (size_t k = 0; k < sizeof(logits) / sizeof(logits[0]); k++) {
+        memset(m.params.wf, 0, (size_t)c.n_layer * per_layer * sizeof(float));
+        for (int i = 0; i < c.n_layer * c.n_head; i++) { m.params.bf[i] = logits[k]; }
+        fox_forward(&m, inputs, targets, B, T);
+        fox_zero_grad(&m);
+        fox_backward(&m, 1.0f);
+        size_t bht = (size_t)c.n_layer * B * c.n_head * T;
+        float c_min = 0.0f;
+        for (size_t i = 0; i < bht; i++) { c_min = fminf(c_min, m.acts.c[i]); }
+        int ok = isfinite(m.mean_loss) && all_finite(m.acts.c, bht) && all_finite(m.grads_memory, m.num_parameters) &&
+                 isfinite(fox_grad_norm(&m));
+        check(ok, "extreme forget gate: logit %g (min c %g): loss %g, every gradient finite", logits[k], c_min, m.mean_loss);
+    }
+    fox_free(&m);
+}
+
+// ----------------------------------------------------------------------------
 // configuration and schedule
 
 static void test_config(void) {
@@ -499,6 +593,12 @@ static void expect_failure(ChildFn fn, const void* arg, const char* what) {
 
 // ----------------------------------------------------------------------------
 // data loader
+
+static void fwrite_check(const void* src, size_t size, size_t count, FILE* f, const char* path) {
+    if (fwrite(src, size, count, f) != count) {
+        fail("could not write '%s': %s\nHINT: is the disk full?", path, strerror(errno));
+    }
+}
 
 static void write_shard(const char* path, const uint16_t* tokens, int n, int magic, int claimed) {
     FILE* f = fopen_check(path, "wb");
@@ -1192,6 +1292,10 @@ int main(void) {
     printf("# finite differences\n");
     test_finite_differences();
     test_attention_dlogf();
+    printf("# numerical guards, extreme forget gates\n");
+    test_step_guard();
+    test_nonfinite_grad_name();
+    test_extreme_forget_gates();
     printf("# configuration, schedule, command line\n");
     test_config();
     test_command_line();

@@ -11,6 +11,7 @@ which drops main().
 */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <math.h>
 #include <stdarg.h>
@@ -29,14 +30,28 @@ which drops main().
 // ----------------------------------------------------------------------------
 // errors and checked system calls
 
+#ifdef FUZZING
+#include <setjmp.h>
+// Under the fuzzers (dev/fuzz) an error returns to the harness instead of ending the process,
+// so that one run can try millions of bad inputs; the message is still formatted.
+static jmp_buf fuzz_fail_jump;
+static char fuzz_fail_message[1024];
+#endif
+
 static void fail(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
+#ifdef FUZZING
+    vsnprintf(fuzz_fail_message, sizeof(fuzz_fail_message), fmt, ap);
+    va_end(ap);
+    longjmp(fuzz_fail_jump, 1);
+#else
     fprintf(stderr, "error: ");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
     exit(EXIT_FAILURE);
+#endif
 }
 
 static void* malloc_check(size_t size, const char* what) {
@@ -70,12 +85,6 @@ static void fread_check(void* dst, size_t size, size_t count, FILE* f, const cha
     }
 }
 
-static void fwrite_check(const void* src, size_t size, size_t count, FILE* f, const char* path) {
-    if (fwrite(src, size, count, f) != count) {
-        fail("could not write '%s': %s\nHINT: is the disk full?", path, strerror(errno));
-    }
-}
-
 static long file_size_check(FILE* f, const char* path) {
     if (fseek(f, 0, SEEK_END) != 0) { fail("could not seek in '%s': %s", path, strerror(errno)); }
     long size = ftell(f);
@@ -83,22 +92,48 @@ static long file_size_check(FILE* f, const char* path) {
     return size;
 }
 
-// Writes go to "<path>.tmp", are flushed to disk, then renamed over <path>: a crash at any
-// moment leaves either the old complete file or the new complete file, never a partial one.
+// Writes go to "<path>.tmp", are flushed to disk, then renamed over <path> and the rename
+// flushed too: a crash at any moment leaves either the old complete file or the new complete
+// file, never a partial one. A failed write removes its .tmp file before reporting.
 static FILE* atomic_open(const char* path, char* tmp_path, size_t tmp_size) {
     if ((size_t)snprintf(tmp_path, tmp_size, "%s.tmp", path) >= tmp_size) {
-        fail("path too long: '%s'", path);
+        fail("path too long: '%s'\nHINT: use a shorter output directory (-o)", path);
     }
     return fopen_check(tmp_path, "wb");
 }
 
+static void atomic_abort(FILE* f, const char* tmp_path, const char* path, int err) {
+    fclose(f);
+    remove(tmp_path);
+    fail("could not write '%s': %s\nHINT: is the disk full? '%s' is left as it was", tmp_path,
+         strerror(err), path);
+}
+
+static void atomic_write(const void* src, size_t size, size_t count, FILE* f, const char* tmp_path,
+                         const char* path) {
+    if (fwrite(src, size, count, f) != count) { atomic_abort(f, tmp_path, path, errno); }
+}
+
+// makes a rename in dir durable
+static void fsync_dir(const char* path) {
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char* slash = strrchr(dir, '/');
+    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); } else if (slash == dir) { slash[1] = '\0'; } else { *slash = '\0'; }
+    int fd = open(dir, O_RDONLY);
+    if (fd < 0 || fsync(fd) != 0) { fail("could not flush the directory '%s': %s\nHINT: check the output directory", dir, strerror(errno)); }
+    close(fd);
+}
+
 static void atomic_commit(FILE* f, const char* tmp_path, const char* path) {
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        fail("could not write '%s': %s\nHINT: is the disk full? the previous file is intact",
-             tmp_path, strerror(errno));
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) { atomic_abort(f, tmp_path, path, errno); }
+    if (fclose(f) != 0) {
+        int err = errno;
+        remove(tmp_path);
+        fail("could not close '%s': %s\nHINT: is the disk full? '%s' is left as it was", tmp_path, strerror(err), path);
     }
-    if (fclose(f) != 0) { fail("could not close '%s': %s\nHINT: is the disk full?", tmp_path, strerror(errno)); }
-    if (rename(tmp_path, path) != 0) { fail("could not rename '%s' to '%s': %s", tmp_path, path, strerror(errno)); }
+    if (rename(tmp_path, path) != 0) { fail("could not rename '%s' to '%s': %s\nHINT: check the output directory", tmp_path, path, strerror(errno)); }
+    fsync_dir(path);
 }
 
 // ----------------------------------------------------------------------------
@@ -1273,16 +1308,29 @@ typedef struct {
     float lr, weight_decay, beta1, beta2, eps, grad_clip;
 } AdamWConfig;
 
+// Sum of squares in double over a fixed split into blocks, added in a fixed order: the result
+// is the same bit for bit for any thread count (an OpenMP reduction adds the threads' partial
+// sums in the order they finish).
+#define SUM_BLOCKS 64
+static double sum_squares(const float* x, size_t n) {
+    double partial[SUM_BLOCKS];
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < SUM_BLOCKS; b++) {
+        size_t i0 = n * (size_t)b / SUM_BLOCKS, i1 = n * (size_t)(b + 1) / SUM_BLOCKS;
+        double s = 0.0;
+        for (size_t i = i0; i < i1; i++) { s += (double)x[i] * x[i]; }
+        partial[b] = s;
+    }
+    double sum = 0.0;
+    for (int b = 0; b < SUM_BLOCKS; b++) { sum += partial[b]; }
+    return sum;
+}
+
 static double fox_grad_norm(FoxModel* m) {
     double sum = 0.0;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         if (!m->spec[t].trainable) { continue; }
-        const float* gr = param_tensor(&m->grads, t);
-        size_t n = param_numel(&m->spec[t], m->config.n_layer);
-        double s = 0.0;
-        #pragma omp parallel for reduction(+ : s) schedule(static)
-        for (size_t i = 0; i < n; i++) { s += (double)gr[i] * gr[i]; }
-        sum += s;
+        sum += sum_squares(param_tensor(&m->grads, t), param_numel(&m->spec[t], m->config.n_layer));
     }
     return sqrt(sum);
 }
@@ -1346,6 +1394,97 @@ static double lr_at_step(const LRSchedule* s, long step) {
     double progress = span > 0 ? fmin(1.0, (before - s->warmup_tokens) / span) : 1.0;
     if (s->type == SCHEDULE_LINEAR) { return s->peak_lr * (1.0 - progress); }
     return s->peak_lr * 0.5 * (1.0 + cos(M_PI * progress));
+}
+
+// ----------------------------------------------------------------------------
+// numerical guards: each step's loss and gradient norm are checked before the update. Plain
+// functions of host-side numbers, so that train_fox.cu calls them as the CPU twin does.
+
+enum { NONFINITE_STOP, NONFINITE_SKIP };
+static const char* NONFINITE_NAMES[] = {"stop", "skip"};
+enum { STEP_UPDATE, STEP_SKIP, STEP_STOP };
+
+// llm.c's outlier test: a value's z-score against the last SPIKE_WINDOW values
+#define SPIKE_WINDOW 128
+typedef struct {
+    double values[SPIKE_WINDOW];
+    int count, next;
+} SpikeWindow;
+
+// z-score of x against the window, 0 until the window is full or when it has no spread
+static double spike_zscore(const SpikeWindow* w, double x) {
+    if (w->count < SPIKE_WINDOW) { return 0.0; }
+    double mean = 0.0, var = 0.0;
+    for (int i = 0; i < SPIKE_WINDOW; i++) { mean += w->values[i]; }
+    mean /= SPIKE_WINDOW;
+    for (int i = 0; i < SPIKE_WINDOW; i++) { var += (w->values[i] - mean) * (w->values[i] - mean); }
+    double sd = sqrt(var / SPIKE_WINDOW);
+    return sd > 0.0 ? (x - mean) / sd : 0.0;
+}
+
+static void spike_push(SpikeWindow* w, double x) {
+    w->values[w->next] = x;
+    w->next = (w->next + 1) % SPIKE_WINDOW;
+    if (w->count < SPIKE_WINDOW) { w->count++; }
+}
+
+typedef struct {
+    int on_nonfinite;   // NONFINITE_STOP or NONFINITE_SKIP (-G)
+    double spike_z;     // skip a step whose loss or grad norm has a z-score above this (-Z); 0 = off
+    SpikeWindow loss_window, norm_window;
+    long skipped;       // steps skipped so far
+} StepGuard;
+
+static void step_guard_init(StepGuard* g, int on_nonfinite, double spike_z) {
+    memset(g, 0, sizeof(*g));
+    g->on_nonfinite = on_nonfinite;
+    g->spike_z = spike_z;
+}
+
+// Decides the fate of a step from its loss and global grad norm: STEP_UPDATE, STEP_SKIP (the
+// optimizer must not move; counted in g->skipped) or STEP_STOP; why says why for the last two.
+// A non-finite norm means a non-finite gradient: name it with nonfinite_grad_name. Every finite
+// value enters its window, spikes included, as in llm.c, so that a lasting shift of the loss
+// level is skipped for a while and then accepted.
+static int step_guard_check(StepGuard* g, double loss, double norm, char* why, size_t n) {
+    if (!isfinite(loss) || !isfinite(norm)) {
+        snprintf(why, n, "%s is not finite (loss %g, grad norm %g)", isfinite(loss) ? "the gradient" : "the loss", loss, norm);
+        if (g->on_nonfinite == NONFINITE_STOP) { return STEP_STOP; }
+        g->skipped++;
+        return STEP_SKIP;
+    }
+    double z_loss = spike_zscore(&g->loss_window, loss), z_norm = spike_zscore(&g->norm_window, norm);
+    spike_push(&g->loss_window, loss);
+    spike_push(&g->norm_window, norm);
+    if (g->spike_z > 0.0 && (z_loss > g->spike_z || z_norm > g->spike_z)) {
+        snprintf(why, n, "%s spike (loss %g z-score %.1f, grad norm %g z-score %.1f, limit %g)",
+                 z_loss > g->spike_z ? "loss" : "grad norm", loss, z_loss, norm, z_norm, g->spike_z);
+        g->skipped++;
+        return STEP_SKIP;
+    }
+    return STEP_UPDATE;
+}
+
+// Names the first tensor slice of the flat gradient buffer grads (host memory, laid out as
+// fox_build lays out the parameters) that holds a NaN or inf. Returns 0 if every value is finite.
+static int nonfinite_grad_name(const FoxConfig* c, const float* grads, char* out, size_t n) {
+    ParamSpec spec[NUM_PARAM_TENSORS];
+    param_table(c, spec);
+    size_t offset = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        size_t per = param_slice_numel(&spec[t]);
+        int slices = spec[t].per_layer ? c->n_layer : 1;
+        for (int l = 0; l < slices; l++, offset += per) {
+            size_t bad = per;
+            for (size_t i = 0; i < per && bad == per; i++) { if (!isfinite(grads[offset + i])) { bad = i; } }
+            if (bad == per) { continue; }
+            char hf[256];
+            param_hf_name(c, t, l, hf, sizeof(hf));
+            snprintf(out, n, "the gradient of %s (%s) has %g at element %zu", hf, spec[t].name, grads[offset + bad], bad);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -1599,8 +1738,8 @@ static void save_model(const FoxModel* m, const char* path) {
     write_size(header + 24, m->num_parameters);
     char tmp[4096];
     FILE* f = atomic_open(path, tmp, sizeof(tmp));
-    fwrite_check(header, sizeof(int), 256, f, tmp);
-    fwrite_check(m->params_memory, sizeof(float), m->num_parameters, f, tmp);
+    atomic_write(header, sizeof(int), 256, f, tmp, path);
+    atomic_write(m->params_memory, sizeof(float), m->num_parameters, f, tmp, path);
     atomic_commit(f, tmp, path);
 }
 
@@ -1654,10 +1793,10 @@ static void save_state(const FoxModel* m, const TrainState* s, const char* path)
     header[9] = m->m_memory != NULL;
     char tmp[4096];
     FILE* f = atomic_open(path, tmp, sizeof(tmp));
-    fwrite_check(header, sizeof(int), 256, f, tmp);
+    atomic_write(header, sizeof(int), 256, f, tmp, path);
     if (m->m_memory != NULL) {
-        fwrite_check(m->m_memory, sizeof(float), m->num_parameters, f, tmp);
-        fwrite_check(m->v_memory, sizeof(float), m->num_parameters, f, tmp);
+        atomic_write(m->m_memory, sizeof(float), m->num_parameters, f, tmp, path);
+        atomic_write(m->v_memory, sizeof(float), m->num_parameters, f, tmp, path);
     }
     atomic_commit(f, tmp, path);
 }
@@ -1769,6 +1908,7 @@ typedef struct {
     int schedule; double weight_decay; double grad_clip;
     int val_every, val_batches, sample_every, gen_tokens, checkpoint_every, resume;
     int roll; uint64_t seed;
+    int on_nonfinite; double spike_z;
     int num_overrides; const char* override_keys[64]; const char* override_values[64];
 } Args;
 
@@ -1799,6 +1939,8 @@ static void usage(void) {
 "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
 "  -R <0|1>    roll each sequence by a random offset (default 0)\n"
 "  -S <int>    seed (default 1337)\n"
+"  -G <name>   on a non-finite loss or gradient: stop (default) or skip the step\n"
+"  -Z <float>  skip steps whose loss or grad norm z-score over the last 128 steps exceeds this (default 0 = off)\n"
 "  -z <path>   decode table for samples (default data/gpt2_tokenizer.bin)\n"
 "  -h          this help\n"
 "model keys (override a preset): n_layer n_embd n_head vocab_size mlp_hidden block gate\n"
@@ -1875,6 +2017,8 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'R': a->roll = (int)flag_int(arg, v, 0, 1); break;
             case 'S': a->seed = (uint64_t)flag_int(arg, v, 0, 1L << 62); break;
             case 'z': a->tokenizer_path = v; break;
+            case 'G': a->on_nonfinite = parse_choice(v, NONFINITE_NAMES, 2); if (a->on_nonfinite < 0) { bad_flag(arg, v, "stop or skip"); } break;
+            case 'Z': a->spike_z = flag_float(arg, v, 0.0, 1e9); break;
             default: fail("unknown flag '%s'\nHINT: train_fox -h lists every flag", arg);
         }
     }
@@ -1998,6 +2142,8 @@ int main(int argc, char** argv) {
         logf_ = fopen_check(path, a.resume ? "a" : "w");
     }
     uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
+    StepGuard guard;
+    step_guard_init(&guard, a.on_nonfinite, a.spike_z);
     for (long step = start; step <= a.steps; step++) {
         int last = step == a.steps;
         if (have_val && (step % a.val_every == 0 || last)) {
@@ -2023,16 +2169,31 @@ int main(int argc, char** argv) {
             loss += model.mean_loss / accum;
         }
         double norm = fox_grad_norm(&model);
-        if (!isfinite(loss) || !isfinite(norm)) {
-            fail("step %ld: loss %f, grad norm %f: training diverged\nHINT: lower the learning rate (-l) or resume from an earlier checkpoint", step + 1, loss, norm);
+        char why[512];
+        int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
+        if (verdict != STEP_UPDATE && !isfinite(norm)) {
+            size_t len = strlen(why);
+            snprintf(why + len, sizeof(why) - len, "; ");
+            nonfinite_grad_name(cf, model.grads_memory, why + len + 2, sizeof(why) - len - 2);
         }
-        if (a.grad_clip > 0) { fox_clip_grads(&model, norm, (float)a.grad_clip); }
+        if (verdict == STEP_STOP) {
+            fail("step %ld: %s: training diverged\nHINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip", step + 1, why);
+        }
         float lr = (float)lr_at_step(&sched, step);
-        fox_update(&model, &opt, lr, (int)step + 1);
+        if (verdict == STEP_UPDATE) {
+            if (a.grad_clip > 0) { fox_clip_grads(&model, norm, (float)a.grad_clip); }
+            fox_update(&model, &opt, lr, (int)step + 1);
+        }
         double dt = now_seconds() - t0;
-        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s\n", step + 1, a.steps, loss,
+        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, a.steps, loss,
                norm, lr, dt * 1e3, a.total_batch_tokens / dt);
-        log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
+        if (verdict == STEP_SKIP) {
+            printf(" | skipped (%ld so far): %s\n", guard.skipped, why);
+            log_line(logf_, "s:%ld trl:%.6f skip:%ld\n", step + 1, loss, guard.skipped);
+        } else {
+            printf("\n");
+            log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
+        }
     }
     if (logf_ != NULL) { fclose(logf_); }
     if (have_tokenizer) { tokenizer_free(&tk); }
