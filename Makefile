@@ -29,7 +29,7 @@ endif
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 HAVE_GPU_TRAINER := $(wildcard train_fox.cu)
 
-.PHONY: all train train-cpu train-gpu test fixtures-check clean
+.PHONY: all train train-cpu train-gpu test fixtures-check reliability-test clean
 all: train_fox_cpu test_fox
 
 include data/data.mk
@@ -80,6 +80,10 @@ train-gpu: $(if $(DATA_READY),,data) train_fox
 # tokenizer-test also writes the decode table that test_fox checks
 test: tokenizer-test test_fox
 	./test_fox
+
+# bit-exact resume, SIGKILL at random moments, disk full, guards: the CPU trainer end to end
+reliability-test: data train_fox_cpu
+	dev/test_reliability.sh
 
 # CI: the committed reference fixtures must equal what the reference computes now
 fixtures-check:

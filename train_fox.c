@@ -109,9 +109,22 @@ static void atomic_abort(FILE* f, const char* tmp_path, const char* path, int er
          strerror(err), path);
 }
 
+// Test hook: TRAIN_FOX_TEST_WRITE_DELAY_MS=<ms> pauses after each MiB written, so that the
+// crash test (dev/test_reliability.sh) can kill the trainer inside its checkpoint writes.
+static void test_write_delay(void) {
+    const char* ms = getenv("TRAIN_FOX_TEST_WRITE_DELAY_MS");
+    if (ms != NULL) { usleep((useconds_t)(1000 * atoi(ms))); }
+}
+
 static void atomic_write(const void* src, size_t size, size_t count, FILE* f, const char* tmp_path,
                          const char* path) {
-    if (fwrite(src, size, count, f) != count) { atomic_abort(f, tmp_path, path, errno); }
+    const size_t CHUNK = 1 << 20;
+    const char* bytes = (const char*)src;
+    for (size_t done = 0, total = size * count; done < total; done += CHUNK) {
+        size_t n = total - done < CHUNK ? total - done : CHUNK;
+        if (fwrite(bytes + done, 1, n, f) != n) { atomic_abort(f, tmp_path, path, errno); }
+        test_write_delay();
+    }
 }
 
 // makes a rename in dir durable
