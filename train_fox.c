@@ -330,9 +330,19 @@ static int config_set(FoxConfig* c, const char* key, const char* value) {
 }
 
 // Checks a configuration for consistency; returns NULL if fine, else a description.
+// The bounds are config_set's: they also keep every size of the model far inside size_t.
 static const char* config_problem(const FoxConfig* c) {
     static char msg[256];
     if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1) { return "n_layer, n_embd and n_head must be positive"; }
+    if (c->n_layer > 1000 || c->n_embd > (1 << 16) || c->n_head > 4096 || c->mlp_hidden > (1 << 20) || c->window > (1 << 30)) {
+        return "n_layer, n_embd, n_head, mlp_hidden or window is beyond its limit (train_fox -h)";
+    }
+    if (c->block < 0 || c->block > 1 || c->gate < 0 || c->gate > 3) { return "block or gate is not one of its choices"; }
+    int flags[] = {c->k_shift, c->v_shift, c->qk_norm, c->qk_norm_shared, c->output_gate, c->output_norm, c->rope};
+    for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+        if (flags[i] != 0 && flags[i] != 1) { return "a switch (k_shift, v_shift, qk_norm, ..., rope) is not 0 or 1"; }
+    }
+    if (!isfinite(c->rope_theta) || c->rope_theta <= 0) { return "rope_theta must be a positive number"; }
     if (c->n_embd % c->n_head != 0) {
         snprintf(msg, sizeof(msg), "n_embd %d is not divisible by n_head %d", c->n_embd, c->n_head);
         return msg;
@@ -342,7 +352,7 @@ static const char* config_problem(const FoxConfig* c) {
     if (c->padded_vocab_size != padded_vocab(c->vocab_size)) { return "padded_vocab_size is not vocab_size rounded up to 128"; }
     if (c->mlp_hidden < 1) { return "mlp_hidden must be positive"; }
     if (c->qk_norm_shared && !c->qk_norm) { return "qk_norm_shared needs qk_norm"; }
-    if (c->decay_time_min <= 0 || c->decay_time_max < c->decay_time_min) { return "need 0 < decay_time_min <= decay_time_max"; }
+    if (!isfinite(c->decay_time_max) || !(c->decay_time_min > 0) || !(c->decay_time_max >= c->decay_time_min)) { return "need 0 < decay_time_min <= decay_time_max"; }
     if (c->window < 0) { return "window must be >= 0"; }
     return NULL;
 }
@@ -576,6 +586,15 @@ typedef struct {
     const int* targets;
     float mean_loss; // of the last forward with targets, -1 otherwise
 } FoxModel;
+
+// parameters of a (valid) configuration, without allocating anything
+static size_t config_num_parameters(const FoxConfig* c) {
+    ParamSpec spec[NUM_PARAM_TENSORS];
+    param_table(c, spec);
+    size_t n = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { n += param_numel(&spec[i], c->n_layer); }
+    return n;
+}
 
 static void fox_build(FoxModel* m, const FoxConfig* config) {
     const char* problem = config_problem(config);
@@ -1561,19 +1580,26 @@ static void dataloader_load_shard(DataLoader* d) {
     size_t n = shard_samples(d, shard);
     free(d->sample_order);
     d->sample_order = (int*)malloc_check((n > 0 ? n : 1) * sizeof(int), "sample order");
-    uint64_t s = d->seed ^ ((uint64_t)(d->epoch + 1) * 0xD1B54A32D192ED03ull) ^ ((uint64_t)(shard + 1) * 0x8CB92BA72F3D8DD7ull);
+    uint64_t s = d->seed ^ (((uint64_t)d->epoch + 1) * 0xD1B54A32D192ED03ull) ^ ((uint64_t)(shard + 1) * 0x8CB92BA72F3D8DD7ull);
     if (d->shuffle) { shuffle_indices(d->sample_order, (int)n, s); }
     else { for (size_t i = 0; i < n; i++) { d->sample_order[i] = (int)i; } }
     d->current_batches = shard_batches(d, shard);
 }
 
 static void dataloader_set_position(DataLoader* d, int epoch, int shard_pos, int batch_pos) {
+    // a position read from a state file may belong to other shards
+    if (epoch < 0 || shard_pos < 0 || shard_pos >= d->num_shards || batch_pos < 0) {
+        fail("data position (epoch %d, shard %d, batch %d) is outside the %d shard(s)\nHINT: resume with the -i shards, -b, -t and processes of the run that saved it", epoch, shard_pos, batch_pos, d->num_shards);
+    }
     d->epoch = epoch;
     d->shard_pos = shard_pos;
     d->batch_pos = batch_pos;
     if (d->shuffle) { shuffle_indices(d->shard_order, d->num_shards, d->seed + (uint64_t)epoch * 7919u); }
     else { for (int i = 0; i < d->num_shards; i++) { d->shard_order[i] = i; } }
     dataloader_load_shard(d);
+    if (batch_pos > d->current_batches) {
+        fail("data position batch %d is past the %d batches of shard %d\nHINT: resume with the -i shards, -b, -t and processes of the run that saved it", batch_pos, d->current_batches, shard_pos);
+    }
 }
 
 static void dataloader_init(DataLoader* d, const char* pattern, int B, int T, int rank, int world,
@@ -1589,13 +1615,16 @@ static void dataloader_init(DataLoader* d, const char* pattern, int B, int T, in
     d->num_shards = (int)g.gl_pathc;
     d->paths = (char**)malloc_check(g.gl_pathc * sizeof(char*), "shard paths");
     d->shard_tokens = (size_t*)malloc_check(g.gl_pathc * sizeof(size_t), "shard sizes");
-    size_t batches = 0;
     for (size_t i = 0; i < g.gl_pathc; i++) {
         d->paths[i] = strdup(g.gl_pathv[i]);
-        d->shard_tokens[i] = read_shard_header(d->paths[i]);
-        batches += (size_t)shard_batches(d, (int)i);
+        if (d->paths[i] == NULL) { fail("out of memory for the shard paths\nHINT: match fewer shards with -i"); }
     }
-    globfree(&g);
+    globfree(&g); // before any header can fail
+    size_t batches = 0;
+    for (int i = 0; i < d->num_shards; i++) {
+        d->shard_tokens[i] = read_shard_header(d->paths[i]);
+        batches += (size_t)shard_batches(d, i);
+    }
     if (batches == 0) {
         fail("the shards of '%s' hold too few tokens for one batch of %d x %d tokens on %d process(es)\nHINT: use a smaller -b or -t",
              pattern, B, T + 1, world);
@@ -1634,7 +1663,7 @@ static void dataloader_next_batch(DataLoader* d) {
         fread_check(d->window, sizeof(uint16_t), (size_t)T + 1, d->file, path);
         int shift = 0;
         if (d->roll) {
-            uint64_t s = d->seed ^ (sample * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(d->epoch + 1) << 40) ^ (uint64_t)shard;
+            uint64_t s = d->seed ^ (sample * 0x9E3779B97F4A7C15ull) ^ (((uint64_t)d->epoch + 1) << 40) ^ (uint64_t)shard;
             shift = (int)(rng_next(&s) % (uint64_t)(T + 1));
         }
         for (int t = 0; t <= T; t++) {
@@ -1767,10 +1796,12 @@ static FILE* open_model(const char* path, FoxConfig* c, size_t* num_parameters) 
     if (header[1] != CHECKPOINT_VERSION) { fail("'%s' is checkpoint version %d; this build reads version %d\nHINT: use the train_fox version that wrote it", path, header[1], CHECKPOINT_VERSION); }
     config_from_header(c, header + 2);
     const char* problem = config_problem(c);
-    if (problem != NULL || c->block < 0 || c->block > 1 || c->gate < 0 || c->gate > 3) {
-        fail("'%s' holds an invalid configuration (%s)\nHINT: the file is damaged", path, problem != NULL ? problem : "bad block or gate");
-    }
+    if (problem != NULL) { fail("'%s' holds an invalid configuration (%s)\nHINT: the file is damaged", path, problem); }
     *num_parameters = read_size(header + 24);
+    // checked before anything is allocated: a damaged header must not ask for gigabytes
+    if (*num_parameters != config_num_parameters(c)) {
+        fail("'%s' holds %zu parameters but its configuration needs %zu\nHINT: the file is damaged", path, *num_parameters, config_num_parameters(c));
+    }
     if ((size_t)size != sizeof(header) + *num_parameters * sizeof(float)) {
         fail("'%s' is %ld bytes, expected %zu for %zu parameters\nHINT: the file is truncated or damaged", path, size,
              sizeof(header) + *num_parameters * sizeof(float), *num_parameters);
@@ -1783,9 +1814,6 @@ static void load_model(FoxModel* m, const char* path) {
     size_t n;
     FILE* f = open_model(path, &c, &n);
     fox_build(m, &c);
-    if (n != m->num_parameters) {
-        fail("'%s' holds %zu parameters but its configuration needs %zu\nHINT: the file is damaged", path, n, m->num_parameters);
-    }
     fread_check(m->params_memory, sizeof(float), n, f, path);
     fclose(f);
 }
@@ -1828,6 +1856,9 @@ static void load_state(FoxModel* m, TrainState* s, const char* path) {
     }
     s->step = header[2]; s->epoch = header[5]; s->shard_pos = header[6]; s->batch_pos = header[7]; s->world = header[8];
     int has_moments = header[9];
+    if (s->step < 0 || s->epoch < 0 || s->shard_pos < 0 || s->batch_pos < 0 || s->world < 1 || (has_moments != 0 && has_moments != 1)) {
+        fail("'%s' holds an invalid step, data position or moments flag\nHINT: the file is damaged; resume from another checkpoint", path);
+    }
     size_t expected = sizeof(header) + (has_moments ? 2 * m->num_parameters * sizeof(float) : 0);
     if ((size_t)size != expected) { fail("'%s' is %ld bytes, expected %zu\nHINT: the file is truncated or damaged", path, size, expected); }
     if (has_moments) {
