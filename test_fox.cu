@@ -732,6 +732,40 @@ static void copy_truncated(const char* src, const char* dst, long drop) {
     free(buf);
 }
 
+// copies a checkpoint with two int32 header slots replaced
+static void patch_header(const char* src, const char* dst, int slot_a, int value_a, int slot_b, int value_b) {
+    copy_truncated(src, dst, 0);
+    FILE* f = fopen_check(dst, "r+b");
+    int header[256];
+    fread_check(header, sizeof(int), 256, f, dst);
+    header[slot_a] = value_a; header[slot_b] = value_b;
+    if (fseek(f, 0, SEEK_SET) != 0) { fail("seek"); }
+    fwrite_check(header, sizeof(int), 256, f, dst);
+    fclose(f);
+}
+
+// the state file of test_checkpoints' model
+static void load_state_child(const void* arg) {
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-tiny");
+    c.vocab_size = 300; c.padded_vocab_size = padded_vocab(300); c.gate = GATE_BIAS_ONLY; c.window = 16;
+    FoxModel m;
+    fox_build(&m, &c);
+    TrainState s;
+    load_state(&m, &s, (const char*)arg);
+}
+
+// the two shards of test_dataloader (10 and 6 batches of 2 x 8), at a given position
+static int set_position_args[3];
+static void set_position_child(const void* arg) {
+    (void)arg;
+    char pattern[512];
+    snprintf(pattern, sizeof(pattern), "%s/d_train_*.bin", test_dir);
+    DataLoader d;
+    dataloader_init(&d, pattern, 2, 8, 0, 1, 0, 0, 7, 1000);
+    dataloader_set_position(&d, set_position_args[0], set_position_args[1], set_position_args[2]);
+}
+
 static void test_checkpoints(void) {
     FoxConfig c;
     config_from_preset(&c, "fox-pro-tiny");
@@ -772,6 +806,26 @@ static void test_checkpoints(void) {
     copy_truncated(state_path, garbage, 0);
     expect_failure(load_model_child, garbage, "an optimiser-state file passed as a model");
     expect_failure(load_model_child, "/nonexistent/model.bin", "missing checkpoint file");
+    // a header whose configuration needs 10^12 parameters, with a count to match: refused
+    // before anything is allocated
+    static char huge[512], nan_theta[512];
+    snprintf(huge, sizeof(huge), "%s/huge.bin", test_dir);
+    patch_header(model_path, huge, 2, 1000, 3, 65536); // n_layer, n_embd
+    expect_failure(load_model_child, huge, "checkpoint header asking for 1000 layers of C = 65536");
+    snprintf(nan_theta, sizeof(nan_theta), "%s/nan_theta.bin", test_dir);
+    patch_header(model_path, nan_theta, 18, 0x7fc00000, 18, 0x7fc00000); // rope_theta = NaN
+    expect_failure(load_model_child, nan_theta, "checkpoint with rope_theta NaN");
+    static char bad_position[512], bad_moments[512];
+    snprintf(bad_position, sizeof(bad_position), "%s/bad_position.bin", test_dir);
+    patch_header(state_path, bad_position, 6, -1, 6, -1); // shard position
+    expect_failure(load_state_child, bad_position, "state file with shard position -1");
+    snprintf(bad_moments, sizeof(bad_moments), "%s/bad_moments.bin", test_dir);
+    patch_header(state_path, bad_moments, 9, 2, 9, 2); // has_moments
+    expect_failure(load_state_child, bad_moments, "state file with a moments flag of 2");
+    set_position_args[0] = 0; set_position_args[1] = 2; set_position_args[2] = 0;
+    expect_failure(set_position_child, NULL, "data position at shard 2 of 2");
+    set_position_args[0] = 0; set_position_args[1] = 0; set_position_args[2] = 11;
+    expect_failure(set_position_child, NULL, "data position at batch 11 of a shard of 10");
     fox_free(&m);
     fox_free(&l);
 }
@@ -824,6 +878,8 @@ static void test_command_line(void) {
     static const char* bad_preset[] = {"train_fox", "-e", "fox-pro-7b", NULL};
     static const char* bad_override[] = {"train_fox", "--gate", "sometimes", NULL};
     static const char* bad_heads[] = {"train_fox", "--n_head", "3", NULL};
+    static const char* bad_guard[] = {"train_fox", "-G", "ignore", NULL};
+    static const char* bad_spike[] = {"train_fox", "-Z", "-1", NULL};
     expect_failure(parse_args_child, negative_batch, "-b -4");
     expect_failure(parse_args_child, bad_lr, "-l fast");
     expect_failure(parse_args_child, no_value, "-t without a value");
@@ -832,6 +888,8 @@ static void test_command_line(void) {
     expect_failure(parse_args_child, bad_preset, "-e fox-pro-7b");
     expect_failure(parse_args_child, bad_override, "--gate sometimes");
     expect_failure(parse_args_child, bad_heads, "--n_head 3 with n_embd 128");
+    expect_failure(parse_args_child, bad_guard, "-G ignore");
+    expect_failure(parse_args_child, bad_spike, "-Z -1");
 }
 
 // ----------------------------------------------------------------------------
