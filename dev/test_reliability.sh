@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reliability tests of the CPU trainer (train_fox_cpu), run by `make reliability-test`:
 #  1. bit-exact resume: N steps straight == k steps, a new process resumed from the checkpoint
-#     at k, N - k more steps (losses and final files, bit for bit)
+#     at k, N - k more steps (losses and final files, bit for bit); and 3 threads == 2
 #  2. crash safety: SIGKILL at random moments (many inside checkpoint writes), resume with -y 1
 #     each time: no partial file is ever a checkpoint, the newest complete one always loads,
 #     and the run ends bit for bit where the uninterrupted run ends
@@ -40,6 +40,13 @@ if [ "$(wc -l < "$WORK/resumed.tail")" -eq $((N - K)) ] && cmp -s "$WORK/straigh
 else
     bad "resume: the resumed run differs from the straight one"
     diff "$WORK/straight.tail" "$WORK/resumed.tail" || true
+fi
+# every sum runs in a fixed order, so the thread count does not matter either
+OMP_NUM_THREADS=3 "$BIN" "${FLAGS[@]}" -o "$WORK/threads3" > /dev/null
+if cmp -s "$(ckpt "$WORK/straight" model $N)" "$(ckpt "$WORK/threads3" model $N)"; then
+    pass "resume: 3 threads give the same weights as 2, bit for bit"
+else
+    bad "resume: 3 threads give other weights than 2"
 fi
 MODEL_BYTES=$(stat -c %s "$(ckpt "$WORK/straight" model $N)")
 STATE_BYTES=$(stat -c %s "$(ckpt "$WORK/straight" state $N)")
