@@ -1510,7 +1510,7 @@ static int nonfinite_grad_name(const FoxConfig* c, const float* grads, char* out
             size_t bad = per;
             for (size_t i = 0; i < per && bad == per; i++) { if (!isfinite(grads[offset + i])) { bad = i; } }
             if (bad == per) { continue; }
-            char hf[256];
+            char hf[128];
             param_hf_name(c, t, l, hf, sizeof(hf));
             snprintf(out, n, "the gradient of %s (%s) has %g at element %zu", hf, spec[t].name, grads[offset + bad], bad);
             return 1;
@@ -2213,15 +2213,12 @@ int main(int argc, char** argv) {
             loss += model.mean_loss / accum;
         }
         double norm = fox_grad_norm(&model);
-        char why[512];
+        char why[256], grad[320] = "";
         int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
-        if (verdict != STEP_UPDATE && !isfinite(norm)) {
-            size_t len = strlen(why);
-            snprintf(why + len, sizeof(why) - len, "; ");
-            nonfinite_grad_name(cf, model.grads_memory, why + len + 2, sizeof(why) - len - 2);
-        }
+        if (verdict != STEP_UPDATE && !isfinite(norm)) { nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad)); }
         if (verdict == STEP_STOP) {
-            fail("step %ld: %s: training diverged\nHINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip", step + 1, why);
+            fail("step %ld: %s%s%s: training diverged\nHINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip",
+                 step + 1, why, grad[0] ? "; " : "", grad);
         }
         float lr = (float)lr_at_step(&sched, step);
         if (verdict == STEP_UPDATE) {
@@ -2232,13 +2229,14 @@ int main(int argc, char** argv) {
         printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, a.steps, loss,
                norm, lr, dt * 1e3, a.total_batch_tokens / dt);
         if (verdict == STEP_SKIP) {
-            printf(" | skipped (%ld so far): %s\n", guard.skipped, why);
+            printf(" | skipped (%ld so far): %s%s%s\n", guard.skipped, why, grad[0] ? "; " : "", grad);
             log_line(logf_, "s:%ld trl:%.6f skip:%ld\n", step + 1, loss, guard.skipped);
         } else {
             printf("\n");
             log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
         }
     }
+    if (guard.skipped > 0) { printf("skipped %ld of %ld steps (-G skip, -Z)\n", guard.skipped, a.steps - start); }
     if (logf_ != NULL) { fclose(logf_); }
     if (have_tokenizer) { tokenizer_free(&tk); }
     dataloader_free(&train);
