@@ -6,7 +6,8 @@ die() in data/gpt2_bpe.c), skipping the frees and fcloses a normal run leaves to
 harness includes this file before the code under test: it routes that code's allocations and
 fopens through lists, and after each input releases whatever an error left behind. On inputs
 that read fine it checks that the reader's own free function released everything (a leak).
-Include it first, then the system headers it lists are already in place for the code.
+Include it before the code under test: it includes that code's system headers first, so that
+its macros (at the end) rename only the calls, never a declaration.
 */
 #include <ctype.h>
 #include <errno.h>
