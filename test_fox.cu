@@ -795,6 +795,17 @@ static void test_checkpoints(void) {
                memcmp(l.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0 && ls.step == 1 && ls.batch_pos == 2;
     check(same, "checkpoint round trip: configuration, %zu parameters, AdamW moments and data position bit for bit", m.num_parameters);
     check(latest_checkpoint(test_dir) == 1, "checkpoint: the newest complete checkpoint is found");
+    // names that only look like checkpoints are not taken: a lone state, a step past int,
+    // a sign, a letter, a model without its state, a model not named as train_fox names it
+    const char* decoys[] = {"state_00000009.bin", "model_99999999999.bin", "state_99999999999.bin",
+                            "model_-0000007.bin", "state_-0000007.bin", "model_0000000x.bin", "model_00000005.bin",
+                            "model_12.bin", "state_00000012.bin"};
+    for (size_t i = 0; i < sizeof(decoys) / sizeof(decoys[0]); i++) {
+        char decoy[600];
+        snprintf(decoy, sizeof(decoy), "%s/%s", test_dir, decoys[i]);
+        copy_truncated(model_path, decoy, 0);
+    }
+    check(latest_checkpoint(test_dir) == 1, "checkpoint: decoy names (lone files, steps past int, signs, letters, other spellings) are not taken");
     char tmp_path[600];
     snprintf(tmp_path, sizeof(tmp_path), "%s.tmp", model_path);
     check(access(tmp_path, F_OK) != 0, "checkpoint: no temporary file is left behind");

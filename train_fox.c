@@ -1886,11 +1886,16 @@ static int latest_checkpoint(const char* dir) {
     if (glob(pattern, 0, NULL, &g) == 0) {
         for (size_t i = 0; i < g.gl_pathc; i++) {
             const char* base = strrchr(g.gl_pathv[i], '/');
-            int step;
-            char model_path[4096], state_path[4096];
-            if (base == NULL || sscanf(base, "/model_%d.bin", &step) != 1) { continue; }
-            checkpoint_paths(dir, step, model_path, state_path, sizeof(model_path));
-            if (step > best && access(state_path, R_OK) == 0) { best = step; }
+            long step;
+            char model_path[4096], state_path[4096], digits[32];
+            // exactly "model_<digits>.bin" with a step that fits an int; anything else is not ours
+            size_t n = base != NULL ? strlen(base) : 0;
+            if (n < 12 || n - 11 >= sizeof(digits)) { continue; }
+            memcpy(digits, base + 7, n - 11);
+            digits[n - 11] = '\0';
+            if (!isdigit((unsigned char)digits[0]) || !parse_int_strict(digits, &step) || step > INT32_MAX) { continue; }
+            checkpoint_paths(dir, (int)step, model_path, state_path, sizeof(model_path));
+            if (step > best && access(model_path, R_OK) == 0 && access(state_path, R_OK) == 0) { best = (int)step; }
         }
         globfree(&g);
     }
