@@ -110,7 +110,8 @@ FUZZ_LIBS = -lm -lpcre2-8
 FUZZ_SECONDS ?= 60
 FUZZ_READERS := $(patsubst dev/fuzz/fuzz_%.c,%,$(wildcard dev/fuzz/fuzz_*.c))
 FUZZ_BINS := $(addprefix build/fuzz/fuzz_,$(FUZZ_READERS))
-build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_common.h train_fox.c $(DATA_BPE)
+# (each rebuilt when any C source it could include changes)
+build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c $(wildcard dev/fuzz/*.h *.c *.h dev/*.c dev/*.h data/*.c data/*.h)
 	@mkdir -p build/fuzz
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< -o $@ $(FUZZ_LIBS)
 build/fuzz/make_seeds: dev/fuzz/make_seeds.c train_fox.c
