@@ -60,7 +60,7 @@ endif
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 HAVE_GPU_TRAINER := $(wildcard train_fox.cu)
 
-.PHONY: all train train-cpu train-gpu test fixtures-check hf-check multi-gpu-check clean
+.PHONY: all train train-cpu train-gpu test fixtures-check hf-check multi-gpu-check reliability-test sanitize-test fuzz fuzz-seeds fuzz-regressions clean
 all: train_fox_cpu test_fox fox_hf
 
 include data/data.mk
@@ -142,6 +142,56 @@ test: tokenizer-test test_fox hf-check
 hf-check: fox_hf
 	@if /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then /usr/bin/python3 dev/hf_check.py --fox-hf ./fox_hf; \
 	else echo "skipped: hf-check (needs /usr/bin/python3 with torch and numpy: apt-get install python3-torch python3-numpy)"; fi
+# bit-exact resume, SIGKILL at random moments, disk full, guards: the CPU trainer end to end
+reliability-test: data train_fox_cpu
+	dev/test_reliability.sh
+
+# --- sanitizers and fuzzing ------------------------------------------------------
+
+# the CPU tests and the CPU trainer under AddressSanitizer + UndefinedBehaviorSanitizer
+SANITIZE = -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+SANITIZE_BPE = $(if $(BPE_OBJ),build/gpt2_bpe_sanitize.o)
+build/gpt2_bpe_sanitize.o: data/gpt2_bpe.c data/gpt2_bpe.h
+	@mkdir -p build
+	$(CC) $(SANITIZE) $(WARN) -c $< -o $@
+build/test_fox_sanitize: test_fox.cu train_fox.c fox_dist.h dev/fox_hf.c $(SANITIZE_BPE)
+	@mkdir -p build
+	$(CXX) -x c++ $(SANITIZE) $(ENCODER_DEFS) $(WARN) -Wno-unused-function $(OMP_FLAGS) $< -x none $(SANITIZE_BPE) -o $@ $(LDLIBS) $(BPE_LIBS)
+build/train_fox_cpu_sanitize: train_fox.c $(SANITIZE_BPE)
+	@mkdir -p build
+	$(CC) $(SANITIZE) $(ENCODER_DEFS) $(WARN) $(OMP_FLAGS) $< $(SANITIZE_BPE) -o $@ $(LDLIBS) $(BPE_LIBS)
+SANITIZE_TRAIN = -e fox-pro-tiny --n_layer 2 --n_embd 32 --n_head 2 -b 2 -t 16 -x 4 -v 2 -m 2 -s 4 -g 8 -n 2 -Z 3
+sanitize-test: data build/test_fox_sanitize build/train_fox_cpu_sanitize
+	./build/test_fox_sanitize
+	rm -rf build/sanitize_run
+	./build/train_fox_cpu_sanitize $(SANITIZE_TRAIN) -o build/sanitize_run > /dev/null
+	./build/train_fox_cpu_sanitize $(SANITIZE_TRAIN) -x 6 -o build/sanitize_run -y 1 > /dev/null
+	@echo "sanitize-test: the CPU tests and a trained, checkpointed and resumed run are clean under ASan + UBSan"
+
+# libFuzzer harnesses: every dev/fuzz/fuzz_<reader>.c alone (they include what they test)
+FUZZ_CC ?= clang
+FUZZ_FLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DTESTING -DFUZZING -I.
+FUZZ_LIBS = -lm -lpcre2-8
+FUZZ_SECONDS ?= 60
+FUZZ_READERS := $(patsubst dev/fuzz/fuzz_%.c,%,$(wildcard dev/fuzz/fuzz_*.c))
+FUZZ_BINS := $(addprefix build/fuzz/fuzz_,$(FUZZ_READERS))
+# (each rebuilt when any C source it could include changes)
+build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c $(wildcard dev/fuzz/*.h *.c *.h dev/*.c dev/*.h data/*.c data/*.h)
+	@mkdir -p build/fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< -o $@ $(FUZZ_LIBS)
+build/fuzz/make_seeds: dev/fuzz/make_seeds.c train_fox.c
+	@mkdir -p build/fuzz
+	$(CC) -O1 $(WARN) -Wno-unused-function -Wno-unknown-pragmas -Wno-format-truncation $< -o $@ $(LDLIBS)
+# seeds: valid files of each format, written by the code of the day
+fuzz-seeds: data build/fuzz/make_seeds
+	rm -rf build/fuzz/seeds
+	build/fuzz/make_seeds build/fuzz/seeds data/r50k_base.tiktoken
+# each reader for FUZZ_SECONDS; a crash fails and lands in dev/fuzz/regressions/<reader>
+fuzz: fuzz-seeds $(FUZZ_BINS)
+	dev/fuzz/run.sh fuzz $(FUZZ_SECONDS) $(FUZZ_READERS)
+# every input that ever crashed a reader, replayed
+fuzz-regressions: $(FUZZ_BINS)
+	dev/fuzz/run.sh regressions $(FUZZ_READERS)
 
 # CI: the committed reference fixtures must equal what the reference computes now
 fixtures-check:

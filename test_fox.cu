@@ -425,6 +425,100 @@ static void test_attention_dlogf(void) {
 }
 
 // ----------------------------------------------------------------------------
+// numerical guards and extreme forget gates
+
+static int all_finite(const float* x, size_t n) {
+    for (size_t i = 0; i < n; i++) { if (!isfinite(x[i])) { return 0; } }
+    return 1;
+}
+
+static void test_step_guard(void) {
+    char why[512];
+    StepGuard g;
+    step_guard_init(&g, NONFINITE_STOP, 0.0);
+    check(step_guard_check(&g, 3.0, 1.0, why, sizeof(why)) == STEP_UPDATE, "guard: a finite step updates");
+    check(step_guard_check(&g, NAN, 1.0, why, sizeof(why)) == STEP_STOP && strstr(why, "loss") != NULL,
+          "guard -G stop: a NaN loss stops (\"%s\")", why);
+    check(step_guard_check(&g, 3.0, INFINITY, why, sizeof(why)) == STEP_STOP && strstr(why, "gradient") != NULL,
+          "guard -G stop: an infinite grad norm stops (\"%s\")", why);
+    step_guard_init(&g, NONFINITE_SKIP, 0.0);
+    int v1 = step_guard_check(&g, NAN, NAN, why, sizeof(why));
+    int v2 = step_guard_check(&g, 3.0, 1.0, why, sizeof(why));
+    int v3 = step_guard_check(&g, 3.0, -NAN, why, sizeof(why));
+    check(v1 == STEP_SKIP && v2 == STEP_UPDATE && v3 == STEP_SKIP && g.skipped == 2, "guard -G skip: non-finite steps are skipped and counted (%ld)", g.skipped);
+    // spikes: a full window of losses 3 +- 0.01 and norms 1 +- 0.01, then a loss of 3.5 (z ~ 50)
+    StepGuard off, on;
+    step_guard_init(&off, NONFINITE_STOP, 0.0);
+    step_guard_init(&on, NONFINITE_STOP, 6.0);
+    int quiet = 1;
+    for (int i = 0; i < SPIKE_WINDOW + 10; i++) {
+        double wobble = 0.01 * ((i * 7919) % 13 - 6) / 6.0;
+        quiet &= step_guard_check(&on, 3.0 + wobble, 1.0 - wobble, why, sizeof(why)) == STEP_UPDATE;
+        step_guard_check(&off, 3.0 + wobble, 1.0 - wobble, why, sizeof(why));
+    }
+    check(quiet && on.skipped == 0, "guard -Z 6: steady losses and norms are never skipped");
+    int loss_spike = step_guard_check(&on, 3.5, 1.0, why, sizeof(why));
+    check(loss_spike == STEP_SKIP && on.skipped == 1 && strstr(why, "loss spike") != NULL, "guard -Z 6: a loss spike is skipped (\"%s\")", why);
+    int norm_spike = step_guard_check(&on, 3.0, 2.0, why, sizeof(why));
+    check(norm_spike == STEP_SKIP && strstr(why, "grad norm spike") != NULL, "guard -Z 6: a grad-norm spike is skipped (\"%s\")", why);
+    check(step_guard_check(&off, 3.5, 2.0, why, sizeof(why)) == STEP_UPDATE, "guard -Z 0: spikes are not checked");
+    check(step_guard_check(&on, 3.0, 1.0, why, sizeof(why)) == STEP_UPDATE, "guard -Z 6: an ordinary step after the spikes updates");
+    StepGuard fresh;
+    step_guard_init(&fresh, NONFINITE_STOP, 6.0);
+    check(step_guard_check(&fresh, 3.0, 1.0, why, sizeof(why)) == STEP_UPDATE && step_guard_check(&fresh, 30.0, 1.0, why, sizeof(why)) == STEP_UPDATE,
+          "guard -Z 6: no spike test before the window of %d steps is full", SPIKE_WINDOW);
+}
+
+static void test_nonfinite_grad_name(void) {
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-tiny");
+    c.vocab_size = 300; c.padded_vocab_size = padded_vocab(300); c.n_layer = 3;
+    FoxModel m;
+    fox_build(&m, &c);
+    char why[512] = "";
+    int clean = nonfinite_grad_name(&c, m.grads_memory, why, sizeof(why));
+    m.grads.wq[(size_t)c.n_embd * c.n_embd + 5] = NAN; // layer 1
+    int named = nonfinite_grad_name(&c, m.grads_memory, why, sizeof(why));
+    check(!clean && named && strstr(why, "model.layers.1.attn.q_proj.weight") != NULL && strstr(why, "element 5") != NULL,
+          "guard: a NaN in layer 1's wq gradient is named (\"%s\")", why);
+    m.grads.lm_head[7] = INFINITY;
+    m.grads.wq[(size_t)c.n_embd * c.n_embd + 5] = 0.0f;
+    named = nonfinite_grad_name(&c, m.grads_memory, why, sizeof(why));
+    check(named && strstr(why, "lm_head.weight") != NULL, "guard: an inf in the lm_head gradient is named (\"%s\")", why);
+    fox_free(&m);
+}
+
+// Forget-gate logits far out on both sides (f = 1 and f = 0 in fp32) and cumulative sums c
+// far beyond 1e5 must leave the forward and backward finite.
+static void test_extreme_forget_gates(void) {
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-tiny");
+    c.vocab_size = 300; c.padded_vocab_size = padded_vocab(300); c.n_layer = 2;
+    FoxModel m;
+    fox_build(&m, &c);
+    fox_init(&m, 11);
+    enum { B = 2, T = 16 };
+    int inputs[B * T], targets[B * T];
+    for (int i = 0; i < B * T; i++) { inputs[i] = (i * 37) % 300; targets[i] = (i * 53 + 1) % 300; }
+    const float logits[] = {100.0f, -100.0f, 1e4f, -1e4f, 1e6f, -1e6f, 1e30f, -1e30f};
+    size_t per_layer = (size_t)c.n_head * c.n_embd;
+    for (size_t k = 0; k < sizeof(logits) / sizeof(logits[0]); k++) {
+        memset(m.params.wf, 0, (size_t)c.n_layer * per_layer * sizeof(float));
+        for (int i = 0; i < c.n_layer * c.n_head; i++) { m.params.bf[i] = logits[k]; }
+        fox_forward(&m, inputs, targets, B, T);
+        fox_zero_grad(&m);
+        fox_backward(&m, 1.0f);
+        size_t bht = (size_t)c.n_layer * B * c.n_head * T;
+        float c_min = 0.0f;
+        for (size_t i = 0; i < bht; i++) { c_min = fminf(c_min, m.acts.c[i]); }
+        int ok = isfinite(m.mean_loss) && all_finite(m.acts.c, bht) && all_finite(m.grads_memory, m.num_parameters) &&
+                 isfinite(fox_grad_norm(&m));
+        check(ok, "extreme forget gate: logit %g (min c %g): loss %g, every gradient finite", logits[k], c_min, m.mean_loss);
+    }
+    fox_free(&m);
+}
+
+// ----------------------------------------------------------------------------
 // configuration and schedule
 
 static void test_config(void) {
@@ -634,6 +728,40 @@ static void copy_truncated(const char* src, const char* dst, long drop) {
     free(buf);
 }
 
+// copies a checkpoint with two int32 header slots replaced
+static void patch_header(const char* src, const char* dst, int slot_a, int value_a, int slot_b, int value_b) {
+    copy_truncated(src, dst, 0);
+    FILE* f = fopen_check(dst, "r+b");
+    int header[256];
+    fread_check(header, sizeof(int), 256, f, dst);
+    header[slot_a] = value_a; header[slot_b] = value_b;
+    if (fseek(f, 0, SEEK_SET) != 0) { fail("seek"); }
+    fwrite_check(header, sizeof(int), 256, f, dst);
+    fclose(f);
+}
+
+// the state file of test_checkpoints' model
+static void load_state_child(const void* arg) {
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-tiny");
+    c.vocab_size = 300; c.padded_vocab_size = padded_vocab(300); c.gate = GATE_BIAS_ONLY; c.window = 16;
+    FoxModel m;
+    fox_build(&m, &c);
+    TrainState s;
+    load_state(&m, &s, (const char*)arg);
+}
+
+// the two shards of test_dataloader (10 and 6 batches of 2 x 8), at a given position
+static int set_position_args[3];
+static void set_position_child(const void* arg) {
+    (void)arg;
+    char pattern[512];
+    snprintf(pattern, sizeof(pattern), "%s/d_train_*.bin", test_dir);
+    DataLoader d;
+    dataloader_init(&d, pattern, 2, 8, 0, 1, 0, 0, 7, 1000);
+    dataloader_set_position(&d, set_position_args[0], set_position_args[1], set_position_args[2]);
+}
+
 static void test_checkpoints(void) {
     FoxConfig c;
     config_from_preset(&c, "fox-pro-tiny");
@@ -663,6 +791,17 @@ static void test_checkpoints(void) {
                memcmp(l.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0 && ls.step == 1 && ls.batch_pos == 2 && ls.batch_samples == 8;
     check(same, "checkpoint round trip: configuration, %zu parameters, AdamW moments and data position bit for bit", m.num_parameters);
     check(latest_checkpoint(test_dir) == 1, "checkpoint: the newest complete checkpoint is found");
+    // names that only look like checkpoints are not taken: a lone state, a step past int,
+    // a sign, a letter, a model without its state, a model not named as train_fox names it
+    const char* decoys[] = {"state_00000009.bin", "model_99999999999.bin", "state_99999999999.bin",
+                            "model_-0000007.bin", "state_-0000007.bin", "model_0000000x.bin", "model_00000005.bin",
+                            "model_12.bin", "state_00000012.bin"};
+    for (size_t i = 0; i < sizeof(decoys) / sizeof(decoys[0]); i++) {
+        char decoy[600];
+        snprintf(decoy, sizeof(decoy), "%s/%s", test_dir, decoys[i]);
+        copy_truncated(model_path, decoy, 0);
+    }
+    check(latest_checkpoint(test_dir) == 1, "checkpoint: decoy names (lone files, steps past int, signs, letters, other spellings) are not taken");
     char tmp_path[600];
     snprintf(tmp_path, sizeof(tmp_path), "%s.tmp", model_path);
     check(access(tmp_path, F_OK) != 0, "checkpoint: no temporary file is left behind");
@@ -674,6 +813,26 @@ static void test_checkpoints(void) {
     copy_truncated(state_path, garbage, 0);
     expect_failure(load_model_child, garbage, "an optimiser-state file passed as a model");
     expect_failure(load_model_child, "/nonexistent/model.bin", "missing checkpoint file");
+    // a header whose configuration needs 10^12 parameters, with a count to match: refused
+    // before anything is allocated
+    static char huge[512], nan_theta[512];
+    snprintf(huge, sizeof(huge), "%s/huge.bin", test_dir);
+    patch_header(model_path, huge, 2, 1000, 3, 65536); // n_layer, n_embd
+    expect_failure(load_model_child, huge, "checkpoint header asking for 1000 layers of C = 65536");
+    snprintf(nan_theta, sizeof(nan_theta), "%s/nan_theta.bin", test_dir);
+    patch_header(model_path, nan_theta, 18, 0x7fc00000, 18, 0x7fc00000); // rope_theta = NaN
+    expect_failure(load_model_child, nan_theta, "checkpoint with rope_theta NaN");
+    static char bad_position[512], bad_moments[512];
+    snprintf(bad_position, sizeof(bad_position), "%s/bad_position.bin", test_dir);
+    patch_header(state_path, bad_position, 6, -1, 6, -1); // shard position
+    expect_failure(load_state_child, bad_position, "state file with shard position -1");
+    snprintf(bad_moments, sizeof(bad_moments), "%s/bad_moments.bin", test_dir);
+    patch_header(state_path, bad_moments, 9, 2, 9, 2); // has_moments
+    expect_failure(load_state_child, bad_moments, "state file with a moments flag of 2");
+    set_position_args[0] = 0; set_position_args[1] = 2; set_position_args[2] = 0;
+    expect_failure(set_position_child, NULL, "data position at shard 2 of 2");
+    set_position_args[0] = 0; set_position_args[1] = 0; set_position_args[2] = 11;
+    expect_failure(set_position_child, NULL, "data position at batch 11 of a shard of 10");
     fox_free(&m);
     fox_free(&l);
 }
@@ -726,6 +885,8 @@ static void test_command_line(void) {
     static const char* bad_preset[] = {"train_fox", "-e", "fox-pro-7b", NULL};
     static const char* bad_override[] = {"train_fox", "--gate", "sometimes", NULL};
     static const char* bad_heads[] = {"train_fox", "--n_head", "3", NULL};
+    static const char* bad_guard[] = {"train_fox", "-G", "ignore", NULL};
+    static const char* bad_spike[] = {"train_fox", "-Z", "-1", NULL};
     expect_failure(parse_args_child, negative_batch, "-b -4");
     expect_failure(parse_args_child, bad_lr, "-l fast");
     expect_failure(parse_args_child, no_value, "-t without a value");
@@ -734,6 +895,8 @@ static void test_command_line(void) {
     expect_failure(parse_args_child, bad_preset, "-e fox-pro-7b");
     expect_failure(parse_args_child, bad_override, "--gate sometimes");
     expect_failure(parse_args_child, bad_heads, "--n_head 3 with n_embd 128");
+    expect_failure(parse_args_child, bad_guard, "-G ignore");
+    expect_failure(parse_args_child, bad_spike, "-Z -1");
 }
 
 // ----------------------------------------------------------------------------
@@ -2433,6 +2596,10 @@ int main(void) {
     printf("# finite differences\n");
     test_finite_differences();
     test_attention_dlogf();
+    printf("# numerical guards, extreme forget gates\n");
+    test_step_guard();
+    test_nonfinite_grad_name();
+    test_extreme_forget_gates();
     printf("# configuration, schedule, command line\n");
     test_config();
     test_command_line();

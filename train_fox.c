@@ -15,6 +15,7 @@ which drops main().
 */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <math.h>
 #include <stdarg.h>
@@ -44,14 +45,28 @@ extern "C" {
 // ----------------------------------------------------------------------------
 // errors and checked system calls
 
+#ifdef FUZZING
+#include <setjmp.h>
+// Under the fuzzers (dev/fuzz) an error returns to the harness instead of ending the process,
+// so that one run can try millions of bad inputs; the message is still formatted.
+static jmp_buf fuzz_fail_jump;
+static char fuzz_fail_message[1024];
+#endif
+
 static void fail(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
+#ifdef FUZZING
+    vsnprintf(fuzz_fail_message, sizeof(fuzz_fail_message), fmt, ap);
+    va_end(ap);
+    longjmp(fuzz_fail_jump, 1);
+#else
     fprintf(stderr, "error: ");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
     exit(EXIT_FAILURE);
+#endif
 }
 
 static void* malloc_check(size_t size, const char* what) {
@@ -85,6 +100,7 @@ static void fread_check(void* dst, size_t size, size_t count, FILE* f, const cha
     }
 }
 
+// plain outputs (evaluation files); checkpoints go through atomic_write below
 static void fwrite_check(const void* src, size_t size, size_t count, FILE* f, const char* path) {
     if (fwrite(src, size, count, f) != count) {
         fail("could not write '%s': %s\nHINT: is the disk full?", path, strerror(errno));
@@ -98,22 +114,61 @@ static long file_size_check(FILE* f, const char* path) {
     return size;
 }
 
-// Writes go to "<path>.tmp", are flushed to disk, then renamed over <path>: a crash at any
-// moment leaves either the old complete file or the new complete file, never a partial one.
+// Writes go to "<path>.tmp", are flushed to disk, then renamed over <path> and the rename
+// flushed too: a crash at any moment leaves either the old complete file or the new complete
+// file, never a partial one. A failed write removes its .tmp file before reporting.
 static FILE* atomic_open(const char* path, char* tmp_path, size_t tmp_size) {
     if ((size_t)snprintf(tmp_path, tmp_size, "%s.tmp", path) >= tmp_size) {
-        fail("path too long: '%s'", path);
+        fail("path too long: '%s'\nHINT: use a shorter output directory (-o)", path);
     }
     return fopen_check(tmp_path, "wb");
 }
 
-static void atomic_commit(FILE* f, const char* tmp_path, const char* path) {
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        fail("could not write '%s': %s\nHINT: is the disk full? the previous file is intact",
-             tmp_path, strerror(errno));
+static void atomic_abort(FILE* f, const char* tmp_path, const char* path, int err) {
+    fclose(f);
+    remove(tmp_path);
+    fail("could not write '%s': %s\nHINT: is the disk full? '%s' is left as it was", tmp_path,
+         strerror(err), path);
+}
+
+// Test hook: TRAIN_FOX_TEST_WRITE_DELAY_MS=<ms> pauses after each MiB written, so that the
+// crash test (dev/test_reliability.sh) can kill the trainer inside its checkpoint writes.
+static void test_write_delay(void) {
+    const char* ms = getenv("TRAIN_FOX_TEST_WRITE_DELAY_MS");
+    if (ms != NULL) { usleep((useconds_t)(1000 * atoi(ms))); }
+}
+
+static void atomic_write(const void* src, size_t size, size_t count, FILE* f, const char* tmp_path,
+                         const char* path) {
+    const size_t CHUNK = 1 << 20;
+    const char* bytes = (const char*)src;
+    for (size_t done = 0, total = size * count; done < total; done += CHUNK) {
+        size_t n = total - done < CHUNK ? total - done : CHUNK;
+        if (fwrite(bytes + done, 1, n, f) != n) { atomic_abort(f, tmp_path, path, errno); }
+        test_write_delay();
     }
-    if (fclose(f) != 0) { fail("could not close '%s': %s\nHINT: is the disk full?", tmp_path, strerror(errno)); }
-    if (rename(tmp_path, path) != 0) { fail("could not rename '%s' to '%s': %s", tmp_path, path, strerror(errno)); }
+}
+
+// makes a rename in dir durable
+static void fsync_dir(const char* path) {
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char* slash = strrchr(dir, '/');
+    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); } else if (slash == dir) { slash[1] = '\0'; } else { *slash = '\0'; }
+    int fd = open(dir, O_RDONLY);
+    if (fd < 0 || fsync(fd) != 0) { fail("could not flush the directory '%s': %s\nHINT: check the output directory", dir, strerror(errno)); }
+    close(fd);
+}
+
+static void atomic_commit(FILE* f, const char* tmp_path, const char* path) {
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) { atomic_abort(f, tmp_path, path, errno); }
+    if (fclose(f) != 0) {
+        int err = errno;
+        remove(tmp_path);
+        fail("could not close '%s': %s\nHINT: is the disk full? '%s' is left as it was", tmp_path, strerror(err), path);
+    }
+    if (rename(tmp_path, path) != 0) { fail("could not rename '%s' to '%s': %s\nHINT: check the output directory", tmp_path, path, strerror(errno)); }
+    fsync_dir(path);
 }
 
 // ----------------------------------------------------------------------------
@@ -297,9 +352,19 @@ static int config_set(FoxConfig* c, const char* key, const char* value) {
 }
 
 // Checks a configuration for consistency; returns NULL if fine, else a description.
+// The bounds are config_set's: they also keep every size of the model far inside size_t.
 static const char* config_problem(const FoxConfig* c) {
     static char msg[256];
     if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1) { return "n_layer, n_embd and n_head must be positive"; }
+    if (c->n_layer > 1000 || c->n_embd > (1 << 16) || c->n_head > 4096 || c->mlp_hidden > (1 << 20) || c->window > (1 << 30)) {
+        return "n_layer, n_embd, n_head, mlp_hidden or window is beyond its limit (train_fox -h)";
+    }
+    if (c->block < 0 || c->block > 1 || c->gate < 0 || c->gate > 3) { return "block or gate is not one of its choices"; }
+    int flags[] = {c->k_shift, c->v_shift, c->qk_norm, c->qk_norm_shared, c->output_gate, c->output_norm, c->rope};
+    for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+        if (flags[i] != 0 && flags[i] != 1) { return "a switch (k_shift, v_shift, qk_norm, ..., rope) is not 0 or 1"; }
+    }
+    if (!isfinite(c->rope_theta) || c->rope_theta <= 0) { return "rope_theta must be a positive number"; }
     if (c->n_embd % c->n_head != 0) {
         snprintf(msg, sizeof(msg), "n_embd %d is not divisible by n_head %d", c->n_embd, c->n_head);
         return msg;
@@ -309,7 +374,7 @@ static const char* config_problem(const FoxConfig* c) {
     if (c->padded_vocab_size != padded_vocab(c->vocab_size)) { return "padded_vocab_size is not vocab_size rounded up to 128"; }
     if (c->mlp_hidden < 1) { return "mlp_hidden must be positive"; }
     if (c->qk_norm_shared && !c->qk_norm) { return "qk_norm_shared needs qk_norm"; }
-    if (c->decay_time_min <= 0 || c->decay_time_max < c->decay_time_min) { return "need 0 < decay_time_min <= decay_time_max"; }
+    if (!isfinite(c->decay_time_max) || !(c->decay_time_min > 0) || !(c->decay_time_max >= c->decay_time_min)) { return "need 0 < decay_time_min <= decay_time_max"; }
     if (c->window < 0) { return "window must be >= 0"; }
     return NULL;
 }
@@ -543,6 +608,15 @@ typedef struct {
     const int* targets;
     float mean_loss; // of the last forward with targets, -1 otherwise
 } FoxModel;
+
+// parameters of a (valid) configuration, without allocating anything
+static size_t config_num_parameters(const FoxConfig* c) {
+    ParamSpec spec[NUM_PARAM_TENSORS];
+    param_table(c, spec);
+    size_t n = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { n += param_numel(&spec[i], c->n_layer); }
+    return n;
+}
 
 static void fox_build(FoxModel* m, const FoxConfig* config) {
     const char* problem = config_problem(config);
@@ -1288,16 +1362,29 @@ typedef struct {
     float lr, weight_decay, beta1, beta2, eps, grad_clip;
 } AdamWConfig;
 
+// Sum of squares in double over a fixed split into blocks, added in a fixed order: the result
+// is the same bit for bit for any thread count (an OpenMP reduction adds the threads' partial
+// sums in the order they finish).
+#define SUM_BLOCKS 64
+static double sum_squares(const float* x, size_t n) {
+    double partial[SUM_BLOCKS];
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < SUM_BLOCKS; b++) {
+        size_t i0 = n * (size_t)b / SUM_BLOCKS, i1 = n * (size_t)(b + 1) / SUM_BLOCKS;
+        double s = 0.0;
+        for (size_t i = i0; i < i1; i++) { s += (double)x[i] * x[i]; }
+        partial[b] = s;
+    }
+    double sum = 0.0;
+    for (int b = 0; b < SUM_BLOCKS; b++) { sum += partial[b]; }
+    return sum;
+}
+
 static double fox_grad_norm(FoxModel* m) {
     double sum = 0.0;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         if (!m->spec[t].trainable) { continue; }
-        const float* gr = param_tensor(&m->grads, t);
-        size_t n = param_numel(&m->spec[t], m->config.n_layer);
-        double s = 0.0;
-        #pragma omp parallel for reduction(+ : s) schedule(static)
-        for (size_t i = 0; i < n; i++) { s += (double)gr[i] * gr[i]; }
-        sum += s;
+        sum += sum_squares(param_tensor(&m->grads, t), param_numel(&m->spec[t], m->config.n_layer));
     }
     return sqrt(sum);
 }
@@ -1364,6 +1451,97 @@ static double lr_at_step(const LRSchedule* s, long step) {
 }
 
 // ----------------------------------------------------------------------------
+// numerical guards: each step's loss and gradient norm are checked before the update. Plain
+// functions of host-side numbers, so that train_fox.cu calls them as the CPU twin does.
+
+enum { NONFINITE_STOP, NONFINITE_SKIP };
+static const char* NONFINITE_NAMES[] = {"stop", "skip"};
+enum { STEP_UPDATE, STEP_SKIP, STEP_STOP };
+
+// llm.c's outlier test: a value's z-score against the last SPIKE_WINDOW values
+#define SPIKE_WINDOW 128
+typedef struct {
+    double values[SPIKE_WINDOW];
+    int count, next;
+} SpikeWindow;
+
+// z-score of x against the window, 0 until the window is full or when it has no spread
+static double spike_zscore(const SpikeWindow* w, double x) {
+    if (w->count < SPIKE_WINDOW) { return 0.0; }
+    double mean = 0.0, var = 0.0;
+    for (int i = 0; i < SPIKE_WINDOW; i++) { mean += w->values[i]; }
+    mean /= SPIKE_WINDOW;
+    for (int i = 0; i < SPIKE_WINDOW; i++) { var += (w->values[i] - mean) * (w->values[i] - mean); }
+    double sd = sqrt(var / SPIKE_WINDOW);
+    return sd > 0.0 ? (x - mean) / sd : 0.0;
+}
+
+static void spike_push(SpikeWindow* w, double x) {
+    w->values[w->next] = x;
+    w->next = (w->next + 1) % SPIKE_WINDOW;
+    if (w->count < SPIKE_WINDOW) { w->count++; }
+}
+
+typedef struct {
+    int on_nonfinite;   // NONFINITE_STOP or NONFINITE_SKIP (-G)
+    double spike_z;     // skip a step whose loss or grad norm has a z-score above this (-Z); 0 = off
+    SpikeWindow loss_window, norm_window;
+    long skipped;       // steps skipped so far
+} StepGuard;
+
+static void step_guard_init(StepGuard* g, int on_nonfinite, double spike_z) {
+    memset(g, 0, sizeof(*g));
+    g->on_nonfinite = on_nonfinite;
+    g->spike_z = spike_z;
+}
+
+// Decides the fate of a step from its loss and global grad norm: STEP_UPDATE, STEP_SKIP (the
+// optimizer must not move; counted in g->skipped) or STEP_STOP; why says why for the last two.
+// A non-finite norm means a non-finite gradient: name it with nonfinite_grad_name. Every finite
+// value enters its window, spikes included, as in llm.c, so that a lasting shift of the loss
+// level is skipped for a while and then accepted.
+static int step_guard_check(StepGuard* g, double loss, double norm, char* why, size_t n) {
+    if (!isfinite(loss) || !isfinite(norm)) {
+        snprintf(why, n, "%s is not finite (loss %g, grad norm %g)", isfinite(loss) ? "the gradient" : "the loss", loss, norm);
+        if (g->on_nonfinite == NONFINITE_STOP) { return STEP_STOP; }
+        g->skipped++;
+        return STEP_SKIP;
+    }
+    double z_loss = spike_zscore(&g->loss_window, loss), z_norm = spike_zscore(&g->norm_window, norm);
+    spike_push(&g->loss_window, loss);
+    spike_push(&g->norm_window, norm);
+    if (g->spike_z > 0.0 && (z_loss > g->spike_z || z_norm > g->spike_z)) {
+        snprintf(why, n, "%s spike (loss %g z-score %.1f, grad norm %g z-score %.1f, limit %g)",
+                 z_loss > g->spike_z ? "loss" : "grad norm", loss, z_loss, norm, z_norm, g->spike_z);
+        g->skipped++;
+        return STEP_SKIP;
+    }
+    return STEP_UPDATE;
+}
+
+// Names the first tensor slice of the flat gradient buffer grads (host memory, laid out as
+// fox_build lays out the parameters) that holds a NaN or inf. Returns 0 if every value is finite.
+static int nonfinite_grad_name(const FoxConfig* c, const float* grads, char* out, size_t n) {
+    ParamSpec spec[NUM_PARAM_TENSORS];
+    param_table(c, spec);
+    size_t offset = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        size_t per = param_slice_numel(&spec[t]);
+        int slices = spec[t].per_layer ? c->n_layer : 1;
+        for (int l = 0; l < slices; l++, offset += per) {
+            size_t bad = per;
+            for (size_t i = 0; i < per && bad == per; i++) { if (!isfinite(grads[offset + i])) { bad = i; } }
+            if (bad == per) { continue; }
+            char hf[128];
+            param_hf_name(c, t, l, hf, sizeof(hf));
+            snprintf(out, n, "the gradient of %s (%s) has %g at element %zu", hf, spec[t].name, grads[offset + bad], bad);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 // data: llm.c token shards (256 int32 header: magic 20240520, version 1, token count; then
 // uint16 tokens). A sample is a window of T+1 tokens at a multiple of T; each shard's samples
 // are split into batches of B * world samples and rank r takes the r-th block of B of each.
@@ -1424,19 +1602,26 @@ static void dataloader_load_shard(DataLoader* d) {
     size_t n = shard_samples(d, shard);
     free(d->sample_order);
     d->sample_order = (int*)malloc_check((n > 0 ? n : 1) * sizeof(int), "sample order");
-    uint64_t s = d->seed ^ ((uint64_t)(d->epoch + 1) * 0xD1B54A32D192ED03ull) ^ ((uint64_t)(shard + 1) * 0x8CB92BA72F3D8DD7ull);
+    uint64_t s = d->seed ^ (((uint64_t)d->epoch + 1) * 0xD1B54A32D192ED03ull) ^ ((uint64_t)(shard + 1) * 0x8CB92BA72F3D8DD7ull);
     if (d->shuffle) { shuffle_indices(d->sample_order, (int)n, s); }
     else { for (size_t i = 0; i < n; i++) { d->sample_order[i] = (int)i; } }
     d->current_batches = shard_batches(d, shard);
 }
 
 static void dataloader_set_position(DataLoader* d, int epoch, int shard_pos, int batch_pos) {
+    // a position read from a state file may belong to other shards
+    if (epoch < 0 || shard_pos < 0 || shard_pos >= d->num_shards || batch_pos < 0) {
+        fail("data position (epoch %d, shard %d, batch %d) is outside the %d shard(s)\nHINT: resume with the -i shards, -b, -t and processes of the run that saved it", epoch, shard_pos, batch_pos, d->num_shards);
+    }
     d->epoch = epoch;
     d->shard_pos = shard_pos;
     d->batch_pos = batch_pos;
     if (d->shuffle) { shuffle_indices(d->shard_order, d->num_shards, d->seed + (uint64_t)epoch * 7919u); }
     else { for (int i = 0; i < d->num_shards; i++) { d->shard_order[i] = i; } }
     dataloader_load_shard(d);
+    if (batch_pos > d->current_batches) {
+        fail("data position batch %d is past the %d batches of shard %d\nHINT: resume with the -i shards, -b, -t and processes of the run that saved it", batch_pos, d->current_batches, shard_pos);
+    }
 }
 
 static void dataloader_init(DataLoader* d, const char* pattern, int B, int T, int rank, int world,
@@ -1452,13 +1637,16 @@ static void dataloader_init(DataLoader* d, const char* pattern, int B, int T, in
     d->num_shards = (int)g.gl_pathc;
     d->paths = (char**)malloc_check(g.gl_pathc * sizeof(char*), "shard paths");
     d->shard_tokens = (size_t*)malloc_check(g.gl_pathc * sizeof(size_t), "shard sizes");
-    size_t batches = 0;
     for (size_t i = 0; i < g.gl_pathc; i++) {
         d->paths[i] = strdup(g.gl_pathv[i]);
-        d->shard_tokens[i] = read_shard_header(d->paths[i]);
-        batches += (size_t)shard_batches(d, (int)i);
+        if (d->paths[i] == NULL) { fail("out of memory for the shard paths\nHINT: match fewer shards with -i"); }
     }
-    globfree(&g);
+    globfree(&g); // before any header can fail
+    size_t batches = 0;
+    for (int i = 0; i < d->num_shards; i++) {
+        d->shard_tokens[i] = read_shard_header(d->paths[i]);
+        batches += (size_t)shard_batches(d, i);
+    }
     if (batches == 0) {
         fail("the shards of '%s' hold too few tokens for one batch of %d x %d tokens on %d process(es)\nHINT: use a smaller -b or -t",
              pattern, B, T + 1, world);
@@ -1497,7 +1685,7 @@ static void dataloader_next_batch(DataLoader* d) {
         fread_check(d->window, sizeof(uint16_t), (size_t)T + 1, d->file, path);
         int shift = 0;
         if (d->roll) {
-            uint64_t s = d->seed ^ (sample * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(d->epoch + 1) << 40) ^ (uint64_t)shard;
+            uint64_t s = d->seed ^ (sample * 0x9E3779B97F4A7C15ull) ^ (((uint64_t)d->epoch + 1) << 40) ^ (uint64_t)shard;
             shift = (int)(rng_next(&s) % (uint64_t)(T + 1));
         }
         for (int t = 0; t <= T; t++) {
@@ -1614,8 +1802,8 @@ static void save_model(const FoxModel* m, const char* path) {
     write_size(header + 24, m->num_parameters);
     char tmp[4096];
     FILE* f = atomic_open(path, tmp, sizeof(tmp));
-    fwrite_check(header, sizeof(int), 256, f, tmp);
-    fwrite_check(m->params_memory, sizeof(float), m->num_parameters, f, tmp);
+    atomic_write(header, sizeof(int), 256, f, tmp, path);
+    atomic_write(m->params_memory, sizeof(float), m->num_parameters, f, tmp, path);
     atomic_commit(f, tmp, path);
 }
 
@@ -1630,10 +1818,12 @@ static FILE* open_model(const char* path, FoxConfig* c, size_t* num_parameters) 
     if (header[1] != CHECKPOINT_VERSION) { fail("'%s' is checkpoint version %d; this build reads version %d\nHINT: use the train_fox version that wrote it", path, header[1], CHECKPOINT_VERSION); }
     config_from_header(c, header + 2);
     const char* problem = config_problem(c);
-    if (problem != NULL || c->block < 0 || c->block > 1 || c->gate < 0 || c->gate > 3) {
-        fail("'%s' holds an invalid configuration (%s)\nHINT: the file is damaged", path, problem != NULL ? problem : "bad block or gate");
-    }
+    if (problem != NULL) { fail("'%s' holds an invalid configuration (%s)\nHINT: the file is damaged", path, problem); }
     *num_parameters = read_size(header + 24);
+    // checked before anything is allocated: a damaged header must not ask for gigabytes
+    if (*num_parameters != config_num_parameters(c)) {
+        fail("'%s' holds %zu parameters but its configuration needs %zu\nHINT: the file is damaged", path, *num_parameters, config_num_parameters(c));
+    }
     if ((size_t)size != sizeof(header) + *num_parameters * sizeof(float)) {
         fail("'%s' is %ld bytes, expected %zu for %zu parameters\nHINT: the file is truncated or damaged", path, size,
              sizeof(header) + *num_parameters * sizeof(float), *num_parameters);
@@ -1646,9 +1836,6 @@ static void load_model(FoxModel* m, const char* path) {
     size_t n;
     FILE* f = open_model(path, &c, &n);
     fox_build(m, &c);
-    if (n != m->num_parameters) {
-        fail("'%s' holds %zu parameters but its configuration needs %zu\nHINT: the file is damaged", path, n, m->num_parameters);
-    }
     fread_check(m->params_memory, sizeof(float), n, f, path);
     fclose(f);
 }
@@ -1671,10 +1858,10 @@ static void save_state(const FoxModel* m, const TrainState* s, const char* path)
     header[10] = s->batch_samples;
     char tmp[4096];
     FILE* f = atomic_open(path, tmp, sizeof(tmp));
-    fwrite_check(header, sizeof(int), 256, f, tmp);
+    atomic_write(header, sizeof(int), 256, f, tmp, path);
     if (m->m_memory != NULL) {
-        fwrite_check(m->m_memory, sizeof(float), m->num_parameters, f, tmp);
-        fwrite_check(m->v_memory, sizeof(float), m->num_parameters, f, tmp);
+        atomic_write(m->m_memory, sizeof(float), m->num_parameters, f, tmp, path);
+        atomic_write(m->v_memory, sizeof(float), m->num_parameters, f, tmp, path);
     }
     atomic_commit(f, tmp, path);
 }
@@ -1694,6 +1881,9 @@ static void load_state(FoxModel* m, TrainState* s, const char* path) {
     s->step = header[2]; s->epoch = header[5]; s->shard_pos = header[6]; s->batch_pos = header[7]; s->world = header[8];
     s->batch_samples = header[10];
     int has_moments = header[9];
+    if (s->step < 0 || s->epoch < 0 || s->shard_pos < 0 || s->batch_pos < 0 || s->world < 1 || (has_moments != 0 && has_moments != 1)) {
+        fail("'%s' holds an invalid step, data position or moments flag\nHINT: the file is damaged; resume from another checkpoint", path);
+    }
     size_t expected = sizeof(header) + (has_moments ? 2 * m->num_parameters * sizeof(float) : 0);
     if ((size_t)size != expected) { fail("'%s' is %ld bytes, expected %zu\nHINT: the file is truncated or damaged", path, size, expected); }
     if (has_moments) {
@@ -1721,11 +1911,16 @@ static int latest_checkpoint(const char* dir) {
     if (glob(pattern, 0, NULL, &g) == 0) {
         for (size_t i = 0; i < g.gl_pathc; i++) {
             const char* base = strrchr(g.gl_pathv[i], '/');
-            int step;
-            char model_path[4096], state_path[4096];
-            if (base == NULL || sscanf(base, "/model_%d.bin", &step) != 1) { continue; }
-            checkpoint_paths(dir, step, model_path, state_path, sizeof(model_path));
-            if (step > best && access(state_path, R_OK) == 0) { best = step; }
+            long step;
+            char model_path[4096], state_path[4096], digits[32];
+            // exactly "model_<digits>.bin" with a step that fits an int; anything else is not ours
+            size_t n = base != NULL ? strlen(base) : 0;
+            if (n < 12 || n - 11 >= sizeof(digits)) { continue; }
+            memcpy(digits, base + 7, n - 11);
+            digits[n - 11] = '\0';
+            if (!isdigit((unsigned char)digits[0]) || !parse_int_strict(digits, &step) || step > INT32_MAX) { continue; }
+            checkpoint_paths(dir, (int)step, model_path, state_path, sizeof(model_path));
+            if (step > best && access(model_path, R_OK) == 0 && access(state_path, R_OK) == 0) { best = (int)step; }
         }
         globfree(&g);
     }
@@ -1793,6 +1988,7 @@ typedef struct {
     int world, rank, zero_stage; const char* rendezvous; // data parallel (GPU trainer); -1 / NULL: not given
     int mode; const char* prompt; double temperature; int top_k; const char* out_prefix;
     int depths; const char* list; // -E, -D: meaning depends on the mode
+    int on_nonfinite; double spike_z;
     int num_overrides; const char* override_keys[64]; const char* override_values[64];
 } Args;
 
@@ -1823,6 +2019,8 @@ static void usage(void) {
 "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
 "  -R <0|1>    roll each sequence by a random offset (default 0)\n"
 "  -S <int>    seed (default 1337)\n"
+"  -G <name>   on a non-finite loss or gradient: stop (default) or skip the step\n"
+"  -Z <float>  skip steps whose loss or grad norm z-score over the last 128 steps exceeds this (default 0 = off)\n"
 "  -z <path>   decode table for samples (default data/gpt2_tokenizer.bin)\n"
 "evaluation (-e a model_*.bin checkpoint; README.md, section Evaluation):\n"
 "  -M <mode>   train (default) | eval: per-token loss L(i) and P(l) over -j at length -t,\n"
@@ -1929,6 +2127,8 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'O': a->out_prefix = v; break;
             case 'E': a->depths = (int)flag_int(arg, v, 1, 1000); break;
             case 'D': a->list = v; break;
+            case 'G': a->on_nonfinite = parse_choice(v, NONFINITE_NAMES, 2); if (a->on_nonfinite < 0) { bad_flag(arg, v, "stop or skip"); } break;
+            case 'Z': a->spike_z = flag_float(arg, v, 0.0, 1e9); break;
             default: fail("unknown flag '%s'\nHINT: train_fox -h lists every flag", arg);
         }
     }
@@ -2918,6 +3118,8 @@ int main(int argc, char** argv) {
         logf_ = fopen_check(path, a.resume ? "a" : "w");
     }
     uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
+    StepGuard guard;
+    step_guard_init(&guard, a.on_nonfinite, a.spike_z);
     for (long step = start; step <= a.steps; step++) {
         int last = step == a.steps;
         if (have_val && (step % a.val_every == 0 || last)) {
@@ -2943,17 +3145,30 @@ int main(int argc, char** argv) {
             loss += model.mean_loss / accum;
         }
         double norm = fox_grad_norm(&model);
-        if (!isfinite(loss) || !isfinite(norm)) {
-            fail("step %ld: loss %f, grad norm %f: training diverged\nHINT: lower the learning rate (-l) or resume from an earlier checkpoint", step + 1, loss, norm);
+        char why[256], grad[320] = "";
+        int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
+        if (verdict != STEP_UPDATE && !isfinite(norm)) { nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad)); }
+        if (verdict == STEP_STOP) {
+            fail("step %ld: %s%s%s: training diverged\nHINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip",
+                 step + 1, why, grad[0] ? "; " : "", grad);
         }
-        if (a.grad_clip > 0) { fox_clip_grads(&model, norm, (float)a.grad_clip); }
         float lr = (float)lr_at_step(&sched, step);
-        fox_update(&model, &opt, lr, (int)step + 1);
+        if (verdict == STEP_UPDATE) {
+            if (a.grad_clip > 0) { fox_clip_grads(&model, norm, (float)a.grad_clip); }
+            fox_update(&model, &opt, lr, (int)step + 1);
+        }
         double dt = now_seconds() - t0;
-        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s\n", step + 1, a.steps, loss,
+        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, a.steps, loss,
                norm, lr, dt * 1e3, a.total_batch_tokens / dt);
-        log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
+        if (verdict == STEP_SKIP) {
+            printf(" | skipped (%ld so far): %s%s%s\n", guard.skipped, why, grad[0] ? "; " : "", grad);
+            log_line(logf_, "s:%ld trl:%.6f skip:%ld\n", step + 1, loss, guard.skipped);
+        } else {
+            printf("\n");
+            log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
+        }
     }
+    if (guard.skipped > 0) { printf("skipped %ld of %ld steps (-G skip, -Z)\n", guard.skipped, a.steps - start); }
     if (logf_ != NULL) { fclose(logf_); }
     if (have_tokenizer) { tokenizer_free(&tk); }
     dataloader_free(&train);

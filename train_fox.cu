@@ -2960,6 +2960,8 @@ int main(int argc, char** argv) {
         logf_ = fopen_check(path, a.resume ? "a" : "w");
     }
     uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
+    StepGuard guard; // every rank sees the same summed loss and norm, so all decide alike
+    step_guard_init(&guard, a.on_nonfinite, a.spike_z);
     for (long step = start; step <= a.steps; step++) {
         int last = step == a.steps;
         if (have_val && (step % a.val_every == 0 || last)) {
@@ -2987,11 +2989,18 @@ int main(int argc, char** argv) {
         loss = dist_sum_scalar(&dist, loss); // before the gradients' collective: its upload blocks
         gpu_reduce_grads(&gm);
         double norm = gpu_grad_norm(&gm);
-        if (!isfinite(loss) || !isfinite(norm)) {
-            fail("step %ld: loss %f, grad norm %f: training diverged\nHINT: lower the learning rate (-l) or resume from an earlier checkpoint", step + 1, loss, norm);
+        char why[256], grad[320] = "";
+        int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
+        if (verdict != STEP_UPDATE && !isfinite(norm)) { // name the tensor from this process's gradients
+            cudaCheck(cudaMemcpy(model.grads_memory, gm.grads, model.num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+            nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
+        }
+        if (verdict == STEP_STOP) {
+            fail("step %ld: %s%s%s: training diverged\nHINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip",
+                 step + 1, why, grad[0] ? "; " : "", grad);
         }
         float lr = (float)lr_at_step(&sched, step);
-        gpu_update(&gm, &opt, lr, (int)step + 1, norm);
+        if (verdict == STEP_UPDATE) { gpu_update(&gm, &opt, lr, (int)step + 1, norm); }
         dist_wait(&dist);
         cudaCheck(cudaDeviceSynchronize());
         double dt = now_seconds() - t0;
@@ -2999,10 +3008,17 @@ int main(int argc, char** argv) {
         char mfu[32] = "n/a", per_gpu[48] = "";
         if (peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops_per_token * tok_s / (peak * dist.world)); }
         if (dist.world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / dist.world); }
-        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s\n", step + 1, a.steps,
+        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a.steps,
                loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
-        log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
+        if (verdict == STEP_SKIP) {
+            printf(" | skipped (%ld so far): %s%s%s\n", guard.skipped, why, grad[0] ? "; " : "", grad);
+            log_line(logf_, "s:%ld trl:%.6f skip:%ld\n", step + 1, loss, guard.skipped);
+        } else {
+            printf("\n");
+            log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
+        }
     }
+    if (guard.skipped > 0) { printf("skipped %ld of %ld steps (-G skip, -Z)\n", guard.skipped, a.steps - start); }
     if (logf_ != NULL) { fclose(logf_); }
     if (have_tokenizer) { tokenizer_free(&tk); }
     dataloader_free(&train);

