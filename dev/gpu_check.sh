@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU evidence of one sitting on a GPU machine, in one command:
+#   1. ./test_fox in the bf16 and the fp32 build (the GPU against the CPU twin);
+#   2. compute-sanitizer memcheck and racecheck over a short training run that takes every
+#      training kernel (fused attention forward and backward at a T that is not a multiple of
+#      the tile, evaluation and the optimizer included);
+#   3. bit-exact resume: 12 steps straight against 6 steps, stop, resume, 6 steps: the losses and
+#      the final checkpoints must be equal bit for bit.
+#
+#   dev/gpu_check.sh [log dir]        (default log_gpu_check; about 4 minutes on one H200)
+#
+# Exit status: non-zero when a step fails. Environment: SKIP_FP32=1 skips the fp32 build.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+LOG=${1:-log_gpu_check}
+mkdir -p "$LOG"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+FAILURES=0
+say() { echo "$@" | tee -a "$LOG/summary.txt"; }
+: > "$LOG/summary.txt"
+say "gpu_check: $(nvidia-smi -L 2>/dev/null | head -n 1), $(date -u +%Y-%m-%dT%H:%MZ)"
+
+# --- 1. tests, both precisions -------------------------------------------------------------
+run_tests() { # name, make flags
+    local name=$1
+    shift
+    if ! make -B test_fox "$@" > "$LOG/build_$name.txt" 2>&1; then
+        say "FAIL build test_fox ($name)"; FAILURES=$((FAILURES + 1)); return
+    fi
+    ./test_fox > "$LOG/test_fox_$name.txt" 2>&1
+    local rc=$?
+    say "test_fox $name: $(tail -n 1 "$LOG/test_fox_$name.txt") (exit $rc)"
+    grep '^FAIL' "$LOG/test_fox_$name.txt" | head -n 20 | tee -a "$LOG/summary.txt"
+    [ $rc -eq 0 ] || FAILURES=$((FAILURES + 1))
+}
+if [ "${SKIP_FP32:-0}" != 1 ]; then run_tests fp32 PRECISION=FP32; fi
+run_tests bf16
+
+# --- 2. compute-sanitizer over a short training run ----------------------------------------
+make train_fox > "$LOG/build_train_fox.txt" 2>&1 || { say "FAIL build train_fox"; exit 1; }
+SHORT="-e fox-pro-tiny -b 2 -t 300 -x 2 -v 2 -m 1 -s 0"
+for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 99 ./train_fox $SHORT > "$LOG/sanitizer_$tool.txt" 2>&1
+    rc=$?
+    say "compute-sanitizer $tool ($SHORT): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_$tool.txt" | tail -n 1) (exit $rc)"
+    [ $rc -eq 0 ] || FAILURES=$((FAILURES + 1))
+done
+
+# --- 3. bit-exact resume: a new process continues from the straight run's step-6 checkpoint ---
+RUN="-e fox-pro-tiny -b 8 -t 512 -x 12 -n 6 -v 0 -s 0"
+rm -rf "$LOG/straight" "$LOG/resumed"
+mkdir -p "$LOG/resumed"
+./train_fox $RUN -o "$LOG/straight" > "$LOG/straight.txt" 2>&1 &&
+    cp "$LOG/straight/model_00000006.bin" "$LOG/straight/state_00000006.bin" "$LOG/resumed/" &&
+    ./train_fox $RUN -o "$LOG/resumed" -y 1 > "$LOG/resumed.txt" 2>&1
+rc=$?
+tail_of() { grep -E '^s:([7-9]|1[0-2]) ' "$1/main.log"; }
+if [ $rc -eq 0 ] && [ "$(tail_of "$LOG/resumed" | wc -l)" -eq 6 ] &&
+    diff <(tail_of "$LOG/straight") <(tail_of "$LOG/resumed") > /dev/null &&
+    cmp -s "$LOG/straight/model_00000012.bin" "$LOG/resumed/model_00000012.bin" &&
+    cmp -s "$LOG/straight/state_00000012.bin" "$LOG/resumed/state_00000012.bin"; then
+    say "PASS bit-exact resume: 12 steps straight = 6 + resume + 6 (losses, weights, AdamW state)"
+else
+    say "FAIL bit-exact resume (exit $rc)"; FAILURES=$((FAILURES + 1))
+fi
+say "gpu_check: $FAILURES failure(s)"
+[ $FAILURES -eq 0 ]
