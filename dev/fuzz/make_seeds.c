@@ -51,7 +51,7 @@ static void checkpoint_seeds(const char* model_dir, const char* state_dir) {
         snprintf(path, sizeof(path), "%s/%s.bin", model_dir, presets[k]);
         save_model(&m, path);
         if (k == 0) {
-            TrainState s = {3, 0, 1, 1, 1};
+            TrainState s = {3, 0, 1, 1, 1, 1};
             snprintf(path, sizeof(path), "%s/no_moments.bin", state_dir);
             save_state(&m, &s, path);
             AdamWConfig opt = {1e-3f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
