@@ -448,27 +448,51 @@ __global__ void colsum_partial_kernel(float* partial, const Td* d, const Tx* x, 
 }
 
 // stage 2: out[i] += sum over chunks and over `fold` groups of W / fold columns (fold = H
-// folds the heads onto one shared scale vector)
+// folds the heads onto one shared scale vector). Block (32, 16): x picks the column (coalesced
+// reads), y strides over the (chunk, group) terms; the 16 partial sums are added in order.
 __global__ void colsum_finish_kernel(float* out, const float* partial, int chunks, int W, int fold) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x, len = W / fold;
-    if (i >= len) { return; }
+    __shared__ float sums[16][33];
+    int i = blockIdx.x * 32 + threadIdx.x, len = W / fold;
     float acc = 0.0f;
-    for (int ch = 0; ch < chunks; ch++) {
-        for (int g = 0; g < fold; g++) { acc += partial[(size_t)ch * W + g * len + i]; }
+    if (i < len) {
+        for (int t = threadIdx.y; t < chunks * fold; t += 16) {
+            int ch = t / fold, g = t % fold;
+            acc += partial[(size_t)ch * W + g * len + i];
+        }
     }
-    out[i] += acc;
+    sums[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < len) {
+        float total = 0.0f;
+        for (int y = 0; y < 16; y++) { total += sums[y][threadIdx.x]; }
+        out[i] += total;
+    }
 }
 
-// KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z)
+// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
+// of 128) and (N, C) activations (gpu_config_problem requires C to be a multiple of XPACK) start
+// 16-byte aligned and hold whole packs
+#define XPACK (16 / (int)sizeof(floatX))
+typedef struct __align__(16) { floatX v[XPACK]; } PackX;
+
+// KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z);
+// XPACK consecutive channels of one token per thread (a pack may span two heads)
 __global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const float* alpha_logit, size_t N, int T,
                                         int H, int hd) {
-    size_t C = (size_t)H * hd, idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t C = (size_t)H * hd, idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * C) { return; }
     size_t n = idx / C;
-    int h = (int)(idx % C) / hd;
-    float a = sigmoid_gpu(alpha_logit[n * H + h]);
-    float prev = n % T > 0 ? to_float(raw[idx - C]) : 0.0f;
-    out[idx] = to_floatX(a * prev + (1.0f - a) * to_float(raw[idx]));
+    int has_prev = n % T > 0;
+    PackX cur = *(const PackX*)(raw + idx), res;
+    PackX prev = has_prev ? *(const PackX*)(raw + idx - C) : cur;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        int h = (int)((idx + k) % C) / hd;
+        float a = sigmoid_gpu(alpha_logit[n * H + h]);
+        float p = has_prev ? to_float(prev.v[k]) : 0.0f;
+        res.v[k] = to_floatX(a * p + (1.0f - a) * to_float(cur.v[k]));
+    }
+    *(PackX*)(out + idx) = res;
 }
 
 // one warp per (token, head)
@@ -1747,39 +1771,61 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, float
 }
 
 // SwiGLU: act = silu(g) * u, gu (N, 2I) holds the gate then the up projection of a row
+// XPACK consecutive hidden units of one row per thread (gpu_config_problem: I % XPACK == 0)
 __global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, int I) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * I) { return; }
     size_t n = idx / I, i = idx % I;
-    float g = to_float(gu[n * 2 * I + i]), u = to_float(gu[n * 2 * I + I + i]);
-    act[idx] = to_floatX(g * sigmoid_gpu(g) * u);
+    PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i), out;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float gk = to_float(g.v[k]);
+        out.v[k] = to_floatX(gk * sigmoid_gpu(gk) * to_float(u.v[k]));
+    }
+    *(PackX*)(act + idx) = out;
 }
-
 __global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I) {
     // forward: act = g sigmoid(g) u
     // dg = dact u sigmoid(g) (1 + g (1 - sigmoid(g))),  du = dact g sigmoid(g)
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * I) { return; }
     size_t n = idx / I, i = idx % I;
-    float g = to_float(gu[n * 2 * I + i]), u = to_float(gu[n * 2 * I + I + i]), s = sigmoid_gpu(g);
-    float d = to_float(dact[idx]);
-    dgu[n * 2 * I + i] = to_floatX(d * u * s * (1.0f + g * (1.0f - s)));
-    dgu[n * 2 * I + I + i] = to_floatX(d * g * s);
+    PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i);
+    PackX d = *(const PackX*)(dact + idx), dg, du;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float gk = to_float(g.v[k]), uk = to_float(u.v[k]), dk = to_float(d.v[k]), sk = sigmoid_gpu(gk);
+        dg.v[k] = to_floatX(dk * uk * sk * (1.0f + gk * (1.0f - sk)));
+        du.v[k] = to_floatX(dk * gk * sk);
+    }
+    *(PackX*)(dgu + n * 2 * I + i) = dg;
+    *(PackX*)(dgu + n * 2 * I + I + i) = du;
 }
 
 // Cross-entropy over the first V logits of a row (pads V..Vp-1 masked), one block per row;
-// keeps the row's log-sum-exp for the backward. Probabilities are never stored.
+// keeps the row's log-sum-exp for the backward. Probabilities are never stored. One pass over
+// the row: each thread keeps a running max m and sum s of exp(x - m), rescaling s when m grows
+// (s exp(m_old - m_new)); the block then combines the threads' (m, s) in a fixed order.
 __global__ void crossentropy_forward_kernel(float* losses, float* row_lse, const floatX* logits, const int* targets,
                                             int V, int Vp) {
     __shared__ float red[32];
     size_t n = blockIdx.x;
     const floatX* row = logits + n * Vp;
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) { mx = fmaxf(mx, to_float(row[j])); }
-    mx = block_max(mx, red);
-    float sum = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) { sum += expf(to_float(row[j]) - mx); }
-    sum = block_sum(sum, red);
+    float m = -INFINITY, s = 0.0f;
+    for (int j0 = threadIdx.x * XPACK; j0 < V; j0 += blockDim.x * XPACK) {
+        PackX p = *(const PackX*)(row + j0);
+        float x[XPACK], pm = -INFINITY;
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            x[k] = j0 + k < V ? to_float(p.v[k]) : -INFINITY;
+            pm = fmaxf(pm, x[k]);
+        }
+        if (pm > m) { s *= expf(m - pm); m = pm; } // m = -inf at first: s is 0 then
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) { s += expf(x[k] - m); }
+    }
+    float mx = block_max(m, red);
+    float sum = block_sum(m == -INFINITY ? 0.0f : s * expf(m - mx), red);
     if (threadIdx.x == 0) {
         float lse = mx + logf(sum);
         row_lse[n] = lse;
@@ -1795,10 +1841,16 @@ __global__ void crossentropy_backward_kernel(floatX* logits, const float* row_ls
     floatX* row = logits + n * Vp;
     float lse = row_lse[n];
     int target = targets[n];
-    for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
-        float g = 0.0f;
-        if (j < V) { g = expf(to_float(row[j]) - lse) * dloss - (j == target ? dloss : 0.0f); }
-        row[j] = to_floatX(g);
+    for (int j0 = threadIdx.x * XPACK; j0 < Vp; j0 += blockDim.x * XPACK) {
+        PackX p = *(PackX*)(row + j0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            int j = j0 + k;
+            float g = 0.0f;
+            if (j < V) { g = expf(to_float(p.v[k]) - lse) * dloss - (j == target ? dloss : 0.0f); }
+            p.v[k] = to_floatX(g);
+        }
+        *(PackX*)(row + j0) = p;
     }
 }
 
@@ -2301,6 +2353,11 @@ static void gpu_params_to_host(GPUModel* g) {
 static const char* gpu_config_problem(const FoxConfig* cf) {
     int hd = cf->n_embd / cf->n_head;
     static char too_big[128];
+    if (cf->n_embd % XPACK != 0 || cf->mlp_hidden % XPACK != 0) {
+        snprintf(too_big, sizeof(too_big), "n_embd and mlp_hidden must be multiples of %d (the kernels' 16-byte loads)\n"
+                 "HINT: round them to multiples of %d", XPACK, XPACK);
+        return too_big;
+    }
     if (hd > MAX_HD) {
         snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) exceeds the GPU kernels' limit of %d\n"
                  "HINT: use more heads (--n_head)", MAX_HD);
@@ -2402,7 +2459,7 @@ static void colsum_gpu(float* dw, float* partial, const Td* d, const Tx* x, cons
     dim3 grid((unsigned)ceil_div(W, 32), (unsigned)ceil_div(rows, COLSUM_ROWS));
     colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, x, rstd, rows, W, seg);
     launchCheck();
-    colsum_finish_kernel<<<(unsigned)ceil_div(W / fold, 256), 256>>>(dw, partial, (int)grid.y, W, fold);
+    colsum_finish_kernel<<<(unsigned)ceil_div(W / fold, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, fold);
     launchCheck();
 }
 
@@ -2462,7 +2519,7 @@ static LayerActs layer_acts(const GPUModel* g, int l) {
 // out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head; out, raw (B, T, H, hd), alpha (B, T, H)
 static void kv_shift_forward_gpu(floatX* out, const floatX* raw, const float* alpha, int B, int T, int H, int hd) {
     size_t NC = (size_t)B * T * H * hd;
-    kv_shift_forward_kernel<<<elem_blocks(NC), 256>>>(out, raw, alpha, (size_t)B * T, T, H, hd);
+    kv_shift_forward_kernel<<<elem_blocks(NC / XPACK), 256>>>(out, raw, alpha, (size_t)B * T, T, H, hd);
     launchCheck();
 }
 
@@ -2495,7 +2552,7 @@ static void output_norm_gate_forward_gpu(GPUModel* g, const LayerActs* p, int l,
 }
 
 static void swiglu_forward_gpu(floatX* act, const floatX* gu, size_t N, int I) {
-    swiglu_forward_kernel<<<elem_blocks(N * I), 256>>>(act, gu, N, I);
+    swiglu_forward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(act, gu, N, I);
     launchCheck();
 }
 
@@ -2635,7 +2692,7 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
         // MLP: dresid passes through the residual add unchanged
         matmul_backward_input_gpu(d.dact, CUDA_R_X, d.dresid_x, px(g, P_WDOWN, l), N, I, C, 0.0f);
         matmul_backward_weight_gpu(pg(g, P_WDOWN, l), d.dresid_x, p.act, N, I, C);
-        swiglu_backward_kernel<<<elem_blocks(N * I), 256>>>(d.dgu, d.dact, p.gu, N, I);
+        swiglu_backward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(d.dgu, d.dact, p.gu, N, I);
         launchCheck();
         matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dgu, px(g, P_WGU, l), N, C, 2 * I, 0.0f);
         matmul_backward_weight_gpu(pg(g, P_WGU, l), d.dgu, p.xm, N, C, 2 * I);
