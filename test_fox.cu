@@ -2061,6 +2061,55 @@ static int gpu_same_device_buffer(const float* d, const float* h, size_t n) {
     return same;
 }
 
+// -r 1 recomputes the element-wise and normalisation outputs in the backward with the
+// forward's kernels on the inputs the forward kept, so the loss and every gradient must be
+// bit-identical to -r 0. The presets switch each recomputed stage (k/v shift, QK-norm, RoPE,
+// output norm and gate) on or off; with 2 layers, a layer whose recompute were missing would
+// read the other layer's values from the shared slot. The activations must also shrink.
+static void gpu_test_recompute(void) {
+    const char* presets[] = {"fox-pro-tiny", "fox-llama-tiny", "transformer-pro-tiny", "transformer-llama-tiny"};
+    for (int i = 0; i < 4; i++) {
+        FoxConfig c;
+        config_from_preset(&c, presets[i]);
+        config_set(&c, "vocab_size", "500");
+        c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
+        int B = 2, T = 100;
+        size_t N = (size_t)B * T;
+        int* inputs = (int*)malloc_check(N * sizeof(int), "tokens");
+        int* targets = (int*)malloc_check(N * sizeof(int), "tokens");
+        random_tokens(inputs, N, c.vocab_size, 21);
+        random_tokens(targets, N, c.vocab_size, 22);
+        FoxModel h;
+        twin_from_config(&h, &c, 9);
+        size_t n = h.num_parameters, bytes[2];
+        float* grads[2];
+        float loss[2];
+        for (int r = 0; r < 2; r++) {
+            g_recompute = r;
+            GPUModel g;
+            gpu_build(&g, &h, B, T);
+            gpu_poison(&g);
+            gpu_forward(&g, inputs, targets, B, T);
+            gpu_zero_grad(&g);
+            gpu_backward(&g, 1.0f);
+            grads[r] = (float*)malloc_check(n * sizeof(float), "gradients");
+            cudaCheck(cudaMemcpy(grads[r], g.grads, n * sizeof(float), cudaMemcpyDeviceToHost));
+            loss[r] = g.mean_loss;
+            bytes[r] = g.acts_bytes;
+            gpu_free(&g);
+        }
+        g_recompute = 0;
+        size_t bad = 0, nonzero = 0;
+        for (size_t j = 0; j < n; j++) { bad += !isfinite(grads[0][j]); nonzero += grads[0][j] != 0.0f; }
+        check(bad == 0 && nonzero > n / 2 && memcmp(grads[0], grads[1], n * sizeof(float)) == 0 && loss[0] == loss[1] &&
+              bytes[1] < bytes[0],
+              "gpu -r 1 %s: loss %.6f and all %zu gradients bit-identical to -r 0 (%zu non-finite, %zu non-zero); "
+              "activations %.2f -> %.2f MiB", presets[i], loss[1], n, bad, nonzero, bytes[0] / 1048576.0, bytes[1] / 1048576.0);
+        free(grads[0]); free(grads[1]); free(inputs); free(targets);
+        fox_free(&h);
+    }
+}
+
 // Determinism, checkpoints in both directions, and an exact resume.
 static void gpu_test_checkpoints_and_determinism(void) {
     FoxConfig c;
@@ -2555,6 +2604,7 @@ void run_gpu_tests(void) {
         printf("skipped: no GPU (%s): head sizes 64/128, windows, accumulation\n", why);
         printf("skipped: no GPU (%s): attention kernels against the twin's attention\n", why);
         printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
+        printf("skipped: no GPU (%s): -r 1 against -r 0, bit for bit\n", why);
         printf("skipped: no GPU (%s): ZeRO-1 slices against one process\n", why);
         printf("skipped: no GPU (%s): evaluation modes through the GPU backend\n", why);
         return;
@@ -2577,6 +2627,7 @@ void run_gpu_tests(void) {
     gpu_test_attention();
     gpu_test_larger_heads();
     gpu_test_checkpoints_and_determinism();
+    gpu_test_recompute();
 #ifndef ENABLE_FP32
     g_attention_any_head = 1; // head size 32: the padded parameter count matters here, not the kernel
 #endif
@@ -2588,7 +2639,13 @@ void run_gpu_tests(void) {
 }
 #endif // __CUDACC__
 
-int main(void) {
+// ./test_fox runs every group; ./test_fox gpu only the GPU part (a short run on a lent GPU)
+int main(int argc, char** argv) {
+    if (argc > 1 && strcmp(argv[1], "gpu") == 0) {
+        run_gpu_tests();
+        printf("%d passed, %d failed\n", tests_passed, tests_failed);
+        return tests_failed != 0;
+    }
     make_test_dir();
     printf("# CPU twin against the float64 PyTorch reference (dev/fixtures)\n");
     test_reference_fixtures();

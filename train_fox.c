@@ -1985,6 +1985,7 @@ typedef struct {
     int schedule; double weight_decay; double grad_clip;
     int val_every, val_batches, sample_every, gen_tokens, checkpoint_every, resume;
     int roll; uint64_t seed;
+    int recompute; // activation recompute level of the GPU trainer (-r)
     int world, rank, zero_stage; const char* rendezvous; // data parallel (GPU trainer); -1 / NULL: not given
     int mode; const char* prompt; double temperature; int top_k; const char* out_prefix;
     int depths; const char* list; // -E, -D: meaning depends on the mode
@@ -2040,6 +2041,8 @@ static void usage(void) {
 "  -I <int>    this process's rank (default: the launcher's environment, else 0)\n"
 "  -F <spec>   NCCL id rendezvous without MPI: a file path all processes see, or tcp://host:port of rank 0\n"
 "  -Q <0|1>    ZeRO stage: 0 all-reduces gradients, 1 shards AdamW state (default 1)\n"
+"  -r <0|1>    activation recompute (train_fox on GPUs): 0 keeps every activation (default), 1 recomputes\n"
+"              the element-wise and normalisation outputs in the backward (less memory, same gradients)\n"
 "model keys (override a preset): n_layer n_embd n_head vocab_size mlp_hidden block gate\n"
 "  decay_time_min decay_time_max k_shift v_shift qk_norm qk_norm_shared output_gate\n"
 "  output_norm rope rope_theta window\n");
@@ -2129,6 +2132,7 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'D': a->list = v; break;
             case 'G': a->on_nonfinite = parse_choice(v, NONFINITE_NAMES, 2); if (a->on_nonfinite < 0) { bad_flag(arg, v, "stop or skip"); } break;
             case 'Z': a->spike_z = flag_float(arg, v, 0.0, 1e9); break;
+            case 'r': a->recompute = (int)flag_int(arg, v, 0, 1); break;
             default: fail("unknown flag '%s'\nHINT: train_fox -h lists every flag", arg);
         }
     }

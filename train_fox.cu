@@ -116,6 +116,21 @@ static void mpi_check(int rc, const char* call, const char* file, int line) {
 
 // The memory the run needs in all, printed at start and repeated if an allocation fails.
 static size_t g_memory_estimate = 0;
+// Device memory in use once the CUDA context exists, before the trainer's first allocation:
+// used memory minus this is what the run took, library state (cuBLASLt, NCCL) and lazily
+// loaded kernel code included.
+static size_t g_memory_baseline = 0;
+// Activation recompute level of the models built next (-r): 0 keeps every activation of the
+// forward; 1 keeps the residual stream and the matmul and attention outputs, and the backward
+// recomputes the element-wise and normalisation outputs of each layer from them.
+static int g_recompute = 0;
+
+// used device memory as the driver reports it (total - free), the context included
+static size_t gpu_memory_used(void) {
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    return total_b - free_b;
+}
 
 static void* gpu_malloc(size_t bytes, const char* what) {
     void* p = NULL;
@@ -171,6 +186,8 @@ static void gpu_init_device(int local_rank) {
         fail("GPU '%s' has compute capability %d.%d; this build targets sm_90 (H100 / H200)\nHINT: "
              "rebuild with -gencode for your GPU, or use the CPU twin", g_prop.name, g_prop.major, g_prop.minor);
     }
+    cudaCheck(cudaFree(0)); // creates the context, which is not the run's memory
+    g_memory_baseline = gpu_memory_used();
     cublasCheck(cublasLtCreate(&g_lt));
     g_workspace = gpu_malloc(WORKSPACE_BYTES, "cuBLASLt workspace");
 }
@@ -429,27 +446,51 @@ __global__ void colsum_partial_kernel(float* partial, const Td* d, const Tx* x, 
 }
 
 // stage 2: out[i] += sum over chunks and over `fold` groups of W / fold columns (fold = H
-// folds the heads onto one shared scale vector)
+// folds the heads onto one shared scale vector). Block (32, 16): x picks the column (coalesced
+// reads), y strides over the (chunk, group) terms; the 16 partial sums are added in order.
 __global__ void colsum_finish_kernel(float* out, const float* partial, int chunks, int W, int fold) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x, len = W / fold;
-    if (i >= len) { return; }
+    __shared__ float sums[16][33];
+    int i = blockIdx.x * 32 + threadIdx.x, len = W / fold;
     float acc = 0.0f;
-    for (int ch = 0; ch < chunks; ch++) {
-        for (int g = 0; g < fold; g++) { acc += partial[(size_t)ch * W + g * len + i]; }
+    if (i < len) {
+        for (int t = threadIdx.y; t < chunks * fold; t += 16) {
+            int ch = t / fold, g = t % fold;
+            acc += partial[(size_t)ch * W + g * len + i];
+        }
     }
-    out[i] += acc;
+    sums[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < len) {
+        float total = 0.0f;
+        for (int y = 0; y < 16; y++) { total += sums[y][threadIdx.x]; }
+        out[i] += total;
+    }
 }
 
-// KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z)
+// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
+// of 128) and (N, C) activations (gpu_config_problem requires C to be a multiple of XPACK) start
+// 16-byte aligned and hold whole packs
+#define XPACK (16 / (int)sizeof(floatX))
+typedef struct __align__(16) { floatX v[XPACK]; } PackX;
+
+// KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z);
+// XPACK consecutive channels of one token per thread (a pack may span two heads)
 __global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const float* alpha_logit, size_t N, int T,
                                         int H, int hd) {
-    size_t C = (size_t)H * hd, idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t C = (size_t)H * hd, idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * C) { return; }
     size_t n = idx / C;
-    int h = (int)(idx % C) / hd;
-    float a = sigmoid_gpu(alpha_logit[n * H + h]);
-    float prev = n % T > 0 ? to_float(raw[idx - C]) : 0.0f;
-    out[idx] = to_floatX(a * prev + (1.0f - a) * to_float(raw[idx]));
+    int has_prev = n % T > 0;
+    PackX cur = *(const PackX*)(raw + idx), res;
+    PackX prev = has_prev ? *(const PackX*)(raw + idx - C) : cur;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        int h = (int)((idx + k) % C) / hd;
+        float a = sigmoid_gpu(alpha_logit[n * H + h]);
+        float p = has_prev ? to_float(prev.v[k]) : 0.0f;
+        res.v[k] = to_floatX(a * p + (1.0f - a) * to_float(cur.v[k]));
+    }
+    *(PackX*)(out + idx) = res;
 }
 
 // one warp per (token, head)
@@ -1728,39 +1769,61 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, float
 }
 
 // SwiGLU: act = silu(g) * u, gu (N, 2I) holds the gate then the up projection of a row
+// XPACK consecutive hidden units of one row per thread (gpu_config_problem: I % XPACK == 0)
 __global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, int I) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * I) { return; }
     size_t n = idx / I, i = idx % I;
-    float g = to_float(gu[n * 2 * I + i]), u = to_float(gu[n * 2 * I + I + i]);
-    act[idx] = to_floatX(g * sigmoid_gpu(g) * u);
+    PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i), out;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float gk = to_float(g.v[k]);
+        out.v[k] = to_floatX(gk * sigmoid_gpu(gk) * to_float(u.v[k]));
+    }
+    *(PackX*)(act + idx) = out;
 }
-
 __global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I) {
     // forward: act = g sigmoid(g) u
     // dg = dact u sigmoid(g) (1 + g (1 - sigmoid(g))),  du = dact g sigmoid(g)
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * I) { return; }
     size_t n = idx / I, i = idx % I;
-    float g = to_float(gu[n * 2 * I + i]), u = to_float(gu[n * 2 * I + I + i]), s = sigmoid_gpu(g);
-    float d = to_float(dact[idx]);
-    dgu[n * 2 * I + i] = to_floatX(d * u * s * (1.0f + g * (1.0f - s)));
-    dgu[n * 2 * I + I + i] = to_floatX(d * g * s);
+    PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i);
+    PackX d = *(const PackX*)(dact + idx), dg, du;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float gk = to_float(g.v[k]), uk = to_float(u.v[k]), dk = to_float(d.v[k]), sk = sigmoid_gpu(gk);
+        dg.v[k] = to_floatX(dk * uk * sk * (1.0f + gk * (1.0f - sk)));
+        du.v[k] = to_floatX(dk * gk * sk);
+    }
+    *(PackX*)(dgu + n * 2 * I + i) = dg;
+    *(PackX*)(dgu + n * 2 * I + I + i) = du;
 }
 
 // Cross-entropy over the first V logits of a row (pads V..Vp-1 masked), one block per row;
-// keeps the row's log-sum-exp for the backward. Probabilities are never stored.
+// keeps the row's log-sum-exp for the backward. Probabilities are never stored. One pass over
+// the row: each thread keeps a running max m and sum s of exp(x - m), rescaling s when m grows
+// (s exp(m_old - m_new)); the block then combines the threads' (m, s) in a fixed order.
 __global__ void crossentropy_forward_kernel(float* losses, float* row_lse, const floatX* logits, const int* targets,
                                             int V, int Vp) {
     __shared__ float red[32];
     size_t n = blockIdx.x;
     const floatX* row = logits + n * Vp;
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) { mx = fmaxf(mx, to_float(row[j])); }
-    mx = block_max(mx, red);
-    float sum = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) { sum += expf(to_float(row[j]) - mx); }
-    sum = block_sum(sum, red);
+    float m = -INFINITY, s = 0.0f;
+    for (int j0 = threadIdx.x * XPACK; j0 < V; j0 += blockDim.x * XPACK) {
+        PackX p = *(const PackX*)(row + j0);
+        float x[XPACK], pm = -INFINITY;
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            x[k] = j0 + k < V ? to_float(p.v[k]) : -INFINITY;
+            pm = fmaxf(pm, x[k]);
+        }
+        if (pm > m) { s *= expf(m - pm); m = pm; } // m = -inf at first: s is 0 then
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) { s += expf(x[k] - m); }
+    }
+    float mx = block_max(m, red);
+    float sum = block_sum(m == -INFINITY ? 0.0f : s * expf(m - mx), red);
     if (threadIdx.x == 0) {
         float lse = mx + logf(sum);
         row_lse[n] = lse;
@@ -1776,10 +1839,16 @@ __global__ void crossentropy_backward_kernel(floatX* logits, const float* row_ls
     floatX* row = logits + n * Vp;
     float lse = row_lse[n];
     int target = targets[n];
-    for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
-        float g = 0.0f;
-        if (j < V) { g = expf(to_float(row[j]) - lse) * dloss - (j == target ? dloss : 0.0f); }
-        row[j] = to_floatX(g);
+    for (int j0 = threadIdx.x * XPACK; j0 < Vp; j0 += blockDim.x * XPACK) {
+        PackX p = *(PackX*)(row + j0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            int j = j0 + k;
+            float g = 0.0f;
+            if (j < V) { g = expf(to_float(p.v[k]) - lse) * dloss - (j == target ? dloss : 0.0f); }
+            p.v[k] = to_floatX(g);
+        }
+        *(PackX*)(row + j0) = p;
     }
 }
 
@@ -2038,36 +2107,37 @@ static void dist_free(Dist* d) {
 typedef struct {
     float* resid;       // (L+1, N, C) fp32 residual stream entering each layer; [L] the final one
     float* resid_mid;   // (L, N, C)   fp32 residual after attention
-    floatX* xa;         // (L, N, C)   RMSNorm_1 output
+    floatX* xa;         // (L, N, C)   RMSNorm_1 output (R)
     float* rstd_a;      // (L, N)
     floatX* q_raw;      // (L, N, C)   W_q x
     floatX* k_raw;      // (L, N, C)
     floatX* v_raw;      // (L, N, C)
     float* k_alpha;     // (L, N, H)   shift logits w_s . x (fp32)
     float* v_alpha;     // (L, N, H)
-    floatX* k_shifted;  // (L, N, C)   = k_raw without the k shift
-    floatX* v;          // (L, N, C)   = v_raw without the v shift
+    floatX* k_shifted;  // (L, N, C)   = k_raw without the k shift (R)
+    floatX* v;          // (L, N, C)   = v_raw without the v shift (R)
     float* rstd_q;      // (L, N, H)
     float* rstd_k;      // (L, N, H)
-    floatX* q;          // (L, N, C)   after QK-norm and RoPE (= q_raw with both off)
-    floatX* k;          // (L, N, C)   (= k_shifted with both off)
+    floatX* q;          // (L, N, C)   after QK-norm and RoPE (= q_raw with both off) (R)
+    floatX* k;          // (L, N, C)   (= k_shifted with both off) (R)
     float* gate_logit;  // (L, N, H)   z = w_f . x + b_f (fp32)
     float* c;           // (L, B, H, T) fp32
     float* lse;         // (L, B, H, T)
     floatX* o;          // (L, N, C)
     float* rstd_o;      // (L, N, H)
-    floatX* o_normed;   // (L, N, C)   only with output norm and gate both on
+    floatX* o_normed;   // (L, N, C)   only with output norm and gate both on (R)
     floatX* og_logit;   // (L, N, C)
-    floatX* y;          // (L, N, C)   input of W_o (= o with norm and gate off)
-    floatX* xm;         // (L, N, C)
+    floatX* y;          // (L, N, C)   input of W_o (= o with norm and gate off) (R)
+    floatX* xm;         // (L, N, C) (R)
     float* rstd_m;      // (L, N)
     floatX* gu;         // (L, N, 2I)
-    floatX* act;        // (L, N, I)
+    floatX* act;        // (L, N, I) (R)
     floatX* xf;         // (N, C)
     float* rstd_f;      // (N)
     floatX* logits;     // (N, Vp), turned into dlogits by the backward
     float* losses;      // (N)
     float* row_lse;     // (N)
+    int recompute;      // -r 1: the tensors marked (R) hold one layer, recomputed in the backward
 } GPUActivations;
 
 // backward buffers, one layer's worth, reused by every layer
@@ -2154,35 +2224,38 @@ static void* arena_take(char* base, size_t* offset, size_t bytes) {
     return p;
 }
 
-// Lays out the activations of a (B, T) batch; stages that are off alias their input.
-static size_t layout_activations(GPUActivations* a, const FoxConfig* cf, int B, int T, char* base) {
+// Lays out the activations of a (B, T) batch; stages that are off alias their input. With
+// recompute the tensors marked (R) get one layer's slot, shared by all layers (see layer_acts).
+static size_t layout_activations(GPUActivations* a, const FoxConfig* cf, int B, int T, int recompute, char* base) {
     size_t L = (size_t)cf->n_layer, C = (size_t)cf->n_embd, H = (size_t)cf->n_head, I = (size_t)cf->mlp_hidden;
     size_t N = (size_t)B * T, Vp = (size_t)cf->padded_vocab_size, off = 0;
     size_t fx = sizeof(floatX), f = sizeof(float);
+    size_t R = recompute ? 1 : L; // layers held by an (R) tensor
     int qk_stage = cf->qk_norm || cf->rope;
     memset(a, 0, sizeof(*a));
+    a->recompute = recompute;
     a->resid = (float*)arena_take(base, &off, (L + 1) * N * C * f);
     a->resid_mid = (float*)arena_take(base, &off, L * N * C * f);
-    a->xa = (floatX*)arena_take(base, &off, L * N * C * fx);
+    a->xa = (floatX*)arena_take(base, &off, R * N * C * fx);
     a->rstd_a = (float*)arena_take(base, &off, L * N * f);
     a->q_raw = (floatX*)arena_take(base, &off, L * N * C * fx);
     a->k_raw = (floatX*)arena_take(base, &off, L * N * C * fx);
     a->v_raw = (floatX*)arena_take(base, &off, L * N * C * fx);
     if (cf->k_shift) {
         a->k_alpha = (float*)arena_take(base, &off, L * N * H * f);
-        a->k_shifted = (floatX*)arena_take(base, &off, L * N * C * fx);
+        a->k_shifted = (floatX*)arena_take(base, &off, R * N * C * fx);
     } else { a->k_shifted = a->k_raw; }
     if (cf->v_shift) {
         a->v_alpha = (float*)arena_take(base, &off, L * N * H * f);
-        a->v = (floatX*)arena_take(base, &off, L * N * C * fx);
+        a->v = (floatX*)arena_take(base, &off, R * N * C * fx);
     } else { a->v = a->v_raw; }
     if (cf->qk_norm) {
         a->rstd_q = (float*)arena_take(base, &off, L * N * H * f);
         a->rstd_k = (float*)arena_take(base, &off, L * N * H * f);
     }
     if (qk_stage) {
-        a->q = (floatX*)arena_take(base, &off, L * N * C * fx);
-        a->k = (floatX*)arena_take(base, &off, L * N * C * fx);
+        a->q = (floatX*)arena_take(base, &off, R * N * C * fx);
+        a->k = (floatX*)arena_take(base, &off, R * N * C * fx);
     } else { a->q = a->q_raw; a->k = a->k_shifted; }
     if (cf->gate != GATE_NONE) {
         a->gate_logit = (float*)arena_take(base, &off, L * N * H * f);
@@ -2191,14 +2264,14 @@ static size_t layout_activations(GPUActivations* a, const FoxConfig* cf, int B, 
     a->lse = (float*)arena_take(base, &off, L * N * H * f);
     a->o = (floatX*)arena_take(base, &off, L * N * C * fx);
     if (cf->output_norm) { a->rstd_o = (float*)arena_take(base, &off, L * N * H * f); }
-    if (cf->output_norm && cf->output_gate) { a->o_normed = (floatX*)arena_take(base, &off, L * N * C * fx); }
+    if (cf->output_norm && cf->output_gate) { a->o_normed = (floatX*)arena_take(base, &off, R * N * C * fx); }
     if (cf->output_gate) { a->og_logit = (floatX*)arena_take(base, &off, L * N * C * fx); }
-    if (cf->output_norm || cf->output_gate) { a->y = (floatX*)arena_take(base, &off, L * N * C * fx); }
+    if (cf->output_norm || cf->output_gate) { a->y = (floatX*)arena_take(base, &off, R * N * C * fx); }
     else { a->y = a->o; }
-    a->xm = (floatX*)arena_take(base, &off, L * N * C * fx);
+    a->xm = (floatX*)arena_take(base, &off, R * N * C * fx);
     a->rstd_m = (float*)arena_take(base, &off, L * N * f);
     a->gu = (floatX*)arena_take(base, &off, L * N * 2 * I * fx);
-    a->act = (floatX*)arena_take(base, &off, L * N * I * fx);
+    a->act = (floatX*)arena_take(base, &off, R * N * I * fx);
     a->xf = (floatX*)arena_take(base, &off, N * C * fx);
     a->rstd_f = (float*)arena_take(base, &off, N * f);
     a->logits = (floatX*)arena_take(base, &off, N * Vp * fx);
@@ -2259,7 +2332,7 @@ static size_t gpu_memory_needed(const FoxConfig* cf, size_t n, int B, int T, con
     size_t params = padded_count(n, dist->world) * (2 * sizeof(float) + sizeof(floatX)) + // master, grads, copy
                     opt_count * 2 * sizeof(float);                                     // m, v
     size_t rope = cf->rope ? (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float) : 0;
-    return params + layout_activations(&a, cf, B, T, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) + rope +
+    return params + layout_activations(&a, cf, B, T, g_recompute, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) + rope +
            2 * (size_t)B * T * sizeof(int) + WORKSPACE_BYTES;
 }
 
@@ -2278,6 +2351,11 @@ static void gpu_params_to_host(GPUModel* g) {
 static const char* gpu_config_problem(const FoxConfig* cf) {
     int hd = cf->n_embd / cf->n_head;
     static char too_big[128];
+    if (cf->n_embd % XPACK != 0 || cf->mlp_hidden % XPACK != 0) {
+        snprintf(too_big, sizeof(too_big), "n_embd and mlp_hidden must be multiples of %d (the kernels' 16-byte loads)\n"
+                 "HINT: round them to multiples of %d", XPACK, XPACK);
+        return too_big;
+    }
     if (hd > MAX_HD) {
         snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) exceeds the GPU kernels' limit of %d\n"
                  "HINT: use more heads (--n_head)", MAX_HD);
@@ -2325,9 +2403,9 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     cudaCheck(cudaMemset(g->grads, 0, np * sizeof(float)));
     cudaCheck(cudaMemset(g->adam_m, 0, no * sizeof(float)));
     cudaCheck(cudaMemset(g->adam_v, 0, no * sizeof(float)));
-    g->acts_bytes = layout_activations(&g->acts, cf, B, T, NULL);
+    g->acts_bytes = layout_activations(&g->acts, cf, B, T, g_recompute, NULL);
     g->acts_memory = (char*)gpu_malloc(g->acts_bytes, "activations");
-    layout_activations(&g->acts, cf, B, T, g->acts_memory);
+    layout_activations(&g->acts, cf, B, T, g_recompute, g->acts_memory);
     g->grad_bytes = layout_grad_buffers(&g->gb, cf, B, T, NULL);
     g->grad_memory = (char*)gpu_malloc(g->grad_bytes, "activation gradients");
     layout_grad_buffers(&g->gb, cf, B, T, g->grad_memory);
@@ -2377,7 +2455,7 @@ static void colsum_gpu(float* dw, float* partial, const Td* d, const Tx* x, cons
     dim3 grid((unsigned)ceil_div(W, 32), (unsigned)ceil_div(rows, COLSUM_ROWS));
     colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, x, rstd, rows, W, seg);
     launchCheck();
-    colsum_finish_kernel<<<(unsigned)ceil_div(W / fold, 256), 256>>>(dw, partial, (int)grid.y, W, fold);
+    colsum_finish_kernel<<<(unsigned)ceil_div(W / fold, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, fold);
     launchCheck();
 }
 
@@ -2391,13 +2469,113 @@ static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const f
 // ----------------------------------------------------------------------------
 // forward and backward of the whole model
 
+// Layer l's activations (of the current batch's N rows). A tensor with its own buffer lives in
+// layer l's slice, or in the one shared slot when recompute holds it for one layer only (R);
+// a stage that is off aliases its input, wherever that lives. Absent tensors are NULL.
+typedef struct {
+    float *resid, *resid_mid, *resid_next;                       // (N, C) fp32
+    float *rstd_a, *rstd_m;                                      // (N)
+    float *k_alpha, *v_alpha, *rstd_q, *rstd_k, *gate_logit, *c, *lse, *rstd_o; // (N, H)
+    floatX *xa, *q_raw, *k_raw, *v_raw, *k_shifted, *v, *q, *k;  // (N, C)
+    floatX *o, *o_normed, *og_logit, *y, *xm;                    // (N, C)
+    floatX *gu, *act;                                            // (N, 2I), (N, I)
+} LayerActs;
+
+static float* slice_f(float* base, int l, size_t per) { return base != NULL ? LAYER(base, l, per) : NULL; }
+static floatX* slice_x(floatX* base, int l, size_t per) { return base != NULL ? LAYER(base, l, per) : NULL; }
+
+static LayerActs layer_acts(const GPUModel* g, int l) {
+    const GPUActivations* a = &g->acts;
+    size_t N = (size_t)g->B * g->T, C = (size_t)g->config.n_embd, H = (size_t)g->config.n_head;
+    size_t I = (size_t)g->config.mlp_hidden, NC = N * C, NH = N * H;
+    int r = a->recompute ? 0 : l; // the slot of an (R) tensor
+    LayerActs p;
+    p.resid = LAYER(a->resid, l, NC); p.resid_mid = LAYER(a->resid_mid, l, NC); p.resid_next = LAYER(a->resid, l + 1, NC);
+    p.rstd_a = LAYER(a->rstd_a, l, N); p.rstd_m = LAYER(a->rstd_m, l, N);
+    p.k_alpha = slice_f(a->k_alpha, l, NH); p.v_alpha = slice_f(a->v_alpha, l, NH);
+    p.rstd_q = slice_f(a->rstd_q, l, NH); p.rstd_k = slice_f(a->rstd_k, l, NH);
+    p.gate_logit = slice_f(a->gate_logit, l, NH); p.c = slice_f(a->c, l, NH);
+    p.lse = LAYER(a->lse, l, NH); p.rstd_o = slice_f(a->rstd_o, l, NH);
+    p.xa = LAYER(a->xa, r, NC);
+    p.q_raw = LAYER(a->q_raw, l, NC); p.k_raw = LAYER(a->k_raw, l, NC); p.v_raw = LAYER(a->v_raw, l, NC);
+    p.k_shifted = a->k_shifted != a->k_raw ? LAYER(a->k_shifted, r, NC) : p.k_raw;
+    p.v = a->v != a->v_raw ? LAYER(a->v, r, NC) : p.v_raw;
+    p.q = a->q != a->q_raw ? LAYER(a->q, r, NC) : p.q_raw;
+    p.k = a->k != a->k_shifted ? LAYER(a->k, r, NC) : p.k_shifted;
+    p.o = LAYER(a->o, l, NC);
+    p.o_normed = slice_x(a->o_normed, r, NC);
+    p.og_logit = slice_x(a->og_logit, l, NC);
+    p.y = a->y != a->o ? LAYER(a->y, r, NC) : p.o;
+    p.xm = LAYER(a->xm, r, NC);
+    p.gu = LAYER(a->gu, l, N * 2 * I);
+    p.act = LAYER(a->act, r, N * I);
+    return p;
+}
+
+// out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head; out, raw (B, T, H, hd), alpha (B, T, H)
+static void kv_shift_forward_gpu(floatX* out, const floatX* raw, const float* alpha, int B, int T, int H, int hd) {
+    size_t NC = (size_t)B * T * H * hd;
+    kv_shift_forward_kernel<<<elem_blocks(NC / XPACK), 256>>>(out, raw, alpha, (size_t)B * T, T, H, hd);
+    launchCheck();
+}
+
+// q and k of layer l through QK-norm and RoPE (nothing when both are off)
+static void qk_norm_rope_forward_gpu(GPUModel* g, const LayerActs* p, int l, int B, int T) {
+    const FoxConfig* cf = &g->config;
+    if (!cf->qk_norm && !cf->rope) { return; }
+    int H = cf->n_head, hd = cf->n_embd / H, groups_qk = cf->qk_norm_shared ? 1 : H;
+    size_t N = (size_t)B * T, NH = N * H;
+    const float* wq_n = cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL;
+    const float* wk_n = cf->qk_norm ? pm(g, P_K_NORM, l) : NULL;
+    const float* rope = cf->rope ? g->rope : NULL;
+    qk_norm_rope_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+        p->q, p->rstd_q, p->q_raw, wq_n, groups_qk, rope, N, T, H, hd, 1e-5f);
+    launchCheck();
+    qk_norm_rope_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+        p->k, p->rstd_k, p->k_shifted, wk_n, groups_qk, rope, N, T, H, hd, 1e-5f);
+    launchCheck();
+}
+
+// y of layer l from o through the output norm and gate (nothing when both are off)
+static void output_norm_gate_forward_gpu(GPUModel* g, const LayerActs* p, int l, size_t N) {
+    const FoxConfig* cf = &g->config;
+    if (!cf->output_norm && !cf->output_gate) { return; }
+    int H = cf->n_head, hd = cf->n_embd / H;
+    output_norm_gate_forward_kernel<<<warp_blocks(N * H), 32 * WARPS_PER_BLOCK>>>(
+        p->o_normed, p->y, p->rstd_o, p->o, cf->output_gate ? p->og_logit : NULL,
+        cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, H, hd, 1e-6f);
+    launchCheck();
+}
+
+static void swiglu_forward_gpu(floatX* act, const floatX* gu, size_t N, int I) {
+    swiglu_forward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(act, gu, N, I);
+    launchCheck();
+}
+
+// -r 1: layer l's (R) tensors again, by the forward's kernels on the inputs the forward kept
+// (and rewriting the same rstd values): the same bits as in the forward, so the gradients do
+// not change
+static void gpu_recompute_layer(GPUModel* g, const LayerActs* p, int l) {
+    const FoxConfig* cf = &g->config;
+    int B = g->B, T = g->T, C = cf->n_embd, H = cf->n_head, hd = C / H;
+    size_t N = (size_t)B * T;
+    rmsnorm_forward_gpu(p->xa, p->rstd_a, p->resid, pm(g, P_ATTN_NORM, l), N, C);
+    if (cf->k_shift) { kv_shift_forward_gpu(p->k_shifted, p->k_raw, p->k_alpha, B, T, H, hd); }
+    if (cf->v_shift) { kv_shift_forward_gpu(p->v, p->v_raw, p->v_alpha, B, T, H, hd); }
+    qk_norm_rope_forward_gpu(g, p, l, B, T);
+    output_norm_gate_forward_gpu(g, p, l, N);
+    rmsnorm_forward_gpu(p->xm, p->rstd_m, p->resid_mid, pm(g, P_MLP_NORM, l), N, C);
+    swiglu_forward_gpu(p->act, p->gu, N, cf->mlp_hidden);
+}
+
+
 // inputs, targets (B, T) on the host; targets may be NULL (no loss). Fills the logits and,
 // with targets, the losses and mean_loss.
 static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int B, int T) {
     const FoxConfig* cf = &g->config;
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden;
     int V = cf->vocab_size, Vp = cf->padded_vocab_size;
-    size_t N = (size_t)B * T, NC = N * C, NH = N * H;
+    size_t N = (size_t)B * T, NC = N * C;
     if (T > g->max_T || N > (size_t)g->max_B * g->max_T) {
         fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, g->max_B, g->max_T);
     }
@@ -2407,70 +2585,38 @@ static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int 
     cudaCheck(cudaMemcpy(g->inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
     if (targets != NULL) { cudaCheck(cudaMemcpy(g->targets, targets, N * sizeof(int), cudaMemcpyHostToDevice)); }
     GPUActivations a = g->acts;
-    int groups_qk = cf->qk_norm_shared ? 1 : H;
     encoder_forward_kernel<<<elem_blocks(NC), 256>>>(a.resid, g->inputs, pm(g, P_WTE, 0), N, C);
     launchCheck();
     for (int l = 0; l < L; l++) {
-        float* resid = LAYER(a.resid, l, NC);
-        float* resid_mid = LAYER(a.resid_mid, l, NC);
-        floatX* xa = LAYER(a.xa, l, NC);
-        floatX* q_raw = LAYER(a.q_raw, l, NC); floatX* k_raw = LAYER(a.k_raw, l, NC);
-        floatX* v_raw = LAYER(a.v_raw, l, NC);
-        floatX* k_shifted = LAYER(a.k_shifted, l, NC); floatX* v = LAYER(a.v, l, NC);
-        floatX* q = LAYER(a.q, l, NC); floatX* k = LAYER(a.k, l, NC);
-        float* gate_logit = LAYER(a.gate_logit, l, NH); float* c = LAYER(a.c, l, NH);
-        floatX* o = LAYER(a.o, l, NC); floatX* y = LAYER(a.y, l, NC);
-        floatX* og_logit = LAYER(a.og_logit, l, NC);
-        floatX* xm = LAYER(a.xm, l, NC);
-        floatX* gu = LAYER(a.gu, l, N * 2 * I); floatX* act = LAYER(a.act, l, N * I);
+        LayerActs p = layer_acts(g, l);
         // attention
-        rmsnorm_forward_gpu(xa, LAYER(a.rstd_a, l, N), resid, pm(g, P_ATTN_NORM, l), N, C);
-        matmul_forward_gpu(q_raw, CUDA_R_X, NULL, xa, px(g, P_WQ, l), N, C, C);
-        matmul_forward_gpu(k_raw, CUDA_R_X, NULL, xa, px(g, P_WK, l), N, C, C);
-        matmul_forward_gpu(v_raw, CUDA_R_X, NULL, xa, px(g, P_WV, l), N, C, C);
+        rmsnorm_forward_gpu(p.xa, p.rstd_a, p.resid, pm(g, P_ATTN_NORM, l), N, C);
+        matmul_forward_gpu(p.q_raw, CUDA_R_X, NULL, p.xa, px(g, P_WQ, l), N, C, C);
+        matmul_forward_gpu(p.k_raw, CUDA_R_X, NULL, p.xa, px(g, P_WK, l), N, C, C);
+        matmul_forward_gpu(p.v_raw, CUDA_R_X, NULL, p.xa, px(g, P_WV, l), N, C, C);
         if (cf->k_shift) {
-            float* k_alpha = LAYER(a.k_alpha, l, NH);
-            matmul_forward_gpu(k_alpha, CUDA_R_32F, NULL, xa, px(g, P_WK_SHIFT, l), N, C, H);
-            kv_shift_forward_kernel<<<elem_blocks(NC), 256>>>(k_shifted, k_raw, k_alpha, N, T, H, hd);
-            launchCheck();
+            matmul_forward_gpu(p.k_alpha, CUDA_R_32F, NULL, p.xa, px(g, P_WK_SHIFT, l), N, C, H);
+            kv_shift_forward_gpu(p.k_shifted, p.k_raw, p.k_alpha, B, T, H, hd);
         }
         if (cf->v_shift) {
-            float* v_alpha = LAYER(a.v_alpha, l, NH);
-            matmul_forward_gpu(v_alpha, CUDA_R_32F, NULL, xa, px(g, P_WV_SHIFT, l), N, C, H);
-            kv_shift_forward_kernel<<<elem_blocks(NC), 256>>>(v, v_raw, v_alpha, N, T, H, hd);
-            launchCheck();
+            matmul_forward_gpu(p.v_alpha, CUDA_R_32F, NULL, p.xa, px(g, P_WV_SHIFT, l), N, C, H);
+            kv_shift_forward_gpu(p.v, p.v_raw, p.v_alpha, B, T, H, hd);
         }
-        if (cf->qk_norm || cf->rope) {
-            const float* wq_n = cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL;
-            const float* wk_n = cf->qk_norm ? pm(g, P_K_NORM, l) : NULL;
-            const float* rope = cf->rope ? g->rope : NULL;
-            qk_norm_rope_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                q, LAYER(a.rstd_q, l, NH), q_raw, wq_n, groups_qk, rope, N, T, H, hd, 1e-5f);
-            launchCheck();
-            qk_norm_rope_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                k, LAYER(a.rstd_k, l, NH), k_shifted, wk_n, groups_qk, rope, N, T, H, hd, 1e-5f);
-            launchCheck();
-        }
-        if (cf->gate == GATE_FULL) { matmul_forward_gpu(gate_logit, CUDA_R_32F, NULL, xa, px(g, P_WF, l), N, C, H); }
+        qk_norm_rope_forward_gpu(g, &p, l, B, T);
+        if (cf->gate == GATE_FULL) { matmul_forward_gpu(p.gate_logit, CUDA_R_32F, NULL, p.xa, px(g, P_WF, l), N, C, H); }
         if (cf->gate != GATE_NONE) {
-            forget_gate_forward_kernel<<<B * H, SCAN_THREADS>>>(c, gate_logit, pm(g, P_BF, l), cf->gate == GATE_FULL, B, T, H);
+            forget_gate_forward_kernel<<<B * H, SCAN_THREADS>>>(p.c, p.gate_logit, pm(g, P_BF, l), cf->gate == GATE_FULL, B, T, H);
             launchCheck();
         }
-        attention_forward_gpu(o, LAYER(a.lse, l, NH), q, k, v, cf->gate != GATE_NONE ? c : NULL, B, T, H, hd, cf->window);
-        if (cf->output_gate) { matmul_forward_gpu(og_logit, CUDA_R_X, NULL, xa, px(g, P_WG, l), N, C, C); }
-        if (cf->output_norm || cf->output_gate) {
-            output_norm_gate_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                LAYER(a.o_normed, l, NC), y, LAYER(a.rstd_o, l, NH), o, cf->output_gate ? og_logit : NULL,
-                cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, H, hd, 1e-6f);
-            launchCheck();
-        }
-        matmul_forward_gpu(resid_mid, CUDA_R_32F, resid, y, px(g, P_WO, l), N, C, C); // resid + W_o y
+        attention_forward_gpu(p.o, p.lse, p.q, p.k, p.v, cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window);
+        if (cf->output_gate) { matmul_forward_gpu(p.og_logit, CUDA_R_X, NULL, p.xa, px(g, P_WG, l), N, C, C); }
+        output_norm_gate_forward_gpu(g, &p, l, N);
+        matmul_forward_gpu(p.resid_mid, CUDA_R_32F, p.resid, p.y, px(g, P_WO, l), N, C, C); // resid + W_o y
         // MLP
-        rmsnorm_forward_gpu(xm, LAYER(a.rstd_m, l, N), resid_mid, pm(g, P_MLP_NORM, l), N, C);
-        matmul_forward_gpu(gu, CUDA_R_X, NULL, xm, px(g, P_WGU, l), N, C, 2 * I);
-        swiglu_forward_kernel<<<elem_blocks(N * I), 256>>>(act, gu, N, I);
-        launchCheck();
-        matmul_forward_gpu(LAYER(a.resid, l + 1, NC), CUDA_R_32F, resid_mid, act, px(g, P_WDOWN, l), N, I, C);
+        rmsnorm_forward_gpu(p.xm, p.rstd_m, p.resid_mid, pm(g, P_MLP_NORM, l), N, C);
+        matmul_forward_gpu(p.gu, CUDA_R_X, NULL, p.xm, px(g, P_WGU, l), N, C, 2 * I);
+        swiglu_forward_gpu(p.act, p.gu, N, I);
+        matmul_forward_gpu(p.resid_next, CUDA_R_32F, p.resid_mid, p.act, px(g, P_WDOWN, l), N, I, C);
     }
     rmsnorm_forward_gpu(a.xf, a.rstd_f, LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), N, C);
     matmul_forward_gpu(a.logits, CUDA_R_X, NULL, a.xf, px(g, P_LM_HEAD, 0), N, C, Vp);
@@ -2536,25 +2682,27 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
     cudaCheck(cudaMemset(d.dresid, 0, NC * sizeof(float)));
     rmsnorm_backward_gpu(g, pg(g, P_NORM_F, 0), LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), a.rstd_f, N, C);
     for (int l = L - 1; l >= 0; l--) {
-        floatX* xa = LAYER(a.xa, l, NC);
+        LayerActs p = layer_acts(g, l);
+        if (a.recompute) { gpu_recompute_layer(g, &p, l); }
+        floatX* xa = p.xa;
         // MLP: dresid passes through the residual add unchanged
         matmul_backward_input_gpu(d.dact, CUDA_R_X, d.dresid_x, px(g, P_WDOWN, l), N, I, C, 0.0f);
-        matmul_backward_weight_gpu(pg(g, P_WDOWN, l), d.dresid_x, LAYER(a.act, l, N * I), N, I, C);
-        swiglu_backward_kernel<<<elem_blocks(N * I), 256>>>(d.dgu, d.dact, LAYER(a.gu, l, N * 2 * I), N, I);
+        matmul_backward_weight_gpu(pg(g, P_WDOWN, l), d.dresid_x, p.act, N, I, C);
+        swiglu_backward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(d.dgu, d.dact, p.gu, N, I);
         launchCheck();
         matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dgu, px(g, P_WGU, l), N, C, 2 * I, 0.0f);
-        matmul_backward_weight_gpu(pg(g, P_WGU, l), d.dgu, LAYER(a.xm, l, NC), N, C, 2 * I);
-        rmsnorm_backward_gpu(g, pg(g, P_MLP_NORM, l), LAYER(a.resid_mid, l, NC), pm(g, P_MLP_NORM, l),
-                             LAYER(a.rstd_m, l, N), N, C);
+        matmul_backward_weight_gpu(pg(g, P_WGU, l), d.dgu, p.xm, N, C, 2 * I);
+        rmsnorm_backward_gpu(g, pg(g, P_MLP_NORM, l), p.resid_mid, pm(g, P_MLP_NORM, l),
+                             p.rstd_m, N, C);
         // attention
         matmul_backward_input_gpu(d.dy, CUDA_R_X, d.dresid_x, px(g, P_WO, l), N, C, C, 0.0f);
-        matmul_backward_weight_gpu(pg(g, P_WO, l), d.dresid_x, LAYER(a.y, l, NC), N, C, C);
+        matmul_backward_weight_gpu(pg(g, P_WO, l), d.dresid_x, p.y, N, C, C);
         cudaCheck(cudaMemset(d.dxn, 0, NC * sizeof(float))); // the attention input's gradient sums 7 matmuls
         if (cf->output_norm || cf->output_gate) {
             output_norm_gate_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                d.d_o, d.dog, d.don, d.dy, LAYER(a.o, l, NC), LAYER(a.o_normed, l, NC),
-                cf->output_gate ? LAYER(a.og_logit, l, NC) : NULL, cf->output_norm ? pm(g, P_O_NORM, l) : NULL,
-                LAYER(a.rstd_o, l, NH), N, H, hd);
+                d.d_o, d.dog, d.don, d.dy, p.o, p.o_normed,
+                cf->output_gate ? p.og_logit : NULL, cf->output_norm ? pm(g, P_O_NORM, l) : NULL,
+                p.rstd_o, N, H, hd);
             launchCheck();
         }
         if (cf->output_gate) {
@@ -2562,13 +2710,13 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
             matmul_backward_weight_gpu(pg(g, P_WG, l), d.dog, xa, N, C, C);
         }
         if (cf->output_norm) {
-            colsum_gpu(pg(g, P_O_NORM, l), d.partial, d.don, LAYER(a.o, l, NC), LAYER(a.rstd_o, l, NH), N, C, hd, 1);
+            colsum_gpu(pg(g, P_O_NORM, l), d.partial, d.don, p.o, p.rstd_o, N, C, hd, 1);
         }
-        attention_backward_gpu(d.dq, d.dk, d.dv, d.dlogf, d.attn_scratch, d_o, LAYER(a.q, l, NC), LAYER(a.k, l, NC),
-                               LAYER(a.v, l, NC), LAYER(a.o, l, NC), LAYER(a.lse, l, NH),
-                               cf->gate != GATE_NONE ? LAYER(a.c, l, NH) : NULL, B, T, H, hd, cf->window);
+        attention_backward_gpu(d.dq, d.dk, d.dv, d.dlogf, d.attn_scratch, d_o, p.q, p.k,
+                               p.v, p.o, p.lse,
+                               cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window);
         if (cf->gate != GATE_NONE) {
-            forget_gate_backward_kernel<<<elem_blocks(NH), 256>>>(d.dgl, d.dgl_x, d.dlogf, LAYER(a.gate_logit, l, NH), B, T, H);
+            forget_gate_backward_kernel<<<elem_blocks(NH), 256>>>(d.dgl, d.dgl_x, d.dlogf, p.gate_logit, B, T, H);
             launchCheck();
             if (cf->gate == GATE_FULL) {
                 matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dgl_x, px(g, P_WF, l), N, C, H, 1.0f);
@@ -2581,28 +2729,28 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
         if (cf->qk_norm || cf->rope) {
             const float* rope = cf->rope ? g->rope : NULL;
             qk_norm_rope_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                dq_raw, d.dq_normed, d.dq, LAYER(a.q_raw, l, NC), cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL, groups_qk,
-                LAYER(a.rstd_q, l, NH), rope, N, T, H, hd);
+                dq_raw, d.dq_normed, d.dq, p.q_raw, cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL, groups_qk,
+                p.rstd_q, rope, N, T, H, hd);
             launchCheck();
             qk_norm_rope_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                dk_shifted, d.dk_normed, d.dk, LAYER(a.k_shifted, l, NC), cf->qk_norm ? pm(g, P_K_NORM, l) : NULL,
-                groups_qk, LAYER(a.rstd_k, l, NH), rope, N, T, H, hd);
+                dk_shifted, d.dk_normed, d.dk, p.k_shifted, cf->qk_norm ? pm(g, P_K_NORM, l) : NULL,
+                groups_qk, p.rstd_k, rope, N, T, H, hd);
             launchCheck();
         }
         if (cf->qk_norm) {
-            colsum_gpu(pg(g, P_Q_NORM, l), d.partial, d.dq_normed, LAYER(a.q_raw, l, NC), LAYER(a.rstd_q, l, NH), N, C, hd, fold_qk);
-            colsum_gpu(pg(g, P_K_NORM, l), d.partial, d.dk_normed, LAYER(a.k_shifted, l, NC), LAYER(a.rstd_k, l, NH), N, C, hd, fold_qk);
+            colsum_gpu(pg(g, P_Q_NORM, l), d.partial, d.dq_normed, p.q_raw, p.rstd_q, N, C, hd, fold_qk);
+            colsum_gpu(pg(g, P_K_NORM, l), d.partial, d.dk_normed, p.k_shifted, p.rstd_k, N, C, hd, fold_qk);
         }
         if (cf->k_shift) {
             kv_shift_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                dk_raw, d.dk_alpha, dk_shifted, LAYER(a.k_raw, l, NC), LAYER(a.k_alpha, l, NH), N, T, H, hd);
+                dk_raw, d.dk_alpha, dk_shifted, p.k_raw, p.k_alpha, N, T, H, hd);
             launchCheck();
             matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dk_alpha, px(g, P_WK_SHIFT, l), N, C, H, 1.0f);
             matmul_backward_weight_gpu(pg(g, P_WK_SHIFT, l), d.dk_alpha, xa, N, C, H);
         }
         if (cf->v_shift) {
             kv_shift_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                dv_raw, d.dv_alpha, d.dv, LAYER(a.v_raw, l, NC), LAYER(a.v_alpha, l, NH), N, T, H, hd);
+                dv_raw, d.dv_alpha, d.dv, p.v_raw, p.v_alpha, N, T, H, hd);
             launchCheck();
             matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dv_alpha, px(g, P_WV_SHIFT, l), N, C, H, 1.0f);
             matmul_backward_weight_gpu(pg(g, P_WV_SHIFT, l), d.dv_alpha, xa, N, C, H);
@@ -2613,8 +2761,8 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
         matmul_backward_weight_gpu(pg(g, P_WK, l), dk_raw, xa, N, C, C);
         matmul_backward_input_gpu(d.dxn, CUDA_R_32F, dv_raw, px(g, P_WV, l), N, C, C, 1.0f);
         matmul_backward_weight_gpu(pg(g, P_WV, l), dv_raw, xa, N, C, C);
-        rmsnorm_backward_gpu(g, pg(g, P_ATTN_NORM, l), LAYER(a.resid, l, NC), pm(g, P_ATTN_NORM, l),
-                             LAYER(a.rstd_a, l, N), N, C);
+        rmsnorm_backward_gpu(g, pg(g, P_ATTN_NORM, l), p.resid, pm(g, P_ATTN_NORM, l),
+                             p.rstd_a, N, C);
     }
     int distinct = encoder_lists(g, N);
     encoder_backward_kernel<<<distinct, 256>>>(pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, C);
@@ -2939,11 +3087,12 @@ int main(int argc, char** argv) {
     size_t matmul_params = fox_matmul_params(&model);
     double flops_per_token = 6.0 * (double)matmul_params + 6.0 * cf->n_layer * cf->n_embd * (double)a.T;
     double peak = gpu_peak_flops();
+    g_recompute = a.recompute;
     size_t need = gpu_memory_needed(cf, model.num_parameters, a.B, a.T, &dist);
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU)\n",
-           model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0);
+    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), recompute -r %d\n",
+           model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0, a.recompute);
     printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | %s schedule, peak lr %g\n",
            a.B, a.T, dist.world, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
     printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g, peak %s\n", matmul_params,
@@ -3016,6 +3165,11 @@ int main(int argc, char** argv) {
         } else {
             printf("\n");
             log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
+        }
+        if (step == start) { // every buffer is allocated up front and kept: the peak is reached by now
+            size_t used = gpu_memory_used() - g_memory_baseline;
+            printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",
+                   used / 1048576.0, need / 1048576.0, 100.0 * ((double)need - (double)used) / (double)used);
         }
     }
     if (guard.skipped > 0) { printf("skipped %ld of %ld steps (-G skip, -Z)\n", guard.skipped, a.steps - start); }

@@ -62,7 +62,8 @@ def main():
             continue
         unit = row["Metric Unit"]
         value = float(row["Metric Value"].replace(",", ""))
-        scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}[unit]
+        scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3,  # older ncu
+                 "ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
         launches.append((short_name(row["Kernel Name"]), value * scale))
     first = next((i for i, (n, _) in enumerate(launches) if args.first_kernel in n), 0)
     per_kernel = collections.defaultdict(lambda: [0, 0.0])
