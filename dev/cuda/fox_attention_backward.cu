@@ -615,6 +615,421 @@ static void fox_bwd_mma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     }
 }
 
+// ---- end: fused backward (versions 2, 3) ----
+
+// ----------------------------------------------------------------------------
+// ---- begin: wgmma backward (version 4) for train_fox.cu ----
+// Needs the section above (Delta, dlogf scan, helpers). sm_90a only (wgmma).
+//
+// Hopper's warpgroup mma (wgmma, 4 warps, 64 rows per instruction) reads its B operand, and
+// optionally A, straight from shared memory through a descriptor: no ldmatrix into registers,
+// which is what saturated L1/shared in versions 2-3 (67% in the profile). Tiles are stored as
+// 8x8 "core matrices" (8 rows of 16 bytes, 128 contiguous bytes, no swizzle), core matrix (rb, cb)
+// of a (rows, HD) tile at byte (rb * HD/8 + cb) * 128. The same bytes serve as a K-major operand
+// (K = HD: S = Q K^T, dP = dO V^T) and as an MN-major one (N = HD, K = rows: dV += P^T dO,
+// dK += dS^T Q, dQ += dS K), with the transpose bit of the instruction. P and dS go from the
+// accumulators to the A registers of the second matmuls directly (same fragment layout as mma.sync).
+
+// wgmma wrappers: d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N);
+// acc = 0 overwrites d. SS: A and B by descriptor; RS: A from registers (mma.sync A-fragment layout
+// per warp). TB = 1: B is N-major (transposed).
+template<int TB> __device__ __forceinline__ void wgmma_ss_n32(float* d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int TB> __device__ __forceinline__ void wgmma_rs_n32(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int TB> __device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int TB> __device__ __forceinline__ void wgmma_rs_n64(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int TB> __device__ __forceinline__ void wgmma_ss_n128(float* d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int TB> __device__ __forceinline__ void wgmma_rs_n128(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int N, int TB> __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (N == 32) wgmma_ss_n32<TB>(d, da, db, acc);
+    else if constexpr (N == 64) wgmma_ss_n64<TB>(d, da, db, acc);
+    else wgmma_ss_n128<TB>(d, da, db, acc);
+}
+template<int N, int TB> __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    if constexpr (N == 32) wgmma_rs_n32<TB>(d, a, db, acc);
+    else if constexpr (N == 64) wgmma_rs_n64<TB>(d, a, db, acc);
+    else wgmma_rs_n128<TB>(d, a, db, acc);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// cp.async writes are generic-proxy writes; wgmma reads through the async proxy
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Shared-memory matrix descriptor, no swizzle: start address, LBO (byte stride between core
+// matrices along K), SBO (along M or N), each >> 4.
+__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+// a (rows, HD) core-matrix tile: K-major descriptor (K = HD) at row 8*rb, k16 step kk
+template<int HD> __device__ __forceinline__ uint64_t desc_k(const bf16* tile, int rb, int kk) {
+    return wg_desc(tile + (rb * (HD / 8) + 2 * kk) * 64, 128, HD * 16);
+}
+// the same tile as an MN-major operand (N = HD, K = rows), k16 step kk (rows 16kk..16kk+15).
+// No-swizzle MN-major: LBO is again the K-direction stride, SBO the N-direction one (MNSWAP = 1
+// swaps them; kept as a switch because the PTX text is terse on this case: the checks pick).
+template<int HD, int MNSWAP> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int kk) {
+    return MNSWAP ? wg_desc(tile + kk * 2 * (HD / 8) * 64, 128, HD * 16)
+                  : wg_desc(tile + kk * 2 * (HD / 8) * 64, HD * 16, 128);
+}
+
+// ROWS rows of one head into a core-matrix tile; rows past T zero-filled. Lane order: 8 rows of
+// one 16-byte column chunk, then the next chunk: a warp writes 4 whole core matrices (no bank
+// conflicts), reading 64 contiguous bytes per row.
+template<int ROWS, int HD, int NTHREADS>
+__device__ __forceinline__ void load_tile_cm(bf16* sm, const bf16* g, int row0, int T, int stride) {
+    constexpr int CH = HD / 8;
+    #pragma unroll
+    for (int e = threadIdx.x; e < ROWS * CH; e += NTHREADS) {
+        int rl = e & 7, ch = (e >> 3) % CH, rh = (e >> 3) / CH;
+        int row = row0 + rh * 8 + rl;
+        bool ok = row < T;
+        cp_async16(sm + (rh * CH + ch) * 64 + rl * 8, g + (size_t)(ok ? row : 0) * stride + ch * 8, ok);
+    }
+}
+
+// dk, dv and the dc column sums of one key tile of 64 * NWG keys; warpgroup wg owns keys
+// 64wg..64wg+63 (a warp 16 of them, as in version 2). Query tiles of BQ stream through shared
+// memory, double-buffered with cp.async, shared by the warpgroups.
+// S^T = K Q^T, dP^T = V dO^T (SS wgmma, K-major), then P^T, dS^T in registers, then
+// dV += P^T dO, dK += dS^T Q (RS wgmma, dO and Q N-major).
+template<int HD, int BQ, int NWG, bool GATE, int MNSWAP>
+__global__ void __launch_bounds__(128 * NWG) fox_bwd_dkdv_wgmma_kernel(bf16* dk, bf16* dv, float* dc, const bf16* dout,
+                                                                       const bf16* q, const bf16* k, const bf16* v,
+                                                                       const float* lse, const float* delta, const float* c,
+                                                                       int T, int H, int stride_qkv, int stride_o, int window,
+                                                                       float scale_log2, float scale) {
+    constexpr int BK = 64 * NWG, NT = 128 * NWG;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = (bf16*)smem_raw;             // (BK, HD) core-matrix tiles
+    bf16* sV = sK + BK * HD;                // (BK, HD)
+    bf16* sQ = sV + BK * HD;                // (2, BQ, HD)
+    bf16* sG = sQ + 2 * BQ * HD;            // (2, BQ, HD) dO
+    float* sL = (float*)(sG + 2 * BQ * HD); // (2, BQ) lse
+    float* sD = sL + 2 * BQ;                // (2, BQ) Delta
+    float* sC = sD + 2 * BQ;                // (2, BQ) c of the queries
+
+    int kt = blockIdx.x;  // the first key tiles see the most queries and are scheduled first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, wg = warp / 4;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    size_t base_o = (size_t)b * T * stride_o + (size_t)h * HD;
+    const float *lb = lse + (size_t)bh * T, *db = delta + (size_t)bh * T;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int j0 = kt * BK;
+    int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
+    int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
+
+    load_tile_cm<BK, HD, NT>(sK, k + base, j0, T, stride_qkv);
+    load_tile_cm<BK, HD, NT>(sV, v + base, j0, T, stride_qkv);
+    auto load_q_tile = [&](int it, int nb) {
+        int i1 = it * BQ;
+        load_tile_cm<BQ, HD, NT>(sQ + nb * BQ * HD, q + base, i1, T, stride_qkv);
+        load_tile_cm<BQ, HD, NT>(sG + nb * BQ * HD, dout + base_o, i1, T, stride_o);
+        load_vec_async<BQ>(sL + nb * BQ, lb, i1, T);
+        load_vec_async<BQ>(sD + nb * BQ, db, i1, T);
+        if (GATE) load_vec_async<BQ>(sC + nb * BQ, cb, i1, T);
+    };
+    load_q_tile(it_begin, 0);
+    cp_async_commit();
+
+    int keys[2];
+    float cj[2], dcs[2] = {0.f, 0.f};
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        keys[r] = j0 + warp * 16 + g + 8 * r;
+        cj[r] = (GATE && keys[r] < T) ? cb[keys[r]] : 0.f;
+    }
+    float dka[HD / 2], dva[HD / 2];
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
+    const bf16 *sKw = sK + wg * 8 * (HD / 8) * 64, *sVw = sV + wg * 8 * (HD / 8) * 64;  // this warpgroup's 64 keys
+
+    for (int it = it_begin; it < it_end; it++) {
+        int buf = (it - it_begin) & 1;
+        if (it + 1 < it_end) { load_q_tile(it + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
+        else cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        const bf16 *sQb = sQ + buf * BQ * HD, *sGb = sG + buf * BQ * HD;
+        const float *sLb = sL + buf * BQ, *sDb = sD + buf * BQ, *sCb = sC + buf * BQ;
+
+        // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries) per warpgroup
+        float st[BQ / 2], dpt[BQ / 2];
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            wgmma_ss<BQ, 0>(st, desc_k<HD>(sKw, 0, kk), desc_k<HD>(sQb, 0, kk), kk);
+            wgmma_ss<BQ, 0>(dpt, desc_k<HD>(sVw, 0, kk), desc_k<HD>(sGb, 0, kk), kk);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+
+        // P^T, dS^T in place; masked entries are selected to 0, never multiplied
+        int i0 = it * BQ;
+        bool need_mask = (i0 < j0 + BK - 1) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0 >= window);
+        #pragma unroll
+        for (int nt = 0; nt < BQ / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int il = nt * 8 + 2 * tq + (e & 1);
+                float x = fmaf(st[nt * 4 + e], scale_log2, -sLb[il] * LOG2E);
+                if (GATE) x = fmaf(sCb[il] - cj[e / 2], LOG2E, x);
+                float p = exp2f(x);
+                if (need_mask) {
+                    int i = i0 + il;
+                    if (i >= T || !fox_visible(i, keys[e / 2], window)) p = 0.f;
+                }
+                float ds = p * (dpt[nt * 4 + e] - sDb[il]);
+                dcs[e / 2] += ds;
+                st[nt * 4 + e] = p;
+                dpt[nt * 4 + e] = ds;
+            }
+        }
+        // dV += P^T dO, dK += dS^T Q
+        uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
+        #pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            acc_to_a(pa[kk], st + 8 * kk, st + 8 * kk + 4);
+            acc_to_a(sa[kk], dpt + 8 * kk, dpt + 8 * kk + 4);
+        }
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            wgmma_rs<HD, 1>(dva, pa[kk], desc_mn<HD, MNSWAP>(sGb, kk), 1);
+            wgmma_rs<HD, 1>(dka, sa[kk], desc_mn<HD, MNSWAP>(sQb, kk), 1);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+        __syncthreads();  // buffer free for the prefetch of the next iteration
+    }
+    bf16 *dkb = dk + base, *dvb = dv + base;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = keys[r];
+        if (GATE) {  // fixed shuffle order: deterministic
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
+            if (tq == 0 && key < T) dc[(size_t)bh * T + key] = -dcs[r];
+        }
+        if (key >= T) continue;
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            int col = dt * 8 + 2 * tq;
+            *(__nv_bfloat162*)(dkb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dka[dt * 4 + 2 * r] * scale, dka[dt * 4 + 2 * r + 1] * scale);
+            *(__nv_bfloat162*)(dvb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dva[dt * 4 + 2 * r], dva[dt * 4 + 2 * r + 1]);
+        }
+    }
+}
+
+// dq and the dc row sums of one query tile of 64 * NWG queries (warpgroup wg owns 64 of them);
+// key tiles of BC stream through shared memory. S = Q K^T, dP = dO V^T (SS, K-major), dS in
+// registers, dQ += dS K (RS, K N-major).
+template<int HD, int BC, int NWG, bool GATE, int MNSWAP>
+__global__ void __launch_bounds__(128 * NWG) fox_bwd_dq_wgmma_kernel(bf16* dq, float* dc_row, const bf16* dout, const bf16* q,
+                                                                     const bf16* k, const bf16* v, const float* lse,
+                                                                     const float* delta, const float* c, int T, int H,
+                                                                     int stride_qkv, int stride_o, int window,
+                                                                     float scale_log2, float scale) {
+    constexpr int BR = 64 * NWG, NT = 128 * NWG;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_raw;                // (BR, HD)
+    bf16* sG = sQ + BR * HD;                   // (BR, HD) dO
+    bf16* sK = sG + BR * HD;                   // (2, BC, HD)
+    bf16* sV = sK + 2 * BC * HD;               // (2, BC, HD)
+    float* sC = (float*)(sV + 2 * BC * HD);    // (2, BC) c of the keys
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, wg = warp / 4;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    size_t base_o = (size_t)b * T * stride_o + (size_t)h * HD;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+
+    load_tile_cm<BR, HD, NT>(sQ, q + base, i0, T, stride_qkv);
+    load_tile_cm<BR, HD, NT>(sG, dout + base_o, i0, T, stride_o);
+    auto load_k_tile = [&](int jt, int nb) {
+        int j1 = jt * BC;
+        load_tile_cm<BC, HD, NT>(sK + nb * BC * HD, k + base, j1, T, stride_qkv);
+        load_tile_cm<BC, HD, NT>(sV + nb * BC * HD, v + base, j1, T, stride_qkv);
+        if (GATE) load_vec_async<BC>(sC + nb * BC, cb, j1, T);
+    };
+    load_k_tile(jt_begin, 0);
+    cp_async_commit();
+
+    int r0 = i0 + warp * 16 + g, r1 = r0 + 8;
+    float rl[2], rd[2], rc[2];  // lse in log2 units, Delta, c of this thread's rows
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = r ? r1 : r0;
+        bool ok = row < T;
+        rl[r] = ok ? lse[(size_t)bh * T + row] * LOG2E : 0.f;
+        rd[r] = ok ? delta[(size_t)bh * T + row] : 0.f;
+        rc[r] = (GATE && ok) ? cb[row] : 0.f;
+    }
+    float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
+    const bf16 *sQw = sQ + wg * 8 * (HD / 8) * 64, *sGw = sG + wg * 8 * (HD / 8) * 64;
+
+    for (int jt = jt_begin; jt < jt_end; jt++) {
+        int buf = (jt - jt_begin) & 1;
+        if (jt + 1 < jt_end) { load_k_tile(jt + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
+        else cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        const bf16 *sKb = sK + buf * BC * HD, *sVb = sV + buf * BC * HD;
+        const float* sCb = sC + buf * BC;
+
+        float s[BC / 2], dp[BC / 2];
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            wgmma_ss<BC, 0>(s, desc_k<HD>(sQw, 0, kk), desc_k<HD>(sKb, 0, kk), kk);
+            wgmma_ss<BC, 0>(dp, desc_k<HD>(sGw, 0, kk), desc_k<HD>(sVb, 0, kk), kk);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+        int j0 = jt * BC;
+        bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int jl = nt * 8 + 2 * tq + (e & 1);
+                float x = fmaf(s[nt * 4 + e], scale_log2, -rl[e / 2]);
+                if (GATE) x = fmaf(rc[e / 2] - sCb[jl], LOG2E, x);
+                float p = exp2f(x);
+                if (need_mask) {
+                    int j = j0 + jl;
+                    if (j >= T || !fox_visible(e < 2 ? r0 : r1, j, window)) p = 0.f;
+                }
+                float ds = p * (dp[nt * 4 + e] - rd[e / 2]);
+                s[nt * 4 + e] = ds;
+                rs[e / 2] += ds;
+            }
+        }
+        uint32_t sa[BC / 16][4];
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(dqa, sa[kk], desc_mn<HD, MNSWAP>(sKb, kk), 1);
+        wgmma_commit();
+        wgmma_wait0();
+        __syncthreads();
+    }
+    bf16* dqb = dq + base;
+    #pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++) {
+        int col = dt * 8 + 2 * tq;
+        if (r0 < T) *(__nv_bfloat162*)(dqb + (size_t)r0 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4] * scale, dqa[dt * 4 + 1] * scale);
+        if (r1 < T) *(__nv_bfloat162*)(dqb + (size_t)r1 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4 + 2] * scale, dqa[dt * 4 + 3] * scale);
+    }
+    if (GATE) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {  // fixed shuffle order: deterministic
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 1);
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 2);
+        }
+        if (tq == 0) {
+            if (r0 < T) dc_row[(size_t)bh * T + r0] = rs[0];
+            if (r1 < T) dc_row[(size_t)bh * T + r1] = rs[1];
+        }
+    }
+}
+
+// Shared memory of the two version-4 kernels (dynamic; above 48 KB needs the attribute, set on
+// the first call of each instantiation)
+template<int HD, int BQ, int NWG> constexpr size_t fox_wg_smem_kv() {
+    return (size_t)(2 * 64 * NWG + 4 * BQ) * HD * sizeof(bf16) + 6 * BQ * sizeof(float);
+}
+template<int HD, int BC, int NWG> constexpr size_t fox_wg_smem_q() {
+    return (size_t)(2 * 64 * NWG + 4 * BC) * HD * sizeof(bf16) + 2 * BC * sizeof(float);
+}
+
+template<int HD, int BQ, int NWGK, int BC, int NWGQ, bool GATE, int MNSWAP>
+static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
+                                 const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
+                                 int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    constexpr size_t smem_kv = fox_wg_smem_kv<HD, BQ, NWGK>(), smem_q = fox_wg_smem_q<HD, BC, NWGQ>();
+    static bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, MNSWAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, MNSWAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        configured = true;
+    }
+    float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
+    fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, MNSWAP><<<dim3(ceil_div(T, 64 * NWGK), B * H), 128 * NWGK, smem_kv, s>>>(
+        dk, dv, dc, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
+    cudaCheckLaunch();
+    fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, MNSWAP><<<dim3(ceil_div(T, 64 * NWGQ), B * H), 128 * NWGQ, smem_q, s>>>(
+        dq, dc_row, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
+    cudaCheckLaunch();
+}
+
+// version 4: Delta, the two wgmma kernels, the dlogf scan. CFG picks tile shapes (measured
+// variants): 0 = one warpgroup per block in both kernels, 1 = two in the dk/dv kernel.
+// scratch: 3 * B*H*T floats, as version 2.
+template<int MNSWAP, int CFG>
+static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
+                          const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
+                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    int BHT = B * H * T;
+    float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
+    if (hd == 64) fox_bwd_delta_kernel<64><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    else fox_bwd_delta_kernel<128><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    cudaCheckLaunch();
+    constexpr int NWGK = CFG == 1 ? 2 : 1;
+    if (hd == 64) {
+        if (c) fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, true, MNSWAP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, false, MNSWAP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+    } else {  // hd 128: dK, dV take 128 accumulator registers; 32-query steps keep S^T, dP^T at 32
+        if (c) fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, true, MNSWAP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, false, MNSWAP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+    }
+    if (c) {
+        fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
+        cudaCheckLaunch();
+    }
+}
+// ---- end: wgmma backward (version 4) ----
+
+// ---- begin: fused backward API for train_fox.cu ----
 // dq, dk, dv: bf16 (B, T, H, hd), token stride stride_qkv (like q, k, v; may be a packed dqkv).
 // dout, o: bf16 (B, T, H, hd), token stride stride_o. lse: from fox_attention_forward.
 // c: fp32 (B, H, T) or NULL (plain causal attention). dlogf: fp32 (B, H, T) gradient of log f,
@@ -674,7 +1089,13 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d) {
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 3: fox_bwd_mma<32, 2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..3\n", version); exit(EXIT_FAILURE);
+        case 4: fox_bwd_wgmma<0, 0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
+        case 5: fox_bwd_wgmma<0, 1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
+        case 6: fox_bwd_wgmma<1, 0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..6\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -718,11 +1139,12 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 3;
+    int first = only ? only : 1, last = only ? only : 6;
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-    bool all_ok = true;
+    bool all_ok = true;         // the references
+    bool vok[8] = {true, true, true, true, true, true, true, true};  // per version: only those that pass are timed
 
     // 1. small shapes against the fp64 CPU reference
     struct Cfg { int B, T, H, hd, window; bool packed; double gate; int o_pad; };
@@ -751,7 +1173,7 @@ int main(int argc, char** argv) {
             run_backward(ver, p, d);
             cudaCheck(cudaDeviceSynchronize());
             printf("  version %d\n", ver);
-            all_ok &= check_backward(p, d, dq.data(), dk.data(), dv.data(), dlogf.data());
+            vok[ver] &= check_backward(p, d, dq.data(), dk.data(), dv.data(), dlogf.data());
         }
         release_bwd(d);
     }
@@ -802,33 +1224,38 @@ int main(int argc, char** argv) {
                 run_backward(ver, p, d);
                 cudaCheck(cudaDeviceSynchronize());
                 printf("  version %d\n", ver);
-                all_ok &= check_backward(p, d, ref.data(), ref.data() + n, ref.data() + 2 * n, ref.data() + 3 * n, L.tol_dqdk);
+                vok[ver] &= check_backward(p, d, ref.data(), ref.data() + n, ref.data() + 2 * n, ref.data() + 3 * n, L.tol_dqdk);
             }
         }
         cudaCheck(cudaFree(o64)); cudaCheck(cudaFree(lse64)); cudaCheck(cudaFree(g64)); cudaCheck(cudaFree(s64));
         release_bwd(d);
     }
 
-    // 3. determinism: same inputs, same bits
-    {
-        FoxProblem p = make_problem(2, 3000, 4, 64, 0, true, -1);
+    // 3. determinism: same inputs, same bits (the tiled versions)
+    for (int ver = std::max(first, 2); ver <= last; ver++) {
+        FoxProblem p = make_problem(2, 3000, 4, ver % 2 ? 128 : 64, 0, true, -1);
         BwdDev d = upload_bwd(p);
         run_fwd(p, d);
         std::vector<bf16> g1; std::vector<float> l1;
         for (int rep = 0; rep < 2; rep++) {
             poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht);
-            run_backward(last >= 2 ? 2 : last, p, d);  // the API's version
+            run_backward(ver, p, d);
             std::vector<bf16> g = d2h(d.dqkv, p.n_qkv);
             std::vector<float> l = d2h(d.dlogf, p.n_bht);
             if (rep == 0) { g1 = g; l1 = l; continue; }
             bool same = memcmp(g.data(), g1.data(), g.size() * sizeof(bf16)) == 0 &&
                         memcmp(l.data(), l1.data(), l.size() * sizeof(float)) == 0;
-            printf("determinism (two backward runs, bitwise): %s\n", same ? "ok" : "FAIL");
-            all_ok &= same;
+            printf("determinism of version %d, hd %d (two backward runs, bitwise): %s\n", ver, p.hd, same ? "ok" : "FAIL");
+            vok[ver] &= same;
         }
         release_bwd(d);
     }
-    if (!all_ok) { printf("VALIDATION FAILED: no timing\n"); return EXIT_FAILURE; }
+    bool any_ok = false;
+    for (int ver = first; ver <= last; ver++) {
+        if (!vok[ver]) printf("VALIDATION FAILED for version %d: not timed\n", ver);
+        any_ok |= vok[ver];
+    }
+    if (!all_ok || !any_ok) { printf("VALIDATION FAILED: no timing\n"); return EXIT_FAILURE; }
 
     // 4. timing on the shapes of BENCHMARKS.md (gate on, random data)
     int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64}, {1, 16, 16384, 128}, {4, 16, 4096, 128}};
@@ -844,7 +1271,7 @@ int main(int argc, char** argv) {
         printf("%-22s", name);
         double f = attn_fwd_flops(B, T, H, hd);
         for (int ver = first; ver <= last; ver++) {
-            if (ver == 1 && &sh != &shapes[0]) { printf("   %-19s%-19s", "-", "-"); continue; }  // seconds there
+            if (!vok[ver] || (ver == 1 && &sh != &shapes[0])) { printf("   %-19s%-19s", "-", "-"); continue; }  // v1: seconds there
             int reps = ver == 1 ? 3 : 30;
             float mb = time_median_ms([&]() { run_backward(ver, p, d); }, 1, reps);
             float mfb = time_median_ms([&]() { run_fwd(p, d); run_backward(ver, p, d); }, 1, reps);
@@ -853,6 +1280,7 @@ int main(int argc, char** argv) {
         printf("\n");
         release_bwd(d);
     }
+    for (int ver = first; ver <= last; ver++) if (!vok[ver]) return EXIT_FAILURE;
     return 0;
 }
 #endif
