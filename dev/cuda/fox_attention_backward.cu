@@ -682,6 +682,12 @@ template<int N, int TB> __device__ __forceinline__ void wgmma_rs(float* d, const
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// The compiler sees a wgmma as finished when issued; pinning its accumulators after the wait keeps
+// every read of them below the wait.
+template<int R> __device__ __forceinline__ void wgmma_pin(float* d) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
+}
 // cp.async writes are generic-proxy writes; wgmma reads through the async proxy
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -793,6 +799,7 @@ __global__ void __launch_bounds__(128 * NWG) fox_bwd_dkdv_wgmma_kernel(bf16* dk,
         }
         wgmma_commit();
         wgmma_wait0();
+        wgmma_pin<BQ / 2>(st); wgmma_pin<BQ / 2>(dpt);
 
         // P^T, dS^T in place; masked entries are selected to 0, never multiplied
         int i0 = it * BQ;
@@ -830,6 +837,7 @@ __global__ void __launch_bounds__(128 * NWG) fox_bwd_dkdv_wgmma_kernel(bf16* dk,
         }
         wgmma_commit();
         wgmma_wait0();
+        wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
         __syncthreads();  // buffer free for the prefetch of the next iteration
     }
     bf16 *dkb = dk + base, *dvb = dv + base;
@@ -924,6 +932,7 @@ __global__ void __launch_bounds__(128 * NWG) fox_bwd_dq_wgmma_kernel(bf16* dq, f
         }
         wgmma_commit();
         wgmma_wait0();
+        wgmma_pin<BC / 2>(s); wgmma_pin<BC / 2>(dp);
         int j0 = jt * BC;
         bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
         #pragma unroll
@@ -951,6 +960,7 @@ __global__ void __launch_bounds__(128 * NWG) fox_bwd_dq_wgmma_kernel(bf16* dq, f
         for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(dqa, sa[kk], desc_mn<HD, MNSWAP>(sKb, kk), 1);
         wgmma_commit();
         wgmma_wait0();
+        wgmma_pin<HD / 2>(dqa);
         __syncthreads();
     }
     bf16* dqb = dq + base;
