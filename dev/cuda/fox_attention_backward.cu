@@ -728,8 +728,8 @@ __device__ __forceinline__ void load_tile_cm(bf16* sm, const bf16* g, int row0, 
 // memory, double-buffered with cp.async, shared by the warpgroups.
 // S^T = K Q^T, dP^T = V dO^T (SS wgmma, K-major), then P^T, dS^T in registers, then
 // dV += P^T dO, dK += dS^T Q (RS wgmma, dO and Q N-major).
-template<int HD, int BQ, int NWG, bool GATE, int MNSWAP>
-__global__ void __launch_bounds__(128 * NWG) fox_bwd_dkdv_wgmma_kernel(bf16* dk, bf16* dv, float* dc, const bf16* dout,
+template<int HD, int BQ, int NWG, bool GATE, int MNSWAP, int MINB>
+__global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf16* dk, bf16* dv, float* dc, const bf16* dout,
                                                                        const bf16* q, const bf16* k, const bf16* v,
                                                                        const float* lse, const float* delta, const float* c,
                                                                        int T, int H, int stride_qkv, int stride_o, int window,
@@ -864,8 +864,8 @@ __global__ void __launch_bounds__(128 * NWG) fox_bwd_dkdv_wgmma_kernel(bf16* dk,
 // dq and the dc row sums of one query tile of 64 * NWG queries (warpgroup wg owns 64 of them);
 // key tiles of BC stream through shared memory. S = Q K^T, dP = dO V^T (SS, K-major), dS in
 // registers, dQ += dS K (RS, K N-major).
-template<int HD, int BC, int NWG, bool GATE, int MNSWAP>
-__global__ void __launch_bounds__(128 * NWG) fox_bwd_dq_wgmma_kernel(bf16* dq, float* dc_row, const bf16* dout, const bf16* q,
+template<int HD, int BC, int NWG, bool GATE, int MNSWAP, int MINB>
+__global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16* dq, float* dc_row, const bf16* dout, const bf16* q,
                                                                      const bf16* k, const bf16* v, const float* lse,
                                                                      const float* delta, const float* c, int T, int H,
                                                                      int stride_qkv, int stride_o, int window,
@@ -992,28 +992,29 @@ template<int HD, int BC, int NWG> constexpr size_t fox_wg_smem_q() {
     return (size_t)(2 * 64 * NWG + 4 * BC) * HD * sizeof(bf16) + 2 * BC * sizeof(float);
 }
 
-template<int HD, int BQ, int NWGK, int BC, int NWGQ, bool GATE, int MNSWAP>
+template<int HD, int BQ, int NWGK, int BC, int NWGQ, bool GATE, int MNSWAP, int MINBK, int MINBQ>
 static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
                                  const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
                                  int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     constexpr size_t smem_kv = fox_wg_smem_kv<HD, BQ, NWGK>(), smem_q = fox_wg_smem_q<HD, BC, NWGQ>();
     static bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, MNSWAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, MNSWAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, MNSWAP, MINBK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, MNSWAP, MINBQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
         configured = true;
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
-    fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, MNSWAP><<<dim3(ceil_div(T, 64 * NWGK), B * H), 128 * NWGK, smem_kv, s>>>(
+    fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, MNSWAP, MINBK><<<dim3(ceil_div(T, 64 * NWGK), B * H), 128 * NWGK, smem_kv, s>>>(
         dk, dv, dc, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
     cudaCheckLaunch();
-    fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, MNSWAP><<<dim3(ceil_div(T, 64 * NWGQ), B * H), 128 * NWGQ, smem_q, s>>>(
+    fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, MNSWAP, MINBQ><<<dim3(ceil_div(T, 64 * NWGQ), B * H), 128 * NWGQ, smem_q, s>>>(
         dq, dc_row, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
     cudaCheckLaunch();
 }
 
 // version 4: Delta, the two wgmma kernels, the dlogf scan. CFG picks tile shapes (measured
-// variants): 0 = one warpgroup per block in both kernels, 1 = two in the dk/dv kernel.
+// variants): 0 = one warpgroup per block in both kernels, 1 = two in the dk/dv kernel, 2 = as 0
+// with registers capped for 3 blocks per SM in the dk/dv kernel (hd 64) and 3 in dq (hd 128).
 // scratch: 3 * B*H*T floats, as version 2.
 template<int MNSWAP, int CFG>
 static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
@@ -1024,13 +1025,13 @@ static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
     if (hd == 64) fox_bwd_delta_kernel<64><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     else fox_bwd_delta_kernel<128><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     cudaCheckLaunch();
-    constexpr int NWGK = CFG == 1 ? 2 : 1;
+    constexpr int NWGK = CFG == 1 ? 2 : 1, MINB = CFG == 2 ? 3 : 1;
     if (hd == 64) {
-        if (c) fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, true, MNSWAP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, false, MNSWAP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, true, MNSWAP, MINB, 1>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, false, MNSWAP, MINB, 1>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
     } else {  // hd 128: dK, dV take 128 accumulator registers; 32-query steps keep S^T, dP^T at 32
-        if (c) fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, true, MNSWAP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, false, MNSWAP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, true, MNSWAP, 1, MINB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, false, MNSWAP, 1, MINB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -1105,7 +1106,9 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d) {
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 6: fox_bwd_wgmma<1, 0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..6\n", version); exit(EXIT_FAILURE);
+        case 7: fox_bwd_wgmma<0, 2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..7\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -1149,7 +1152,7 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 6;
+    int first = only ? only : 1, last = only ? only : 7;
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
