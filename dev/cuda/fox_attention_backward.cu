@@ -681,46 +681,74 @@ template<int N, int TB> __device__ __forceinline__ void wgmma_rs(float* d, const
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template<int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { wgmma_wait<0>(); }
 // The compiler sees a wgmma as finished when issued; pinning its accumulators after the wait keeps
 // every read of them below the wait.
 template<int R> __device__ __forceinline__ void wgmma_pin(float* d) {
     #pragma unroll
     for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
 }
+// the same for A fragments in registers: keeps them alive (unreused) until the wait
+template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
+}
 // cp.async writes are generic-proxy writes; wgmma reads through the async proxy
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// Shared-memory matrix descriptor, no swizzle: start address, LBO (byte stride between core
-// matrices along K), SBO (along M or N), each >> 4.
-__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+// Shared-memory matrix descriptor: start address, LBO, SBO (each >> 4), layout (bits 62-63:
+// 0 none, 1 128-byte swizzle).
+__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo, int sw) {
+    return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+           ((uint64_t)sw << 62);
 }
-// a (rows, HD) core-matrix tile: K-major descriptor (K = HD) at row 8*rb, k16 step kk
-template<int HD> __device__ __forceinline__ uint64_t desc_k(const bf16* tile, int rb, int kk) {
-    return wg_desc(tile + (rb * (HD / 8) + 2 * kk) * 64, 128, HD * 16);
+// Two layouts of a (ROWS, HD) bf16 tile (SW picks):
+// SW = 0 (version 4): 8x8 core matrices (8 rows of 16 bytes, 128 contiguous bytes, no swizzle),
+//   core matrix (rb, cb) at byte (rb * HD/8 + cb) * 128.
+// SW = 1 (version 5): 128-byte swizzle: blocks of 64 columns, ROWS * 128 bytes each; in a block,
+//   row r takes 128 contiguous bytes and its 16-byte chunk c sits at chunk c ^ (r % 8). Tiles start
+//   at 1024-byte boundaries (the swizzle pattern repeats every 8 rows).
+// The same bytes serve as a K-major operand (K = HD: S = Q K^T, dP = dO V^T) and as an N-major one
+// (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit.
+template<int HD, int ROWS, int SW> __device__ __forceinline__ int tile_off(int r, int ch) {  // 16-byte chunk ch of row r, in elements
+    if constexpr (SW == 0) return ((r >> 3) * (HD / 8) + ch) * 64 + (r & 7) * 8;
+    else return (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
 }
-// the same tile as an MN-major operand (N = HD, K = rows), k16 step kk (rows 16kk..16kk+15).
-// No-swizzle MN-major: LBO is again the K-direction stride, SBO the N-direction one (MNSWAP = 1
-// swaps them; kept as a switch because the PTX text is terse on this case: the checks pick).
-template<int HD, int MNSWAP> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int kk) {
-    return MNSWAP ? wg_desc(tile + kk * 2 * (HD / 8) * 64, 128, HD * 16)
-                  : wg_desc(tile + kk * 2 * (HD / 8) * 64, HD * 16, 128);
+// K-major operand (K = HD): 64 rows from row 8*rb, k16 step kk. No swizzle: LBO = stride of core
+// matrices along K, SBO along the rows. Swizzled: the k step moves the start inside the 128-byte
+// row (the hardware applies the XOR on the address), SBO = 8 rows = 1024 bytes, LBO unused.
+template<int HD, int ROWS, int SW> __device__ __forceinline__ uint64_t desc_k(const bf16* tile, int rb, int kk) {
+    if constexpr (SW == 0) return wg_desc(tile + (rb * (HD / 8) + 2 * kk) * 64, 128, HD * 16, 0);
+    else return wg_desc(tile + (kk / 4) * ROWS * 64 + rb * 8 * 64 + (kk % 4) * 16, 16, 1024, 1);
+}
+// N-major operand (N = HD, K = rows 16kk..16kk+15). No swizzle: LBO is again the K-direction
+// stride, SBO the N-direction one (checked on the device: the swap faults). Swizzled: LBO = stride
+// between 64-column blocks, SBO = 8 rows along K.
+template<int HD, int ROWS, int SW> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int kk) {
+    if constexpr (SW == 0) return wg_desc(tile + kk * 2 * (HD / 8) * 64, HD * 16, 128, 0);
+    else return wg_desc(tile + kk * 16 * 64, ROWS * 128, 1024, 1);
 }
 
-// ROWS rows of one head into a core-matrix tile; rows past T zero-filled. Lane order: 8 rows of
-// one 16-byte column chunk, then the next chunk: a warp writes 4 whole core matrices (no bank
-// conflicts), reading 64 contiguous bytes per row.
-template<int ROWS, int HD, int NTHREADS>
-__device__ __forceinline__ void load_tile_cm(bf16* sm, const bf16* g, int row0, int T, int stride) {
+// ROWS rows of one head into a tile of layout SW; rows past T zero-filled. No swizzle: lanes take 8
+// rows of one 16-byte chunk, then the next chunk (a warp writes 4 whole core matrices). Swizzled:
+// lanes take consecutive chunks of a row (a warp writes 512 contiguous bytes). No bank conflicts.
+template<int ROWS, int HD, int NTHREADS, int SW>
+__device__ __forceinline__ void load_tile_wg(bf16* sm, const bf16* g, int row0, int T, int stride) {
     constexpr int CH = HD / 8;
     #pragma unroll
     for (int e = threadIdx.x; e < ROWS * CH; e += NTHREADS) {
-        int rl = e & 7, ch = (e >> 3) % CH, rh = (e >> 3) / CH;
-        int row = row0 + rh * 8 + rl;
+        int r, ch;
+        if constexpr (SW == 0) { r = (e >> 3) / CH * 8 + (e & 7); ch = (e >> 3) % CH; }
+        else { r = e / CH; ch = e % CH; }
+        int row = row0 + r;
         bool ok = row < T;
-        cp_async16(sm + (rh * CH + ch) * 64 + rl * 8, g + (size_t)(ok ? row : 0) * stride + ch * 8, ok);
+        cp_async16(sm + tile_off<HD, ROWS, SW>(r, ch), g + (size_t)(ok ? row : 0) * stride + ch * 8, ok);
     }
+}
+// the dynamic shared memory, rounded up to 1024 bytes (the swizzle's repeat); callers allocate 1 KB more
+__device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
+    return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
 }
 
 // dk, dv and the dc column sums of one key tile of 64 * NWG keys; warpgroup wg owns keys
@@ -728,7 +756,7 @@ __device__ __forceinline__ void load_tile_cm(bf16* sm, const bf16* g, int row0, 
 // memory, double-buffered with cp.async, shared by the warpgroups.
 // S^T = K Q^T, dP^T = V dO^T (SS wgmma, K-major), then P^T, dS^T in registers, then
 // dV += P^T dO, dK += dS^T Q (RS wgmma, dO and Q N-major).
-template<int HD, int BQ, int NWG, bool GATE, int MNSWAP, int MINB>
+template<int HD, int BQ, int NWG, bool GATE, int SW, int MINB>
 __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf16* dk, bf16* dv, float* dc, const bf16* dout,
                                                                        const bf16* q, const bf16* k, const bf16* v,
                                                                        const float* lse, const float* delta, const float* c,
@@ -736,7 +764,7 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
                                                                        float scale_log2, float scale) {
     constexpr int BK = 64 * NWG, NT = 128 * NWG;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sK = (bf16*)smem_raw;             // (BK, HD) core-matrix tiles
+    bf16* sK = (bf16*)smem_1k(smem_raw);    // (BK, HD) tiles of layout SW
     bf16* sV = sK + BK * HD;                // (BK, HD)
     bf16* sQ = sV + BK * HD;                // (2, BQ, HD)
     bf16* sG = sQ + 2 * BQ * HD;            // (2, BQ, HD) dO
@@ -755,12 +783,12 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
     int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
     int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
 
-    load_tile_cm<BK, HD, NT>(sK, k + base, j0, T, stride_qkv);
-    load_tile_cm<BK, HD, NT>(sV, v + base, j0, T, stride_qkv);
+    load_tile_wg<BK, HD, NT, SW>(sK, k + base, j0, T, stride_qkv);
+    load_tile_wg<BK, HD, NT, SW>(sV, v + base, j0, T, stride_qkv);
     auto load_q_tile = [&](int it, int nb) {
         int i1 = it * BQ;
-        load_tile_cm<BQ, HD, NT>(sQ + nb * BQ * HD, q + base, i1, T, stride_qkv);
-        load_tile_cm<BQ, HD, NT>(sG + nb * BQ * HD, dout + base_o, i1, T, stride_o);
+        load_tile_wg<BQ, HD, NT, SW>(sQ + nb * BQ * HD, q + base, i1, T, stride_qkv);
+        load_tile_wg<BQ, HD, NT, SW>(sG + nb * BQ * HD, dout + base_o, i1, T, stride_o);
         load_vec_async<BQ>(sL + nb * BQ, lb, i1, T);
         load_vec_async<BQ>(sD + nb * BQ, db, i1, T);
         if (GATE) load_vec_async<BQ>(sC + nb * BQ, cb, i1, T);
@@ -778,7 +806,6 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
     float dka[HD / 2], dva[HD / 2];
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
-    const bf16 *sKw = sK + wg * 8 * (HD / 8) * 64, *sVw = sV + wg * 8 * (HD / 8) * 64;  // this warpgroup's 64 keys
 
     for (int it = it_begin; it < it_end; it++) {
         int buf = (it - it_begin) & 1;
@@ -789,19 +816,22 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
         const bf16 *sQb = sQ + buf * BQ * HD, *sGb = sG + buf * BQ * HD;
         const float *sLb = sL + buf * BQ, *sDb = sD + buf * BQ, *sCb = sC + buf * BQ;
 
-        // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries) per warpgroup
+        // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries) per warpgroup, two commit groups so
+        // that the exponentials of P overlap the dP^T matmul, and dS the dV one
         float st[BQ / 2], dpt[BQ / 2];
         wgmma_fence();
         #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            wgmma_ss<BQ, 0>(st, desc_k<HD>(sKw, 0, kk), desc_k<HD>(sQb, 0, kk), kk);
-            wgmma_ss<BQ, 0>(dpt, desc_k<HD>(sVw, 0, kk), desc_k<HD>(sGb, 0, kk), kk);
-        }
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BQ, 0>(st, desc_k<HD, BK, SW>(sK, wg * 8, kk), desc_k<HD, BQ, SW>(sQb, 0, kk), kk);
         wgmma_commit();
-        wgmma_wait0();
-        wgmma_pin<BQ / 2>(st); wgmma_pin<BQ / 2>(dpt);
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BQ, 0>(dpt, desc_k<HD, BK, SW>(sV, wg * 8, kk), desc_k<HD, BQ, SW>(sGb, 0, kk), kk);
+        wgmma_commit();
+        wgmma_wait<1>();
+        wgmma_pin<BQ / 2>(st);
 
-        // P^T, dS^T in place; masked entries are selected to 0, never multiplied
+        // P^T in place; masked entries are selected to 0, never multiplied
         int i0 = it * BQ;
         bool need_mask = (i0 < j0 + BK - 1) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0 >= window);
         #pragma unroll
@@ -816,28 +846,40 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
                     int i = i0 + il;
                     if (i >= T || !fox_visible(i, keys[e / 2], window)) p = 0.f;
                 }
-                float ds = p * (dpt[nt * 4 + e] - sDb[il]);
-                dcs[e / 2] += ds;
                 st[nt * 4 + e] = p;
+            }
+        }
+        // dV += P^T dO
+        uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
+        #pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], st + 8 * kk, st + 8 * kk + 4);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_mn<HD, BQ, SW>(sGb, kk), 1);
+        wgmma_commit();
+        wgmma_wait<1>();  // dP^T done (dV may still run)
+        wgmma_pin<BQ / 2>(dpt);
+        // dS^T = P^T (dP^T - Delta)
+        #pragma unroll
+        for (int nt = 0; nt < BQ / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int il = nt * 8 + 2 * tq + (e & 1);
+                float ds = st[nt * 4 + e] * (dpt[nt * 4 + e] - sDb[il]);
+                dcs[e / 2] += ds;
                 dpt[nt * 4 + e] = ds;
             }
         }
-        // dV += P^T dO, dK += dS^T Q
-        uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
+        // dK += dS^T Q
         #pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) {
-            acc_to_a(pa[kk], st + 8 * kk, st + 8 * kk + 4);
-            acc_to_a(sa[kk], dpt + 8 * kk, dpt + 8 * kk + 4);
-        }
+        for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dpt + 8 * kk, dpt + 8 * kk + 4);
         wgmma_fence();
         #pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) {
-            wgmma_rs<HD, 1>(dva, pa[kk], desc_mn<HD, MNSWAP>(sGb, kk), 1);
-            wgmma_rs<HD, 1>(dka, sa[kk], desc_mn<HD, MNSWAP>(sQb, kk), 1);
-        }
+        for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_mn<HD, BQ, SW>(sQb, kk), 1);
         wgmma_commit();
         wgmma_wait0();
         wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+        wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
         __syncthreads();  // buffer free for the prefetch of the next iteration
     }
     bf16 *dkb = dk + base, *dvb = dv + base;
@@ -864,7 +906,7 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
 // dq and the dc row sums of one query tile of 64 * NWG queries (warpgroup wg owns 64 of them);
 // key tiles of BC stream through shared memory. S = Q K^T, dP = dO V^T (SS, K-major), dS in
 // registers, dQ += dS K (RS, K N-major).
-template<int HD, int BC, int NWG, bool GATE, int MNSWAP, int MINB>
+template<int HD, int BC, int NWG, bool GATE, int SW, int MINB>
 __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16* dq, float* dc_row, const bf16* dout, const bf16* q,
                                                                      const bf16* k, const bf16* v, const float* lse,
                                                                      const float* delta, const float* c, int T, int H,
@@ -872,7 +914,7 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16*
                                                                      float scale_log2, float scale) {
     constexpr int BR = 64 * NWG, NT = 128 * NWG;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sQ = (bf16*)smem_raw;                // (BR, HD)
+    bf16* sQ = (bf16*)smem_1k(smem_raw);       // (BR, HD) tiles of layout SW
     bf16* sG = sQ + BR * HD;                   // (BR, HD) dO
     bf16* sK = sG + BR * HD;                   // (2, BC, HD)
     bf16* sV = sK + 2 * BC * HD;               // (2, BC, HD)
@@ -888,12 +930,12 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16*
     int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
     int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
 
-    load_tile_cm<BR, HD, NT>(sQ, q + base, i0, T, stride_qkv);
-    load_tile_cm<BR, HD, NT>(sG, dout + base_o, i0, T, stride_o);
+    load_tile_wg<BR, HD, NT, SW>(sQ, q + base, i0, T, stride_qkv);
+    load_tile_wg<BR, HD, NT, SW>(sG, dout + base_o, i0, T, stride_o);
     auto load_k_tile = [&](int jt, int nb) {
         int j1 = jt * BC;
-        load_tile_cm<BC, HD, NT>(sK + nb * BC * HD, k + base, j1, T, stride_qkv);
-        load_tile_cm<BC, HD, NT>(sV + nb * BC * HD, v + base, j1, T, stride_qkv);
+        load_tile_wg<BC, HD, NT, SW>(sK + nb * BC * HD, k + base, j1, T, stride_qkv);
+        load_tile_wg<BC, HD, NT, SW>(sV + nb * BC * HD, v + base, j1, T, stride_qkv);
         if (GATE) load_vec_async<BC>(sC + nb * BC, cb, j1, T);
     };
     load_k_tile(jt_begin, 0);
@@ -912,7 +954,6 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16*
     float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
-    const bf16 *sQw = sQ + wg * 8 * (HD / 8) * 64, *sGw = sG + wg * 8 * (HD / 8) * 64;
 
     for (int jt = jt_begin; jt < jt_end; jt++) {
         int buf = (jt - jt_begin) & 1;
@@ -926,13 +967,15 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16*
         float s[BC / 2], dp[BC / 2];
         wgmma_fence();
         #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            wgmma_ss<BC, 0>(s, desc_k<HD>(sQw, 0, kk), desc_k<HD>(sKb, 0, kk), kk);
-            wgmma_ss<BC, 0>(dp, desc_k<HD>(sGw, 0, kk), desc_k<HD>(sVb, 0, kk), kk);
-        }
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BC, 0>(s, desc_k<HD, BR, SW>(sQ, wg * 8, kk), desc_k<HD, BC, SW>(sKb, 0, kk), kk);
         wgmma_commit();
-        wgmma_wait0();
-        wgmma_pin<BC / 2>(s); wgmma_pin<BC / 2>(dp);
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BC, 0>(dp, desc_k<HD, BR, SW>(sG, wg * 8, kk), desc_k<HD, BC, SW>(sVb, 0, kk), kk);
+        wgmma_commit();
+        wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
+        wgmma_pin<BC / 2>(s);
         int j0 = jt * BC;
         bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
         #pragma unroll
@@ -947,7 +990,16 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16*
                     int j = j0 + jl;
                     if (j >= T || !fox_visible(e < 2 ? r0 : r1, j, window)) p = 0.f;
                 }
-                float ds = p * (dp[nt * 4 + e] - rd[e / 2]);
+                s[nt * 4 + e] = p;
+            }
+        }
+        wgmma_wait0();
+        wgmma_pin<BC / 2>(dp);
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - rd[e / 2]);
                 s[nt * 4 + e] = ds;
                 rs[e / 2] += ds;
             }
@@ -957,10 +1009,10 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16*
         for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
         wgmma_fence();
         #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(dqa, sa[kk], desc_mn<HD, MNSWAP>(sKb, kk), 1);
+        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(dqa, sa[kk], desc_mn<HD, BC, SW>(sKb, kk), 1);
         wgmma_commit();
         wgmma_wait0();
-        wgmma_pin<HD / 2>(dqa);
+        wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
         __syncthreads();
     }
     bf16* dqb = dq + base;
@@ -986,28 +1038,28 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16*
 // Shared memory of the two version-4 kernels (dynamic; above 48 KB needs the attribute, set on
 // the first call of each instantiation)
 template<int HD, int BQ, int NWG> constexpr size_t fox_wg_smem_kv() {
-    return (size_t)(2 * 64 * NWG + 4 * BQ) * HD * sizeof(bf16) + 6 * BQ * sizeof(float);
+    return 1024 + (size_t)(2 * 64 * NWG + 4 * BQ) * HD * sizeof(bf16) + 6 * BQ * sizeof(float);
 }
 template<int HD, int BC, int NWG> constexpr size_t fox_wg_smem_q() {
-    return (size_t)(2 * 64 * NWG + 4 * BC) * HD * sizeof(bf16) + 2 * BC * sizeof(float);
+    return 1024 + (size_t)(2 * 64 * NWG + 4 * BC) * HD * sizeof(bf16) + 2 * BC * sizeof(float);
 }
 
-template<int HD, int BQ, int NWGK, int BC, int NWGQ, bool GATE, int MNSWAP, int MINBK, int MINBQ>
+template<int HD, int BQ, int NWGK, int BC, int NWGQ, bool GATE, int SW, int MINBK, int MINBQ>
 static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
                                  const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
                                  int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     constexpr size_t smem_kv = fox_wg_smem_kv<HD, BQ, NWGK>(), smem_q = fox_wg_smem_q<HD, BC, NWGQ>();
     static bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, MNSWAP, MINBK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, MNSWAP, MINBQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
         configured = true;
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
-    fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, MNSWAP, MINBK><<<dim3(ceil_div(T, 64 * NWGK), B * H), 128 * NWGK, smem_kv, s>>>(
+    fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK><<<dim3(ceil_div(T, 64 * NWGK), B * H), 128 * NWGK, smem_kv, s>>>(
         dk, dv, dc, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
     cudaCheckLaunch();
-    fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, MNSWAP, MINBQ><<<dim3(ceil_div(T, 64 * NWGQ), B * H), 128 * NWGQ, smem_q, s>>>(
+    fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ><<<dim3(ceil_div(T, 64 * NWGQ), B * H), 128 * NWGQ, smem_q, s>>>(
         dq, dc_row, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
     cudaCheckLaunch();
 }
@@ -1016,7 +1068,7 @@ static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float*
 // variants): 0 = one warpgroup per block in both kernels, 1 = two in the dk/dv kernel, 2 = as 0
 // with registers capped for 3 blocks per SM in the dk/dv kernel (hd 64) and 3 in dq (hd 128).
 // scratch: 3 * B*H*T floats, as version 2.
-template<int MNSWAP, int CFG>
+template<int SW, int CFG>
 static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
                           const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
                           int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
@@ -1027,11 +1079,11 @@ static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
     cudaCheckLaunch();
     constexpr int NWGK = CFG == 1 ? 2 : 1, MINB = CFG == 2 ? 3 : 1;
     if (hd == 64) {
-        if (c) fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, true, MNSWAP, MINB, 1>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, false, MNSWAP, MINB, 1>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, true, SW, MINB, 1>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, false, SW, MINB, 1>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
     } else {  // hd 128: dK, dV take 128 accumulator registers; 32-query steps keep S^T, dP^T at 32
-        if (c) fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, true, MNSWAP, 1, MINB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, false, MNSWAP, 1, MINB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, true, SW, 1, MINB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, false, SW, 1, MINB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -1102,11 +1154,11 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d) {
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 4: fox_bwd_wgmma<0, 0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
-        case 5: fox_bwd_wgmma<0, 1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+        case 5: fox_bwd_wgmma<1, 0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
-        case 6: fox_bwd_wgmma<1, 0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+        case 6: fox_bwd_wgmma<1, 1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
-        case 7: fox_bwd_wgmma<0, 2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+        case 7: fox_bwd_wgmma<1, 2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..7\n", version); exit(EXIT_FAILURE);
     }
