@@ -994,8 +994,9 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         fprintf(stderr, "fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf.\n");
         exit(EXIT_FAILURE);
     }
-    fox_bwd_mma<64, 1>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
-                       window, s);  // version 2 (version 3 measured no faster)
+    // version 6: wgmma, 128-byte swizzled tiles, two warpgroups (128 keys) per dk/dv block; sm_90a only
+    fox_bwd_wgmma<1, 1>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
+                        window, s);
 }
 // ---- end: fused backward for train_fox.cu ----
 
@@ -1029,7 +1030,7 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d) {
     switch (version) {
         case 1: fox_backward1<float, bf16, float, bf16>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.stride_o, p.stride_qkv, p.window); break;
-        case 2: fox_attention_backward(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+        case 2: fox_bwd_mma<64, 1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 3: fox_bwd_mma<32, 2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
@@ -1037,7 +1038,7 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d) {
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 5: fox_bwd_wgmma<1, 0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
-        case 6: fox_bwd_wgmma<1, 1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+        case 6: fox_attention_backward(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 7: fox_bwd_wgmma<1, 2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;

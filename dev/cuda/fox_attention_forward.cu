@@ -821,7 +821,8 @@ static void fox_fwd_wgmma(bf16* o, float* lse, const bf16* q, const bf16* k, con
 void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
-    fox_fwd_mma_dispatch<64, 32, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, s);  // version 4
+    // version 6 (wgmma, two warpgroups = 128 query rows per block, 64-key tiles); sm_90a only
+    fox_fwd_wgmma<64, 64, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, s);
 }
 // ---- end: fused forward for train_fox.cu ----
 
@@ -888,7 +889,7 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         case 3: fox_fwd_mma_dispatch<64, 64, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
         case 4: fox_fwd_mma_dispatch<64, 32, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
         case 5: fox_fwd_wgmma<128, 64, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
-        case 6: fox_fwd_wgmma<64, 64, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
+        case 6: fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
         default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..6\n", version); exit(EXIT_FAILURE);
     }
 }
