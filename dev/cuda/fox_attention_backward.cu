@@ -637,7 +637,7 @@ static void fox_bwd_mma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
 // memory, double-buffered with cp.async, shared by the warpgroups.
 // S^T = K Q^T, dP^T = V dO^T (SS wgmma, K-major), then P^T, dS^T in registers, then
 // dV += P^T dO, dK += dS^T Q (RS wgmma, dO and Q N-major).
-template<int HD, int BQ, int NWG, bool GATE, int SW, int MINB>
+template<int HD, int BQ, int NWG, bool GATE, int SW, int MINB, bool OVL>
 __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf16* dk, bf16* dv, float* dc, const bf16* dout,
                                                                        const bf16* q, const bf16* k, const bf16* v,
                                                                        const float* lse, const float* delta, const float* c,
@@ -687,10 +687,12 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
     float dka[HD / 2], dva[HD / 2];
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
+    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T (OVL: read by wgmma across iterations)
 
     for (int it = it_begin; it < it_end; it++) {
         int buf = (it - it_begin) & 1;
-        if (it + 1 < it_end) { load_q_tile(it + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
+        if (OVL) cp_async_wait<0>();  // OVL: the prefetch was issued mid-way through the previous tile
+        else if (it + 1 < it_end) { load_q_tile(it + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
         else cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();
@@ -709,6 +711,12 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
         for (int kk = 0; kk < HD / 16; kk++)
             wgmma_ss<BQ, 0>(dpt, desc_k<HD, BK, SW>(sV, wg * 8, kk), desc_k<HD, BQ, SW>(sGb, 0, kk), kk);
         wgmma_commit();
+        if (OVL) {  // the previous tile's dV, dK matmuls ran under these two; now they must be done
+            wgmma_wait<2>();
+            wgmma_use_a<BQ / 16>(pa); wgmma_use_a<BQ / 16>(sa);  // (a use, not a definition: ptxas would serialize)
+            __syncthreads();  // every warpgroup is done with the previous buffer: refill it
+            if (it + 1 < it_end) { load_q_tile(it + 1, buf ^ 1); cp_async_commit(); }
+        }
         wgmma_wait<1>();
         wgmma_pin<BQ / 2>(st);
 
@@ -731,7 +739,6 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
             }
         }
         // dV += P^T dO
-        uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
         #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], st + 8 * kk, st + 8 * kk + 4);
         wgmma_fence();
@@ -758,10 +765,17 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
         #pragma unroll
         for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_mn<HD, BQ, SW>(sQb, kk), 1);
         wgmma_commit();
+        if (!OVL) {
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+            wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+            __syncthreads();  // buffer free for the prefetch of the next iteration
+        }
+    }
+    if (OVL) {
         wgmma_wait0();
         wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
         wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
-        __syncthreads();  // buffer free for the prefetch of the next iteration
     }
     bf16 *dkb = dk + base, *dvb = dv + base;
     #pragma unroll
@@ -787,7 +801,7 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
 // dq and the dc row sums of one query tile of 64 * NWG queries (warpgroup wg owns 64 of them);
 // key tiles of BC stream through shared memory. S = Q K^T, dP = dO V^T (SS, K-major), dS in
 // registers, dQ += dS K (RS, K N-major).
-template<int HD, int BC, int NWG, bool GATE, int SW, int MINB>
+template<int HD, int BC, int NWG, bool GATE, int SW, int MINB, bool OVL>
 __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16* dq, float* dc_row, const bf16* dout, const bf16* q,
                                                                      const bf16* k, const bf16* v, const float* lse,
                                                                      const float* delta, const float* c, int T, int H,
@@ -835,10 +849,12 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16*
     float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
+    uint32_t sa[BC / 16][4];  // A fragments of dS (OVL: read by wgmma across iterations)
 
     for (int jt = jt_begin; jt < jt_end; jt++) {
         int buf = (jt - jt_begin) & 1;
-        if (jt + 1 < jt_end) { load_k_tile(jt + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
+        if (OVL) cp_async_wait<0>();  // OVL: the prefetch was issued mid-way through the previous tile
+        else if (jt + 1 < jt_end) { load_k_tile(jt + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
         else cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();
@@ -855,6 +871,12 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16*
         for (int kk = 0; kk < HD / 16; kk++)
             wgmma_ss<BC, 0>(dp, desc_k<HD, BR, SW>(sG, wg * 8, kk), desc_k<HD, BC, SW>(sVb, 0, kk), kk);
         wgmma_commit();
+        if (OVL) {  // the previous tile's dQ matmul ran under these two; now it must be done
+            wgmma_wait<2>();
+            wgmma_use_a<BC / 16>(sa);  // (a use, not a definition: ptxas would serialize)
+            __syncthreads();  // every warpgroup is done with the previous buffer: refill it
+            if (jt + 1 < jt_end) { load_k_tile(jt + 1, buf ^ 1); cp_async_commit(); }
+        }
         wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
         wgmma_pin<BC / 2>(s);
         int j0 = jt * BC;
@@ -885,17 +907,19 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16*
                 rs[e / 2] += ds;
             }
         }
-        uint32_t sa[BC / 16][4];
         #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
         wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(dqa, sa[kk], desc_mn<HD, BC, SW>(sKb, kk), 1);
         wgmma_commit();
-        wgmma_wait0();
-        wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
-        __syncthreads();
+        if (!OVL) {
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+            __syncthreads();
+        }
     }
+    if (OVL) { wgmma_wait0(); wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa); }
     bf16* dqb = dq + base;
     #pragma unroll
     for (int dt = 0; dt < HD / 8; dt++) {
@@ -925,29 +949,31 @@ template<int HD, int BC, int NWG> constexpr size_t fox_wg_smem_q() {
     return 1024 + (size_t)(2 * 64 * NWG + 4 * BC) * HD * sizeof(bf16) + 2 * BC * sizeof(float);
 }
 
-template<int HD, int BQ, int NWGK, int BC, int NWGQ, bool GATE, int SW, int MINBK, int MINBQ>
+template<int HD, int BQ, int NWGK, int BC, int NWGQ, bool GATE, int SW, int MINBK, int MINBQ, bool OVL>
 static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
                                  const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
                                  int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     constexpr size_t smem_kv = fox_wg_smem_kv<HD, BQ, NWGK>(), smem_q = fox_wg_smem_q<HD, BC, NWGQ>();
     static bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK, OVL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ, OVL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
         configured = true;
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
-    fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK><<<dim3(ceil_div(T, 64 * NWGK), B * H), 128 * NWGK, smem_kv, s>>>(
+    fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK, OVL><<<dim3(ceil_div(T, 64 * NWGK), B * H), 128 * NWGK, smem_kv, s>>>(
         dk, dv, dc, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
     cudaCheckLaunch();
-    fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ><<<dim3(ceil_div(T, 64 * NWGQ), B * H), 128 * NWGQ, smem_q, s>>>(
+    fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ, OVL><<<dim3(ceil_div(T, 64 * NWGQ), B * H), 128 * NWGQ, smem_q, s>>>(
         dq, dc_row, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
     cudaCheckLaunch();
 }
 
 // version 4: Delta, the two wgmma kernels, the dlogf scan. CFG picks tile shapes (measured
 // variants): 0 = one warpgroup per block in both kernels, 1 = two in the dk/dv kernel, 2 = as 0
-// with registers capped for 3 blocks per SM in the dk/dv kernel (hd 64) and 3 in dq (hd 128).
+// with registers capped for 3 blocks per SM in the dk/dv kernel (hd 64) and 3 in dq (hd 128),
+// 3 = 1 with the second matmuls of a tile (dV, dK; dQ) left running under the first ones of the
+// next tile (S^T, dP^T; S, dP); the prefetch then waits for them, mid-tile.
 // scratch: 3 * B*H*T floats, as version 2.
 template<int SW, int CFG>
 static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
@@ -958,13 +984,14 @@ static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
     if (hd == 64) fox_bwd_delta_kernel<64><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     else fox_bwd_delta_kernel<128><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     cudaCheckLaunch();
-    constexpr int NWGK = CFG == 1 ? 2 : 1, MINB = CFG == 2 ? 3 : 1;
+    constexpr int NWGK = CFG == 1 || CFG == 3 ? 2 : 1, MINB = CFG == 2 ? 3 : 1;
+    constexpr bool OVL = CFG == 3;
     if (hd == 64) {
-        if (c) fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, true, SW, MINB, 1>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, false, SW, MINB, 1>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, true, SW, MINB, 1, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, false, SW, MINB, 1, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
     } else {  // hd 128: dK, dV take 128 accumulator registers; 32-query steps keep S^T, dP^T at 32
-        if (c) fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, true, SW, 1, MINB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, false, SW, 1, MINB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, true, SW, 1, MINB, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, false, SW, 1, MINB, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -1042,7 +1069,9 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d) {
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 7: fox_bwd_wgmma<1, 2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..7\n", version); exit(EXIT_FAILURE);
+        case 8: fox_bwd_wgmma<1, 3>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..8\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -1086,12 +1115,13 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 7;
+    int first = only ? only : 1, last = only ? only : 8;
+    if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[8] = {true, true, true, true, true, true, true, true};  // per version: only those that pass are timed
+    bool vok[10] = {true, true, true, true, true, true, true, true, true, true};  // per version: only those that pass are timed
 
     // 1. small shapes against the fp64 CPU reference
     struct Cfg { int B, T, H, hd, window; bool packed; double gate; int o_pad; };

@@ -213,6 +213,11 @@ template<int R> __device__ __forceinline__ void wgmma_pin(float* d) {
     #pragma unroll
     for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
 }
+// A fragments read by an in-flight wgmma: a use after the wait keeps their registers from reuse
+template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" :: "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]) : "memory");
+}
 // the same for A fragments in registers: keeps them alive (unreused) until the wait
 template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
     #pragma unroll
@@ -929,6 +934,7 @@ static bool check_forward(const FoxProblem& p, const FwdDev& d, const double* o_
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
     int first = only ? only : 1, last = only ? only : 6;
+    if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
