@@ -31,6 +31,22 @@ Measured on an H200: no faster than version 2 (-3%..+1%), so the API keeps versi
 backward is not limited by that shared-memory traffic.
 ./fox_attention_backward 3
 
+versions 4-8 are the same two kernels on Hopper's warpgroup mma (wgmma, sm_90a): S^T/dP^T (and S/dP)
+read K, Q, V, dO by descriptor from shared memory, P and dS go from the accumulators to register A
+fragments of dV/dK (dQ), whose B operands are the same tiles read N-major. Each tile gets two
+commit groups so that exp(P) runs under the dP matmul and dS under the dV one.
+version 4: tiles as 8x8 core matrices without swizzle, a warpgroup (64 keys / 64 queries) per block
+./fox_attention_backward 4
+version 5: 128-byte swizzled tiles (the no-swizzle layout is slower than version 2: bank conflicts)
+./fox_attention_backward 5
+version 6: version 5 with two warpgroups (128 keys) per dk/dv block, sharing the Q/dO tiles -- the API
+./fox_attention_backward 6
+version 7: version 5 with registers capped for 3 blocks per SM (spills, ptxas serializes wgmma)
+./fox_attention_backward 7
+version 8: version 6 with each tile's second matmuls left running under the next tile's first ones
+./fox_attention_backward 8
+A range: ./fox_attention_backward 2 8
+
 Each version is validated against an fp64 CPU reference on small shapes, then at T = 65536 with
 extreme gates against the fp64 GPU reference (version 1 in double), checked for bitwise
 determinism, then timed (backward alone and forward + backward, with fox_attention_forward).

@@ -24,6 +24,16 @@ version 4 is version 3 with 32 rows per warp (128-row query tile; 32-key tiles a
 the registers): each K/V fragment feeds two mma's, half the shared-memory traffic per mma
 ./fox_attention_forward 4
 
+version 5 is version 4's online softmax on Hopper's warpgroup mma (wgmma, sm_90a): a warpgroup per
+64 query rows, Q and K read by descriptor from 128-byte-swizzled shared tiles, P from the
+accumulators as register A fragments, V read N-major from its tile; 128-key tiles at hd 64
+./fox_attention_forward 5
+
+version 6 is version 5 with two warpgroups (128 rows) per block sharing 64-key K/V tiles -- the API
+./fox_attention_forward 6
+
+A range: ./fox_attention_forward 3 6
+
 With no argument every version runs. Each version is validated against an fp64 CPU reference on
 small shapes (T not a multiple of the tiles, hd 64/128, gate on/off, windows, packed qkv), then at
 T = 65536 with strongly decaying and nearly-one gates against an fp64 GPU reference (version 1's
