@@ -226,7 +226,7 @@ static void fox_backward1(g_t* dq, g_t* dk, g_t* dv, acc_t* dlogf, acc_t* scratc
 }
 
 // ----------------------------------------------------------------------------
-// ---- begin: fused backward for train_fox.cu (versions 2 and 3 and the API) ----
+// ---- begin: fused backward for train_fox.cu (versions 2 and 3) ----
 // Needs the forward section above (helpers, FOX_BR, FOX_BC, fox_check_args).
 
 // Delta_i = dO_i . O_i in fp32, a warp per row
@@ -631,10 +631,10 @@ static void fox_bwd_mma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     }
 }
 
-// ---- end: fused backward (versions 2, 3) ----
+// ---- end: fused backward for train_fox.cu (versions 2 and 3) ----
 
 // ----------------------------------------------------------------------------
-// ---- begin: wgmma backward (version 4) for train_fox.cu ----
+// ---- begin: wgmma backward for train_fox.cu (versions 4-8) ----
 // Needs the section above (Delta, dlogf scan, helpers). sm_90a only (wgmma).
 //
 // Hopper's warpgroup mma (wgmma, 4 warps, 64 rows per instruction) reads its B operand, and
@@ -1014,7 +1014,7 @@ static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
         cudaCheckLaunch();
     }
 }
-// ---- end: wgmma backward (version 4) ----
+// ---- end: wgmma backward (versions 4-8) ----
 
 // ---- begin: fused backward API for train_fox.cu ----
 // dq, dk, dv: bf16 (B, T, H, hd), token stride stride_qkv (like q, k, v; may be a packed dqkv).
@@ -1041,7 +1041,7 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     fox_bwd_wgmma<1, 1>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
                         window, s);
 }
-// ---- end: fused backward for train_fox.cu ----
+// ---- end: fused backward API ----
 
 // ----------------------------------------------------------------------------
 #ifndef FOX_SKIP_BACKWARD_MAIN

@@ -163,7 +163,8 @@ __device__ __forceinline__ void load_vec_async(float* sm, const float* g, int ro
     }
 }
 
-// Hopper warpgroup mma (wgmma, sm_90a), used by forward version 5 and backward versions 4-5.
+// Hopper warpgroup mma (wgmma, sm_90a), used by forward versions 5-6 and backward versions 4-8
+// (train_fox.cu needs this block for them).
 // wgmma wrappers: d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N);
 // acc = 0 overwrites d. SS: A and B by descriptor; RS: A from registers (mma.sync A-fragment layout
 // per warp). TB = 1: B is N-major (transposed).
@@ -427,7 +428,7 @@ static void fox_forward2(bf16* o, float* lse, const bf16* q, const bf16* k, cons
 }
 
 // ----------------------------------------------------------------------------
-// ---- begin: fused forward for train_fox.cu (versions 3 and 4 and the API) ----
+// ---- begin: fused forward for train_fox.cu (versions 3 and 4) ----
 // Flash forward on tensor cores. Block = 4 warps = one query tile of BR = 64 * WM rows of one
 // (b, h); each warp owns 16 * WM rows and keeps their Q fragments, O accumulator and softmax state
 // in registers. Key tiles of BC keys (K, V and c_j) stream through shared memory, double-buffered
@@ -666,10 +667,10 @@ static void fox_fwd_mma_dispatch(bf16* o, float* lse, const bf16* q, const bf16*
     }
 }
 
-// ---- end: fused forward (versions 3, 4) ----
+// ---- end: fused forward for train_fox.cu (versions 3 and 4) ----
 
 // ----------------------------------------------------------------------------
-// ---- begin: wgmma forward (version 5) for train_fox.cu ----
+// ---- begin: wgmma forward for train_fox.cu (versions 5 and 6) ----
 // Version 4's online softmax on Hopper's warpgroup mma: a warpgroup owns 64 query rows (a warp
 // 16, in the same accumulator layout as mma.sync), S = Q K^T with Q and K read by descriptor from
 // 128-byte-swizzled shared tiles (no ldmatrix), P from the accumulators as register A fragments,
@@ -826,7 +827,7 @@ static void fox_fwd_wgmma(bf16* o, float* lse, const bf16* q, const bf16* k, con
         else fox_fwd_wgmma_launch<128, BC128, NWG, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
     }
 }
-// ---- end: wgmma forward (version 5) ----
+// ---- end: wgmma forward (versions 5 and 6) ----
 
 // ---- begin: fused forward API for train_fox.cu ----
 // o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
@@ -839,7 +840,7 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
     // version 6 (wgmma, two warpgroups = 128 query rows per block, 64-key tiles); sm_90a only
     fox_fwd_wgmma<64, 64, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, s);
 }
-// ---- end: fused forward for train_fox.cu ----
+// ---- end: fused forward API ----
 
 // ----------------------------------------------------------------------------
 // test problems, shared with the backward file
