@@ -32,7 +32,11 @@ accumulators as register A fragments, V read N-major from its tile; 128-key tile
 version 6 is version 5 with two warpgroups (128 rows) per block sharing 64-key K/V tiles -- the API
 ./fox_attention_forward 6
 
-A range: ./fox_attention_forward 3 6
+version 7 is version 6 with FlashAttention-3's pipeline inside a warpgroup: tile j's S matmul is
+issued with tile j-1's P V, and the softmax of tile j runs while P V is in flight (3 K/V stages)
+./fox_attention_forward 7
+
+A range: ./fox_attention_forward 3 7
 
 With no argument every version runs. Each version is validated against an fp64 CPU reference on
 small shapes (T not a multiple of the tiles, hd 64/128, gate on/off, windows, packed qkv), then at
@@ -800,31 +804,180 @@ __global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_kernel(bf16* o, float
     }
 }
 
+// Version 7: version 6 with FlashAttention-3's pipeline inside a warpgroup: tile j's S = Q K^T is
+// issued together with tile j-1's O += P V, and tile j's softmax runs while that P V matmul is in
+// flight; O is rescaled (and P refilled) after it. K/V take three stages: V(j-1) is still read when
+// K/V(j+1) is loaded.
 template<int HD, int BC, int NWG, bool GATE>
+__global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_pipe_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
+                                                                  const bf16* v, const float* c, int T, int H,
+                                                                  int stride_qkv, int stride_o, int window,
+                                                                  float scale_log2) {
+    constexpr int BR = 64 * NWG, NT = 128 * NWG, SW = 1;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_1k(smem_raw);    // (BR, HD) swizzled tiles
+    bf16* sK = sQ + BR * HD;                // (3, BC, HD): three stages, V(j-1) is read while K(j) is
+    bf16* sV = sK + 3 * BC * HD;            // (3, BC, HD)
+    float* sC = (float*)(sV + 3 * BC * HD); // (3, BC)
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, wg = warp / 4;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+
+    load_tile_wg<BR, HD, NT, SW>(sQ, qb, i0, T, stride_qkv);
+    auto load_kv = [&](int jt, int nb) {
+        int j1 = jt * BC;
+        load_tile_wg<BC, HD, NT, SW>(sK + nb * BC * HD, kb, j1, T, stride_qkv);
+        load_tile_wg<BC, HD, NT, SW>(sV + nb * BC * HD, vb, j1, T, stride_qkv);
+        if (GATE) load_vec_async<BC>(sC + nb * BC, cb, j1, T);
+    };
+    load_kv(jt_begin, 0);
+    cp_async_commit();
+
+    int rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
+    float cr[2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, acc[HD / 2];
+    #pragma unroll
+    for (int r = 0; r < 2; r++) cr[r] = (GATE && rows[r] < T) ? cb[rows[r]] : 0.f;
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
+
+    uint32_t pa[BC / 16][4];  // P of the previous tile, read by its P V matmul under this tile's S
+    for (int jt = jt_begin; jt < jt_end; jt++) {
+        int st = (jt - jt_begin) % 3;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // tile jt visible; every warpgroup is past tile jt-2's P V (its stage is refilled now)
+        if (jt + 1 < jt_end) { load_kv(jt + 1, (st + 1) % 3); cp_async_commit(); }
+        const bf16 *sKb = sK + st * BC * HD;
+        const float* sCb = sC + st * BC;
+
+        // S = Q K^T of this tile, then O += P V of the previous one: the softmax below runs under it
+        float s[BC / 2];
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BC, 0>(s, desc_k<HD, BR, SW>(sQ, wg * 8, kk), desc_k<HD, BC, SW>(sKb, 0, kk), kk);
+        wgmma_commit();
+        if (jt > jt_begin) {
+            const bf16* sVp = sV + ((st + 2) % 3) * BC * HD;
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], desc_mn<HD, BC, SW>(sVp, kk), 1);
+            wgmma_commit();
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait0();
+        }
+        wgmma_pin<BC / 2>(s);
+
+        // scale, bias, mask (only tiles touching the diagonal, the window edge or T), online softmax
+        int j0 = jt * BC;
+        bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
+        float mx[2] = {-INFINITY, -INFINITY};
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int jl = nt * 8 + 2 * tq + (e & 1);
+                float x = s[nt * 4 + e] * scale_log2;
+                if (GATE) x = fmaf(cr[e / 2] - sCb[jl], LOG2E, x);  // c_i - c_j exact near the diagonal
+                if (need_mask) {
+                    int j = j0 + jl;
+                    if (j >= T || !fox_visible(rows[e / 2], j, window)) x = -INFINITY;
+                }
+                s[nt * 4 + e] = x;
+                mx[e / 2] = fmaxf(mx[e / 2], x);
+            }
+        }
+        float mu[2], alpha[2];
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+            float m_new = fmaxf(m[r], mx[r]);
+            mu[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: exp2(-inf - 0) = 0
+            alpha[r] = exp2f(m[r] - mu[r]);
+            l[r] *= alpha[r];
+            m[r] = m_new;
+        }
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[nt * 4 + e] = exp2f(s[nt * 4 + e] - mu[e / 2]);
+                l[e / 2] += s[nt * 4 + e];  // per-thread partial; the quad sums once at the end
+            }
+        }
+        wgmma_wait0();  // the previous tile's P V: now O can be rescaled and pa refilled
+        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            acc[dt * 4] *= alpha[0]; acc[dt * 4 + 1] *= alpha[0];
+            acc[dt * 4 + 2] *= alpha[1]; acc[dt * 4 + 3] *= alpha[1];
+        }
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+    }
+    if (jt_end > jt_begin) {  // the last tile's P V
+        const bf16* sVp = sV + ((jt_end - 1 - jt_begin) % 3) * BC * HD;
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], desc_mn<HD, BC, SW>(sVp, kk), 1);
+        wgmma_commit();
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+    }
+    bf16* ob = o + (size_t)b * T * stride_o + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        int row = rows[r];
+        if (row >= T) continue;
+        float inv = 1.f / l[r];
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
+                __floats2bfloat162_rn(acc[dt * 4 + 2 * r] * inv, acc[dt * 4 + 2 * r + 1] * inv);
+        if (tq == 0) lse[(size_t)bh * T + row] = (m[r] + log2f(l[r])) * LN2;  // natural log
+    }
+}
+
+template<int HD, int BC, int NWG, bool GATE, bool PIPE>
 static void fox_fwd_wgmma_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                  int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     constexpr int BR = 64 * NWG;
-    constexpr size_t smem = 1024 + (size_t)(BR + 4 * BC) * HD * sizeof(bf16) + 2 * BC * sizeof(float);
+    constexpr int ST = PIPE ? 3 : 2;  // K/V stages
+    constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float);
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_kernel<HD, BC, NWG, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        if (PIPE) cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_pipe_kernel<HD, BC, NWG, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        else cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_kernel<HD, BC, NWG, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_wgmma_kernel<HD, BC, NWG, GATE><<<dim3(ceil_div(T, BR), B * H), 128 * NWG, smem, s>>>(
+    if (PIPE) fox_fwd_wgmma_pipe_kernel<HD, BC, NWG, GATE><<<dim3(ceil_div(T, BR), B * H), 128 * NWG, smem, s>>>(
+        o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2);
+    else fox_fwd_wgmma_kernel<HD, BC, NWG, GATE><<<dim3(ceil_div(T, BR), B * H), 128 * NWG, smem, s>>>(
         o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2);
     cudaCheckLaunch();
 }
-// version 5: key tile BC64 / BC128 at hd 64 / 128, NWG warpgroups (64 query rows each) per block
-template<int BC64, int BC128, int NWG>
+// versions 5-7: key tile BC64 / BC128 at hd 64 / 128, NWG warpgroups (64 query rows each) per block,
+// PIPE: version 7's pipeline
+template<int BC64, int BC128, int NWG, bool PIPE = false>
 static void fox_fwd_wgmma(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                           int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     if (hd == 64) {
-        if (c) fox_fwd_wgmma_launch<64, BC64, NWG, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_fwd_wgmma_launch<64, BC64, NWG, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_fwd_wgmma_launch<64, BC64, NWG, true, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_fwd_wgmma_launch<64, BC64, NWG, false, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
     } else {
-        if (c) fox_fwd_wgmma_launch<128, BC128, NWG, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_fwd_wgmma_launch<128, BC128, NWG, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_fwd_wgmma_launch<128, BC128, NWG, true, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_fwd_wgmma_launch<128, BC128, NWG, false, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
     }
 }
 // ---- end: wgmma forward (versions 5 and 6) ----
@@ -906,7 +1059,8 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         case 4: fox_fwd_mma_dispatch<64, 32, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
         case 5: fox_fwd_wgmma<128, 64, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
         case 6: fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..6\n", version); exit(EXIT_FAILURE);
+        case 7: fox_fwd_wgmma<64, 64, 2, true>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..7\n", version); exit(EXIT_FAILURE);
     }
 }
 
@@ -944,7 +1098,7 @@ static bool check_forward(const FoxProblem& p, const FwdDev& d, const double* o_
 
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 6;
+    int first = only ? only : 1, last = only ? only : 7;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
