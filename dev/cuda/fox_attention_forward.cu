@@ -167,7 +167,7 @@ __device__ __forceinline__ void load_vec_async(float* sm, const float* g, int ro
     }
 }
 
-// Hopper warpgroup mma (wgmma, sm_90a), used by forward versions 5-6 and backward versions 4-8
+// Hopper warpgroup mma (wgmma, sm_90a), used by forward versions 5-7 and backward versions 4-8
 // (train_fox.cu needs this block for them).
 // wgmma wrappers: d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N);
 // acc = 0 overwrites d. SS: A and B by descriptor; RS: A from registers (mma.sync A-fragment layout
@@ -674,7 +674,7 @@ static void fox_fwd_mma_dispatch(bf16* o, float* lse, const bf16* q, const bf16*
 // ---- end: fused forward for train_fox.cu (versions 3 and 4) ----
 
 // ----------------------------------------------------------------------------
-// ---- begin: wgmma forward for train_fox.cu (versions 5 and 6) ----
+// ---- begin: wgmma forward for train_fox.cu (versions 5-7) ----
 // Version 4's online softmax on Hopper's warpgroup mma: a warpgroup owns 64 query rows (a warp
 // 16, in the same accumulator layout as mma.sync), S = Q K^T with Q and K read by descriptor from
 // 128-byte-swizzled shared tiles (no ldmatrix), P from the accumulators as register A fragments,
@@ -980,7 +980,7 @@ static void fox_fwd_wgmma(bf16* o, float* lse, const bf16* q, const bf16* k, con
         else fox_fwd_wgmma_launch<128, BC128, NWG, false, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
     }
 }
-// ---- end: wgmma forward (versions 5 and 6) ----
+// ---- end: wgmma forward (versions 5-7) ----
 
 // ---- begin: fused forward API for train_fox.cu ----
 // o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
