@@ -31,6 +31,22 @@ Measured on an H200: no faster than version 2 (-3%..+1%), so the API keeps versi
 backward is not limited by that shared-memory traffic.
 ./fox_attention_backward 3
 
+versions 4-8 are the same two kernels on Hopper's warpgroup mma (wgmma, sm_90a): S^T/dP^T (and S/dP)
+read K, Q, V, dO by descriptor from shared memory, P and dS go from the accumulators to register A
+fragments of dV/dK (dQ), whose B operands are the same tiles read N-major. Each tile gets two
+commit groups so that exp(P) runs under the dP matmul and dS under the dV one.
+version 4: tiles as 8x8 core matrices without swizzle, a warpgroup (64 keys / 64 queries) per block
+./fox_attention_backward 4
+version 5: 128-byte swizzled tiles (the no-swizzle layout is slower than version 2: bank conflicts)
+./fox_attention_backward 5
+version 6: version 5 with two warpgroups (128 keys) per dk/dv block, sharing the Q/dO tiles -- the API
+./fox_attention_backward 6
+version 7: version 5 with registers capped for 3 blocks per SM (spills, ptxas serializes wgmma)
+./fox_attention_backward 7
+version 8: version 6 with each tile's second matmuls left running under the next tile's first ones
+./fox_attention_backward 8
+A range: ./fox_attention_backward 2 8
+
 Each version is validated against an fp64 CPU reference on small shapes, then at T = 65536 with
 extreme gates against the fp64 GPU reference (version 1 in double), checked for bitwise
 determinism, then timed (backward alone and forward + backward, with fox_attention_forward).
@@ -210,7 +226,7 @@ static void fox_backward1(g_t* dq, g_t* dk, g_t* dv, acc_t* dlogf, acc_t* scratc
 }
 
 // ----------------------------------------------------------------------------
-// ---- begin: fused backward for train_fox.cu (versions 2 and 3 and the API) ----
+// ---- begin: fused backward for train_fox.cu (versions 2 and 3) ----
 // Needs the forward section above (helpers, FOX_BR, FOX_BC, fox_check_args).
 
 // Delta_i = dO_i . O_i in fp32, a warp per row
@@ -615,6 +631,392 @@ static void fox_bwd_mma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     }
 }
 
+// ---- end: fused backward for train_fox.cu (versions 2 and 3) ----
+
+// ----------------------------------------------------------------------------
+// ---- begin: wgmma backward for train_fox.cu (versions 4-8) ----
+// Needs the section above (Delta, dlogf scan, helpers). sm_90a only (wgmma).
+//
+// Hopper's warpgroup mma (wgmma, 4 warps, 64 rows per instruction) reads its B operand, and
+// optionally A, straight from shared memory through a descriptor: no ldmatrix into registers,
+// which is what saturated L1/shared in versions 2-3 (67% in the profile). Tiles are stored as
+// 8x8 "core matrices" (8 rows of 16 bytes, 128 contiguous bytes, no swizzle), core matrix (rb, cb)
+// of a (rows, HD) tile at byte (rb * HD/8 + cb) * 128. The same bytes serve as a K-major operand
+// (K = HD: S = Q K^T, dP = dO V^T) and as an MN-major one (N = HD, K = rows: dV += P^T dO,
+// dK += dS^T Q, dQ += dS K), with the transpose bit of the instruction. P and dS go from the
+// accumulators to the A registers of the second matmuls directly (same fragment layout as mma.sync).
+
+// (the wgmma helpers, descriptors and tile layouts are in the forward file's helper section)
+
+// dk, dv and the dc column sums of one key tile of 64 * NWG keys; warpgroup wg owns keys
+// 64wg..64wg+63 (a warp 16 of them, as in version 2). Query tiles of BQ stream through shared
+// memory, double-buffered with cp.async, shared by the warpgroups.
+// S^T = K Q^T, dP^T = V dO^T (SS wgmma, K-major), then P^T, dS^T in registers, then
+// dV += P^T dO, dK += dS^T Q (RS wgmma, dO and Q N-major).
+template<int HD, int BQ, int NWG, bool GATE, int SW, int MINB, bool OVL>
+__global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf16* dk, bf16* dv, float* dc, const bf16* dout,
+                                                                       const bf16* q, const bf16* k, const bf16* v,
+                                                                       const float* lse, const float* delta, const float* c,
+                                                                       int T, int H, int stride_qkv, int stride_o, int window,
+                                                                       float scale_log2, float scale) {
+    constexpr int BK = 64 * NWG, NT = 128 * NWG;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = (bf16*)smem_1k(smem_raw);    // (BK, HD) tiles of layout SW
+    bf16* sV = sK + BK * HD;                // (BK, HD)
+    bf16* sQ = sV + BK * HD;                // (2, BQ, HD)
+    bf16* sG = sQ + 2 * BQ * HD;            // (2, BQ, HD) dO
+    float* sL = (float*)(sG + 2 * BQ * HD); // (2, BQ) lse
+    float* sD = sL + 2 * BQ;                // (2, BQ) Delta
+    float* sC = sD + 2 * BQ;                // (2, BQ) c of the queries
+
+    int kt = blockIdx.x;  // the first key tiles see the most queries and are scheduled first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, wg = warp / 4;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    size_t base_o = (size_t)b * T * stride_o + (size_t)h * HD;
+    const float *lb = lse + (size_t)bh * T, *db = delta + (size_t)bh * T;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int j0 = kt * BK;
+    int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
+    int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
+
+    load_tile_wg<BK, HD, NT, SW>(sK, k + base, j0, T, stride_qkv);
+    load_tile_wg<BK, HD, NT, SW>(sV, v + base, j0, T, stride_qkv);
+    auto load_q_tile = [&](int it, int nb) {
+        int i1 = it * BQ;
+        load_tile_wg<BQ, HD, NT, SW>(sQ + nb * BQ * HD, q + base, i1, T, stride_qkv);
+        load_tile_wg<BQ, HD, NT, SW>(sG + nb * BQ * HD, dout + base_o, i1, T, stride_o);
+        load_vec_async<BQ>(sL + nb * BQ, lb, i1, T);
+        load_vec_async<BQ>(sD + nb * BQ, db, i1, T);
+        if (GATE) load_vec_async<BQ>(sC + nb * BQ, cb, i1, T);
+    };
+    load_q_tile(it_begin, 0);
+    cp_async_commit();
+
+    int keys[2];
+    float cj[2], dcs[2] = {0.f, 0.f};
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        keys[r] = j0 + warp * 16 + g + 8 * r;
+        cj[r] = (GATE && keys[r] < T) ? cb[keys[r]] : 0.f;
+    }
+    float dka[HD / 2], dva[HD / 2];
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
+    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T (OVL: read by wgmma across iterations)
+
+    for (int it = it_begin; it < it_end; it++) {
+        int buf = (it - it_begin) & 1;
+        if (OVL) cp_async_wait<0>();  // OVL: the prefetch was issued mid-way through the previous tile
+        else if (it + 1 < it_end) { load_q_tile(it + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
+        else cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        const bf16 *sQb = sQ + buf * BQ * HD, *sGb = sG + buf * BQ * HD;
+        const float *sLb = sL + buf * BQ, *sDb = sD + buf * BQ, *sCb = sC + buf * BQ;
+
+        // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries) per warpgroup, two commit groups so
+        // that the exponentials of P overlap the dP^T matmul, and dS the dV one
+        float st[BQ / 2], dpt[BQ / 2];
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BQ, 0>(st, desc_k<HD, BK, SW>(sK, wg * 8, kk), desc_k<HD, BQ, SW>(sQb, 0, kk), kk);
+        wgmma_commit();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BQ, 0>(dpt, desc_k<HD, BK, SW>(sV, wg * 8, kk), desc_k<HD, BQ, SW>(sGb, 0, kk), kk);
+        wgmma_commit();
+        if (OVL) {  // the previous tile's dV, dK matmuls ran under these two; now they must be done
+            wgmma_wait<2>();
+            wgmma_use_a<BQ / 16>(pa); wgmma_use_a<BQ / 16>(sa);  // (a use, not a definition: ptxas would serialize)
+            __syncthreads();  // every warpgroup is done with the previous buffer: refill it
+            if (it + 1 < it_end) { load_q_tile(it + 1, buf ^ 1); cp_async_commit(); }
+        }
+        wgmma_wait<1>();
+        wgmma_pin<BQ / 2>(st);
+
+        // P^T in place; masked entries are selected to 0, never multiplied
+        int i0 = it * BQ;
+        bool need_mask = (i0 < j0 + BK - 1) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0 >= window);
+        #pragma unroll
+        for (int nt = 0; nt < BQ / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int il = nt * 8 + 2 * tq + (e & 1);
+                float x = fmaf(st[nt * 4 + e], scale_log2, -sLb[il] * LOG2E);
+                if (GATE) x = fmaf(sCb[il] - cj[e / 2], LOG2E, x);
+                float p = exp2f(x);
+                if (need_mask) {
+                    int i = i0 + il;
+                    if (i >= T || !fox_visible(i, keys[e / 2], window)) p = 0.f;
+                }
+                st[nt * 4 + e] = p;
+            }
+        }
+        // dV += P^T dO
+        #pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], st + 8 * kk, st + 8 * kk + 4);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_mn<HD, BQ, SW>(sGb, kk), 1);
+        wgmma_commit();
+        wgmma_wait<1>();  // dP^T done (dV may still run)
+        wgmma_pin<BQ / 2>(dpt);
+        // dS^T = P^T (dP^T - Delta)
+        #pragma unroll
+        for (int nt = 0; nt < BQ / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int il = nt * 8 + 2 * tq + (e & 1);
+                float ds = st[nt * 4 + e] * (dpt[nt * 4 + e] - sDb[il]);
+                dcs[e / 2] += ds;
+                dpt[nt * 4 + e] = ds;
+            }
+        }
+        // dK += dS^T Q
+        #pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dpt + 8 * kk, dpt + 8 * kk + 4);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_mn<HD, BQ, SW>(sQb, kk), 1);
+        wgmma_commit();
+        if (!OVL) {
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+            wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+            __syncthreads();  // buffer free for the prefetch of the next iteration
+        }
+    }
+    if (OVL) {
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+        wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+    }
+    bf16 *dkb = dk + base, *dvb = dv + base;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = keys[r];
+        if (GATE) {  // fixed shuffle order: deterministic
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
+            if (tq == 0 && key < T) dc[(size_t)bh * T + key] = -dcs[r];
+        }
+        if (key >= T) continue;
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            int col = dt * 8 + 2 * tq;
+            *(__nv_bfloat162*)(dkb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dka[dt * 4 + 2 * r] * scale, dka[dt * 4 + 2 * r + 1] * scale);
+            *(__nv_bfloat162*)(dvb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dva[dt * 4 + 2 * r], dva[dt * 4 + 2 * r + 1]);
+        }
+    }
+}
+
+// dq and the dc row sums of one query tile of 64 * NWG queries (warpgroup wg owns 64 of them);
+// key tiles of BC stream through shared memory. S = Q K^T, dP = dO V^T (SS, K-major), dS in
+// registers, dQ += dS K (RS, K N-major).
+template<int HD, int BC, int NWG, bool GATE, int SW, int MINB, bool OVL>
+__global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16* dq, float* dc_row, const bf16* dout, const bf16* q,
+                                                                     const bf16* k, const bf16* v, const float* lse,
+                                                                     const float* delta, const float* c, int T, int H,
+                                                                     int stride_qkv, int stride_o, int window,
+                                                                     float scale_log2, float scale) {
+    constexpr int BR = 64 * NWG, NT = 128 * NWG;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_1k(smem_raw);       // (BR, HD) tiles of layout SW
+    bf16* sG = sQ + BR * HD;                   // (BR, HD) dO
+    bf16* sK = sG + BR * HD;                   // (2, BC, HD)
+    bf16* sV = sK + 2 * BC * HD;               // (2, BC, HD)
+    float* sC = (float*)(sV + 2 * BC * HD);    // (2, BC) c of the keys
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, wg = warp / 4;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    size_t base_o = (size_t)b * T * stride_o + (size_t)h * HD;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+
+    load_tile_wg<BR, HD, NT, SW>(sQ, q + base, i0, T, stride_qkv);
+    load_tile_wg<BR, HD, NT, SW>(sG, dout + base_o, i0, T, stride_o);
+    auto load_k_tile = [&](int jt, int nb) {
+        int j1 = jt * BC;
+        load_tile_wg<BC, HD, NT, SW>(sK + nb * BC * HD, k + base, j1, T, stride_qkv);
+        load_tile_wg<BC, HD, NT, SW>(sV + nb * BC * HD, v + base, j1, T, stride_qkv);
+        if (GATE) load_vec_async<BC>(sC + nb * BC, cb, j1, T);
+    };
+    load_k_tile(jt_begin, 0);
+    cp_async_commit();
+
+    int r0 = i0 + warp * 16 + g, r1 = r0 + 8;
+    float rl[2], rd[2], rc[2];  // lse in log2 units, Delta, c of this thread's rows
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = r ? r1 : r0;
+        bool ok = row < T;
+        rl[r] = ok ? lse[(size_t)bh * T + row] * LOG2E : 0.f;
+        rd[r] = ok ? delta[(size_t)bh * T + row] : 0.f;
+        rc[r] = (GATE && ok) ? cb[row] : 0.f;
+    }
+    float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
+    uint32_t sa[BC / 16][4];  // A fragments of dS (OVL: read by wgmma across iterations)
+
+    for (int jt = jt_begin; jt < jt_end; jt++) {
+        int buf = (jt - jt_begin) & 1;
+        if (OVL) cp_async_wait<0>();  // OVL: the prefetch was issued mid-way through the previous tile
+        else if (jt + 1 < jt_end) { load_k_tile(jt + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
+        else cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        const bf16 *sKb = sK + buf * BC * HD, *sVb = sV + buf * BC * HD;
+        const float* sCb = sC + buf * BC;
+
+        float s[BC / 2], dp[BC / 2];
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BC, 0>(s, desc_k<HD, BR, SW>(sQ, wg * 8, kk), desc_k<HD, BC, SW>(sKb, 0, kk), kk);
+        wgmma_commit();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BC, 0>(dp, desc_k<HD, BR, SW>(sG, wg * 8, kk), desc_k<HD, BC, SW>(sVb, 0, kk), kk);
+        wgmma_commit();
+        if (OVL) {  // the previous tile's dQ matmul ran under these two; now it must be done
+            wgmma_wait<2>();
+            wgmma_use_a<BC / 16>(sa);  // (a use, not a definition: ptxas would serialize)
+            __syncthreads();  // every warpgroup is done with the previous buffer: refill it
+            if (jt + 1 < jt_end) { load_k_tile(jt + 1, buf ^ 1); cp_async_commit(); }
+        }
+        wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
+        wgmma_pin<BC / 2>(s);
+        int j0 = jt * BC;
+        bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int jl = nt * 8 + 2 * tq + (e & 1);
+                float x = fmaf(s[nt * 4 + e], scale_log2, -rl[e / 2]);
+                if (GATE) x = fmaf(rc[e / 2] - sCb[jl], LOG2E, x);
+                float p = exp2f(x);
+                if (need_mask) {
+                    int j = j0 + jl;
+                    if (j >= T || !fox_visible(e < 2 ? r0 : r1, j, window)) p = 0.f;
+                }
+                s[nt * 4 + e] = p;
+            }
+        }
+        wgmma_wait0();
+        wgmma_pin<BC / 2>(dp);
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - rd[e / 2]);
+                s[nt * 4 + e] = ds;
+                rs[e / 2] += ds;
+            }
+        }
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(dqa, sa[kk], desc_mn<HD, BC, SW>(sKb, kk), 1);
+        wgmma_commit();
+        if (!OVL) {
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+            __syncthreads();
+        }
+    }
+    if (OVL) { wgmma_wait0(); wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa); }
+    bf16* dqb = dq + base;
+    #pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++) {
+        int col = dt * 8 + 2 * tq;
+        if (r0 < T) *(__nv_bfloat162*)(dqb + (size_t)r0 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4] * scale, dqa[dt * 4 + 1] * scale);
+        if (r1 < T) *(__nv_bfloat162*)(dqb + (size_t)r1 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4 + 2] * scale, dqa[dt * 4 + 3] * scale);
+    }
+    if (GATE) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {  // fixed shuffle order: deterministic
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 1);
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 2);
+        }
+        if (tq == 0) {
+            if (r0 < T) dc_row[(size_t)bh * T + r0] = rs[0];
+            if (r1 < T) dc_row[(size_t)bh * T + r1] = rs[1];
+        }
+    }
+}
+
+// Shared memory of the two version-4 kernels (dynamic; above 48 KB needs the attribute, set on
+// the first call of each instantiation)
+template<int HD, int BQ, int NWG> constexpr size_t fox_wg_smem_kv() {
+    return 1024 + (size_t)(2 * 64 * NWG + 4 * BQ) * HD * sizeof(bf16) + 6 * BQ * sizeof(float);
+}
+template<int HD, int BC, int NWG> constexpr size_t fox_wg_smem_q() {
+    return 1024 + (size_t)(2 * 64 * NWG + 4 * BC) * HD * sizeof(bf16) + 2 * BC * sizeof(float);
+}
+
+template<int HD, int BQ, int NWGK, int BC, int NWGQ, bool GATE, int SW, int MINBK, int MINBQ, bool OVL>
+static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
+                                 const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
+                                 int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    constexpr size_t smem_kv = fox_wg_smem_kv<HD, BQ, NWGK>(), smem_q = fox_wg_smem_q<HD, BC, NWGQ>();
+    static bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK, OVL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ, OVL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        configured = true;
+    }
+    float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
+    fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK, OVL><<<dim3(ceil_div(T, 64 * NWGK), B * H), 128 * NWGK, smem_kv, s>>>(
+        dk, dv, dc, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
+    cudaCheckLaunch();
+    fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ, OVL><<<dim3(ceil_div(T, 64 * NWGQ), B * H), 128 * NWGQ, smem_q, s>>>(
+        dq, dc_row, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
+    cudaCheckLaunch();
+}
+
+// version 4: Delta, the two wgmma kernels, the dlogf scan. CFG picks tile shapes (measured
+// variants): 0 = one warpgroup per block in both kernels, 1 = two in the dk/dv kernel, 2 = as 0
+// with registers capped for 3 blocks per SM in the dk/dv kernel (hd 64) and 3 in dq (hd 128),
+// 3 = 1 with the second matmuls of a tile (dV, dK; dQ) left running under the first ones of the
+// next tile (S^T, dP^T; S, dP); the prefetch then waits for them, mid-tile.
+// scratch: 3 * B*H*T floats, as version 2.
+template<int SW, int CFG>
+static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
+                          const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
+                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    int BHT = B * H * T;
+    float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
+    if (hd == 64) fox_bwd_delta_kernel<64><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    else fox_bwd_delta_kernel<128><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    cudaCheckLaunch();
+    constexpr int NWGK = CFG == 1 || CFG == 3 ? 2 : 1, MINB = CFG == 2 ? 3 : 1;
+    constexpr bool OVL = CFG == 3;
+    if (hd == 64) {
+        if (c) fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, true, SW, MINB, 1, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, false, SW, MINB, 1, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+    } else {  // hd 128: dK, dV take 128 accumulator registers; 32-query steps keep S^T, dP^T at 32
+        if (c) fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, true, SW, 1, MINB, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, false, SW, 1, MINB, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+    }
+    if (c) {
+        fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
+        cudaCheckLaunch();
+    }
+}
+// ---- end: wgmma backward (versions 4-8) ----
+
+// ---- begin: fused backward API for train_fox.cu ----
 // dq, dk, dv: bf16 (B, T, H, hd), token stride stride_qkv (like q, k, v; may be a packed dqkv).
 // dout, o: bf16 (B, T, H, hd), token stride stride_o. lse: from fox_attention_forward.
 // c: fp32 (B, H, T) or NULL (plain causal attention). dlogf: fp32 (B, H, T) gradient of log f,
@@ -635,10 +1037,11 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         fprintf(stderr, "fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf.\n");
         exit(EXIT_FAILURE);
     }
-    fox_bwd_mma<64, 1>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
-                       window, s);  // version 2 (version 3 measured no faster)
+    // version 6: wgmma, 128-byte swizzled tiles, two warpgroups (128 keys) per dk/dv block; sm_90a only
+    fox_bwd_wgmma<1, 1>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
+                        window, s);
 }
-// ---- end: fused backward for train_fox.cu ----
+// ---- end: fused backward API ----
 
 // ----------------------------------------------------------------------------
 #ifndef FOX_SKIP_BACKWARD_MAIN
@@ -670,11 +1073,21 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d) {
     switch (version) {
         case 1: fox_backward1<float, bf16, float, bf16>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.stride_o, p.stride_qkv, p.window); break;
-        case 2: fox_attention_backward(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+        case 2: fox_bwd_mma<64, 1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 3: fox_bwd_mma<32, 2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..3\n", version); exit(EXIT_FAILURE);
+        case 4: fox_bwd_wgmma<0, 0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
+        case 5: fox_bwd_wgmma<1, 0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
+        case 6: fox_attention_backward(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
+        case 7: fox_bwd_wgmma<1, 2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
+        case 8: fox_bwd_wgmma<1, 3>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..8\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -718,11 +1131,13 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 3;
+    int first = only ? only : 1, last = only ? only : 8;
+    if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-    bool all_ok = true;
+    bool all_ok = true;         // the references
+    bool vok[10] = {true, true, true, true, true, true, true, true, true, true};  // per version: only those that pass are timed
 
     // 1. small shapes against the fp64 CPU reference
     struct Cfg { int B, T, H, hd, window; bool packed; double gate; int o_pad; };
@@ -751,7 +1166,7 @@ int main(int argc, char** argv) {
             run_backward(ver, p, d);
             cudaCheck(cudaDeviceSynchronize());
             printf("  version %d\n", ver);
-            all_ok &= check_backward(p, d, dq.data(), dk.data(), dv.data(), dlogf.data());
+            vok[ver] &= check_backward(p, d, dq.data(), dk.data(), dv.data(), dlogf.data());
         }
         release_bwd(d);
     }
@@ -802,33 +1217,38 @@ int main(int argc, char** argv) {
                 run_backward(ver, p, d);
                 cudaCheck(cudaDeviceSynchronize());
                 printf("  version %d\n", ver);
-                all_ok &= check_backward(p, d, ref.data(), ref.data() + n, ref.data() + 2 * n, ref.data() + 3 * n, L.tol_dqdk);
+                vok[ver] &= check_backward(p, d, ref.data(), ref.data() + n, ref.data() + 2 * n, ref.data() + 3 * n, L.tol_dqdk);
             }
         }
         cudaCheck(cudaFree(o64)); cudaCheck(cudaFree(lse64)); cudaCheck(cudaFree(g64)); cudaCheck(cudaFree(s64));
         release_bwd(d);
     }
 
-    // 3. determinism: same inputs, same bits
-    {
-        FoxProblem p = make_problem(2, 3000, 4, 64, 0, true, -1);
+    // 3. determinism: same inputs, same bits (the tiled versions)
+    for (int ver = std::max(first, 2); ver <= last; ver++) {
+        FoxProblem p = make_problem(2, 3000, 4, ver % 2 ? 128 : 64, 0, true, -1);
         BwdDev d = upload_bwd(p);
         run_fwd(p, d);
         std::vector<bf16> g1; std::vector<float> l1;
         for (int rep = 0; rep < 2; rep++) {
             poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht);
-            run_backward(last >= 2 ? 2 : last, p, d);  // the API's version
+            run_backward(ver, p, d);
             std::vector<bf16> g = d2h(d.dqkv, p.n_qkv);
             std::vector<float> l = d2h(d.dlogf, p.n_bht);
             if (rep == 0) { g1 = g; l1 = l; continue; }
             bool same = memcmp(g.data(), g1.data(), g.size() * sizeof(bf16)) == 0 &&
                         memcmp(l.data(), l1.data(), l.size() * sizeof(float)) == 0;
-            printf("determinism (two backward runs, bitwise): %s\n", same ? "ok" : "FAIL");
-            all_ok &= same;
+            printf("determinism of version %d, hd %d (two backward runs, bitwise): %s\n", ver, p.hd, same ? "ok" : "FAIL");
+            vok[ver] &= same;
         }
         release_bwd(d);
     }
-    if (!all_ok) { printf("VALIDATION FAILED: no timing\n"); return EXIT_FAILURE; }
+    bool any_ok = false;
+    for (int ver = first; ver <= last; ver++) {
+        if (!vok[ver]) printf("VALIDATION FAILED for version %d: not timed\n", ver);
+        any_ok |= vok[ver];
+    }
+    if (!all_ok || !any_ok) { printf("VALIDATION FAILED: no timing\n"); return EXIT_FAILURE; }
 
     // 4. timing on the shapes of BENCHMARKS.md (gate on, random data)
     int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64}, {1, 16, 16384, 128}, {4, 16, 4096, 128}};
@@ -844,7 +1264,7 @@ int main(int argc, char** argv) {
         printf("%-22s", name);
         double f = attn_fwd_flops(B, T, H, hd);
         for (int ver = first; ver <= last; ver++) {
-            if (ver == 1 && &sh != &shapes[0]) { printf("   %-19s%-19s", "-", "-"); continue; }  // seconds there
+            if (!vok[ver] || (ver == 1 && &sh != &shapes[0])) { printf("   %-19s%-19s", "-", "-"); continue; }  // v1: seconds there
             int reps = ver == 1 ? 3 : 30;
             float mb = time_median_ms([&]() { run_backward(ver, p, d); }, 1, reps);
             float mfb = time_median_ms([&]() { run_fwd(p, d); run_backward(ver, p, d); }, 1, reps);
@@ -853,6 +1273,7 @@ int main(int argc, char** argv) {
         printf("\n");
         release_bwd(d);
     }
+    for (int ver = first; ver <= last; ver++) if (!vok[ver]) return EXIT_FAILURE;
     return 0;
 }
 #endif

@@ -24,6 +24,20 @@ version 4 is version 3 with 32 rows per warp (128-row query tile; 32-key tiles a
 the registers): each K/V fragment feeds two mma's, half the shared-memory traffic per mma
 ./fox_attention_forward 4
 
+version 5 is version 4's online softmax on Hopper's warpgroup mma (wgmma, sm_90a): a warpgroup per
+64 query rows, Q and K read by descriptor from 128-byte-swizzled shared tiles, P from the
+accumulators as register A fragments, V read N-major from its tile; 128-key tiles at hd 64
+./fox_attention_forward 5
+
+version 6 is version 5 with two warpgroups (128 rows) per block sharing 64-key K/V tiles -- the API
+./fox_attention_forward 6
+
+version 7 is version 6 with FlashAttention-3's pipeline inside a warpgroup: tile j's S matmul is
+issued with tile j-1's P V, and the softmax of tile j runs while P V is in flight (3 K/V stages)
+./fox_attention_forward 7
+
+A range: ./fox_attention_forward 3 7
+
 With no argument every version runs. Each version is validated against an fp64 CPU reference on
 small shapes (T not a multiple of the tiles, hd 64/128, gate on/off, windows, packed qkv), then at
 T = 65536 with strongly decaying and nearly-one gates against an fp64 GPU reference (version 1's
@@ -151,6 +165,134 @@ __device__ __forceinline__ void load_vec_async(float* sm, const float* g, int ro
         bool ok = row < T;
         cp_async4(sm + threadIdx.x, g + (ok ? row : 0), ok);
     }
+}
+
+// Hopper warpgroup mma (wgmma, sm_90a), used by forward versions 5-7 and backward versions 4-8
+// (train_fox.cu needs this block for them).
+// wgmma wrappers: d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N);
+// acc = 0 overwrites d. SS: A and B by descriptor; RS: A from registers (mma.sync A-fragment layout
+// per warp). TB = 1: B is N-major (transposed).
+template<int TB> __device__ __forceinline__ void wgmma_ss_n32(float* d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int TB> __device__ __forceinline__ void wgmma_rs_n32(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int TB> __device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int TB> __device__ __forceinline__ void wgmma_rs_n64(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int TB> __device__ __forceinline__ void wgmma_ss_n128(float* d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int TB> __device__ __forceinline__ void wgmma_rs_n128(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+template<int N, int TB> __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (N == 32) wgmma_ss_n32<TB>(d, da, db, acc);
+    else if constexpr (N == 64) wgmma_ss_n64<TB>(d, da, db, acc);
+    else wgmma_ss_n128<TB>(d, da, db, acc);
+}
+template<int N, int TB> __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    if constexpr (N == 32) wgmma_rs_n32<TB>(d, a, db, acc);
+    else if constexpr (N == 64) wgmma_rs_n64<TB>(d, a, db, acc);
+    else wgmma_rs_n128<TB>(d, a, db, acc);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template<int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { wgmma_wait<0>(); }
+// The compiler sees a wgmma as finished when issued; pinning its accumulators after the wait keeps
+// every read of them below the wait.
+template<int R> __device__ __forceinline__ void wgmma_pin(float* d) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+// A fragments read by an in-flight wgmma: a use after the wait keeps their registers from reuse
+template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" :: "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]) : "memory");
+}
+// the same for A fragments in registers: keeps them alive (unreused) until the wait
+template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
+}
+// cp.async writes are generic-proxy writes; wgmma reads through the async proxy
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Shared-memory matrix descriptor: start address, LBO, SBO (each >> 4), layout (bits 62-63:
+// 0 none, 1 128-byte swizzle).
+__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo, int sw) {
+    return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+           ((uint64_t)sw << 62);
+}
+// Two layouts of a (ROWS, HD) bf16 tile (SW picks):
+// SW = 0 (version 4): 8x8 core matrices (8 rows of 16 bytes, 128 contiguous bytes, no swizzle),
+//   core matrix (rb, cb) at byte (rb * HD/8 + cb) * 128.
+// SW = 1 (version 5): 128-byte swizzle: blocks of 64 columns, ROWS * 128 bytes each; in a block,
+//   row r takes 128 contiguous bytes and its 16-byte chunk c sits at chunk c ^ (r % 8). Tiles start
+//   at 1024-byte boundaries (the swizzle pattern repeats every 8 rows).
+// The same bytes serve as a K-major operand (K = HD: S = Q K^T, dP = dO V^T) and as an N-major one
+// (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit.
+template<int HD, int ROWS, int SW> __device__ __forceinline__ int tile_off(int r, int ch) {  // 16-byte chunk ch of row r, in elements
+    if constexpr (SW == 0) return ((r >> 3) * (HD / 8) + ch) * 64 + (r & 7) * 8;
+    else return (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
+}
+// K-major operand (K = HD): 64 rows from row 8*rb, k16 step kk. No swizzle: LBO = stride of core
+// matrices along K, SBO along the rows. Swizzled: the k step moves the start inside the 128-byte
+// row (the hardware applies the XOR on the address), SBO = 8 rows = 1024 bytes, LBO unused.
+template<int HD, int ROWS, int SW> __device__ __forceinline__ uint64_t desc_k(const bf16* tile, int rb, int kk) {
+    if constexpr (SW == 0) return wg_desc(tile + (rb * (HD / 8) + 2 * kk) * 64, 128, HD * 16, 0);
+    else return wg_desc(tile + (kk / 4) * ROWS * 64 + rb * 8 * 64 + (kk % 4) * 16, 16, 1024, 1);
+}
+// N-major operand (N = HD, K = rows 16kk..16kk+15). No swizzle: LBO is again the K-direction
+// stride, SBO the N-direction one (checked on the device: the swap faults). Swizzled: LBO = stride
+// between 64-column blocks, SBO = 8 rows along K.
+template<int HD, int ROWS, int SW> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int kk) {
+    if constexpr (SW == 0) return wg_desc(tile + kk * 2 * (HD / 8) * 64, HD * 16, 128, 0);
+    else return wg_desc(tile + kk * 16 * 64, ROWS * 128, 1024, 1);
+}
+
+// ROWS rows of one head into a tile of layout SW; rows past T zero-filled. No swizzle: lanes take 8
+// rows of one 16-byte chunk, then the next chunk (a warp writes 4 whole core matrices). Swizzled:
+// lanes take consecutive chunks of a row (a warp writes 512 contiguous bytes). No bank conflicts.
+template<int ROWS, int HD, int NTHREADS, int SW>
+__device__ __forceinline__ void load_tile_wg(bf16* sm, const bf16* g, int row0, int T, int stride) {
+    constexpr int CH = HD / 8;
+    #pragma unroll
+    for (int e = threadIdx.x; e < ROWS * CH; e += NTHREADS) {
+        int r, ch;
+        if constexpr (SW == 0) { r = (e >> 3) / CH * 8 + (e & 7); ch = (e >> 3) % CH; }
+        else { r = e / CH; ch = e % CH; }
+        int row = row0 + r;
+        bool ok = row < T;
+        cp_async16(sm + tile_off<HD, ROWS, SW>(r, ch), g + (size_t)(ok ? row : 0) * stride + ch * 8, ok);
+    }
+}
+// the dynamic shared memory, rounded up to 1024 bytes (the swizzle's repeat); callers allocate 1 KB more
+__device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
+    return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
 }
 
 // ----------------------------------------------------------------------------
@@ -290,7 +432,7 @@ static void fox_forward2(bf16* o, float* lse, const bf16* q, const bf16* k, cons
 }
 
 // ----------------------------------------------------------------------------
-// ---- begin: fused forward for train_fox.cu (versions 3 and 4 and the API) ----
+// ---- begin: fused forward for train_fox.cu (versions 3 and 4) ----
 // Flash forward on tensor cores. Block = 4 warps = one query tile of BR = 64 * WM rows of one
 // (b, h); each warp owns 16 * WM rows and keeps their Q fragments, O accumulator and softmax state
 // in registers. Key tiles of BC keys (K, V and c_j) stream through shared memory, double-buffered
@@ -529,6 +671,318 @@ static void fox_fwd_mma_dispatch(bf16* o, float* lse, const bf16* q, const bf16*
     }
 }
 
+// ---- end: fused forward for train_fox.cu (versions 3 and 4) ----
+
+// ----------------------------------------------------------------------------
+// ---- begin: wgmma forward for train_fox.cu (versions 5-7) ----
+// Version 4's online softmax on Hopper's warpgroup mma: a warpgroup owns 64 query rows (a warp
+// 16, in the same accumulator layout as mma.sync), S = Q K^T with Q and K read by descriptor from
+// 128-byte-swizzled shared tiles (no ldmatrix), P from the accumulators as register A fragments,
+// O += P V with V read N-major from the same tile. Key tiles of BC double-buffered with cp.async.
+template<int HD, int BC, int NWG, bool GATE>
+__global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
+                                                                  const bf16* v, const float* c, int T, int H,
+                                                                  int stride_qkv, int stride_o, int window,
+                                                                  float scale_log2) {
+    constexpr int BR = 64 * NWG, NT = 128 * NWG, SW = 1;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_1k(smem_raw);    // (BR, HD) swizzled tiles
+    bf16* sK = sQ + BR * HD;                // (2, BC, HD)
+    bf16* sV = sK + 2 * BC * HD;            // (2, BC, HD)
+    float* sC = (float*)(sV + 2 * BC * HD); // (2, BC)
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, wg = warp / 4;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+
+    load_tile_wg<BR, HD, NT, SW>(sQ, qb, i0, T, stride_qkv);
+    auto load_kv = [&](int jt, int nb) {
+        int j1 = jt * BC;
+        load_tile_wg<BC, HD, NT, SW>(sK + nb * BC * HD, kb, j1, T, stride_qkv);
+        load_tile_wg<BC, HD, NT, SW>(sV + nb * BC * HD, vb, j1, T, stride_qkv);
+        if (GATE) load_vec_async<BC>(sC + nb * BC, cb, j1, T);
+    };
+    load_kv(jt_begin, 0);
+    cp_async_commit();
+
+    int rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
+    float cr[2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, acc[HD / 2];
+    #pragma unroll
+    for (int r = 0; r < 2; r++) cr[r] = (GATE && rows[r] < T) ? cb[rows[r]] : 0.f;
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
+
+    for (int jt = jt_begin; jt < jt_end; jt++) {
+        int buf = (jt - jt_begin) & 1;
+        if (jt + 1 < jt_end) { load_kv(jt + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
+        else cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        const bf16 *sKb = sK + buf * BC * HD, *sVb = sV + buf * BC * HD;
+        const float* sCb = sC + buf * BC;
+
+        float s[BC / 2];
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BC, 0>(s, desc_k<HD, BR, SW>(sQ, wg * 8, kk), desc_k<HD, BC, SW>(sKb, 0, kk), kk);
+        wgmma_commit();
+        wgmma_wait0();
+        wgmma_pin<BC / 2>(s);
+
+        // scale, bias, mask (only tiles touching the diagonal, the window edge or T), online softmax
+        int j0 = jt * BC;
+        bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
+        float mx[2] = {-INFINITY, -INFINITY};
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int jl = nt * 8 + 2 * tq + (e & 1);
+                float x = s[nt * 4 + e] * scale_log2;
+                if (GATE) x = fmaf(cr[e / 2] - sCb[jl], LOG2E, x);  // c_i - c_j exact near the diagonal
+                if (need_mask) {
+                    int j = j0 + jl;
+                    if (j >= T || !fox_visible(rows[e / 2], j, window)) x = -INFINITY;
+                }
+                s[nt * 4 + e] = x;
+                mx[e / 2] = fmaxf(mx[e / 2], x);
+            }
+        }
+        float mu[2];
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+            float m_new = fmaxf(m[r], mx[r]);
+            mu[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: exp2(-inf - 0) = 0
+            float alpha = exp2f(m[r] - mu[r]);
+            l[r] *= alpha;
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++) { acc[dt * 4 + 2 * r] *= alpha; acc[dt * 4 + 2 * r + 1] *= alpha; }
+            m[r] = m_new;
+        }
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[nt * 4 + e] = exp2f(s[nt * 4 + e] - mu[e / 2]);
+                l[e / 2] += s[nt * 4 + e];  // per-thread partial; the quad sums once at the end
+            }
+        }
+        // O += P V
+        uint32_t pa[BC / 16][4];
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], desc_mn<HD, BC, SW>(sVb, kk), 1);
+        wgmma_commit();
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(acc); wgmma_pin_a<BC / 16>(pa);
+        __syncthreads();  // everyone is done with this buffer before it is refilled
+    }
+    bf16* ob = o + (size_t)b * T * stride_o + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        int row = rows[r];
+        if (row >= T) continue;
+        float inv = 1.f / l[r];
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
+                __floats2bfloat162_rn(acc[dt * 4 + 2 * r] * inv, acc[dt * 4 + 2 * r + 1] * inv);
+        if (tq == 0) lse[(size_t)bh * T + row] = (m[r] + log2f(l[r])) * LN2;  // natural log
+    }
+}
+
+// Version 7: version 6 with FlashAttention-3's pipeline inside a warpgroup: tile j's S = Q K^T is
+// issued together with tile j-1's O += P V, and tile j's softmax runs while that P V matmul is in
+// flight; O is rescaled (and P refilled) after it. K/V take three stages: V(j-1) is still read when
+// K/V(j+1) is loaded.
+template<int HD, int BC, int NWG, bool GATE>
+__global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_pipe_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
+                                                                  const bf16* v, const float* c, int T, int H,
+                                                                  int stride_qkv, int stride_o, int window,
+                                                                  float scale_log2) {
+    constexpr int BR = 64 * NWG, NT = 128 * NWG, SW = 1;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_1k(smem_raw);    // (BR, HD) swizzled tiles
+    bf16* sK = sQ + BR * HD;                // (3, BC, HD): three stages, V(j-1) is read while K(j) is
+    bf16* sV = sK + 3 * BC * HD;            // (3, BC, HD)
+    float* sC = (float*)(sV + 3 * BC * HD); // (3, BC)
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, wg = warp / 4;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+
+    load_tile_wg<BR, HD, NT, SW>(sQ, qb, i0, T, stride_qkv);
+    auto load_kv = [&](int jt, int nb) {
+        int j1 = jt * BC;
+        load_tile_wg<BC, HD, NT, SW>(sK + nb * BC * HD, kb, j1, T, stride_qkv);
+        load_tile_wg<BC, HD, NT, SW>(sV + nb * BC * HD, vb, j1, T, stride_qkv);
+        if (GATE) load_vec_async<BC>(sC + nb * BC, cb, j1, T);
+    };
+    load_kv(jt_begin, 0);
+    cp_async_commit();
+
+    int rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
+    float cr[2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, acc[HD / 2];
+    #pragma unroll
+    for (int r = 0; r < 2; r++) cr[r] = (GATE && rows[r] < T) ? cb[rows[r]] : 0.f;
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
+
+    uint32_t pa[BC / 16][4];  // P of the previous tile, read by its P V matmul under this tile's S
+    for (int jt = jt_begin; jt < jt_end; jt++) {
+        int st = (jt - jt_begin) % 3;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // tile jt visible; every warpgroup is past tile jt-2's P V (its stage is refilled now)
+        if (jt + 1 < jt_end) { load_kv(jt + 1, (st + 1) % 3); cp_async_commit(); }
+        const bf16 *sKb = sK + st * BC * HD;
+        const float* sCb = sC + st * BC;
+
+        // S = Q K^T of this tile, then O += P V of the previous one: the softmax below runs under it
+        float s[BC / 2];
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BC, 0>(s, desc_k<HD, BR, SW>(sQ, wg * 8, kk), desc_k<HD, BC, SW>(sKb, 0, kk), kk);
+        wgmma_commit();
+        if (jt > jt_begin) {
+            const bf16* sVp = sV + ((st + 2) % 3) * BC * HD;
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], desc_mn<HD, BC, SW>(sVp, kk), 1);
+            wgmma_commit();
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait0();
+        }
+        wgmma_pin<BC / 2>(s);
+
+        // scale, bias, mask (only tiles touching the diagonal, the window edge or T), online softmax
+        int j0 = jt * BC;
+        bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
+        float mx[2] = {-INFINITY, -INFINITY};
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int jl = nt * 8 + 2 * tq + (e & 1);
+                float x = s[nt * 4 + e] * scale_log2;
+                if (GATE) x = fmaf(cr[e / 2] - sCb[jl], LOG2E, x);  // c_i - c_j exact near the diagonal
+                if (need_mask) {
+                    int j = j0 + jl;
+                    if (j >= T || !fox_visible(rows[e / 2], j, window)) x = -INFINITY;
+                }
+                s[nt * 4 + e] = x;
+                mx[e / 2] = fmaxf(mx[e / 2], x);
+            }
+        }
+        float mu[2], alpha[2];
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+            float m_new = fmaxf(m[r], mx[r]);
+            mu[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: exp2(-inf - 0) = 0
+            alpha[r] = exp2f(m[r] - mu[r]);
+            l[r] *= alpha[r];
+            m[r] = m_new;
+        }
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[nt * 4 + e] = exp2f(s[nt * 4 + e] - mu[e / 2]);
+                l[e / 2] += s[nt * 4 + e];  // per-thread partial; the quad sums once at the end
+            }
+        }
+        wgmma_wait0();  // the previous tile's P V: now O can be rescaled and pa refilled
+        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            acc[dt * 4] *= alpha[0]; acc[dt * 4 + 1] *= alpha[0];
+            acc[dt * 4 + 2] *= alpha[1]; acc[dt * 4 + 3] *= alpha[1];
+        }
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+    }
+    if (jt_end > jt_begin) {  // the last tile's P V
+        const bf16* sVp = sV + ((jt_end - 1 - jt_begin) % 3) * BC * HD;
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], desc_mn<HD, BC, SW>(sVp, kk), 1);
+        wgmma_commit();
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+    }
+    bf16* ob = o + (size_t)b * T * stride_o + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        int row = rows[r];
+        if (row >= T) continue;
+        float inv = 1.f / l[r];
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
+                __floats2bfloat162_rn(acc[dt * 4 + 2 * r] * inv, acc[dt * 4 + 2 * r + 1] * inv);
+        if (tq == 0) lse[(size_t)bh * T + row] = (m[r] + log2f(l[r])) * LN2;  // natural log
+    }
+}
+
+template<int HD, int BC, int NWG, bool GATE, bool PIPE>
+static void fox_fwd_wgmma_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                                 int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    constexpr int BR = 64 * NWG;
+    constexpr int ST = PIPE ? 3 : 2;  // K/V stages
+    constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float);
+    static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
+    if (!configured) {
+        if (PIPE) cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_pipe_kernel<HD, BC, NWG, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        else cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_kernel<HD, BC, NWG, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
+    float scale_log2 = LOG2E / sqrtf((float)HD);
+    if (PIPE) fox_fwd_wgmma_pipe_kernel<HD, BC, NWG, GATE><<<dim3(ceil_div(T, BR), B * H), 128 * NWG, smem, s>>>(
+        o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2);
+    else fox_fwd_wgmma_kernel<HD, BC, NWG, GATE><<<dim3(ceil_div(T, BR), B * H), 128 * NWG, smem, s>>>(
+        o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2);
+    cudaCheckLaunch();
+}
+// versions 5-7: key tile BC64 / BC128 at hd 64 / 128, NWG warpgroups (64 query rows each) per block,
+// PIPE: version 7's pipeline
+template<int BC64, int BC128, int NWG, bool PIPE = false>
+static void fox_fwd_wgmma(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+    if (hd == 64) {
+        if (c) fox_fwd_wgmma_launch<64, BC64, NWG, true, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_fwd_wgmma_launch<64, BC64, NWG, false, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+    } else {
+        if (c) fox_fwd_wgmma_launch<128, BC128, NWG, true, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_fwd_wgmma_launch<128, BC128, NWG, false, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+    }
+}
+// ---- end: wgmma forward (versions 5-7) ----
+
+// ---- begin: fused forward API for train_fox.cu ----
 // o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
 // q, k, v: bf16 (B, T, H, hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv).
 // c: fp32 (B, H, T) cumulative log forget gate, or NULL for plain causal attention.
@@ -536,9 +990,10 @@ static void fox_fwd_mma_dispatch(bf16* o, float* lse, const bf16* q, const bf16*
 void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
-    fox_fwd_mma_dispatch<64, 32, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, s);  // version 4
+    // version 6 (wgmma, two warpgroups = 128 query rows per block, 64-key tiles); sm_90a only
+    fox_fwd_wgmma<64, 64, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, s);
 }
-// ---- end: fused forward for train_fox.cu ----
+// ---- end: fused forward API ----
 
 // ----------------------------------------------------------------------------
 // test problems, shared with the backward file
@@ -601,8 +1056,11 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         case 1: fox_forward1<float, bf16>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w); break;
         case 2: fox_forward2(o, lse, q, k, v, c, B, T, H, hd, sq, so, w); break;
         case 3: fox_fwd_mma_dispatch<64, 64, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
-        case 4: fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..4\n", version); exit(EXIT_FAILURE);
+        case 4: fox_fwd_mma_dispatch<64, 32, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
+        case 5: fox_fwd_wgmma<128, 64, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
+        case 6: fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
+        case 7: fox_fwd_wgmma<64, 64, 2, true>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..7\n", version); exit(EXIT_FAILURE);
     }
 }
 
@@ -640,7 +1098,8 @@ static bool check_forward(const FoxProblem& p, const FwdDev& d, const double* o_
 
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 4;
+    int first = only ? only : 1, last = only ? only : 7;
+    if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
