@@ -39,12 +39,18 @@ run_tests bf16
 # --- 2. compute-sanitizer over a short training run ----------------------------------------
 make train_fox > "$LOG/build_train_fox.txt" 2>&1 || { say "FAIL build train_fox"; exit 1; }
 SHORT="-e fox-pro-tiny -b 2 -t 300 -x 2 -v 2 -m 1 -s 0"
-for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 99 ./train_fox $SHORT > "$LOG/sanitizer_$tool.txt" 2>&1
-    rc=$?
-    say "compute-sanitizer $tool ($SHORT): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_$tool.txt" | tail -n 1) (exit $rc)"
-    [ $rc -eq 0 ] || FAILURES=$((FAILURES + 1))
-done
+compute-sanitizer --tool memcheck --error-exitcode 99 ./train_fox $SHORT > "$LOG/sanitizer_memcheck.txt" 2>&1
+rc=$?
+say "compute-sanitizer memcheck ($SHORT): $(grep 'ERROR SUMMARY' "$LOG/sanitizer_memcheck.txt" | tail -n 1) (exit $rc)"
+[ $rc -eq 0 ] || FAILURES=$((FAILURES + 1))
+# racecheck flags cuBLASLt's own GEMM kernels (nvjet_*: TMA and mbarrier synchronisation it does
+# not model); only a race in a kernel of train_fox.cu fails the check
+compute-sanitizer --tool racecheck ./train_fox $SHORT > "$LOG/sanitizer_racecheck.txt" 2>&1
+rc=$?
+ours=$(grep -E 'access at ' "$LOG/sanitizer_racecheck.txt" | grep -v -c -E 'access at (nvjet|cutlass|sm[0-9]+_xmma)')
+library=$(grep -c -E 'Race reported between .* at nvjet' "$LOG/sanitizer_racecheck.txt")
+say "compute-sanitizer racecheck ($SHORT): $ours race report(s) in train_fox's kernels, $library inside cuBLASLt's nvjet GEMM kernels (exit $rc)"
+[ $rc -eq 0 ] && [ "$ours" -eq 0 ] || FAILURES=$((FAILURES + 1))
 
 # --- 3. bit-exact resume: a new process continues from the straight run's step-6 checkpoint ---
 RUN="-e fox-pro-tiny -b 8 -t 512 -x 12 -n 6 -v 0 -s 0"
