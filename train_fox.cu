@@ -473,6 +473,24 @@ __global__ void colsum_finish_kernel(float* out, const float* partial, int chunk
 #define XPACK (16 / (int)sizeof(floatX))
 typedef struct __align__(16) { floatX v[XPACK]; } PackX;
 
+// The per-head kernels give each (token, head) row of hd values G consecutive lanes (G a power
+// of two, at most 32, so a row never straddles warps); lane j holds the packs at j * XPACK and
+// hd/2 + j * XPACK, so RoPE's pairs (i, i + hd/2) meet in one lane and every load is 16 bytes
+// (gpu_config_problem: hd % (2 * XPACK) == 0, hd <= MAX_HD).
+#define HEAD_THREADS 256
+static int head_lanes(int hd) {
+    int G = 1;
+    while (G * 2 * XPACK < hd) { G *= 2; }
+    return G;
+}
+static unsigned head_blocks(size_t rows, int G) { return (unsigned)ceil_div(rows * G, HEAD_THREADS); }
+
+// sum over the G lanes of a row; every lane of the warp must call it
+__device__ static inline float group_sum(float v, int G) {
+    for (int o = G / 2; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
+    return v;
+}
+
 // KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z);
 // XPACK consecutive channels of one token per thread (a pack may span two heads)
 __global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const float* alpha_logit, size_t N, int T,
@@ -493,31 +511,37 @@ __global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const fl
     *(PackX*)(out + idx) = res;
 }
 
-// one warp per (token, head)
 __global__ void kv_shift_backward_kernel(floatX* draw, floatX* dalpha_logit, const floatX* dout, const floatX* raw,
-                                         const float* alpha_logit, size_t N, int T, int H, int hd) {
+                                         const float* alpha_logit, size_t N, int T, int H, int hd, int G) {
     // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
     // draw_t = (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
     // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2;
+    int active = row < N * H && j * XPACK < half; // the others still join group_sum
     size_t n = row / H, C = (size_t)H * hd;
-    int h = (int)(row % H);
-    int has_prev = n % T > 0, has_next = n % T + 1 < (size_t)T;
-    float a = sigmoid_gpu(alpha_logit[row]);
-    float a_next = has_next ? sigmoid_gpu(alpha_logit[row + H]) : 0.0f;
-    size_t off = n * C + (size_t)h * hd;
-    float da = 0.0f;
-    for (int i = lane; i < hd; i += 32) {
-        float d = to_float(dout[off + i]);
-        float d_next = has_next ? to_float(dout[off + C + i]) : 0.0f;
-        draw[off + i] = to_floatX((1.0f - a) * d + a_next * d_next);
-        float prev = has_prev ? to_float(raw[off - C + i]) : 0.0f;
-        da += d * (prev - to_float(raw[off + i]));
+    float a = 0.0f, da = 0.0f;
+    if (active) {
+        int has_prev = n % T > 0, has_next = n % T + 1 < (size_t)T;
+        a = sigmoid_gpu(alpha_logit[row]);
+        float a_next = has_next ? sigmoid_gpu(alpha_logit[row + H]) : 0.0f;
+        for (int e = j * XPACK; e < hd; e += half) { // the lane's two packs
+            size_t off = n * C + (size_t)(row % H) * hd + e;
+            PackX d = *(const PackX*)(dout + off), cur = *(const PackX*)(raw + off), res;
+            PackX d_next = has_next ? *(const PackX*)(dout + off + C) : d;
+            PackX prev = has_prev ? *(const PackX*)(raw + off - C) : cur;
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) {
+                float dk = to_float(d.v[k]), dn = has_next ? to_float(d_next.v[k]) : 0.0f;
+                float p = has_prev ? to_float(prev.v[k]) : 0.0f;
+                res.v[k] = to_floatX((1.0f - a) * dk + a_next * dn);
+                da += dk * (p - to_float(cur.v[k]));
+            }
+            *(PackX*)(draw + off) = res;
+        }
     }
-    da = warp_sum(da);
-    if (lane == 0) { dalpha_logit[row] = to_floatX(da * a * (1.0f - a)); }
+    da = group_sum(da, G);
+    if (active && j == 0) { dalpha_logit[row] = to_floatX(da * a * (1.0f - a)); }
 }
 
 // QK-norm then RoPE on one (token, head) row of hd values per warp; either stage may be off
@@ -2338,7 +2362,7 @@ static void gpu_params_to_host(GPUModel* g) {
 // what the GPU kernels cannot run in this configuration (a message ending in a HINT), or NULL
 static const char* gpu_config_problem(const FoxConfig* cf) {
     int hd = cf->n_embd / cf->n_head;
-    static char too_big[128];
+    static char too_big[192];
     if (cf->n_embd % XPACK != 0 || cf->mlp_hidden % XPACK != 0) {
         snprintf(too_big, sizeof(too_big), "n_embd and mlp_hidden must be multiples of %d (the kernels' 16-byte loads)\n"
                  "HINT: round them to multiples of %d", XPACK, XPACK);
@@ -2347,6 +2371,11 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     if (hd > MAX_HD) {
         snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) exceeds the GPU kernels' limit of %d\n"
                  "HINT: use more heads (--n_head)", MAX_HD);
+        return too_big;
+    }
+    if (hd % (2 * XPACK) != 0) {
+        snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) must be a multiple of %d (the per-head kernels' "
+                 "16-byte loads of both halves)\nHINT: change --n_head", 2 * XPACK);
         return too_big;
     }
 #ifndef ENABLE_FP32
@@ -2653,7 +2682,7 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
     int B = g->B, T = g->T;
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden, Vp = cf->padded_vocab_size;
     size_t N = (size_t)B * T, NC = N * C, NH = N * H;
-    int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1;
+    int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1, G = head_lanes(hd);
     GPUActivations a = g->acts;
     GPUGradBuffers d = g->gb;
     // the gradient buffers of stages that are off alias the gradient of their output
@@ -2730,15 +2759,15 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
             colsum_gpu(pg(g, P_K_NORM, l), d.partial, d.dk_normed, p.k_shifted, p.rstd_k, N, C, hd, fold_qk);
         }
         if (cf->k_shift) {
-            kv_shift_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                dk_raw, d.dk_alpha, dk_shifted, p.k_raw, p.k_alpha, N, T, H, hd);
+            kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
+                dk_raw, d.dk_alpha, dk_shifted, p.k_raw, p.k_alpha, N, T, H, hd, G);
             launchCheck();
             matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dk_alpha, px(g, P_WK_SHIFT, l), N, C, H, 1.0f);
             matmul_backward_weight_gpu(pg(g, P_WK_SHIFT, l), d.dk_alpha, xa, N, C, H);
         }
         if (cf->v_shift) {
-            kv_shift_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                dv_raw, d.dv_alpha, d.dv, p.v_raw, p.v_alpha, N, T, H, hd);
+            kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
+                dv_raw, d.dv_alpha, d.dv, p.v_raw, p.v_alpha, N, T, H, hd, G);
             launchCheck();
             matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dv_alpha, px(g, P_WV_SHIFT, l), N, C, H, 1.0f);
             matmul_backward_weight_gpu(pg(g, P_WV_SHIFT, l), d.dv_alpha, xa, N, C, H);
