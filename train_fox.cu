@@ -544,88 +544,115 @@ __global__ void kv_shift_backward_kernel(floatX* draw, floatX* dalpha_logit, con
     if (active && j == 0) { dalpha_logit[row] = to_floatX(da * a * (1.0f - a)); }
 }
 
-// QK-norm then RoPE on one (token, head) row of hd values per warp; either stage may be off
-// (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for head h is
-// w + (h % groups) * hd (groups = 1 when the heads share one scale vector). RoPE rotates the
-// non-interleaved pairs (i, i + hd/2) by the angle of table rope[t][i] = (cos, sin).
+// QK-norm then RoPE on one (token, head) row of hd values, G lanes per row (see head_lanes);
+// either stage may be off (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for
+// head h is w + (h % groups) * hd (groups = 1 when the heads share one scale vector). RoPE
+// rotates the non-interleaved pairs (i, i + hd/2) by the angle of table rope[t][i] = (cos, sin).
 __global__ void qk_norm_rope_forward_kernel(floatX* out, float* rstd, const floatX* inp, const float* w, int groups,
-                                            const float* rope, size_t N, int T, int H, int hd, float eps) {
-    __shared__ float row_buf[WARPS_PER_BLOCK][MAX_HD];
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
-    int h = (int)(row % H), t = (int)((row / H) % T), half = hd / 2;
-    const floatX* x = inp + row * hd;
-    float* buf = row_buf[warp];
+                                            const float* rope, size_t N, int T, int H, int hd, float eps, int G) {
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    float lo[XPACK], hi[XPACK], ss = 0.0f; // the lane's channels i0.. and half + i0..
+    if (active) {
+        PackX plo = *(const PackX*)(inp + row * hd + i0), phi = *(const PackX*)(inp + row * hd + half + i0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            lo[k] = to_float(plo.v[k]);
+            hi[k] = to_float(phi.v[k]);
+            ss += lo[k] * lo[k] + hi[k] * hi[k];
+        }
+    }
     float s = 1.0f;
     if (w != NULL) {
-        float ss = 0.0f;
-        for (int e = lane; e < hd; e += 32) { float v = to_float(x[e]); ss += v * v; }
-        ss = warp_sum(ss);
+        ss = group_sum(ss, G);
         s = 1.0f / sqrtf(ss / (float)hd + eps);
-        if (lane == 0) { rstd[row] = s; }
+        if (active && j == 0) { rstd[row] = s; }
     }
-    const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
-    for (int e = lane; e < hd; e += 32) { buf[e] = wr != NULL ? to_float(x[e]) * s * wr[e] : to_float(x[e]); }
-    __syncwarp();
-    for (int e = lane; e < hd; e += 32) {
-        float v = buf[e];
+    if (!active) { return; }
+    int h = (int)(row % H), t = (int)((row / H) % T);
+    if (w != NULL) {
+        const float* wr = w + (size_t)(h % groups) * hd;
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) { lo[k] = lo[k] * s * wr[i0 + k]; hi[k] = hi[k] * s * wr[half + i0 + k]; }
+    }
+    PackX olo, ohi;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float vlo = lo[k], vhi = hi[k];
         if (rope != NULL) {
-            int i = e < half ? e : e - half;
-            float cs = rope[((size_t)t * half + i) * 2], sn = rope[((size_t)t * half + i) * 2 + 1];
-            v = e < half ? buf[e] * cs - buf[e + half] * sn : buf[e] * cs + buf[e - half] * sn;
+            float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
+            vlo = lo[k] * cs.x - hi[k] * cs.y;
+            vhi = hi[k] * cs.x + lo[k] * cs.y;
         }
-        out[row * hd + e] = to_floatX(v);
+        olo.v[k] = to_floatX(vlo);
+        ohi.v[k] = to_floatX(vhi);
     }
+    *(PackX*)(out + row * hd + i0) = olo;
+    *(PackX*)(out + row * hd + half + i0) = ohi;
 }
 
 // Writes dinp and, with the norm on, dnormed (the gradient at the norm's output, for the
 // scale gradient).
 __global__ void qk_norm_rope_backward_kernel(floatX* dinp, floatX* dnormed, const floatX* dout, const floatX* inp,
                                              const float* w, int groups, const float* rstd, const float* rope,
-                                             size_t N, int T, int H, int hd) {
+                                             size_t N, int T, int H, int hd, int G) {
     // forward: n = x s w (per head), out = R_t n (rotation of the pairs (i, i + hd/2))
     // dn = R_t^T dout: dn_i = d_i cos + d_{i+half} sin, dn_{i+half} = d_{i+half} cos - d_i sin
     // dx_i = s w_i dn_i - x_i s^3 / hd * sum_j w_j dn_j x_j
-    __shared__ float row_buf[WARPS_PER_BLOCK][MAX_HD];
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
-    int h = (int)(row % H), t = (int)((row / H) % T), half = hd / 2;
-    float* buf = row_buf[warp];
-    for (int e = lane; e < hd; e += 32) { buf[e] = to_float(dout[row * hd + e]); }
-    __syncwarp();
-    float dn[MAX_HD_LANE];
-    #pragma unroll
-    for (int r = 0; r < MAX_HD_LANE; r++) {
-        int e = lane + 32 * r;
-        dn[r] = 0.0f;
-        if (e >= hd) { continue; }
-        dn[r] = buf[e];
-        if (rope != NULL) {
-            int i = e < half ? e : e - half;
-            float cs = rope[((size_t)t * half + i) * 2], sn = rope[((size_t)t * half + i) * 2 + 1];
-            dn[r] = e < half ? buf[e] * cs + buf[e + half] * sn : buf[e] * cs - buf[e - half] * sn;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    int h = (int)(row % H), t = (int)((row / H) % T);
+    const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
+    float dlo[XPACK], dhi[XPACK], xlo[XPACK], xhi[XPACK], dot = 0.0f;
+    if (active) {
+        PackX plo = *(const PackX*)(dout + row * hd + i0), phi = *(const PackX*)(dout + row * hd + half + i0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            float d_lo = to_float(plo.v[k]), d_hi = to_float(phi.v[k]);
+            dlo[k] = d_lo;
+            dhi[k] = d_hi;
+            if (rope != NULL) {
+                float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
+                dlo[k] = d_lo * cs.x + d_hi * cs.y;
+                dhi[k] = d_hi * cs.x - d_lo * cs.y;
+            }
+        }
+        if (wr != NULL) {
+            PackX qlo = *(const PackX*)(inp + row * hd + i0), qhi = *(const PackX*)(inp + row * hd + half + i0);
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) {
+                xlo[k] = to_float(qlo.v[k]);
+                xhi[k] = to_float(qhi.v[k]);
+                dot += wr[i0 + k] * dlo[k] * xlo[k] + wr[half + i0 + k] * dhi[k] * xhi[k];
+            }
         }
     }
-    if (w == NULL) {
-        for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) { dinp[row * hd + lane + 32 * r] = to_floatX(dn[r]); }
+    PackX olo, ohi;
+    if (wr == NULL) { // w is the same for the whole grid: no lane is left in group_sum
+        if (!active) { return; }
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) { olo.v[k] = to_floatX(dlo[k]); ohi.v[k] = to_floatX(dhi[k]); }
+        *(PackX*)(dinp + row * hd + i0) = olo;
+        *(PackX*)(dinp + row * hd + half + i0) = ohi;
         return;
     }
-    const float* wr = w + (size_t)(h % groups) * hd;
-    const floatX* x = inp + row * hd;
-    float s = rstd[row], dot = 0.0f;
-    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
-        int e = lane + 32 * r;
-        dot += wr[e] * dn[r] * to_float(x[e]);
+    dot = group_sum(dot, G);
+    if (!active) { return; }
+    float s = rstd[row], c = dot * s * s * s / (float)hd;
+    PackX nlo, nhi;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        nlo.v[k] = to_floatX(dlo[k]);
+        nhi.v[k] = to_floatX(dhi[k]);
+        olo.v[k] = to_floatX(s * wr[i0 + k] * dlo[k] - xlo[k] * c);
+        ohi.v[k] = to_floatX(s * wr[half + i0 + k] * dhi[k] - xhi[k] * c);
     }
-    dot = warp_sum(dot);
-    float k = dot * s * s * s / (float)hd;
-    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
-        int e = lane + 32 * r;
-        dnormed[row * hd + e] = to_floatX(dn[r]);
-        dinp[row * hd + e] = to_floatX(s * wr[e] * dn[r] - to_float(x[e]) * k);
-    }
+    *(PackX*)(dnormed + row * hd + i0) = nlo;
+    *(PackX*)(dnormed + row * hd + half + i0) = nhi;
+    *(PackX*)(dinp + row * hd + i0) = olo;
+    *(PackX*)(dinp + row * hd + half + i0) = ohi;
 }
 
 // The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only
@@ -2545,11 +2572,12 @@ static void qk_norm_rope_forward_gpu(GPUModel* g, const LayerActs* p, int l, int
     const float* wq_n = cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL;
     const float* wk_n = cf->qk_norm ? pm(g, P_K_NORM, l) : NULL;
     const float* rope = cf->rope ? g->rope : NULL;
-    qk_norm_rope_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-        p->q, p->rstd_q, p->q_raw, wq_n, groups_qk, rope, N, T, H, hd, 1e-5f);
+    int G = head_lanes(hd);
+    qk_norm_rope_forward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
+        p->q, p->rstd_q, p->q_raw, wq_n, groups_qk, rope, N, T, H, hd, 1e-5f, G);
     launchCheck();
-    qk_norm_rope_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-        p->k, p->rstd_k, p->k_shifted, wk_n, groups_qk, rope, N, T, H, hd, 1e-5f);
+    qk_norm_rope_forward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
+        p->k, p->rstd_k, p->k_shifted, wk_n, groups_qk, rope, N, T, H, hd, 1e-5f, G);
     launchCheck();
 }
 
@@ -2745,13 +2773,13 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
         }
         if (cf->qk_norm || cf->rope) {
             const float* rope = cf->rope ? g->rope : NULL;
-            qk_norm_rope_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+            qk_norm_rope_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
                 dq_raw, d.dq_normed, d.dq, p.q_raw, cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL, groups_qk,
-                p.rstd_q, rope, N, T, H, hd);
+                p.rstd_q, rope, N, T, H, hd, G);
             launchCheck();
-            qk_norm_rope_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+            qk_norm_rope_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
                 dk_shifted, d.dk_normed, d.dk, p.k_shifted, cf->qk_norm ? pm(g, P_K_NORM, l) : NULL,
-                groups_qk, p.rstd_k, rope, N, T, H, hd);
+                groups_qk, p.rstd_k, rope, N, T, H, hd, G);
             launchCheck();
         }
         if (cf->qk_norm) {
