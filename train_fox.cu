@@ -1732,32 +1732,47 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
 
 // ----------------------------------------------------------------------------
 
-// Output norm and output gate on one (token, head) row per warp; either may be off
-// (w == NULL: no norm, og == NULL: no gate). o_normed is written when both are on (the gate's
-// backward needs it); y is the input of W_o.
+// Output norm and output gate on one (token, head) row, G lanes per row (see head_lanes); either
+// may be off (w == NULL: no norm, og == NULL: no gate). o_normed is written when both are on
+// (the gate's backward needs it); y is the input of W_o.
 __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, float* rstd, const floatX* o,
-                                                const floatX* og, const float* w, size_t N, int H, int hd, float eps) {
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
-    int h = (int)(row % H);
-    const floatX* x = o + row * hd;
+                                                const floatX* og, const float* w, size_t N, int H, int hd, float eps,
+                                                int G) {
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    float x[2][XPACK], ss = 0.0f;          // the lane's channels i0.. and half + i0..
+    if (active) {
+        for (int p = 0; p < 2; p++) {
+            PackX xp = *(const PackX*)(o + row * hd + p * half + i0);
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) { x[p][k] = to_float(xp.v[k]); ss += x[p][k] * x[p][k]; }
+        }
+    }
     float s = 1.0f;
     if (w != NULL) {
-        float ss = 0.0f;
-        for (int e = lane; e < hd; e += 32) { float v = to_float(x[e]); ss += v * v; }
-        ss = warp_sum(ss);
+        ss = group_sum(ss, G);
         s = 1.0f / sqrtf(ss / (float)hd + eps);
-        if (lane == 0) { rstd[row] = s; }
+        if (active && j == 0) { rstd[row] = s; }
     }
-    for (int e = lane; e < hd; e += 32) {
-        float v = to_float(x[e]);
-        if (w != NULL) {
-            v = v * s * w[(size_t)h * hd + e];
-            if (og != NULL) { o_normed[row * hd + e] = to_floatX(v); }
+    if (!active) { return; }
+    const float* wr = w != NULL ? w + (row % H) * hd : NULL;
+    for (int p = 0; p < 2; p++) {
+        size_t off = row * hd + p * half + i0;
+        PackX gp, np, yp;
+        if (og != NULL) { gp = *(const PackX*)(og + off); }
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            float v = x[p][k];
+            if (wr != NULL) {
+                v = v * s * wr[p * half + i0 + k];
+                np.v[k] = to_floatX(v);
+            }
+            if (og != NULL) { v = v * sigmoid_gpu(to_float(gp.v[k])); }
+            yp.v[k] = to_floatX(v);
         }
-        if (og != NULL) { v = v * sigmoid_gpu(to_float(og[row * hd + e])); }
-        y[row * hd + e] = to_floatX(v);
+        if (wr != NULL && og != NULL) { *(PackX*)(o_normed + off) = np; }
+        *(PackX*)(y + off) = yp;
     }
 }
 
@@ -1765,45 +1780,64 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
 // output gradient, for the scale gradient) when the norm is on
 __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, floatX* don, const floatX* dy,
                                                  const floatX* o, const floatX* o_normed, const floatX* og,
-                                                 const float* w, const float* rstd, size_t N, int H, int hd) {
+                                                 const float* w, const float* rstd, size_t N, int H, int hd, int G) {
     // forward: on = o s w (per head), y = on sigmoid(g)
     // don = dy sigmoid(g), dg = dy on sigmoid(g) (1 - sigmoid(g))
     // do_i = s w_i don_i - o_i s^3 / hd * sum_j w_j don_j o_j
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
-    int h = (int)(row % H);
-    float dn[MAX_HD_LANE];
-    #pragma unroll
-    for (int r = 0; r < MAX_HD_LANE; r++) {
-        int e = lane + 32 * r;
-        dn[r] = 0.0f;
-        if (e >= hd) { continue; }
-        size_t i = row * hd + e;
-        dn[r] = to_float(dy[i]);
-        if (og != NULL) {
-            float sg = sigmoid_gpu(to_float(og[i]));
-            float x = w != NULL ? to_float(o_normed[i]) : to_float(o[i]);
-            dog[i] = to_floatX(dn[r] * x * sg * (1.0f - sg));
-            dn[r] = dn[r] * sg;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    const float* wr = w != NULL ? w + (row % H) * hd : NULL;
+    float dn[2][XPACK], x[2][XPACK], dot = 0.0f;
+    if (active) {
+        for (int p = 0; p < 2; p++) {
+            size_t off = row * hd + p * half + i0;
+            PackX dp = *(const PackX*)(dy + off);
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) { dn[p][k] = to_float(dp.v[k]); }
+            if (og != NULL) {
+                PackX gp = *(const PackX*)(og + off), xp = *(const PackX*)((wr != NULL ? o_normed : o) + off), dgp;
+                #pragma unroll
+                for (int k = 0; k < XPACK; k++) {
+                    float sg = sigmoid_gpu(to_float(gp.v[k]));
+                    dgp.v[k] = to_floatX(dn[p][k] * to_float(xp.v[k]) * sg * (1.0f - sg));
+                    dn[p][k] = dn[p][k] * sg;
+                }
+                *(PackX*)(dog + off) = dgp;
+            }
+            if (wr != NULL) {
+                PackX op = *(const PackX*)(o + off);
+                #pragma unroll
+                for (int k = 0; k < XPACK; k++) {
+                    x[p][k] = to_float(op.v[k]);
+                    dot += wr[p * half + i0 + k] * dn[p][k] * x[p][k];
+                }
+            }
         }
     }
-    if (w == NULL) {
-        for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) { do_[row * hd + lane + 32 * r] = to_floatX(dn[r]); }
+    if (wr == NULL) { // w is the same for the whole grid: no lane is left in group_sum
+        if (!active) { return; }
+        for (int p = 0; p < 2; p++) {
+            PackX rp;
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) { rp.v[k] = to_floatX(dn[p][k]); }
+            *(PackX*)(do_ + row * hd + p * half + i0) = rp;
+        }
         return;
     }
-    const float* wr = w + (size_t)h * hd;
-    float s = rstd[row], dot = 0.0f;
-    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
-        int e = lane + 32 * r;
-        dot += wr[e] * dn[r] * to_float(o[row * hd + e]);
-    }
-    dot = warp_sum(dot);
-    float k = dot * s * s * s / (float)hd;
-    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
-        int e = lane + 32 * r;
-        don[row * hd + e] = to_floatX(dn[r]);
-        do_[row * hd + e] = to_floatX(s * wr[e] * dn[r] - to_float(o[row * hd + e]) * k);
+    dot = group_sum(dot, G);
+    if (!active) { return; }
+    float s = rstd[row], c = dot * s * s * s / (float)hd;
+    for (int p = 0; p < 2; p++) {
+        size_t off = row * hd + p * half + i0;
+        PackX np, rp;
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            np.v[k] = to_floatX(dn[p][k]);
+            rp.v[k] = to_floatX(s * wr[p * half + i0 + k] * dn[p][k] - x[p][k] * c);
+        }
+        *(PackX*)(don + off) = np;
+        *(PackX*)(do_ + off) = rp;
     }
 }
 
@@ -2586,9 +2620,10 @@ static void output_norm_gate_forward_gpu(GPUModel* g, const LayerActs* p, int l,
     const FoxConfig* cf = &g->config;
     if (!cf->output_norm && !cf->output_gate) { return; }
     int H = cf->n_head, hd = cf->n_embd / H;
-    output_norm_gate_forward_kernel<<<warp_blocks(N * H), 32 * WARPS_PER_BLOCK>>>(
+    int G = head_lanes(hd);
+    output_norm_gate_forward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(
         p->o_normed, p->y, p->rstd_o, p->o, cf->output_gate ? p->og_logit : NULL,
-        cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, H, hd, 1e-6f);
+        cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, H, hd, 1e-6f, G);
     launchCheck();
 }
 
@@ -2744,10 +2779,10 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
         matmul_backward_weight_gpu(pg(g, P_WO, l), d.dresid_x, p.y, N, C, C);
         cudaCheck(cudaMemset(d.dxn, 0, NC * sizeof(float))); // the attention input's gradient sums 7 matmuls
         if (cf->output_norm || cf->output_gate) {
-            output_norm_gate_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+            output_norm_gate_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
                 d.d_o, d.dog, d.don, d.dy, p.o, p.o_normed,
                 cf->output_gate ? p.og_logit : NULL, cf->output_norm ? pm(g, P_O_NORM, l) : NULL,
-                p.rstd_o, N, H, hd);
+                p.rstd_o, N, H, hd, G);
             launchCheck();
         }
         if (cf->output_gate) {
