@@ -396,24 +396,53 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x,
     if (lane == 0) { rstd[row] = s; }
 }
 
+// RMSNorm backward fused with the first stage of its scale gradient (a column sum, finished by
+// colsum_finish_kernel), so dout and x are read once: one block per chunk of RMS_BWD_ROWS rows,
+// warp w takes rows w, w + 8, ... of the chunk, lane the float4 columns 4 lane + 128 i (C % 4 == 0).
 // Accumulates into the fp32 residual gradient and refreshes its matmul copy.
-__global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, const float* dout, const float* x,
-                                        const float* w, const float* rstd, size_t rows, int C) {
+#define RMS_BWD_ROWS 64
+#define RMS_BWD_MAX_C 7168 // shared memory: WARPS_PER_BLOCK * C floats of column sums
+typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
+__global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* partial, const float* dout,
+                                        const float* x, const float* w, const float* rstd, size_t rows, int C) {
     // forward: out_i = x_i s w_i, s = (mean(x^2) + eps)^(-1/2), ds/dx_i = -s^3 x_i / C
     // dx_i = s w_i dout_i - x_i s^3 / C * sum_j w_j dout_j x_j   (added to dresid)
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= rows) { return; }
-    const float* xr = x + row * C;
-    const float* dr = dout + row * C;
-    float s = rstd[row], dot = 0.0f;
-    for (int i = lane; i < C; i += 32) { dot += w[i] * dr[i] * xr[i]; }
-    dot = warp_sum(dot);
-    float k = dot * s * s * s / (float)C;
-    for (int i = lane; i < C; i += 32) {
-        float g = dresid[row * C + i] + (s * w[i] * dr[i] - xr[i] * k);
-        dresid[row * C + i] = g;
-        dresid_x[row * C + i] = to_floatX(g);
+    // dw_i = sum over rows of dout_i x_i s   (this chunk's part into partial (chunks, C))
+    extern __shared__ float colsum[]; // (WARPS_PER_BLOCK, C): each warp's own column sums
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* acc = colsum + (size_t)warp * C;
+    for (int i = lane * 4; i < C; i += 128) { *(float4*)(acc + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+    size_t r0 = (size_t)blockIdx.x * RMS_BWD_ROWS, r1 = r0 + RMS_BWD_ROWS < rows ? r0 + RMS_BWD_ROWS : rows;
+    for (size_t row = r0 + warp; row < r1; row += WARPS_PER_BLOCK) {
+        const float* xr = x + row * C;
+        const float* dr = dout + row * C;
+        float s = rstd[row], dot = 0.0f;
+        for (int i = lane * 4; i < C; i += 128) {
+            float4 xv = *(const float4*)(xr + i), dv = *(const float4*)(dr + i);
+            dot += w[i] * dv.x * xv.x + w[i + 1] * dv.y * xv.y + w[i + 2] * dv.z * xv.z + w[i + 3] * dv.w * xv.w;
+        }
+        dot = warp_sum(dot);
+        float k = dot * s * s * s / (float)C;
+        for (int i = lane * 4; i < C; i += 128) {
+            float4 xv = *(const float4*)(xr + i), dv = *(const float4*)(dr + i);
+            float4 g = *(const float4*)(dresid + row * C + i);
+            g.x += s * w[i] * dv.x - xv.x * k;
+            g.y += s * w[i + 1] * dv.y - xv.y * k;
+            g.z += s * w[i + 2] * dv.z - xv.z * k;
+            g.w += s * w[i + 3] * dv.w - xv.w * k;
+            *(float4*)(dresid + row * C + i) = g;
+            Pack4X gx = {{to_floatX(g.x), to_floatX(g.y), to_floatX(g.z), to_floatX(g.w)}};
+            *(Pack4X*)(dresid_x + row * C + i) = gx;
+            float4 a = *(float4*)(acc + i);
+            a.x += dv.x * xv.x * s; a.y += dv.y * xv.y * s; a.z += dv.z * xv.z * s; a.w += dv.w * xv.w * s;
+            *(float4*)(acc + i) = a;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float total = 0.0f;
+        for (int v = 0; v < WARPS_PER_BLOCK; v++) { total += colsum[(size_t)v * C + i]; }
+        partial[(size_t)blockIdx.x * C + i] = total;
     }
 }
 
@@ -2239,7 +2268,7 @@ typedef struct {
     floatX* dv_raw;     // (N, C)
     floatX* dk_alpha;   // (N, H)
     floatX* dv_alpha;   // (N, H)
-    float* partial;     // column-sum partials, (N / COLSUM_ROWS, C)
+    float* partial;     // column-sum partials, (N / min(COLSUM_ROWS, RMS_BWD_ROWS), C)
     int* enc_tokens;    // encoder backward: distinct tokens (N), CSR offsets (N+1), positions (N)
     int* enc_offsets;
     int* enc_positions;
@@ -2381,7 +2410,7 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     d->dv_raw = (floatX*)arena_take(base, &off, N * C * fx);
     d->dk_alpha = (floatX*)arena_take(base, &off, N * H * fx);
     d->dv_alpha = (floatX*)arena_take(base, &off, N * H * fx);
-    d->partial = (float*)arena_take(base, &off, ceil_div(N, COLSUM_ROWS) * C * f);
+    d->partial = (float*)arena_take(base, &off, ceil_div(N, COLSUM_ROWS < RMS_BWD_ROWS ? COLSUM_ROWS : RMS_BWD_ROWS) * C * f);
     d->enc_tokens = (int*)arena_take(base, &off, N * sizeof(int));
     d->enc_offsets = (int*)arena_take(base, &off, (N + 1) * sizeof(int));
     d->enc_positions = (int*)arena_take(base, &off, N * sizeof(int));
@@ -2432,6 +2461,11 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     if (hd > MAX_HD) {
         snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) exceeds the GPU kernels' limit of %d\n"
                  "HINT: use more heads (--n_head)", MAX_HD);
+        return too_big;
+    }
+    if (cf->n_embd > RMS_BWD_MAX_C) {
+        snprintf(too_big, sizeof(too_big), "n_embd exceeds the GPU kernels' limit of %d (the RMSNorm backward's column sums "
+                 "in shared memory)", RMS_BWD_MAX_C);
         return too_big;
     }
     if (hd % (2 * XPACK) != 0) {
@@ -2539,9 +2573,16 @@ static void colsum_gpu(float* dw, float* partial, const Td* d, const Tx* x, cons
 
 static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const float* w, const float* rstd, size_t N, int C) {
     GPUGradBuffers* d = &g->gb;
-    rmsnorm_backward_kernel<<<warp_blocks(N), 32 * WARPS_PER_BLOCK>>>(d->dresid, d->dresid_x, d->dxn, x, w, rstd, N, C);
+    unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
+    size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
+    if (smem > 48 * 1024) { // above the default limit (gpu_config_problem: C <= RMS_BWD_MAX_C)
+        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    rmsnorm_backward_kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(d->dresid, d->dresid_x, d->partial, d->dxn, x, w,
+                                                                    rstd, N, C);
     launchCheck();
-    colsum_gpu(dw, d->partial, d->dxn, x, rstd, N, C, C, 1);
+    colsum_finish_kernel<<<(unsigned)ceil_div(C, 32), dim3(32, 16)>>>(dw, d->partial, (int)chunks, C, 1);
+    launchCheck();
 }
 
 // ----------------------------------------------------------------------------
