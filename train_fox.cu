@@ -381,7 +381,11 @@ __global__ void encoder_backward_kernel(float* dwte, const float* dout, const in
     }
 }
 
-// RMSNorm of the fp32 residual stream, one warp per row: out = x / sqrt(mean(x^2) + eps) * w
+// four floatX, the store unit of the RMSNorm kernels' float4 columns
+typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
+
+// RMSNorm of the fp32 residual stream, one warp per row, lane the float4 columns 4 lane + 128 i
+// (C % 4 == 0): out = x / sqrt(mean(x^2) + eps) * w
 __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x, const float* w, size_t rows,
                                        int C, float eps) {
     size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
@@ -389,10 +393,18 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x,
     if (row >= rows) { return; }
     const float* xr = x + row * C;
     float ss = 0.0f;
-    for (int i = lane; i < C; i += 32) { ss += xr[i] * xr[i]; }
+    for (int i = lane * 4; i < C; i += 128) {
+        float4 v = *(const float4*)(xr + i);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
     ss = warp_sum(ss);
     float s = 1.0f / sqrtf(ss / (float)C + eps);
-    for (int i = lane; i < C; i += 32) { out[row * C + i] = to_floatX(xr[i] * s * w[i]); }
+    for (int i = lane * 4; i < C; i += 128) {
+        float4 v = *(const float4*)(xr + i);
+        Pack4X o = {{to_floatX(v.x * s * w[i]), to_floatX(v.y * s * w[i + 1]), to_floatX(v.z * s * w[i + 2]),
+                     to_floatX(v.w * s * w[i + 3])}};
+        *(Pack4X*)(out + row * C + i) = o;
+    }
     if (lane == 0) { rstd[row] = s; }
 }
 
@@ -402,7 +414,6 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x,
 // Accumulates into the fp32 residual gradient and refreshes its matmul copy.
 #define RMS_BWD_ROWS 64
 #define RMS_BWD_MAX_C 7168 // shared memory: WARPS_PER_BLOCK * C floats of column sums
-typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
 __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* partial, const float* dout,
                                         const float* x, const float* w, const float* rstd, size_t rows, int C) {
     // forward: out_i = x_i s w_i, s = (mean(x^2) + eps)^(-1/2), ds/dx_i = -s^3 x_i / C
@@ -521,19 +532,18 @@ __device__ static inline float group_sum(float v, int G) {
 }
 
 // KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z);
-// XPACK consecutive channels of one token per thread (a pack may span two heads)
+// XPACK consecutive channels of one token per thread (one head's: hd % XPACK == 0, see head_lanes)
 __global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const float* alpha_logit, size_t N, int T,
                                         int H, int hd) {
     size_t C = (size_t)H * hd, idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * C) { return; }
     size_t n = idx / C;
     int has_prev = n % T > 0;
+    float a = sigmoid_gpu(alpha_logit[n * H + (idx % C) / hd]);
     PackX cur = *(const PackX*)(raw + idx), res;
     PackX prev = has_prev ? *(const PackX*)(raw + idx - C) : cur;
     #pragma unroll
     for (int k = 0; k < XPACK; k++) {
-        int h = (int)((idx + k) % C) / hd;
-        float a = sigmoid_gpu(alpha_logit[n * H + h]);
         float p = has_prev ? to_float(prev.v[k]) : 0.0f;
         res.v[k] = to_floatX(a * p + (1.0f - a) * to_float(cur.v[k]));
     }
