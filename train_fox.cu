@@ -62,8 +62,9 @@ typedef __nv_bfloat16 floatX;
 #define PRECISION_NAME "bf16"
 #endif
 
+#ifdef ENABLE_FP32
 __host__ __device__ static inline float to_float(float x) { return x; }
-#ifndef ENABLE_FP32
+#else
 __host__ __device__ static inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 #endif
 __host__ __device__ static inline floatX to_floatX(float x) {
@@ -381,6 +382,12 @@ __global__ void encoder_backward_kernel(float* dwte, const float* dout, const in
     }
 }
 
+// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
+// of 128) and (N, C) activations (gpu_config_problem requires C to be a multiple of XPACK) start
+// 16-byte aligned and hold whole packs
+#define XPACK (16 / (int)sizeof(floatX))
+typedef struct __align__(16) { floatX v[XPACK]; } PackX;
+
 // four floatX, the store unit of the RMSNorm kernels' float4 columns
 typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
 
@@ -458,23 +465,17 @@ __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* 
 }
 
 // Column sums without atomics, in two fixed-order stages, for the norm-scale and bias
-// gradients: stage 1 sums a chunk of rows of d * x * rstd per column (x = NULL: d alone);
-// rstd has one value per segment of `seg` columns of a row (seg = W for the model's norms,
-// hd for per-head norms).
+// gradients. Stage 1 sums a chunk of COLSUM_ROWS rows per column: block (32, 8), thread y
+// takes rows y, y + 8, ... of the chunk, then the 8 sums are added in order. This one: the
+// bias gradients, plain column sums of d (rows, W) fp32 (W = H: no packs).
 #define COLSUM_ROWS 256
-template <typename Td, typename Tx>
-__global__ void colsum_partial_kernel(float* partial, const Td* d, const Tx* x, const float* rstd, size_t rows,
-                                      int W, int seg) {
+__global__ void colsum_partial_kernel(float* partial, const float* d, size_t rows, int W) {
     __shared__ float sums[8][33];
     int col = blockIdx.x * 32 + threadIdx.x;
     size_t r0 = (size_t)blockIdx.y * COLSUM_ROWS, r1 = r0 + COLSUM_ROWS < rows ? r0 + COLSUM_ROWS : rows;
     float acc = 0.0f;
     if (col < W) {
-        for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
-            float v = to_float(d[r * W + col]);
-            if (x != NULL) { v = v * to_float(x[r * W + col]) * rstd[r * (W / seg) + col / seg]; }
-            acc += v;
-        }
+        for (size_t r = r0 + threadIdx.y; r < r1; r += 8) { acc += d[r * W + col]; }
     }
     sums[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
@@ -482,6 +483,38 @@ __global__ void colsum_partial_kernel(float* partial, const Td* d, const Tx* x, 
         float total = 0.0f;
         for (int y = 0; y < 8; y++) { total += sums[y][threadIdx.x]; }
         partial[(size_t)blockIdx.y * W + col] = total;
+    }
+}
+
+// stage 1 of the per-head norm scales: column sums of d * x * rstd, d and x (rows, W) floatX,
+// XPACK columns per thread (16-byte loads; W % XPACK == 0); rstd has one value per segment of
+// `seg` columns of a row (seg = hd, a multiple of XPACK: a pack lies in one segment)
+__global__ void colsum_scale_partial_kernel(float* partial, const floatX* d, const floatX* x, const float* rstd,
+                                            size_t rows, int W, int seg) {
+    __shared__ float sums[8][32 * XPACK];
+    int col = (blockIdx.x * 32 + threadIdx.x) * XPACK;
+    size_t r0 = (size_t)blockIdx.y * COLSUM_ROWS, r1 = r0 + COLSUM_ROWS < rows ? r0 + COLSUM_ROWS : rows;
+    float acc[XPACK];
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) { acc[k] = 0.0f; }
+    if (col < W) {
+        for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
+            PackX dp = *(const PackX*)(d + r * W + col), xp = *(const PackX*)(x + r * W + col);
+            float s = rstd[r * (W / seg) + col / seg];
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) { acc[k] += to_float(dp.v[k]) * to_float(xp.v[k]) * s; }
+        }
+    }
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) { sums[threadIdx.y][threadIdx.x * XPACK + k] = acc[k]; }
+    __syncthreads();
+    if (threadIdx.y == 0 && col < W) {
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            float total = 0.0f;
+            for (int y = 0; y < 8; y++) { total += sums[y][threadIdx.x * XPACK + k]; }
+            partial[(size_t)blockIdx.y * W + col + k] = total;
+        }
     }
 }
 
@@ -506,12 +539,6 @@ __global__ void colsum_finish_kernel(float* out, const float* partial, int chunk
         out[i] += total;
     }
 }
-
-// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
-// of 128) and (N, C) activations (gpu_config_problem requires C to be a multiple of XPACK) start
-// 16-byte aligned and hold whole packs
-#define XPACK (16 / (int)sizeof(floatX))
-typedef struct __align__(16) { floatX v[XPACK]; } PackX;
 
 // The per-head kernels give each (token, head) row of hd values G consecutive lanes (G a power
 // of two, at most 32, so a row never straddles warps); lane j holds the packs at j * XPACK and
@@ -2570,12 +2597,20 @@ static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const 
     launchCheck();
 }
 
-// dw[out_len] += column sums of d * x * rstd over rows (see colsum_partial_kernel)
-template <typename Td, typename Tx>
-static void colsum_gpu(float* dw, float* partial, const Td* d, const Tx* x, const float* rstd, size_t rows, int W,
-                       int seg, int fold) {
+// dw[W / fold] += column sums over rows of d (the bias gradients) or, with x, of d * x * rstd
+// (the per-head norm scales; see the colsum kernels)
+static void colsum_gpu(float* dw, float* partial, const float* d, size_t rows, int W) {
     dim3 grid((unsigned)ceil_div(W, 32), (unsigned)ceil_div(rows, COLSUM_ROWS));
-    colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, x, rstd, rows, W, seg);
+    colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, rows, W);
+    launchCheck();
+    colsum_finish_kernel<<<(unsigned)ceil_div(W, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, 1);
+    launchCheck();
+}
+
+static void colsum_scale_gpu(float* dw, float* partial, const floatX* d, const floatX* x, const float* rstd,
+                             size_t rows, int W, int seg, int fold) {
+    dim3 grid((unsigned)ceil_div(W, 32 * XPACK), (unsigned)ceil_div(rows, COLSUM_ROWS));
+    colsum_scale_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, x, rstd, rows, W, seg);
     launchCheck();
     colsum_finish_kernel<<<(unsigned)ceil_div(W / fold, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, fold);
     launchCheck();
@@ -2841,7 +2876,7 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
             matmul_backward_weight_gpu(pg(g, P_WG, l), d.dog, xa, N, C, C);
         }
         if (cf->output_norm) {
-            colsum_gpu(pg(g, P_O_NORM, l), d.partial, d.don, p.o, p.rstd_o, N, C, hd, 1);
+            colsum_scale_gpu(pg(g, P_O_NORM, l), d.partial, d.don, p.o, p.rstd_o, N, C, hd, 1);
         }
         attention_backward_gpu(d.dq, d.dk, d.dv, d.dlogf, d.attn_scratch, d_o, p.q, p.k,
                                p.v, p.o, p.lse,
@@ -2854,7 +2889,7 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
                 matmul_backward_weight_gpu(pg(g, P_WF, l), d.dgl_x, xa, N, C, H);
             }
             if (cf->gate != GATE_FIXED) { // the fixed gate's bias is frozen
-                colsum_gpu(pg(g, P_BF, l), d.partial, d.dgl, (const float*)NULL, NULL, N, H, H, 1);
+                colsum_gpu(pg(g, P_BF, l), d.partial, d.dgl, N, H);
             }
         }
         if (cf->qk_norm || cf->rope) {
@@ -2869,8 +2904,8 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
             launchCheck();
         }
         if (cf->qk_norm) {
-            colsum_gpu(pg(g, P_Q_NORM, l), d.partial, d.dq_normed, p.q_raw, p.rstd_q, N, C, hd, fold_qk);
-            colsum_gpu(pg(g, P_K_NORM, l), d.partial, d.dk_normed, p.k_shifted, p.rstd_k, N, C, hd, fold_qk);
+            colsum_scale_gpu(pg(g, P_Q_NORM, l), d.partial, d.dq_normed, p.q_raw, p.rstd_q, N, C, hd, fold_qk);
+            colsum_scale_gpu(pg(g, P_K_NORM, l), d.partial, d.dk_normed, p.k_shifted, p.rstd_k, N, C, hd, fold_qk);
         }
         if (cf->k_shift) {
             kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
