@@ -2011,18 +2011,47 @@ __global__ void sumsq_partial_kernel(double* partial, const float* g, size_t n) 
     if (threadIdx.x == 0) { partial[blockIdx.x] = red[0]; }
 }
 
-// AdamW on one tensor, the twin's arithmetic; grad_scale applies the clipping; the matmul
-// copy of the weight is refreshed
-__global__ void adamw_kernel(float* p, floatX* p_x, const float* g, float* m, float* v, size_t n, float lr,
-                             float beta1, float beta2, float c1, float c2, float eps, float wd, float grad_scale) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) { return; }
-    float gr = g[i] * grad_scale; // exact when not clipping (grad_scale = 1)
-    m[i] = beta1 * m[i] + (1.0f - beta1) * gr;
-    v[i] = beta2 * v[i] + (1.0f - beta2) * gr * gr;
-    float mhat = m[i] / c1, vhat = v[i] / c2;
-    p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
-    p_x[i] = to_floatX(p[i]);
+// AdamW on every trainable tensor of this rank's optimizer slice in one launch, the twin's
+// arithmetic; grad_scale applies the clipping; the matmul copy of the weight is refreshed.
+// The host lists the tensors' parts in the slice (segments); each block updates
+// ADAMW_THREADS * ADAMW_PER_THREAD elements of one segment, a thread ADAMW_PER_THREAD of them
+// ADAMW_THREADS apart, all loaded before any is updated (loads in flight, coalesced).
+#define ADAMW_THREADS 256
+#define ADAMW_PER_THREAD 4
+typedef struct {
+    size_t lo[NUM_PARAM_TENSORS], n[NUM_PARAM_TENSORS]; // index into params, length
+    float wd[NUM_PARAM_TENSORS];
+    unsigned first_block[NUM_PARAM_TENSORS + 1];        // segment s has blocks [first_block[s], first_block[s + 1])
+    int count;
+} AdamWSegments;
+
+__global__ void adamw_kernel(float* __restrict__ p, floatX* __restrict__ p_x, const float* __restrict__ g,
+                             float* __restrict__ m, float* __restrict__ v, size_t opt_offset, AdamWSegments segs,
+                             float lr, float beta1, float beta2, float c1, float c2, float eps, float grad_scale) {
+    int sg = 0;
+    while (sg + 1 < segs.count && blockIdx.x >= segs.first_block[sg + 1]) { sg++; }
+    size_t j0 = (size_t)(blockIdx.x - segs.first_block[sg]) * ADAMW_THREADS * ADAMW_PER_THREAD + threadIdx.x;
+    size_t lo = segs.lo[sg], n = segs.n[sg];
+    float wd = segs.wd[sg], pp[ADAMW_PER_THREAD], gg[ADAMW_PER_THREAD], mm[ADAMW_PER_THREAD], vv[ADAMW_PER_THREAD];
+    #pragma unroll
+    for (int u = 0; u < ADAMW_PER_THREAD; u++) {
+        size_t j = j0 + (size_t)u * ADAMW_THREADS, i = lo + j;
+        if (j < n) { pp[u] = p[i]; gg[u] = g[i]; mm[u] = m[i - opt_offset]; vv[u] = v[i - opt_offset]; }
+    }
+    #pragma unroll
+    for (int u = 0; u < ADAMW_PER_THREAD; u++) {
+        size_t j = j0 + (size_t)u * ADAMW_THREADS, i = lo + j;
+        if (j >= n) { continue; }
+        float gr = gg[u] * grad_scale; // exact when not clipping (grad_scale = 1)
+        float mi = beta1 * mm[u] + (1.0f - beta1) * gr;
+        float vi = beta2 * vv[u] + (1.0f - beta2) * gr * gr;
+        float mhat = mi / c1, vhat = vi / c2;
+        float pi = pp[u] - lr * (mhat / (sqrtf(vhat) + eps) + wd * pp[u]);
+        m[i - opt_offset] = mi;
+        v[i - opt_offset] = vi;
+        p[i] = pi;
+        p_x[i] = to_floatX(pi);
+    }
 }
 
 __global__ void to_floatX_kernel(floatX* out, const float* in, size_t n) {
@@ -2974,16 +3003,25 @@ static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, dou
         if (coef < 1.0) { grad_scale = (float)coef; }
     }
     float c1 = 1.0f - powf(o->beta1, (float)step), c2 = 1.0f - powf(o->beta2, (float)step);
+    AdamWSegments segs;
+    memset(&segs, 0, sizeof(segs));
+    unsigned blocks = 0;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         const ParamSpec* s = &g->host->spec[t];
         size_t lo, n = range_overlap(g->offsets[t], param_numel(s, g->config.n_layer), g->opt_offset, g->opt_size, &lo);
         if (!s->trainable || n == 0) { continue; }
-        float wd = s->decay ? o->weight_decay : 0.0f;
-        size_t mo = lo - g->opt_offset;
-        adamw_kernel<<<elem_blocks(n), 256>>>(g->params + lo, g->params_x + lo, g->grads + lo, g->adam_m + mo,
-                                              g->adam_v + mo, n, lr, o->beta1, o->beta2, c1, c2, o->eps, wd, grad_scale);
-        launchCheck();
+        segs.lo[segs.count] = lo;
+        segs.n[segs.count] = n;
+        segs.wd[segs.count] = s->decay ? o->weight_decay : 0.0f;
+        segs.first_block[segs.count] = blocks;
+        blocks += (unsigned)ceil_div(n, (size_t)ADAMW_THREADS * ADAMW_PER_THREAD);
+        segs.count++;
     }
+    if (segs.count == 0) { return; }
+    segs.first_block[segs.count] = blocks;
+    adamw_kernel<<<blocks, ADAMW_THREADS>>>(g->params, g->params_x, g->grads, g->adam_m, g->adam_v, g->opt_offset, segs,
+                                            lr, o->beta1, o->beta2, c1, c2, o->eps, grad_scale);
+    launchCheck();
 }
 
 // the optimizer step; under ZeRO-1 the updated shards are then all-gathered
