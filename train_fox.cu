@@ -1996,12 +1996,20 @@ __global__ void crossentropy_backward_kernel(floatX* logits, const float* row_ls
 
 // stage 1 of the gradient norm: fixed grid, fixed order, fp64 partial sums of squares
 #define NORM_BLOCKS 512
+// (a thread loads four of its strided elements at once, so four loads are in flight, and adds
+// them in the same order as one at a time)
 __global__ void sumsq_partial_kernel(double* partial, const float* g, size_t n) {
     __shared__ double red[256];
     double acc = 0.0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        acc += (double)g[i] * g[i];
+    size_t stride = (size_t)gridDim.x * blockDim.x, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        float a = g[i], b = g[i + stride], c = g[i + 2 * stride], d = g[i + 3 * stride];
+        acc += (double)a * a;
+        acc += (double)b * b;
+        acc += (double)c * c;
+        acc += (double)d * d;
     }
+    for (; i < n; i += stride) { acc += (double)g[i] * g[i]; }
     red[threadIdx.x] = acc;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s /= 2) {
