@@ -577,6 +577,7 @@ __global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const fl
     *(PackX*)(out + idx) = res;
 }
 
+// G lanes per (token, head) row (see head_lanes)
 __global__ void kv_shift_backward_kernel(floatX* draw, floatX* dalpha_logit, const floatX* dout, const floatX* raw,
                                          const float* alpha_logit, size_t N, int T, int H, int hd, int G) {
     // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
