@@ -369,17 +369,21 @@ __global__ void encoder_forward_kernel(float* out, const int* tokens, const floa
     out[idx] = wte[(size_t)tokens[n] * C + c];
 }
 
-// encoder backward, deterministic: one block per distinct token sums that token's positions
-// in increasing order (a CSR list built on the host), as the twin does
+// encoder backward, deterministic: each thread sums one column over a token's positions in
+// increasing order (a CSR list built on the host), as the twin does. Block (distinct token,
+// ENC_BWD_COLS columns): a frequent token (thousands of positions) is spread over C /
+// ENC_BWD_COLS blocks instead of one.
+#define ENC_BWD_COLS 64
 __global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* token_ids, const int* offsets,
                                         const int* positions, int C) {
     // forward: out_n = wte[tokens_n]  =>  dwte[v] += sum over n with tokens_n = v of dout_n
-    int u = blockIdx.x, tok = token_ids[u];
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int e = offsets[u]; e < offsets[u + 1]; e++) { acc += dout[(size_t)positions[e] * C + c]; }
-        dwte[(size_t)tok * C + c] += acc;
-    }
+    int u = blockIdx.x, tok = token_ids[u], c = blockIdx.y * ENC_BWD_COLS + threadIdx.x;
+    if (c >= C) { return; }
+    int e0 = offsets[u], e1 = offsets[u + 1];
+    float acc = 0.0f;
+    #pragma unroll 4
+    for (int e = e0; e < e1; e++) { acc += dout[(size_t)positions[e] * C + c]; }
+    dwte[(size_t)tok * C + c] += acc;
 }
 
 // 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
@@ -2969,7 +2973,8 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
                              p.rstd_a, N, C);
     }
     int distinct = encoder_lists(g, N);
-    encoder_backward_kernel<<<distinct, 256>>>(pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, C);
+    encoder_backward_kernel<<<dim3((unsigned)distinct, (unsigned)ceil_div(C, ENC_BWD_COLS)), ENC_BWD_COLS>>>(
+        pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, C);
     launchCheck();
 }
 
