@@ -62,8 +62,9 @@ typedef __nv_bfloat16 floatX;
 #define PRECISION_NAME "bf16"
 #endif
 
+#ifdef ENABLE_FP32
 __host__ __device__ static inline float to_float(float x) { return x; }
-#ifndef ENABLE_FP32
+#else
 __host__ __device__ static inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 #endif
 __host__ __device__ static inline floatX to_floatX(float x) {
@@ -368,20 +369,34 @@ __global__ void encoder_forward_kernel(float* out, const int* tokens, const floa
     out[idx] = wte[(size_t)tokens[n] * C + c];
 }
 
-// encoder backward, deterministic: one block per distinct token sums that token's positions
-// in increasing order (a CSR list built on the host), as the twin does
+// encoder backward, deterministic: each thread sums one column over a token's positions in
+// increasing order (a CSR list built on the host), as the twin does. Block (distinct token,
+// ENC_BWD_COLS columns): a frequent token (thousands of positions) is spread over C /
+// ENC_BWD_COLS blocks instead of one.
+#define ENC_BWD_COLS 64
 __global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* token_ids, const int* offsets,
                                         const int* positions, int C) {
     // forward: out_n = wte[tokens_n]  =>  dwte[v] += sum over n with tokens_n = v of dout_n
-    int u = blockIdx.x, tok = token_ids[u];
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int e = offsets[u]; e < offsets[u + 1]; e++) { acc += dout[(size_t)positions[e] * C + c]; }
-        dwte[(size_t)tok * C + c] += acc;
-    }
+    int u = blockIdx.x, tok = token_ids[u], c = blockIdx.y * ENC_BWD_COLS + threadIdx.x;
+    if (c >= C) { return; }
+    int e0 = offsets[u], e1 = offsets[u + 1];
+    float acc = 0.0f;
+    #pragma unroll 4
+    for (int e = e0; e < e1; e++) { acc += dout[(size_t)positions[e] * C + c]; }
+    dwte[(size_t)tok * C + c] += acc;
 }
 
-// RMSNorm of the fp32 residual stream, one warp per row: out = x / sqrt(mean(x^2) + eps) * w
+// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
+// of 128) and (N, C) activations (gpu_config_problem requires C to be a multiple of XPACK) start
+// 16-byte aligned and hold whole packs
+#define XPACK (16 / (int)sizeof(floatX))
+typedef struct __align__(16) { floatX v[XPACK]; } PackX;
+
+// four floatX, the store unit of the RMSNorm kernels' float4 columns
+typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
+
+// RMSNorm of the fp32 residual stream, one warp per row, lane the float4 columns 4 lane + 128 i
+// (C % 4 == 0): out = x / sqrt(mean(x^2) + eps) * w
 __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x, const float* w, size_t rows,
                                        int C, float eps) {
     size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
@@ -389,52 +404,82 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x,
     if (row >= rows) { return; }
     const float* xr = x + row * C;
     float ss = 0.0f;
-    for (int i = lane; i < C; i += 32) { ss += xr[i] * xr[i]; }
+    for (int i = lane * 4; i < C; i += 128) {
+        float4 v = *(const float4*)(xr + i);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
     ss = warp_sum(ss);
     float s = 1.0f / sqrtf(ss / (float)C + eps);
-    for (int i = lane; i < C; i += 32) { out[row * C + i] = to_floatX(xr[i] * s * w[i]); }
+    for (int i = lane * 4; i < C; i += 128) {
+        float4 v = *(const float4*)(xr + i);
+        Pack4X o = {{to_floatX(v.x * s * w[i]), to_floatX(v.y * s * w[i + 1]), to_floatX(v.z * s * w[i + 2]),
+                     to_floatX(v.w * s * w[i + 3])}};
+        *(Pack4X*)(out + row * C + i) = o;
+    }
     if (lane == 0) { rstd[row] = s; }
 }
 
+// RMSNorm backward fused with the first stage of its scale gradient (a column sum, finished by
+// colsum_finish_kernel), so dout and x are read once: one block per chunk of RMS_BWD_ROWS rows,
+// warp w takes rows w, w + 8, ... of the chunk, lane the float4 columns 4 lane + 128 i (C % 4 == 0).
 // Accumulates into the fp32 residual gradient and refreshes its matmul copy.
-__global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, const float* dout, const float* x,
-                                        const float* w, const float* rstd, size_t rows, int C) {
+#define RMS_BWD_ROWS 64
+#define RMS_BWD_MAX_C 7168 // shared memory: WARPS_PER_BLOCK * C floats of column sums
+__global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* partial, const float* dout,
+                                        const float* x, const float* w, const float* rstd, size_t rows, int C) {
     // forward: out_i = x_i s w_i, s = (mean(x^2) + eps)^(-1/2), ds/dx_i = -s^3 x_i / C
     // dx_i = s w_i dout_i - x_i s^3 / C * sum_j w_j dout_j x_j   (added to dresid)
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= rows) { return; }
-    const float* xr = x + row * C;
-    const float* dr = dout + row * C;
-    float s = rstd[row], dot = 0.0f;
-    for (int i = lane; i < C; i += 32) { dot += w[i] * dr[i] * xr[i]; }
-    dot = warp_sum(dot);
-    float k = dot * s * s * s / (float)C;
-    for (int i = lane; i < C; i += 32) {
-        float g = dresid[row * C + i] + (s * w[i] * dr[i] - xr[i] * k);
-        dresid[row * C + i] = g;
-        dresid_x[row * C + i] = to_floatX(g);
+    // dw_i = sum over rows of dout_i x_i s   (this chunk's part into partial (chunks, C))
+    extern __shared__ float colsum[]; // (WARPS_PER_BLOCK, C): each warp's own column sums
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* acc = colsum + (size_t)warp * C;
+    for (int i = lane * 4; i < C; i += 128) { *(float4*)(acc + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+    size_t r0 = (size_t)blockIdx.x * RMS_BWD_ROWS, r1 = r0 + RMS_BWD_ROWS < rows ? r0 + RMS_BWD_ROWS : rows;
+    for (size_t row = r0 + warp; row < r1; row += WARPS_PER_BLOCK) {
+        const float* xr = x + row * C;
+        const float* dr = dout + row * C;
+        float s = rstd[row], dot = 0.0f;
+        for (int i = lane * 4; i < C; i += 128) {
+            float4 xv = *(const float4*)(xr + i), dv = *(const float4*)(dr + i);
+            dot += w[i] * dv.x * xv.x + w[i + 1] * dv.y * xv.y + w[i + 2] * dv.z * xv.z + w[i + 3] * dv.w * xv.w;
+        }
+        dot = warp_sum(dot);
+        float k = dot * s * s * s / (float)C;
+        for (int i = lane * 4; i < C; i += 128) {
+            float4 xv = *(const float4*)(xr + i), dv = *(const float4*)(dr + i);
+            float4 g = *(const float4*)(dresid + row * C + i);
+            g.x += s * w[i] * dv.x - xv.x * k;
+            g.y += s * w[i + 1] * dv.y - xv.y * k;
+            g.z += s * w[i + 2] * dv.z - xv.z * k;
+            g.w += s * w[i + 3] * dv.w - xv.w * k;
+            *(float4*)(dresid + row * C + i) = g;
+            Pack4X gx = {{to_floatX(g.x), to_floatX(g.y), to_floatX(g.z), to_floatX(g.w)}};
+            *(Pack4X*)(dresid_x + row * C + i) = gx;
+            float4 a = *(float4*)(acc + i);
+            a.x += dv.x * xv.x * s; a.y += dv.y * xv.y * s; a.z += dv.z * xv.z * s; a.w += dv.w * xv.w * s;
+            *(float4*)(acc + i) = a;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float total = 0.0f;
+        for (int v = 0; v < WARPS_PER_BLOCK; v++) { total += colsum[(size_t)v * C + i]; }
+        partial[(size_t)blockIdx.x * C + i] = total;
     }
 }
 
 // Column sums without atomics, in two fixed-order stages, for the norm-scale and bias
-// gradients: stage 1 sums a chunk of rows of d * x * rstd per column (x = NULL: d alone);
-// rstd has one value per segment of `seg` columns of a row (seg = W for the model's norms,
-// hd for per-head norms).
+// gradients. Stage 1 sums a chunk of COLSUM_ROWS rows per column: block (32, 8), thread y
+// takes rows y, y + 8, ... of the chunk, then the 8 sums are added in order. This one: the
+// bias gradients, plain column sums of d (rows, W) fp32 (W = H: no packs).
 #define COLSUM_ROWS 256
-template <typename Td, typename Tx>
-__global__ void colsum_partial_kernel(float* partial, const Td* d, const Tx* x, const float* rstd, size_t rows,
-                                      int W, int seg) {
+__global__ void colsum_partial_kernel(float* partial, const float* d, size_t rows, int W) {
     __shared__ float sums[8][33];
     int col = blockIdx.x * 32 + threadIdx.x;
     size_t r0 = (size_t)blockIdx.y * COLSUM_ROWS, r1 = r0 + COLSUM_ROWS < rows ? r0 + COLSUM_ROWS : rows;
     float acc = 0.0f;
     if (col < W) {
-        for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
-            float v = to_float(d[r * W + col]);
-            if (x != NULL) { v = v * to_float(x[r * W + col]) * rstd[r * (W / seg) + col / seg]; }
-            acc += v;
-        }
+        for (size_t r = r0 + threadIdx.y; r < r1; r += 8) { acc += d[r * W + col]; }
     }
     sums[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
@@ -442,6 +487,38 @@ __global__ void colsum_partial_kernel(float* partial, const Td* d, const Tx* x, 
         float total = 0.0f;
         for (int y = 0; y < 8; y++) { total += sums[y][threadIdx.x]; }
         partial[(size_t)blockIdx.y * W + col] = total;
+    }
+}
+
+// stage 1 of the per-head norm scales: column sums of d * x * rstd, d and x (rows, W) floatX,
+// XPACK columns per thread (16-byte loads; W % XPACK == 0); rstd has one value per segment of
+// `seg` columns of a row (seg = hd, a multiple of XPACK: a pack lies in one segment)
+__global__ void colsum_scale_partial_kernel(float* partial, const floatX* d, const floatX* x, const float* rstd,
+                                            size_t rows, int W, int seg) {
+    __shared__ float sums[8][32 * XPACK];
+    int col = (blockIdx.x * 32 + threadIdx.x) * XPACK;
+    size_t r0 = (size_t)blockIdx.y * COLSUM_ROWS, r1 = r0 + COLSUM_ROWS < rows ? r0 + COLSUM_ROWS : rows;
+    float acc[XPACK];
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) { acc[k] = 0.0f; }
+    if (col < W) {
+        for (size_t r = r0 + threadIdx.y; r < r1; r += 8) {
+            PackX dp = *(const PackX*)(d + r * W + col), xp = *(const PackX*)(x + r * W + col);
+            float s = rstd[r * (W / seg) + col / seg];
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) { acc[k] += to_float(dp.v[k]) * to_float(xp.v[k]) * s; }
+        }
+    }
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) { sums[threadIdx.y][threadIdx.x * XPACK + k] = acc[k]; }
+    __syncthreads();
+    if (threadIdx.y == 0 && col < W) {
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            float total = 0.0f;
+            for (int y = 0; y < 8; y++) { total += sums[y][threadIdx.x * XPACK + k]; }
+            partial[(size_t)blockIdx.y * W + col + k] = total;
+        }
     }
 }
 
@@ -467,141 +544,186 @@ __global__ void colsum_finish_kernel(float* out, const float* partial, int chunk
     }
 }
 
-// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
-// of 128) and (N, C) activations (gpu_config_problem requires C to be a multiple of XPACK) start
-// 16-byte aligned and hold whole packs
-#define XPACK (16 / (int)sizeof(floatX))
-typedef struct __align__(16) { floatX v[XPACK]; } PackX;
+// The per-head kernels give each (token, head) row of hd values G consecutive lanes (G a power
+// of two, at most 32, so a row never straddles warps); lane j holds the packs at j * XPACK and
+// hd/2 + j * XPACK, so RoPE's pairs (i, i + hd/2) meet in one lane and every load is 16 bytes
+// (gpu_config_problem: hd % (2 * XPACK) == 0, hd <= MAX_HD).
+#define HEAD_THREADS 256
+static int head_lanes(int hd) {
+    int G = 1;
+    while (G * 2 * XPACK < hd) { G *= 2; }
+    return G;
+}
+static unsigned head_blocks(size_t rows, int G) { return (unsigned)ceil_div(rows * G, HEAD_THREADS); }
+
+// sum over the G lanes of a row; every lane of the warp must call it
+__device__ static inline float group_sum(float v, int G) {
+    for (int o = G / 2; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
+    return v;
+}
 
 // KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z);
-// XPACK consecutive channels of one token per thread (a pack may span two heads)
+// XPACK consecutive channels of one token per thread (one head's: hd % XPACK == 0, see head_lanes)
 __global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const float* alpha_logit, size_t N, int T,
                                         int H, int hd) {
     size_t C = (size_t)H * hd, idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * C) { return; }
     size_t n = idx / C;
     int has_prev = n % T > 0;
+    float a = sigmoid_gpu(alpha_logit[n * H + (idx % C) / hd]);
     PackX cur = *(const PackX*)(raw + idx), res;
     PackX prev = has_prev ? *(const PackX*)(raw + idx - C) : cur;
     #pragma unroll
     for (int k = 0; k < XPACK; k++) {
-        int h = (int)((idx + k) % C) / hd;
-        float a = sigmoid_gpu(alpha_logit[n * H + h]);
         float p = has_prev ? to_float(prev.v[k]) : 0.0f;
         res.v[k] = to_floatX(a * p + (1.0f - a) * to_float(cur.v[k]));
     }
     *(PackX*)(out + idx) = res;
 }
 
-// one warp per (token, head)
+// G lanes per (token, head) row (see head_lanes)
 __global__ void kv_shift_backward_kernel(floatX* draw, floatX* dalpha_logit, const floatX* dout, const floatX* raw,
-                                         const float* alpha_logit, size_t N, int T, int H, int hd) {
+                                         const float* alpha_logit, size_t N, int T, int H, int hd, int G) {
     // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
     // draw_t = (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
     // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2;
+    int active = row < N * H && j * XPACK < half; // the others still join group_sum
     size_t n = row / H, C = (size_t)H * hd;
-    int h = (int)(row % H);
-    int has_prev = n % T > 0, has_next = n % T + 1 < (size_t)T;
-    float a = sigmoid_gpu(alpha_logit[row]);
-    float a_next = has_next ? sigmoid_gpu(alpha_logit[row + H]) : 0.0f;
-    size_t off = n * C + (size_t)h * hd;
-    float da = 0.0f;
-    for (int i = lane; i < hd; i += 32) {
-        float d = to_float(dout[off + i]);
-        float d_next = has_next ? to_float(dout[off + C + i]) : 0.0f;
-        draw[off + i] = to_floatX((1.0f - a) * d + a_next * d_next);
-        float prev = has_prev ? to_float(raw[off - C + i]) : 0.0f;
-        da += d * (prev - to_float(raw[off + i]));
+    float a = 0.0f, da = 0.0f;
+    if (active) {
+        int has_prev = n % T > 0, has_next = n % T + 1 < (size_t)T;
+        a = sigmoid_gpu(alpha_logit[row]);
+        float a_next = has_next ? sigmoid_gpu(alpha_logit[row + H]) : 0.0f;
+        for (int e = j * XPACK; e < hd; e += half) { // the lane's two packs
+            size_t off = n * C + (size_t)(row % H) * hd + e;
+            PackX d = *(const PackX*)(dout + off), cur = *(const PackX*)(raw + off), res;
+            PackX d_next = has_next ? *(const PackX*)(dout + off + C) : d;
+            PackX prev = has_prev ? *(const PackX*)(raw + off - C) : cur;
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) {
+                float dk = to_float(d.v[k]), dn = has_next ? to_float(d_next.v[k]) : 0.0f;
+                float p = has_prev ? to_float(prev.v[k]) : 0.0f;
+                res.v[k] = to_floatX((1.0f - a) * dk + a_next * dn);
+                da += dk * (p - to_float(cur.v[k]));
+            }
+            *(PackX*)(draw + off) = res;
+        }
     }
-    da = warp_sum(da);
-    if (lane == 0) { dalpha_logit[row] = to_floatX(da * a * (1.0f - a)); }
+    da = group_sum(da, G);
+    if (active && j == 0) { dalpha_logit[row] = to_floatX(da * a * (1.0f - a)); }
 }
 
-// QK-norm then RoPE on one (token, head) row of hd values per warp; either stage may be off
-// (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for head h is
-// w + (h % groups) * hd (groups = 1 when the heads share one scale vector). RoPE rotates the
-// non-interleaved pairs (i, i + hd/2) by the angle of table rope[t][i] = (cos, sin).
+// QK-norm then RoPE on one (token, head) row of hd values, G lanes per row (see head_lanes);
+// either stage may be off (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for
+// head h is w + (h % groups) * hd (groups = 1 when the heads share one scale vector). RoPE
+// rotates the non-interleaved pairs (i, i + hd/2) by the angle of table rope[t][i] = (cos, sin).
 __global__ void qk_norm_rope_forward_kernel(floatX* out, float* rstd, const floatX* inp, const float* w, int groups,
-                                            const float* rope, size_t N, int T, int H, int hd, float eps) {
-    __shared__ float row_buf[WARPS_PER_BLOCK][MAX_HD];
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
-    int h = (int)(row % H), t = (int)((row / H) % T), half = hd / 2;
-    const floatX* x = inp + row * hd;
-    float* buf = row_buf[warp];
+                                            const float* rope, size_t N, int T, int H, int hd, float eps, int G) {
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    float lo[XPACK], hi[XPACK], ss = 0.0f; // the lane's channels i0.. and half + i0..
+    if (active) {
+        PackX plo = *(const PackX*)(inp + row * hd + i0), phi = *(const PackX*)(inp + row * hd + half + i0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            lo[k] = to_float(plo.v[k]);
+            hi[k] = to_float(phi.v[k]);
+            ss += lo[k] * lo[k] + hi[k] * hi[k];
+        }
+    }
     float s = 1.0f;
     if (w != NULL) {
-        float ss = 0.0f;
-        for (int e = lane; e < hd; e += 32) { float v = to_float(x[e]); ss += v * v; }
-        ss = warp_sum(ss);
+        ss = group_sum(ss, G);
         s = 1.0f / sqrtf(ss / (float)hd + eps);
-        if (lane == 0) { rstd[row] = s; }
+        if (active && j == 0) { rstd[row] = s; }
     }
-    const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
-    for (int e = lane; e < hd; e += 32) { buf[e] = wr != NULL ? to_float(x[e]) * s * wr[e] : to_float(x[e]); }
-    __syncwarp();
-    for (int e = lane; e < hd; e += 32) {
-        float v = buf[e];
+    if (!active) { return; }
+    int h = (int)(row % H), t = (int)((row / H) % T);
+    if (w != NULL) {
+        const float* wr = w + (size_t)(h % groups) * hd;
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) { lo[k] = lo[k] * s * wr[i0 + k]; hi[k] = hi[k] * s * wr[half + i0 + k]; }
+    }
+    PackX olo, ohi;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float vlo = lo[k], vhi = hi[k];
         if (rope != NULL) {
-            int i = e < half ? e : e - half;
-            float cs = rope[((size_t)t * half + i) * 2], sn = rope[((size_t)t * half + i) * 2 + 1];
-            v = e < half ? buf[e] * cs - buf[e + half] * sn : buf[e] * cs + buf[e - half] * sn;
+            float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
+            vlo = lo[k] * cs.x - hi[k] * cs.y;
+            vhi = hi[k] * cs.x + lo[k] * cs.y;
         }
-        out[row * hd + e] = to_floatX(v);
+        olo.v[k] = to_floatX(vlo);
+        ohi.v[k] = to_floatX(vhi);
     }
+    *(PackX*)(out + row * hd + i0) = olo;
+    *(PackX*)(out + row * hd + half + i0) = ohi;
 }
 
 // Writes dinp and, with the norm on, dnormed (the gradient at the norm's output, for the
 // scale gradient).
 __global__ void qk_norm_rope_backward_kernel(floatX* dinp, floatX* dnormed, const floatX* dout, const floatX* inp,
                                              const float* w, int groups, const float* rstd, const float* rope,
-                                             size_t N, int T, int H, int hd) {
+                                             size_t N, int T, int H, int hd, int G) {
     // forward: n = x s w (per head), out = R_t n (rotation of the pairs (i, i + hd/2))
     // dn = R_t^T dout: dn_i = d_i cos + d_{i+half} sin, dn_{i+half} = d_{i+half} cos - d_i sin
     // dx_i = s w_i dn_i - x_i s^3 / hd * sum_j w_j dn_j x_j
-    __shared__ float row_buf[WARPS_PER_BLOCK][MAX_HD];
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
-    int h = (int)(row % H), t = (int)((row / H) % T), half = hd / 2;
-    float* buf = row_buf[warp];
-    for (int e = lane; e < hd; e += 32) { buf[e] = to_float(dout[row * hd + e]); }
-    __syncwarp();
-    float dn[MAX_HD_LANE];
-    #pragma unroll
-    for (int r = 0; r < MAX_HD_LANE; r++) {
-        int e = lane + 32 * r;
-        dn[r] = 0.0f;
-        if (e >= hd) { continue; }
-        dn[r] = buf[e];
-        if (rope != NULL) {
-            int i = e < half ? e : e - half;
-            float cs = rope[((size_t)t * half + i) * 2], sn = rope[((size_t)t * half + i) * 2 + 1];
-            dn[r] = e < half ? buf[e] * cs + buf[e + half] * sn : buf[e] * cs - buf[e - half] * sn;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    int h = (int)(row % H), t = (int)((row / H) % T);
+    const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
+    float dlo[XPACK], dhi[XPACK], xlo[XPACK], xhi[XPACK], dot = 0.0f;
+    if (active) {
+        PackX plo = *(const PackX*)(dout + row * hd + i0), phi = *(const PackX*)(dout + row * hd + half + i0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            float d_lo = to_float(plo.v[k]), d_hi = to_float(phi.v[k]);
+            dlo[k] = d_lo;
+            dhi[k] = d_hi;
+            if (rope != NULL) {
+                float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
+                dlo[k] = d_lo * cs.x + d_hi * cs.y;
+                dhi[k] = d_hi * cs.x - d_lo * cs.y;
+            }
+        }
+        if (wr != NULL) {
+            PackX qlo = *(const PackX*)(inp + row * hd + i0), qhi = *(const PackX*)(inp + row * hd + half + i0);
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) {
+                xlo[k] = to_float(qlo.v[k]);
+                xhi[k] = to_float(qhi.v[k]);
+                dot += wr[i0 + k] * dlo[k] * xlo[k] + wr[half + i0 + k] * dhi[k] * xhi[k];
+            }
         }
     }
-    if (w == NULL) {
-        for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) { dinp[row * hd + lane + 32 * r] = to_floatX(dn[r]); }
+    PackX olo, ohi;
+    if (wr == NULL) { // w is the same for the whole grid: no lane is left in group_sum
+        if (!active) { return; }
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) { olo.v[k] = to_floatX(dlo[k]); ohi.v[k] = to_floatX(dhi[k]); }
+        *(PackX*)(dinp + row * hd + i0) = olo;
+        *(PackX*)(dinp + row * hd + half + i0) = ohi;
         return;
     }
-    const float* wr = w + (size_t)(h % groups) * hd;
-    const floatX* x = inp + row * hd;
-    float s = rstd[row], dot = 0.0f;
-    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
-        int e = lane + 32 * r;
-        dot += wr[e] * dn[r] * to_float(x[e]);
+    dot = group_sum(dot, G);
+    if (!active) { return; }
+    float s = rstd[row], c = dot * s * s * s / (float)hd;
+    PackX nlo, nhi;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        nlo.v[k] = to_floatX(dlo[k]);
+        nhi.v[k] = to_floatX(dhi[k]);
+        olo.v[k] = to_floatX(s * wr[i0 + k] * dlo[k] - xlo[k] * c);
+        ohi.v[k] = to_floatX(s * wr[half + i0 + k] * dhi[k] - xhi[k] * c);
     }
-    dot = warp_sum(dot);
-    float k = dot * s * s * s / (float)hd;
-    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
-        int e = lane + 32 * r;
-        dnormed[row * hd + e] = to_floatX(dn[r]);
-        dinp[row * hd + e] = to_floatX(s * wr[e] * dn[r] - to_float(x[e]) * k);
-    }
+    *(PackX*)(dnormed + row * hd + i0) = nlo;
+    *(PackX*)(dnormed + row * hd + half + i0) = nhi;
+    *(PackX*)(dinp + row * hd + i0) = olo;
+    *(PackX*)(dinp + row * hd + half + i0) = ohi;
 }
 
 // The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only
@@ -1681,32 +1803,47 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
 
 // ----------------------------------------------------------------------------
 
-// Output norm and output gate on one (token, head) row per warp; either may be off
-// (w == NULL: no norm, og == NULL: no gate). o_normed is written when both are on (the gate's
-// backward needs it); y is the input of W_o.
+// Output norm and output gate on one (token, head) row, G lanes per row (see head_lanes); either
+// may be off (w == NULL: no norm, og == NULL: no gate). o_normed is written when both are on
+// (the gate's backward needs it); y is the input of W_o.
 __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, float* rstd, const floatX* o,
-                                                const floatX* og, const float* w, size_t N, int H, int hd, float eps) {
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
-    int h = (int)(row % H);
-    const floatX* x = o + row * hd;
+                                                const floatX* og, const float* w, size_t N, int H, int hd, float eps,
+                                                int G) {
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    float x[2][XPACK], ss = 0.0f;          // the lane's channels i0.. and half + i0..
+    if (active) {
+        for (int p = 0; p < 2; p++) {
+            PackX xp = *(const PackX*)(o + row * hd + p * half + i0);
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) { x[p][k] = to_float(xp.v[k]); ss += x[p][k] * x[p][k]; }
+        }
+    }
     float s = 1.0f;
     if (w != NULL) {
-        float ss = 0.0f;
-        for (int e = lane; e < hd; e += 32) { float v = to_float(x[e]); ss += v * v; }
-        ss = warp_sum(ss);
+        ss = group_sum(ss, G);
         s = 1.0f / sqrtf(ss / (float)hd + eps);
-        if (lane == 0) { rstd[row] = s; }
+        if (active && j == 0) { rstd[row] = s; }
     }
-    for (int e = lane; e < hd; e += 32) {
-        float v = to_float(x[e]);
-        if (w != NULL) {
-            v = v * s * w[(size_t)h * hd + e];
-            if (og != NULL) { o_normed[row * hd + e] = to_floatX(v); }
+    if (!active) { return; }
+    const float* wr = w != NULL ? w + (row % H) * hd : NULL;
+    for (int p = 0; p < 2; p++) {
+        size_t off = row * hd + p * half + i0;
+        PackX gp, np, yp;
+        if (og != NULL) { gp = *(const PackX*)(og + off); }
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            float v = x[p][k];
+            if (wr != NULL) {
+                v = v * s * wr[p * half + i0 + k];
+                np.v[k] = to_floatX(v);
+            }
+            if (og != NULL) { v = v * sigmoid_gpu(to_float(gp.v[k])); }
+            yp.v[k] = to_floatX(v);
         }
-        if (og != NULL) { v = v * sigmoid_gpu(to_float(og[row * hd + e])); }
-        y[row * hd + e] = to_floatX(v);
+        if (wr != NULL && og != NULL) { *(PackX*)(o_normed + off) = np; }
+        *(PackX*)(y + off) = yp;
     }
 }
 
@@ -1714,45 +1851,64 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
 // output gradient, for the scale gradient) when the norm is on
 __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, floatX* don, const floatX* dy,
                                                  const floatX* o, const floatX* o_normed, const floatX* og,
-                                                 const float* w, const float* rstd, size_t N, int H, int hd) {
+                                                 const float* w, const float* rstd, size_t N, int H, int hd, int G) {
     // forward: on = o s w (per head), y = on sigmoid(g)
     // don = dy sigmoid(g), dg = dy on sigmoid(g) (1 - sigmoid(g))
     // do_i = s w_i don_i - o_i s^3 / hd * sum_j w_j don_j o_j
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
-    int h = (int)(row % H);
-    float dn[MAX_HD_LANE];
-    #pragma unroll
-    for (int r = 0; r < MAX_HD_LANE; r++) {
-        int e = lane + 32 * r;
-        dn[r] = 0.0f;
-        if (e >= hd) { continue; }
-        size_t i = row * hd + e;
-        dn[r] = to_float(dy[i]);
-        if (og != NULL) {
-            float sg = sigmoid_gpu(to_float(og[i]));
-            float x = w != NULL ? to_float(o_normed[i]) : to_float(o[i]);
-            dog[i] = to_floatX(dn[r] * x * sg * (1.0f - sg));
-            dn[r] = dn[r] * sg;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    const float* wr = w != NULL ? w + (row % H) * hd : NULL;
+    float dn[2][XPACK], x[2][XPACK], dot = 0.0f;
+    if (active) {
+        for (int p = 0; p < 2; p++) {
+            size_t off = row * hd + p * half + i0;
+            PackX dp = *(const PackX*)(dy + off);
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) { dn[p][k] = to_float(dp.v[k]); }
+            if (og != NULL) {
+                PackX gp = *(const PackX*)(og + off), xp = *(const PackX*)((wr != NULL ? o_normed : o) + off), dgp;
+                #pragma unroll
+                for (int k = 0; k < XPACK; k++) {
+                    float sg = sigmoid_gpu(to_float(gp.v[k]));
+                    dgp.v[k] = to_floatX(dn[p][k] * to_float(xp.v[k]) * sg * (1.0f - sg));
+                    dn[p][k] = dn[p][k] * sg;
+                }
+                *(PackX*)(dog + off) = dgp;
+            }
+            if (wr != NULL) {
+                PackX op = *(const PackX*)(o + off);
+                #pragma unroll
+                for (int k = 0; k < XPACK; k++) {
+                    x[p][k] = to_float(op.v[k]);
+                    dot += wr[p * half + i0 + k] * dn[p][k] * x[p][k];
+                }
+            }
         }
     }
-    if (w == NULL) {
-        for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) { do_[row * hd + lane + 32 * r] = to_floatX(dn[r]); }
+    if (wr == NULL) { // w is the same for the whole grid: no lane is left in group_sum
+        if (!active) { return; }
+        for (int p = 0; p < 2; p++) {
+            PackX rp;
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) { rp.v[k] = to_floatX(dn[p][k]); }
+            *(PackX*)(do_ + row * hd + p * half + i0) = rp;
+        }
         return;
     }
-    const float* wr = w + (size_t)h * hd;
-    float s = rstd[row], dot = 0.0f;
-    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
-        int e = lane + 32 * r;
-        dot += wr[e] * dn[r] * to_float(o[row * hd + e]);
-    }
-    dot = warp_sum(dot);
-    float k = dot * s * s * s / (float)hd;
-    for (int r = 0; r < MAX_HD_LANE && lane + 32 * r < hd; r++) {
-        int e = lane + 32 * r;
-        don[row * hd + e] = to_floatX(dn[r]);
-        do_[row * hd + e] = to_floatX(s * wr[e] * dn[r] - to_float(o[row * hd + e]) * k);
+    dot = group_sum(dot, G);
+    if (!active) { return; }
+    float s = rstd[row], c = dot * s * s * s / (float)hd;
+    for (int p = 0; p < 2; p++) {
+        size_t off = row * hd + p * half + i0;
+        PackX np, rp;
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            np.v[k] = to_floatX(dn[p][k]);
+            rp.v[k] = to_floatX(s * wr[p * half + i0 + k] * dn[p][k] - x[p][k] * c);
+        }
+        *(PackX*)(don + off) = np;
+        *(PackX*)(do_ + off) = rp;
     }
 }
 
@@ -1845,12 +2001,20 @@ __global__ void crossentropy_backward_kernel(floatX* logits, const float* row_ls
 
 // stage 1 of the gradient norm: fixed grid, fixed order, fp64 partial sums of squares
 #define NORM_BLOCKS 512
+// (a thread loads four of its strided elements at once, so four loads are in flight, and adds
+// them in the same order as one at a time)
 __global__ void sumsq_partial_kernel(double* partial, const float* g, size_t n) {
     __shared__ double red[256];
     double acc = 0.0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        acc += (double)g[i] * g[i];
+    size_t stride = (size_t)gridDim.x * blockDim.x, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        float a = g[i], b = g[i + stride], c = g[i + 2 * stride], d = g[i + 3 * stride];
+        acc += (double)a * a;
+        acc += (double)b * b;
+        acc += (double)c * c;
+        acc += (double)d * d;
     }
+    for (; i < n; i += stride) { acc += (double)g[i] * g[i]; }
     red[threadIdx.x] = acc;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s /= 2) {
@@ -1860,18 +2024,47 @@ __global__ void sumsq_partial_kernel(double* partial, const float* g, size_t n) 
     if (threadIdx.x == 0) { partial[blockIdx.x] = red[0]; }
 }
 
-// AdamW on one tensor, the twin's arithmetic; grad_scale applies the clipping; the matmul
-// copy of the weight is refreshed
-__global__ void adamw_kernel(float* p, floatX* p_x, const float* g, float* m, float* v, size_t n, float lr,
-                             float beta1, float beta2, float c1, float c2, float eps, float wd, float grad_scale) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) { return; }
-    float gr = g[i] * grad_scale; // exact when not clipping (grad_scale = 1)
-    m[i] = beta1 * m[i] + (1.0f - beta1) * gr;
-    v[i] = beta2 * v[i] + (1.0f - beta2) * gr * gr;
-    float mhat = m[i] / c1, vhat = v[i] / c2;
-    p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
-    p_x[i] = to_floatX(p[i]);
+// AdamW on every trainable tensor of this rank's optimizer slice in one launch, the twin's
+// arithmetic; grad_scale applies the clipping; the matmul copy of the weight is refreshed.
+// The host lists the tensors' parts in the slice (segments); each block updates
+// ADAMW_THREADS * ADAMW_PER_THREAD elements of one segment, a thread ADAMW_PER_THREAD of them
+// ADAMW_THREADS apart, all loaded before any is updated (loads in flight, coalesced).
+#define ADAMW_THREADS 256
+#define ADAMW_PER_THREAD 4
+typedef struct {
+    size_t lo[NUM_PARAM_TENSORS], n[NUM_PARAM_TENSORS]; // index into params, length
+    float wd[NUM_PARAM_TENSORS];
+    unsigned first_block[NUM_PARAM_TENSORS + 1];        // segment s has blocks [first_block[s], first_block[s + 1])
+    int count;
+} AdamWSegments;
+
+__global__ void adamw_kernel(float* __restrict__ p, floatX* __restrict__ p_x, const float* __restrict__ g,
+                             float* __restrict__ m, float* __restrict__ v, size_t opt_offset, AdamWSegments segs,
+                             float lr, float beta1, float beta2, float c1, float c2, float eps, float grad_scale) {
+    int sg = 0;
+    while (sg + 1 < segs.count && blockIdx.x >= segs.first_block[sg + 1]) { sg++; }
+    size_t j0 = (size_t)(blockIdx.x - segs.first_block[sg]) * ADAMW_THREADS * ADAMW_PER_THREAD + threadIdx.x;
+    size_t lo = segs.lo[sg], n = segs.n[sg];
+    float wd = segs.wd[sg], pp[ADAMW_PER_THREAD], gg[ADAMW_PER_THREAD], mm[ADAMW_PER_THREAD], vv[ADAMW_PER_THREAD];
+    #pragma unroll
+    for (int u = 0; u < ADAMW_PER_THREAD; u++) {
+        size_t j = j0 + (size_t)u * ADAMW_THREADS, i = lo + j;
+        if (j < n) { pp[u] = p[i]; gg[u] = g[i]; mm[u] = m[i - opt_offset]; vv[u] = v[i - opt_offset]; }
+    }
+    #pragma unroll
+    for (int u = 0; u < ADAMW_PER_THREAD; u++) {
+        size_t j = j0 + (size_t)u * ADAMW_THREADS, i = lo + j;
+        if (j >= n) { continue; }
+        float gr = gg[u] * grad_scale; // exact when not clipping (grad_scale = 1)
+        float mi = beta1 * mm[u] + (1.0f - beta1) * gr;
+        float vi = beta2 * vv[u] + (1.0f - beta2) * gr * gr;
+        float mhat = mi / c1, vhat = vi / c2;
+        float pi = pp[u] - lr * (mhat / (sqrtf(vhat) + eps) + wd * pp[u]);
+        m[i - opt_offset] = mi;
+        v[i - opt_offset] = vi;
+        p[i] = pi;
+        p_x[i] = to_floatX(pi);
+    }
 }
 
 __global__ void to_floatX_kernel(floatX* out, const float* in, size_t n) {
@@ -2154,7 +2347,7 @@ typedef struct {
     floatX* dv_raw;     // (N, C)
     floatX* dk_alpha;   // (N, H)
     floatX* dv_alpha;   // (N, H)
-    float* partial;     // column-sum partials, (N / COLSUM_ROWS, C)
+    float* partial;     // column-sum partials, (N / min(COLSUM_ROWS, RMS_BWD_ROWS), C)
     int* enc_tokens;    // encoder backward: distinct tokens (N), CSR offsets (N+1), positions (N)
     int* enc_offsets;
     int* enc_positions;
@@ -2296,7 +2489,7 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     d->dv_raw = (floatX*)arena_take(base, &off, N * C * fx);
     d->dk_alpha = (floatX*)arena_take(base, &off, N * H * fx);
     d->dv_alpha = (floatX*)arena_take(base, &off, N * H * fx);
-    d->partial = (float*)arena_take(base, &off, ceil_div(N, COLSUM_ROWS) * C * f);
+    d->partial = (float*)arena_take(base, &off, ceil_div(N, COLSUM_ROWS < RMS_BWD_ROWS ? COLSUM_ROWS : RMS_BWD_ROWS) * C * f);
     d->enc_tokens = (int*)arena_take(base, &off, N * sizeof(int));
     d->enc_offsets = (int*)arena_take(base, &off, (N + 1) * sizeof(int));
     d->enc_positions = (int*)arena_take(base, &off, N * sizeof(int));
@@ -2338,7 +2531,7 @@ static void gpu_params_to_host(GPUModel* g) {
 // what the GPU kernels cannot run in this configuration (a message ending in a HINT), or NULL
 static const char* gpu_config_problem(const FoxConfig* cf) {
     int hd = cf->n_embd / cf->n_head;
-    static char too_big[128];
+    static char too_big[192];
     if (cf->n_embd % XPACK != 0 || cf->mlp_hidden % XPACK != 0) {
         snprintf(too_big, sizeof(too_big), "n_embd and mlp_hidden must be multiples of %d (the kernels' 16-byte loads)\n"
                  "HINT: round them to multiples of %d", XPACK, XPACK);
@@ -2347,6 +2540,16 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     if (hd > MAX_HD) {
         snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) exceeds the GPU kernels' limit of %d\n"
                  "HINT: use more heads (--n_head)", MAX_HD);
+        return too_big;
+    }
+    if (cf->n_embd > RMS_BWD_MAX_C) {
+        snprintf(too_big, sizeof(too_big), "n_embd exceeds the GPU kernels' limit of %d (the RMSNorm backward's column sums "
+                 "in shared memory)", RMS_BWD_MAX_C);
+        return too_big;
+    }
+    if (hd % (2 * XPACK) != 0) {
+        snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) must be a multiple of %d (the per-head kernels' "
+                 "16-byte loads of both halves)\nHINT: change --n_head", 2 * XPACK);
         return too_big;
     }
 #ifndef ENABLE_FP32
@@ -2436,12 +2639,20 @@ static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const 
     launchCheck();
 }
 
-// dw[out_len] += column sums of d * x * rstd over rows (see colsum_partial_kernel)
-template <typename Td, typename Tx>
-static void colsum_gpu(float* dw, float* partial, const Td* d, const Tx* x, const float* rstd, size_t rows, int W,
-                       int seg, int fold) {
+// dw[W / fold] += column sums over rows of d (the bias gradients) or, with x, of d * x * rstd
+// (the per-head norm scales; see the colsum kernels)
+static void colsum_gpu(float* dw, float* partial, const float* d, size_t rows, int W) {
     dim3 grid((unsigned)ceil_div(W, 32), (unsigned)ceil_div(rows, COLSUM_ROWS));
-    colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, x, rstd, rows, W, seg);
+    colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, rows, W);
+    launchCheck();
+    colsum_finish_kernel<<<(unsigned)ceil_div(W, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, 1);
+    launchCheck();
+}
+
+static void colsum_scale_gpu(float* dw, float* partial, const floatX* d, const floatX* x, const float* rstd,
+                             size_t rows, int W, int seg, int fold) {
+    dim3 grid((unsigned)ceil_div(W, 32 * XPACK), (unsigned)ceil_div(rows, COLSUM_ROWS));
+    colsum_scale_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, x, rstd, rows, W, seg);
     launchCheck();
     colsum_finish_kernel<<<(unsigned)ceil_div(W / fold, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, fold);
     launchCheck();
@@ -2449,9 +2660,16 @@ static void colsum_gpu(float* dw, float* partial, const Td* d, const Tx* x, cons
 
 static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const float* w, const float* rstd, size_t N, int C) {
     GPUGradBuffers* d = &g->gb;
-    rmsnorm_backward_kernel<<<warp_blocks(N), 32 * WARPS_PER_BLOCK>>>(d->dresid, d->dresid_x, d->dxn, x, w, rstd, N, C);
+    unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
+    size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
+    if (smem > 48 * 1024) { // above the default limit (gpu_config_problem: C <= RMS_BWD_MAX_C)
+        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    rmsnorm_backward_kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(d->dresid, d->dresid_x, d->partial, d->dxn, x, w,
+                                                                    rstd, N, C);
     launchCheck();
-    colsum_gpu(dw, d->partial, d->dxn, x, rstd, N, C, C, 1);
+    colsum_finish_kernel<<<(unsigned)ceil_div(C, 32), dim3(32, 16)>>>(dw, d->partial, (int)chunks, C, 1);
+    launchCheck();
 }
 
 // ----------------------------------------------------------------------------
@@ -2516,11 +2734,12 @@ static void qk_norm_rope_forward_gpu(GPUModel* g, const LayerActs* p, int l, int
     const float* wq_n = cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL;
     const float* wk_n = cf->qk_norm ? pm(g, P_K_NORM, l) : NULL;
     const float* rope = cf->rope ? g->rope : NULL;
-    qk_norm_rope_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-        p->q, p->rstd_q, p->q_raw, wq_n, groups_qk, rope, N, T, H, hd, 1e-5f);
+    int G = head_lanes(hd);
+    qk_norm_rope_forward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
+        p->q, p->rstd_q, p->q_raw, wq_n, groups_qk, rope, N, T, H, hd, 1e-5f, G);
     launchCheck();
-    qk_norm_rope_forward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-        p->k, p->rstd_k, p->k_shifted, wk_n, groups_qk, rope, N, T, H, hd, 1e-5f);
+    qk_norm_rope_forward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
+        p->k, p->rstd_k, p->k_shifted, wk_n, groups_qk, rope, N, T, H, hd, 1e-5f, G);
     launchCheck();
 }
 
@@ -2529,9 +2748,10 @@ static void output_norm_gate_forward_gpu(GPUModel* g, const LayerActs* p, int l,
     const FoxConfig* cf = &g->config;
     if (!cf->output_norm && !cf->output_gate) { return; }
     int H = cf->n_head, hd = cf->n_embd / H;
-    output_norm_gate_forward_kernel<<<warp_blocks(N * H), 32 * WARPS_PER_BLOCK>>>(
+    int G = head_lanes(hd);
+    output_norm_gate_forward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(
         p->o_normed, p->y, p->rstd_o, p->o, cf->output_gate ? p->og_logit : NULL,
-        cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, H, hd, 1e-6f);
+        cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, H, hd, 1e-6f, G);
     launchCheck();
 }
 
@@ -2653,7 +2873,7 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
     int B = g->B, T = g->T;
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden, Vp = cf->padded_vocab_size;
     size_t N = (size_t)B * T, NC = N * C, NH = N * H;
-    int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1;
+    int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1, G = head_lanes(hd);
     GPUActivations a = g->acts;
     GPUGradBuffers d = g->gb;
     // the gradient buffers of stages that are off alias the gradient of their output
@@ -2687,10 +2907,10 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
         matmul_backward_weight_gpu(pg(g, P_WO, l), d.dresid_x, p.y, N, C, C);
         cudaCheck(cudaMemset(d.dxn, 0, NC * sizeof(float))); // the attention input's gradient sums 7 matmuls
         if (cf->output_norm || cf->output_gate) {
-            output_norm_gate_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+            output_norm_gate_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
                 d.d_o, d.dog, d.don, d.dy, p.o, p.o_normed,
                 cf->output_gate ? p.og_logit : NULL, cf->output_norm ? pm(g, P_O_NORM, l) : NULL,
-                p.rstd_o, N, H, hd);
+                p.rstd_o, N, H, hd, G);
             launchCheck();
         }
         if (cf->output_gate) {
@@ -2698,7 +2918,7 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
             matmul_backward_weight_gpu(pg(g, P_WG, l), d.dog, xa, N, C, C);
         }
         if (cf->output_norm) {
-            colsum_gpu(pg(g, P_O_NORM, l), d.partial, d.don, p.o, p.rstd_o, N, C, hd, 1);
+            colsum_scale_gpu(pg(g, P_O_NORM, l), d.partial, d.don, p.o, p.rstd_o, N, C, hd, 1);
         }
         attention_backward_gpu(d.dq, d.dk, d.dv, d.dlogf, d.attn_scratch, d_o, p.q, p.k,
                                p.v, p.o, p.lse,
@@ -2711,34 +2931,34 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
                 matmul_backward_weight_gpu(pg(g, P_WF, l), d.dgl_x, xa, N, C, H);
             }
             if (cf->gate != GATE_FIXED) { // the fixed gate's bias is frozen
-                colsum_gpu(pg(g, P_BF, l), d.partial, d.dgl, (const float*)NULL, NULL, N, H, H, 1);
+                colsum_gpu(pg(g, P_BF, l), d.partial, d.dgl, N, H);
             }
         }
         if (cf->qk_norm || cf->rope) {
             const float* rope = cf->rope ? g->rope : NULL;
-            qk_norm_rope_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+            qk_norm_rope_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
                 dq_raw, d.dq_normed, d.dq, p.q_raw, cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL, groups_qk,
-                p.rstd_q, rope, N, T, H, hd);
+                p.rstd_q, rope, N, T, H, hd, G);
             launchCheck();
-            qk_norm_rope_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
+            qk_norm_rope_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
                 dk_shifted, d.dk_normed, d.dk, p.k_shifted, cf->qk_norm ? pm(g, P_K_NORM, l) : NULL,
-                groups_qk, p.rstd_k, rope, N, T, H, hd);
+                groups_qk, p.rstd_k, rope, N, T, H, hd, G);
             launchCheck();
         }
         if (cf->qk_norm) {
-            colsum_gpu(pg(g, P_Q_NORM, l), d.partial, d.dq_normed, p.q_raw, p.rstd_q, N, C, hd, fold_qk);
-            colsum_gpu(pg(g, P_K_NORM, l), d.partial, d.dk_normed, p.k_shifted, p.rstd_k, N, C, hd, fold_qk);
+            colsum_scale_gpu(pg(g, P_Q_NORM, l), d.partial, d.dq_normed, p.q_raw, p.rstd_q, N, C, hd, fold_qk);
+            colsum_scale_gpu(pg(g, P_K_NORM, l), d.partial, d.dk_normed, p.k_shifted, p.rstd_k, N, C, hd, fold_qk);
         }
         if (cf->k_shift) {
-            kv_shift_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                dk_raw, d.dk_alpha, dk_shifted, p.k_raw, p.k_alpha, N, T, H, hd);
+            kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
+                dk_raw, d.dk_alpha, dk_shifted, p.k_raw, p.k_alpha, N, T, H, hd, G);
             launchCheck();
             matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dk_alpha, px(g, P_WK_SHIFT, l), N, C, H, 1.0f);
             matmul_backward_weight_gpu(pg(g, P_WK_SHIFT, l), d.dk_alpha, xa, N, C, H);
         }
         if (cf->v_shift) {
-            kv_shift_backward_kernel<<<warp_blocks(NH), 32 * WARPS_PER_BLOCK>>>(
-                dv_raw, d.dv_alpha, d.dv, p.v_raw, p.v_alpha, N, T, H, hd);
+            kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
+                dv_raw, d.dv_alpha, d.dv, p.v_raw, p.v_alpha, N, T, H, hd, G);
             launchCheck();
             matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dv_alpha, px(g, P_WV_SHIFT, l), N, C, H, 1.0f);
             matmul_backward_weight_gpu(pg(g, P_WV_SHIFT, l), d.dv_alpha, xa, N, C, H);
@@ -2753,7 +2973,8 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
                              p.rstd_a, N, C);
     }
     int distinct = encoder_lists(g, N);
-    encoder_backward_kernel<<<distinct, 256>>>(pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, C);
+    encoder_backward_kernel<<<dim3((unsigned)distinct, (unsigned)ceil_div(C, ENC_BWD_COLS)), ENC_BWD_COLS>>>(
+        pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, C);
     launchCheck();
 }
 
@@ -2796,16 +3017,25 @@ static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, dou
         if (coef < 1.0) { grad_scale = (float)coef; }
     }
     float c1 = 1.0f - powf(o->beta1, (float)step), c2 = 1.0f - powf(o->beta2, (float)step);
+    AdamWSegments segs;
+    memset(&segs, 0, sizeof(segs));
+    unsigned blocks = 0;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         const ParamSpec* s = &g->host->spec[t];
         size_t lo, n = range_overlap(g->offsets[t], param_numel(s, g->config.n_layer), g->opt_offset, g->opt_size, &lo);
         if (!s->trainable || n == 0) { continue; }
-        float wd = s->decay ? o->weight_decay : 0.0f;
-        size_t mo = lo - g->opt_offset;
-        adamw_kernel<<<elem_blocks(n), 256>>>(g->params + lo, g->params_x + lo, g->grads + lo, g->adam_m + mo,
-                                              g->adam_v + mo, n, lr, o->beta1, o->beta2, c1, c2, o->eps, wd, grad_scale);
-        launchCheck();
+        segs.lo[segs.count] = lo;
+        segs.n[segs.count] = n;
+        segs.wd[segs.count] = s->decay ? o->weight_decay : 0.0f;
+        segs.first_block[segs.count] = blocks;
+        blocks += (unsigned)ceil_div(n, (size_t)ADAMW_THREADS * ADAMW_PER_THREAD);
+        segs.count++;
     }
+    if (segs.count == 0) { return; }
+    segs.first_block[segs.count] = blocks;
+    adamw_kernel<<<blocks, ADAMW_THREADS>>>(g->params, g->params_x, g->grads, g->adam_m, g->adam_v, g->opt_offset, segs,
+                                            lr, o->beta1, o->beta2, c1, c2, o->eps, grad_scale);
+    launchCheck();
 }
 
 // the optimizer step; under ZeRO-1 the updated shards are then all-gathered
