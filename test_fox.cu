@@ -396,9 +396,9 @@ static void test_attention_dlogf(void) {
     // the loss is L = sum(o * w), so dout = w
     c[0] = logf_[0];
     for (int t = 1; t < T; t++) { c[t] = c[t - 1] + logf_[t]; }
-    attention_forward(o, lse, q, k, v, c, B, T, H, hd, 0, scratch);
+    attention_forward(o, lse, q, k, v, c, B, T, H, hd, 0, NULL, scratch);
     memset(dq, 0, sizeof(dq)); memset(dk, 0, sizeof(dk)); memset(dv, 0, sizeof(dv)); memset(dc, 0, sizeof(dc));
-    attention_backward(dq, dk, dv, dc, w, q, k, v, o, lse, c, B, T, H, hd, 0);
+    attention_backward(dq, dk, dv, dc, w, q, k, v, o, lse, c, B, T, H, hd, 0, NULL);
     float acc = 0.0f;
     for (int t = T - 1; t >= 0; t--) { acc += dc[t]; dlogf[t] = acc; }
     double worst = 0.0, scale = 0.0;
@@ -411,7 +411,7 @@ static void test_attention_dlogf(void) {
             lf[t] += s == 0 ? 1e-2f : -1e-2f;
             cc[0] = lf[0];
             for (int u = 1; u < T; u++) { cc[u] = cc[u - 1] + lf[u]; }
-            attention_forward(o, lse, q, k, v, cc, B, T, H, hd, 0, scratch);
+            attention_forward(o, lse, q, k, v, cc, B, T, H, hd, 0, NULL, scratch);
             double sum = 0.0;
             for (size_t i = 0; i < N; i++) { sum += (double)o[i] * w[i]; }
             lpm[s] = sum;
@@ -422,6 +422,164 @@ static void test_attention_dlogf(void) {
     check(worst <= 2e-2, "attention backward: d(log f) against finite differences (worst err %.1e of its scale <= 2e-2)", worst);
     check(fabs(dlogf[0]) <= 1e-5 * scale, "attention backward: d(log f_0) = %.1e, zero as c_0 cancels (<= 1e-5 of scale %.2f)", dlogf[0], scale);
     free(scratch);
+}
+
+// ----------------------------------------------------------------------------
+// adaptive computation pruning (train_fox.c: prune_bound, prune_tiles, the pruned attention)
+
+typedef struct {
+    double w_max;      // largest share of a row's dense weight on pruned keys (must be <= eps)
+    double excess;     // largest |pruned - dense| beyond its bound, over o, lse, dq, dk, dv, dc
+    double skipped;    // share of the visible tiles skipped
+    int tables_agree;  // key_start and query_end describe the same tiles
+} PruneResult;
+
+// Pruned against dense attention on one random case. The bounds, per row i with dense weights p,
+// pruned share w_i and kept weights p' = p / (1 - w_i) (0 on pruned keys), |p' - p| summing to 2 w_i:
+//   |o'_i - o_i| <= w_i range_j(v_j)            |lse'_i - lse_i| = -ln(1 - w_i)
+//   |ds'_ij - ds_ij| <= E_ij = |p'_ij - p_ij| |dp_ij - Delta_i| + p'_ij |dO_i|_1 w_i range(v)
+//   |dq'_i| <= scale sum_j E_ij |k_j|, |dk'_j| <= scale sum_i E_ij |q_i|,
+//   |dv'_j| <= sum_i |p'_ij - p_ij| |dO_i|, |dc'_t| <= sum_j E_tj + sum_i E_it (differences)
+// each plus fp32 rounding: FTOL of the tensor's largest magnitude (sums of up to T terms in fp32).
+#define PRUNE_FTOL 1e-5
+static float* prune_buf(size_t n) { return (float*)calloc_check(n, sizeof(float), "pruning test"); }
+static PruneResult prune_case(int T, int H, int hd, int window, int block, double rate, float sigma, float ln_eps,
+                              uint64_t seed) {
+    const int B = 2;
+    size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T, C = (size_t)H * hd;
+    int nt = (T + block - 1) / block, threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    float *q = prune_buf(n), *k = prune_buf(n), *v = prune_buf(n), *dout = prune_buf(n), *c = prune_buf(nh);
+    float *o[2], *lse[2], *dq[2], *dk[2], *dv[2], *dc[2];
+    for (int r = 0; r < 2; r++) {
+        o[r] = prune_buf(n); dq[r] = prune_buf(n); dk[r] = prune_buf(n); dv[r] = prune_buf(n);
+        lse[r] = prune_buf(nh); dc[r] = prune_buf(nh);
+    }
+    float* scratch = prune_buf((size_t)threads * 2 * T);
+    uint64_t s = seed;
+    float* in[] = {q, k, v, dout};
+    for (int a = 0; a < 4; a++) {
+        for (size_t i = 0; i < n; i++) { in[a][i] = (a < 2 ? sigma : 1.0f) * (float)rng_normal(&s); }
+    }
+    for (size_t bh = 0; bh < nh / T; bh++) {
+        float acc = 0.0f;
+        for (int t = 0; t < T; t++) { acc += (float)(-rate * (0.5 + rng_uniform(&s))); c[bh * T + t] = acc; }
+    }
+    float* U = prune_buf(nh / T);
+    int* tables = (int*)calloc_check(2 * (nh / T) * nt, sizeof(int), "tiles");
+    prune_bound(U, q, k, B, T, H, hd);
+    prune_tiles(tables, tables + (nh / T) * nt, c, U, B, H, T, block, ln_eps);
+    AttnPrune pr = {block, tables};
+    for (int r = 0; r < 2; r++) { // r = 0 dense, 1 pruned
+        attention_forward(o[r], lse[r], q, k, v, c, B, T, H, hd, window, r ? &pr : NULL, scratch);
+        attention_backward(dq[r], dk[r], dv[r], dc[r], dout, q, k, v, o[r], lse[r], c, B, T, H, hd, window, r ? &pr : NULL);
+    }
+    PruneResult res = {0.0, -INFINITY, 0.0, 1};
+    double visible = 0.0, skipped = 0.0;
+    for (size_t bh = 0; bh < nh / T; bh++) {
+        const int *ks = tables + bh * nt, *qe = tables + (nh / T) * nt + bh * nt;
+        for (int qt = 0; qt < nt; qt++) {
+            for (int kt = 0; kt <= qt; kt++) {
+                int win_ok = window == 0 || kt * block + block - 1 > qt * block - window; // some pair visible
+                visible += win_ok; skipped += win_ok && kt < ks[qt];
+                res.tables_agree &= (kt < ks[qt]) == (qt >= qe[kt]);
+            }
+        }
+    }
+    res.skipped = skipped / fmax(visible, 1.0);
+    // bounds, in double, from the dense run
+    double *bo = (double*)calloc_check(n, sizeof(double), "bound"), *bq = (double*)calloc_check(n, sizeof(double), "bound");
+    double *bk = (double*)calloc_check(n, sizeof(double), "bound"), *bv = (double*)calloc_check(n, sizeof(double), "bound");
+    double *bc = (double*)calloc_check(nh, sizeof(double), "bound"), *bl = (double*)calloc_check(nh, sizeof(double), "bound");
+    double* p = (double*)calloc_check((size_t)T, sizeof(double), "row");
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            size_t bh = (size_t)b * H + h;
+            const float* ch = c + bh * T;
+            for (int i = 0; i < T; i++) {
+                int j0 = attention_first_key(i, window), jp = attention_first_key_pruned(i, window, &pr, bh, T);
+                size_t oi = ((size_t)b * T + i) * C + (size_t)h * hd;
+                double w = 0.0, delta = 0.0, g1 = 0.0, vmin[256], vmax[256];
+                for (int d = 0; d < hd; d++) { vmin[d] = INFINITY; vmax[d] = -INFINITY; delta += (double)dout[oi + d] * o[0][oi + d]; g1 += fabs(dout[oi + d]); }
+                for (int j = j0; j <= i; j++) {
+                    size_t oj = ((size_t)b * T + j) * C + (size_t)h * hd;
+                    double dot = 0.0;
+                    for (int d = 0; d < hd; d++) { dot += (double)q[oi + d] * k[oj + d]; vmin[d] = fmin(vmin[d], v[oj + d]); vmax[d] = fmax(vmax[d], v[oj + d]); }
+                    p[j] = exp(dot * scale + ch[i] - ch[j] - lse[0][bh * T + i]);
+                    if (j < jp) { w += p[j]; }
+                }
+                res.w_max = fmax(res.w_max, w);
+                for (int d = 0; d < hd; d++) { bo[oi + d] = w * (vmax[d] - vmin[d]); }
+                bl[bh * T + i] = -log1p(-fmin(w, 0.5));
+                double range = 0.0;
+                for (int d = 0; d < hd; d++) { range = fmax(range, vmax[d] - vmin[d]); }
+                for (int j = j0; j <= i; j++) {
+                    size_t oj = ((size_t)b * T + j) * C + (size_t)h * hd;
+                    double pp = j < jp ? 0.0 : p[j] / (1.0 - w), dp = 0.0;
+                    for (int d = 0; d < hd; d++) { dp += (double)dout[oi + d] * v[oj + d]; }
+                    double dpij = fabs(pp - p[j]), E = dpij * fabs(dp - delta) + pp * g1 * w * range;
+                    for (int d = 0; d < hd; d++) {
+                        bq[oi + d] += scale * E * fabs(k[oj + d]);
+                        bk[oj + d] += scale * E * fabs(q[oi + d]);
+                        bv[oj + d] += dpij * fabs(dout[oi + d]);
+                    }
+                    bc[bh * T + i] += E; bc[bh * T + j] += E;
+                }
+            }
+        }
+    }
+    const float* got[] = {o[1], lse[1], dq[1], dk[1], dv[1], dc[1]};
+    const float* ref[] = {o[0], lse[0], dq[0], dk[0], dv[0], dc[0]};
+    const double* bound[] = {bo, bl, bq, bk, bv, bc};
+    for (int a = 0; a < 6; a++) {
+        size_t len = a == 1 || a == 5 ? nh : n;
+        double mag = 0.0;
+        for (size_t i = 0; i < len; i++) { mag = fmax(mag, fabs(ref[a][i])); }
+        for (size_t i = 0; i < len; i++) {
+            double d = fabs((double)got[a][i] - ref[a][i]);
+            res.excess = fmax(res.excess, isnan(d) ? INFINITY : d - bound[a][i] - PRUNE_FTOL * mag);
+        }
+    }
+    // determinism: a second pruned run is bit-identical
+    float* o2 = prune_buf(n);
+    float* lse2 = prune_buf(nh);
+    attention_forward(o2, lse2, q, k, v, c, B, T, H, hd, window, &pr, scratch);
+    if (memcmp(o2, o[1], n * sizeof(float)) != 0 || memcmp(lse2, lse[1], nh * sizeof(float)) != 0) { res.excess = INFINITY; }
+    free(o2); free(lse2);
+    free(bo); free(bq); free(bk); free(bv); free(bc); free(bl); free(p); free(U); free(tables); free(scratch);
+    free(q); free(k); free(v); free(dout); free(c);
+    for (int r = 0; r < 2; r++) { free(o[r]); free(lse[r]); free(dq[r]); free(dk[r]); free(dv[r]); free(dc[r]); }
+    return res;
+}
+
+static void test_attention_pruning(void) {
+    const float ln_eps = -10.0f;
+    double eps = exp(ln_eps);
+    struct { int T, H, hd, window, block; double rate; float sigma; } cases[] = {
+        {256, 2, 16, 0, 16, 1e-3, 0.5f},   // nearly flat gates: nothing to prune
+        {256, 2, 16, 0, 16, 0.1, 0.5f},    // moderate decay
+        {256, 2, 16, 0, 16, 1.0, 0.5f},    // strong decay
+        {256, 2, 16, 0, 16, 3.0, 1.0f},    // very strong decay, larger U
+        {300, 2, 16, 50, 16, 0.5, 0.5f},   // sliding window, T not a tile multiple
+        {400, 1, 16, 0, 128, 0.5, 0.5f},   // the model's tile size
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        PruneResult r = prune_case(cases[i].T, cases[i].H, cases[i].hd, cases[i].window, cases[i].block, cases[i].rate,
+                                   cases[i].sigma, ln_eps, 500 + i);
+        int expect_skips = cases[i].rate >= 0.1; // a case that should prune must prune something
+        check(r.w_max <= eps && r.excess <= 0.0 && r.tables_agree && (!expect_skips || r.skipped > 0.0),
+              "pruned attention T=%d window=%d tile %d rate %g: pruned weight %.1e <= eps %.1e per row, outputs and "
+              "gradients within the bound (excess %.1e <= 0), tables %sagree, bit-identical rerun; %.0f%% of tiles skipped",
+              cases[i].T, cases[i].window, cases[i].block, cases[i].rate, r.w_max, eps, r.excess, r.tables_agree ? "" : "NOT ",
+              100.0 * r.skipped);
+    }
+    // negative control: ln eps = +10 makes delta too large; the weight check must catch it
+    PruneResult bad = prune_case(256, 2, 16, 0, 16, 0.1, 0.5f, 10.0f, 502);
+    check(bad.w_max > eps, "pruned attention negative control: ln eps = +10 prunes %.1e of a row's weight, caught by the "
+          "<= eps check (%.1e)", bad.w_max, eps);
 }
 
 // ----------------------------------------------------------------------------
@@ -2420,10 +2578,10 @@ static void attn_reference(AttnCase* t, int window) {
 #endif
     float* scratch = attn_buf((size_t)threads * 2 * T);
     float* dc = attn_buf(nh);
-    attention_forward(t->o_ref, t->lse_ref, t->q, t->k, t->v, c, B, T, H, hd, window, scratch);
+    attention_forward(t->o_ref, t->lse_ref, t->q, t->k, t->v, c, B, T, H, hd, window, NULL, scratch);
     memset(t->dq_ref, 0, n * sizeof(float)); memset(t->dk_ref, 0, n * sizeof(float)); memset(t->dv_ref, 0, n * sizeof(float));
     attention_backward(t->dq_ref, t->dk_ref, t->dv_ref, dc, t->dout, t->q, t->k, t->v, t->o_ref, t->lse_ref, c, B, T, H,
-                       hd, window);
+                       hd, window, NULL);
     for (size_t bh = 0; bh < (size_t)B * H; bh++) {
         double acc = 0.0;
         for (int tt = T - 1; tt >= 0; tt--) { acc += dc[bh * T + tt]; t->dlogf_ref[bh * T + tt] = t->gate ? (float)acc : 0.0f; }
@@ -2653,6 +2811,7 @@ int main(int argc, char** argv) {
     printf("# finite differences\n");
     test_finite_differences();
     test_attention_dlogf();
+    test_attention_pruning();
     printf("# numerical guards, extreme forget gates\n");
     test_step_guard();
     test_nonfinite_grad_name();
