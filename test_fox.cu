@@ -2567,8 +2567,9 @@ static void attn_case_free(AttnCase* t) {
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) { free(all[i]); }
 }
 
-// the twin's forward and backward at `window`; dlogf by the reverse cumulative sum of dc (fp64)
-static void attn_reference(AttnCase* t, int window) {
+// the twin's forward and backward at `window`, pruned by pr (NULL: dense); dlogf by the reverse
+// cumulative sum of dc (fp64)
+static void attn_reference(AttnCase* t, int window, const AttnPrune* pr) {
     int B = t->B, T = t->T, H = t->H, hd = t->hd;
     size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T;
     const float* c = t->gate ? t->c : NULL;
@@ -2578,10 +2579,10 @@ static void attn_reference(AttnCase* t, int window) {
 #endif
     float* scratch = attn_buf((size_t)threads * 2 * T);
     float* dc = attn_buf(nh);
-    attention_forward(t->o_ref, t->lse_ref, t->q, t->k, t->v, c, B, T, H, hd, window, NULL, scratch);
+    attention_forward(t->o_ref, t->lse_ref, t->q, t->k, t->v, c, B, T, H, hd, window, pr, scratch);
     memset(t->dq_ref, 0, n * sizeof(float)); memset(t->dk_ref, 0, n * sizeof(float)); memset(t->dv_ref, 0, n * sizeof(float));
     attention_backward(t->dq_ref, t->dk_ref, t->dv_ref, dc, t->dout, t->q, t->k, t->v, t->o_ref, t->lse_ref, c, B, T, H,
-                       hd, window, NULL);
+                       hd, window, pr);
     for (size_t bh = 0; bh < (size_t)B * H; bh++) {
         double acc = 0.0;
         for (int tt = T - 1; tt >= 0; tt--) { acc += dc[bh * T + tt]; t->dlogf_ref[bh * T + tt] = t->gate ? (float)acc : 0.0f; }
@@ -2666,7 +2667,7 @@ static void gpu_test_attention(void) {
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         AttnCase t;
         attn_case_init(&t, cases[i].B, cases[i].T, cases[i].H, cases[i].hd, cases[i].window, cases[i].gate, 31 + i);
-        attn_reference(&t, t.window);
+        attn_reference(&t, t.window, NULL);
         attn_gpu(&t);
         int ok = attn_compare(&t, line, sizeof(line));
         check(ok, "gpu attention B=%d T=%d H=%d hd=%d window=%d gate %s (%s): %s", t.B, t.T, t.H, t.hd, t.window,
@@ -2676,7 +2677,7 @@ static void gpu_test_attention(void) {
     // negative controls: the comparison must catch a wrong output
     AttnCase t;
     attn_case_init(&t, 2, 197, 2, 64, 37, 1, 77);
-    attn_reference(&t, t.window);
+    attn_reference(&t, t.window, NULL);
     attn_gpu(&t);
     int base_ok = attn_compare(&t, line, sizeof(line));
     size_t n = (size_t)t.B * t.T * t.H * t.hd, at = n - 1 - 5 * t.hd; // one value of a late row
@@ -2685,7 +2686,7 @@ static void gpu_test_attention(void) {
     t.dq[at] += 0.1f * dq_max;
     int caught_value = !attn_compare(&t, line, sizeof(line));
     t.dq[at] = kept;
-    attn_reference(&t, t.window - 1); // the GPU at window 37 against a reference at 36: an off-by-one
+    attn_reference(&t, t.window - 1, NULL); // the GPU at window 37 against a reference at 36: an off-by-one
     int caught_window = !attn_compare(&t, line, sizeof(line));
     check(base_ok && caught_value && caught_window, "gpu attention negative controls: a case that passes fails with one "
           "dq value off by 10%% of max |dq| (%s) and against an off-by-one window reference (%s; %s)",
@@ -2700,6 +2701,70 @@ static void gpu_test_attention(void) {
           why != NULL ? why : "accepted");
 #endif
 }
+
+#ifndef ENABLE_FP32
+// Pruning in the fused kernels: the GPU's tile tables equal the twin's (prune_tiles from the GPU's
+// U and the same c; U itself against prune_bound), the pruned GPU forward and backward match the
+// twin's pruned reference at the dense tolerances, and (control) at ln eps = +30, where pruning
+// drops real weight, the GPU matches the pruned reference and not the dense one: the kernels do
+// skip the tiles. Pruned vs dense within the bound is the CPU test's (test_attention_pruning).
+static void gpu_prune_case(int B, int T, int H, int hd, int window, float ln_eps, uint64_t seed, int want_dense_miss) {
+    AttnCase t;
+    attn_case_init(&t, B, T, H, hd, window, 1, seed);
+    size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T, BH = (size_t)B * H;
+    int nt = ceil_div(T, PRUNE_BLOCK);
+    floatX *q = attn_upload(t.q, n), *k = attn_upload(t.k, n);
+    float *c, *U;
+    int* tables;
+    cudaCheck(cudaMalloc(&c, nh * sizeof(float))); cudaCheck(cudaMalloc(&U, BH * sizeof(float)));
+    cudaCheck(cudaMalloc(&tables, 2 * BH * nt * sizeof(int)));
+    cudaCheck(cudaMemcpy(c, t.c, nh * sizeof(float), cudaMemcpyHostToDevice));
+    fox_prune_tables(tables, U, q, k, c, B, T, H, hd, H * hd, ln_eps, 0);
+    cudaCheck(cudaDeviceSynchronize());
+    float* U_gpu = (float*)malloc_check(BH * sizeof(float), "U");
+    float* U_cpu = (float*)malloc_check(BH * sizeof(float), "U");
+    int* tab_gpu = (int*)malloc_check(2 * BH * nt * sizeof(int), "tiles");
+    int* tab_cpu = (int*)malloc_check(2 * BH * nt * sizeof(int), "tiles");
+    cudaCheck(cudaMemcpy(U_gpu, U, BH * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(tab_gpu, tables, 2 * BH * nt * sizeof(int), cudaMemcpyDeviceToHost));
+    prune_bound(U_cpu, t.q, t.k, B, T, H, hd);
+    double u_err = 0.0;
+    for (size_t i = 0; i < BH; i++) { u_err = fmax(u_err, fabs((double)U_gpu[i] - U_cpu[i]) / U_cpu[i]); }
+    prune_tiles(tab_cpu, tab_cpu + BH * nt, t.c, U_gpu, B, H, T, PRUNE_BLOCK, ln_eps);
+    int same_tiles = memcmp(tab_gpu, tab_cpu, 2 * BH * nt * sizeof(int)) == 0;
+    long skipped = 0, causal = 0;
+    for (size_t bh = 0; bh < BH; bh++) {
+        for (int qt = 0; qt < nt; qt++) { skipped += tab_cpu[bh * nt + qt]; causal += qt + 1; }
+    }
+    // the twin's dense reference, then the pruned one; the GPU through the trainer's boundary
+    AttnPrune pr = {PRUNE_BLOCK, tab_cpu};
+    char line[512], line_dense[512];
+    attn_reference(&t, t.window, NULL);
+    attention_set_pruning(1, ln_eps);
+    attn_gpu(&t);
+    attention_set_pruning(0, -10.0);
+    int dense_ok = attn_compare(&t, line_dense, sizeof(line_dense));
+    attn_reference(&t, t.window, &pr);
+    int ok = attn_compare(&t, line, sizeof(line));
+    int pass = u_err <= 1e-5 && same_tiles && ok && skipped > 0 && (want_dense_miss ? !dense_ok : 1);
+    check(pass, "gpu pruned attention B=%d T=%d H=%d hd=%d window=%d ln eps %g: U within %.1e of the twin's (<= 1e-5), "
+          "tile tables %s the twin's, %.0f%% of causal tiles skipped; against the twin's pruned reference: %s%s",
+          B, T, H, hd, window, ln_eps, u_err, same_tiles ? "equal" : "DIFFER from", 100.0 * skipped / causal, line,
+          want_dense_miss ? (dense_ok ? "; MATCHES the dense reference (tiles not skipped?)" : "; differs from dense, as it must") : "");
+    void* bufs[] = {q, k, c, U, tables};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cudaCheck(cudaFree(bufs[i])); }
+    free(U_gpu); free(U_cpu); free(tab_gpu); free(tab_cpu);
+    attn_case_free(&t);
+}
+
+static void gpu_test_attention_pruning(void) {
+    gpu_prune_case(2, 1000, 4, 64, 0, -10.0f, 91, 0);   // several tiles, T not a multiple of 128
+    gpu_prune_case(1, 1100, 4, 128, 0, -10.0f, 92, 0);
+    gpu_prune_case(2, 900, 4, 64, 300, -10.0f, 93, 0);  // sliding window
+    gpu_prune_case(1, 1024, 4, 64, 0, 30.0f, 94, 1);    // control: pruning that drops real weight
+    gpu_prune_case(1, 1024, 4, 128, 0, 30.0f, 95, 1);
+}
+#endif
 
 // The evaluation modes through the GPU backend against the twin's backend, at the paper's
 // initialisation (where the bf16 tolerances above were set): per-position losses of a batch
@@ -2783,6 +2848,9 @@ void run_gpu_tests(void) {
         globfree(&gl);
     }
     gpu_test_attention();
+#ifndef ENABLE_FP32
+    gpu_test_attention_pruning();
+#endif
     gpu_test_larger_heads();
     gpu_test_checkpoints_and_determinism();
     gpu_test_recompute();
