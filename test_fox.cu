@@ -1668,6 +1668,57 @@ static void test_kv_cache(void) {
     check(err > 1e-3, "kv cache: negative control, a cache whose running c restarts misses (err %.1e > 1e-3)", err);
 }
 
+// Eviction in the twin's KV cache (-A 1): fox-pro-tiny with strongly decaying gates (bias -6,
+// log f ~ -6 a token) and QK-norm weights 1 (U = sqrt(hd)), a 300-token prompt and 40 greedy
+// tokens, against the same decoder without eviction. Returns the worst logit difference
+// relative to max(1, max|logit|); same: greedy tokens equal; live, full: cache entries at the end.
+static double kv_evict_run(float ln_eps, int* same, size_t* live, size_t* full) {
+    enum { V = 1000, PROMPT = 300, STEPS = 40 };
+    FoxModel m;
+    eval_test_model(&m, "fox-pro-tiny", NULL, V, 4.0f);
+    const FoxConfig* cf = &m.config;
+    size_t qk_per = m.spec[P_Q_NORM].rows;
+    for (size_t i = 0; i < (size_t)cf->n_layer * qk_per; i++) { m.params.q_norm[i] = 1.0f; m.params.k_norm[i] = 1.0f; }
+    for (size_t i = 0; i < (size_t)cf->n_layer * cf->n_head; i++) { m.params.bf[i] = -6.0f; }
+    FoxDecoder dense, evict;
+    fox_decoder_init(&dense, &m, PROMPT + STEPS);
+    m.prune = 1; m.prune_ln_eps = ln_eps;
+    fox_decoder_init(&evict, &m, PROMPT + STEPS);
+    uint64_t rng = 11;
+    int tok_d = 0, tok_e = 0;
+    double worst = 0.0;
+    *same = evict.evict_delta != NULL;
+    for (int t = 0; t < PROMPT + STEPS; t++) {
+        int in_d = t < PROMPT ? (int)(rng_next(&rng) % V) : tok_d, in_e = t < PROMPT ? in_d : tok_e;
+        fox_decode_step(&dense, in_d);
+        fox_decode_step(&evict, in_e);
+        double mx = 1.0, diff = 0.0;
+        for (int j = 0; j < V; j++) { mx = fmax(mx, fabs(dense.row.logits[j])); diff = fmax(diff, fabs(dense.row.logits[j] - evict.row.logits[j])); }
+        worst = fmax(worst, diff / mx);
+        tok_d = argmax_token(dense.row.logits, V);
+        tok_e = argmax_token(evict.row.logits, V);
+        if (t >= PROMPT - 1 && tok_d != tok_e) { *same = 0; }
+    }
+    *live = fox_decoder_live(&evict);
+    *full = fox_decoder_live(&dense);
+    fox_decoder_free(&dense); fox_decoder_free(&evict);
+    fox_free(&m);
+    return worst;
+}
+
+static void test_kv_eviction(void) {
+    int same;
+    size_t live, full;
+    double err = kv_evict_run(-10.0f, &same, &live, &full);
+    // the evicted keys carry less than eps = e^-10 of any row (far less here); the logits may move
+    // by that share of the values' range through the layers: 1e-4 of the logit scale
+    check(same && err <= 1e-4 && live * 4 < full, "kv cache eviction (-A 1, ln eps -10): 40 greedy tokens after a 300-token "
+          "prompt equal to no eviction, logits max err %.1e <= 1e-4 of the scale, cache %zu of %zu entries (< 1/4)",
+          err, live, full);
+    double bad = kv_evict_run(40.0f, &same, &live, &full);
+    check(bad > 1e-3, "kv cache eviction: negative control, ln eps = +40 evicts keys that matter (err %.1e > 1e-3)", bad);
+}
+
 static void test_sampling(void) {
     float logits[5] = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
     uint64_t rng = 11;
@@ -2901,6 +2952,7 @@ int main(int argc, char** argv) {
     printf("# evaluation: per-token loss, KV cache, sampling, needle in a haystack, maps\n");
     test_eval_per_token();
     test_kv_cache();
+    test_kv_eviction();
     test_sampling();
     test_niah();
     test_maps();

@@ -2336,6 +2336,12 @@ typedef struct {
 // the last token, and the KV-shift keeps the last raw k and v. With a sliding window only the
 // last `window` positions are kept (a ring buffer, position j in slot j % capacity). A step
 // runs the same layer functions as fox_forward on one row, in the same order.
+// Eviction (-A 1, forget gate and QK-norm): with QK-norm every query and key of head h obeys
+// |q.k| / sqrt(hd) <= U_h = max|w_q| max|w_k| sqrt(hd), so any later query i weighs key j at most
+// exp(2U_h + c_i - c_j) <= exp(2U_h + c_now - c_j) (c only decreases). Once c_now - c_j < delta_h
+// = ln eps - ln max_len - 2U_h, key j carries less than eps / max_len of every later row, less
+// than eps all evicted keys together: it is dropped for good (the head's first kept position
+// moves past it). The ring keeps its slots; the live entries are what a compacting cache holds.
 
 typedef struct {
     float *resid, *xa, *rstd, *q_raw, *k_raw, *v_raw, *alpha, *k_shifted, *v_shifted;
@@ -2354,6 +2360,8 @@ typedef struct {
     float* c_last;     // (L, H) running sum c of the last token
     float* k_raw_last; // (L, C) raw k and v of the last token, for the KV-shift
     float* v_raw_last; // (L, C)
+    int* first;        // (L, H) oldest position each head still attends to (eviction moves it)
+    float* evict_delta; // (L, H) eviction threshold delta_h, or NULL: no eviction
     DecoderRow row;
 } FoxDecoder;
 
@@ -2364,6 +2372,27 @@ static void fox_decoder_reset(FoxDecoder* d) {
     memset(d->c_last, 0, L * cf->n_head * sizeof(float));
     memset(d->k_raw_last, 0, L * cf->n_embd * sizeof(float)); // k~_{-1} = 0
     memset(d->v_raw_last, 0, L * cf->n_embd * sizeof(float));
+    memset(d->first, 0, L * cf->n_head * sizeof(int));
+}
+
+// delta_h of every (layer, head) from the QK-norm weights (FoxDecoder's comment); the bound is
+// raised by 1e-3 for the float rounding of RMSNorm and RoPE
+static void fox_decoder_evict_init(FoxDecoder* d, float ln_eps) {
+    const FoxModel* m = d->m;
+    const FoxConfig* cf = &m->config;
+    int L = cf->n_layer, H = cf->n_head, hd = cf->n_embd / H, groups = cf->qk_norm_shared ? 1 : H;
+    size_t qk_per = m->spec[P_Q_NORM].rows;
+    d->evict_delta = (float*)malloc_check((size_t)L * H * sizeof(float), "eviction thresholds");
+    for (int l = 0; l < L; l++) {
+        for (int h = 0; h < H; h++) {
+            const float* wq = LAYER(m->params.q_norm, l, qk_per) + (size_t)(h % groups) * hd;
+            const float* wk = LAYER(m->params.k_norm, l, qk_per) + (size_t)(h % groups) * hd;
+            float mq = 0.0f, mk = 0.0f;
+            for (int i = 0; i < hd; i++) { mq = fmaxf(mq, fabsf(wq[i])); mk = fmaxf(mk, fabsf(wk[i])); }
+            float U = mq * mk * sqrtf((float)hd) * 1.001f;
+            d->evict_delta[(size_t)l * H + h] = prune_delta_base(ln_eps, d->max_len) - 2.0f * U;
+        }
+    }
 }
 
 static void fox_decoder_init(FoxDecoder* d, const FoxModel* m, int max_len) {
@@ -2380,6 +2409,8 @@ static void fox_decoder_init(FoxDecoder* d, const FoxModel* m, int max_len) {
     d->c_last = (float*)malloc_check(L * H * sizeof(float), "KV cache c");
     d->k_raw_last = (float*)malloc_check(L * C * sizeof(float), "KV cache shift");
     d->v_raw_last = (float*)malloc_check(L * C * sizeof(float), "KV cache shift");
+    d->first = (int*)malloc_check(L * H * sizeof(int), "KV cache first kept");
+    if (m->prune && cf->gate != GATE_NONE && cf->qk_norm) { fox_decoder_evict_init(d, m->prune_ln_eps); }
     DecoderRow* r = &d->row;
     float** rows_c[] = {&r->resid, &r->xa, &r->q_raw, &r->k_raw, &r->v_raw, &r->k_shifted, &r->v_shifted,
                         &r->q_normed, &r->k_normed, &r->q, &r->o, &r->o_normed, &r->og_logit, &r->y,
@@ -2402,6 +2433,7 @@ static void fox_decoder_free(FoxDecoder* d) {
                      r->attproj, r->resid_mid, r->xm, r->gu, r->act, r->mlpproj, r->xf, r->scores, r->logits};
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) { free(rows[i]); }
     free(d->k); free(d->v); free(d->c); free(d->c_last); free(d->k_raw_last); free(d->v_raw_last);
+    free(d->first); free(d->evict_delta);
     memset(d, 0, sizeof(*d));
 }
 
@@ -2445,15 +2477,16 @@ static void rope_row(float* out, const float* inp, int pos, int H, int hd, float
     }
 }
 
-// The query at position pos against the kept keys first_key(pos) .. pos, summed in position
-// order as attention_forward does. q, o (H, hd); k, v (capacity, C); c (capacity, H) or NULL.
+// The query at position pos against the kept keys max(first_key(pos), first[h]) .. pos, summed
+// in position order as attention_forward does. q, o (H, hd); k, v (capacity, C); c (capacity, H)
+// or NULL; first (H).
 static void decode_attention(float* o, const float* q, const float* k, const float* v, const float* c,
-                             int pos, int capacity, int window, int H, int hd, float* s) {
+                             const int* first, int pos, int capacity, int window, int H, int hd, float* s) {
     size_t C = (size_t)H * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    int j0 = attention_first_key(pos, window);
     size_t slot_i = (size_t)(pos % capacity);
     for (int h = 0; h < H; h++) {
+        int j0 = attention_first_key(pos, window) > first[h] ? attention_first_key(pos, window) : first[h];
         const float* qi = q + (size_t)h * hd;
         float mx = -INFINITY;
         for (int j = j0; j <= pos; j++) {
@@ -2474,6 +2507,41 @@ static void decode_attention(float* o, const float* q, const float* k, const flo
             for (int d = 0; d < hd; d++) { oi[d] += p * vj[d]; }
         }
     }
+}
+
+// Drops the oldest keys of each head that no later query can weigh above the bound (FoxDecoder's
+// comment); never the newest. first, delta (H); c (capacity, H), position pos is the newest.
+static void decoder_evict(int* first, const float* c, const float* delta, int pos, int capacity, int H) {
+    for (int h = 0; h < H; h++) {
+        float c_now = c[(size_t)(pos % capacity) * H + h];
+        if (first[h] < pos - capacity + 1) { first[h] = pos - capacity + 1; } // its slot was reused (window)
+        while (first[h] < pos && c_now - c[(size_t)(first[h] % capacity) * H + h] < delta[h]) { first[h]++; }
+    }
+}
+
+// (position, head) entries the attention of the next token reads, summed over layers: the live
+// cache (at most `window` positions back, from each head's first kept position)
+static size_t fox_decoder_live(const FoxDecoder* d) {
+    const FoxConfig* cf = &d->m->config;
+    size_t live = 0;
+    int j_window = attention_first_key(d->len, cf->window);
+    for (int i = 0; i < cf->n_layer * cf->n_head; i++) {
+        int j0 = d->first[i] > j_window ? d->first[i] : j_window;
+        live += (size_t)(d->len - j0);
+    }
+    return live;
+}
+
+// the live cache against the full one, for generate's output
+static void fox_decoder_report(const FoxDecoder* d) {
+    const FoxConfig* cf = &d->m->config;
+    int hd = cf->n_embd / cf->n_head;
+    size_t full = (size_t)cf->n_layer * cf->n_head * (size_t)(d->len - attention_first_key(d->len, cf->window));
+    size_t live = fox_decoder_live(d);
+    double mib = (2.0 * hd + 1.0) * sizeof(float) / 1048576.0; // k, v and c of one (position, head)
+    printf("KV cache after %d tokens: %zu of %zu (position, head) entries live, %.2f of %.2f MiB (keys, values, c); "
+           "eviction %s\n", d->len, live, full, live * mib, full * mib,
+           d->evict_delta != NULL ? "on (-A 1)" : d->m->prune ? "off (needs a forget gate and QK-norm)" : "off");
 }
 
 // Feeds one token; its logits (Vp) land in d->row.logits.
@@ -2540,8 +2608,9 @@ static void fox_decode_step(FoxDecoder* d, int token) {
                 c_cache[slot * H + h] = c_last[h];
             }
         }
-        decode_attention(r->o, r->q, k_cache, v_cache, cf->gate != GATE_NONE ? c_cache : NULL, pos,
-                         d->capacity, cf->window, H, hd, r->scores);
+        decode_attention(r->o, r->q, k_cache, v_cache, cf->gate != GATE_NONE ? c_cache : NULL,
+                         LAYER(d->first, l, H), pos, d->capacity, cf->window, H, hd, r->scores);
+        if (d->evict_delta != NULL) { decoder_evict(LAYER(d->first, l, H), c_cache, LAYER(d->evict_delta, l, H), pos, d->capacity, H); }
         if (cf->output_norm) {
             rmsnorm_forward(r->o_normed, r->rstd, r->o, LAYER(p.o_norm, l, C), H, hd, H, 1e-6f);
         } else {
@@ -3168,7 +3237,10 @@ static int cpu_eval_main(const Args* a) {
     CpuBackend cb;
     ForwardBackend be = cpu_backend_init(&cb, &m, a->mode == MODE_MAPS ? 0 : B, T);
     int rc = run_eval_mode(a, &m, &be, "CPU twin, KV cache");
-    if (cb.dec.m != NULL) { fox_decoder_free(&cb.dec); }
+    if (cb.dec.m != NULL) {
+        fox_decoder_report(&cb.dec);
+        fox_decoder_free(&cb.dec);
+    }
     fox_free(&m);
     return rc;
 }
