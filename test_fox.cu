@@ -1045,6 +1045,8 @@ static void test_command_line(void) {
     static const char* bad_heads[] = {"train_fox", "--n_head", "3", NULL};
     static const char* bad_guard[] = {"train_fox", "-G", "ignore", NULL};
     static const char* bad_spike[] = {"train_fox", "-Z", "-1", NULL};
+    static const char* bad_prune[] = {"train_fox", "-A", "2", NULL};
+    static const char* bad_ln_eps[] = {"train_fox", "-L", "0", NULL};
     expect_failure(parse_args_child, negative_batch, "-b -4");
     expect_failure(parse_args_child, bad_lr, "-l fast");
     expect_failure(parse_args_child, no_value, "-t without a value");
@@ -1055,6 +1057,8 @@ static void test_command_line(void) {
     expect_failure(parse_args_child, bad_heads, "--n_head 3 with n_embd 128");
     expect_failure(parse_args_child, bad_guard, "-G ignore");
     expect_failure(parse_args_child, bad_spike, "-Z -1");
+    expect_failure(parse_args_child, bad_prune, "-A 2");
+    expect_failure(parse_args_child, bad_ln_eps, "-L 0 (ln eps must be < 0)");
 }
 
 // ----------------------------------------------------------------------------
@@ -1666,6 +1670,49 @@ static void test_kv_cache(void) {
     double scale;
     double err = kv_cache_run("fox-pro-tiny", none, 6, &same, 1, &scale);
     check(err > 1e-3, "kv cache: negative control, a cache whose running c restarts misses (err %.1e > 1e-3)", err);
+}
+
+// The twin's model with -A 1 (fox_prune in fox_forward and fox_backward): fox-pro-tiny with
+// strongly decaying gates (bias -6) at T = 384 (3 tiles of 128) against -A 0: loss and every
+// gradient within 1e-5 of their scale (the skipped keys carry far less than eps = e^-10 here; fp32
+// rounding of the shorter sums is what remains); and with ln eps = -1e4 nothing is skipped and
+// the pruned path is bit-identical to the dense one.
+static void test_model_pruning(void) {
+    enum { B = 1, T = 384, V = 1000 };
+    FoxModel m;
+    eval_test_model(&m, "fox-pro-tiny", NULL, V, 1.0f);
+    for (size_t i = 0; i < (size_t)m.config.n_layer * m.config.n_head; i++) { m.params.bf[i] = -6.0f; }
+    int inputs[B * T], targets[B * T];
+    uint64_t rng = 5;
+    for (int i = 0; i < B * T; i++) { inputs[i] = (int)(rng_next(&rng) % V); targets[i] = (int)(rng_next(&rng) % V); }
+    float loss[3];
+    float* grads[3];
+    float ln_eps[3] = {0.0f, -10.0f, -1e4f}; // 0: dense (-A 0)
+    for (int r = 0; r < 3; r++) {
+        m.prune = r > 0; m.prune_ln_eps = ln_eps[r];
+        fox_forward(&m, inputs, targets, B, T);
+        fox_zero_grad(&m);
+        fox_backward(&m, 1.0f);
+        loss[r] = m.mean_loss;
+        grads[r] = (float*)malloc_check(m.num_parameters * sizeof(float), "grads");
+        memcpy(grads[r], m.grads_memory, m.num_parameters * sizeof(float));
+    }
+    int skipped = 0; // tiles the last layer's -10 tables skip: recompute them
+    m.prune = 1; m.prune_ln_eps = -10.0f;
+    fox_forward(&m, inputs, targets, B, T);
+    for (int t = 0; t < 3; t++) { skipped += m.prune_tables[t] + m.prune_tables[3 + t]; }
+    double gmax = 0.0, gerr = 0.0;
+    for (size_t i = 0; i < m.num_parameters; i++) {
+        gmax = fmax(gmax, fabs(grads[0][i]));
+        gerr = fmax(gerr, fabs((double)grads[1][i] - grads[0][i]));
+    }
+    int same = loss[2] == loss[0] && memcmp(grads[2], grads[0], m.num_parameters * sizeof(float)) == 0;
+    check(skipped > 0 && fabs(loss[1] - loss[0]) <= 1e-5 * fabs(loss[0]) && gerr <= 1e-5 * gmax && same,
+          "twin with -A 1 (gate bias -6, T=%d): %d tiles skipped, loss %.7f vs %.7f dense, gradients max err %.1e <= 1e-5 of "
+          "%.2e; ln eps -1e4 skips nothing and is bit-identical to dense (%s)", T, skipped, loss[1], loss[0], gerr, gmax,
+          same ? "yes" : "NO");
+    for (int r = 0; r < 3; r++) { free(grads[r]); }
+    fox_free(&m);
 }
 
 // Eviction in the twin's KV cache (-A 1): fox-pro-tiny with strongly decaying gates (bias -6,
@@ -2953,6 +3000,7 @@ int main(int argc, char** argv) {
     test_eval_per_token();
     test_kv_cache();
     test_kv_eviction();
+    test_model_pruning();
     test_sampling();
     test_niah();
     test_maps();

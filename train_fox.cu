@@ -656,7 +656,8 @@ __global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_lo
 // - the fused flash kernels (bf16 build, head sizes 64 and 128): Hopper tensor cores (wgmma bf16,
 //   sm_90a), the versions chosen in dev/cuda/fox_attention_forward.cu (6) and _backward.cu (6),
 //   copied from their "train_fox.cu" sections and specialised to those versions (a change there
-//   is carried over here; see dev/cuda/README.md);
+//   is carried over here; see dev/cuda/README.md), plus the adaptive computation pruning of
+//   issue 9 (the tables' pass and the pruned loop ranges), which dev/cuda does not have yet;
 // - a simple tiled kernel in fp32 CUDA cores, any head size up to MAX_HD. The fp32 build
 //   needs it (the fused kernels read bf16 only); in the bf16 build it serves the tests' head
 //   size 16 fixtures (gpu_config_problem refuses other head sizes to the trainer).
