@@ -2486,7 +2486,8 @@ static void decode_attention(float* o, const float* q, const float* k, const flo
     float scale = 1.0f / sqrtf((float)hd);
     size_t slot_i = (size_t)(pos % capacity);
     for (int h = 0; h < H; h++) {
-        int j0 = attention_first_key(pos, window) > first[h] ? attention_first_key(pos, window) : first[h];
+        int j0 = attention_first_key(pos, window);
+        if (first[h] > j0) { j0 = first[h]; }
         const float* qi = q + (size_t)h * hd;
         float mx = -INFINITY;
         for (int j = j0; j <= pos; j++) {
