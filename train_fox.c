@@ -603,6 +603,10 @@ typedef struct {
     float* logits;   // (N, Vp), turned into dlogits by the backward
     float* losses;   // (N)
     float* scratch;  // per-thread rows for attention, (threads, T) x 2
+    int prune;          // adaptive computation pruning of attention (-A), set by the caller
+    float prune_ln_eps; // ln eps of the pruning bound (-L)
+    float* prune_u;     // (B, H) the bound U of the current layer
+    int* prune_tables;  // (B, H, nt) key_start, then (B, H, nt) query_end
     int B, T;        // shape of the last forward
     const int* inputs;
     const int* targets;
@@ -643,7 +647,7 @@ static void fox_build(FoxModel* m, const FoxConfig* config) {
 static void fox_free(FoxModel* m) {
     free(m->params_memory); free(m->grads_memory); free(m->m_memory); free(m->v_memory);
     free(m->acts_memory); free(m->grad_acts_memory); free(m->logits); free(m->losses);
-    free(m->scratch);
+    free(m->scratch); free(m->prune_u); free(m->prune_tables);
     memset(m, 0, sizeof(*m));
 }
 
@@ -973,12 +977,87 @@ static void forget_gate_backward(float* dgate_logit, const float* dc, const floa
 // first key that query i may attend to
 static int attention_first_key(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
 
+// Adaptive computation pruning (FOX_SPEC). With |q_i.k_j| scale <= U, a row's weight on key j is
+// p_ij <= exp(s_ij - s_ii) <= exp(2U + c_i - c_j) (the diagonal key is always in the row's sum).
+// In a tile of queries from i0 and keys up to j1, c_i - c_j <= c_i0 - c_j1 (c is non-increasing),
+// so skipping every tile with c_i0 - c_j1 < delta = ln eps - ln T - 2U drops less than
+// T exp(2U + delta) = eps of each row's weight. Tiles are square, PRUNE_BLOCK queries by
+// PRUNE_BLOCK keys, so that the forward (128 x 64), dq (64 x 64) and dk/dv (64 x 128 or 32 x 128)
+// kernels of the GPU skip exactly the same pairs as one another and as the twin.
+#define PRUNE_BLOCK 128
+
+typedef struct {
+    int block;            // tile size, queries and keys
+    const int* key_start; // (B, H, ceil(T / block)) first key tile a query tile visits
+} AttnPrune;
+
+// U (B, H) = max_i |q_i| max_j |k_j| / sqrt(hd), Euclidean norms of the rows of one head.
+// Taken from q and k themselves (after QK-norm and RoPE): never looser than the QK-norm weight
+// bound max|w_q| max|w_k| sqrt(hd), and valid for every model. q, k (B, T, H, hd).
+static void prune_bound(float* U, const float* q, const float* k, int B, int T, int H, int hd) {
+    size_t C = (size_t)H * hd;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            float mq = 0.0f, mk = 0.0f;
+            for (int t = 0; t < T; t++) {
+                const float* qt = q + ((size_t)b * T + t) * C + (size_t)h * hd;
+                const float* kt = k + ((size_t)b * T + t) * C + (size_t)h * hd;
+                float sq = 0.0f, sk = 0.0f;
+                for (int d = 0; d < hd; d++) { sq += qt[d] * qt[d]; sk += kt[d] * kt[d]; }
+                mq = fmaxf(mq, sq); mk = fmaxf(mk, sk);
+            }
+            U[(size_t)b * H + h] = sqrtf(mq) * sqrtf(mk) / sqrtf((float)hd);
+        }
+    }
+}
+
+// the part of delta that does not depend on (b, h); the GPU takes it from here too, so both
+// compare c_i0 - c_j1 against the same float
+static float prune_delta_base(float ln_eps, int T) { return ln_eps - logf((float)T); }
+
+// tile (query tile qt, key tile kt) is skipped; never the diagonal tile, so every row keeps a key
+static int prune_skip(const float* ch, int block, int qt, int kt, float delta) {
+    return kt < qt && ch[qt * block] - ch[kt * block + block - 1] < delta;
+}
+
+// key_start (B, H, nt): first key tile each query tile visits; query_end (B, H, nt): one past
+// the last query tile that visits each key tile (the dk/dv loop's end). nt = ceil(T / block).
+// c, U as above. Skipped tiles are a prefix of each query tile's keys and a suffix of each key
+// tile's queries (c is non-increasing), so the two tables describe the same tiles.
+static void prune_tiles(int* key_start, int* query_end, const float* c, const float* U, int B, int H, int T,
+                        int block, float ln_eps) {
+    int nt = (T + block - 1) / block;
+    float base = prune_delta_base(ln_eps, T);
+    for (size_t bh = 0; bh < (size_t)B * H; bh++) {
+        const float* ch = c + bh * T;
+        float delta = base - 2.0f * U[bh];
+        for (int t = 0; t < nt; t++) {
+            int s = 0, e = t + 1;
+            while (prune_skip(ch, block, t, s, delta)) { s++; }
+            while (e < nt && !prune_skip(ch, block, e, t, delta)) { e++; }
+            key_start[bh * nt + t] = s;
+            query_end[bh * nt + t] = e;
+        }
+    }
+}
+
+// first key that query i of head bh visits, with the window and pruning
+static int attention_first_key_pruned(int i, int window, const AttnPrune* pr, size_t bh, int T) {
+    int j0 = attention_first_key(i, window);
+    if (pr == NULL) { return j0; }
+    int nt = (T + pr->block - 1) / pr->block;
+    int jp = pr->key_start[bh * nt + i / pr->block] * pr->block;
+    return jp > j0 ? jp : j0;
+}
+
 // Forgetting attention, one materialised row at a time:
 // s_ij = q_i . k_j / sqrt(hd) + c_i - c_j for first_key(i) <= j <= i, o_i = softmax(s_i) v.
 // q, k, v, o (B, T, H, hd); c, lse (B, H, T); c == NULL for no gate. scratch: T floats a thread.
+// pr: skip the pruned tiles, or NULL (dense).
 static void attention_forward(float* o, float* lse, const float* q, const float* k,
                               const float* v, const float* c, int B, int T, int H, int hd,
-                              int window, float* scratch) {
+                              int window, const AttnPrune* pr, float* scratch) {
     size_t C = (size_t)H * hd;
     float scale = 1.0f / sqrtf((float)hd);
     #pragma omp parallel for collapse(3)
@@ -992,7 +1071,7 @@ static void attention_forward(float* o, float* lse, const float* q, const float*
                 float* s = scratch + (size_t)tid * 2 * T;
                 const float* qi = q + ((size_t)b * T + i) * C + (size_t)h * hd;
                 const float* ch = c != NULL ? c + ((size_t)b * H + h) * T : NULL;
-                int j0 = attention_first_key(i, window);
+                int j0 = attention_first_key_pruned(i, window, pr, (size_t)b * H + h, T);
                 float mx = -INFINITY;
                 for (int j = j0; j <= i; j++) {
                     const float* kj = k + ((size_t)b * T + j) * C + (size_t)h * hd;
@@ -1019,7 +1098,7 @@ static void attention_forward(float* o, float* lse, const float* q, const float*
 static void attention_backward(float* dq, float* dk, float* dv, float* dc, const float* dout,
                                const float* q, const float* k, const float* v, const float* o,
                                const float* lse, const float* c, int B, int T, int H, int hd,
-                               int window) {
+                               int window, const AttnPrune* pr) {
     // forward: s_ij = scale q_i.k_j + c_i - c_j, p_ij = exp(s_ij - lse_i), o_i = sum_j p_ij v_j
     // dp_ij = dout_i . v_j, Delta_i = dout_i . o_i, ds_ij = p_ij (dp_ij - Delta_i)
     // dq_i += scale sum_j ds_ij k_j, dk_j += scale ds_ij q_i, dv_j += p_ij dout_i
@@ -1038,7 +1117,7 @@ static void attention_backward(float* dq, float* dk, float* dv, float* dc, const
                 float delta = 0.0f;
                 for (int d = 0; d < hd; d++) { delta += dout[oi + d] * o[oi + d]; }
                 float ds_row = 0.0f;
-                for (int j = attention_first_key(i, window); j <= i; j++) {
+                for (int j = attention_first_key_pruned(i, window, pr, (size_t)b * H + h, T); j <= i; j++) {
                     size_t oj = ((size_t)b * T + j) * C + (size_t)h * hd;
                     float dot = 0.0f, dp = 0.0f;
                     for (int d = 0; d < hd; d++) { dot += q[oi + d] * k[oj + d]; dp += dout[oi + d] * v[oj + d]; }
@@ -1143,6 +1222,26 @@ static void check_tokens(const int* tokens, size_t n, int V, const char* what) {
     }
 }
 
+// The pruned tiles of one layer from its q, k (B, T, H, hd) and c (B, H, T) into *pr; NULL when
+// pruning is off or there is no forget gate (nothing decays, nothing can be pruned).
+static const AttnPrune* fox_prune(FoxModel* m, AttnPrune* pr, const float* q, const float* k, const float* c,
+                                  int B, int T) {
+    if (!m->prune || c == NULL) { return NULL; }
+    int H = m->config.n_head, hd = m->config.n_embd / H;
+    size_t nt = ((size_t)T + PRUNE_BLOCK - 1) / PRUNE_BLOCK;
+    if (m->prune_u == NULL) { // for the largest batch, (max_B, max_T), like the activations
+        size_t BH = (size_t)m->max_B * H, nt_max = ((size_t)m->max_T + PRUNE_BLOCK - 1) / PRUNE_BLOCK;
+        m->prune_u = (float*)calloc_check(BH, sizeof(float), "pruning bound");
+        m->prune_tables = (int*)calloc_check(2 * BH * nt_max, sizeof(int), "pruning tiles");
+    }
+    prune_bound(m->prune_u, q, k, B, T, H, hd);
+    prune_tiles(m->prune_tables, m->prune_tables + (size_t)B * H * nt, c, m->prune_u, B, H, T, PRUNE_BLOCK,
+                m->prune_ln_eps);
+    pr->block = PRUNE_BLOCK;
+    pr->key_start = m->prune_tables;
+    return pr;
+}
+
 // inputs, targets (B, T); targets may be NULL (no loss). Returns nothing; logits and, with
 // targets, m->losses and m->mean_loss are filled.
 static void fox_forward(FoxModel* m, const int* inputs, const int* targets, int B, int T) {
@@ -1214,8 +1313,10 @@ static void fox_forward(FoxModel* m, const int* inputs, const int* targets, int 
             for (size_t n = 0; n < N; n++) { memcpy(gate_logit + n * H, LAYER(p.bf, l, H), (size_t)H * sizeof(float)); }
         }
         if (cf->gate != GATE_NONE) { forget_gate_forward(c, gate_logit, B, T, H); }
-        attention_forward(o, LAYER(a.lse, l, BHT), q, k, v, cf->gate != GATE_NONE ? c : NULL, B, T,
-                          H, hd, cf->window, m->scratch);
+        AttnPrune pr;
+        const float* cg = cf->gate != GATE_NONE ? c : NULL;
+        attention_forward(o, LAYER(a.lse, l, BHT), q, k, v, cg, B, T, H, hd, cf->window,
+                          fox_prune(m, &pr, q, k, cg, B, T), m->scratch);
         if (cf->output_norm) {
             rmsnorm_forward(o_normed, LAYER(a.rstd_o, l, NH), o, LAYER(p.o_norm, l, C), NH, hd, H, 1e-6f);
         } else {
@@ -1297,10 +1398,13 @@ static void fox_backward(FoxModel* m, float loss_scale) {
         } else {
             add_backward(LAYER(d.o, l, NC), NULL, LAYER(d.o_normed, l, NC), NC);
         }
+        // the same tiles as the forward: recomputed from the saved q, k, c (deterministic)
+        AttnPrune pr;
+        const float* cg = cf->gate != GATE_NONE ? LAYER(a.c, l, BHT) : NULL;
         attention_backward(LAYER(d.q, l, NC), LAYER(d.k, l, NC), LAYER(d.v, l, NC), LAYER(d.c, l, BHT),
                            LAYER(d.o, l, NC), LAYER(a.q, l, NC), LAYER(a.k, l, NC), LAYER(a.v, l, NC),
-                           LAYER(a.o, l, NC), LAYER(a.lse, l, BHT),
-                           cf->gate != GATE_NONE ? LAYER(a.c, l, BHT) : NULL, B, T, H, hd, cf->window);
+                           LAYER(a.o, l, NC), LAYER(a.lse, l, BHT), cg, B, T, H, hd, cf->window,
+                           fox_prune(m, &pr, LAYER(a.q, l, NC), LAYER(a.k, l, NC), cg, B, T));
         if (cf->gate != GATE_NONE) {
             float* dgl = LAYER(d.gate_logit, l, NH);
             forget_gate_backward(dgl, LAYER(d.c, l, BHT), LAYER(a.gate_logit, l, NH), B, T, H);
@@ -1986,6 +2090,7 @@ typedef struct {
     int val_every, val_batches, sample_every, gen_tokens, checkpoint_every, resume;
     int roll; uint64_t seed;
     int recompute; // activation recompute level of the GPU trainer (-r)
+    int prune; double prune_ln_eps; // adaptive computation pruning of attention (-A, -L)
     int world, rank, zero_stage; const char* rendezvous; // data parallel (GPU trainer); -1 / NULL: not given
     int mode; const char* prompt; double temperature; int top_k; const char* out_prefix;
     int depths; const char* list; // -E, -D: meaning depends on the mode
@@ -2023,6 +2128,9 @@ static void usage(void) {
 "  -G <name>   on a non-finite loss or gradient: stop (default) or skip the step\n"
 "  -Z <float>  skip steps whose loss or grad norm z-score over the last 128 steps exceeds this (default 0 = off)\n"
 "  -z <path>   decode table for samples (default data/gpt2_tokenizer.bin)\n"
+"  -A <0|1>    adaptive computation pruning of attention: skip the tiles whose forget-gate decay\n"
+"              bound leaves them less than eps of any row's weight (default 0; README.md)\n"
+"  -L <float>  ln eps of the pruning bound, < 0 (default -10)\n"
 "evaluation (-e a model_*.bin checkpoint; README.md, section Evaluation):\n"
 "  -M <mode>   train (default) | eval: per-token loss L(i) and P(l) over -j at length -t,\n"
 "              -b sequences a batch, -m batches (0 = all) | generate: continue -P for -g\n"
@@ -2084,6 +2192,7 @@ static void parse_args(Args* a, int argc, char** argv) {
     a->seed = 1337;
     a->world = -1; a->rank = -1; a->zero_stage = -1;
     a->mode = MODE_TRAIN; a->temperature = 1.0; a->depths = 11;
+    a->prune_ln_eps = -10.0;
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) { usage(); exit(EXIT_SUCCESS); }
@@ -2133,6 +2242,8 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'G': a->on_nonfinite = parse_choice(v, NONFINITE_NAMES, 2); if (a->on_nonfinite < 0) { bad_flag(arg, v, "stop or skip"); } break;
             case 'Z': a->spike_z = flag_float(arg, v, 0.0, 1e9); break;
             case 'r': a->recompute = (int)flag_int(arg, v, 0, 1); break;
+            case 'A': a->prune = (int)flag_int(arg, v, 0, 1); break;
+            case 'L': a->prune_ln_eps = flag_float(arg, v, -1e4, 0.0); if (a->prune_ln_eps == 0.0) { bad_flag(arg, v, "a number < 0"); } break;
             default: fail("unknown flag '%s'\nHINT: train_fox -h lists every flag", arg);
         }
     }
@@ -2144,13 +2255,8 @@ static int is_file(const char* path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static void build_model(FoxModel* m, const Args* a) {
-    if (is_file(a->model)) {
-        if (a->num_overrides > 0) { fail("model overrides (--%s) apply to presets, not to the checkpoint '%s'\nHINT: drop the overrides", a->override_keys[0], a->model); }
-        load_model(m, a->model);
-        printf("loaded %s\n", a->model);
-        return;
-    }
+// a preset with the model-key overrides, freshly initialised
+static void build_preset(FoxModel* m, const Args* a) {
     FoxConfig c;
     if (!config_from_preset(&c, a->model)) {
         fail("'%s' is neither a file nor a preset\nHINT: presets are <family>-<size>: fox-pro, fox-llama, transformer-pro, transformer-llama with tiny, 125m, 360m, 760m (e.g. fox-pro-125m)", a->model);
@@ -2165,6 +2271,18 @@ static void build_model(FoxModel* m, const Args* a) {
     if (!mlp_given) { c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block); }
     fox_build(m, &c);
     fox_init(m, a->seed);
+}
+
+static void build_model(FoxModel* m, const Args* a) {
+    if (is_file(a->model)) {
+        if (a->num_overrides > 0) { fail("model overrides (--%s) apply to presets, not to the checkpoint '%s'\nHINT: drop the overrides", a->override_keys[0], a->model); }
+        load_model(m, a->model);
+        printf("loaded %s\n", a->model);
+    } else {
+        build_preset(m, a);
+    }
+    m->prune = a->prune;
+    m->prune_ln_eps = (float)a->prune_ln_eps;
 }
 
 static void log_line(FILE* f, const char* fmt, ...) {
@@ -2218,6 +2336,12 @@ typedef struct {
 // the last token, and the KV-shift keeps the last raw k and v. With a sliding window only the
 // last `window` positions are kept (a ring buffer, position j in slot j % capacity). A step
 // runs the same layer functions as fox_forward on one row, in the same order.
+// Eviction (-A 1, forget gate and QK-norm): with QK-norm every query and key of head h obeys
+// |q.k| / sqrt(hd) <= U_h = max|w_q| max|w_k| sqrt(hd), so any later query i weighs key j at most
+// exp(2U_h + c_i - c_j) <= exp(2U_h + c_now - c_j) (c only decreases). Once c_now - c_j < delta_h
+// = ln eps - ln max_len - 2U_h, key j carries less than eps / max_len of every later row, less
+// than eps all evicted keys together: it is dropped for good (the head's first kept position
+// moves past it). The ring keeps its slots; the live entries are what a compacting cache holds.
 
 typedef struct {
     float *resid, *xa, *rstd, *q_raw, *k_raw, *v_raw, *alpha, *k_shifted, *v_shifted;
@@ -2236,6 +2360,8 @@ typedef struct {
     float* c_last;     // (L, H) running sum c of the last token
     float* k_raw_last; // (L, C) raw k and v of the last token, for the KV-shift
     float* v_raw_last; // (L, C)
+    int* first;        // (L, H) oldest position each head still attends to (eviction moves it)
+    float* evict_delta; // (L, H) eviction threshold delta_h, or NULL: no eviction
     DecoderRow row;
 } FoxDecoder;
 
@@ -2246,6 +2372,27 @@ static void fox_decoder_reset(FoxDecoder* d) {
     memset(d->c_last, 0, L * cf->n_head * sizeof(float));
     memset(d->k_raw_last, 0, L * cf->n_embd * sizeof(float)); // k~_{-1} = 0
     memset(d->v_raw_last, 0, L * cf->n_embd * sizeof(float));
+    memset(d->first, 0, L * cf->n_head * sizeof(int));
+}
+
+// delta_h of every (layer, head) from the QK-norm weights (FoxDecoder's comment); the bound is
+// raised by 1e-3 for the float rounding of RMSNorm and RoPE
+static void fox_decoder_evict_init(FoxDecoder* d, float ln_eps) {
+    const FoxModel* m = d->m;
+    const FoxConfig* cf = &m->config;
+    int L = cf->n_layer, H = cf->n_head, hd = cf->n_embd / H, groups = cf->qk_norm_shared ? 1 : H;
+    size_t qk_per = m->spec[P_Q_NORM].rows;
+    d->evict_delta = (float*)malloc_check((size_t)L * H * sizeof(float), "eviction thresholds");
+    for (int l = 0; l < L; l++) {
+        for (int h = 0; h < H; h++) {
+            const float* wq = LAYER(m->params.q_norm, l, qk_per) + (size_t)(h % groups) * hd;
+            const float* wk = LAYER(m->params.k_norm, l, qk_per) + (size_t)(h % groups) * hd;
+            float mq = 0.0f, mk = 0.0f;
+            for (int i = 0; i < hd; i++) { mq = fmaxf(mq, fabsf(wq[i])); mk = fmaxf(mk, fabsf(wk[i])); }
+            float U = mq * mk * sqrtf((float)hd) * 1.001f;
+            d->evict_delta[(size_t)l * H + h] = prune_delta_base(ln_eps, d->max_len) - 2.0f * U;
+        }
+    }
 }
 
 static void fox_decoder_init(FoxDecoder* d, const FoxModel* m, int max_len) {
@@ -2262,6 +2409,8 @@ static void fox_decoder_init(FoxDecoder* d, const FoxModel* m, int max_len) {
     d->c_last = (float*)malloc_check(L * H * sizeof(float), "KV cache c");
     d->k_raw_last = (float*)malloc_check(L * C * sizeof(float), "KV cache shift");
     d->v_raw_last = (float*)malloc_check(L * C * sizeof(float), "KV cache shift");
+    d->first = (int*)malloc_check(L * H * sizeof(int), "KV cache first kept");
+    if (m->prune && cf->gate != GATE_NONE && cf->qk_norm) { fox_decoder_evict_init(d, m->prune_ln_eps); }
     DecoderRow* r = &d->row;
     float** rows_c[] = {&r->resid, &r->xa, &r->q_raw, &r->k_raw, &r->v_raw, &r->k_shifted, &r->v_shifted,
                         &r->q_normed, &r->k_normed, &r->q, &r->o, &r->o_normed, &r->og_logit, &r->y,
@@ -2284,6 +2433,7 @@ static void fox_decoder_free(FoxDecoder* d) {
                      r->attproj, r->resid_mid, r->xm, r->gu, r->act, r->mlpproj, r->xf, r->scores, r->logits};
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) { free(rows[i]); }
     free(d->k); free(d->v); free(d->c); free(d->c_last); free(d->k_raw_last); free(d->v_raw_last);
+    free(d->first); free(d->evict_delta);
     memset(d, 0, sizeof(*d));
 }
 
@@ -2327,15 +2477,17 @@ static void rope_row(float* out, const float* inp, int pos, int H, int hd, float
     }
 }
 
-// The query at position pos against the kept keys first_key(pos) .. pos, summed in position
-// order as attention_forward does. q, o (H, hd); k, v (capacity, C); c (capacity, H) or NULL.
+// The query at position pos against the kept keys max(first_key(pos), first[h]) .. pos, summed
+// in position order as attention_forward does. q, o (H, hd); k, v (capacity, C); c (capacity, H)
+// or NULL; first (H).
 static void decode_attention(float* o, const float* q, const float* k, const float* v, const float* c,
-                             int pos, int capacity, int window, int H, int hd, float* s) {
+                             const int* first, int pos, int capacity, int window, int H, int hd, float* s) {
     size_t C = (size_t)H * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    int j0 = attention_first_key(pos, window);
     size_t slot_i = (size_t)(pos % capacity);
     for (int h = 0; h < H; h++) {
+        int j0 = attention_first_key(pos, window);
+        if (first[h] > j0) { j0 = first[h]; }
         const float* qi = q + (size_t)h * hd;
         float mx = -INFINITY;
         for (int j = j0; j <= pos; j++) {
@@ -2356,6 +2508,41 @@ static void decode_attention(float* o, const float* q, const float* k, const flo
             for (int d = 0; d < hd; d++) { oi[d] += p * vj[d]; }
         }
     }
+}
+
+// Drops the oldest keys of each head that no later query can weigh above the bound (FoxDecoder's
+// comment); never the newest. first, delta (H); c (capacity, H), position pos is the newest.
+static void decoder_evict(int* first, const float* c, const float* delta, int pos, int capacity, int H) {
+    for (int h = 0; h < H; h++) {
+        float c_now = c[(size_t)(pos % capacity) * H + h];
+        if (first[h] < pos - capacity + 1) { first[h] = pos - capacity + 1; } // its slot was reused (window)
+        while (first[h] < pos && c_now - c[(size_t)(first[h] % capacity) * H + h] < delta[h]) { first[h]++; }
+    }
+}
+
+// (position, head) entries the attention of the next token reads, summed over layers: the live
+// cache (at most `window` positions back, from each head's first kept position)
+static size_t fox_decoder_live(const FoxDecoder* d) {
+    const FoxConfig* cf = &d->m->config;
+    size_t live = 0;
+    int j_window = attention_first_key(d->len, cf->window);
+    for (int i = 0; i < cf->n_layer * cf->n_head; i++) {
+        int j0 = d->first[i] > j_window ? d->first[i] : j_window;
+        live += (size_t)(d->len - j0);
+    }
+    return live;
+}
+
+// the live cache against the full one, for generate's output
+static void fox_decoder_report(const FoxDecoder* d) {
+    const FoxConfig* cf = &d->m->config;
+    int hd = cf->n_embd / cf->n_head;
+    size_t full = (size_t)cf->n_layer * cf->n_head * (size_t)(d->len - attention_first_key(d->len, cf->window));
+    size_t live = fox_decoder_live(d);
+    double mib = (2.0 * hd + 1.0) * sizeof(float) / 1048576.0; // k, v and c of one (position, head)
+    printf("KV cache after %d tokens: %zu of %zu (position, head) entries live, %.2f of %.2f MiB (keys, values, c); "
+           "eviction %s\n", d->len, live, full, live * mib, full * mib,
+           d->evict_delta != NULL ? "on (-A 1)" : d->m->prune ? "off (needs a forget gate and QK-norm)" : "off");
 }
 
 // Feeds one token; its logits (Vp) land in d->row.logits.
@@ -2422,8 +2609,9 @@ static void fox_decode_step(FoxDecoder* d, int token) {
                 c_cache[slot * H + h] = c_last[h];
             }
         }
-        decode_attention(r->o, r->q, k_cache, v_cache, cf->gate != GATE_NONE ? c_cache : NULL, pos,
-                         d->capacity, cf->window, H, hd, r->scores);
+        decode_attention(r->o, r->q, k_cache, v_cache, cf->gate != GATE_NONE ? c_cache : NULL,
+                         LAYER(d->first, l, H), pos, d->capacity, cf->window, H, hd, r->scores);
+        if (d->evict_delta != NULL) { decoder_evict(LAYER(d->first, l, H), c_cache, LAYER(d->evict_delta, l, H), pos, d->capacity, H); }
         if (cf->output_norm) {
             rmsnorm_forward(r->o_normed, r->rstd, r->o, LAYER(p.o_norm, l, C), H, hd, H, 1e-6f);
         } else {
@@ -3050,7 +3238,10 @@ static int cpu_eval_main(const Args* a) {
     CpuBackend cb;
     ForwardBackend be = cpu_backend_init(&cb, &m, a->mode == MODE_MAPS ? 0 : B, T);
     int rc = run_eval_mode(a, &m, &be, "CPU twin, KV cache");
-    if (cb.dec.m != NULL) { fox_decoder_free(&cb.dec); }
+    if (cb.dec.m != NULL) {
+        fox_decoder_report(&cb.dec);
+        fox_decoder_free(&cb.dec);
+    }
     fox_free(&m);
     return rc;
 }

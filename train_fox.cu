@@ -778,7 +778,8 @@ __global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_lo
 // - the fused flash kernels (bf16 build, head sizes 64 and 128): Hopper tensor cores (wgmma bf16,
 //   sm_90a), the versions chosen in dev/cuda/fox_attention_forward.cu (6) and _backward.cu (6),
 //   copied from their "train_fox.cu" sections and specialised to those versions (a change there
-//   is carried over here; see dev/cuda/README.md);
+//   is carried over here; see dev/cuda/README.md), plus the adaptive computation pruning of
+//   issue 9 (the tables' pass and the pruned loop ranges), which dev/cuda does not have yet;
 // - a simple tiled kernel in fp32 CUDA cores, any head size up to MAX_HD. The fp32 build
 //   needs it (the fused kernels read bf16 only); in the bf16 build it serves the tests' head
 //   size 16 fixtures (gpu_config_problem refuses other head sizes to the trainer).
@@ -793,6 +794,20 @@ static int g_attention_any_head = 0;
 
 static int attention_fused(int hd) { return hd == 64 || hd == 128; }
 #endif
+
+// adaptive computation pruning in the fused kernels (-A, -L), for the models run next
+static int g_prune = 0;
+#ifndef ENABLE_FP32
+static float g_prune_ln_eps = -10.0f;
+#endif
+static void attention_set_pruning(int on, double ln_eps) {
+    g_prune = on;
+#ifndef ENABLE_FP32
+    g_prune_ln_eps = (float)ln_eps;
+#else
+    (void)ln_eps; // the fp32 build has no fused kernels: -A 1 fails at the first attention
+#endif
+}
 
 __device__ static inline int first_key_gpu(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
 
@@ -1196,6 +1211,78 @@ __device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
     return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
 }
 
+// ---- adaptive computation pruning (train_fox.c: prune_bound, prune_tiles) ----
+// One cheap pass before each attention call: U per (b, h), then the tile tables. Pruning tiles are
+// PRUNE_BLOCK = 128 queries by 128 keys: the forward's query tile and the dk/dv kernel's key tile,
+// two key tiles of the forward and dq kernels, 2 or 4 query steps of dk/dv; so every kernel skips
+// the same (query, key) pairs as the others and as the twin.
+
+// U (B*H) = max_i |q_i| max_j |k_j| / sqrt(hd): a block per (b, h), a warp per row, fp32 sums of
+// the squares in a fixed order, then maxima (order-free): deterministic, no atomics.
+template<int HD>
+__global__ void fox_prune_bound_kernel(float* U, const bf16* q, const bf16* k, int T, int H, int stride_qkv) {
+    __shared__ float smq[32], smk[32];
+    int bh = blockIdx.x, b = bh / H, h = bh % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int warps = blockDim.x / 32;
+    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
+    float mq = 0.f, mk = 0.f;
+    for (int t = warp; t < T; t += warps) {
+        float sq = 0.f, sk = 0.f;
+        #pragma unroll
+        for (int d = lane; d < HD; d += 32) {
+            float x = __bfloat162float(q[base + (size_t)t * stride_qkv + d]);
+            float y = __bfloat162float(k[base + (size_t)t * stride_qkv + d]);
+            sq += x * x; sk += y * y;
+        }
+        #pragma unroll
+        for (int o = 16; o > 0; o /= 2) {
+            sq += __shfl_xor_sync(0xffffffff, sq, o);
+            sk += __shfl_xor_sync(0xffffffff, sk, o);
+        }
+        mq = fmaxf(mq, sq); mk = fmaxf(mk, sk);
+    }
+    if (lane == 0) { smq[warp] = mq; smk[warp] = mk; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < warps; w++) { mq = fmaxf(mq, smq[w]); mk = fmaxf(mk, smk[w]); }
+        U[bh] = sqrtf(mq) * sqrtf(mk) / sqrtf((float)HD);
+    }
+}
+
+// prune_skip of train_fox.c
+__device__ __forceinline__ bool fox_prune_skip(const float* ch, int qt, int kt, float delta) {
+    return kt < qt && ch[qt * PRUNE_BLOCK] - ch[kt * PRUNE_BLOCK + PRUNE_BLOCK - 1] < delta;
+}
+
+// key_start, query_end (B*H, nt) as prune_tiles; a thread per (b, h, tile). base: prune_delta_base.
+__global__ void fox_prune_tiles_kernel(int* key_start, int* query_end, const float* c, const float* U, int BH, int T,
+                                       int nt, float base) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)BH * nt) return;
+    size_t bh = idx / nt;
+    int t = (int)(idx % nt);
+    const float* ch = c + bh * T;
+    float delta = base - 2.0f * U[bh];
+    int s = 0, e = t + 1;
+    while (fox_prune_skip(ch, t, s, delta)) s++;
+    while (e < nt && !fox_prune_skip(ch, e, t, delta)) e++;
+    key_start[idx] = s;
+    query_end[idx] = e;
+}
+
+// Fills `tables` (2 * B*H*nt ints: key_start, then query_end) and U (B*H) for q, k, c.
+// The twin computes the same tables from the same U and c (test_fox.cu checks they match).
+static void fox_prune_tables(int* tables, float* U, const bf16* q, const bf16* k, const float* c, int B, int T, int H,
+                             int hd, int stride_qkv, float ln_eps, cudaStream_t s) {
+    int BH = B * H, nt = ceil_div(T, PRUNE_BLOCK);
+    if (hd == 64) fox_prune_bound_kernel<64><<<BH, 256, 0, s>>>(U, q, k, T, H, stride_qkv);
+    else fox_prune_bound_kernel<128><<<BH, 256, 0, s>>>(U, q, k, T, H, stride_qkv);
+    launchCheck();
+    fox_prune_tiles_kernel<<<(unsigned)ceil_div(BH * nt, 256), 256, 0, s>>>(tables, tables + (size_t)BH * nt, c, U, BH, T,
+                                                                           nt, prune_delta_base(ln_eps, T));
+    launchCheck();
+}
+
 // Flash forward with the online softmax on Hopper's warpgroup mma: a warpgroup owns 64 query rows
 // (a warp 16, in the same accumulator layout as mma.sync), S = Q K^T with Q and K read by
 // descriptor from 128-byte-swizzled shared tiles (no ldmatrix), P from the accumulators as
@@ -1205,8 +1292,9 @@ template<int HD, int BC, int NWG, bool GATE>
 __global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
                                                                   const bf16* v, const float* c, int T, int H,
                                                                   int stride_qkv, int stride_o, int window,
-                                                                  float scale_log2) {
+                                                                  float scale_log2, const int* key_start) {
     constexpr int BR = 64 * NWG, NT = 128 * NWG;
+    static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sQ = (bf16*)smem_1k(smem_raw);    // (BR, HD) swizzled tiles
     bf16* sK = sQ + BR * HD;                // (2, BC, HD)
@@ -1222,6 +1310,8 @@ __global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_kernel(bf16* o, float
     int i0 = qt * BR;
     int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
     int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+    // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
+    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
 
     load_tile_wg<BR, HD, NT>(sQ, qb, i0, T, stride_qkv);
     auto load_kv = [&](int jt, int nb) {
@@ -1343,7 +1433,8 @@ static void fox_check_args(const char* who, const void* q, const void* k, const 
 // forward version 6: two warpgroups (128 query rows) per block, 64-key tiles at both head sizes
 template<int HD, bool GATE>
 static void fox_fwd_wgmma_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
-                                 int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+                                 int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                                 cudaStream_t s) {
     constexpr int BC = 64, NWG = 2, BR = 64 * NWG;
     // Q, two K/V stages, two c stages, + 1 KB to align the tiles to the swizzle pattern
     constexpr size_t smem = 1024 + (size_t)(BR + 4 * BC) * HD * sizeof(bf16) + 2 * BC * sizeof(float);
@@ -1351,7 +1442,7 @@ static void fox_fwd_wgmma_launch(bf16* o, float* lse, const bf16* q, const bf16*
     cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_kernel<HD, BC, NWG, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_wgmma_kernel<HD, BC, NWG, GATE><<<grid, 128 * NWG, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2);
+    fox_fwd_wgmma_kernel<HD, BC, NWG, GATE><<<grid, 128 * NWG, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2, key_start);
     launchCheck();
 }
 
@@ -1359,15 +1450,18 @@ static void fox_fwd_wgmma_launch(bf16* o, float* lse, const bf16* q, const bf16*
 // q, k, v: bf16 (B, T, H, hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv).
 // c: fp32 (B, H, T) cumulative log forget gate, or NULL for plain causal attention.
 // window: query i sees keys i - window < j <= i; 0 means no window.
+// key_start: (B*H, ceil(T / PRUNE_BLOCK)) from fox_prune_tables, or NULL (dense); needs c.
 void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
-                           int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+                           int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
+                           const int* key_start, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
+    if (key_start && !c) { fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL"); }
     if (hd == 64) {
-        if (c) fox_fwd_wgmma_launch<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_fwd_wgmma_launch<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_fwd_wgmma_launch<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wgmma_launch<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     } else {
-        if (c) fox_fwd_wgmma_launch<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_fwd_wgmma_launch<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_fwd_wgmma_launch<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wgmma_launch<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     }
 }
 
@@ -1407,8 +1501,9 @@ __global__ void __launch_bounds__(128 * NWG, 1) fox_bwd_dkdv_wgmma_kernel(bf16* 
                                                                        const bf16* q, const bf16* k, const bf16* v,
                                                                        const float* lse, const float* delta, const float* c,
                                                                        int T, int H, int stride_qkv, int stride_o, int window,
-                                                                       float scale_log2, float scale) {
+                                                                       float scale_log2, float scale, const int* query_end) {
     constexpr int BK = 64 * NWG, NT = 128 * NWG;
+    static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0, "a key tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sK = (bf16*)smem_1k(smem_raw);    // (BK, HD) swizzled tiles
     bf16* sV = sK + BK * HD;                // (BK, HD)
@@ -1428,6 +1523,8 @@ __global__ void __launch_bounds__(128 * NWG, 1) fox_bwd_dkdv_wgmma_kernel(bf16* 
     int j0 = kt * BK;
     int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
     int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
+    // pruned query tiles are never loaded (the diagonal one is kept, so it_begin < it_end)
+    if (query_end) it_end = min(it_end, query_end[(size_t)bh * gridDim.x + kt] * (PRUNE_BLOCK / BQ));
 
     load_tile_wg<BK, HD, NT>(sK, k + base, j0, T, stride_qkv);
     load_tile_wg<BK, HD, NT>(sV, v + base, j0, T, stride_qkv);
@@ -1557,8 +1654,9 @@ __global__ void __launch_bounds__(128 * NWG, 1) fox_bwd_dq_wgmma_kernel(bf16* dq
                                                                      const bf16* k, const bf16* v, const float* lse,
                                                                      const float* delta, const float* c, int T, int H,
                                                                      int stride_qkv, int stride_o, int window,
-                                                                     float scale_log2, float scale) {
+                                                                     float scale_log2, float scale, const int* key_start) {
     constexpr int BR = 64 * NWG, NT = 128 * NWG;
+    static_assert(PRUNE_BLOCK % BR == 0 && PRUNE_BLOCK % BC == 0, "a query tile lies in one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sQ = (bf16*)smem_1k(smem_raw);       // (BR, HD) swizzled tiles
     bf16* sG = sQ + BR * HD;                   // (BR, HD) dO
@@ -1575,6 +1673,10 @@ __global__ void __launch_bounds__(128 * NWG, 1) fox_bwd_dq_wgmma_kernel(bf16* dq
     int i0 = qt * BR;
     int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
     int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+    if (key_start) {  // pruned key tiles are never loaded
+        size_t nt = (size_t)ceil_div(T, PRUNE_BLOCK);
+        jt_begin = max(jt_begin, key_start[(size_t)bh * nt + i0 / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
+    }
 
     load_tile_wg<BR, HD, NT>(sQ, q + base, i0, T, stride_qkv);
     load_tile_wg<BR, HD, NT>(sG, dout + base_o, i0, T, stride_o);
@@ -1686,7 +1788,8 @@ __global__ void __launch_bounds__(128 * NWG, 1) fox_bwd_dq_wgmma_kernel(bf16* dq
 template<int HD, int BQ, bool GATE>
 static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
                                  const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
-                                 int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+                                 int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                                 const int* query_end, cudaStream_t s) {
     constexpr int NWGK = 2, NWGQ = 1, BC = 64;
     // K, V, two stages of Q, dO and of lse, Delta, c (dk/dv); Q, dO, two stages of K, V and of c (dq);
     // each + 1 KB to align the tiles to the swizzle pattern
@@ -1697,10 +1800,10 @@ static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float*
     cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE><<<dim3((unsigned)ceil_div(T, 64 * NWGK), (unsigned)(B * H)), 128 * NWGK, smem_kv, s>>>(
-        dk, dv, dc, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
+        dk, dv, dc, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale, query_end);
     launchCheck();
     fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE><<<dim3((unsigned)ceil_div(T, 64 * NWGQ), (unsigned)(B * H)), 128 * NWGQ, smem_q, s>>>(
-        dq, dc_row, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
+        dq, dc_row, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale, key_start);
     launchCheck();
 }
 
@@ -1708,18 +1811,21 @@ static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float*
 // fox_attention_backward).
 static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
                           const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
-                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
+                          cudaStream_t s) {
     int BHT = B * H * T;
+    const int* key_start = tables;
+    const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
     float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
     if (hd == 64) fox_bwd_delta_kernel<64><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     else fox_bwd_delta_kernel<128><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     launchCheck();
     if (hd == 64) {
-        if (c) fox_bwd_wgmma_launch<64, 64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_wgmma_launch<64, 64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_wgmma_launch<64, 64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_wgmma_launch<64, 64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {  // hd 128: dK, dV take 128 accumulator registers; 32-query steps keep S^T, dP^T at 32
-        if (c) fox_bwd_wgmma_launch<128, 32, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_wgmma_launch<128, 32, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_wgmma_launch<128, 32, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_wgmma_launch<128, 32, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -1733,10 +1839,11 @@ static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
 // written when c != NULL (may be NULL when c is NULL).
 // scratch_dc: fp32 scratch of 3*B*H*T floats: [0, BHT) column part of dc (gradient of c),
 // [BHT, 2BHT) row part of dc, [2BHT, 3BHT) Delta = rowsum(dO * O).
+// tables: fox_prune_tables' output for this q, k, c (the forward's tiles), or NULL (dense); needs c.
 void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch_dc, const bf16* dout,
                             const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse,
                             const float* c, int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
-                            cudaStream_t s) {
+                            const int* tables, cudaStream_t s) {
     fox_check_args("fox_attention_backward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
     if (((uintptr_t)dq | (uintptr_t)dk | (uintptr_t)dv | (uintptr_t)dout | (uintptr_t)o) % 16 || stride_o % 8) {
         fail("fox_attention_backward: dq/dk/dv/dout/o must be 16-byte aligned, stride_o %% 8 == 0\n"
@@ -1745,21 +1852,53 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     if (c && !dlogf) {
         fail("fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf");
     }
-    fox_bwd_wgmma(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window, s);
+    if (tables && !c) { fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL"); }
+    fox_bwd_wgmma(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window, tables, s);
 }
 #endif // ENABLE_FP32
 
 // ---- the boundary used by gpu_forward / gpu_backward ----
+
+#ifndef ENABLE_FP32
+// The pruning tiles of one layer's q, k, c (B, T, H, hd; c (B, H, T)), or NULL when pruning is off or
+// there is no forget gate. One buffer for every layer: the backward recomputes a layer's tables
+// from the same saved q, k, c, which gives the forward's tables (deterministic pass).
+static const int* attention_prune_tables(const floatX* q, const floatX* k, const float* c, int B, int T, int H, int hd) {
+    static int* tables = NULL;
+    static float* U = NULL;
+    static size_t cap = 0;
+    if (!g_prune || c == NULL) { return NULL; }
+    size_t BH = (size_t)B * H, need = 2 * BH * (size_t)ceil_div(T, PRUNE_BLOCK);
+    if (need > cap) { // first use, or a larger shape (evaluation): grow; cudaFree waits for the GPU
+        cudaCheck(cudaFree(tables)); cudaCheck(cudaFree(U));
+        cudaCheck(cudaMalloc(&tables, need * sizeof(int)));
+        cudaCheck(cudaMalloc(&U, need / 2 * sizeof(float))); // need / 2 >= B*H
+        cap = need;
+    }
+    fox_prune_tables(tables, U, q, k, c, B, T, H, hd, H * hd, g_prune_ln_eps, 0);
+    return tables;
+}
+#endif
+
+// pruning runs in the fused kernels only
+static void attention_prune_unsupported(const float* c, int hd) {
+    if (g_prune && c != NULL) {
+        fail("-A 1: attention pruning runs in the fused kernels only, not at head size %d in this build\n"
+             "HINT: build train_fox in bf16 (no PRECISION=FP32) with head size 64 or 128, or drop -A", hd);
+    }
+}
 
 // q, k, v, o (B, T, H, hd) floatX; c, lse (B, H, T) fp32; c == NULL for no forget gate
 static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const floatX* k, const floatX* v,
                                   const float* c, int B, int T, int H, int hd, int window) {
 #ifndef ENABLE_FP32
     if (attention_fused(hd)) {
-        fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, H * hd, H * hd, window, 0);
+        fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, H * hd, H * hd, window,
+                              attention_prune_tables(q, k, c, B, T, H, hd), 0);
         return;
     }
 #endif
+    attention_prune_unsupported(c, hd);
     size_t smem = attention_forward_smem(hd);
     cudaCheck(cudaFuncSetAttribute(attention_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
@@ -1777,10 +1916,11 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
 #ifndef ENABLE_FP32
     if (attention_fused(hd)) {
         fox_attention_backward(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, H * hd, H * hd,
-                               window, 0);
+                               window, attention_prune_tables(q, k, c, B, T, H, hd), 0);
         return;
     }
 #endif
+    attention_prune_unsupported(c, hd);
     size_t N = (size_t)B * T, BHT = N * H, smem = attention_backward_smem(hd);
     float *dc_col = scratch, *dc_row = scratch + BHT, *delta = scratch + 2 * BHT;
     float scale = 1.0f / sqrtf((float)hd);
@@ -3191,6 +3331,7 @@ static void gpu_backend_next_logits(void* ctx, const int* tokens, int t, float* 
 static int gpu_eval_main(const Args* a) {
     check_eval_args(a);
     gpu_init();
+    attention_set_pruning(a->prune, a->prune_ln_eps);
     FoxModel model;
     build_model(&model, a);
     int rc;
@@ -3306,6 +3447,7 @@ int main(int argc, char** argv) {
     double flops_per_token = 6.0 * (double)matmul_params + 6.0 * cf->n_layer * cf->n_embd * (double)a.T;
     double peak = gpu_peak_flops();
     g_recompute = a.recompute;
+    attention_set_pruning(a.prune, a.prune_ln_eps);
     size_t need = gpu_memory_needed(cf, model.num_parameters, a.B, a.T, &dist);
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
