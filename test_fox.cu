@@ -2864,67 +2864,6 @@ static void gpu_test_attention_pruning(void) {
     gpu_prune_case(1, 1024, 4, 128, 0, 60.0f, 95, 1);
 }
 
-// Not a check, a first timing for the lead: the fused forward + backward at T = 16384 (B 1, H 8,
-// hd 64, random q, k, v, gates with log f from -1e-3 to -0.3 over the heads), dense and pruned
-// (ln eps -10), median of 5 after a warmup, and the share of causal tiles skipped. Real gates
-// from a trained checkpoint are the benchmark of issue 9; these synthetic ones only show the path.
-static void gpu_note_pruning_speed(void) {
-    const int B = 1, T = 16384, H = 8, hd = 64;
-    size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T, nt = (size_t)ceil_div(T, PRUNE_BLOCK);
-    float* hbuf = (float*)malloc_check(n * sizeof(float), "bench");
-    uint64_t s = 17;
-    floatX* x[4];
-    for (int a = 0; a < 4; a++) {
-        for (size_t i = 0; i < n; i++) { hbuf[i] = (float)rng_normal(&s); }
-        x[a] = attn_upload(hbuf, n);
-    }
-    for (int h = 0; h < H; h++) {
-        float acc = 0.0f, rate = 1e-3f * powf(300.0f, (float)h / (H - 1));
-        for (int t = 0; t < T; t++) { acc -= rate; hbuf[(size_t)h * T + t] = acc; }
-    }
-    float *c, *lse, *dlogf, *scratch;
-    floatX *o, *dq, *dk, *dv;
-    cudaCheck(cudaMalloc(&c, nh * sizeof(float))); cudaCheck(cudaMalloc(&lse, nh * sizeof(float)));
-    cudaCheck(cudaMalloc(&dlogf, nh * sizeof(float))); cudaCheck(cudaMalloc(&scratch, 3 * nh * sizeof(float)));
-    cudaCheck(cudaMemcpy(c, hbuf, nh * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMalloc(&o, n * sizeof(floatX))); cudaCheck(cudaMalloc(&dq, n * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&dk, n * sizeof(floatX))); cudaCheck(cudaMalloc(&dv, n * sizeof(floatX)));
-    cudaEvent_t e0, e1;
-    cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
-    float ms[2];
-    for (int pruned = 0; pruned < 2; pruned++) {
-        attention_set_pruning(pruned, -10.0);
-        float runs[6];
-        for (int r = 0; r < 6; r++) { // run 0 warms up
-            cudaCheck(cudaEventRecord(e0));
-            attention_forward_gpu(o, lse, x[0], x[1], x[2], c, B, T, H, hd, 0);
-            attention_backward_gpu(dq, dk, dv, dlogf, scratch, x[3], x[0], x[1], x[2], o, lse, c, B, T, H, hd, 0);
-            cudaCheck(cudaEventRecord(e1));
-            cudaCheck(cudaEventSynchronize(e1));
-            cudaCheck(cudaEventElapsedTime(&runs[r], e0, e1));
-        }
-        for (int i = 2; i < 6; i++) { // insertion sort of runs 1..5: the median is runs[3]
-            for (int j = i; j > 1 && runs[j] < runs[j - 1]; j--) { float tmp = runs[j]; runs[j] = runs[j - 1]; runs[j - 1] = tmp; }
-        }
-        ms[pruned] = runs[3];
-    }
-    attention_set_pruning(0, -10.0);
-    // the pruned calls' tables (the same pass, deterministic): the share of causal tiles skipped
-    int *tab = (int*)malloc_check((size_t)B * H * nt * sizeof(int), "tiles"), *dtab;
-    float* U;
-    cudaCheck(cudaMalloc(&dtab, 2 * (size_t)B * H * nt * sizeof(int))); cudaCheck(cudaMalloc(&U, (size_t)B * H * sizeof(float)));
-    fox_prune_tables(dtab, U, x[0], x[1], c, B, T, H, hd, H * hd, -10.0f, 0);
-    cudaCheck(cudaMemcpy(tab, dtab, (size_t)B * H * nt * sizeof(int), cudaMemcpyDeviceToHost));
-    double skipped = 0.0;
-    for (size_t i = 0; i < (size_t)B * H * nt; i++) { skipped += tab[i]; }
-    printf("note: fused attention fwd+bwd, T=%d B=%d H=%d hd=%d, synthetic gates: dense %.2f ms, pruned %.2f ms (%.2fx), "
-           "%.0f%% of causal tiles skipped\n", T, B, H, hd, ms[0], ms[1], ms[0] / ms[1],
-           100.0 * skipped / ((double)B * H * nt * (nt + 1) / 2));
-    free(tab); free(hbuf);
-    void* bufs[] = {x[0], x[1], x[2], x[3], c, lse, dlogf, scratch, o, dq, dk, dv, dtab, U};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cudaCheck(cudaFree(bufs[i])); }
-    cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
-}
 #endif
 
 // The evaluation modes through the GPU backend against the twin's backend, at the paper's
@@ -3011,7 +2950,6 @@ void run_gpu_tests(void) {
     gpu_test_attention();
 #ifndef ENABLE_FP32
     gpu_test_attention_pruning();
-    gpu_note_pruning_speed();
 #endif
     gpu_test_larger_heads();
     gpu_test_checkpoints_and_determinism();
