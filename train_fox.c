@@ -2131,6 +2131,8 @@ static void usage(void) {
 "  -A <0|1>    adaptive computation pruning of attention: skip the tiles whose forget-gate decay\n"
 "              bound leaves them less than eps of any row's weight (default 0; README.md)\n"
 "  -L <float>  ln eps of the pruning bound, < 0 (default -10)\n"
+"  -r <0|1>    activation recompute (train_fox on GPUs): 0 keeps every activation (default), 1 recomputes\n"
+"              the element-wise and normalisation outputs in the backward (less memory, same gradients)\n"
 "evaluation (-e a model_*.bin checkpoint; README.md, section Evaluation):\n"
 "  -M <mode>   train (default) | eval: per-token loss L(i) and P(l) over -j at length -t,\n"
 "              -b sequences a batch, -m batches (0 = all) | generate: continue -P for -g\n"
@@ -2149,8 +2151,6 @@ static void usage(void) {
 "  -I <int>    this process's rank (default: the launcher's environment, else 0)\n"
 "  -F <spec>   NCCL id rendezvous without MPI: a file path all processes see, or tcp://host:port of rank 0\n"
 "  -Q <0|1>    ZeRO stage: 0 all-reduces gradients, 1 shards AdamW state (default 1)\n"
-"  -r <0|1>    activation recompute (train_fox on GPUs): 0 keeps every activation (default), 1 recomputes\n"
-"              the element-wise and normalisation outputs in the backward (less memory, same gradients)\n"
 "model keys (override a preset): n_layer n_embd n_head vocab_size mlp_hidden block gate\n"
 "  decay_time_min decay_time_max k_shift v_shift qk_norm qk_norm_shared output_gate\n"
 "  output_norm rope rope_theta window\n");
