@@ -2294,6 +2294,25 @@ static void log_line(FILE* f, const char* fmt, ...) {
     fflush(f);
 }
 
+// The end of a guarded step, shared by both trainers: STEP_STOP ends the run with the reason
+// (and the non-finite tensor when one was named); otherwise the step line printed so far gets
+// its ending and main.log its record, skips counted.
+static void step_guard_stop(long step, const char* why, const char* grad) {
+    fail("step %ld: %s%s%s: training diverged\nHINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip",
+         step, why, grad[0] ? "; " : "", grad);
+}
+
+static void step_guard_log(FILE* logf, const StepGuard* g, int verdict, long step, double loss, const char* why,
+                           const char* grad) {
+    if (verdict == STEP_SKIP) {
+        printf(" | skipped (%ld so far): %s%s%s\n", g->skipped, why, grad[0] ? "; " : "", grad);
+        log_line(logf, "s:%ld trl:%.6f skip:%ld\n", step, loss, g->skipped);
+    } else {
+        printf("\n");
+        log_line(logf, "s:%ld trl:%.6f\n", step, loss);
+    }
+}
+
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -3343,10 +3362,7 @@ int main(int argc, char** argv) {
         char why[256], grad[320] = "";
         int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
         if (verdict != STEP_UPDATE && !isfinite(norm)) { nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad)); }
-        if (verdict == STEP_STOP) {
-            fail("step %ld: %s%s%s: training diverged\nHINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip",
-                 step + 1, why, grad[0] ? "; " : "", grad);
-        }
+        if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
         float lr = (float)lr_at_step(&sched, step);
         if (verdict == STEP_UPDATE) {
             if (a.grad_clip > 0) { fox_clip_grads(&model, norm, (float)a.grad_clip); }
@@ -3355,13 +3371,7 @@ int main(int argc, char** argv) {
         double dt = now_seconds() - t0;
         printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, a.steps, loss,
                norm, lr, dt * 1e3, a.total_batch_tokens / dt);
-        if (verdict == STEP_SKIP) {
-            printf(" | skipped (%ld so far): %s%s%s\n", guard.skipped, why, grad[0] ? "; " : "", grad);
-            log_line(logf_, "s:%ld trl:%.6f skip:%ld\n", step + 1, loss, guard.skipped);
-        } else {
-            printf("\n");
-            log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
-        }
+        step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad);
     }
     if (guard.skipped > 0) { printf("skipped %ld of %ld steps (-G skip, -Z)\n", guard.skipped, a.steps - start); }
     if (logf_ != NULL) { fclose(logf_); }

@@ -3504,10 +3504,7 @@ int main(int argc, char** argv) {
             cudaCheck(cudaMemcpy(model.grads_memory, gm.grads, model.num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
             nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
         }
-        if (verdict == STEP_STOP) {
-            fail("step %ld: %s%s%s: training diverged\nHINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip",
-                 step + 1, why, grad[0] ? "; " : "", grad);
-        }
+        if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
         float lr = (float)lr_at_step(&sched, step);
         if (verdict == STEP_UPDATE) { gpu_update(&gm, &opt, lr, (int)step + 1, norm); }
         dist_wait(&dist);
@@ -3519,13 +3516,7 @@ int main(int argc, char** argv) {
         if (dist.world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / dist.world); }
         printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a.steps,
                loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
-        if (verdict == STEP_SKIP) {
-            printf(" | skipped (%ld so far): %s%s%s\n", guard.skipped, why, grad[0] ? "; " : "", grad);
-            log_line(logf_, "s:%ld trl:%.6f skip:%ld\n", step + 1, loss, guard.skipped);
-        } else {
-            printf("\n");
-            log_line(logf_, "s:%ld trl:%.6f\n", step + 1, loss);
-        }
+        step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad);
         if (step == start) { // every buffer is allocated up front and kept: the peak is reached by now
             size_t used = gpu_memory_used() - g_memory_baseline;
             printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",
