@@ -1718,8 +1718,11 @@ static void test_model_pruning(void) {
 // Eviction in the twin's KV cache (-A 1): fox-pro-tiny with strongly decaying gates (bias -6,
 // log f ~ -6 a token) and QK-norm weights 1 (U = sqrt(hd)), a 300-token prompt and 40 greedy
 // tokens, against the same decoder without eviction. Returns the worst logit difference
-// relative to max(1, max|logit|); same: greedy tokens equal; live, full: cache entries at the end.
-static double kv_evict_run(float ln_eps, int* same, size_t* live, size_t* full) {
+// relative to max(1, max|logit|); same: greedy tokens equal; live, full: cache entries at the end;
+// bytes: the buffers of the cache with and without eviction at the end, and the compaction's bound
+// for the first: at most 4x the live entries (a slide halves a buffer more than 4x too large) plus
+// the 16 slots each head starts with.
+static double kv_evict_run(float ln_eps, int* same, size_t* live, size_t* full, size_t bytes[3]) {
     enum { V = 1000, PROMPT = 300, STEPS = 40 };
     FoxModel m;
     eval_test_model(&m, "fox-pro-tiny", NULL, V, 4.0f);
@@ -1748,6 +1751,10 @@ static double kv_evict_run(float ln_eps, int* same, size_t* live, size_t* full) 
     }
     *live = fox_decoder_live(&evict);
     *full = fox_decoder_live(&dense);
+    bytes[0] = fox_decoder_bytes(&evict);
+    bytes[1] = fox_decoder_bytes(&dense);
+    size_t entry = (2 * (size_t)(cf->n_embd / cf->n_head) + 1) * sizeof(float);
+    bytes[2] = (4 * *live + 16 * (size_t)cf->n_layer * cf->n_head) * entry;
     fox_decoder_free(&dense); fox_decoder_free(&evict);
     fox_free(&m);
     return worst;
@@ -1755,14 +1762,16 @@ static double kv_evict_run(float ln_eps, int* same, size_t* live, size_t* full) 
 
 static void test_kv_eviction(void) {
     int same;
-    size_t live, full;
-    double err = kv_evict_run(-10.0f, &same, &live, &full);
+    size_t live, full, bytes[3];
+    double err = kv_evict_run(-10.0f, &same, &live, &full, bytes);
     // the evicted keys carry less than eps = e^-10 of any row (far less here); the logits may move
     // by that share of the values' range through the layers: 1e-4 of the logit scale
     check(same && err <= 1e-4 && live * 4 < full, "kv cache eviction (-A 1, ln eps -10): 40 greedy tokens after a 300-token "
           "prompt equal to no eviction, logits max err %.1e <= 1e-4 of the scale, cache %zu of %zu entries (< 1/4)",
           err, live, full);
-    double bad = kv_evict_run(40.0f, &same, &live, &full);
+    check(bytes[0] * 4 < bytes[1] && bytes[0] <= bytes[2], "kv cache eviction: the buffers shrink with the live entries, "
+          "%zu bytes (bound %zu) against %zu without eviction", bytes[0], bytes[2], bytes[1]);
+    double bad = kv_evict_run(40.0f, &same, &live, &full, bytes);
     check(bad > 1e-3, "kv cache eviction: negative control, ln eps = +40 evicts keys that matter (err %.1e > 1e-3)", bad);
 }
 

@@ -2138,7 +2138,8 @@ static void usage(void) {
 "              -b sequences a batch, -m batches (0 = all) | generate: continue -P for -g\n"
 "              tokens | niah: needle in a haystack, standard and easy | maps: forget-gate\n"
 "              and attention maps of -P (default: the first -t tokens of -j)\n"
-"  -P <text>   prompt text, or @file to read it from a file (generate, maps)\n"
+"  -P <text>   prompt text, or @file to read it from a file, or @shard.bin: the first tokens of a\n"
+"              token shard, as many as fit before -g (generate, maps)\n"
 "  -T <float>  sampling temperature, 0 = greedy (default 1.0)\n"
 "  -K <int>    sample from the k most likely tokens only (default 0 = all)\n"
 "  -O <prefix> output files <prefix>.loss.csv, .ppl.csv (eval), .niah.csv (niah), .maps.bin (maps)\n"
@@ -2350,39 +2351,90 @@ typedef struct {
 
 // ----------------------------------------------------------------------------
 // incremental decoding on the CPU twin: a KV cache whose forget-gate state advances in O(1)
-// per token. Per layer it keeps the attention keys (after KV-shift, QK-norm and RoPE at their
-// own positions), the values, and c_j of each kept position; the running sum c continues from
-// the last token, and the KV-shift keeps the last raw k and v. With a sliding window only the
-// last `window` positions are kept (a ring buffer, position j in slot j % capacity). A step
-// runs the same layer functions as fox_forward on one row, in the same order.
+// per token. Per layer and head it keeps the attention keys (after KV-shift, QK-norm and RoPE at
+// their own positions), the values, and c_j of each kept position; the running sum c continues
+// from the last token, and the KV-shift keeps the last raw k and v. A step runs the same layer
+// functions as fox_forward on one row, in the same order.
+// Each (layer, head) keeps the positions first .. len - 1 in a buffer of its own that compacts:
+// positions before `first` are dropped for good, by the sliding window (first > len - window) or
+// by eviction, and their memory is reused or returned (HeadCache).
 // Eviction (-A 1, forget gate and QK-norm): with QK-norm every query and key of head h obeys
 // |q.k| / sqrt(hd) <= U_h = max|w_q| max|w_k| sqrt(hd), so any later query i weighs key j at most
 // exp(2U_h + c_i - c_j) <= exp(2U_h + c_now - c_j) (c only decreases). Once c_now - c_j < delta_h
 // = ln eps - ln max_len - 2U_h, key j carries less than eps / max_len of every later row, less
-// than eps all evicted keys together: it is dropped for good (the head's first kept position
-// moves past it). The ring keeps its slots; the live entries are what a compacting cache holds.
+// than eps all evicted keys together: it is dropped (the head's first kept position moves past it).
 
 typedef struct {
     float *resid, *xa, *rstd, *q_raw, *k_raw, *v_raw, *alpha, *k_shifted, *v_shifted;
-    float *q_normed, *k_normed, *q, *gate_logit, *o, *o_normed, *og_logit, *y, *attproj;
+    float *q_normed, *k_normed, *q, *k_new, *v_new, *gate_logit, *o, *o_normed, *og_logit, *y, *attproj;
     float *resid_mid, *xm, *gu, *act, *mlpproj, *xf, *scores, *logits;
-} DecoderRow; // one token's activations: (C), (2I), (I), (H), (capacity), (Vp)
+} DecoderRow; // one token's activations: (C), (2I), (I), (H), scores (H, max kept), (Vp)
+
+// One (layer, head)'s cache: positions base .. base + slots - 1 may sit in the slots, those from
+// `first` to the newest are live. Appending past the last slot first slides the live positions
+// to slot 0 when at least half the slots are dead, else doubles the slots; after a slide a buffer
+// more than 4x too large is halved. So memory follows the live positions (within 4x) and each
+// position is moved O(1) times on average.
+typedef struct {
+    float* k;   // (slots, hd)
+    float* v;   // (slots, hd)
+    float* c;   // (slots), c_j of each position (0 without a forget gate)
+    int base;   // position in slot 0
+    int slots;  // allocated
+    int first;  // oldest live position
+} HeadCache;
 
 typedef struct {
     const FoxModel* m;
-    int capacity;      // positions kept per layer
-    int max_len;       // tokens a sequence may reach
-    int len;           // tokens consumed since the reset
-    float* k;          // (L, capacity, C) attention keys
-    float* v;          // (L, capacity, C) attention values
-    float* c;          // (L, capacity, H) c_j of each kept position
-    float* c_last;     // (L, H) running sum c of the last token
-    float* k_raw_last; // (L, C) raw k and v of the last token, for the KV-shift
-    float* v_raw_last; // (L, C)
-    int* first;        // (L, H) oldest position each head still attends to (eviction moves it)
+    int max_len;        // tokens a sequence may reach
+    int max_kept;       // positions a head can keep: max_len, or the window
+    int slot_cap;       // slots a head may allocate: max_len, or twice the window (then a slide frees half)
+    int len;            // tokens consumed since the reset
+    HeadCache* heads;   // (L, H)
+    float* c_last;      // (L, H) running sum c of the last token
+    float* k_raw_last;  // (L, C) raw k and v of the last token, for the KV-shift
+    float* v_raw_last;  // (L, C)
     float* evict_delta; // (L, H) eviction threshold delta_h, or NULL: no eviction
+    size_t peak_bytes;  // the most the heads' buffers held since the reset
     DecoderRow row;
 } FoxDecoder;
+
+static size_t head_cache_bytes(const HeadCache* hc, int hd) { return (size_t)hc->slots * (2 * (size_t)hd + 1) * sizeof(float); }
+
+static size_t fox_decoder_bytes(const FoxDecoder* d) {
+    const FoxConfig* cf = &d->m->config;
+    size_t bytes = 0;
+    for (int i = 0; i < cf->n_layer * cf->n_head; i++) { bytes += head_cache_bytes(&d->heads[i], cf->n_embd / cf->n_head); }
+    return bytes;
+}
+
+static void head_cache_resize(HeadCache* hc, int slots, int hd) {
+    hc->k = (float*)realloc(hc->k, (size_t)slots * hd * sizeof(float));
+    hc->v = (float*)realloc(hc->v, (size_t)slots * hd * sizeof(float));
+    hc->c = (float*)realloc(hc->c, (size_t)slots * sizeof(float));
+    if (hc->k == NULL || hc->v == NULL || hc->c == NULL) {
+        fail("could not allocate the KV cache (%d positions of a head)\nHINT: shorten -t or the prompt", slots);
+    }
+    hc->slots = slots;
+}
+
+// makes room for position pos (the newest); returns its slot
+static int head_cache_slot(HeadCache* hc, int pos, int hd, int slot_cap) {
+    if (pos - hc->base < hc->slots) { return pos - hc->base; }
+    int live = pos - hc->first, dead = hc->first - hc->base;
+    if (dead > 0 && dead >= hc->slots / 2) { // slide the live positions to slot 0
+        memmove(hc->k, hc->k + (size_t)dead * hd, (size_t)live * hd * sizeof(float));
+        memmove(hc->v, hc->v + (size_t)dead * hd, (size_t)live * hd * sizeof(float));
+        memmove(hc->c, hc->c + dead, (size_t)live * sizeof(float));
+        hc->base = hc->first;
+        if (hc->slots > 4 * (live + 1) && hc->slots > 16) { head_cache_resize(hc, hc->slots / 2, hd); }
+    } else {
+        int slots = hc->slots > 0 ? 2 * hc->slots : 16;
+        head_cache_resize(hc, slots < slot_cap ? slots : slot_cap, hd);
+    }
+    if (pos - hc->base >= hc->slots) { fail("internal: the KV cache of a head is full at position %d", pos); }
+    return pos - hc->base;
+}
 
 static void fox_decoder_reset(FoxDecoder* d) {
     const FoxConfig* cf = &d->m->config;
@@ -2391,7 +2443,12 @@ static void fox_decoder_reset(FoxDecoder* d) {
     memset(d->c_last, 0, L * cf->n_head * sizeof(float));
     memset(d->k_raw_last, 0, L * cf->n_embd * sizeof(float)); // k~_{-1} = 0
     memset(d->v_raw_last, 0, L * cf->n_embd * sizeof(float));
-    memset(d->first, 0, L * cf->n_head * sizeof(int));
+    for (size_t i = 0; i < L * cf->n_head; i++) {
+        HeadCache* hc = &d->heads[i];
+        free(hc->k); free(hc->v); free(hc->c);
+        memset(hc, 0, sizeof(*hc));
+    }
+    d->peak_bytes = 0;
 }
 
 // delta_h of every (layer, head) from the QK-norm weights (FoxDecoder's comment); the bound is
@@ -2420,27 +2477,24 @@ static void fox_decoder_init(FoxDecoder* d, const FoxModel* m, int max_len) {
     memset(d, 0, sizeof(*d));
     d->m = m;
     d->max_len = max_len;
-    d->capacity = cf->window > 0 && cf->window < max_len ? cf->window : max_len;
-    size_t cap = (size_t)d->capacity;
-    d->k = (float*)malloc_check(L * cap * C * sizeof(float), "KV cache keys");
-    d->v = (float*)malloc_check(L * cap * C * sizeof(float), "KV cache values");
-    d->c = (float*)malloc_check(L * cap * H * sizeof(float), "KV cache c");
+    d->max_kept = cf->window > 0 && cf->window < max_len ? cf->window : max_len;
+    d->slot_cap = d->max_kept < max_len ? 2 * d->max_kept : max_len;
+    d->heads = (HeadCache*)calloc_check(L * H, sizeof(HeadCache), "KV cache heads");
     d->c_last = (float*)malloc_check(L * H * sizeof(float), "KV cache c");
     d->k_raw_last = (float*)malloc_check(L * C * sizeof(float), "KV cache shift");
     d->v_raw_last = (float*)malloc_check(L * C * sizeof(float), "KV cache shift");
-    d->first = (int*)malloc_check(L * H * sizeof(int), "KV cache first kept");
     if (m->prune && cf->gate != GATE_NONE && cf->qk_norm) { fox_decoder_evict_init(d, m->prune_ln_eps); }
     DecoderRow* r = &d->row;
     float** rows_c[] = {&r->resid, &r->xa, &r->q_raw, &r->k_raw, &r->v_raw, &r->k_shifted, &r->v_shifted,
-                        &r->q_normed, &r->k_normed, &r->q, &r->o, &r->o_normed, &r->og_logit, &r->y,
-                        &r->attproj, &r->resid_mid, &r->xm, &r->mlpproj, &r->xf};
+                        &r->q_normed, &r->k_normed, &r->q, &r->k_new, &r->v_new, &r->o, &r->o_normed, &r->og_logit,
+                        &r->y, &r->attproj, &r->resid_mid, &r->xm, &r->mlpproj, &r->xf};
     for (size_t i = 0; i < sizeof(rows_c) / sizeof(rows_c[0]); i++) { *rows_c[i] = (float*)malloc_check(C * sizeof(float), "decoder row"); }
     r->rstd = (float*)malloc_check(H * sizeof(float), "decoder row");
     r->alpha = (float*)malloc_check(H * sizeof(float), "decoder row");
     r->gate_logit = (float*)malloc_check(H * sizeof(float), "decoder row");
     r->gu = (float*)malloc_check(2 * I * sizeof(float), "decoder row");
     r->act = (float*)malloc_check(I * sizeof(float), "decoder row");
-    r->scores = (float*)malloc_check(cap * sizeof(float), "decoder row");
+    r->scores = (float*)malloc_check(H * (size_t)d->max_kept * sizeof(float), "decoder row");
     r->logits = (float*)malloc_check((size_t)cf->padded_vocab_size * sizeof(float), "decoder row");
     fox_decoder_reset(d);
 }
@@ -2448,11 +2502,11 @@ static void fox_decoder_init(FoxDecoder* d, const FoxModel* m, int max_len) {
 static void fox_decoder_free(FoxDecoder* d) {
     DecoderRow* r = &d->row;
     float* rows[] = {r->resid, r->xa, r->rstd, r->q_raw, r->k_raw, r->v_raw, r->alpha, r->k_shifted, r->v_shifted,
-                     r->q_normed, r->k_normed, r->q, r->gate_logit, r->o, r->o_normed, r->og_logit, r->y,
-                     r->attproj, r->resid_mid, r->xm, r->gu, r->act, r->mlpproj, r->xf, r->scores, r->logits};
+                     r->q_normed, r->k_normed, r->q, r->k_new, r->v_new, r->gate_logit, r->o, r->o_normed, r->og_logit,
+                     r->y, r->attproj, r->resid_mid, r->xm, r->gu, r->act, r->mlpproj, r->xf, r->scores, r->logits};
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) { free(rows[i]); }
-    free(d->k); free(d->v); free(d->c); free(d->c_last); free(d->k_raw_last); free(d->v_raw_last);
-    free(d->first); free(d->evict_delta);
+    fox_decoder_reset(d); // frees the heads' buffers
+    free(d->heads); free(d->c_last); free(d->k_raw_last); free(d->v_raw_last); free(d->evict_delta);
     memset(d, 0, sizeof(*d));
 }
 
@@ -2496,47 +2550,36 @@ static void rope_row(float* out, const float* inp, int pos, int H, int hd, float
     }
 }
 
-// The query at position pos against the kept keys max(first_key(pos), first[h]) .. pos, summed
-// in position order as attention_forward does. q, o (H, hd); k, v (capacity, C); c (capacity, H)
-// or NULL; first (H).
-static void decode_attention(float* o, const float* q, const float* k, const float* v, const float* c,
-                             const int* first, int pos, int capacity, int window, int H, int hd, float* s) {
-    size_t C = (size_t)H * hd;
+// The query of one head at position pos (the newest in hc) against the head's live keys
+// first .. pos, summed in position order as attention_forward does. q, o (hd); s: scratch
+// (pos - first + 1); gated: add c_i - c_j.
+static void decode_attention_head(float* o, const float* q, const HeadCache* hc, int pos, int hd, int gated, float* s) {
     float scale = 1.0f / sqrtf((float)hd);
-    size_t slot_i = (size_t)(pos % capacity);
-    for (int h = 0; h < H; h++) {
-        int j0 = attention_first_key(pos, window);
-        if (first[h] > j0) { j0 = first[h]; }
-        const float* qi = q + (size_t)h * hd;
-        float mx = -INFINITY;
-        for (int j = j0; j <= pos; j++) {
-            size_t slot = (size_t)(j % capacity);
-            const float* kj = k + slot * C + (size_t)h * hd;
-            float dot = 0.0f;
-            for (int d = 0; d < hd; d++) { dot += qi[d] * kj[d]; }
-            s[j - j0] = dot * scale + (c != NULL ? c[slot_i * H + h] - c[slot * H + h] : 0.0f);
-            mx = fmaxf(mx, s[j - j0]);
-        }
-        float sum = 0.0f;
-        for (int j = j0; j <= pos; j++) { s[j - j0] = expf(s[j - j0] - mx); sum += s[j - j0]; }
-        float* oi = o + (size_t)h * hd;
-        for (int d = 0; d < hd; d++) { oi[d] = 0.0f; }
-        for (int j = j0; j <= pos; j++) {
-            const float* vj = v + (size_t)(j % capacity) * C + (size_t)h * hd;
-            float p = s[j - j0] / sum;
-            for (int d = 0; d < hd; d++) { oi[d] += p * vj[d]; }
-        }
+    int j0 = hc->first - hc->base, n = pos - hc->first + 1;
+    float c_i = hc->c[pos - hc->base];
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float* kj = hc->k + (size_t)(j0 + j) * hd;
+        float dot = 0.0f;
+        for (int d = 0; d < hd; d++) { dot += q[d] * kj[d]; }
+        s[j] = dot * scale + (gated ? c_i - hc->c[j0 + j] : 0.0f);
+        mx = fmaxf(mx, s[j]);
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
+    for (int d = 0; d < hd; d++) { o[d] = 0.0f; }
+    for (int j = 0; j < n; j++) {
+        const float* vj = hc->v + (size_t)(j0 + j) * hd;
+        float p = s[j] / sum;
+        for (int d = 0; d < hd; d++) { o[d] += p * vj[d]; }
     }
 }
 
-// Drops the oldest keys of each head that no later query can weigh above the bound (FoxDecoder's
-// comment); never the newest. first, delta (H); c (capacity, H), position pos is the newest.
-static void decoder_evict(int* first, const float* c, const float* delta, int pos, int capacity, int H) {
-    for (int h = 0; h < H; h++) {
-        float c_now = c[(size_t)(pos % capacity) * H + h];
-        if (first[h] < pos - capacity + 1) { first[h] = pos - capacity + 1; } // its slot was reused (window)
-        while (first[h] < pos && c_now - c[(size_t)(first[h] % capacity) * H + h] < delta[h]) { first[h]++; }
-    }
+// Drops the head's oldest keys that no later query can weigh above the bound (FoxDecoder's
+// comment); never the newest, pos.
+static void head_cache_evict(HeadCache* hc, int pos, float delta) {
+    float c_now = hc->c[pos - hc->base];
+    while (hc->first < pos && c_now - hc->c[hc->first - hc->base] < delta) { hc->first++; }
 }
 
 // (position, head) entries the attention of the next token reads, summed over layers: the live
@@ -2546,22 +2589,50 @@ static size_t fox_decoder_live(const FoxDecoder* d) {
     size_t live = 0;
     int j_window = attention_first_key(d->len, cf->window);
     for (int i = 0; i < cf->n_layer * cf->n_head; i++) {
-        int j0 = d->first[i] > j_window ? d->first[i] : j_window;
+        int j0 = d->heads[i].first > j_window ? d->heads[i].first : j_window;
         live += (size_t)(d->len - j0);
     }
     return live;
 }
 
-// the live cache against the full one, for generate's output
+// the live cache against the full one, and the memory the cache's buffers hold, for generate
 static void fox_decoder_report(const FoxDecoder* d) {
     const FoxConfig* cf = &d->m->config;
     int hd = cf->n_embd / cf->n_head;
     size_t full = (size_t)cf->n_layer * cf->n_head * (size_t)(d->len - attention_first_key(d->len, cf->window));
     size_t live = fox_decoder_live(d);
     double mib = (2.0 * hd + 1.0) * sizeof(float) / 1048576.0; // k, v and c of one (position, head)
-    printf("KV cache after %d tokens: %zu of %zu (position, head) entries live, %.2f of %.2f MiB (keys, values, c); "
-           "eviction %s\n", d->len, live, full, live * mib, full * mib,
+    printf("KV cache after %d tokens: %zu of %zu (position, head) entries live (%.1f%%), %.2f of %.2f MiB (keys, values, c); "
+           "buffers %.2f MiB now, %.2f MiB at most; eviction %s\n", d->len, live, full, full > 0 ? 100.0 * live / full : 0.0,
+           live * mib, full * mib, fox_decoder_bytes(d) / 1048576.0, d->peak_bytes / 1048576.0,
            d->evict_delta != NULL ? "on (-A 1)" : d->m->prune ? "off (needs a forget gate and QK-norm)" : "off");
+}
+
+// One layer's attention for the token at pos: appends its key, value and c to each head's cache
+// (after dropping what the window no longer shows), attends, then evicts. q, k_new, v_new, o (C);
+// c_new (H) or NULL without a forget gate.
+static void decode_attention_layer(FoxDecoder* d, int l, int pos, const float* q, const float* k_new, const float* v_new,
+                                   const float* c_new, float* o) {
+    const FoxConfig* cf = &d->m->config;
+    int H = cf->n_head, hd = cf->n_embd / H;
+    HeadCache* heads = d->heads + (size_t)l * H;
+    for (int h = 0; h < H; h++) {
+        HeadCache* hc = &heads[h];
+        int j_window = attention_first_key(pos, cf->window);
+        if (hc->first < j_window) { hc->first = j_window; }
+        size_t slot = (size_t)head_cache_slot(hc, pos, hd, d->slot_cap);
+        memcpy(hc->k + slot * hd, k_new + (size_t)h * hd, (size_t)hd * sizeof(float));
+        memcpy(hc->v + slot * hd, v_new + (size_t)h * hd, (size_t)hd * sizeof(float));
+        hc->c[slot] = c_new != NULL ? c_new[h] : 0.0f;
+    }
+    #pragma omp parallel for
+    for (int h = 0; h < H; h++) {
+        decode_attention_head(o + (size_t)h * hd, q + (size_t)h * hd, &heads[h], pos, hd, c_new != NULL,
+                              d->row.scores + (size_t)h * d->max_kept);
+    }
+    if (d->evict_delta != NULL) {
+        for (int h = 0; h < H; h++) { head_cache_evict(&heads[h], pos, d->evict_delta[(size_t)l * H + h]); }
+    }
 }
 
 // Feeds one token; its logits (Vp) land in d->row.logits.
@@ -2569,18 +2640,14 @@ static void fox_decode_step(FoxDecoder* d, int token) {
     const FoxConfig* cf = &d->m->config;
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden;
     int groups_qk = cf->qk_norm_shared ? 1 : H;
-    size_t qk_per = d->m->spec[P_Q_NORM].rows, cap = (size_t)d->capacity;
+    size_t qk_per = d->m->spec[P_Q_NORM].rows;
     check_tokens(&token, 1, cf->vocab_size, "input");
     if (d->len >= d->max_len) { fail("internal: the KV cache holds at most %d tokens", d->max_len); }
     int pos = d->len;
-    size_t slot = (size_t)(pos % d->capacity);
     ParameterTensors p = d->m->params;
     DecoderRow* r = &d->row;
     memcpy(r->resid, p.wte + (size_t)token * C, (size_t)C * sizeof(float));
     for (int l = 0; l < L; l++) {
-        float* k_cache = LAYER(d->k, l, cap * C);
-        float* v_cache = LAYER(d->v, l, cap * C);
-        float* c_cache = LAYER(d->c, l, cap * H);
         // attention
         rmsnorm_forward(r->xa, r->rstd, r->resid, LAYER(p.attn_norm, l, C), 1, C, 1, 1e-6f);
         matvec_forward(r->q_raw, r->xa, LAYER(p.wq, l, (size_t)C * C), NULL, C, C);
@@ -2593,7 +2660,7 @@ static void fox_decode_step(FoxDecoder* d, int token) {
         } else {
             memcpy(r->k_shifted, r->k_raw, (size_t)C * sizeof(float));
         }
-        float* v_new = v_cache + slot * C;
+        float* v_new = r->v_new;
         if (cf->v_shift) {
             matvec_forward(r->alpha, r->xa, LAYER(p.wv_shift, l, (size_t)H * C), NULL, C, H);
             sigmoid_inplace(r->alpha, (size_t)H);
@@ -2608,7 +2675,7 @@ static void fox_decode_step(FoxDecoder* d, int token) {
             memcpy(r->q_normed, r->q_raw, (size_t)C * sizeof(float));
             memcpy(r->k_normed, r->k_shifted, (size_t)C * sizeof(float));
         }
-        float* k_new = k_cache + slot * C;
+        float* k_new = r->k_new;
         if (cf->rope) {
             rope_row(r->q, r->q_normed, pos, H, hd, cf->rope_theta);
             rope_row(k_new, r->k_normed, pos, H, hd, cf->rope_theta);
@@ -2616,21 +2683,16 @@ static void fox_decode_step(FoxDecoder* d, int token) {
             memcpy(r->q, r->q_normed, (size_t)C * sizeof(float));
             memcpy(k_new, r->k_normed, (size_t)C * sizeof(float));
         }
+        float* c_last = LAYER(d->c_last, l, H);
         if (cf->gate != GATE_NONE) { // c continues from the last token: O(1) per token
-            float* c_last = LAYER(d->c_last, l, H);
             if (cf->gate == GATE_FULL) {
                 matvec_forward(r->gate_logit, r->xa, LAYER(p.wf, l, (size_t)H * C), LAYER(p.bf, l, H), C, H);
             } else {
                 memcpy(r->gate_logit, LAYER(p.bf, l, H), (size_t)H * sizeof(float));
             }
-            for (int h = 0; h < H; h++) {
-                c_last[h] += logsigmoidf(r->gate_logit[h]);
-                c_cache[slot * H + h] = c_last[h];
-            }
+            for (int h = 0; h < H; h++) { c_last[h] += logsigmoidf(r->gate_logit[h]); }
         }
-        decode_attention(r->o, r->q, k_cache, v_cache, cf->gate != GATE_NONE ? c_cache : NULL,
-                         LAYER(d->first, l, H), pos, d->capacity, cf->window, H, hd, r->scores);
-        if (d->evict_delta != NULL) { decoder_evict(LAYER(d->first, l, H), c_cache, LAYER(d->evict_delta, l, H), pos, d->capacity, H); }
+        decode_attention_layer(d, l, pos, r->q, k_new, v_new, cf->gate != GATE_NONE ? c_last : NULL, r->o);
         if (cf->output_norm) {
             rmsnorm_forward(r->o_normed, r->rstd, r->o, LAYER(p.o_norm, l, C), H, hd, H, 1e-6f);
         } else {
@@ -2654,6 +2716,8 @@ static void fox_decode_step(FoxDecoder* d, int token) {
     rmsnorm_forward(r->xf, r->rstd, r->resid, p.norm_f, 1, C, 1, 1e-6f);
     matvec_forward(r->logits, r->xf, p.lm_head, NULL, C, cf->padded_vocab_size);
     d->len++;
+    size_t bytes = fox_decoder_bytes(d);
+    if (bytes > d->peak_bytes) { d->peak_bytes = bytes; }
 }
 
 // ----------------------------------------------------------------------------
@@ -2800,10 +2864,29 @@ static int encode_prompt(const char* arg, int eot, int* out, int cap) {
 static int encode_prompt(const char* arg, int eot, int* out, int cap) {
     (void)arg; (void)eot; (void)out; (void)cap;
     fail("this build has no GPT-2 encoder (PCRE2 was missing when it was built), so it cannot encode -P\n"
-         "HINT: install libpcre2-dev (sh data/ensure_deps.sh pcre2) and rebuild; eval, niah and maps without -P work as is");
+         "HINT: install libpcre2-dev (sh data/ensure_deps.sh pcre2) and rebuild, or pass a token shard (-P @file.bin); "
+         "eval, niah and maps without -P work as is");
     return 0;
 }
 #endif
+
+// up to n tokens of the shard at path into out, EOT separators dropped when drop_eot; returns the count
+static size_t read_shard_tokens(const char* path, size_t n, int drop_eot, int eot, int* out) {
+    size_t count = read_shard_header(path), got = 0;
+    uint16_t buf[4096];
+    FILE* f = fopen_check(path, "rb");
+    if (fseek(f, SHARD_HEADER_BYTES, SEEK_SET) != 0) { fail("could not seek in '%s'", path); }
+    for (size_t done = 0; done < count && got < n;) {
+        size_t chunk = count - done < 4096 ? count - done : 4096;
+        fread_check(buf, sizeof(uint16_t), chunk, f, path);
+        for (size_t i = 0; i < chunk && got < n; i++) {
+            if (!(drop_eot && buf[i] == eot)) { out[got++] = buf[i]; }
+        }
+        done += chunk;
+    }
+    fclose(f);
+    return got;
+}
 
 // the first n tokens of the shards matching pattern (in name order), EOT separators dropped
 // when drop_eot; fails if they hold fewer
@@ -2813,23 +2896,28 @@ static void read_token_stream(const char* pattern, size_t n, int drop_eot, int e
         fail("no token shards match '%s'\nHINT: run 'make data' for the default corpus, or pass -j with a pattern of existing shards", pattern);
     }
     size_t got = 0;
-    uint16_t buf[4096];
-    for (size_t s = 0; s < g.gl_pathc && got < n; s++) {
-        size_t count = read_shard_header(g.gl_pathv[s]);
-        FILE* f = fopen_check(g.gl_pathv[s], "rb");
-        if (fseek(f, SHARD_HEADER_BYTES, SEEK_SET) != 0) { fail("could not seek in '%s'", g.gl_pathv[s]); }
-        for (size_t done = 0; done < count && got < n;) {
-            size_t chunk = count - done < 4096 ? count - done : 4096;
-            fread_check(buf, sizeof(uint16_t), chunk, f, g.gl_pathv[s]);
-            for (size_t i = 0; i < chunk && got < n; i++) {
-                if (!(drop_eot && buf[i] == eot)) { out[got++] = buf[i]; }
-            }
-            done += chunk;
-        }
-        fclose(f);
-    }
+    for (size_t s = 0; s < g.gl_pathc && got < n; s++) { got += read_shard_tokens(g.gl_pathv[s], n - got, drop_eot, eot, out + got); }
     globfree(&g);
     if (got < n) { fail("the shards of '%s' hold %zu usable tokens, %zu are needed\nHINT: use a smaller -t or more held-out text (-j)", pattern, got, n); }
+}
+
+// -P's tokens: for @file of a token shard (llm.c's format, as data/tokenize writes) its first
+// cap - reserve tokens as they are (a corpus shard starts with EOT), which needs no encoder;
+// else EOT and the encoded text, at most cap tokens
+static int prompt_tokens(const char* arg, int* out, int cap, int reserve) {
+    if (arg[0] == '@') {
+        FILE* f = fopen_check(arg + 1, "rb");
+        int magic = 0;
+        size_t got = fread(&magic, sizeof(int), 1, f);
+        fclose(f);
+        if (got == 1 && magic == SHARD_MAGIC) {
+            if (cap - reserve < 1) { fail("no room for a prompt: -t %d leaves none after -g %d\nHINT: raise -t", cap, reserve); }
+            int n = (int)read_shard_tokens(arg + 1, (size_t)(cap - reserve), 0, 0, out);
+            if (n == 0) { fail("the shard '%s' holds no tokens\nHINT: pass another prompt", arg + 1); }
+            return n;
+        }
+    }
+    return encode_prompt(arg, GPT2_EOT, out, cap);
 }
 
 // comma-separated integers in [lo, hi]; returns the count
@@ -2934,7 +3022,7 @@ static int run_eval(const Args* a, ForwardBackend* be) {
 static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
     if (a->prompt == NULL) { fail("-M generate needs a prompt\nHINT: add -P \"text\" or -P @file"); }
     int* tokens = (int*)malloc_check((size_t)a->T * sizeof(int), "tokens");
-    int n = encode_prompt(a->prompt, GPT2_EOT, tokens, a->T);
+    int n = prompt_tokens(a->prompt, tokens, a->T, a->gen_tokens);
     if (n + a->gen_tokens > a->T) {
         fail("the prompt (%d tokens with the leading EOT) plus -g %d tokens exceed the context -t %d\nHINT: raise -t or shorten the prompt",
              n, a->gen_tokens, a->T);
@@ -2947,15 +3035,17 @@ static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
     float* row = (float*)malloc_check((size_t)be->vocab_size * sizeof(float), "logits row");
     uint64_t rng = a->seed ^ 0x5DEECE66Dull;
     be->reset(be->ctx);
-    double t0 = now_seconds();
+    double t0 = now_seconds(), t_prompt = 0.0;
     for (int t = n; t < n + a->gen_tokens; t++) {
         be->next_logits(be->ctx, tokens, t, row);
+        if (t == n) { t_prompt = now_seconds() - t0; } // the prompt, and the first new token's logits
         tokens[t] = sample_token(row, be->vocab_size, a->temperature, a->top_k, &rng);
         tokenizer_print(&tk, tokens[t]);
         fflush(stdout);
     }
-    double dt = now_seconds() - t0;
-    printf("\n---\n%d tokens in %.2f s (%.1f tokens/s, prompt included)\n", a->gen_tokens, dt, a->gen_tokens / dt);
+    double dt = now_seconds() - t0, t_new = dt - t_prompt;
+    printf("\n---\n%d tokens in %.2f s: the prompt (%d tokens) %.2f s, then %.2f ms per generated token\n", a->gen_tokens, dt,
+           n, t_prompt, a->gen_tokens > 1 ? 1e3 * t_new / (a->gen_tokens - 1) : 0.0);
     free(row); free(tokens);
     tokenizer_free(&tk);
     return 0;
@@ -3194,7 +3284,7 @@ static int run_maps(const Args* a, FoxModel* m) {
     int nmaps = maps_heads(a, &m->config, layers, heads, 4096);
     int* tokens = (int*)malloc_check((size_t)a->T * sizeof(int), "tokens");
     int T = a->T;
-    if (a->prompt != NULL) { T = encode_prompt(a->prompt, GPT2_EOT, tokens, a->T); }
+    if (a->prompt != NULL) { T = prompt_tokens(a->prompt, tokens, a->T, 0); }
     else { read_token_stream(a->val_pattern, (size_t)T, 0, GPT2_EOT, tokens); }
     printf("maps of %d head(s) on %d tokens of %s\n", nmaps, T, a->prompt != NULL ? "the prompt" : a->val_pattern);
     fox_forward(m, tokens, NULL, 1, T);

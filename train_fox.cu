@@ -1878,7 +1878,56 @@ static const int* attention_prune_tables(const floatX* q, const floatX* k, const
     fox_prune_tables(tables, U, q, k, c, B, T, H, hd, H * hd, g_prune_ln_eps, 0);
     return tables;
 }
+
+// Tiles of the forwards since the last attention_pruned_share (-A 1): [0] skipped, [1] those the
+// dense kernels read (causal, within the window), in 128 x 128 pruning tiles. One block per call;
+// integer sums, exact in any order.
+__global__ void fox_prune_count_kernel(unsigned long long* counts, const int* key_start, int BH, int nt, int window) {
+    __shared__ unsigned long long s_skip[256], s_dense[256];
+    unsigned long long skipped = 0, dense = 0;
+    for (size_t idx = threadIdx.x; idx < (size_t)BH * nt; idx += blockDim.x) {
+        int t = (int)(idx % nt), j0 = window > 0 ? t * PRUNE_BLOCK - window + 1 : 0;
+        int first = j0 > 0 ? j0 / PRUNE_BLOCK : 0; // the tile of the window's first key
+        dense += (unsigned long long)(t + 1 - first);
+        if (key_start[idx] > first) { skipped += (unsigned long long)(key_start[idx] - first); }
+    }
+    s_skip[threadIdx.x] = skipped; s_dense[threadIdx.x] = dense;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) {
+            s_skip[threadIdx.x] += s_skip[threadIdx.x + stride];
+            s_dense[threadIdx.x] += s_dense[threadIdx.x + stride];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { counts[0] += s_skip[0]; counts[1] += s_dense[0]; }
+}
+
+static unsigned long long* g_prune_counts = NULL; // (2) on the device
+
+static void attention_prune_count(const int* tables, int BH, int T, int window) {
+    if (g_prune_counts == NULL) {
+        cudaCheck(cudaMalloc(&g_prune_counts, 2 * sizeof(unsigned long long)));
+        cudaCheck(cudaMemset(g_prune_counts, 0, 2 * sizeof(unsigned long long)));
+    }
+    fox_prune_count_kernel<<<1, 256>>>(g_prune_counts, tables, BH, ceil_div(T, PRUNE_BLOCK), window);
+    launchCheck();
+}
 #endif
+
+// share of attention tiles the forwards skipped since the last call (-A 1), and the count of
+// tiles they would have read densely; starts the next count
+static double attention_pruned_share(unsigned long long* dense_tiles) {
+    unsigned long long counts[2] = {0, 0};
+#ifndef ENABLE_FP32
+    if (g_prune_counts != NULL) {
+        cudaCheck(cudaMemcpy(counts, g_prune_counts, sizeof(counts), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemset(g_prune_counts, 0, sizeof(counts)));
+    }
+#endif
+    *dense_tiles = counts[1];
+    return counts[1] > 0 ? (double)counts[0] / (double)counts[1] : 0.0;
+}
 
 // pruning runs in the fused kernels only
 static void attention_prune_unsupported(const float* c, int hd) {
@@ -1893,8 +1942,9 @@ static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const 
                                   const float* c, int B, int T, int H, int hd, int window) {
 #ifndef ENABLE_FP32
     if (attention_fused(hd)) {
-        fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, H * hd, H * hd, window,
-                              attention_prune_tables(q, k, c, B, T, H, hd), 0);
+        const int* tables = attention_prune_tables(q, k, c, B, T, H, hd);
+        fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, H * hd, H * hd, window, tables, 0);
+        if (tables != NULL) { attention_prune_count(tables, B * H, T, window); }
         return;
     }
 #endif
@@ -3347,6 +3397,12 @@ static int gpu_eval_main(const Args* a) {
                              gpu_backend_reset, gpu_backend_next_logits};
         printf("device: %s, precision %s\n", g_prop.name, PRECISION_NAME);
         rc = run_eval_mode(a, &model, &be, "GPU, full forward for every token (no KV cache)");
+        if (g_prune) {
+            unsigned long long tiles;
+            double share = attention_pruned_share(&tiles);
+            printf("attention pruning (-A 1, ln eps %g): %.1f%% of %llu attention tiles (128 x 128) skipped\n", a->prune_ln_eps,
+                   100.0 * share, tiles);
+        }
         free(gb.row_x);
         gpu_free(&gm);
     }
@@ -3486,6 +3542,7 @@ int main(int argc, char** argv) {
             gpu_save_checkpoint(&gm, a.out_dir, &train, (int)step);
         }
         if (last) { break; }
+        if (g_prune) { unsigned long long tiles; attention_pruned_share(&tiles); } // counts this step's forwards only
         double t0 = now_seconds();
         gpu_zero_grad(&gm);
         double loss = 0.0; // this process's share of the global batch's mean loss
@@ -3516,6 +3573,10 @@ int main(int argc, char** argv) {
         if (dist.world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / dist.world); }
         printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a.steps,
                loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
+        if (g_prune) {
+            unsigned long long tiles;
+            printf(" | pruned %.1f%% of tiles", 100.0 * attention_pruned_share(&tiles));
+        }
         step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad);
         if (step == start) { // every buffer is allocated up front and kept: the peak is reached by now
             size_t used = gpu_memory_used() - g_memory_baseline;
