@@ -78,7 +78,7 @@ def attention_ms(args, model, B, T, prune, log):
     if start is None:
         sys.exit("error: no kernel table in ncu's output. HINT: run the ncu command above by hand")
     total, parts = 0.0, {"forward": 0.0, "backward": 0.0, "tables": 0.0}
-    scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+    scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0, "s": 1e3, "second": 1e3}
     for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
