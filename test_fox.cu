@@ -2815,18 +2815,22 @@ static void gpu_test_attention(void) {
 // twin's pruned reference at the dense tolerances, and (control) at ln eps = +60, where pruning
 // drops real weight, the GPU matches the pruned reference and not the dense one: the kernels do
 // skip the tiles. Pruned vs dense within the bound is the CPU test's (test_attention_pruning).
-static void gpu_prune_case(int B, int T, int H, int hd, int window, float ln_eps, uint64_t seed, int want_dense_miss) {
+// tables_only: compare U and the tables alone (long T, where the twin's attention would be slow).
+static void gpu_prune_case(int B, int T, int H, int hd, int window, float ln_eps, uint64_t seed, int want_dense_miss,
+                           int tables_only) {
     AttnCase t;
     attn_case_init(&t, B, T, H, hd, window, 1, seed);
     size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T, BH = (size_t)B * H;
     int nt = ceil_div(T, PRUNE_BLOCK);
     floatX *q = attn_upload(t.q, n), *k = attn_upload(t.k, n);
     float *c, *U;
+    float2* partial;
     int* tables;
     cudaCheck(cudaMalloc(&c, nh * sizeof(float))); cudaCheck(cudaMalloc(&U, BH * sizeof(float)));
+    cudaCheck(cudaMalloc(&partial, BH * ceil_div(T, PRUNE_NORM_ROWS) * sizeof(float2)));
     cudaCheck(cudaMalloc(&tables, 2 * BH * nt * sizeof(int)));
     cudaCheck(cudaMemcpy(c, t.c, nh * sizeof(float), cudaMemcpyHostToDevice));
-    fox_prune_tables(tables, U, q, k, c, B, T, H, hd, H * hd, ln_eps, 0);
+    fox_prune_tables(tables, U, partial, q, k, c, B, T, H, hd, H * hd, ln_eps, 0);
     cudaCheck(cudaDeviceSynchronize());
     float* U_gpu = (float*)malloc_check(BH * sizeof(float), "U");
     float* U_cpu = (float*)malloc_check(BH * sizeof(float), "U");
@@ -2839,38 +2843,65 @@ static void gpu_prune_case(int B, int T, int H, int hd, int window, float ln_eps
     for (size_t i = 0; i < BH; i++) { u_err = fmax(u_err, fabs((double)U_gpu[i] - U_cpu[i]) / U_cpu[i]); }
     prune_tiles(tab_cpu, tab_cpu + BH * nt, t.c, U_gpu, B, H, T, PRUNE_BLOCK, ln_eps);
     int same_tiles = memcmp(tab_gpu, tab_cpu, 2 * BH * nt * sizeof(int)) == 0;
-    long skipped = 0, causal = 0;
+    long skipped = 0, causal = 0, window_skipped = 0, window_dense = 0; // tiles; with the window as the step line counts
     for (size_t bh = 0; bh < BH; bh++) {
-        for (int qt = 0; qt < nt; qt++) { skipped += tab_cpu[bh * nt + qt]; causal += qt + 1; }
+        for (int qt = 0; qt < nt; qt++) {
+            int j0 = qt * PRUNE_BLOCK - window + 1, first = window > 0 && j0 > 0 ? j0 / PRUNE_BLOCK : 0;
+            skipped += tab_cpu[bh * nt + qt]; causal += qt + 1;
+            window_skipped += tab_cpu[bh * nt + qt] > first ? tab_cpu[bh * nt + qt] - first : 0;
+            window_dense += qt + 1 - first;
+        }
     }
+    if (tables_only) {
+        int far = 0; // a key_start or query_end more than 32 tiles from the diagonal: several ballot steps
+        for (size_t i = 0; i < BH * nt; i++) {
+            int t_i = (int)(i % nt);
+            if (t_i - tab_cpu[i] > 32 || tab_cpu[BH * nt + i] - t_i > 32) { far = 1; }
+        }
+        check(u_err <= 1e-5 && same_tiles && far && skipped > 0, "gpu pruning tables B=%d T=%d H=%d hd=%d (%d tiles a row): "
+              "U within %.1e of the twin's (<= 1e-5), tables %s the twin's, %.0f%% of causal tiles skipped, bounds more "
+              "than 32 tiles from the diagonal %s", B, T, H, hd, nt, u_err, same_tiles ? "equal" : "DIFFER from",
+              100.0 * skipped / causal, far ? "present" : "MISSING");
+    }
+    if (!tables_only) {
     // the twin's dense reference, then the pruned one; the GPU through the trainer's boundary
     AttnPrune pr = {PRUNE_BLOCK, tab_cpu};
     char line[512], line_dense[512];
     attn_reference(&t, t.window, NULL);
     attention_set_pruning(1, ln_eps);
+    unsigned long long tiles;
+    attention_pruned_share(&tiles); // starts the count
     attn_gpu(&t);
+    double share = attention_pruned_share(&tiles);
     attention_set_pruning(0, -10.0);
+    int share_ok = tiles == (unsigned long long)window_dense && fabs(share - (double)window_skipped / window_dense) < 1e-12;
     int dense_ok = attn_compare(&t, line_dense, sizeof(line_dense));
     attn_reference(&t, t.window, &pr);
     int ok = attn_compare(&t, line, sizeof(line));
-    int pass = u_err <= 1e-5 && same_tiles && ok && skipped > 0 && (want_dense_miss ? !dense_ok : 1);
+    int pass = u_err <= 1e-5 && same_tiles && share_ok && ok && skipped > 0 && (want_dense_miss ? !dense_ok : 1);
     check(pass, "gpu pruned attention B=%d T=%d H=%d hd=%d window=%d ln eps %g: U within %.1e of the twin's (<= 1e-5), "
-          "tile tables %s the twin's, %.0f%% of causal tiles skipped; against the twin's pruned reference: %s%s",
-          B, T, H, hd, window, ln_eps, u_err, same_tiles ? "equal" : "DIFFER from", 100.0 * skipped / causal, line,
+          "tile tables %s the twin's, %.0f%% of causal tiles skipped, the step line's count %s (%.1f%% of %llu); "
+          "against the twin's pruned reference: %s%s",
+          B, T, H, hd, window, ln_eps, u_err, same_tiles ? "equal" : "DIFFER from", 100.0 * skipped / causal,
+          share_ok ? "agrees" : "DISAGREES", 100.0 * share, tiles, line,
           want_dense_miss ? (dense_ok ? "; MATCHES the dense reference (tiles not skipped?)" : "; differs from dense, as it must") : "");
-    void* bufs[] = {q, k, c, U, tables};
+    }
+    void* bufs[] = {q, k, c, U, partial, tables};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cudaCheck(cudaFree(bufs[i])); }
     free(U_gpu); free(U_cpu); free(tab_gpu); free(tab_cpu);
     attn_case_free(&t);
 }
 
 static void gpu_test_attention_pruning(void) {
-    gpu_prune_case(2, 1000, 4, 64, 0, -10.0f, 91, 0);   // several tiles, T not a multiple of 128
-    gpu_prune_case(1, 1100, 4, 128, 0, -10.0f, 92, 0);
-    gpu_prune_case(2, 900, 4, 64, 300, -10.0f, 93, 0);  // sliding window
+    gpu_prune_case(2, 1000, 4, 64, 0, -10.0f, 91, 0, 0);   // several tiles, T not a multiple of 128
+    gpu_prune_case(1, 1100, 4, 128, 0, -10.0f, 92, 0, 0);
+    gpu_prune_case(2, 900, 4, 64, 300, -10.0f, 93, 0, 0);  // sliding window
     // control: delta > 0 skips every off-diagonal tile, dropping real weight in the slow heads
-    gpu_prune_case(1, 1024, 4, 64, 0, 60.0f, 94, 1);
-    gpu_prune_case(1, 1024, 4, 128, 0, 60.0f, 95, 1);
+    gpu_prune_case(1, 1024, 4, 64, 0, 60.0f, 94, 1, 0);
+    gpu_prune_case(1, 1024, 4, 128, 0, 60.0f, 95, 1, 0);
+    // long rows: 71 tiles, the slowest head keeps ~37 tiles, so the scans take several 32-tile steps
+    gpu_prune_case(1, 9000, 4, 64, 0, -10.0f, 96, 0, 1);
+    gpu_prune_case(2, 9000, 2, 128, 0, -10.0f, 97, 0, 1);
 }
 
 #endif

@@ -1217,36 +1217,57 @@ __device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
 // two key tiles of the forward and dq kernels, 2 or 4 query steps of dk/dv; so every kernel skips
 // the same (query, key) pairs as the others and as the twin.
 
-// U (B*H) = max_i |q_i| max_j |k_j| / sqrt(hd): a block per (b, h), a warp per row, fp32 sums of
-// the squares in a fixed order, then maxima (order-free): deterministic, no atomics.
+// U (B*H) = max_i |q_i| max_j |k_j| / sqrt(hd), in two passes so that a long sequence spreads
+// over the GPU (a block per (b, h) took 4.6 ms per call at T = 65536). fox_prune_norms_kernel:
+// grid (chunks of PRUNE_NORM_ROWS rows, B*H), a thread per row sums its squares in fp32 in order
+// (16-byte loads), then the block's maxima; fox_prune_bound_kernel: a thread per (b, h) takes the
+// maxima of its chunks. Maxima are exact in any order: deterministic, no atomics.
+#define PRUNE_NORM_ROWS 256
 template<int HD>
-__global__ void fox_prune_bound_kernel(float* U, const bf16* q, const bf16* k, int T, int H, int stride_qkv) {
-    __shared__ float smq[32], smk[32];
-    int bh = blockIdx.x, b = bh / H, h = bh % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int warps = blockDim.x / 32;
-    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
-    float mq = 0.f, mk = 0.f;
-    for (int t = warp; t < T; t += warps) {
-        float sq = 0.f, sk = 0.f;
+__global__ void __launch_bounds__(PRUNE_NORM_ROWS) fox_prune_norms_kernel(float2* partial, const bf16* q, const bf16* k,
+                                                                          int T, int H, int stride_qkv) {
+    __shared__ float2 warp_max[PRUNE_NORM_ROWS / 32];
+    int chunk = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, t = chunk * PRUNE_NORM_ROWS + threadIdx.x;
+    float sq = 0.f, sk = 0.f;
+    if (t < T) {
+        size_t row = ((size_t)b * T + t) * stride_qkv + (size_t)h * HD;
+        const uint4* qr = (const uint4*)(q + row);
+        const uint4* kr = (const uint4*)(k + row);
         #pragma unroll
-        for (int d = lane; d < HD; d += 32) {
-            float x = __bfloat162float(q[base + (size_t)t * stride_qkv + d]);
-            float y = __bfloat162float(k[base + (size_t)t * stride_qkv + d]);
-            sq += x * x; sk += y * y;
+        for (int i = 0; i < HD / 8; i++) {
+            uint4 qa = qr[i], ka = kr[i];
+            const bf16* qv = (const bf16*)&qa;
+            const bf16* kv = (const bf16*)&ka;
+            #pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float x = __bfloat162float(qv[j]), y = __bfloat162float(kv[j]);
+                sq += x * x; sk += y * y;
+            }
         }
-        #pragma unroll
-        for (int o = 16; o > 0; o /= 2) {
-            sq += __shfl_xor_sync(0xffffffff, sq, o);
-            sk += __shfl_xor_sync(0xffffffff, sk, o);
-        }
-        mq = fmaxf(mq, sq); mk = fmaxf(mk, sk);
     }
-    if (lane == 0) { smq[warp] = mq; smk[warp] = mk; }
+    #pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+        sq = fmaxf(sq, __shfl_xor_sync(0xffffffff, sq, o));
+        sk = fmaxf(sk, __shfl_xor_sync(0xffffffff, sk, o));
+    }
+    if (threadIdx.x % 32 == 0) { warp_max[threadIdx.x / 32] = make_float2(sq, sk); }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < warps; w++) { mq = fmaxf(mq, smq[w]); mk = fmaxf(mk, smk[w]); }
-        U[bh] = sqrtf(mq) * sqrtf(mk) / sqrtf((float)HD);
+        float2 m = warp_max[0];
+        for (int w = 1; w < PRUNE_NORM_ROWS / 32; w++) { m.x = fmaxf(m.x, warp_max[w].x); m.y = fmaxf(m.y, warp_max[w].y); }
+        partial[(size_t)bh * gridDim.x + chunk] = m;
     }
+}
+
+__global__ void fox_prune_bound_kernel(float* U, const float2* partial, int BH, int chunks, int hd) {
+    int bh = blockIdx.x * blockDim.x + threadIdx.x;
+    if (bh >= BH) return;
+    float mq = 0.f, mk = 0.f;
+    for (int i = 0; i < chunks; i++) {
+        float2 m = partial[(size_t)bh * chunks + i];
+        mq = fmaxf(mq, m.x); mk = fmaxf(mk, m.y);
+    }
+    U[bh] = sqrtf(mq) * sqrtf(mk) / sqrtf((float)hd);
 }
 
 // prune_skip of train_fox.c
@@ -1254,32 +1275,48 @@ __device__ __forceinline__ bool fox_prune_skip(const float* ch, int qt, int kt, 
     return kt < qt && ch[qt * PRUNE_BLOCK] - ch[kt * PRUNE_BLOCK + PRUNE_BLOCK - 1] < delta;
 }
 
-// key_start, query_end (B*H, nt) as prune_tiles; a thread per (b, h, tile). base: prune_delta_base.
+// key_start, query_end (B*H, nt) as prune_tiles, base: prune_delta_base. A warp per (b, h, tile)
+// runs the twin's two linear scans 32 tiles a step (a ballot, then the lowest lane that stops):
+// the same first kept key tile and the same end as the twin, in nt / 32 steps instead of nt.
 __global__ void fox_prune_tiles_kernel(int* key_start, int* query_end, const float* c, const float* U, int BH, int T,
                                        int nt, float base) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)BH * nt) return;
+    size_t idx = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (idx >= (size_t)BH * nt) return; // the whole warp
     size_t bh = idx / nt;
     int t = (int)(idx % nt);
     const float* ch = c + bh * T;
     float delta = base - 2.0f * U[bh];
-    int s = 0, e = t + 1;
-    while (fox_prune_skip(ch, t, s, delta)) s++;
-    while (e < nt && !fox_prune_skip(ch, e, t, delta)) e++;
-    key_start[idx] = s;
-    query_end[idx] = e;
+    int s = 0; // the first key tile that is not skipped: at most t (the diagonal tile is kept)
+    for (;; s += 32) {
+        unsigned kept = __ballot_sync(0xffffffffu, !fox_prune_skip(ch, t, s + lane, delta));
+        if (kept != 0) { s += __ffs(kept) - 1; break; }
+    }
+    int e = t + 1; // the first query tile that skips key tile t, or nt
+    for (; e < nt; e += 32) {
+        unsigned skips = __ballot_sync(0xffffffffu, e + lane < nt && fox_prune_skip(ch, e + lane, t, delta));
+        if (skips != 0) { e += __ffs(skips) - 1; break; }
+    }
+    if (lane == 0) {
+        key_start[idx] = s;
+        query_end[idx] = e < nt ? e : nt;
+    }
 }
 
-// Fills `tables` (2 * B*H*nt ints: key_start, then query_end) and U (B*H) for q, k, c.
-// The twin computes the same tables from the same U and c (test_fox.cu checks they match).
-static void fox_prune_tables(int* tables, float* U, const bf16* q, const bf16* k, const float* c, int B, int T, int H,
-                             int hd, int stride_qkv, float ln_eps, cudaStream_t s) {
-    int BH = B * H, nt = ceil_div(T, PRUNE_BLOCK);
-    if (hd == 64) fox_prune_bound_kernel<64><<<BH, 256, 0, s>>>(U, q, k, T, H, stride_qkv);
-    else fox_prune_bound_kernel<128><<<BH, 256, 0, s>>>(U, q, k, T, H, stride_qkv);
+// Fills `tables` (2 * B*H*nt ints: key_start, then query_end) and U (B*H) for q, k, c; partial:
+// scratch of B*H*ceil(T / PRUNE_NORM_ROWS) float2. The twin computes the same tables from the same
+// U and c (test_fox.cu checks they match).
+static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16* q, const bf16* k, const float* c, int B,
+                             int T, int H, int hd, int stride_qkv, float ln_eps, cudaStream_t s) {
+    int BH = B * H, nt = ceil_div(T, PRUNE_BLOCK), chunks = ceil_div(T, PRUNE_NORM_ROWS);
+    dim3 grid((unsigned)chunks, (unsigned)BH);
+    if (hd == 64) fox_prune_norms_kernel<64><<<grid, PRUNE_NORM_ROWS, 0, s>>>(partial, q, k, T, H, stride_qkv);
+    else fox_prune_norms_kernel<128><<<grid, PRUNE_NORM_ROWS, 0, s>>>(partial, q, k, T, H, stride_qkv);
     launchCheck();
-    fox_prune_tiles_kernel<<<(unsigned)ceil_div(BH * nt, 256), 256, 0, s>>>(tables, tables + (size_t)BH * nt, c, U, BH, T,
-                                                                           nt, prune_delta_base(ln_eps, T));
+    fox_prune_bound_kernel<<<(unsigned)ceil_div(BH, 128), 128, 0, s>>>(U, partial, BH, chunks, hd);
+    launchCheck();
+    fox_prune_tiles_kernel<<<(unsigned)ceil_div(BH * nt, 8), 256, 0, s>>>(tables, tables + (size_t)BH * nt, c, U, BH, T, nt,
+                                                                         prune_delta_base(ln_eps, T)); // 8 warps a block
     launchCheck();
 }
 
@@ -1866,16 +1903,23 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
 static const int* attention_prune_tables(const floatX* q, const floatX* k, const float* c, int B, int T, int H, int hd) {
     static int* tables = NULL;
     static float* U = NULL;
-    static size_t cap = 0;
+    static float2* partial = NULL;
+    static size_t cap = 0, cap_partial = 0;
     if (!g_prune || c == NULL) { return NULL; }
     size_t BH = (size_t)B * H, need = 2 * BH * (size_t)ceil_div(T, PRUNE_BLOCK);
+    size_t need_partial = BH * (size_t)ceil_div(T, PRUNE_NORM_ROWS);
     if (need > cap) { // first use, or a larger shape (evaluation): grow; cudaFree waits for the GPU
         cudaCheck(cudaFree(tables)); cudaCheck(cudaFree(U));
         cudaCheck(cudaMalloc(&tables, need * sizeof(int)));
         cudaCheck(cudaMalloc(&U, need / 2 * sizeof(float))); // need / 2 >= B*H
         cap = need;
     }
-    fox_prune_tables(tables, U, q, k, c, B, T, H, hd, H * hd, g_prune_ln_eps, 0);
+    if (need_partial > cap_partial) {
+        cudaCheck(cudaFree(partial));
+        cudaCheck(cudaMalloc(&partial, need_partial * sizeof(float2)));
+        cap_partial = need_partial;
+    }
+    fox_prune_tables(tables, U, partial, q, k, c, B, T, H, hd, H * hd, g_prune_ln_eps, 0);
     return tables;
 }
 
