@@ -2960,12 +2960,85 @@ static void gpu_test_eval_backend(void) {
     fox_free(&m);
 }
 
+// max |got - ref| / max |ref| (NaN counts as infinite)
+static double rel_max_error(const float* got, const float* ref, size_t n) {
+    double err = 0.0, scale = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        err = isnan(d) ? INFINITY : fmax(err, d);
+        scale = fmax(scale, fabs((double)ref[i]));
+    }
+    return err / fmax(scale, 1e-30);
+}
+
+// The head projections (k/v-shift and forget-gate logits: head_proj_forward_gpu and
+// head_proj_backward_gpu) against the twin's matmul_forward / matmul_backward on the same
+// floatX-rounded inputs: rows not a multiple of 16, C not a multiple of 32 or of HP_COLS, odd H
+// (an mma pair j, j + 1 that spans two projections), P * H at the limit HP_MAX_J. Outputs and
+// dx are NaN-poisoned first (dx is written, not accumulated); dw starts from random values and
+// accumulates. The whole-model diffs cover them too (every fixture with a shift or the full gate).
+static void gpu_test_head_proj(void) {
+    struct { int N, C, H, P; } cases[] = {{70, 200, 5, 3}, {300, 520, 32, 3}, {33, 136, 12, 2}, {17, 64, 12, 1}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t N = (size_t)cases[i].N, C = (size_t)cases[i].C, H = (size_t)cases[i].H;
+        int P = cases[i].P;
+        uint64_t s = 4000 + i;
+        float* x = attn_buf(N * C);
+        for (size_t k = 0; k < N * C; k++) { x[k] = to_float(to_floatX((float)rng_normal(&s))); }
+        float* dx_ref = attn_buf(N * C);
+        float* dx = attn_buf(N * C);
+        floatX* x_d = attn_upload(x, N * C);
+        float* dx_d;
+        cudaCheck(cudaMalloc(&dx_d, N * C * sizeof(float)));
+        cudaCheck(cudaMemset(dx_d, 0xFF, N * C * sizeof(float)));
+        float *w[HP_MAX], *dout[HP_MAX], *out_ref[HP_MAX], *dw_ref[HP_MAX], *out[HP_MAX], *dw[HP_MAX];
+        HeadProj hp;
+        memset(&hp, 0, sizeof(hp));
+        hp.count = P;
+        for (int p = 0; p < P; p++) {
+            w[p] = attn_buf(H * C); dout[p] = attn_buf(N * H); dw_ref[p] = attn_buf(H * C);
+            out_ref[p] = attn_buf(N * H); out[p] = attn_buf(N * H); dw[p] = attn_buf(H * C);
+            for (size_t k = 0; k < H * C; k++) { w[p][k] = to_float(to_floatX(0.05f * (float)rng_normal(&s))); }
+            for (size_t k = 0; k < N * H; k++) { dout[p][k] = to_float(to_floatX((float)rng_normal(&s))); }
+            for (size_t k = 0; k < H * C; k++) { dw_ref[p][k] = (float)rng_normal(&s); }
+            matmul_forward(out_ref[p], x, w[p], NULL, N, (int)C, (int)H);
+            hp.w[p] = attn_upload(w[p], H * C);
+            hp.dout[p] = attn_upload(dout[p], N * H);
+            cudaCheck(cudaMalloc(&hp.out[p], N * H * sizeof(float)));
+            cudaCheck(cudaMemset(hp.out[p], 0xFF, N * H * sizeof(float)));
+            cudaCheck(cudaMalloc(&hp.dw[p], H * C * sizeof(float)));
+            cudaCheck(cudaMemcpy(hp.dw[p], dw_ref[p], H * C * sizeof(float), cudaMemcpyHostToDevice));
+            matmul_backward(dx_ref, dw_ref[p], NULL, dout[p], x, w[p], N, (int)C, (int)H);
+        }
+        head_proj_forward_gpu(&hp, x_d, N, (int)C, (int)H);
+        head_proj_backward_gpu(dx_d, &hp, x_d, N, (int)C, (int)H);
+        cudaCheck(cudaDeviceSynchronize());
+        cudaCheck(cudaMemcpy(dx, dx_d, N * C * sizeof(float), cudaMemcpyDeviceToHost));
+        double e_out = 0.0, e_dw = 0.0, e_dx = rel_max_error(dx, dx_ref, N * C);
+        for (int p = 0; p < P; p++) {
+            cudaCheck(cudaMemcpy(out[p], hp.out[p], N * H * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(dw[p], hp.dw[p], H * C * sizeof(float), cudaMemcpyDeviceToHost));
+            e_out = fmax(e_out, rel_max_error(out[p], out_ref[p], N * H));
+            e_dw = fmax(e_dw, rel_max_error(dw[p], dw_ref[p], H * C));
+            cudaCheck(cudaFree((void*)hp.w[p])); cudaCheck(cudaFree((void*)hp.dout[p]));
+            cudaCheck(cudaFree(hp.out[p])); cudaCheck(cudaFree(hp.dw[p]));
+            free(w[p]); free(dout[p]); free(out_ref[p]); free(dw_ref[p]); free(out[p]); free(dw[p]);
+        }
+        check(e_out <= 1e-4 && e_dx <= 1e-4 && e_dw <= 1e-4,
+              "gpu head projections N=%d C=%d H=%d P=%d against the twin's matmuls: out %.1e, dx %.1e, dw %.1e "
+              "(max |err| / max |twin|, tolerance 1e-4)", cases[i].N, cases[i].C, cases[i].H, P, e_out, e_dx, e_dw);
+        cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(dx_d));
+        free(x); free(dx_ref); free(dx);
+    }
+}
+
 void run_gpu_tests(void) {
     char why[256];
     if (!gpu_available(why, sizeof(why))) {
         printf("skipped: no GPU (%s): GPU against twin on every fixture\n", why);
         printf("skipped: no GPU (%s): head sizes 64/128, windows, accumulation\n", why);
         printf("skipped: no GPU (%s): attention kernels against the twin's attention\n", why);
+        printf("skipped: no GPU (%s): head projections against the twin's matmuls\n", why);
         printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
         printf("skipped: no GPU (%s): -r 1 against -r 0, bit for bit\n", why);
         printf("skipped: no GPU (%s): ZeRO-1 slices against one process\n", why);
@@ -2987,6 +3060,7 @@ void run_gpu_tests(void) {
 #endif
         globfree(&gl);
     }
+    gpu_test_head_proj();
     gpu_test_attention();
 #ifndef ENABLE_FP32
     gpu_test_attention_pruning();

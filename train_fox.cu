@@ -773,6 +773,163 @@ __global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_lo
 }
 
 // ----------------------------------------------------------------------------
+// The projections of the normed attention input x onto one value per head: the k-shift and
+// v-shift logits and the forget-gate logit, P <= 3 of them (those that are on), each a (H, C)
+// weight without bias. As matmuls with H outputs cuBLASLt runs them on small-tile sm80 kernels,
+// one launch per projection each reading x (forward) or read-modify-writing the fp32 dx
+// (backward); the bf16 build computes all P in one pass on tensor cores instead (mma.sync
+// m16n8k16, fp32 accumulation). The fp32 build keeps the cuBLASLt matmuls. The weight
+// gradients stay on cuBLASLt (a long reduction over N, which it splits well).
+// Output j = p * H + h of the concatenation is head h of projection p.
+
+#define HP_MAX 3
+#define HP_MAX_J 96   // P * H (gpu_config_problem): 12 n-tiles of 8 (forward), 6 k-steps of 16 (backward)
+#define HP_WARPS 8
+#define HP_COLS (32 * HP_WARPS) // columns of dx per block in the backward: one per thread when staging
+typedef struct {
+    int count;                    // P
+    const floatX* w[HP_MAX];      // (H, C) each
+    float* out[HP_MAX];           // (N, H) fp32 logits (forward)
+    const floatX* dout[HP_MAX];   // (N, H) their gradients (backward)
+    float* dw[HP_MAX];            // (H, C) fp32 weight gradients (accumulated)
+} HeadProj;
+
+#ifndef ENABLE_FP32
+// d (16x8, fp32) += a (16x16, row) b (16x8, col) on bf16 registers, the PTX fragment layout:
+// lane = 4 g + t holds a rows g, g+8 at k = 2t, 2t+1 (a[0], a[1]) and 2t+8, 2t+9 (a[2], a[3]),
+// b column g at k = 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1), d rows g (d[0], d[1]) and g+8 (d[2], d[3])
+// at columns 2t, 2t+1
+__device__ static inline void mma_bf16_16816(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// element p < 3 of a by-value HeadProj array by selects (an indexed load copies the struct to
+// local memory)
+template <typename Ptr> __device__ static inline Ptr head_proj_pick(const Ptr (&a)[HP_MAX], int p) {
+    return p == 0 ? a[0] : p == 1 ? a[1] : a[2];
+}
+
+__device__ static inline uint32_t bf16_pair(floatX lo, floatX hi) {
+    __nv_bfloat162 v = __halves2bfloat162(lo, hi);
+    return *(const uint32_t*)&v;
+}
+
+// out_p (N, H) = x (N, C) @ w_p (H, C)^T for every p < P; a warp per 16 rows of x, 8 warps a
+// block. The reduction over C goes in chunks of 32 columns in a permuted order: lane (g, t)
+// loads the 8 columns 8t..8t+7 of rows g and g+8 with one 16-byte load each and uses them as
+// k = {2t, 2t+1, 2t+8, 2t+9} of two k16 steps; its weight fragments (row g of an n-tile, the
+// same 8 columns, read through L1: all warps share the weights) follow the same permutation,
+// so each dot product is unchanged. C % 8 == 0: a 16-byte pack is wholly in or out of range.
+#define HP_UNROLL 4 // chunks of 32 columns loaded before their mma (loads in flight)
+__global__ void __launch_bounds__(32 * HP_WARPS) head_proj_forward_kernel(HeadProj hp, const floatX* __restrict__ x,
+                                                                         size_t N, int C, int H) {
+    int J = hp.count * H, tiles = (J + 7) / 8;
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    size_t r0 = ((size_t)blockIdx.x * HP_WARPS + threadIdx.x / 32) * 16;
+    if (r0 >= N) { return; }
+    size_t ra = r0 + g, rb = r0 + g + 8;
+    // the weight row behind each n-tile's row g (NULL past J: zero fragments)
+    const floatX* wrow[HP_MAX_J / 8];
+    #pragma unroll
+    for (int nt = 0; nt < HP_MAX_J / 8; nt++) {
+        int j = nt * 8 + g;
+        wrow[nt] = nt < tiles && j < J ? head_proj_pick(hp.w, j / H) + (size_t)(j % H) * C : NULL;
+    }
+    float acc[HP_MAX_J / 8][4];
+    #pragma unroll
+    for (int nt = 0; nt < HP_MAX_J / 8; nt++) { acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f; }
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int c0 = 0; c0 < C; c0 += 32 * HP_UNROLL) {
+        uint4 xa[HP_UNROLL], xb[HP_UNROLL];
+        #pragma unroll
+        for (int u = 0; u < HP_UNROLL; u++) {
+            int c = c0 + 32 * u + 8 * t;
+            xa[u] = c < C && ra < N ? *(const uint4*)(x + ra * C + c) : zero;
+            xb[u] = c < C && rb < N ? *(const uint4*)(x + rb * C + c) : zero;
+        }
+        #pragma unroll
+        for (int u = 0; u < HP_UNROLL; u++) {
+            int c = c0 + 32 * u + 8 * t;
+            #pragma unroll
+            for (int nt = 0; nt < HP_MAX_J / 8; nt++) {
+                if (nt >= tiles) { break; }
+                uint4 wv = c < C && wrow[nt] != NULL ? __ldg((const uint4*)(wrow[nt] + c)) : zero;
+                mma_bf16_16816(acc[nt], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv.x, wv.y);
+                mma_bf16_16816(acc[nt], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv.z, wv.w);
+            }
+        }
+    }
+    #pragma unroll
+    for (int nt = 0; nt < HP_MAX_J / 8; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int j = nt * 8 + 2 * t + e % 2;
+            size_t r = e < 2 ? ra : rb;
+            if (nt < tiles && j < J && r < N) { head_proj_pick(hp.out, j / H)[r * H + j % H] = acc[nt][e]; }
+        }
+    }
+}
+
+// the concatenated gradient dout (N, J) at (r, j), zero outside
+__device__ static inline floatX head_proj_dout(const HeadProj* hp, size_t r, int j, size_t N, int J, int H) {
+    return r < N && j < J ? head_proj_pick(hp->dout, j / H)[r * H + j % H] : to_floatX(0.0f);
+}
+
+// dx (N, C) = sum_p dout_p (N, H) @ w_p (H, C), written (=); a warp per 16 rows, a block per
+// 8 * 16 rows and HP_COLS columns. The k of the mma is j (J padded to k-steps of 16): each lane
+// holds its rows' dout fragments for every k-step and walks the block's n-tiles of 8 columns;
+// the weights' fragments want two j at one column, so the block's columns of the weights sit
+// transposed in shared memory, (HP_COLS, ldj) with ldj = 16 k-steps + 8: ldj / 2 words is odd
+// times 4, so the 8 columns g of a fragment load fall in distinct banks.
+__global__ void __launch_bounds__(32 * HP_WARPS) head_proj_backward_input_kernel(float* dx, HeadProj hp, size_t N,
+                                                                                int C, int H) {
+    // forward: out_p[r, h] = sum_c x[r, c] w_p[h, c]  =>  dx[r, c] = sum_p sum_h dout_p[r, h] w_p[h, c]
+    extern __shared__ __align__(16) floatX wt_s[];
+    int J = hp.count * H, ksteps = (J + 15) / 16, ldj = 16 * ksteps + 8;
+    int c_base = blockIdx.y * HP_COLS;
+    // thread c stages column c (neighbouring threads, neighbouring columns: coalesced reads),
+    // unrolled so that several loads are in flight
+    int col = threadIdx.x;
+    #pragma unroll 8
+    for (int j = 0; j < 16 * ksteps; j++) {
+        wt_s[col * ldj + j] = j < J && c_base + col < C ? head_proj_pick(hp.w, j / H)[(size_t)(j % H) * C + c_base + col]
+                                                        : to_floatX(0.0f);
+    }
+    __syncthreads();
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    size_t r0 = ((size_t)blockIdx.x * HP_WARPS + threadIdx.x / 32) * 16;
+    if (r0 >= N) { return; }
+    size_t ra = r0 + g, rb = r0 + g + 8;
+    uint32_t a[HP_MAX_J / 16][4];
+    #pragma unroll
+    for (int s = 0; s < HP_MAX_J / 16; s++) {
+        int j = 16 * s + 2 * t;
+        a[s][0] = bf16_pair(head_proj_dout(&hp, ra, j, N, J, H), head_proj_dout(&hp, ra, j + 1, N, J, H));
+        a[s][1] = bf16_pair(head_proj_dout(&hp, rb, j, N, J, H), head_proj_dout(&hp, rb, j + 1, N, J, H));
+        a[s][2] = bf16_pair(head_proj_dout(&hp, ra, j + 8, N, J, H), head_proj_dout(&hp, ra, j + 9, N, J, H));
+        a[s][3] = bf16_pair(head_proj_dout(&hp, rb, j + 8, N, J, H), head_proj_dout(&hp, rb, j + 9, N, J, H));
+    }
+    for (int n0 = 0; n0 < HP_COLS && c_base + n0 < C; n0 += 8) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const floatX* wp = wt_s + (size_t)(n0 + g) * ldj + 2 * t;
+        #pragma unroll
+        for (int s = 0; s < HP_MAX_J / 16; s++) {
+            if (s >= ksteps) { break; }
+            uint32_t b0 = *(const uint32_t*)(wp + 16 * s), b1 = *(const uint32_t*)(wp + 16 * s + 8);
+            mma_bf16_16816(acc, a[s][0], a[s][1], a[s][2], a[s][3], b0, b1);
+        }
+        size_t c = (size_t)c_base + n0 + 2 * t;
+        if (ra < N) { *(float2*)(dx + ra * C + c) = make_float2(acc[0], acc[1]); }
+        if (rb < N) { *(float2*)(dx + rb * C + c) = make_float2(acc[2], acc[3]); }
+    }
+}
+#endif
+
+// ----------------------------------------------------------------------------
 // Forgetting attention: s_ij = q_i . k_j / sqrt(hd) + c_i - c_j for first_key(i) <= j <= i.
 // Two implementations behind attention_forward_gpu / attention_backward_gpu:
 // - the fused flash kernels (bf16 build, head sizes 64 and 128): Hopper tensor cores (wgmma bf16,
@@ -2787,6 +2944,11 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
         return too_big;
     }
 #ifndef ENABLE_FP32
+    if ((cf->k_shift + cf->v_shift + (cf->gate == GATE_FULL)) * cf->n_head > HP_MAX_J) {
+        snprintf(too_big, sizeof(too_big), "n_head times the per-head projections that are on (k shift, v shift, "
+                 "forget gate) exceeds the GPU kernels' limit of %d\nHINT: use fewer heads", HP_MAX_J);
+        return too_big;
+    }
     if (!attention_fused(hd) && !g_attention_any_head) {
         return "head size (n_embd / n_head) must be 64 or 128: the fused attention kernels of the bf16 build "
                "support only these\nHINT: set --n_head to n_embd / 64 or n_embd / 128, or build with PRECISION=FP32 (slow)";
@@ -2952,6 +3114,58 @@ static LayerActs layer_acts(const GPUModel* g, int l) {
     return p;
 }
 
+// layer l's head projections that are on (see HeadProj), in the order k shift, v shift, forget
+// gate; with the forward's outputs and the backward's buffers
+static HeadProj head_proj_layer(GPUModel* g, const LayerActs* p, int l) {
+    const FoxConfig* cf = &g->config;
+    HeadProj hp;
+    memset(&hp, 0, sizeof(hp));
+    int on[HP_MAX] = {cf->k_shift, cf->v_shift, cf->gate == GATE_FULL};
+    int tensor[HP_MAX] = {P_WK_SHIFT, P_WV_SHIFT, P_WF};
+    float* out[HP_MAX] = {p->k_alpha, p->v_alpha, p->gate_logit};
+    const floatX* dout[HP_MAX] = {g->gb.dk_alpha, g->gb.dv_alpha, g->gb.dgl_x};
+    for (int i = 0; i < HP_MAX; i++) {
+        if (!on[i]) { continue; }
+        hp.w[hp.count] = px(g, tensor[i], l);
+        hp.out[hp.count] = out[i];
+        hp.dout[hp.count] = dout[i];
+        hp.dw[hp.count] = pg(g, tensor[i], l);
+        hp.count++;
+    }
+    return hp;
+}
+
+// out_p (N, H) = x (N, C) @ w_p^T for each projection
+static void head_proj_forward_gpu(const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
+#ifdef ENABLE_FP32
+    for (int i = 0; i < hp->count; i++) { matmul_forward_gpu(hp->out[i], CUDA_R_32F, NULL, x, hp->w[i], N, C, H); }
+#else
+    if (hp->count == 0) { return; }
+    head_proj_forward_kernel<<<(unsigned)ceil_div(N, 16 * HP_WARPS), 32 * HP_WARPS>>>(*hp, x, N, C, H);
+    launchCheck();
+#endif
+}
+
+// dx (N, C) = sum_p dout_p @ w_p, overwriting dx (count > 0); dw_p += dout_p^T @ x
+static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
+#ifdef ENABLE_FP32
+    for (int i = 0; i < hp->count; i++) {
+        matmul_backward_input_gpu(dx, CUDA_R_32F, hp->dout[i], hp->w[i], N, C, H, i == 0 ? 0.0f : 1.0f);
+    }
+#else
+    int ksteps = (int)ceil_div(hp->count * H, 16);
+    size_t smem = (size_t)HP_COLS * (16 * ksteps + 8) * sizeof(floatX);
+    if (smem > 48 * 1024) {
+        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
+    }
+    dim3 grid((unsigned)ceil_div(N, 16 * HP_WARPS), (unsigned)ceil_div(C, HP_COLS));
+    head_proj_backward_input_kernel<<<grid, 32 * HP_WARPS, smem>>>(dx, *hp, N, C, H);
+    launchCheck();
+#endif
+    for (int i = 0; i < hp->count; i++) { matmul_backward_weight_gpu(hp->dw[i], hp->dout[i], x, N, C, H); }
+}
+
 // out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head; out, raw (B, T, H, hd), alpha (B, T, H)
 static void kv_shift_forward_gpu(floatX* out, const floatX* raw, const float* alpha, int B, int T, int H, int hd) {
     size_t NC = (size_t)B * T * H * hd;
@@ -3036,16 +3250,11 @@ static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int 
         matmul_forward_gpu(p.q_raw, CUDA_R_X, NULL, p.xa, px(g, P_WQ, l), N, C, C);
         matmul_forward_gpu(p.k_raw, CUDA_R_X, NULL, p.xa, px(g, P_WK, l), N, C, C);
         matmul_forward_gpu(p.v_raw, CUDA_R_X, NULL, p.xa, px(g, P_WV, l), N, C, C);
-        if (cf->k_shift) {
-            matmul_forward_gpu(p.k_alpha, CUDA_R_32F, NULL, p.xa, px(g, P_WK_SHIFT, l), N, C, H);
-            kv_shift_forward_gpu(p.k_shifted, p.k_raw, p.k_alpha, B, T, H, hd);
-        }
-        if (cf->v_shift) {
-            matmul_forward_gpu(p.v_alpha, CUDA_R_32F, NULL, p.xa, px(g, P_WV_SHIFT, l), N, C, H);
-            kv_shift_forward_gpu(p.v, p.v_raw, p.v_alpha, B, T, H, hd);
-        }
+        HeadProj hp = head_proj_layer(g, &p, l); // k/v shift and forget-gate logits
+        head_proj_forward_gpu(&hp, p.xa, N, C, H);
+        if (cf->k_shift) { kv_shift_forward_gpu(p.k_shifted, p.k_raw, p.k_alpha, B, T, H, hd); }
+        if (cf->v_shift) { kv_shift_forward_gpu(p.v, p.v_raw, p.v_alpha, B, T, H, hd); }
         qk_norm_rope_forward_gpu(g, &p, l, B, T);
-        if (cf->gate == GATE_FULL) { matmul_forward_gpu(p.gate_logit, CUDA_R_32F, NULL, p.xa, px(g, P_WF, l), N, C, H); }
         if (cf->gate != GATE_NONE) {
             forget_gate_forward_kernel<<<B * H, SCAN_THREADS>>>(p.c, p.gate_logit, pm(g, P_BF, l), cf->gate == GATE_FULL, B, T, H);
             launchCheck();
@@ -3139,17 +3348,12 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
         // attention
         matmul_backward_input_gpu(d.dy, CUDA_R_X, d.dresid_x, px(g, P_WO, l), N, C, C, 0.0f);
         matmul_backward_weight_gpu(pg(g, P_WO, l), d.dresid_x, p.y, N, C, C);
-        cudaCheck(cudaMemset(d.dxn, 0, NC * sizeof(float))); // the attention input's gradient sums 7 matmuls
         if (cf->output_norm || cf->output_gate) {
             output_norm_gate_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
                 d.d_o, d.dog, d.don, d.dy, p.o, p.o_normed,
                 cf->output_gate ? p.og_logit : NULL, cf->output_norm ? pm(g, P_O_NORM, l) : NULL,
                 p.rstd_o, N, H, hd, G);
             launchCheck();
-        }
-        if (cf->output_gate) {
-            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dog, px(g, P_WG, l), N, C, C, 1.0f);
-            matmul_backward_weight_gpu(pg(g, P_WG, l), d.dog, xa, N, C, C);
         }
         if (cf->output_norm) {
             colsum_scale_gpu(pg(g, P_O_NORM, l), d.partial, d.don, p.o, p.rstd_o, N, C, hd, 1);
@@ -3160,10 +3364,6 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
         if (cf->gate != GATE_NONE) {
             forget_gate_backward_kernel<<<elem_blocks(NH), 256>>>(d.dgl, d.dgl_x, d.dlogf, p.gate_logit, B, T, H);
             launchCheck();
-            if (cf->gate == GATE_FULL) {
-                matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dgl_x, px(g, P_WF, l), N, C, H, 1.0f);
-                matmul_backward_weight_gpu(pg(g, P_WF, l), d.dgl_x, xa, N, C, H);
-            }
             if (cf->gate != GATE_FIXED) { // the fixed gate's bias is frozen
                 colsum_gpu(pg(g, P_BF, l), d.partial, d.dgl, N, H);
             }
@@ -3187,15 +3387,20 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
             kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
                 dk_raw, d.dk_alpha, dk_shifted, p.k_raw, p.k_alpha, N, T, H, hd, G);
             launchCheck();
-            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dk_alpha, px(g, P_WK_SHIFT, l), N, C, H, 1.0f);
-            matmul_backward_weight_gpu(pg(g, P_WK_SHIFT, l), d.dk_alpha, xa, N, C, H);
         }
         if (cf->v_shift) {
             kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
                 dv_raw, d.dv_alpha, d.dv, p.v_raw, p.v_alpha, N, T, H, hd, G);
             launchCheck();
-            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dv_alpha, px(g, P_WV_SHIFT, l), N, C, H, 1.0f);
-            matmul_backward_weight_gpu(pg(g, P_WV_SHIFT, l), d.dv_alpha, xa, N, C, H);
+        }
+        // the attention input's gradient: the head projections' terms written, then the C x C
+        // matmuls' added (output gate, q, k, v)
+        HeadProj hp = head_proj_layer(g, &p, l);
+        if (hp.count > 0) { head_proj_backward_gpu(d.dxn, &hp, xa, N, C, H); }
+        else { cudaCheck(cudaMemset(d.dxn, 0, NC * sizeof(float))); }
+        if (cf->output_gate) {
+            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dog, px(g, P_WG, l), N, C, C, 1.0f);
+            matmul_backward_weight_gpu(pg(g, P_WG, l), d.dog, xa, N, C, C);
         }
         matmul_backward_input_gpu(d.dxn, CUDA_R_32F, dq_raw, px(g, P_WQ, l), N, C, C, 1.0f);
         matmul_backward_weight_gpu(pg(g, P_WQ, l), dq_raw, xa, N, C, C);
