@@ -29,14 +29,21 @@ version 5 is version 4's online softmax on Hopper's warpgroup mma (wgmma, sm_90a
 accumulators as register A fragments, V read N-major from its tile; 128-key tiles at hd 64
 ./fox_attention_forward 5
 
-version 6 is version 5 with two warpgroups (128 rows) per block sharing 64-key K/V tiles -- the API
+version 6 is version 5 with two warpgroups (128 rows) per block sharing 64-key K/V tiles -- the API at hd 64
 ./fox_attention_forward 6
 
 version 7 is version 6 with FlashAttention-3's pipeline inside a warpgroup: tile j's S matmul is
 issued with tile j-1's P V, and the softmax of tile j runs while P V is in flight (3 K/V stages)
 ./fox_attention_forward 7
 
-A range: ./fox_attention_forward 3 7
+version 8 is version 7 with the rest of FlashAttention-3's structure: a producer warp loads Q and
+128-key K/V tiles with the bulk tensor copy engine (TMA) into mbarrier-signalled rings, setmaxnreg
+moves registers from the producer warpgroup to the two consumer warpgroups, and the consumers
+ping-pong their matmuls (named barriers); takes train_fox.cu's key_start pruning table. The API
+runs it at hd 128 and version 6 at hd 64
+./fox_attention_forward 8
+
+A range: ./fox_attention_forward 3 8
 
 With no argument every version runs. Each version is validated against an fp64 CPU reference on
 small shapes (T not a multiple of the tiles, hd 64/128, gate on/off, windows, packed qkv), then at
@@ -44,6 +51,7 @@ T = 65536 with strongly decaying and nearly-one gates against an fp64 GPU refere
 kernel instantiated in double, itself validated against the CPU), then timed.
 */
 #include "common.h"
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (version 8)
 #include <omp.h>
 
 #define LOG2E 1.4426950408889634f
@@ -58,8 +66,10 @@ __host__ __device__ __forceinline__ bool fox_visible(int i, int j, int window) {
 // CPU reference, fp64 on the bf16 values
 
 static void fox_forward_cpu(double* o, double* lse, const float* q, const float* k, const float* v,
-                            const float* c, int B, int T, int H, int hd, int stride_qkv, int window) {
-    // o: (B, T, H, hd) compact; lse: (B, H, T)
+                            const float* c, int B, int T, int H, int hd, int stride_qkv, int window,
+                            const int* key_start = nullptr) {
+    // o: (B, T, H, hd) compact; lse: (B, H, T). key_start (B*H, ceil(T / 128)): query tile i / 128
+    // skips the keys before 128 * key_start (version 8's pruning), NULL: none
     double scale = 1.0 / sqrt((double)hd);
     #pragma omp parallel for collapse(3) schedule(dynamic)
     for (int b = 0; b < B; b++)
@@ -67,9 +77,10 @@ static void fox_forward_cpu(double* o, double* lse, const float* q, const float*
     for (int i = 0; i < T; i++) {
         const float* qi = q + ((size_t)b * T + i) * stride_qkv + (size_t)h * hd;
         const float* cb = c ? c + ((size_t)b * H + h) * T : nullptr;
+        int jlo = key_start ? 128 * key_start[((size_t)b * H + h) * ((T + 127) / 128) + i / 128] : 0;
         std::vector<double> s(T);
         double m = -INFINITY;
-        for (int j = 0; j <= i; j++) {
+        for (int j = jlo; j <= i; j++) {
             if (!fox_visible(i, j, window)) continue;
             const float* kj = k + ((size_t)b * T + j) * stride_qkv + (size_t)h * hd;
             double dot = 0;
@@ -79,7 +90,7 @@ static void fox_forward_cpu(double* o, double* lse, const float* q, const float*
         }
         double l = 0;
         std::vector<double> acc(hd, 0.0);
-        for (int j = 0; j <= i; j++) {
+        for (int j = jlo; j <= i; j++) {
             if (!fox_visible(i, j, window)) continue;
             const float* vj = v + ((size_t)b * T + j) * stride_qkv + (size_t)h * hd;
             double p = exp(s[j] - m);
@@ -982,6 +993,321 @@ static void fox_fwd_wgmma(bf16* o, float* lse, const bf16* q, const bf16* k, con
 }
 // ---- end: wgmma forward (versions 5-7) ----
 
+// ----------------------------------------------------------------------------
+// ---- begin: warp-specialised forward for train_fox.cu (version 8) ----
+// FlashAttention-3's structure around version 7's pipeline. A block of three warpgroups owns a
+// 128-row query tile: warpgroup 0 is the producer (one warp issues the loads; setmaxnreg gives its
+// registers to the others), warpgroups 1 and 2 are consumers of 64 rows each. The producer fills
+// rings of ST stages for K (with c_j) and for V, signalled by mbarriers: a full barrier per stage
+// completes when the copy engine's bytes (and the c lanes) have landed, an empty one when all eight
+// consumer warps are done with the stage. K and V have separate rings because K(j) is free after
+// tile j's S and softmax, V(j) only after tile j's P V, which runs one tile later.
+// The two consumers ping-pong: each issues its matmuls (tile j's S = Q K^T with tile j-1's
+// O += P V, as in version 7) only in its turn (named barriers 1 and 2), then passes the turn, so
+// one warpgroup's softmax runs while the other's matmuls hold the tensor cores.
+//
+// Loads use the bulk tensor copy engine (TMA) with one tensor map per q, k, v over the packed
+// (B, T, H, hd) layout: dims (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2), box
+// (64 columns, 1 head, rows, 1 batch). Its 128-byte swizzle writes exactly the tile layout of
+// versions 5-7 (64-column blocks, chunk c of row r at c ^ r % 8, 1024-byte aligned), and rows past T
+// come back as zeros. c (fp32 (B, H, T)) cannot have a tensor map for odd T (its row stride must be
+// a multiple of 16 bytes): the producer warp loads it with 4-byte cp.async that arrive on K's full
+// barrier when they land.
+
+#define PRUNE_BLOCK 128  // key_start's tiles: 128 queries by 128 keys (train_fox.cu's pruning)
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// one arrival that also announces `bytes` of copy-engine transactions for the current phase
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
+}
+// one arrival when this thread's earlier cp.async have landed (counted in the barrier's init count)
+__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(smem_u32(bar)) : "memory");
+}
+// wait for the phase of the given parity to complete (a fresh barrier counts parity 1 as complete)
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT;\n}\n" :: "r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+// ROWS rows of one head from a tensor map into a swizzled (ROWS, HD) tile: one box per 64 columns
+template<int ROWS, int HD>
+__device__ __forceinline__ void tma_load_tile(bf16* sm, const CUtensorMap* map, int row0, int h, int b, uint64_t* bar) {
+    #pragma unroll
+    for (int cb = 0; cb < HD / 64; cb++)
+        asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                     :: "r"(smem_u32(sm + cb * ROWS * 64)), "l"((uint64_t)map), "r"(cb * 64), "r"(h), "r"(row0), "r"(b),
+                        "r"(smem_u32(bar)) : "memory");
+}
+// named barriers of 256 threads (both consumer warpgroups): sync waits, arrive passes on
+__device__ __forceinline__ void bar_sync256(int id) { asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory"); }
+__device__ __forceinline__ void bar_arrive256(int id) { asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory"); }
+template<int R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R)); }
+template<int R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R)); }
+
+template<int HD, int BC, int ST, bool GATE>
+__global__ void __launch_bounds__(384, 1) fox_fwd_ws_kernel(bf16* o, float* lse, const __grid_constant__ CUtensorMap tmQ,
+                                                            const __grid_constant__ CUtensorMap tmK,
+                                                            const __grid_constant__ CUtensorMap tmV, const float* c,
+                                                            int T, int H, int stride_o, int window, float scale_log2,
+                                                            const int* key_start) {
+    constexpr int BR = 128, SW = 1;
+    static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
+    bf16* sK = sQ + BR * HD;                 // (ST, BC, HD)
+    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
+    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC)
+    uint64_t* bar = (uint64_t*)(sC + ST * BC);
+    uint64_t *barQ = bar, *fullK = bar + 1, *emptyK = fullK + ST, *fullV = emptyK + ST, *emptyV = fullV + ST;
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+    // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
+    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
+    int ntiles = jt_end - jt_begin;
+
+    if (threadIdx.x == 0) {
+        mbar_init(barQ, 1);
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&fullK[st], 1 + (GATE ? 32 : 0));  // the copy engine's arrival + the 32 c lanes
+            mbar_init(&emptyK[st], 8);                   // a warp of the consumers each
+            mbar_init(&fullV[st], 1);
+            mbar_init(&emptyV[st], 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        if (lane == 0) {
+            mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
+            tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
+        }
+        for (int n = 0; n < ntiles; n++) {
+            int st = n % ST, parity = ((n / ST) & 1) ^ 1, j0 = (jt_begin + n) * BC;
+            mbar_wait(&emptyK[st], parity);
+            if (lane == 0) {
+                mbar_expect_tx(&fullK[st], BC * HD * sizeof(bf16));
+                tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j0, h, b, &fullK[st]);
+            }
+            if (GATE) {
+                #pragma unroll
+                for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
+                mbar_arrive_cp_async(&fullK[st]);
+            }
+            mbar_wait(&emptyV[st], parity);
+            if (lane == 0) {
+                mbar_expect_tx(&fullV[st], BC * HD * sizeof(bf16));
+                tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j0, h, b, &fullV[st]);
+            }
+        }
+        return;
+    }
+
+    // consumers: warpgroup cw = 0, 1 owns rows i0 + 64 cw ..; a warp 16 of them, as in version 6
+    setmaxnreg_inc<240>();
+    int cw = wg - 1, cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int i0w = i0 + 64 * cw;
+    int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
+    float cr[2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, acc[HD / 2];
+    #pragma unroll
+    for (int r = 0; r < 2; r++) cr[r] = (GATE && rows[r] < T) ? cb[rows[r]] : 0.f;
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
+    // turns: consumer cw issues its matmuls after bar_sync256(1 + cw), then passes the turn on
+    auto turn_begin = [&]() { bar_sync256(1 + cw); };
+    auto turn_end = [&]() { bar_arrive256(2 - cw); };
+    if (cw == 1) bar_arrive256(1);  // consumer 0 goes first
+    mbar_wait(barQ, 0);
+
+    uint32_t pa[BC / 16][4];  // P of the previous tile, read by its P V matmul under this tile's S
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, pst = (n + ST - 1) % ST;  // this tile's stage, the previous tile's
+        mbar_wait(&fullK[st], (n / ST) & 1);
+        if (n > 0) mbar_wait(&fullV[pst], ((n - 1) / ST) & 1);
+        const bf16* sKb = sK + st * BC * HD;
+        const float* sCb = sC + st * BC;
+
+        // S = Q K^T of this tile, then O += P V of the previous one: the softmax below runs under it
+        float s[BC / 2];
+        turn_begin();
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BC, 0>(s, desc_k<HD, BR, SW>(sQ, cw * 8, kk), desc_k<HD, BC, SW>(sKb, 0, kk), kk);
+        wgmma_commit();
+        if (n > 0) {
+            const bf16* sVp = sV + pst * BC * HD;
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], desc_mn<HD, BC, SW>(sVp, kk), 1);
+            wgmma_commit();
+            turn_end();  // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+            wgmma_wait<1>();
+        } else {
+            turn_end();
+            wgmma_wait0();
+        }
+        wgmma_pin<BC / 2>(s);
+
+        // scale, bias, mask (only tiles touching the diagonal, the window edge or T), online softmax
+        int j0 = (jt_begin + n) * BC;
+        bool need_mask = (j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window);
+        float mx[2] = {-INFINITY, -INFINITY};
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int jl = nt * 8 + 2 * tq + (e & 1);
+                float x = s[nt * 4 + e] * scale_log2;
+                if (GATE) x = fmaf(cr[e / 2] - sCb[jl], LOG2E, x);  // c_i - c_j exact near the diagonal
+                if (need_mask) {
+                    int j = j0 + jl;
+                    if (j >= T || !fox_visible(rows[e / 2], j, window)) x = -INFINITY;
+                }
+                s[nt * 4 + e] = x;
+                mx[e / 2] = fmaxf(mx[e / 2], x);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&emptyK[st]);  // K(j) read by S, c_j read above: the stage is free
+        float mu[2], alpha[2];
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+            float m_new = fmaxf(m[r], mx[r]);
+            mu[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: exp2(-inf - 0) = 0
+            alpha[r] = exp2f(m[r] - mu[r]);
+            l[r] *= alpha[r];
+            m[r] = m_new;
+        }
+        #pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[nt * 4 + e] = exp2f(s[nt * 4 + e] - mu[e / 2]);
+                l[e / 2] += s[nt * 4 + e];  // per-thread partial; the quad sums once at the end
+            }
+        }
+        wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
+        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+        if (n > 0 && lane == 0) mbar_arrive(&emptyV[pst]);
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            acc[dt * 4] *= alpha[0]; acc[dt * 4 + 1] *= alpha[0];
+            acc[dt * 4 + 2] *= alpha[1]; acc[dt * 4 + 3] *= alpha[1];
+        }
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+    }
+    {  // the last tile's P V, in a turn of its own
+        int pst = (ntiles - 1) % ST;
+        mbar_wait(&fullV[pst], ((ntiles - 1) / ST) & 1);
+        const bf16* sVp = sV + pst * BC * HD;
+        turn_begin();
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], desc_mn<HD, BC, SW>(sVp, kk), 1);
+        wgmma_commit();
+        turn_end();
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+    }
+    if (cw == 0) bar_sync256(1);  // consume consumer 1's last pass of the turn: every arrive is matched
+
+    bf16* ob = o + (size_t)b * T * stride_o + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        int row = rows[r];
+        if (row >= T) continue;
+        float inv = 1.f / l[r];
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
+                __floats2bfloat162_rn(acc[dt * 4 + 2 * r] * inv, acc[dt * 4 + 2 * r + 1] * inv);
+        if (tq == 0) lse[(size_t)bh * T + row] = (m[r] + log2f(l[r])) * LN2;  // natural log
+    }
+}
+
+// Tensor map of q, k or v for version 8: (B, T, H, hd) bf16 with token stride `stride` (elements),
+// boxes of 64 columns x `rows` tokens of one head, 128-byte swizzle, zeros past T.
+static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, int stride, int rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;  // driver entry point, looked up once
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess) {
+            fprintf(stderr, "cuTensorMapEncodeTiled not found\nHINT: forward version 8 needs a CUDA 12+ driver.\n");
+            exit(EXIT_FAILURE);
+        }
+    }
+    CUtensorMap map;
+    cuuint64_t dims[4] = {(cuuint64_t)hd, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
+    cuuint64_t strides[3] = {(cuuint64_t)hd * sizeof(bf16), (cuuint64_t)stride * sizeof(bf16),
+                             (cuuint64_t)T * stride * sizeof(bf16)};
+    cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, unit[4] = {1, 1, 1, 1};
+    CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)x, dims, strides, box, unit,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "cuTensorMapEncodeTiled failed (%d) for B=%d T=%d H=%d hd=%d stride=%d\n"
+                "HINT: q/k/v need 16-byte alignment and stride %% 8 == 0.\n", (int)r, B, T, H, hd, stride);
+        exit(EXIT_FAILURE);
+    }
+    return map;
+}
+
+template<int HD, int BC, int ST, bool GATE>
+static void fox_fwd_ws_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                              int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                              cudaStream_t s) {
+    constexpr int BR = 128;
+    // Q, ST stages of K, V and c, the barriers, + 1 KB to align the tiles to the swizzle pattern
+    constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
+                            (1 + 4 * ST) * sizeof(uint64_t);
+    static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(fox_fwd_ws_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
+                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
+    float scale_log2 = LOG2E / sqrtf((float)HD);
+    fox_fwd_ws_kernel<HD, BC, ST, GATE><<<dim3(ceil_div(T, BR), B * H), 384, smem, s>>>(
+        o, lse, tq, tk, tv, c, T, H, stride_o, window, scale_log2, key_start);
+    cudaCheckLaunch();
+}
+// version 8: key tile BC, ST stages, at both head sizes; key_start as train_fox.cu's pruning (NULL: dense; needs c)
+template<int BC, int ST>
+static void fox_fwd_ws(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                       int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
+                       cudaStream_t s) {
+    if (hd == 64) {
+        if (c) fox_fwd_ws_launch<64, BC, ST, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_ws_launch<64, BC, ST, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+    } else {
+        if (c) fox_fwd_ws_launch<128, BC, ST, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_ws_launch<128, BC, ST, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+    }
+}
+// ---- end: warp-specialised forward (version 8) ----
+
 // ---- begin: fused forward API for train_fox.cu ----
 // o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
 // q, k, v: bf16 (B, T, H, hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv).
@@ -990,8 +1316,11 @@ static void fox_fwd_wgmma(bf16* o, float* lse, const bf16* q, const bf16* k, con
 void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
-    // version 6 (wgmma, two warpgroups = 128 query rows per block, 64-key tiles); sm_90a only
-    fox_fwd_wgmma<64, 64, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, s);
+    // sm_90a only. hd 128: version 8 (warp-specialised, TMA, ping-pong; +16-22% over version 6);
+    // hd 64: version 6 (wgmma, two warpgroups = 128 query rows per block, 64-key tiles), where
+    // version 8 is 15-24% slower (the softmax outlasts the other warpgroup's matmuls, README)
+    if (hd == 128) fox_fwd_ws<128, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
+    else fox_fwd_wgmma<64, 64, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, s);
 }
 // ---- end: fused forward API ----
 
@@ -1058,9 +1387,10 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         case 3: fox_fwd_mma_dispatch<64, 64, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
         case 4: fox_fwd_mma_dispatch<64, 32, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
         case 5: fox_fwd_wgmma<128, 64, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
-        case 6: fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
+        case 6: fox_fwd_wgmma<64, 64, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
         case 7: fox_fwd_wgmma<64, 64, 2, true>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..7\n", version); exit(EXIT_FAILURE);
+        case 8: fox_fwd_ws<128, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..8\n", version); exit(EXIT_FAILURE);
     }
 }
 
@@ -1098,7 +1428,7 @@ static bool check_forward(const FoxProblem& p, const FwdDev& d, const double* o_
 
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 7;
+    int first = only ? only : 1, last = only ? only : 8;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
@@ -1144,6 +1474,31 @@ int main(int argc, char** argv) {
         all_ok &= report("o", s64, 1e-12) & report("lse", l64, 1e-12);
         cudaCheck(cudaFree(o64)); cudaCheck(cudaFree(lse64));
         release(d);
+    }
+
+    // 1b. version 8's key_start pruning: random first key tiles (up to the diagonal one) against the
+    // CPU reference that skips the same keys
+    if (first <= 8 && last >= 8) {
+        for (int hd : {64, 128}) {
+            FoxProblem p = make_problem(2, 600, 2, hd, hd == 64 ? 0 : 300, true, -1);
+            int nt = ceil_div(p.T, 128);
+            std::vector<int> ks((size_t)p.B * p.H * nt);
+            for (size_t e = 0; e < ks.size(); e++) ks[e] = (int)(rng_u32() % (e % nt + 1));
+            std::vector<double> o_ref((size_t)p.B * p.T * p.H * p.hd), lse_ref(p.n_bht);
+            fox_forward_cpu(o_ref.data(), lse_ref.data(), p.qkvf.data() + p.q_off, p.qkvf.data() + p.k_off,
+                            p.qkvf.data() + p.v_off, p.c.data(), p.B, p.T, p.H, p.hd, p.stride_qkv, p.window, ks.data());
+            FwdDev d = upload(p);
+            int* ks_d = dmalloc<int>(ks.size()); h2d(ks_d, ks);
+            poison(d.o, p.n_o); poison(d.lse, p.n_bht);
+            fox_fwd_ws<128, 2>(d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c, p.B, p.T, p.H, p.hd,
+                               p.stride_qkv, p.stride_o, p.window, ks_d, 0);
+            cudaCheck(cudaDeviceSynchronize());
+            printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start)\n  version 8\n", p.B, p.T, p.H,
+                   p.hd, p.window);
+            all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
+            cudaCheck(cudaFree(ks_d));
+            release(d);
+        }
     }
 
     // 2. long sequences with extreme gates, against the fp64 GPU reference
