@@ -143,7 +143,7 @@ def main():
     lines = [f"checkpoint: {model}", "",
              "| T | B | pruning | tiles skipped | attention ms/step (fwd, bwd, tables) | speed-up | step ms | tok/s | speed-up | val loss (seqs) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for T in [int(x) for x in args.lengths.split(",")]:
+    for T in [int(x) for x in args.lengths.split(",") if x]:
         B = max(1, args.tokens // T)
         res = {}
         for prune in (0, 1):
