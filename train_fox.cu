@@ -4065,8 +4065,9 @@ int main(int argc, char** argv) {
            model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0, a.recompute);
     printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | %s schedule, peak lr %g\n",
            a.B, a.T, dist.world, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
-    printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g, peak %s\n", matmul_params,
-           cf->n_layer, cf->n_embd, a.T, flops_per_token, peak > 0 ? "989 TFLOP/s (bf16 dense) per GPU" : "unknown for this GPU (MFU n/a)");
+    printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g%s, peak %s\n", matmul_params,
+           cf->n_layer, cf->n_embd, a.T, flops_per_token, a.prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
+           peak > 0 ? "989 TFLOP/s (bf16 dense) per GPU" : "unknown for this GPU (MFU n/a)");
     GPUModel gm;
     gpu_build_dist(&gm, &model, a.B, a.T, &dist);
 
@@ -4122,15 +4123,16 @@ int main(int argc, char** argv) {
         cudaCheck(cudaDeviceSynchronize());
         double dt = now_seconds() - t0;
         double tok_s = a.total_batch_tokens / dt;
+        // with pruning (-A 1) the attention term counts the tiles computed, not the skipped ones
+        unsigned long long tiles = 0;
+        double pruned = g_prune ? attention_pruned_share(&tiles) : 0.0;
+        double flops = flops_per_token - 6.0 * cf->n_layer * cf->n_embd * (double)a.T * pruned;
         char mfu[32] = "n/a", per_gpu[48] = "";
-        if (peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops_per_token * tok_s / (peak * dist.world)); }
+        if (peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops * tok_s / (peak * dist.world)); }
         if (dist.world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / dist.world); }
         printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a.steps,
                loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
-        if (g_prune) {
-            unsigned long long tiles;
-            printf(" | pruned %.1f%% of tiles", 100.0 * attention_pruned_share(&tiles));
-        }
+        if (g_prune) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
         step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad);
         if (step == start) { // every buffer is allocated up front and kept: the peak is reached by now
             size_t used = gpu_memory_used() - g_memory_baseline;
