@@ -1490,6 +1490,67 @@ static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16*
     launchCheck();
 }
 
+// The element-wise steps of the wgmma forwards (versions 6 and 8), on one warp's 16 query rows
+// of a BC-key tile in the accumulator layout (thread: rows g and g + 8, columns 2 tq, 2 tq + 1
+// of each 8-column block). Scores are in log2 units.
+
+// s = S * scale + (c_i - c_j), masked (causal, window, past T) when need_mask; mx: each row's
+// maximum over this thread's entries. cr: c of the thread's two rows; sCb: c of the tile's keys.
+template<int BC, bool GATE>
+__device__ __forceinline__ void fox_tile_logits(float* s, float mx[2], int j0, bool need_mask, const float cr[2],
+                                                const float* sCb, const int rows[2], int tq, int T, int window,
+                                                float scale_log2) {
+    mx[0] = mx[1] = -INFINITY;
+    #pragma unroll
+    for (int nt = 0; nt < BC / 8; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int jl = nt * 8 + 2 * tq + (e & 1);
+            float x = s[nt * 4 + e] * scale_log2;
+            if (GATE) x = fmaf(cr[e / 2] - sCb[jl], LOG2E, x);  // c_i - c_j exact near the diagonal
+            if (need_mask) {
+                int j = j0 + jl;
+                if (j >= T || !fox_visible(rows[e / 2], j, window)) x = -INFINITY;
+            }
+            s[nt * 4 + e] = x;
+            mx[e / 2] = fmaxf(mx[e / 2], x);
+        }
+    }
+}
+
+// s = 2^(s - mu) and l += its row sums (per-thread partials; the quad sums once at the end)
+template<int BC>
+__device__ __forceinline__ void fox_tile_exp(float* s, float l[2], const float mu[2]) {
+    #pragma unroll
+    for (int nt = 0; nt < BC / 8; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[nt * 4 + e] = exp2f(s[nt * 4 + e] - mu[e / 2]);
+            l[e / 2] += s[nt * 4 + e];
+        }
+    }
+}
+
+// o = acc / l (bf16) and lse = ln(sum) of the thread's rows below T; ob, lse_bh: this (b, h)'s
+// o at token 0 and lse row
+template<int HD>
+__device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const float* acc, float l[2], const float m[2],
+                                               const int rows[2], int tq, int T, int stride_o) {
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        int row = rows[r];
+        if (row >= T) continue;
+        float inv = 1.f / l[r];
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
+                __floats2bfloat162_rn(acc[dt * 4 + 2 * r] * inv, acc[dt * 4 + 2 * r + 1] * inv);
+        if (tq == 0) lse_bh[row] = (m[r] + log2f(l[r])) * LN2;  // natural log
+    }
+}
+
 // Flash forward with the online softmax on Hopper's warpgroup mma: a warpgroup owns 64 query rows
 // (a warp 16, in the same accumulator layout as mma.sync), S = Q K^T with Q and K read by
 // descriptor from 128-byte-swizzled shared tiles (no ldmatrix), P from the accumulators as
@@ -1558,22 +1619,8 @@ __global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_kernel(bf16* o, float
         // scale, bias, mask (only tiles touching the diagonal, the window edge or T), online softmax
         int j0 = jt * BC;
         bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
-        float mx[2] = {-INFINITY, -INFINITY};
-        #pragma unroll
-        for (int nt = 0; nt < BC / 8; nt++) {
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int jl = nt * 8 + 2 * tq + (e & 1);
-                float x = s[nt * 4 + e] * scale_log2;
-                if (GATE) x = fmaf(cr[e / 2] - sCb[jl], LOG2E, x);  // c_i - c_j exact near the diagonal
-                if (need_mask) {
-                    int j = j0 + jl;
-                    if (j >= T || !fox_visible(rows[e / 2], j, window)) x = -INFINITY;
-                }
-                s[nt * 4 + e] = x;
-                mx[e / 2] = fmaxf(mx[e / 2], x);
-            }
-        }
+        float mx[2];
+        fox_tile_logits<BC, GATE>(s, mx, j0, need_mask, cr, sCb, rows, tq, T, window, scale_log2);
         float mu[2];
         #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -1587,14 +1634,7 @@ __global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_kernel(bf16* o, float
             for (int dt = 0; dt < HD / 8; dt++) { acc[dt * 4 + 2 * r] *= alpha; acc[dt * 4 + 2 * r + 1] *= alpha; }
             m[r] = m_new;
         }
-        #pragma unroll
-        for (int nt = 0; nt < BC / 8; nt++) {
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nt * 4 + e] = exp2f(s[nt * 4 + e] - mu[e / 2]);
-                l[e / 2] += s[nt * 4 + e];  // per-thread partial; the quad sums once at the end
-            }
-        }
+        fox_tile_exp<BC>(s, l, mu);
         // O += P V
         uint32_t pa[BC / 16][4];
         #pragma unroll
@@ -1607,20 +1647,7 @@ __global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_kernel(bf16* o, float
         wgmma_pin<HD / 2>(acc); wgmma_pin_a<BC / 16>(pa);
         __syncthreads();  // everyone is done with this buffer before it is refilled
     }
-    bf16* ob = o + (size_t)b * T * stride_o + (size_t)h * HD;
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
-        int row = rows[r];
-        if (row >= T) continue;
-        float inv = 1.f / l[r];
-        #pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++)
-            *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
-                __floats2bfloat162_rn(acc[dt * 4 + 2 * r] * inv, acc[dt * 4 + 2 * r + 1] * inv);
-        if (tq == 0) lse[(size_t)bh * T + row] = (m[r] + log2f(l[r])) * LN2;  // natural log
-    }
+    fox_store_rows<HD>(o + (size_t)b * T * stride_o + (size_t)h * HD, lse + (size_t)bh * T, acc, l, m, rows, tq, T, stride_o);
 }
 
 static void fox_check_args(const char* who, const void* q, const void* k, const void* v, int B, int T, int H,
@@ -1823,22 +1850,8 @@ __global__ void __launch_bounds__(384, 1) fox_fwd_ws_kernel(bf16* o, float* lse,
         // scale, bias, mask (only tiles touching the diagonal, the window edge or T), online softmax
         int j0 = (jt_begin + n) * BC;
         bool need_mask = (j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window);
-        float mx[2] = {-INFINITY, -INFINITY};
-        #pragma unroll
-        for (int nt = 0; nt < BC / 8; nt++) {
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int jl = nt * 8 + 2 * tq + (e & 1);
-                float x = s[nt * 4 + e] * scale_log2;
-                if (GATE) x = fmaf(cr[e / 2] - sCb[jl], LOG2E, x);  // c_i - c_j exact near the diagonal
-                if (need_mask) {
-                    int j = j0 + jl;
-                    if (j >= T || !fox_visible(rows[e / 2], j, window)) x = -INFINITY;
-                }
-                s[nt * 4 + e] = x;
-                mx[e / 2] = fmaxf(mx[e / 2], x);
-            }
-        }
+        float mx[2];
+        fox_tile_logits<BC, GATE>(s, mx, j0, need_mask, cr, sCb, rows, tq, T, window, scale_log2);
         __syncwarp();
         if (lane == 0) mbar_arrive(&emptyK[st]);  // K(j) read by S, c_j read above: the stage is free
         float mu[2], alpha[2];
@@ -1852,14 +1865,7 @@ __global__ void __launch_bounds__(384, 1) fox_fwd_ws_kernel(bf16* o, float* lse,
             l[r] *= alpha[r];
             m[r] = m_new;
         }
-        #pragma unroll
-        for (int nt = 0; nt < BC / 8; nt++) {
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nt * 4 + e] = exp2f(s[nt * 4 + e] - mu[e / 2]);
-                l[e / 2] += s[nt * 4 + e];  // per-thread partial; the quad sums once at the end
-            }
-        }
+        fox_tile_exp<BC>(s, l, mu);
         wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
         wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
         if (n > 0 && lane == 0) mbar_arrive(&emptyV[pst]);
@@ -1886,20 +1892,7 @@ __global__ void __launch_bounds__(384, 1) fox_fwd_ws_kernel(bf16* o, float* lse,
     }
     if (cw == 0) bar_sync256(1);  // consume consumer 1's last pass of the turn: every arrive is matched
 
-    bf16* ob = o + (size_t)b * T * stride_o + (size_t)h * HD;
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
-        int row = rows[r];
-        if (row >= T) continue;
-        float inv = 1.f / l[r];
-        #pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++)
-            *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
-                __floats2bfloat162_rn(acc[dt * 4 + 2 * r] * inv, acc[dt * 4 + 2 * r + 1] * inv);
-        if (tq == 0) lse[(size_t)bh * T + row] = (m[r] + log2f(l[r])) * LN2;  // natural log
-    }
+    fox_store_rows<HD>(o + (size_t)b * T * stride_o + (size_t)h * HD, lse + (size_t)bh * T, acc, l, m, rows, tq, T, stride_o);
 }
 
 // Tensor map of q, k or v for fox_fwd_ws_kernel: (B, T, H, hd) bf16 with token stride `stride` (elements),
