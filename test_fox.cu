@@ -190,19 +190,27 @@ static double rel_error_f64(const float* a, const double* b, size_t n, size_t a_
 #define TOL_STEPS 1e-4
 #define TOL_STEP_NORMS 1e-3
 
-static void test_against_reference(const char* path) {
-    DebugState ds;
-    debug_state_read(&ds, path);
+// Reads a reference fixture: its records, a short name for messages (the file name without
+// ".fxds"), the model's config and training setup, and the model built with the fixture's
+// weights. Returns how many parameter tensors it mapped.
+static int fixture_load(const char* path, DebugState* ds, char* name, size_t name_len, FoxConfig* c, DebugTraining* tr,
+                        FoxModel* m) {
+    debug_state_read(ds, path);
     const char* base = strrchr(path, '/');
     base = base != NULL ? base + 1 : path;
+    snprintf(name, name_len, "%.*s", (int)(strlen(base) > 5 ? strlen(base) - 5 : strlen(base)), base);
+    debug_config(ds, c, tr);
+    fox_build(m, c);
+    return load_debug_params(m, ds);
+}
+
+static void test_against_reference(const char* path) {
+    DebugState ds;
     char name[128];
-    snprintf(name, sizeof(name), "%.*s", (int)(strlen(base) > 5 ? strlen(base) - 5 : strlen(base)), base);
     FoxConfig c;
     DebugTraining tr;
-    debug_config(&ds, &c, &tr);
     FoxModel m;
-    fox_build(&m, &c);
-    int used = load_debug_params(&m, &ds);
+    int used = fixture_load(path, &ds, name, sizeof(name), &c, &tr, &m);
     check(used == count_param_records(&ds), "%s: the twin's parameter table maps all %d reference tensors (used %d)", name,
           count_param_records(&ds), used);
     if (c.gate == GATE_BIAS_ONLY || c.gate == GATE_FIXED) {
@@ -2244,17 +2252,11 @@ static void gpu_vs_twin_steps(FoxModel* twin, const int* inputs, const int* targ
 // every reference fixture (every preset and single toggle, head size 16, T = 24: one tile)
 static void gpu_test_fixture(const char* path) {
     DebugState ds;
-    debug_state_read(&ds, path);
-    const char* base = strrchr(path, '/');
-    base = base != NULL ? base + 1 : path;
     char name[128];
-    snprintf(name, sizeof(name), "%.*s", (int)(strlen(base) > 5 ? strlen(base) - 5 : strlen(base)), base);
     FoxConfig c;
     DebugTraining tr;
-    debug_config(&ds, &c, &tr);
     FoxModel twin;
-    fox_build(&twin, &c);
-    load_debug_params(&twin, &ds);
+    fixture_load(path, &ds, name, sizeof(name), &c, &tr, &twin);
     float* initial = (float*)malloc_check(twin.num_parameters * sizeof(float), "initial weights");
     memcpy(initial, twin.params_memory, twin.num_parameters * sizeof(float));
     const int* inputs = (const int*)debug_find(&ds, "inputs")->data;
