@@ -1986,6 +1986,40 @@ static void missing_ranks_child(const void* arg) {
 }
 #endif
 
+// -P @file of a token shard: its first cap - reserve tokens, as stored (no encoder); a shard that
+// leaves no room, and a truncated one, fail with a HINT
+static void prompt_no_room_child(const void* arg) {
+    int tokens[8];
+    prompt_tokens((const char*)arg, tokens, 8, 8);
+}
+
+static void prompt_child(const void* arg) {
+    int tokens[20];
+    prompt_tokens((const char*)arg, tokens, 20, 5);
+}
+
+static void test_prompt_from_shard(void) {
+    enum { N = 50 };
+    uint16_t shard[N];
+    for (int i = 0; i < N; i++) { shard[i] = (uint16_t)(7 * i + 3); }
+    char path[512], arg[520], bad[520];
+    snprintf(path, sizeof(path), "%s/prompt_000000.bin", test_dir);
+    write_shard(path, shard, N, SHARD_MAGIC, N);
+    snprintf(arg, sizeof(arg), "@%s", path);
+    int out[100], ok = 1;
+    int n_short = prompt_tokens(arg, out, 20, 5);
+    for (int i = 0; i < n_short; i++) { ok &= out[i] == shard[i]; }
+    int n_all = prompt_tokens(arg, out, 100, 5);
+    for (int i = 0; i < n_all; i++) { ok &= out[i] == shard[i]; }
+    check(ok && n_short == 15 && n_all == N, "-P @shard: the first -t minus -g tokens as stored (%d of %d; all %d when they fit)",
+          n_short, N, n_all);
+    expect_failure(prompt_no_room_child, arg, "-P @shard with -g leaving no room in -t");
+    snprintf(path, sizeof(path), "%s/prompt_truncated.bin", test_dir);
+    write_shard(path, shard, N, SHARD_MAGIC, N + 10);
+    snprintf(bad, sizeof(bad), "@%s", path);
+    expect_failure(prompt_child, bad, "-P @shard that is truncated");
+}
+
 static void test_eval_bad_input(void) {
     static const char* bad_mode[] = {"train_fox", "-M", "evaluate", NULL};
     static const char* bad_temp[] = {"train_fox", "-T", "-1", NULL};
@@ -3123,6 +3157,7 @@ int main(int argc, char** argv) {
     test_niah();
     test_maps();
     test_eval_bad_input();
+    test_prompt_from_shard();
     printf("# GPU\n");
     run_gpu_tests();
     char cleanup[600];
