@@ -934,10 +934,11 @@ __global__ void __launch_bounds__(32 * HP_WARPS) head_proj_backward_input_kernel
 // Forgetting attention: s_ij = q_i . k_j / sqrt(hd) + c_i - c_j for first_key(i) <= j <= i.
 // Two implementations behind attention_forward_gpu / attention_backward_gpu:
 // - the fused flash kernels (bf16 build, head sizes 64 and 128): Hopper tensor cores (wgmma bf16,
-//   sm_90a), the versions chosen in dev/cuda/fox_attention_forward.cu (6) and _backward.cu (6),
-//   copied from their "train_fox.cu" sections and specialised to those versions (a change there
-//   is carried over here; see dev/cuda/README.md), plus the adaptive computation pruning of
-//   issue 9 (the tables' pass and the pruned loop ranges), which dev/cuda does not have yet;
+//   sm_90a), the versions chosen in dev/cuda/fox_attention_forward.cu (6 at hd 64, 8 at hd 128)
+//   and _backward.cu (9 at hd 64, 11 at hd 128), copied from their "train_fox.cu" sections and
+//   specialised to those versions (a change there is carried over here; see dev/cuda/README.md),
+//   plus the adaptive computation pruning of issue 9 (the tables' pass here; the pruned loop
+//   ranges are in the dev/cuda versions 8 and 9 too);
 // - a simple tiled kernel in fp32 CUDA cores, any head size up to MAX_HD. The fp32 build
 //   needs it (the fused kernels read bf16 only); in the bf16 build it serves the tests' head
 //   size 16 fixtures (gpu_config_problem refuses other head sizes to the trainer).
@@ -1276,12 +1277,6 @@ __device__ __forceinline__ void load_vec_async(float* sm, const float* g, int ro
 // wgmma wrappers: d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N);
 // acc = 0 overwrites d. SS: A and B by descriptor, both K-major; RS: A from registers (mma.sync
 // A-fragment layout per warp), B N-major (transposed). Only the shapes the kernels use.
-__device__ __forceinline__ void wgmma_ss_n32(float* d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "l"(da), "l"(db), "r"(acc) : "memory");
-}
 __device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t da, uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
@@ -1307,8 +1302,7 @@ __device__ __forceinline__ void wgmma_ss_n128(float* d, uint64_t da, uint64_t db
                  : "l"(da), "l"(db), "r"(acc) : "memory");
 }
 template<int N> __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int acc) {
-    if constexpr (N == 32) wgmma_ss_n32(d, da, db, acc);
-    else if constexpr (N == 64) wgmma_ss_n64(d, da, db, acc);
+    if constexpr (N == 64) wgmma_ss_n64(d, da, db, acc);
     else wgmma_ss_n128(d, da, db, acc);
 }
 template<int N> __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t a[4], uint64_t db, int acc) {
@@ -1975,41 +1969,55 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
     if (lane == 0) delta[row] = s;
 }
 
-// The backward on wgmma: B operands, and optionally A, are read straight from the swizzled shared
-// tiles through descriptors (no ldmatrix: the shared-memory traffic that limited the mma.sync
-// versions). P and dS go from the accumulators to the A registers of the second matmuls directly
-// (same fragment layout as mma.sync).
+// Forward line differentiated: o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
+// S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i);
+// dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij k_j; dc_t = sum_j dS_tj - sum_i dS_it.
+//
+// Version 9 of dev/cuda (version 6's two kernels in forward version 8's structure; with PP, version
+// 11). A block of three warpgroups owns one 128-row tile (128 keys in the dK/dV kernel, 128
+// queries in the dQ kernel: one pruning tile each). Warpgroup 0 is the producer: one warp issues the copy-engine (TMA) loads, setmaxnreg gives
+// its registers away (24). Warpgroups 1 and 2 consume 64 rows each (setmaxnreg 240). The fixed tile
+// (K, V; Q, dO) comes once; the streamed tiles (Q, dO and the queries' lse, Delta, c; K, V and the
+// keys' c) through a ring of ST stages with a full and an empty mbarrier per stage. The per-row
+// floats come by 4-byte cp.async from the producer's 32 lanes, arriving on the stage's full
+// barrier (a tensor map needs 16-byte row strides, which (B, H, T) fp32 lacks for odd T).
+// What version 6 lacks: nothing keeps the two consumers in lockstep (no __syncthreads). Each waits
+// only for its stage's bytes and releases the stage when its last matmul on it is done, so one
+// consumer's element-wise work runs under the other's matmuls and the loads under both, and the
+// consumers spend no issue slots on address arithmetic for loads. Inside a consumer a tile is
+// version 6's: two commit groups (P's exponentials under dP^T, dS under dV), and no accumulator of
+// an in-flight wgmma is defined by other code in between (ptxas then keeps the wgmma's async:
+// no C7515). A consumer skips the tiles it sees nothing of (above its diagonal or past the window)
+// but still releases them.
 
-// Both kernels declare a minimum of 1 block per SM, as the measured dev/cuda versions do: it
-// changes ptxas's register allocation (dq: 214 instead of 202 registers at hd 128).
-
-// dk, dv and the dc column sums of one key tile of 64 * NWG keys; warpgroup wg owns keys
-// 64wg..64wg+63 (a warp 16 of them). Query tiles of BQ stream through shared memory,
-// double-buffered with cp.async, shared by the warpgroups.
-// S^T = K Q^T, dP^T = V dO^T (SS wgmma, K-major), then P^T, dS^T in registers, then
-// dV += P^T dO, dK += dS^T Q (RS wgmma, dO and Q N-major).
-template<int HD, int BQ, int NWG, bool GATE>
-__global__ void __launch_bounds__(128 * NWG, 1) fox_bwd_dkdv_wgmma_kernel(bf16* dk, bf16* dv, float* dc, const bf16* dout,
-                                                                       const bf16* q, const bf16* k, const bf16* v,
-                                                                       const float* lse, const float* delta, const float* c,
-                                                                       int T, int H, int stride_qkv, int stride_o, int window,
-                                                                       float scale_log2, float scale, const int* query_end) {
-    constexpr int BK = 64 * NWG, NT = 128 * NWG;
-    static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0, "a key tile is one pruning tile");
+// dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
+// (a warp 16 of them). Query tiles of BQ stream through the ring. query_end (B*H, ceil(T / 128)):
+// query tiles of 128 from query_end on are pruned (NULL: none).
+template<int HD, int BQ, int ST, bool GATE, bool PP>
+__global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_ws_kernel(bf16* dk, bf16* dv, float* dc,
+                                                                 const __grid_constant__ CUtensorMap tmQ,
+                                                                 const __grid_constant__ CUtensorMap tmG,
+                                                                 const __grid_constant__ CUtensorMap tmK,
+                                                                 const __grid_constant__ CUtensorMap tmV,
+                                                                 const float* lse, const float* delta, const float* c,
+                                                                 int T, int H, int stride_qkv, int window,
+                                                                 float scale_log2, float scale, const int* query_end) {
+    constexpr int BK = 128;
+    static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sK = (bf16*)smem_1k(smem_raw);    // (BK, HD) swizzled tiles
-    bf16* sV = sK + BK * HD;                // (BK, HD)
-    bf16* sQ = sV + BK * HD;                // (2, BQ, HD)
-    bf16* sG = sQ + 2 * BQ * HD;            // (2, BQ, HD) dO
-    float* sL = (float*)(sG + 2 * BQ * HD); // (2, BQ) lse
-    float* sD = sL + 2 * BQ;                // (2, BQ) Delta
-    float* sC = sD + 2 * BQ;                // (2, BQ) c of the queries
+    bf16* sK = (bf16*)smem_1k(smem_raw);     // (BK, HD) swizzled tiles
+    bf16* sV = sK + BK * HD;                 // (BK, HD)
+    bf16* sQ = sV + BK * HD;                 // (ST, BQ, HD)
+    bf16* sG = sQ + ST * BQ * HD;            // (ST, BQ, HD) dO
+    float* sL = (float*)(sG + ST * BQ * HD); // (ST, BQ) lse
+    float* sD = sL + ST * BQ;                // (ST, BQ) Delta
+    float* sC = sD + ST * BQ;                // (ST, BQ) c of the queries
+    uint64_t* bar = (uint64_t*)(sC + ST * BQ);
+    uint64_t *barKV = bar, *full = bar + 1, *empty = full + ST;
 
     int kt = blockIdx.x;  // the first key tiles see the most queries and are scheduled first
     int bh = blockIdx.y, b = bh / H, h = bh % H;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, wg = warp / 4;
-    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
-    size_t base_o = (size_t)b * T * stride_o + (size_t)h * HD;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
     const float *lb = lse + (size_t)bh * T, *db = delta + (size_t)bh * T;
     const float* cb = GATE ? c + (size_t)bh * T : nullptr;
     int j0 = kt * BK;
@@ -2017,107 +2025,145 @@ __global__ void __launch_bounds__(128 * NWG, 1) fox_bwd_dkdv_wgmma_kernel(bf16* 
     int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
     // pruned query tiles are never loaded (the diagonal one is kept, so it_begin < it_end)
     if (query_end) it_end = min(it_end, query_end[(size_t)bh * gridDim.x + kt] * (PRUNE_BLOCK / BQ));
+    int ntiles = it_end - it_begin;
 
-    load_tile_wg<BK, HD, NT>(sK, k + base, j0, T, stride_qkv);
-    load_tile_wg<BK, HD, NT>(sV, v + base, j0, T, stride_qkv);
-    auto load_q_tile = [&](int it, int nb) {
-        int i1 = it * BQ;
-        load_tile_wg<BQ, HD, NT>(sQ + nb * BQ * HD, q + base, i1, T, stride_qkv);
-        load_tile_wg<BQ, HD, NT>(sG + nb * BQ * HD, dout + base_o, i1, T, stride_o);
-        load_vec_async<BQ>(sL + nb * BQ, lb, i1, T);
-        load_vec_async<BQ>(sD + nb * BQ, db, i1, T);
-        if (GATE) load_vec_async<BQ>(sC + nb * BQ, cb, i1, T);
-    };
-    load_q_tile(it_begin, 0);
-    cp_async_commit();
+    if (threadIdx.x == 0) {
+        mbar_init(barKV, 1);
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&full[st], 1 + 32);  // the copy engine's arrival + the 32 lanes' lse, Delta, c
+            mbar_init(&empty[st], 8);      // a warp of the consumers each
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
 
+    if (wg == 0) {  // producer
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        if (lane == 0) {
+            mbar_expect_tx(barKV, 2 * BK * HD * sizeof(bf16));
+            tma_load_tile<BK, HD>(sK, &tmK, j0, h, b, barKV);
+            tma_load_tile<BK, HD>(sV, &tmV, j0, h, b, barKV);
+        }
+        for (int n = 0; n < ntiles; n++) {
+            int st = n % ST, i1 = (it_begin + n) * BQ;
+            mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(&full[st], 2 * BQ * HD * sizeof(bf16));
+                tma_load_tile<BQ, HD>(sQ + st * BQ * HD, &tmQ, i1, h, b, &full[st]);
+                tma_load_tile<BQ, HD>(sG + st * BQ * HD, &tmG, i1, h, b, &full[st]);
+            }
+            #pragma unroll
+            for (int e = lane; e < BQ; e += 32) {  // past T: zeros
+                int i = min(i1 + e, T - 1);
+                bool ok = i1 + e < T;
+                cp_async4(sL + st * BQ + e, lb + i, ok);
+                cp_async4(sD + st * BQ + e, db + i, ok);
+                if (GATE) cp_async4(sC + st * BQ + e, cb + i, ok);
+            }
+            mbar_arrive_cp_async(&full[st]);
+        }
+        return;
+    }
+
+    // consumers
+    setmaxnreg_inc<240>();
+    int cw = wg - 1, cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int j0w = j0 + 64 * cw;  // this consumer's first key
     int keys[2];
     float cj[2], dcs[2] = {0.f, 0.f};
     #pragma unroll
     for (int r = 0; r < 2; r++) {
-        keys[r] = j0 + warp * 16 + g + 8 * r;
+        keys[r] = j0 + cwarp * 16 + g + 8 * r;
         cj[r] = (GATE && keys[r] < T) ? cb[keys[r]] : 0.f;
     }
     float dka[HD / 2], dva[HD / 2];
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
     uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T
+    if (PP && cw == 1) bar_arrive256(1);  // PP: consumer 0 takes the first turn
+    mbar_wait(barKV, 0);
 
-    for (int it = it_begin; it < it_end; it++) {
-        int buf = (it - it_begin) & 1;
-        if (it + 1 < it_end) { load_q_tile(it + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
-        else cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();
-        const bf16 *sQb = sQ + buf * BQ * HD, *sGb = sG + buf * BQ * HD;
-        const float *sLb = sL + buf * BQ, *sDb = sD + buf * BQ, *sCb = sC + buf * BQ;
-
-        // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries) per warpgroup, two commit groups so
-        // that the exponentials of P overlap the dP^T matmul, and dS the dV one
-        float st[BQ / 2], dpt[BQ / 2];
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            wgmma_ss<BQ>(st, desc_k<BK>(sK, wg * 8, kk), desc_k<BQ>(sQb, 0, kk), kk);
-        wgmma_commit();
-        #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            wgmma_ss<BQ>(dpt, desc_k<BK>(sV, wg * 8, kk), desc_k<BQ>(sGb, 0, kk), kk);
-        wgmma_commit();
-        wgmma_wait<1>();
-        wgmma_pin<BQ / 2>(st);
-
-        // P^T in place; masked entries are selected to 0, never multiplied
-        int i0 = it * BQ;
-        bool need_mask = (i0 < j0 + BK - 1) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0 >= window);
-        #pragma unroll
-        for (int nt = 0; nt < BQ / 8; nt++) {
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, i0 = (it_begin + n) * BQ;
+        mbar_wait(&full[st], (n / ST) & 1);
+        // every query of the tile before this consumer's first key, or past the window of its last one: P = 0
+        bool seen = i0 + BQ > j0w && !(window > 0 && i0 - (j0w + 63) >= window);
+        if (PP) bar_sync256(1 + cw);
+        if (seen) {
+            const bf16 *sQb = sQ + st * BQ * HD, *sGb = sG + st * BQ * HD;
+            const float *sLb = sL + st * BQ, *sDb = sD + st * BQ, *sCb = sC + st * BQ;
+            // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries), two commit groups
+            float s[BQ / 2], dp[BQ / 2];
+            wgmma_fence();
             #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int il = nt * 8 + 2 * tq + (e & 1);
-                float x = fmaf(st[nt * 4 + e], scale_log2, -sLb[il] * LOG2E);
-                if (GATE) x = fmaf(sCb[il] - cj[e / 2], LOG2E, x);
-                float p = exp2f(x);
-                if (need_mask) {
-                    int i = i0 + il;
-                    if (i >= T || !fox_visible(i, keys[e / 2], window)) p = 0.f;
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BQ>(s, desc_k<BK>(sK, cw * 8, kk), desc_k<BQ>(sQb, 0, kk), kk);
+            wgmma_commit();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BQ>(dp, desc_k<BK>(sV, cw * 8, kk), desc_k<BQ>(sGb, 0, kk), kk);
+            wgmma_commit();
+            if (PP) bar_arrive256(2 - cw);  // in the branch: a join between issue and wait serializes (C7514)
+            wgmma_wait<1>();
+            wgmma_pin<BQ / 2>(s);
+
+            // P^T in place; masked entries are selected to 0, never multiplied
+            bool need_mask = (i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window);
+            #pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int il = nt * 8 + 2 * tq + (e & 1);
+                    float x = fmaf(s[nt * 4 + e], scale_log2, -sLb[il] * LOG2E);
+                    if (GATE) x = fmaf(sCb[il] - cj[e / 2], LOG2E, x);
+                    float p = exp2f(x);
+                    if (need_mask) {
+                        int i = i0 + il;
+                        if (i >= T || !fox_visible(i, keys[e / 2], window)) p = 0.f;
+                    }
+                    s[nt * 4 + e] = p;
                 }
-                st[nt * 4 + e] = p;
             }
-        }
-        // dV += P^T dO
-        #pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], st + 8 * kk, st + 8 * kk + 4);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(dva, pa[kk], desc_mn<BQ>(sGb, kk), 1);
-        wgmma_commit();
-        wgmma_wait<1>();  // dP^T done (dV may still run)
-        wgmma_pin<BQ / 2>(dpt);
-        // dS^T = P^T (dP^T - Delta)
-        #pragma unroll
-        for (int nt = 0; nt < BQ / 8; nt++) {
+            // dV += P^T dO
             #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int il = nt * 8 + 2 * tq + (e & 1);
-                float ds = st[nt * 4 + e] * (dpt[nt * 4 + e] - sDb[il]);
-                dcs[e / 2] += ds;
-                dpt[nt * 4 + e] = ds;
+            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(dva, pa[kk], desc_mn<BQ>(sGb, kk), 1);
+            wgmma_commit();
+            wgmma_wait<1>();  // dP^T done (dV may still run)
+            wgmma_pin<BQ / 2>(dp);
+            // dS^T = P^T (dP^T - Delta)
+            #pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int il = nt * 8 + 2 * tq + (e & 1);
+                    float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - sDb[il]);
+                    dcs[e / 2] += ds;
+                    dp[nt * 4 + e] = ds;
+                }
             }
+            // dK += dS^T Q
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(dka, sa[kk], desc_mn<BQ>(sQb, kk), 1);
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+            wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+        } else if (PP) {
+            bar_arrive256(2 - cw);
         }
-        // dK += dS^T Q
-        #pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dpt + 8 * kk, dpt + 8 * kk + 4);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(dka, sa[kk], desc_mn<BQ>(sQb, kk), 1);
-        wgmma_commit();
-        wgmma_wait0();
-        wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
-        wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
-        __syncthreads();  // buffer free for the prefetch of the next iteration
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's Q, dO and floats
     }
-    bf16 *dkb = dk + base, *dvb = dv + base;
+    if (PP && cw == 0) bar_sync256(1);  // consume consumer 1's last pass of the turn: every arrive is matched
+
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int key = keys[r];
@@ -2138,50 +2184,80 @@ __global__ void __launch_bounds__(128 * NWG, 1) fox_bwd_dkdv_wgmma_kernel(bf16* 
     }
 }
 
-// dq and the dc row sums of one query tile of 64 * NWG queries (warpgroup wg owns 64 of them);
-// key tiles of BC stream through shared memory. S = Q K^T, dP = dO V^T (SS, K-major), dS in
-// registers, dQ += dS K (RS, K N-major).
-template<int HD, int BC, int NWG, bool GATE>
-__global__ void __launch_bounds__(128 * NWG, 1) fox_bwd_dq_wgmma_kernel(bf16* dq, float* dc_row, const bf16* dout, const bf16* q,
-                                                                     const bf16* k, const bf16* v, const float* lse,
-                                                                     const float* delta, const float* c, int T, int H,
-                                                                     int stride_qkv, int stride_o, int window,
-                                                                     float scale_log2, float scale, const int* key_start) {
-    constexpr int BR = 64 * NWG, NT = 128 * NWG;
-    static_assert(PRUNE_BLOCK % BR == 0 && PRUNE_BLOCK % BC == 0, "a query tile lies in one pruning tile");
+// dq and the dc row sums of the 128-query tile gridDim.x - 1 - blockIdx.x; consumer cw owns queries
+// 64cw..+63. Key tiles of BC (with the keys' c) stream through the ring. key_start (B*H,
+// ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none).
+template<int HD, int BC, int ST, bool GATE, bool PP>
+__global__ void __launch_bounds__(384, 1) fox_bwd_dq_ws_kernel(bf16* dq, float* dc_row,
+                                                               const __grid_constant__ CUtensorMap tmQ,
+                                                               const __grid_constant__ CUtensorMap tmG,
+                                                               const __grid_constant__ CUtensorMap tmK,
+                                                               const __grid_constant__ CUtensorMap tmV,
+                                                               const float* lse, const float* delta, const float* c,
+                                                               int T, int H, int stride_qkv, int window,
+                                                               float scale_log2, float scale, const int* key_start) {
+    constexpr int BR = 128;
+    static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sQ = (bf16*)smem_1k(smem_raw);       // (BR, HD) swizzled tiles
-    bf16* sG = sQ + BR * HD;                   // (BR, HD) dO
-    bf16* sK = sG + BR * HD;                   // (2, BC, HD)
-    bf16* sV = sK + 2 * BC * HD;               // (2, BC, HD)
-    float* sC = (float*)(sV + 2 * BC * HD);    // (2, BC) c of the keys
+    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
+    bf16* sG = sQ + BR * HD;                 // (BR, HD) dO
+    bf16* sK = sG + BR * HD;                 // (ST, BC, HD)
+    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
+    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c of the keys
+    uint64_t* bar = (uint64_t*)(sC + ST * BC);
+    uint64_t *barQ = bar, *full = bar + 1, *empty = full + ST;
 
     int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
     int bh = blockIdx.y, b = bh / H, h = bh % H;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, wg = warp / 4;
-    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
-    size_t base_o = (size_t)b * T * stride_o + (size_t)h * HD;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
     const float* cb = GATE ? c + (size_t)bh * T : nullptr;
     int i0 = qt * BR;
     int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
     int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
-    if (key_start) {  // pruned key tiles are never loaded
-        size_t nt = (size_t)ceil_div(T, PRUNE_BLOCK);
-        jt_begin = max(jt_begin, key_start[(size_t)bh * nt + i0 / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
+    // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
+    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
+    int ntiles = jt_end - jt_begin;
+
+    if (threadIdx.x == 0) {
+        mbar_init(barQ, 1);
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&full[st], 1 + (GATE ? 32 : 0));  // the copy engine's arrival + the 32 c lanes
+            mbar_init(&empty[st], 8);                   // a warp of the consumers each
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        if (lane == 0) {
+            mbar_expect_tx(barQ, 2 * BR * HD * sizeof(bf16));
+            tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
+            tma_load_tile<BR, HD>(sG, &tmG, i0, h, b, barQ);
+        }
+        for (int n = 0; n < ntiles; n++) {
+            int st = n % ST, j1 = (jt_begin + n) * BC;
+            mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(&full[st], 2 * BC * HD * sizeof(bf16));
+                tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j1, h, b, &full[st]);
+                tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j1, h, b, &full[st]);
+            }
+            if (GATE) {
+                #pragma unroll
+                for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j1 + e, T - 1), j1 + e < T);
+                mbar_arrive_cp_async(&full[st]);
+            }
+        }
+        return;
     }
 
-    load_tile_wg<BR, HD, NT>(sQ, q + base, i0, T, stride_qkv);
-    load_tile_wg<BR, HD, NT>(sG, dout + base_o, i0, T, stride_o);
-    auto load_k_tile = [&](int jt, int nb) {
-        int j1 = jt * BC;
-        load_tile_wg<BC, HD, NT>(sK + nb * BC * HD, k + base, j1, T, stride_qkv);
-        load_tile_wg<BC, HD, NT>(sV + nb * BC * HD, v + base, j1, T, stride_qkv);
-        if (GATE) load_vec_async<BC>(sC + nb * BC, cb, j1, T);
-    };
-    load_k_tile(jt_begin, 0);
-    cp_async_commit();
-
-    int r0 = i0 + warp * 16 + g, r1 = r0 + 8;
+    // consumers
+    setmaxnreg_inc<240>();
+    int cw = wg - 1, cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int i0w = i0 + 64 * cw;  // this consumer's first query
+    int r0 = i0 + cwarp * 16 + g, r1 = r0 + 8;
     float rl[2], rd[2], rc[2];  // lse in log2 units, Delta, c of this thread's rows
     #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -2195,67 +2271,76 @@ __global__ void __launch_bounds__(128 * NWG, 1) fox_bwd_dq_wgmma_kernel(bf16* dq
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
     uint32_t sa[BC / 16][4];  // A fragments of dS
+    if (PP && cw == 1) bar_arrive256(1);  // PP: consumer 0 takes the first turn
+    mbar_wait(barQ, 0);
 
-    for (int jt = jt_begin; jt < jt_end; jt++) {
-        int buf = (jt - jt_begin) & 1;
-        if (jt + 1 < jt_end) { load_k_tile(jt + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
-        else cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();
-        const bf16 *sKb = sK + buf * BC * HD, *sVb = sV + buf * BC * HD;
-        const float* sCb = sC + buf * BC;
-
-        float s[BC / 2], dp[BC / 2];
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            wgmma_ss<BC>(s, desc_k<BR>(sQ, wg * 8, kk), desc_k<BC>(sKb, 0, kk), kk);
-        wgmma_commit();
-        #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            wgmma_ss<BC>(dp, desc_k<BR>(sG, wg * 8, kk), desc_k<BC>(sVb, 0, kk), kk);
-        wgmma_commit();
-        wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
-        wgmma_pin<BC / 2>(s);
-        int j0 = jt * BC;
-        bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
-        #pragma unroll
-        for (int nt = 0; nt < BC / 8; nt++) {
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, j0 = (jt_begin + n) * BC;
+        mbar_wait(&full[st], (n / ST) & 1);
+        // every key of the tile after this consumer's last query, or before the window of its first one: P = 0
+        bool seen = j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
+        if (PP) bar_sync256(1 + cw);
+        if (seen) {
+            const bf16 *sKb = sK + st * BC * HD, *sVb = sV + st * BC * HD;
+            const float* sCb = sC + st * BC;
+            float s[BC / 2], dp[BC / 2];
+            wgmma_fence();
             #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int jl = nt * 8 + 2 * tq + (e & 1);
-                float x = fmaf(s[nt * 4 + e], scale_log2, -rl[e / 2]);
-                if (GATE) x = fmaf(rc[e / 2] - sCb[jl], LOG2E, x);
-                float p = exp2f(x);
-                if (need_mask) {
-                    int j = j0 + jl;
-                    if (j >= T || !fox_visible(e < 2 ? r0 : r1, j, window)) p = 0.f;
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BC>(s, desc_k<BR>(sQ, cw * 8, kk), desc_k<BC>(sKb, 0, kk), kk);
+            wgmma_commit();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BC>(dp, desc_k<BR>(sG, cw * 8, kk), desc_k<BC>(sVb, 0, kk), kk);
+            wgmma_commit();
+            if (PP) bar_arrive256(2 - cw);
+            wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
+            wgmma_pin<BC / 2>(s);
+            bool need_mask = (j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window);
+            #pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int jl = nt * 8 + 2 * tq + (e & 1);
+                    float x = fmaf(s[nt * 4 + e], scale_log2, -rl[e / 2]);
+                    if (GATE) x = fmaf(rc[e / 2] - sCb[jl], LOG2E, x);
+                    float p = exp2f(x);
+                    if (need_mask) {
+                        int j = j0 + jl;
+                        if (j >= T || !fox_visible(e < 2 ? r0 : r1, j, window)) p = 0.f;
+                    }
+                    s[nt * 4 + e] = p;
                 }
-                s[nt * 4 + e] = p;
             }
-        }
-        wgmma_wait0();
-        wgmma_pin<BC / 2>(dp);
-        #pragma unroll
-        for (int nt = 0; nt < BC / 8; nt++) {
+            wgmma_wait0();
+            wgmma_pin<BC / 2>(dp);
             #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - rd[e / 2]);
-                s[nt * 4 + e] = ds;
-                rs[e / 2] += ds;
+            for (int nt = 0; nt < BC / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - rd[e / 2]);
+                    s[nt * 4 + e] = ds;
+                    rs[e / 2] += ds;
+                }
             }
+            // dQ += dS K
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(dqa, sa[kk], desc_mn<BC>(sKb, kk), 1);
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+        } else if (PP) {
+            bar_arrive256(2 - cw);
         }
-        #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(dqa, sa[kk], desc_mn<BC>(sKb, kk), 1);
-        wgmma_commit();
-        wgmma_wait0();
-        wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
-        __syncthreads();  // buffer free for the prefetch of the next iteration
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's K, V and c
     }
-    bf16* dqb = dq + base;
+    if (PP && cw == 0) bar_sync256(1);
+
+    bf16* dqb = dq + (size_t)b * T * stride_qkv + (size_t)h * HD;
     #pragma unroll
     for (int dt = 0; dt < HD / 8; dt++) {
         int col = dt * 8 + 2 * tq;
@@ -2275,36 +2360,44 @@ __global__ void __launch_bounds__(128 * NWG, 1) fox_bwd_dq_wgmma_kernel(bf16* dq
     }
 }
 
-// backward version 6: the dk/dv kernel with two warpgroups (128 keys) per block and query steps of
-// BQ, the dq kernel with one warpgroup (64 queries) and 64-key tiles
-template<int HD, int BQ, bool GATE>
-static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
-                                 const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
-                                 int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
-                                 const int* query_end, cudaStream_t s) {
-    constexpr int NWGK = 2, NWGQ = 1, BC = 64;
-    // K, V, two stages of Q, dO and of lse, Delta, c (dk/dv); Q, dO, two stages of K, V and of c (dq);
-    // each + 1 KB to align the tiles to the swizzle pattern
-    constexpr size_t smem_kv = 1024 + (size_t)(2 * 64 * NWGK + 4 * BQ) * HD * sizeof(bf16) + 6 * BQ * sizeof(float);
-    constexpr size_t smem_q = 1024 + (size_t)(2 * 64 * NWGQ + 4 * BC) * HD * sizeof(bf16) + 2 * BC * sizeof(float);
+// Delta, the dK/dV and dQ kernels, then the dlogf scan. The turns (PP) pay at hd 128 (+35-38% over
+// version 6 with them, +29% without) and cost at hd 64 (+1-7% without them, -1..+5% with): there
+// the element-wise work of a tile outlasts the other consumer's matmuls (dev/cuda README).
+// scratch: 3 * B*H*T floats (see fox_attention_backward).
+template<int HD, int BQ, int BC, bool GATE, bool PP>
+static void fox_bwd_ws_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
+                              const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
+                              int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                              const int* query_end, cudaStream_t s) {
+    constexpr int ST = 2;
+    // the fixed 128-row tiles, ST stages of the streamed tiles and of their floats, the barriers,
+    // + 1 KB to align the tiles to the swizzle pattern
+    constexpr size_t smem_kv = 1024 + (size_t)(2 * 128 + 2 * ST * BQ) * HD * sizeof(bf16) + 3 * ST * BQ * sizeof(float) +
+                               (1 + 2 * ST) * sizeof(uint64_t);
+    constexpr size_t smem_q = 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
+                              (1 + 2 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_ws_kernel<HD, BQ, ST, GATE, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_ws_kernel<HD, BC, ST, GATE, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
-    fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE><<<dim3((unsigned)ceil_div(T, 64 * NWGK), (unsigned)(B * H)), 128 * NWGK, smem_kv, s>>>(
-        dk, dv, dc, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale, query_end);
+    dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
+    // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+    fox_bwd_dkdv_ws_kernel<HD, BQ, ST, GATE, PP><<<grid, 384, smem_kv, s>>>(
+        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     launchCheck();
-    fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE><<<dim3((unsigned)ceil_div(T, 64 * NWGQ), (unsigned)(B * H)), 128 * NWGQ, smem_q, s>>>(
-        dq, dc_row, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale, key_start);
+    tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
+    tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
+    fox_bwd_dq_ws_kernel<HD, BC, ST, GATE, PP><<<grid, 384, smem_q, s>>>(
+        dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
     launchCheck();
 }
 
-// Delta, the dk/dv and dq kernels, then the dlogf scan. scratch: 3 * B*H*T floats (see
-// fox_attention_backward).
-static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
-                          const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
-                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
-                          cudaStream_t s) {
+static void fox_bwd_ws(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
+                       const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
+                       int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
+                       cudaStream_t s) {
     int BHT = B * H * T;
     const int* key_start = tables;
     const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
@@ -2312,12 +2405,12 @@ static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
     if (hd == 64) fox_bwd_delta_kernel<64><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     else fox_bwd_delta_kernel<128><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     launchCheck();
-    if (hd == 64) {
-        if (c) fox_bwd_wgmma_launch<64, 64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_wgmma_launch<64, 64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
-    } else {  // hd 128: dK, dV take 128 accumulator registers; 32-query steps keep S^T, dP^T at 32
-        if (c) fox_bwd_wgmma_launch<128, 32, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_wgmma_launch<128, 32, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    if (hd == 64) {  // 64-query steps for dK/dV, 128-key tiles for dQ, no turns
+        if (c) fox_bwd_ws_launch<64, 64, 128, true, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_ws_launch<64, 64, 128, false, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    } else {  // 64-query steps, 64-key tiles, turns
+        if (c) fox_bwd_ws_launch<128, 64, 64, true, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_ws_launch<128, 64, 64, false, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -2345,7 +2438,7 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         fail("fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf");
     }
     if (tables && !c) { fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL"); }
-    fox_bwd_wgmma(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window, tables, s);
+    fox_bwd_ws(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window, tables, s);
 }
 #endif // ENABLE_FP32
 

@@ -39,13 +39,23 @@ version 4: tiles as 8x8 core matrices without swizzle, a warpgroup (64 keys / 64
 ./fox_attention_backward 4
 version 5: 128-byte swizzled tiles (the no-swizzle layout is slower than version 2: bank conflicts)
 ./fox_attention_backward 5
-version 6: version 5 with two warpgroups (128 keys) per dk/dv block, sharing the Q/dO tiles -- the API
+version 6: version 5 with two warpgroups (128 keys) per dk/dv block, sharing the Q/dO tiles (the API until version 9)
 ./fox_attention_backward 6
 version 7: version 5 with registers capped for 3 blocks per SM (spills, ptxas serializes wgmma)
 ./fox_attention_backward 7
 version 8: version 6 with each tile's second matmuls left running under the next tile's first ones
 ./fox_attention_backward 8
-A range: ./fox_attention_backward 2 8
+
+version 9 is version 6's two kernels in forward version 8's structure: a producer warp loads by TMA
+into mbarrier rings, setmaxnreg, two consumer warpgroups of 64 rows that are never synchronized
+with each other; 128-query dq tiles; train_fox.cu's pruning tables (key_start, query_end)
+./fox_attention_backward 9
+version 10: version 9's dk/dv kernel with version 6's dq kernel (measured variant)
+./fox_attention_backward 10
+version 11: version 9 with the consumers' first matmuls of each tile issued in turns (ping-pong)
+./fox_attention_backward 11
+The API (fox_attention_backward) runs version 11 at hd 128 and version 9 at hd 64.
+A range: ./fox_attention_backward 2 11
 
 Each version is validated against an fp64 CPU reference on small shapes, then at T = 65536 with
 extreme gates against the fp64 GPU reference (version 1 in double), checked for bitwise
@@ -60,9 +70,11 @@ determinism, then timed (backward alone and forward + backward, with fox_attenti
 // dq, dk, dv: (B, T, H, hd) compact; dlogf (B, H, T) (zeros when c == NULL)
 static void fox_backward_cpu(double* dq, double* dk, double* dv, double* dlogf, const float* dout, int stride_o,
                              const float* q, const float* k, const float* v, const float* c,
-                             int B, int T, int H, int hd, int stride_qkv, int window) {
+                             int B, int T, int H, int hd, int stride_qkv, int window, const int* key_start = nullptr) {
+    // key_start (B*H, ceil(T / 128)): query tile i / 128 skips the keys before 128 * key_start, as
+    // the forward's reference (version 9's pruning); NULL: none
     std::vector<double> o((size_t)B * T * H * hd), lse((size_t)B * H * T);
-    fox_forward_cpu(o.data(), lse.data(), q, k, v, c, B, T, H, hd, stride_qkv, window);
+    fox_forward_cpu(o.data(), lse.data(), q, k, v, c, B, T, H, hd, stride_qkv, window, key_start);
     double scale = 1.0 / sqrt((double)hd);
     size_t C = (size_t)H * hd;
     memset(dq, 0, sizeof(double) * B * T * C); memset(dk, 0, sizeof(double) * B * T * C);
@@ -78,7 +90,8 @@ static void fox_backward_cpu(double* dq, double* dk, double* dv, double* dlogf, 
             double delta = 0;
             for (int d = 0; d < hd; d++) delta += (double)at(dout, i, stride_o)[d] * atd(o.data(), i)[d];
             double li = lse[((size_t)b * H + h) * T + i];
-            for (int j = 0; j <= i; j++) {
+            int jlo = key_start ? 128 * key_start[((size_t)b * H + h) * ((T + 127) / 128) + i / 128] : 0;
+            for (int j = jlo; j <= i; j++) {
                 if (!fox_visible(i, j, window)) continue;
                 double s = 0, dp = 0;
                 for (int d = 0; d < hd; d++) {
@@ -1016,6 +1029,476 @@ static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
 }
 // ---- end: wgmma backward (versions 4-8) ----
 
+// ----------------------------------------------------------------------------
+// ---- begin: warp-specialised backward for train_fox.cu (version 9) ----
+// Forward line differentiated (as above): o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
+// S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i);
+// dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij k_j; dc_t = sum_j dS_tj - sum_i dS_it.
+//
+// Version 6's two kernels in forward version 8's structure. A block of three warpgroups owns one
+// 128-row tile (128 keys in the dK/dV kernel, 128 queries in the dQ kernel: one pruning tile
+// each). Warpgroup 0 is the producer: one warp issues the copy-engine (TMA) loads, setmaxnreg gives
+// its registers away (24). Warpgroups 1 and 2 consume 64 rows each (setmaxnreg 240). The fixed tile
+// (K, V; Q, dO) comes once; the streamed tiles (Q, dO and the queries' lse, Delta, c; K, V and the
+// keys' c) through a ring of ST stages with a full and an empty mbarrier per stage. The per-row
+// floats come by 4-byte cp.async from the producer's 32 lanes, arriving on the stage's full
+// barrier (a tensor map needs 16-byte row strides, which (B, H, T) fp32 lacks for odd T).
+// What version 6 lacks: nothing keeps the two consumers in lockstep (no __syncthreads). Each waits
+// only for its stage's bytes and releases the stage when its last matmul on it is done, so one
+// consumer's element-wise work runs under the other's matmuls and the loads under both, and the
+// consumers spend no issue slots on address arithmetic for loads. Inside a consumer a tile is
+// version 6's: two commit groups (P's exponentials under dP^T, dS under dV), and no accumulator of
+// an in-flight wgmma is defined by other code in between (ptxas then keeps the wgmma's async:
+// no C7515). A consumer skips the tiles it sees nothing of (above its diagonal or past the window)
+// but still releases them.
+
+// dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
+// (a warp 16 of them). Query tiles of BQ stream through the ring. query_end (B*H, ceil(T / 128)):
+// query tiles of 128 from query_end on are pruned (NULL: none).
+template<int HD, int BQ, int ST, bool GATE, bool PP>
+__global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_ws_kernel(bf16* dk, bf16* dv, float* dc,
+                                                                 const __grid_constant__ CUtensorMap tmQ,
+                                                                 const __grid_constant__ CUtensorMap tmG,
+                                                                 const __grid_constant__ CUtensorMap tmK,
+                                                                 const __grid_constant__ CUtensorMap tmV,
+                                                                 const float* lse, const float* delta, const float* c,
+                                                                 int T, int H, int stride_qkv, int window,
+                                                                 float scale_log2, float scale, const int* query_end) {
+    constexpr int BK = 128, SW = 1;
+    static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = (bf16*)smem_1k(smem_raw);     // (BK, HD) swizzled tiles
+    bf16* sV = sK + BK * HD;                 // (BK, HD)
+    bf16* sQ = sV + BK * HD;                 // (ST, BQ, HD)
+    bf16* sG = sQ + ST * BQ * HD;            // (ST, BQ, HD) dO
+    float* sL = (float*)(sG + ST * BQ * HD); // (ST, BQ) lse
+    float* sD = sL + ST * BQ;                // (ST, BQ) Delta
+    float* sC = sD + ST * BQ;                // (ST, BQ) c of the queries
+    uint64_t* bar = (uint64_t*)(sC + ST * BQ);
+    uint64_t *barKV = bar, *full = bar + 1, *empty = full + ST;
+
+    int kt = blockIdx.x;  // the first key tiles see the most queries and are scheduled first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    const float *lb = lse + (size_t)bh * T, *db = delta + (size_t)bh * T;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int j0 = kt * BK;
+    int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
+    int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
+    // pruned query tiles are never loaded (the diagonal one is kept, so it_begin < it_end)
+    if (query_end) it_end = min(it_end, query_end[(size_t)bh * gridDim.x + kt] * (PRUNE_BLOCK / BQ));
+    int ntiles = it_end - it_begin;
+
+    if (threadIdx.x == 0) {
+        mbar_init(barKV, 1);
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&full[st], 1 + 32);  // the copy engine's arrival + the 32 lanes' lse, Delta, c
+            mbar_init(&empty[st], 8);      // a warp of the consumers each
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        if (lane == 0) {
+            mbar_expect_tx(barKV, 2 * BK * HD * sizeof(bf16));
+            tma_load_tile<BK, HD>(sK, &tmK, j0, h, b, barKV);
+            tma_load_tile<BK, HD>(sV, &tmV, j0, h, b, barKV);
+        }
+        for (int n = 0; n < ntiles; n++) {
+            int st = n % ST, i1 = (it_begin + n) * BQ;
+            mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(&full[st], 2 * BQ * HD * sizeof(bf16));
+                tma_load_tile<BQ, HD>(sQ + st * BQ * HD, &tmQ, i1, h, b, &full[st]);
+                tma_load_tile<BQ, HD>(sG + st * BQ * HD, &tmG, i1, h, b, &full[st]);
+            }
+            #pragma unroll
+            for (int e = lane; e < BQ; e += 32) {  // past T: zeros
+                int i = min(i1 + e, T - 1);
+                bool ok = i1 + e < T;
+                cp_async4(sL + st * BQ + e, lb + i, ok);
+                cp_async4(sD + st * BQ + e, db + i, ok);
+                if (GATE) cp_async4(sC + st * BQ + e, cb + i, ok);
+            }
+            mbar_arrive_cp_async(&full[st]);
+        }
+        return;
+    }
+
+    // consumers
+    setmaxnreg_inc<240>();
+    int cw = wg - 1, cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int j0w = j0 + 64 * cw;  // this consumer's first key
+    int keys[2];
+    float cj[2], dcs[2] = {0.f, 0.f};
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        keys[r] = j0 + cwarp * 16 + g + 8 * r;
+        cj[r] = (GATE && keys[r] < T) ? cb[keys[r]] : 0.f;
+    }
+    float dka[HD / 2], dva[HD / 2];
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
+    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T
+    if (PP && cw == 1) bar_arrive256(1);  // PP: consumer 0 takes the first turn
+    mbar_wait(barKV, 0);
+
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, i0 = (it_begin + n) * BQ;
+        mbar_wait(&full[st], (n / ST) & 1);
+        // every query of the tile before this consumer's first key, or past the window of its last one: P = 0
+        bool seen = i0 + BQ > j0w && !(window > 0 && i0 - (j0w + 63) >= window);
+        if (PP) bar_sync256(1 + cw);
+        if (seen) {
+            const bf16 *sQb = sQ + st * BQ * HD, *sGb = sG + st * BQ * HD;
+            const float *sLb = sL + st * BQ, *sDb = sD + st * BQ, *sCb = sC + st * BQ;
+            // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries), two commit groups
+            float s[BQ / 2], dp[BQ / 2];
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BQ, 0>(s, desc_k<HD, BK, SW>(sK, cw * 8, kk), desc_k<HD, BQ, SW>(sQb, 0, kk), kk);
+            wgmma_commit();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BQ, 0>(dp, desc_k<HD, BK, SW>(sV, cw * 8, kk), desc_k<HD, BQ, SW>(sGb, 0, kk), kk);
+            wgmma_commit();
+            if (PP) bar_arrive256(2 - cw);  // in the branch: a join between issue and wait serializes (C7514)
+            wgmma_wait<1>();
+            wgmma_pin<BQ / 2>(s);
+
+            // P^T in place; masked entries are selected to 0, never multiplied
+            bool need_mask = (i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window);
+            #pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int il = nt * 8 + 2 * tq + (e & 1);
+                    float x = fmaf(s[nt * 4 + e], scale_log2, -sLb[il] * LOG2E);
+                    if (GATE) x = fmaf(sCb[il] - cj[e / 2], LOG2E, x);
+                    float p = exp2f(x);
+                    if (need_mask) {
+                        int i = i0 + il;
+                        if (i >= T || !fox_visible(i, keys[e / 2], window)) p = 0.f;
+                    }
+                    s[nt * 4 + e] = p;
+                }
+            }
+            // dV += P^T dO
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_mn<HD, BQ, SW>(sGb, kk), 1);
+            wgmma_commit();
+            wgmma_wait<1>();  // dP^T done (dV may still run)
+            wgmma_pin<BQ / 2>(dp);
+            // dS^T = P^T (dP^T - Delta)
+            #pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int il = nt * 8 + 2 * tq + (e & 1);
+                    float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - sDb[il]);
+                    dcs[e / 2] += ds;
+                    dp[nt * 4 + e] = ds;
+                }
+            }
+            // dK += dS^T Q
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_mn<HD, BQ, SW>(sQb, kk), 1);
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+            wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+        } else if (PP) {
+            bar_arrive256(2 - cw);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's Q, dO and floats
+    }
+    if (PP && cw == 0) bar_sync256(1);  // consume consumer 1's last pass of the turn: every arrive is matched
+
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = keys[r];
+        if (GATE) {  // fixed shuffle order: deterministic
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
+            if (tq == 0 && key < T) dc[(size_t)bh * T + key] = -dcs[r];
+        }
+        if (key >= T) continue;
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            int col = dt * 8 + 2 * tq;
+            *(__nv_bfloat162*)(dkb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dka[dt * 4 + 2 * r] * scale, dka[dt * 4 + 2 * r + 1] * scale);
+            *(__nv_bfloat162*)(dvb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dva[dt * 4 + 2 * r], dva[dt * 4 + 2 * r + 1]);
+        }
+    }
+}
+
+// dq and the dc row sums of the 128-query tile gridDim.x - 1 - blockIdx.x; consumer cw owns queries
+// 64cw..+63. Key tiles of BC (with the keys' c) stream through the ring. key_start (B*H,
+// ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none).
+template<int HD, int BC, int ST, bool GATE, bool PP>
+__global__ void __launch_bounds__(384, 1) fox_bwd_dq_ws_kernel(bf16* dq, float* dc_row,
+                                                               const __grid_constant__ CUtensorMap tmQ,
+                                                               const __grid_constant__ CUtensorMap tmG,
+                                                               const __grid_constant__ CUtensorMap tmK,
+                                                               const __grid_constant__ CUtensorMap tmV,
+                                                               const float* lse, const float* delta, const float* c,
+                                                               int T, int H, int stride_qkv, int window,
+                                                               float scale_log2, float scale, const int* key_start) {
+    constexpr int BR = 128, SW = 1;
+    static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
+    bf16* sG = sQ + BR * HD;                 // (BR, HD) dO
+    bf16* sK = sG + BR * HD;                 // (ST, BC, HD)
+    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
+    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c of the keys
+    uint64_t* bar = (uint64_t*)(sC + ST * BC);
+    uint64_t *barQ = bar, *full = bar + 1, *empty = full + ST;
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+    // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
+    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
+    int ntiles = jt_end - jt_begin;
+
+    if (threadIdx.x == 0) {
+        mbar_init(barQ, 1);
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&full[st], 1 + (GATE ? 32 : 0));  // the copy engine's arrival + the 32 c lanes
+            mbar_init(&empty[st], 8);                   // a warp of the consumers each
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        if (lane == 0) {
+            mbar_expect_tx(barQ, 2 * BR * HD * sizeof(bf16));
+            tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
+            tma_load_tile<BR, HD>(sG, &tmG, i0, h, b, barQ);
+        }
+        for (int n = 0; n < ntiles; n++) {
+            int st = n % ST, j1 = (jt_begin + n) * BC;
+            mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(&full[st], 2 * BC * HD * sizeof(bf16));
+                tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j1, h, b, &full[st]);
+                tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j1, h, b, &full[st]);
+            }
+            if (GATE) {
+                #pragma unroll
+                for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j1 + e, T - 1), j1 + e < T);
+                mbar_arrive_cp_async(&full[st]);
+            }
+        }
+        return;
+    }
+
+    // consumers
+    setmaxnreg_inc<240>();
+    int cw = wg - 1, cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int i0w = i0 + 64 * cw;  // this consumer's first query
+    int r0 = i0 + cwarp * 16 + g, r1 = r0 + 8;
+    float rl[2], rd[2], rc[2];  // lse in log2 units, Delta, c of this thread's rows
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = r ? r1 : r0;
+        bool ok = row < T;
+        rl[r] = ok ? lse[(size_t)bh * T + row] * LOG2E : 0.f;
+        rd[r] = ok ? delta[(size_t)bh * T + row] : 0.f;
+        rc[r] = (GATE && ok) ? cb[row] : 0.f;
+    }
+    float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
+    uint32_t sa[BC / 16][4];  // A fragments of dS
+    if (PP && cw == 1) bar_arrive256(1);  // PP: consumer 0 takes the first turn
+    mbar_wait(barQ, 0);
+
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, j0 = (jt_begin + n) * BC;
+        mbar_wait(&full[st], (n / ST) & 1);
+        // every key of the tile after this consumer's last query, or before the window of its first one: P = 0
+        bool seen = j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
+        if (PP) bar_sync256(1 + cw);
+        if (seen) {
+            const bf16 *sKb = sK + st * BC * HD, *sVb = sV + st * BC * HD;
+            const float* sCb = sC + st * BC;
+            float s[BC / 2], dp[BC / 2];
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BC, 0>(s, desc_k<HD, BR, SW>(sQ, cw * 8, kk), desc_k<HD, BC, SW>(sKb, 0, kk), kk);
+            wgmma_commit();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BC, 0>(dp, desc_k<HD, BR, SW>(sG, cw * 8, kk), desc_k<HD, BC, SW>(sVb, 0, kk), kk);
+            wgmma_commit();
+            if (PP) bar_arrive256(2 - cw);
+            wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
+            wgmma_pin<BC / 2>(s);
+            bool need_mask = (j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window);
+            #pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int jl = nt * 8 + 2 * tq + (e & 1);
+                    float x = fmaf(s[nt * 4 + e], scale_log2, -rl[e / 2]);
+                    if (GATE) x = fmaf(rc[e / 2] - sCb[jl], LOG2E, x);
+                    float p = exp2f(x);
+                    if (need_mask) {
+                        int j = j0 + jl;
+                        if (j >= T || !fox_visible(e < 2 ? r0 : r1, j, window)) p = 0.f;
+                    }
+                    s[nt * 4 + e] = p;
+                }
+            }
+            wgmma_wait0();
+            wgmma_pin<BC / 2>(dp);
+            #pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - rd[e / 2]);
+                    s[nt * 4 + e] = ds;
+                    rs[e / 2] += ds;
+                }
+            }
+            // dQ += dS K
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(dqa, sa[kk], desc_mn<HD, BC, SW>(sKb, kk), 1);
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+        } else if (PP) {
+            bar_arrive256(2 - cw);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's K, V and c
+    }
+    if (PP && cw == 0) bar_sync256(1);
+
+    bf16* dqb = dq + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    #pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++) {
+        int col = dt * 8 + 2 * tq;
+        if (r0 < T) *(__nv_bfloat162*)(dqb + (size_t)r0 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4] * scale, dqa[dt * 4 + 1] * scale);
+        if (r1 < T) *(__nv_bfloat162*)(dqb + (size_t)r1 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4 + 2] * scale, dqa[dt * 4 + 3] * scale);
+    }
+    if (GATE) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {  // fixed shuffle order: deterministic
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 1);
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 2);
+        }
+        if (tq == 0) {
+            if (r0 < T) dc_row[(size_t)bh * T + r0] = rs[0];
+            if (r1 < T) dc_row[(size_t)bh * T + r1] = rs[1];
+        }
+    }
+}
+
+// Shared memory of the two kernels: the fixed 128-row tiles, ST stages of the streamed tiles and
+// their floats, the barriers, + 1 KB to align the tiles to the swizzle pattern
+template<int HD, int BQ, int ST> constexpr size_t fox_ws_smem_kv() {
+    return 1024 + (size_t)(2 * 128 + 2 * ST * BQ) * HD * sizeof(bf16) + 3 * ST * BQ * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
+}
+template<int HD, int BC, int ST> constexpr size_t fox_ws_smem_q() {
+    return 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
+}
+
+// the two kernels for one head size; WSQ = false: version 6's dq kernel instead; PP: ping-pong turns
+template<int HD, int BQ, int BC, int ST, bool GATE, bool WSQ, bool PP>
+static void fox_bwd_ws_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
+                              const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
+                              int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                              const int* query_end, cudaStream_t s) {
+    constexpr size_t smem_kv = fox_ws_smem_kv<HD, BQ, ST>(), smem_q = fox_ws_smem_q<HD, BC, ST>();
+    constexpr size_t smem_q6 = fox_wg_smem_q<HD, 64, 1>();
+    static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_ws_kernel<HD, BQ, ST, GATE, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        if (WSQ) cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_ws_kernel<HD, BC, ST, GATE, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        else cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, 64, 1, GATE, 1, 1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q6));
+        configured = true;
+    }
+    float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
+    int nt = ceil_div(T, 128);
+    // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+    fox_bwd_dkdv_ws_kernel<HD, BQ, ST, GATE, PP><<<dim3(nt, B * H), 384, smem_kv, s>>>(
+        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
+    cudaCheckLaunch();
+    if (WSQ) {
+        tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
+        tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
+        fox_bwd_dq_ws_kernel<HD, BC, ST, GATE, PP><<<dim3(nt, B * H), 384, smem_q, s>>>(
+            dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
+    } else {
+        fox_bwd_dq_wgmma_kernel<HD, 64, 1, GATE, 1, 1, false><<<dim3(ceil_div(T, 64), B * H), 128, smem_q6, s>>>(
+            dq, dc_row, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
+    }
+    cudaCheckLaunch();
+}
+
+// version 9: Delta, the two warp-specialised kernels, the dlogf scan. tables: (2, B*H, ceil(T / 128))
+// ints, key_start then query_end, as train_fox.cu's fox_prune_tables (NULL: dense; needs c).
+// Measured variants: CFG 0 = version 9; 1 = version 10, version 6's dq kernel after the
+// warp-specialised dK/dV one; 2 = version 11, version 9 with the consumers' first matmuls of a tile
+// issued in turns (forward version 8's ping-pong: named barriers 1 and 2).
+// scratch: 3 * B*H*T floats, as version 2.
+template<int CFG>
+static void fox_bwd_ws(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
+                       const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
+                       int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
+                       cudaStream_t s) {
+    int BHT = B * H * T;
+    const int* key_start = tables;
+    const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
+    float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
+    if (hd == 64) fox_bwd_delta_kernel<64><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    else fox_bwd_delta_kernel<128><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    cudaCheckLaunch();
+    constexpr bool WSQ = CFG != 1, PP = CFG == 2;
+    if (hd == 64) {
+        if (c) fox_bwd_ws_launch<64, 64, 128, 2, true, WSQ, PP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_ws_launch<64, 64, 128, 2, false, WSQ, PP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    } else {  // 64-query steps fit at hd 128 too: 240 registers, no spills
+        if (c) fox_bwd_ws_launch<128, 64, 64, 2, true, WSQ, PP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_ws_launch<128, 64, 64, 2, false, WSQ, PP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    }
+    if (c) {
+        fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
+        cudaCheckLaunch();
+    }
+}
+// ---- end: warp-specialised backward (version 9) ----
+
 // ---- begin: fused backward API for train_fox.cu ----
 // dq, dk, dv: bf16 (B, T, H, hd), token stride stride_qkv (like q, k, v; may be a packed dqkv).
 // dout, o: bf16 (B, T, H, hd), token stride stride_o. lse: from fox_attention_forward.
@@ -1037,9 +1520,13 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         fprintf(stderr, "fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf.\n");
         exit(EXIT_FAILURE);
     }
-    // version 6: wgmma, 128-byte swizzled tiles, two warpgroups (128 keys) per dk/dv block; sm_90a only
-    fox_bwd_wgmma<1, 1>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
-                        window, s);
+    // sm_90a only. Warp-specialised (TMA producer warp, two consumer warpgroups, 128-row tiles):
+    // version 11 (with ping-pong turns) at hd 128, +35-38% over version 6; version 9 (without) at
+    // hd 64, +1-7% (the turns cost there: the element-wise work outlasts the other's matmuls)
+    if (hd == 128) fox_bwd_ws<2>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv,
+                                 stride_o, window, nullptr, s);
+    else fox_bwd_ws<0>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
+                       window, nullptr, s);
 }
 // ---- end: fused backward API ----
 
@@ -1081,13 +1568,19 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d) {
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 5: fox_bwd_wgmma<1, 0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
-        case 6: fox_attention_backward(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+        case 6: fox_bwd_wgmma<1, 1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 7: fox_bwd_wgmma<1, 2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 8: fox_bwd_wgmma<1, 3>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..8\n", version); exit(EXIT_FAILURE);
+        case 9: fox_bwd_ws<0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, nullptr, 0); break;
+        case 10: fox_bwd_ws<1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, nullptr, 0); break;
+        case 11: fox_bwd_ws<2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, nullptr, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..11\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -1131,13 +1624,14 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 8;
+    int first = only ? only : 1, last = only ? only : 11;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[10] = {true, true, true, true, true, true, true, true, true, true};  // per version: only those that pass are timed
+    bool vok[12];  // per version: only those that pass are timed
+    for (bool& ok : vok) ok = true;
 
     // 1. small shapes against the fp64 CPU reference
     struct Cfg { int B, T, H, hd, window; bool packed; double gate; int o_pad; };
@@ -1169,6 +1663,48 @@ int main(int argc, char** argv) {
             vok[ver] &= check_backward(p, d, dq.data(), dk.data(), dv.data(), dlogf.data());
         }
         release_bwd(d);
+    }
+
+    // 1b. the pruning tables of versions 9 and 11: per (b, h) a random non-decreasing key_start (up to
+    // the diagonal tile, as the real tables: c is non-increasing), query_end derived from it, the
+    // forward (version 8) with the same key_start, against the CPU reference that skips the same tiles
+    for (int ver : {9, 11}) {
+        if (ver < first || ver > last) continue;
+        for (int hd : {64, 128}) {
+            FoxProblem p = make_problem(2, 600, 2, hd, hd == 64 ? 0 : 300, true, -1);
+            int nt = ceil_div(p.T, 128), BH = p.B * p.H;
+            std::vector<int> tables(2 * (size_t)BH * nt);
+            for (int bh = 0; bh < BH; bh++) {
+                int* ks = tables.data() + (size_t)bh * nt;
+                int* qe = tables.data() + (size_t)(BH + bh) * nt;
+                for (int qt = 0; qt < nt; qt++) ks[qt] = std::max(qt ? ks[qt - 1] : 0, (int)(rng_u32() % (qt + 1)));
+                for (int kt = 0; kt < nt; kt++) {  // the first query tile that prunes key tile kt
+                    qe[kt] = nt;
+                    for (int qt = nt - 1; qt >= 0; qt--) if (ks[qt] > kt) qe[kt] = qt;
+                }
+            }
+            size_t n = (size_t)p.B * p.T * p.H * p.hd;
+            std::vector<double> dq(n), dk(n), dv(n), dlogf(p.n_bht);
+            fox_backward_cpu(dq.data(), dk.data(), dv.data(), dlogf.data(), p.doutf.data(), p.stride_o,
+                             p.qkvf.data() + p.q_off, p.qkvf.data() + p.k_off, p.qkvf.data() + p.v_off, p.c.data(),
+                             p.B, p.T, p.H, p.hd, p.stride_qkv, p.window, tables.data());
+            BwdDev d = upload_bwd(p);
+            int* tables_d = dmalloc<int>(tables.size()); h2d(tables_d, tables);
+            const bf16 *q = d.qkv + p.q_off, *k = d.qkv + p.k_off, *v = d.qkv + p.v_off;
+            fox_fwd_ws<128, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables_d, 0);
+            poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
+            bf16 *dq_d = d.dqkv + p.q_off, *dk_d = d.dqkv + p.k_off, *dv_d = d.dqkv + p.v_off;
+            if (ver == 9) fox_bwd_ws<0>(dq_d, dk_d, dv_d, d.dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c, p.B, p.T,
+                                        p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables_d, 0);
+            else fox_bwd_ws<2>(dq_d, dk_d, dv_d, d.dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c, p.B, p.T, p.H,
+                               p.hd, p.stride_qkv, p.stride_o, p.window, tables_d, 0);
+            cudaCheck(cudaDeviceSynchronize());
+            printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start, query_end)\n  version %d\n", p.B,
+                   p.T, p.H, p.hd, p.window, ver);
+            vok[ver] &= check_backward(p, d, dq.data(), dk.data(), dv.data(), dlogf.data());
+            cudaCheck(cudaFree(tables_d));
+            release_bwd(d);
+        }
     }
 
     // 2. long sequences, extreme gates: fp64 GPU reference (forward and backward of version 1 in
