@@ -39,10 +39,14 @@ run_tests bf16
 # --- 2. compute-sanitizer over a short training run ----------------------------------------
 make train_fox > "$LOG/build_train_fox.txt" 2>&1 || { say "FAIL build train_fox"; exit 1; }
 SHORT="-e fox-pro-tiny -b 2 -t 300 -x 2 -v 2 -m 1 -s 0"
-compute-sanitizer --tool memcheck --error-exitcode 99 ./train_fox $SHORT > "$LOG/sanitizer_memcheck.txt" 2>&1
-rc=$?
-say "compute-sanitizer memcheck ($SHORT): $(grep 'ERROR SUMMARY' "$LOG/sanitizer_memcheck.txt" | tail -n 1) (exit $rc)"
-[ $rc -eq 0 ] || FAILURES=$((FAILURES + 1))
+# head size 128 runs the other fused kernels (forward v8, backward with turns); -A 1 the pruning pass
+SHORT128="-e fox-pro-tiny --n_head 1 -b 2 -t 300 -x 2 -v 2 -m 1 -s 0 -A 1"
+for run in "$SHORT" "$SHORT128"; do
+    compute-sanitizer --tool memcheck --error-exitcode 99 ./train_fox $run > "$LOG/sanitizer_memcheck.txt" 2>&1
+    rc=$?
+    say "compute-sanitizer memcheck ($run): $(grep 'ERROR SUMMARY' "$LOG/sanitizer_memcheck.txt" | tail -n 1) (exit $rc)"
+    [ $rc -eq 0 ] || FAILURES=$((FAILURES + 1))
+done
 # racecheck flags cuBLASLt's own GEMM kernels (nvjet_*: TMA and mbarrier synchronisation it does
 # not model); only a race in a kernel of train_fox.cu fails the check
 compute-sanitizer --tool racecheck ./train_fox $SHORT > "$LOG/sanitizer_racecheck.txt" 2>&1
