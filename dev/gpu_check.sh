@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU evidence of one sitting on a GPU machine, in one command:
 #   1. ./test_fox in the bf16 and the fp32 build (the GPU against the CPU twin);
-#   2. compute-sanitizer memcheck and racecheck over a short training run that takes every
-#      training kernel (fused attention forward and backward at a T that is not a multiple of
-#      the tile, evaluation and the optimizer included);
+#   2. compute-sanitizer memcheck and racecheck over two short training runs that take every
+#      training kernel (fused attention forward and backward at head sizes 64 and 128, at a T
+#      that is not a multiple of the tile, pruning, evaluation and the optimizer included);
 #   3. bit-exact resume: 12 steps straight against 6 steps, stop, resume, 6 steps: the losses and
 #      the final checkpoints must be equal bit for bit.
 #
@@ -47,14 +47,17 @@ for run in "$SHORT" "$SHORT128"; do
     say "compute-sanitizer memcheck ($run): $(grep 'ERROR SUMMARY' "$LOG/sanitizer_memcheck.txt" | tail -n 1) (exit $rc)"
     [ $rc -eq 0 ] || FAILURES=$((FAILURES + 1))
 done
-# racecheck flags cuBLASLt's own GEMM kernels (nvjet_*: TMA and mbarrier synchronisation it does
-# not model); only a race in a kernel of train_fox.cu fails the check
-compute-sanitizer --tool racecheck ./train_fox $SHORT > "$LOG/sanitizer_racecheck.txt" 2>&1
-rc=$?
-ours=$(grep -E 'access at ' "$LOG/sanitizer_racecheck.txt" | grep -v -c -E 'access at (nvjet|cutlass|sm[0-9]+_xmma)')
-library=$(grep -c -E 'Race reported between .* at nvjet' "$LOG/sanitizer_racecheck.txt")
-say "compute-sanitizer racecheck ($SHORT): $ours race report(s) in train_fox's kernels, $library inside cuBLASLt's nvjet GEMM kernels (exit $rc)"
-[ $rc -eq 0 ] && [ "$ours" -eq 0 ] || FAILURES=$((FAILURES + 1))
+# racecheck does not model mbarrier synchronisation: it flags cuBLASLt's own GEMM kernels and the
+# producer warp's cp.async -> consumer reads of our warp-specialised kernels; dev/racecheck_triage.py
+# sorts the reports (checking the instructions of the second kind) and fails on any other
+for run in "$SHORT" "$SHORT128"; do
+    compute-sanitizer --tool racecheck ./train_fox $run > "$LOG/sanitizer_racecheck.txt" 2>&1
+    rc=$?
+    triage=$(python3 dev/racecheck_triage.py "$LOG/sanitizer_racecheck.txt" ./train_fox)
+    trc=$?
+    say "compute-sanitizer racecheck ($run): $triage (exit $rc)"
+    [ $rc -eq 0 ] && [ $trc -eq 0 ] || FAILURES=$((FAILURES + 1))
+done
 
 # --- 3. bit-exact resume: a new process continues from the straight run's step-6 checkpoint ---
 RUN="-e fox-pro-tiny -b 8 -t 512 -x 12 -n 6 -v 0 -s 0"
