@@ -2388,7 +2388,7 @@ typedef struct {
     const FoxModel* m;
     int max_len;        // tokens a sequence may reach
     int max_kept;       // positions a head can keep: max_len, or the window
-    int slot_cap;       // slots a head may allocate: max_len, or twice the window (then a slide frees half)
+    int slot_cap;       // slots a head may allocate: twice the window (then a slide frees half), at most max_len
     int len;            // tokens consumed since the reset
     HeadCache* heads;   // (L, H)
     float* c_last;      // (L, H) running sum c of the last token
@@ -2478,7 +2478,7 @@ static void fox_decoder_init(FoxDecoder* d, const FoxModel* m, int max_len) {
     d->m = m;
     d->max_len = max_len;
     d->max_kept = cf->window > 0 && cf->window < max_len ? cf->window : max_len;
-    d->slot_cap = d->max_kept < max_len ? 2 * d->max_kept : max_len;
+    d->slot_cap = 2 * d->max_kept < max_len ? 2 * d->max_kept : max_len;
     d->heads = (HeadCache*)calloc_check(L * H, sizeof(HeadCache), "KV cache heads");
     d->c_last = (float*)malloc_check(L * H * sizeof(float), "KV cache c");
     d->k_raw_last = (float*)malloc_check(L * C * sizeof(float), "KV cache shift");

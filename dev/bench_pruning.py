@@ -109,7 +109,8 @@ def generate(args, model, prune, log):
     val = os.path.relpath(sorted(glob.glob(os.path.join(ROOT, "data/gutenberg/gutenberg_val_*.bin")))[0], ROOT)
     out = run([args.cpu_binary, "-M", "generate", "-e", model, "-P", "@" + val, "-t", str(args.prompt + args.gen),
                "-g", str(args.gen), "-T", "0", "-A", str(prune)], env=env, log=log)
-    text = out.split("\n---\n")[1] if "\n---\n" in out else ""
+    # prompt and generated tokens sit between the first and the last separator (the text may hold "---" lines)
+    text = out[out.index("\n---\n") + 5:out.rindex("\n---\n")] if out.count("\n---\n") >= 2 else ""
     t = re.search(r"the prompt \((\d+) tokens\) ([0-9.]+) s, then ([0-9.]+) ms per generated token", out)
     c = re.search(r"live \(([0-9.]+)%\), ([0-9.]+) of ([0-9.]+) MiB.*buffers ([0-9.]+) MiB now, ([0-9.]+) MiB at most", out)
     if t is None or c is None:
