@@ -1990,6 +1990,34 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 // no C7515). A consumer skips the tiles it sees nothing of (above its diagonal or past the window)
 // but still releases them.
 
+// The producer warp of both backward kernels (lane 0 issues the copies; the whole warp runs the
+// per-row loads): the block's own pair of tiles (K, V of the key tile, or Q, dO of the query tile)
+// on fixed_bar, then for each of ntiles streamed pairs of ROWS-row tiles from first_row on (Q, dO
+// or K, V), stage n % ST once the consumers have freed it (empty), arriving on full[st] with the
+// copy engine's bytes; row_loads(st, row0) adds the per-row vectors (cp.async arriving there too).
+template<int FIXED_ROWS, int ROWS, int HD, int ST, typename RowLoads>
+__device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUtensorMap* tFa, const CUtensorMap* tFb,
+                                                 int fixed_row, uint64_t* fixed_bar, bf16* sA, bf16* sB,
+                                                 const CUtensorMap* tA, const CUtensorMap* tB, int first_row, int ntiles,
+                                                 uint64_t* full, uint64_t* empty, int h, int b, int lane,
+                                                 RowLoads row_loads) {
+    if (lane == 0) {
+        mbar_expect_tx(fixed_bar, 2 * FIXED_ROWS * HD * sizeof(bf16));
+        tma_load_tile<FIXED_ROWS, HD>(sFa, tFa, fixed_row, h, b, fixed_bar);
+        tma_load_tile<FIXED_ROWS, HD>(sFb, tFb, fixed_row, h, b, fixed_bar);
+    }
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, r1 = first_row + n * ROWS;
+        mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
+        if (lane == 0) {
+            mbar_expect_tx(&full[st], 2 * ROWS * HD * sizeof(bf16));
+            tma_load_tile<ROWS, HD>(sA + st * ROWS * HD, tA, r1, h, b, &full[st]);
+            tma_load_tile<ROWS, HD>(sB + st * ROWS * HD, tB, r1, h, b, &full[st]);
+        }
+        row_loads(st, r1);
+    }
+}
+
 // dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
 // (a warp 16 of them). Query tiles of BQ stream through the ring. query_end (B*H, ceil(T / 128)):
 // query tiles of 128 from query_end on are pruned (NULL: none).
@@ -2040,19 +2068,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_ws_kernel(bf16* dk, bf16*
     if (wg == 0) {  // producer
         setmaxnreg_dec<24>();
         if (warp != 0) return;
-        if (lane == 0) {
-            mbar_expect_tx(barKV, 2 * BK * HD * sizeof(bf16));
-            tma_load_tile<BK, HD>(sK, &tmK, j0, h, b, barKV);
-            tma_load_tile<BK, HD>(sV, &tmV, j0, h, b, barKV);
-        }
-        for (int n = 0; n < ntiles; n++) {
-            int st = n % ST, i1 = (it_begin + n) * BQ;
-            mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
-            if (lane == 0) {
-                mbar_expect_tx(&full[st], 2 * BQ * HD * sizeof(bf16));
-                tma_load_tile<BQ, HD>(sQ + st * BQ * HD, &tmQ, i1, h, b, &full[st]);
-                tma_load_tile<BQ, HD>(sG + st * BQ * HD, &tmG, i1, h, b, &full[st]);
-            }
+        fox_bwd_producer<BK, BQ, HD, ST>(sK, sV, &tmK, &tmV, j0, barKV, sQ, sG, &tmQ, &tmG, it_begin * BQ, ntiles, full,
+                                         empty, h, b, lane, [&](int st, int i1) {
             #pragma unroll
             for (int e = lane; e < BQ; e += 32) {  // past T: zeros
                 int i = min(i1 + e, T - 1);
@@ -2062,7 +2079,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_ws_kernel(bf16* dk, bf16*
                 if (GATE) cp_async4(sC + st * BQ + e, cb + i, ok);
             }
             mbar_arrive_cp_async(&full[st]);
-        }
+        });
         return;
     }
 
@@ -2231,25 +2248,14 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_ws_kernel(bf16* dq, float* 
     if (wg == 0) {  // producer
         setmaxnreg_dec<24>();
         if (warp != 0) return;
-        if (lane == 0) {
-            mbar_expect_tx(barQ, 2 * BR * HD * sizeof(bf16));
-            tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
-            tma_load_tile<BR, HD>(sG, &tmG, i0, h, b, barQ);
-        }
-        for (int n = 0; n < ntiles; n++) {
-            int st = n % ST, j1 = (jt_begin + n) * BC;
-            mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
-            if (lane == 0) {
-                mbar_expect_tx(&full[st], 2 * BC * HD * sizeof(bf16));
-                tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j1, h, b, &full[st]);
-                tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j1, h, b, &full[st]);
-            }
+        fox_bwd_producer<BR, BC, HD, ST>(sQ, sG, &tmQ, &tmG, i0, barQ, sK, sV, &tmK, &tmV, jt_begin * BC, ntiles, full,
+                                         empty, h, b, lane, [&](int st, int j1) {
             if (GATE) {
                 #pragma unroll
                 for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j1 + e, T - 1), j1 + e < T);
                 mbar_arrive_cp_async(&full[st]);
             }
-        }
+        });
         return;
     }
 
