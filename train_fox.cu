@@ -1549,12 +1549,13 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
 // (a warp 16, in the same accumulator layout as mma.sync), S = Q K^T with Q and K read by
 // descriptor from 128-byte-swizzled shared tiles (no ldmatrix), P from the accumulators as
 // register A fragments, O += P V with V read N-major from the same tile. Key tiles of BC
-// double-buffered with cp.async. Scores are kept in log2 units, so exp is one ex2.
+// double-buffered with cp.async. Scores are kept in log2 units, so exp is one ex2. At hd 64 two
+// blocks share an SM, so their matmuls fill each other's element-wise phases: the launch bounds
+// hold the registers to 128 (uncapped, the gated kernel took 139 and ran one block per SM).
 template<int HD, int BC, int NWG, bool GATE>
-__global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
-                                                                  const bf16* v, const float* c, int T, int H,
-                                                                  int stride_qkv, int stride_o, int window,
-                                                                  float scale_log2, const int* key_start) {
+__global__ void __launch_bounds__(128 * NWG, HD == 64 ? 2 : 1)
+fox_fwd_wgmma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c, int T, int H,
+                     int stride_qkv, int stride_o, int window, float scale_log2, const int* key_start) {
     constexpr int BR = 64 * NWG, NT = 128 * NWG;
     static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1668,6 +1669,9 @@ static void fox_fwd_wgmma_launch(bf16* o, float* lse, const bf16* q, const bf16*
     constexpr size_t smem = 1024 + (size_t)(BR + 4 * BC) * HD * sizeof(bf16) + 2 * BC * sizeof(float);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
     cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_kernel<HD, BC, NWG, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    // two blocks per SM at hd 64 (the launch bounds cap the registers for it) need ~104 KB of shared memory
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_kernel<HD, BC, NWG, GATE>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   cudaSharedmemCarveoutMaxShared));
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
     float scale_log2 = LOG2E / sqrtf((float)HD);
     fox_fwd_wgmma_kernel<HD, BC, NWG, GATE><<<grid, 128 * NWG, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2, key_start);
