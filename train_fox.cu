@@ -27,6 +27,7 @@ Test code includes this file with TESTING defined, which drops main() (and the t
 #include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (the forward at hd 128)
 #include <cublasLt.h>
 #include <sched.h>
+#include <float.h>  // FLT_MAX (the forward's start for the running maximum)
 #ifndef NO_NCCL
 #include <nccl.h>
 #else
@@ -1484,7 +1485,7 @@ static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16*
     launchCheck();
 }
 
-// The element-wise steps of the wgmma forwards (versions 6 and 8), on one warp's 16 query rows
+// The element-wise steps of the warp-specialised forward (version 8, hd 128), on one warp's 16 query rows
 // of a BC-key tile in the accumulator layout (thread: rows g and g + 8, columns 2 tq, 2 tq + 1
 // of each 8-column block). Scores are in log2 units.
 
@@ -1545,24 +1546,103 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
     }
 }
 
-// Flash forward with the online softmax on Hopper's warpgroup mma: a warpgroup owns 64 query rows
-// (a warp 16, in the same accumulator layout as mma.sync), S = Q K^T with Q and K read by
-// descriptor from 128-byte-swizzled shared tiles (no ldmatrix), P from the accumulators as
-// register A fragments, O += P V with V read N-major from the same tile. Key tiles of BC
-// double-buffered with cp.async. Scores are kept in log2 units, so exp is one ex2. At hd 64 two
-// blocks share an SM, so their matmuls fill each other's element-wise phases: the launch bounds
-// hold the registers to 128 (uncapped, the gated kernel took 139 and ran one block per SM).
-template<int HD, int BC, int NWG, bool GATE>
-__global__ void __launch_bounds__(128 * NWG, HD == 64 ? 2 : 1)
-fox_fwd_wgmma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c, int T, int H,
-                     int stride_qkv, int stride_o, int window, float scale_log2, const int* key_start) {
-    constexpr int BR = 64 * NWG, NT = 128 * NWG;
+// Version 9 of dev/cuda/fox_attention_forward.cu, the forward at hd 64: version 6's block (two
+// warpgroups of 64 query rows share cp.async K/V tiles; two blocks per SM) with less element-wise
+// work per score, which at hd 64 costs as much issue time as the matmuls:
+// - Gate terms per column, not per score. With c_ref = c of the thread's first row (a thread holds
+//   rows g and g + 8 of its warp's 16),
+//     d_j = (c_ref - c_j) log2(e)   once per key tile for the thread's BC/4 columns (both its rows),
+//     x_ij = s_ij scale log2(e) + d_j   one FFMA per score,
+//   and the row term r_i = (c_i - c_ref) log2(e) drops out of the softmax: x_ij + r_i is the true
+//   logit in log2 units and P_ij = 2^(x_ij - m_i) with m_i the row maximum of x. Only lse needs it:
+//   lse_i = (m_i + r_i + log2 l_i) ln 2.
+//   Precision: c reaches ~ -3e5 at T = 65536 with log f ~ -5, so c_i - c_j is never formed from two
+//   large absolutes inside a sum of large terms. c_ref log2(e) is rounded once (an error up to
+//   ~0.02 there), but the same fp32 value enters every d_j and r_i of the thread with opposite
+//   signs, so it cancels exactly in x_ij + r_i; d_j and r_i are each one FFMA (exact product)
+//   rounded once at their own magnitude. r_i is 0 or spans 8 rows (|r_i| <= 8 |log f| log2(e)), and
+//   every entry whose P is not negligible has |d_j| <= |r_i| + ~30 (<= ~90 at log f = -5), so its
+//   logit is off by a few 1e-6 (log2 units), far below bf16's rounding of P (2^-8 relative). (With
+//   one reference per block, c of row i0, r_i spans 127 rows and the error grows to ~1e-4; measured:
+//   lse off by up to 4e-5 against version 6's 3e-6.)
+// - Lazy maximum (FlashAttention-4): m_i moves only when a tile's row maximum exceeds it by more
+//   than FOX_RESCALE_LOG2, so most tiles skip rescaling O (HD/2 multiplies per thread). P then is at
+//   most 2^8 (exact in fp32, fine in bf16); o = acc / l and lse stay exact. The test is per warp
+//   (__any_sync): when one row needs it the warp rescales all its rows, which is also exact.
+// - Key tiles from the diagonal backwards, so that under a decaying gate the first tile already
+//   holds each row's maximum (nearly every later tile skips the rescale).
+// - 2^x as one ex2.approx.ftz (exp2f adds a range test and two multiplies for denormal results,
+//   which are zero in P anyway); the mask (diagonal, window edge, past T: only the tiles touching
+//   them) as two integer compares against per-row bounds; a warpgroup skips the tiles none of its
+//   rows sees (above its diagonal, before its window).
+// - 128-key tiles at hd 64 in 128 registers, no spills (two blocks per SM still fit: 84 KB of
+//   shared memory each with two stages), half the barriers and matmul issues per key of 64-key tiles.
+// - ST K/V stages and one barrier per tile: tile n + ST - 1 is loaded, after the barrier, into the
+//   stage of tile n - 1, which every warpgroup is done with.
+
+#define FOX_RESCALE_LOG2 8.0f  // O is rescaled only when a row maximum grows by more than this (log2 units)
+
+// 2^x in one MUFU.EX2; denormal results flush to zero
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Logits of one warp's 16 rows of a BC-key tile in the accumulator layout: x = s * scale_log2 + d_j
+// (d_j as above, from the tile's c_j in sCb; 0 without gate), -inf where MASK and the column offset
+// k (0..BC-1, less 2 tq) is outside [lo_r, hi_r]; mx: each row's maximum over the thread's entries.
+template<int BC, bool GATE, bool MASK>
+__device__ __forceinline__ void fox_lean_logits(float* s, float mx[2], const float* sCb, float cref_l2, int tq,
+                                                float scale_log2, const int hi[2], const int lo[2]) {
+    mx[0] = mx[1] = -INFINITY;
+    #pragma unroll
+    for (int nt = 0; nt < BC / 8; nt++) {
+        float d[2] = {0.f, 0.f};
+        if (GATE) {
+            float2 cj = *(const float2*)(sCb + nt * 8 + 2 * tq);
+            d[0] = fmaf(-cj.x, LOG2E, cref_l2);
+            d[1] = fmaf(-cj.y, LOG2E, cref_l2);
+        }
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float x = fmaf(s[nt * 4 + e], scale_log2, d[e & 1]);
+            if (MASK) {
+                int kc = nt * 8 + (e & 1);  // compile-time: the bounds carry the thread's 2 tq
+                if (kc > hi[e / 2] || kc < lo[e / 2]) x = -INFINITY;
+            }
+            s[nt * 4 + e] = x;
+            mx[e / 2] = fmaxf(mx[e / 2], x);
+        }
+    }
+}
+
+// p = 2^(x - m) and l += its row sums (per-thread partials; the quad sums once at the end)
+template<int BC>
+__device__ __forceinline__ void fox_lean_exp(float* s, float l[2], const float m[2]) {
+    #pragma unroll
+    for (int nt = 0; nt < BC / 8; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[nt * 4 + e] = ex2_ftz(s[nt * 4 + e] - m[e / 2]);
+            l[e / 2] += s[nt * 4 + e];
+        }
+    }
+}
+
+template<int HD, int BC, int ST, bool GATE>
+__global__ void __launch_bounds__(256, 2) fox_fwd_lean_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
+                                                              const bf16* v, const float* c, int T, int H,
+                                                              int stride_qkv, int stride_o, int window,
+                                                              float scale_log2, const int* key_start) {
+    constexpr int BR = 128;
+    constexpr int PD = ST - 1;  // tile n + PD is loaded into the stage of tile n - 1 once all are past it
     static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sQ = (bf16*)smem_1k(smem_raw);    // (BR, HD) swizzled tiles
-    bf16* sK = sQ + BR * HD;                // (2, BC, HD)
-    bf16* sV = sK + 2 * BC * HD;            // (2, BC, HD)
-    float* sC = (float*)(sV + 2 * BC * HD); // (2, BC)
+    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
+    bf16* sK = sQ + BR * HD;                 // (ST, BC, HD)
+    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
+    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC)
 
     int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
     int bh = blockIdx.y, b = bh / H, h = bh % H;
@@ -1570,37 +1650,44 @@ fox_fwd_wgmma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf
     size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
     const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
     const float* cb = GATE ? c + (size_t)bh * T : nullptr;
-    int i0 = qt * BR;
+    int i0 = qt * BR, i0w = i0 + 64 * wg;
     int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
     int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
     // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
     if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
+    int ntiles = jt_end - jt_begin;  // tile n is key tile jt_end - 1 - n: from the diagonal backwards
 
-    load_tile_wg<BR, HD, NT>(sQ, qb, i0, T, stride_qkv);
-    auto load_kv = [&](int jt, int nb) {
-        int j1 = jt * BC;
-        load_tile_wg<BC, HD, NT>(sK + nb * BC * HD, kb, j1, T, stride_qkv);
-        load_tile_wg<BC, HD, NT>(sV + nb * BC * HD, vb, j1, T, stride_qkv);
-        if (GATE) load_vec_async<BC>(sC + nb * BC, cb, j1, T);
+    load_tile_wg<BR, HD, 256>(sQ, qb, i0, T, stride_qkv);
+    auto load_kv = [&](int n) {
+        int st = n % ST, j1 = (jt_end - 1 - n) * BC;
+        load_tile_wg<BC, HD, 256>(sK + st * BC * HD, kb, j1, T, stride_qkv);
+        load_tile_wg<BC, HD, 256>(sV + st * BC * HD, vb, j1, T, stride_qkv);
+        if (GATE) load_vec_async<BC>(sC + st * BC, cb, j1, T);
     };
-    load_kv(jt_begin, 0);
-    cp_async_commit();
+    #pragma unroll
+    for (int n = 0; n < PD; n++) {
+        if (n < ntiles) load_kv(n);
+        cp_async_commit();  // possibly empty: one group per tile keeps the wait counts fixed
+    }
 
     int rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
-    float cr[2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, acc[HD / 2];
-    #pragma unroll
-    for (int r = 0; r < 2; r++) cr[r] = (GATE && rows[r] < T) ? cb[rows[r]] : 0.f;
+    float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
+    // m: row maxima of x so far (lazy); below any logit until the first visible key
+    float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.f, 0.f}, acc[HD / 2];
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
 
-    for (int jt = jt_begin; jt < jt_end; jt++) {
-        int buf = (jt - jt_begin) & 1;
-        if (jt + 1 < jt_end) { load_kv(jt + 1, buf ^ 1); cp_async_commit(); cp_async_wait<1>(); }
-        else cp_async_wait<0>();
+    for (int n = 0; n < ntiles; n++) {
+        cp_async_wait<PD - 1>();  // this thread's part of tile n has landed
         fence_proxy_async();
-        __syncthreads();
-        const bf16 *sKb = sK + buf * BC * HD, *sVb = sV + buf * BC * HD;
-        const float* sCb = sC + buf * BC;
+        __syncthreads();  // tile n visible to all; everyone is past the tile whose stage is refilled now
+        if (n + PD < ntiles) load_kv(n + PD);
+        cp_async_commit();
+        int st = n % ST, j0 = (jt_end - 1 - n) * BC;
+        // none of this warpgroup's rows sees the tile (above its diagonal, before its window, past T)
+        if (j0 > i0w + 63 || i0w >= T || (window > 0 && j0 + BC - 1 <= i0w - window)) continue;
+        const bf16 *sKb = sK + st * BC * HD, *sVb = sV + st * BC * HD;
+        const float* sCb = sC + st * BC;
 
         float s[BC / 2];
         wgmma_fence();
@@ -1611,25 +1698,35 @@ fox_fwd_wgmma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf
         wgmma_wait0();
         wgmma_pin<BC / 2>(s);
 
-        // scale, bias, mask (only tiles touching the diagonal, the window edge or T), online softmax
-        int j0 = jt * BC;
-        bool need_mask = (j0 + BC - 1 > i0) || (j0 + BC > T) || (window > 0 && j0 <= i0 + BR - 1 - window);
         float mx[2];
-        fox_tile_logits<BC, GATE>(s, mx, j0, need_mask, cr, sCb, rows, tq, T, window, scale_log2);
-        float mu[2];
+        if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+            int hi[2], lo[2];  // visible column offsets of each row, less this thread's 2 tq
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                hi[r] = min(rows[r], T - 1) - j0 - 2 * tq;
+                lo[r] = (window > 0 ? rows[r] - window + 1 - j0 : -BC) - 2 * tq;
+            }
+            fox_lean_logits<BC, GATE, true>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
+        } else {
+            fox_lean_logits<BC, GATE, false>(s, mx, sCb, cref_l2, tq, scale_log2, nullptr, nullptr);
+        }
         #pragma unroll
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
-            float m_new = fmaxf(m[r], mx[r]);
-            mu[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: exp2(-inf - 0) = 0
-            float alpha = exp2f(m[r] - mu[r]);
-            l[r] *= alpha;
-            #pragma unroll
-            for (int dt = 0; dt < HD / 8; dt++) { acc[dt * 4 + 2 * r] *= alpha; acc[dt * 4 + 2 * r + 1] *= alpha; }
-            m[r] = m_new;
         }
-        fox_tile_exp<BC>(s, l, mu);
+        if (__any_sync(0xffffffff, mx[0] > m[0] + FOX_RESCALE_LOG2 || mx[1] > m[1] + FOX_RESCALE_LOG2)) {
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float m_new = fmaxf(m[r], mx[r]);
+                float alpha = ex2_ftz(m[r] - m_new);  // 0 from the -FLT_MAX start
+                l[r] *= alpha;
+                #pragma unroll
+                for (int dt = 0; dt < HD / 8; dt++) { acc[dt * 4 + 2 * r] *= alpha; acc[dt * 4 + 2 * r + 1] *= alpha; }
+                m[r] = m_new;
+            }
+        }
+        fox_lean_exp<BC>(s, l, m);
         // O += P V
         uint32_t pa[BC / 16][4];
         #pragma unroll
@@ -1640,9 +1737,12 @@ fox_fwd_wgmma_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf
         wgmma_commit();
         wgmma_wait0();
         wgmma_pin<HD / 2>(acc); wgmma_pin_a<BC / 16>(pa);
-        __syncthreads();  // everyone is done with this buffer before it is refilled
     }
-    fox_store_rows<HD>(o + (size_t)b * T * stride_o + (size_t)h * HD, lse + (size_t)bh * T, acc, l, m, rows, tq, T, stride_o);
+    float m_abs[2];  // m + r_i: the maximum in absolute log2 units
+    #pragma unroll
+    for (int r = 0; r < 2; r++) m_abs[r] = m[r] + ((GATE && rows[r] < T) ? fmaf(cb[rows[r]], LOG2E, -cref_l2) : 0.f);
+    fox_store_rows<HD>(o + (size_t)b * T * stride_o + (size_t)h * HD, lse + (size_t)bh * T, acc, l, m_abs, rows, tq, T,
+                       stride_o);
 }
 
 static void fox_check_args(const char* who, const void* q, const void* k, const void* v, int B, int T, int H,
@@ -1659,22 +1759,22 @@ static void fox_check_args(const char* who, const void* q, const void* k, const 
     }
 }
 
-// forward version 6: two warpgroups (128 query rows) per block, 64-key tiles; the API's choice at hd 64
-template<int HD, bool GATE>
-static void fox_fwd_wgmma_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
-                                 int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
-                                 cudaStream_t s) {
-    constexpr int BC = 64, NWG = 2, BR = 64 * NWG;
-    // Q, two K/V stages, two c stages, + 1 KB to align the tiles to the swizzle pattern
-    constexpr size_t smem = 1024 + (size_t)(BR + 4 * BC) * HD * sizeof(bf16) + 2 * BC * sizeof(float);
+// forward version 9 at hd 64: two warpgroups (128 query rows) per block, 128-key tiles, two stages
+template<bool GATE>
+static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                                cudaStream_t s) {
+    constexpr int HD = 64, BC = 128, ST = 2, BR = 128;
+    // Q, ST K/V stages and c stages, + 1 KB to align the tiles to the swizzle pattern
+    constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_kernel<HD, BC, NWG, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    // two blocks per SM at hd 64 (the launch bounds cap the registers for it) need ~104 KB of shared memory
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_kernel<HD, BC, NWG, GATE>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    // two blocks per SM (the launch bounds cap the registers for it) need ~170 KB of shared memory
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    cudaSharedmemCarveoutMaxShared));
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_wgmma_kernel<HD, BC, NWG, GATE><<<grid, 128 * NWG, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2, key_start);
+    fox_fwd_lean_kernel<HD, BC, ST, GATE><<<grid, 256, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2, key_start);
     launchCheck();
 }
 
@@ -1693,7 +1793,7 @@ static void fox_fwd_wgmma_launch(bf16* o, float* lse, const bf16* q, const bf16*
 // Loads use the bulk tensor copy engine (TMA) with one tensor map per q, k, v over the packed
 // (B, T, H, hd) layout: dims (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2), box
 // (64 columns, 1 head, rows, 1 batch). Its 128-byte swizzle writes exactly the tile layout of
-// fox_fwd_wgmma_kernel (64-column blocks, chunk c of row r at c ^ r % 8, 1024-byte aligned), and rows past T
+// fox_fwd_lean_kernel (64-column blocks, chunk c of row r at c ^ r % 8, 1024-byte aligned), and rows past T
 // come back as zeros. c (fp32 (B, H, T)) cannot have a tensor map for odd T (its row stride must be
 // a multiple of 16 bytes): the producer warp loads it with 4-byte cp.async that arrive on K's full
 // barrier when they land.
@@ -1947,9 +2047,9 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
     if (key_start && !c) { fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL"); }
     if (hd == 64) {
-        if (c) fox_fwd_wgmma_launch<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wgmma_launch<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
-    } else {  // the warp-specialised kernel: +16-22% over the other at hd 128, 15-24% slower at hd 64 (dev/cuda)
+        if (c) fox_fwd_lean_launch<true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_lean_launch<false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+    } else {  // the warp-specialised kernel: +16-22% over version 6 at hd 128; at hd 64 version 6 is 15-24% faster and version 9 +24-25% more (dev/cuda)
         if (c) fox_fwd_ws_launch<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
         else fox_fwd_ws_launch<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     }
