@@ -1360,15 +1360,23 @@ template<int ROWS> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile,
 }
 
 // ROWS rows of one head into a swizzled tile; rows past T zero-filled. Lanes take consecutive
-// chunks of a row (a warp writes 512 contiguous bytes).
+// chunks of a row (a warp writes 512 contiguous bytes): a thread copies chunk tid % (HD/8) of rows
+// tid / (HD/8) + i * NTHREADS / (HD/8), steps of whole 8-row groups, so its swizzled offset is
+// computed once and the loop (a compile-time trip count) unrolls; a loop over e = tid, tid +
+// NTHREADS, .. stays a runtime loop (~450 SASS instructions around the 8 cp.async of a 128-key K/V
+// tile per thread).
 template<int ROWS, int HD, int NTHREADS>
-__device__ __forceinline__ void load_tile_wg(bf16* sm, const bf16* g, int row0, int T, int stride) {
-    constexpr int CH = HD / 8;
+__device__ __forceinline__ void load_tile_unrolled(bf16* sm, const bf16* g, int row0, int T, int stride) {
+    constexpr int CH = HD / 8, RSTEP = NTHREADS / CH;
+    static_assert(NTHREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0, "whole 8-row groups per step");
+    int r0 = threadIdx.x / CH, ch = threadIdx.x % CH;
+    bf16* st = sm + tile_off<ROWS>(r0, ch);
+    const bf16* gc = g + ch * 8;
     #pragma unroll
-    for (int e = threadIdx.x; e < ROWS * CH; e += NTHREADS) {
-        int r = e / CH, ch = e % CH, row = row0 + r;
+    for (int i = 0; i < ROWS / RSTEP; i++) {
+        int row = row0 + r0 + i * RSTEP;
         bool ok = row < T;
-        cp_async16(sm + tile_off<ROWS>(r, ch), g + (size_t)(ok ? row : 0) * stride + ch * 8, ok);
+        cp_async16(st + i * RSTEP * 64, gc + (size_t)(ok ? row : 0) * stride, ok);
     }
 }
 // the dynamic shared memory, rounded up to 1024 bytes (the swizzle's repeat); callers allocate 1 KB more
@@ -1657,11 +1665,11 @@ __global__ void __launch_bounds__(256, 2) fox_fwd_lean_kernel(bf16* o, float* ls
     if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
     int ntiles = jt_end - jt_begin;  // tile n is key tile jt_end - 1 - n: from the diagonal backwards
 
-    load_tile_wg<BR, HD, 256>(sQ, qb, i0, T, stride_qkv);
+    load_tile_unrolled<BR, HD, 256>(sQ, qb, i0, T, stride_qkv);
     auto load_kv = [&](int n) {
         int st = n % ST, j1 = (jt_end - 1 - n) * BC;
-        load_tile_wg<BC, HD, 256>(sK + st * BC * HD, kb, j1, T, stride_qkv);
-        load_tile_wg<BC, HD, 256>(sV + st * BC * HD, vb, j1, T, stride_qkv);
+        load_tile_unrolled<BC, HD, 256>(sK + st * BC * HD, kb, j1, T, stride_qkv);
+        load_tile_unrolled<BC, HD, 256>(sV + st * BC * HD, vb, j1, T, stride_qkv);
         if (GATE) load_vec_async<BC>(sC + st * BC, cb, j1, T);
     };
     #pragma unroll
