@@ -1583,7 +1583,7 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
 //   which are zero in P anyway); the mask (diagonal, window edge, past T: only the tiles touching
 //   them) as two integer compares against per-row bounds; a warpgroup skips the tiles none of its
 //   rows sees (above its diagonal, before its window).
-// - 128-key tiles at hd 64 in 128 registers, no spills (two blocks per SM still fit: 84 KB of
+// - 128-key tiles at hd 64 in 128 registers, no spills (two blocks per SM still fit: 82 KB of
 //   shared memory each with two stages), half the barriers and matmul issues per key of 64-key tiles.
 // - ST K/V stages and one barrier per tile: tile n + ST - 1 is loaded, after the barrier, into the
 //   stage of tile n - 1, which every warpgroup is done with.
@@ -1777,7 +1777,7 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
     cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    // two blocks per SM (the launch bounds cap the registers for it) need ~170 KB of shared memory
+    // two blocks per SM (the launch bounds cap the registers for it) need ~166 KB of shared memory
     cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    cudaSharedmemCarveoutMaxShared));
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));

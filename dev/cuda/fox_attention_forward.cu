@@ -1347,7 +1347,7 @@ static void fox_fwd_ws(bf16* o, float* lse, const bf16* q, const bf16* k, const 
 //   which are zero in P anyway); the mask (diagonal, window edge, past T: only the tiles touching
 //   them) as two integer compares against per-row bounds; a warpgroup skips the tiles none of its
 //   rows sees (above its diagonal, before its window).
-// - 128-key tiles at hd 64 in 128 registers, no spills (two blocks per SM still fit: 84 KB of
+// - 128-key tiles at hd 64 in 128 registers, no spills (two blocks per SM still fit: 82 KB of
 //   shared memory each with two stages), half the barriers and matmul issues per key of 64-key tiles.
 // - ST K/V stages and one barrier per tile: tile n + ST - 1 is loaded, after the barrier, into the
 //   stage of tile n - 1, which every warpgroup is done with.
