@@ -24,7 +24,7 @@ Test code includes this file with TESTING defined, which drops main() (and the t
 #include "train_fox.c"
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
-#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (the forward at hd 128)
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (the warp-specialised backward)
 #include <cublasLt.h>
 #include <sched.h>
 #include <float.h>  // FLT_MAX (the forward's start for the running maximum)
@@ -935,7 +935,7 @@ __global__ void __launch_bounds__(32 * HP_WARPS) head_proj_backward_input_kernel
 // Forgetting attention: s_ij = q_i . k_j / sqrt(hd) + c_i - c_j for first_key(i) <= j <= i.
 // Two implementations behind attention_forward_gpu / attention_backward_gpu:
 // - the fused flash kernels (bf16 build, head sizes 64 and 128): Hopper tensor cores (wgmma bf16,
-//   sm_90a), the versions chosen in dev/cuda/fox_attention_forward.cu (6 at hd 64, 8 at hd 128)
+//   sm_90a), the versions chosen in dev/cuda/fox_attention_forward.cu (9 at both head sizes)
 //   and _backward.cu (9 at hd 64, 11 at hd 128), copied from their "train_fox.cu" sections and
 //   specialised to those versions (a change there is carried over here; see dev/cuda/README.md),
 //   plus the adaptive computation pruning of issue 9 (the tables' pass here; the pruned loop
@@ -1493,47 +1493,6 @@ static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16*
     launchCheck();
 }
 
-// The element-wise steps of the warp-specialised forward (version 8, hd 128), on one warp's 16 query rows
-// of a BC-key tile in the accumulator layout (thread: rows g and g + 8, columns 2 tq, 2 tq + 1
-// of each 8-column block). Scores are in log2 units.
-
-// s = S * scale + (c_i - c_j), masked (causal, window, past T) when need_mask; mx: each row's
-// maximum over this thread's entries. cr: c of the thread's two rows; sCb: c of the tile's keys.
-template<int BC, bool GATE>
-__device__ __forceinline__ void fox_tile_logits(float* s, float mx[2], int j0, bool need_mask, const float cr[2],
-                                                const float* sCb, const int rows[2], int tq, int T, int window,
-                                                float scale_log2) {
-    mx[0] = mx[1] = -INFINITY;
-    #pragma unroll
-    for (int nt = 0; nt < BC / 8; nt++) {
-        #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int jl = nt * 8 + 2 * tq + (e & 1);
-            float x = s[nt * 4 + e] * scale_log2;
-            if (GATE) x = fmaf(cr[e / 2] - sCb[jl], LOG2E, x);  // c_i - c_j exact near the diagonal
-            if (need_mask) {
-                int j = j0 + jl;
-                if (j >= T || !fox_visible(rows[e / 2], j, window)) x = -INFINITY;
-            }
-            s[nt * 4 + e] = x;
-            mx[e / 2] = fmaxf(mx[e / 2], x);
-        }
-    }
-}
-
-// s = 2^(s - mu) and l += its row sums (per-thread partials; the quad sums once at the end)
-template<int BC>
-__device__ __forceinline__ void fox_tile_exp(float* s, float l[2], const float mu[2]) {
-    #pragma unroll
-    for (int nt = 0; nt < BC / 8; nt++) {
-        #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            s[nt * 4 + e] = exp2f(s[nt * 4 + e] - mu[e / 2]);
-            l[e / 2] += s[nt * 4 + e];
-        }
-    }
-}
-
 // o = acc / l (bf16) and lse = ln(sum) of the thread's rows below T; ob, lse_bh: this (b, h)'s
 // o at token 0 and lse row
 template<int HD>
@@ -1554,9 +1513,10 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
     }
 }
 
-// Version 9 of dev/cuda/fox_attention_forward.cu, the forward at hd 64: version 6's block (two
-// warpgroups of 64 query rows share cp.async K/V tiles; two blocks per SM) with less element-wise
-// work per score, which at hd 64 costs as much issue time as the matmuls:
+// Version 9 of dev/cuda/fox_attention_forward.cu, the forward at both head sizes: version 6's block
+// (two warpgroups of 64 query rows share cp.async K/V tiles; two blocks per SM at hd 64, one at
+// hd 128) with less element-wise work per score, which at hd 64 costs as much issue time as the
+// matmuls:
 // - Gate terms per column, not per score. With c_ref = c of the thread's first row (a thread holds
 //   rows g and g + 8 of its warp's 16),
 //     d_j = (c_ref - c_j) log2(e)   once per key tile for the thread's BC/4 columns (both its rows),
@@ -1639,10 +1599,9 @@ __device__ __forceinline__ void fox_lean_exp(float* s, float l[2], const float m
 }
 
 template<int HD, int BC, int ST, bool GATE>
-__global__ void __launch_bounds__(256, 2) fox_fwd_lean_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
-                                                              const bf16* v, const float* c, int T, int H,
-                                                              int stride_qkv, int stride_o, int window,
-                                                              float scale_log2, const int* key_start) {
+__global__ void __launch_bounds__(256, HD == 64 ? 2 : 1)
+fox_fwd_lean_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c, int T, int H,
+                    int stride_qkv, int stride_o, int window, float scale_log2, const int* key_start) {
     constexpr int BR = 128;
     constexpr int PD = ST - 1;  // tile n + PD is loaded into the stage of tile n - 1 once all are past it
     static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
@@ -1767,17 +1726,17 @@ static void fox_check_args(const char* who, const void* q, const void* k, const 
     }
 }
 
-// forward version 9 at hd 64: two warpgroups (128 query rows) per block, 128-key tiles, two stages
-template<bool GATE>
+// forward version 9: two warpgroups (128 query rows) per block, 128-key tiles, two stages
+template<int HD, bool GATE>
 static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                 int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                 cudaStream_t s) {
-    constexpr int HD = 64, BC = 128, ST = 2, BR = 128;
+    constexpr int BC = 128, ST = 2, BR = 128;
     // Q, ST K/V stages and c stages, + 1 KB to align the tiles to the swizzle pattern
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
     cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    // two blocks per SM (the launch bounds cap the registers for it) need ~166 KB of shared memory
+    // two blocks per SM at hd 64 (the launch bounds cap the registers for it) need ~166 KB of shared memory
     cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    cudaSharedmemCarveoutMaxShared));
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
@@ -1786,25 +1745,19 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
     launchCheck();
 }
 
-// Version 8 of dev/cuda/fox_attention_forward.cu, the forward at hd 128: FlashAttention-3's
-// structure around version 7's pipeline (tile j's S issued with tile j-1's P V). A block of three
-// warpgroups owns a 128-row query tile: warpgroup 0 is the producer (one warp issues the loads;
-// setmaxnreg gives its registers to the others), warpgroups 1 and 2 are consumers of 64 rows each. The producer fills
-// rings of ST stages for K (with c_j) and for V, signalled by mbarriers: a full barrier per stage
-// completes when the copy engine's bytes (and the c lanes) have landed, an empty one when all eight
-// consumer warps are done with the stage. K and V have separate rings because K(j) is free after
-// tile j's S and softmax, V(j) only after tile j's P V, which runs one tile later.
-// The two consumers ping-pong: each issues its matmuls (tile j's S = Q K^T with tile j-1's
-// O += P V) only in its turn (named barriers 1 and 2), then passes the turn, so
-// one warpgroup's softmax runs while the other's matmuls hold the tensor cores.
+// The warp-specialised backward's machinery (FlashAttention-3's structure): a producer warp fills
+// rings of shared-memory stages, signalled by mbarriers (a full barrier per stage completes when
+// the copy engine's bytes and any cp.async lanes have landed, an empty one when the consumer warps
+// are done with it); setmaxnreg moves registers from the producer warpgroup to the consumers;
+// named barriers let the two consumer warpgroups take turns on the tensor cores.
 //
-// Loads use the bulk tensor copy engine (TMA) with one tensor map per q, k, v over the packed
+// Loads use the bulk tensor copy engine (TMA) with one tensor map per q, k, v, dO over the packed
 // (B, T, H, hd) layout: dims (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2), box
-// (64 columns, 1 head, rows, 1 batch). Its 128-byte swizzle writes exactly the tile layout of
-// fox_fwd_lean_kernel (64-column blocks, chunk c of row r at c ^ r % 8, 1024-byte aligned), and rows past T
-// come back as zeros. c (fp32 (B, H, T)) cannot have a tensor map for odd T (its row stride must be
-// a multiple of 16 bytes): the producer warp loads it with 4-byte cp.async that arrive on K's full
-// barrier when they land.
+// (64 columns, 1 head, rows, 1 batch). Its 128-byte swizzle writes exactly the tile layout of the
+// wgmma descriptors (64-column blocks, chunk c of row r at c ^ r % 8, 1024-byte aligned), and rows
+// past T come back as zeros. fp32 rows (lse, Delta, c: (B, H, T)) cannot have a tensor map for odd
+// T (the row stride must be a multiple of 16 bytes): the producer warp loads them with 4-byte
+// cp.async that arrive on the stage's full barrier when they land.
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(count) : "memory");
@@ -1841,174 +1794,14 @@ __device__ __forceinline__ void bar_arrive256(int id) { asm volatile("bar.arrive
 template<int R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R)); }
 template<int R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R)); }
 
-template<int HD, int BC, int ST, bool GATE>
-__global__ void __launch_bounds__(384, 1) fox_fwd_ws_kernel(bf16* o, float* lse, const __grid_constant__ CUtensorMap tmQ,
-                                                            const __grid_constant__ CUtensorMap tmK,
-                                                            const __grid_constant__ CUtensorMap tmV, const float* c,
-                                                            int T, int H, int stride_o, int window, float scale_log2,
-                                                            const int* key_start) {
-    constexpr int BR = 128;
-    static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
-    bf16* sK = sQ + BR * HD;                 // (ST, BC, HD)
-    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
-    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC)
-    uint64_t* bar = (uint64_t*)(sC + ST * BC);
-    uint64_t *barQ = bar, *fullK = bar + 1, *emptyK = fullK + ST, *fullV = emptyK + ST, *emptyV = fullV + ST;
-
-    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
-    int bh = blockIdx.y, b = bh / H, h = bh % H;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
-    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
-    int i0 = qt * BR;
-    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
-    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
-    // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
-    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
-    int ntiles = jt_end - jt_begin;
-
-    if (threadIdx.x == 0) {
-        mbar_init(barQ, 1);
-        for (int st = 0; st < ST; st++) {
-            mbar_init(&fullK[st], 1 + (GATE ? 32 : 0));  // the copy engine's arrival + the 32 c lanes
-            mbar_init(&emptyK[st], 8);                   // a warp of the consumers each
-            mbar_init(&fullV[st], 1);
-            mbar_init(&emptyV[st], 8);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
-    }
-    __syncthreads();
-
-    if (wg == 0) {  // producer
-        setmaxnreg_dec<24>();
-        if (warp != 0) return;
-        if (lane == 0) {
-            mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
-            tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
-        }
-        for (int n = 0; n < ntiles; n++) {
-            int st = n % ST, parity = ((n / ST) & 1) ^ 1, j0 = (jt_begin + n) * BC;
-            mbar_wait(&emptyK[st], parity);
-            if (lane == 0) {
-                mbar_expect_tx(&fullK[st], BC * HD * sizeof(bf16));
-                tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j0, h, b, &fullK[st]);
-            }
-            if (GATE) {
-                #pragma unroll
-                for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
-                mbar_arrive_cp_async(&fullK[st]);
-            }
-            mbar_wait(&emptyV[st], parity);
-            if (lane == 0) {
-                mbar_expect_tx(&fullV[st], BC * HD * sizeof(bf16));
-                tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j0, h, b, &fullV[st]);
-            }
-        }
-        return;
-    }
-
-    // consumers: warpgroup cw = 0, 1 owns rows i0 + 64 cw ..; a warp 16 of them, as in version 6
-    setmaxnreg_inc<240>();
-    int cw = wg - 1, cwarp = warp - 4, g = lane / 4, tq = lane % 4;
-    int i0w = i0 + 64 * cw;
-    int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
-    float cr[2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, acc[HD / 2];
-    #pragma unroll
-    for (int r = 0; r < 2; r++) cr[r] = (GATE && rows[r] < T) ? cb[rows[r]] : 0.f;
-    #pragma unroll
-    for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
-    // turns: consumer cw issues its matmuls after bar_sync256(1 + cw), then passes the turn on
-    auto turn_begin = [&]() { bar_sync256(1 + cw); };
-    auto turn_end = [&]() { bar_arrive256(2 - cw); };
-    if (cw == 1) bar_arrive256(1);  // consumer 0 goes first
-    mbar_wait(barQ, 0);
-
-    uint32_t pa[BC / 16][4];  // P of the previous tile, read by its P V matmul under this tile's S
-    for (int n = 0; n < ntiles; n++) {
-        int st = n % ST, pst = (n + ST - 1) % ST;  // this tile's stage, the previous tile's
-        mbar_wait(&fullK[st], (n / ST) & 1);
-        if (n > 0) mbar_wait(&fullV[pst], ((n - 1) / ST) & 1);
-        const bf16* sKb = sK + st * BC * HD;
-        const float* sCb = sC + st * BC;
-
-        // S = Q K^T of this tile, then O += P V of the previous one: the softmax below runs under it
-        float s[BC / 2];
-        turn_begin();
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            wgmma_ss<BC>(s, desc_k<BR>(sQ, cw * 8, kk), desc_k<BC>(sKb, 0, kk), kk);
-        wgmma_commit();
-        if (n > 0) {
-            const bf16* sVp = sV + pst * BC * HD;
-            #pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(acc, pa[kk], desc_mn<BC>(sVp, kk), 1);
-            wgmma_commit();
-            turn_end();  // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
-            wgmma_wait<1>();
-        } else {
-            turn_end();
-            wgmma_wait0();
-        }
-        wgmma_pin<BC / 2>(s);
-
-        // scale, bias, mask (only tiles touching the diagonal, the window edge or T), online softmax
-        int j0 = (jt_begin + n) * BC;
-        bool need_mask = (j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window);
-        float mx[2];
-        fox_tile_logits<BC, GATE>(s, mx, j0, need_mask, cr, sCb, rows, tq, T, window, scale_log2);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&emptyK[st]);  // K(j) read by S, c_j read above: the stage is free
-        float mu[2], alpha[2];
-        #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
-            float m_new = fmaxf(m[r], mx[r]);
-            mu[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: exp2(-inf - 0) = 0
-            alpha[r] = exp2f(m[r] - mu[r]);
-            l[r] *= alpha[r];
-            m[r] = m_new;
-        }
-        fox_tile_exp<BC>(s, l, mu);
-        wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
-        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
-        if (n > 0 && lane == 0) mbar_arrive(&emptyV[pst]);
-        #pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++) {
-            acc[dt * 4] *= alpha[0]; acc[dt * 4 + 1] *= alpha[0];
-            acc[dt * 4 + 2] *= alpha[1]; acc[dt * 4 + 3] *= alpha[1];
-        }
-        #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
-    }
-    {  // the last tile's P V, in a turn of its own
-        int pst = (ntiles - 1) % ST;
-        mbar_wait(&fullV[pst], ((ntiles - 1) / ST) & 1);
-        const bf16* sVp = sV + pst * BC * HD;
-        turn_begin();
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(acc, pa[kk], desc_mn<BC>(sVp, kk), 1);
-        wgmma_commit();
-        turn_end();
-        wgmma_wait0();
-        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
-    }
-    if (cw == 0) bar_sync256(1);  // consume consumer 1's last pass of the turn: every arrive is matched
-
-    fox_store_rows<HD>(o + (size_t)b * T * stride_o + (size_t)h * HD, lse + (size_t)bh * T, acc, l, m, rows, tq, T, stride_o);
-}
-
-// Tensor map of q, k or v for fox_fwd_ws_kernel: (B, T, H, hd) bf16 with token stride `stride` (elements),
+// Tensor map of q, k, v or dO for the backward's producers: (B, T, H, hd) bf16 with token stride `stride` (elements),
 // boxes of 64 columns x `rows` tokens of one head, 128-byte swizzle, zeros past T.
 static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, int stride, int rows) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;  // driver entry point, looked up once
     if (!encode) {
         cudaDriverEntryPointQueryResult found;
         cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess) { fail("cuTensorMapEncodeTiled not found\nHINT: the attention forward at hd 128 needs a CUDA 12+ driver"); }
+        if (found != cudaDriverEntryPointSuccess) { fail("cuTensorMapEncodeTiled not found\nHINT: the fused attention backward needs a CUDA 12+ driver"); }
     }
     CUtensorMap map;
     cuuint64_t dims[4] = {(cuuint64_t)hd, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
@@ -2025,25 +1818,6 @@ static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, in
     return map;
 }
 
-// warp-specialised forward (version 8 of dev/cuda) at hd 128: 128-key tiles, two K/V stages
-template<int HD, bool GATE>
-static void fox_fwd_ws_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
-                              int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
-                              cudaStream_t s) {
-    constexpr int BR = 128, BC = 128, ST = 2;
-    // Q, ST stages of K, V and c, the barriers, + 1 KB to align the tiles to the swizzle pattern
-    constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
-                            (1 + 4 * ST) * sizeof(uint64_t);
-    // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_ws_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
-                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
-    float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_ws_kernel<HD, BC, ST, GATE><<<dim3((unsigned)ceil_div(T, BR), (unsigned)(B * H)), 384, smem, s>>>(
-        o, lse, tq, tk, tv, c, T, H, stride_o, window, scale_log2, key_start);
-    launchCheck();
-}
-
 // o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
 // q, k, v: bf16 (B, T, H, hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv).
 // c: fp32 (B, H, T) cumulative log forget gate, or NULL for plain causal attention.
@@ -2054,12 +1828,14 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
                            const int* key_start, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
     if (key_start && !c) { fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL"); }
+    // version 9 at both head sizes (dev/cuda: +47-50% over version 6 at hd 64, +14-17% over the
+    // warp-specialised version 8 at hd 128)
     if (hd == 64) {
-        if (c) fox_fwd_lean_launch<true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_lean_launch<false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
-    } else {  // the warp-specialised kernel: +16-22% over version 6 at hd 128; at hd 64 version 6 is 15-24% faster and version 9 +24-25% more (dev/cuda)
-        if (c) fox_fwd_ws_launch<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_ws_launch<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_lean_launch<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_lean_launch<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+    } else {
+        if (c) fox_fwd_lean_launch<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_lean_launch<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     }
 }
 
