@@ -2022,7 +2022,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_ws_kernel(bf16* dk, bf16*
                     int il = nt * 8 + 2 * tq + (e & 1);
                     float x = fmaf(s[nt * 4 + e], scale_log2, -sLb[il] * LOG2E);
                     if (GATE) x = fmaf(sCb[il] - cj[e / 2], LOG2E, x);
-                    float p = exp2f(x);
+                    float p = ex2_ftz(x);  // one MUFU.EX2; P's denormals are 0
                     if (need_mask) {
                         int i = i0 + il;
                         if (i >= T || !fox_visible(i, keys[e / 2], window)) p = 0.f;
@@ -2198,7 +2198,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_ws_kernel(bf16* dq, float* 
                     int jl = nt * 8 + 2 * tq + (e & 1);
                     float x = fmaf(s[nt * 4 + e], scale_log2, -rl[e / 2]);
                     if (GATE) x = fmaf(rc[e / 2] - sCb[jl], LOG2E, x);
-                    float p = exp2f(x);
+                    float p = ex2_ftz(x);  // one MUFU.EX2; P's denormals are 0
                     if (need_mask) {
                         int j = j0 + jl;
                         if (j >= T || !fox_visible(e < 2 ? r0 : r1, j, window)) p = 0.f;
