@@ -54,8 +54,23 @@ version 10: version 9's dk/dv kernel with version 6's dq kernel (measured varian
 ./fox_attention_backward 10
 version 11: version 9 with the consumers' first matmuls of each tile issued in turns (ping-pong)
 ./fox_attention_backward 11
+
+version 12 is version 9 with less issue work per tile in the consumers (the section's comment has
+the details): masks as selects against integer bounds in straight-line loops (version 9 branched
+per score), wgmma descriptors computed once per kernel and advanced by constants, gate terms per
+column; no turns at either head size. A third fewer instructions; +45-53% over version 9 at hd 64,
++18-26% over version 11 at hd 128 (H200)
+./fox_attention_backward 12
+version 13: version 12 with each consumer issuing tile n + 1's first matmuls before it waits for
+tile n's last ones (cross-tile overlap), in both kernels
+./fox_attention_backward 13
+version 14: version 12 with the cross-tile overlap in the dQ kernel only (+0.2-4% over version 12)
+./fox_attention_backward 14
 The API (fox_attention_backward) runs version 11 at hd 128 and version 9 at hd 64.
-A range: ./fox_attention_backward 2 11
+A range: ./fox_attention_backward 2 14
+For Nsight Compute: ./fox_attention_backward 12 12 profile runs no checks and no timing, only one
+backward of each version on each timing shape (ncu -k regex:"fox_bwd_(dkdv|dq)_" --launch-skip 4
+--launch-count 2 picks both kernels at 1 x 12 x 16384 x 64)
 
 Each version is validated against an fp64 CPU reference on small shapes, then at T = 65536 with
 extreme gates against the fp64 GPU reference (version 1 in double), checked for bitwise
@@ -1499,6 +1514,599 @@ static void fox_bwd_ws(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratc
 }
 // ---- end: warp-specialised backward (version 9) ----
 
+// ----------------------------------------------------------------------------
+// ---- begin: lean warp-specialised backward for train_fox.cu (version 12) ----
+// Forward line differentiated (as above): o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
+// S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i);
+// dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij k_j; dc_t = sum_j dS_tj - sum_i dS_it.
+//
+// Version 9's two kernels (same blocks, producer warp, rings, barriers, tile order and order of
+// every reduction; the logits round differently) with less issue work per tile for the consumers,
+// which at hd 64 were latency-bound on their own instruction stream (ncu of version 9 at
+// 1 x 12 x 16384 x 64: BSSY/BSYNC/BRA 16-21% of the executed instructions and 37-43% of the stall
+// samples, R2UR and integer address work ~15%; version 12 executes 33-34% fewer instructions):
+// - masks without branches: version 9 tested every score (`if (need_mask) { if (i >= T ||
+//   !visible) p = 0; }`), two branches per score in the PTX that cut the exponential loop into
+//   basic blocks ptxas cannot schedule across; here a tile runs one of two straight-line loops and
+//   the masked one selects against two integer bounds per row (as forward version 9);
+// - descriptors computed once: version 9 built both 64-bit descriptors of each wgmma from the
+//   address (~10 integer instructions each, 16 wgmma's a tile in each kernel); here each tile's
+//   start is computed once per kernel, warp-uniform (the consumer index goes through a shuffle, so
+//   the descriptors can live in uniform registers), and a k step or a stage adds a constant to the
+//   address field (addr >> 4 in 14 bits: shared memory ends below 256 KB, so no carry leaves it);
+// - gate terms per column, not per score. dK/dV (columns are queries i, a thread's rows keys j and
+//   j + 8): with c_ref = c of its first key, a_i = ((c_i - c_ref) - lse_i) log2 e once per column
+//   and r = (c_ref - c_{j+8}) log2 e once per kernel, P = 2^(s scale log2 e + a_i (+ r)): one FFMA
+//   per score. dQ (columns are keys j): d_j = (c_ref - c_j) log2 e once per column (c_ref = c of the
+//   thread's first row, rounded once in c_ref log2 e, which cancels exactly against the row term
+//   R_i = (c_i - c_ref) log2 e - lse_i log2 e, as in forward version 9), P = 2^(s scale log2 e +
+//   (d_j + R_i)). Every difference of c is formed between two fp32 values before any scaling, so
+//   the logits are as exact as version 9's (no large absolute c enters a sum).
+// No turns (version 11's ping-pong): with these consumers they cost at hd 128 too (measured 3-7%).
+// OVL (versions 13 and 14, measured variants): a consumer issues tile n + 1's first matmuls (S^T
+// and dP^T; S and dP) before it waits for tile n's last ones (dV, dK; dQ), and releases tile n's
+// stage after that wait. ncu at 1 x 12 x 16384 x 64 (call 1): the dQ kernel 1.61 -> 1.42 ms with
+// it, the dK/dV kernel 2.21 -> 2.59 ms (its waits for the stage's lse, Delta, c then stall).
+
+// descriptor + bytes: only the address field (addr >> 4) moves
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+// bytes from k step 0 to k step kk of a K-major swizzled (ROWS, HD) tile (desc_k with SW = 1)
+template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int kk) {
+    return (kk / 4) * ROWS * 128 + (kk % 4) * 32;
+}
+// and of an N-major one (desc_mn with SW = 1): 16 rows of 128 bytes a step
+__device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
+
+// dK/dV: P^T in place for one warp's 16 keys x BQ queries (accumulator layout: rows g, g + 8 are
+// the thread's keys, columns 2 tq, 2 tq + 1 of each 8-column block its queries).
+// p = 2^(s scale_log2 + a_i + r_row), r = 0 for the first row, r1 for the second (above). MASK:
+// p = 0 where the column offset (less 2 tq) is outside [lo, hi] of the row (selected, never multiplied).
+template<int BQ, bool GATE, bool MASK>
+__device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float* sLb, const float* sCb, float cref, float r1,
+                                                float scale_log2, int tq, const int* lo, const int* hi) {
+    #pragma unroll
+    for (int nt = 0; nt < BQ / 8; nt++) {
+        float2 l = *(const float2*)(sLb + nt * 8 + 2 * tq);
+        float a[2][2];  // [row][column]
+        if (GATE) {
+            float2 ci = *(const float2*)(sCb + nt * 8 + 2 * tq);
+            a[0][0] = ((ci.x - cref) - l.x) * LOG2E;
+            a[0][1] = ((ci.y - cref) - l.y) * LOG2E;
+            a[1][0] = a[0][0] + r1;
+            a[1][1] = a[0][1] + r1;
+        } else {
+            a[0][0] = a[1][0] = -l.x * LOG2E;
+            a[0][1] = a[1][1] = -l.y * LOG2E;
+        }
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = ex2_ftz(fmaf(s[nt * 4 + e], scale_log2, a[e / 2][e & 1]));  // one MUFU.EX2; denormals 0
+            if (MASK) {
+                int kc = nt * 8 + (e & 1);  // compile-time: the bounds carry the thread's 2 tq
+                if (kc < lo[e / 2] || kc > hi[e / 2]) p = 0.f;
+            }
+            s[nt * 4 + e] = p;
+        }
+    }
+}
+// dK/dV: dS^T = P^T (dP^T - Delta) in place of dP^T; dcs: the rows' (keys') sums of dS
+template<int BQ>
+__device__ __forceinline__ void fox_bwd_lean_dst(float* dp, const float* s, const float* sDb, float dcs[2], int tq) {
+    #pragma unroll
+    for (int nt = 0; nt < BQ / 8; nt++) {
+        float2 d = *(const float2*)(sDb + nt * 8 + 2 * tq);
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - ((e & 1) ? d.y : d.x));
+            dcs[e / 2] += ds;
+            dp[nt * 4 + e] = ds;
+        }
+    }
+}
+// dQ: P in place for one warp's 16 queries x BC keys (rows g, g + 8 the thread's queries, columns
+// its keys): p = 2^(s scale_log2 + (d_j + R_row)), d_j = c_ref log2 e - c_j log2 e (0 without gate)
+template<int BC, bool GATE, bool MASK>
+__device__ __forceinline__ void fox_bwd_lean_p(float* s, const float* sCb, float cref_l2, const float R[2],
+                                               float scale_log2, int tq, const int* lo, const int* hi) {
+    #pragma unroll
+    for (int nt = 0; nt < BC / 8; nt++) {
+        float t[2][2];  // [row][column]
+        if (GATE) {
+            float2 cj = *(const float2*)(sCb + nt * 8 + 2 * tq);
+            float d0 = fmaf(-cj.x, LOG2E, cref_l2), d1 = fmaf(-cj.y, LOG2E, cref_l2);
+            t[0][0] = d0 + R[0]; t[0][1] = d1 + R[0];
+            t[1][0] = d0 + R[1]; t[1][1] = d1 + R[1];
+        } else {
+            t[0][0] = t[0][1] = R[0];
+            t[1][0] = t[1][1] = R[1];
+        }
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = ex2_ftz(fmaf(s[nt * 4 + e], scale_log2, t[e / 2][e & 1]));
+            if (MASK) {
+                int kc = nt * 8 + (e & 1);
+                if (kc < lo[e / 2] || kc > hi[e / 2]) p = 0.f;
+            }
+            s[nt * 4 + e] = p;
+        }
+    }
+}
+// dQ: dS = P (dP - Delta) in place of P; rs: the rows' sums of dS
+template<int BC>
+__device__ __forceinline__ void fox_bwd_lean_ds(float* s, const float* dp, const float rd[2], float rs[2]) {
+    #pragma unroll
+    for (int nt = 0; nt < BC / 8; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - rd[e / 2]);
+            s[nt * 4 + e] = ds;
+            rs[e / 2] += ds;
+        }
+    }
+}
+
+// dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
+// (a warp 16 of them). Query tiles of BQ stream through the ring. query_end (B*H, ceil(T / 128)):
+// query tiles of 128 from query_end on are pruned (NULL: none).
+template<int HD, int BQ, int ST, bool GATE, bool OVL>
+__global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf16* dv, float* dc,
+                                                                   const __grid_constant__ CUtensorMap tmQ,
+                                                                   const __grid_constant__ CUtensorMap tmG,
+                                                                   const __grid_constant__ CUtensorMap tmK,
+                                                                   const __grid_constant__ CUtensorMap tmV,
+                                                                   const float* lse, const float* delta, const float* c,
+                                                                   int T, int H, int stride_qkv, int window,
+                                                                   float scale_log2, float scale, const int* query_end) {
+    constexpr int BK = 128, SW = 1;
+    static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = (bf16*)smem_1k(smem_raw);     // (BK, HD) swizzled tiles
+    bf16* sV = sK + BK * HD;                 // (BK, HD)
+    bf16* sQ = sV + BK * HD;                 // (ST, BQ, HD)
+    bf16* sG = sQ + ST * BQ * HD;            // (ST, BQ, HD) dO
+    float* sL = (float*)(sG + ST * BQ * HD); // (ST, BQ) lse
+    float* sD = sL + ST * BQ;                // (ST, BQ) Delta
+    float* sC = sD + ST * BQ;                // (ST, BQ) c of the queries
+    uint64_t* bar = (uint64_t*)(sC + ST * BQ);
+    uint64_t *barKV = bar, *full = bar + 1, *empty = full + ST;
+
+    int kt = blockIdx.x;  // the first key tiles see the most queries and are scheduled first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    const float *lb = lse + (size_t)bh * T, *db = delta + (size_t)bh * T;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int j0 = kt * BK;
+    int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
+    int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
+    // pruned query tiles are never loaded (the diagonal one is kept, so it_begin < it_end)
+    if (query_end) it_end = min(it_end, query_end[(size_t)bh * gridDim.x + kt] * (PRUNE_BLOCK / BQ));
+    int ntiles = it_end - it_begin;
+
+    if (threadIdx.x == 0) {
+        mbar_init(barKV, 1);
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&full[st], 1 + 32);  // the copy engine's arrival + the 32 lanes' lse, Delta, c
+            mbar_init(&empty[st], 8);      // a warp of the consumers each
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        if (lane == 0) {
+            mbar_expect_tx(barKV, 2 * BK * HD * sizeof(bf16));
+            tma_load_tile<BK, HD>(sK, &tmK, j0, h, b, barKV);
+            tma_load_tile<BK, HD>(sV, &tmV, j0, h, b, barKV);
+        }
+        for (int n = 0; n < ntiles; n++) {
+            int st = n % ST, i1 = (it_begin + n) * BQ;
+            mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(&full[st], 2 * BQ * HD * sizeof(bf16));
+                tma_load_tile<BQ, HD>(sQ + st * BQ * HD, &tmQ, i1, h, b, &full[st]);
+                tma_load_tile<BQ, HD>(sG + st * BQ * HD, &tmG, i1, h, b, &full[st]);
+            }
+            #pragma unroll
+            for (int e = lane; e < BQ; e += 32) {  // past T: zeros
+                int i = min(i1 + e, T - 1);
+                bool ok = i1 + e < T;
+                cp_async4(sL + st * BQ + e, lb + i, ok);
+                cp_async4(sD + st * BQ + e, db + i, ok);
+                if (GATE) cp_async4(sC + st * BQ + e, cb + i, ok);
+            }
+            mbar_arrive_cp_async(&full[st]);
+        }
+        return;
+    }
+
+    // consumers
+    setmaxnreg_inc<240>();
+    int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int j0w = j0 + 64 * cw;  // this consumer's first key
+    int keys[2], lo0[2], hi0[2];  // mask bounds: visible query offsets (less 2 tq) from query 0
+    float cj[2], dcs[2] = {0.f, 0.f};
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        keys[r] = j0 + cwarp * 16 + g + 8 * r;
+        cj[r] = (GATE && keys[r] < T) ? cb[keys[r]] : 0.f;
+        lo0[r] = keys[r] - 2 * tq;
+        hi0[r] = (window > 0 ? min(T - 1, keys[r] + window - 1) : T - 1) - 2 * tq;
+    }
+    float cref = cj[0], r1 = (cj[0] - cj[1]) * LOG2E;  // the second key's row term
+    float dka[HD / 2], dva[HD / 2];
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
+    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T
+    // descriptors of k step 0: K, V (this consumer's 64 rows); Q, dO of stage 0 as K-major (S^T, dP^T)
+    // and N-major (dK, dV) operands; a stage is BQ * HD * 2 bytes further
+    const uint64_t dK0 = desc_k<HD, BK, SW>(sK, cw * 8, 0), dV0 = desc_k<HD, BK, SW>(sV, cw * 8, 0);
+    const uint64_t dQ0 = desc_k<HD, BQ, SW>(sQ, 0, 0), dG0 = desc_k<HD, BQ, SW>(sG, 0, 0);
+    const uint64_t dQn0 = desc_mn<HD, BQ, SW>(sQ, 0), dGn0 = desc_mn<HD, BQ, SW>(sG, 0);
+    constexpr uint32_t STAGE = BQ * HD * sizeof(bf16);
+    auto release = [&](int st) {  // this warp is done with the stage's Q, dO and floats
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+    };
+    bool pending = false;  // OVL: the last seen tile's dV, dK still run on stage pst
+    int pst = 0;
+    mbar_wait(barKV, 0);
+
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, i0 = (it_begin + n) * BQ;
+        mbar_wait(&full[st], (n / ST) & 1);
+        // every query of the tile before this consumer's first key, or past the window of its last one: P = 0
+        bool seen = i0 + BQ > j0w && !(window > 0 && i0 - (j0w + 63) >= window);
+        if (seen) {
+            const float *sLb = sL + st * BQ, *sDb = sD + st * BQ, *sCb = sC + st * BQ;
+            uint32_t so = st * STAGE;
+            // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries), two commit groups
+            float s[BQ / 2], dp[BQ / 2];
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BQ, 0>(s, desc_add(dK0, kstep_bytes<BK>(kk)), desc_add(dQ0, so + kstep_bytes<BQ>(kk)), kk);
+            wgmma_commit();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BQ, 0>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
+            wgmma_commit();
+            if (OVL && pending) {  // the previous tile's dV, dK
+                wgmma_wait<2>();
+                wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+                wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+                release(pst);
+            }
+            wgmma_wait<1>();
+            wgmma_pin<BQ / 2>(s);
+            // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
+            if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
+                int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
+                fox_bwd_lean_pt<BQ, GATE, true>(s, sLb, sCb, cref, r1, scale_log2, tq, lo, hi);
+            } else {
+                fox_bwd_lean_pt<BQ, GATE, false>(s, sLb, sCb, cref, r1, scale_log2, tq, nullptr, nullptr);
+            }
+            // dV += P^T dO
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+            wgmma_commit();
+            wgmma_wait<1>();  // dP^T done (dV may still run)
+            wgmma_pin<BQ / 2>(dp);
+            fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
+            // dK += dS^T Q
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+            wgmma_commit();
+            if (OVL) {
+                pending = true;
+                pst = st;
+            } else {
+                wgmma_wait0();
+                wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+                wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+                release(st);
+            }
+        } else {  // nothing seen: release the stage (after the previous tile's stage, with OVL)
+            if (OVL && pending) {
+                wgmma_wait0();
+                wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+                wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+                release(pst);
+                pending = false;
+            }
+            release(st);
+        }
+    }
+    if (OVL && pending) {
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+        wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+        release(pst);
+    }
+
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = keys[r];
+        if (GATE) {  // fixed shuffle order: deterministic
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
+            if (tq == 0 && key < T) dc[(size_t)bh * T + key] = -dcs[r];
+        }
+        if (key >= T) continue;
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            int col = dt * 8 + 2 * tq;
+            *(__nv_bfloat162*)(dkb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dka[dt * 4 + 2 * r] * scale, dka[dt * 4 + 2 * r + 1] * scale);
+            *(__nv_bfloat162*)(dvb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dva[dt * 4 + 2 * r], dva[dt * 4 + 2 * r + 1]);
+        }
+    }
+}
+
+// dq and the dc row sums of the 128-query tile gridDim.x - 1 - blockIdx.x; consumer cw owns queries
+// 64cw..+63. Key tiles of BC (with the keys' c) stream through the ring. key_start (B*H,
+// ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none).
+template<int HD, int BC, int ST, bool GATE, bool OVL>
+__global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float* dc_row,
+                                                                 const __grid_constant__ CUtensorMap tmQ,
+                                                                 const __grid_constant__ CUtensorMap tmG,
+                                                                 const __grid_constant__ CUtensorMap tmK,
+                                                                 const __grid_constant__ CUtensorMap tmV,
+                                                                 const float* lse, const float* delta, const float* c,
+                                                                 int T, int H, int stride_qkv, int window,
+                                                                 float scale_log2, float scale, const int* key_start) {
+    constexpr int BR = 128, SW = 1;
+    static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
+    bf16* sG = sQ + BR * HD;                 // (BR, HD) dO
+    bf16* sK = sG + BR * HD;                 // (ST, BC, HD)
+    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
+    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c of the keys
+    uint64_t* bar = (uint64_t*)(sC + ST * BC);
+    uint64_t *barQ = bar, *full = bar + 1, *empty = full + ST;
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+    // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
+    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
+    int ntiles = jt_end - jt_begin;
+
+    if (threadIdx.x == 0) {
+        mbar_init(barQ, 1);
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&full[st], 1 + (GATE ? 32 : 0));  // the copy engine's arrival + the 32 c lanes
+            mbar_init(&empty[st], 8);                   // a warp of the consumers each
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        if (lane == 0) {
+            mbar_expect_tx(barQ, 2 * BR * HD * sizeof(bf16));
+            tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
+            tma_load_tile<BR, HD>(sG, &tmG, i0, h, b, barQ);
+        }
+        for (int n = 0; n < ntiles; n++) {
+            int st = n % ST, j1 = (jt_begin + n) * BC;
+            mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(&full[st], 2 * BC * HD * sizeof(bf16));
+                tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j1, h, b, &full[st]);
+                tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j1, h, b, &full[st]);
+            }
+            if (GATE) {
+                #pragma unroll
+                for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j1 + e, T - 1), j1 + e < T);
+                mbar_arrive_cp_async(&full[st]);
+            }
+        }
+        return;
+    }
+
+    // consumers
+    setmaxnreg_inc<240>();
+    int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int i0w = i0 + 64 * cw;  // this consumer's first query
+    int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
+    float rd[2], R[2];  // Delta and the row term R (above) of this thread's rows
+    int lo0[2], hi0[2];  // mask bounds: visible key offsets (less 2 tq) from key 0
+    float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = rows[r];
+        bool ok = row < T;
+        float rl = ok ? lse[(size_t)bh * T + row] * LOG2E : 0.f;
+        rd[r] = ok ? delta[(size_t)bh * T + row] : 0.f;
+        R[r] = (GATE && ok) ? fmaf(cb[row], LOG2E, -cref_l2) - rl : -rl;
+        hi0[r] = min(row, T - 1) - 2 * tq;
+        lo0[r] = (window > 0 ? row - window + 1 : -BC) - 2 * tq;  // -BC: below every tile offset
+    }
+    float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
+    uint32_t sa[BC / 16][4];  // A fragments of dS
+    // descriptors of k step 0: Q, dO (this consumer's 64 rows); K, V of stage 0 as K-major (S, dP)
+    // and K as N-major (dQ) operands; a stage is BC * HD * 2 bytes further
+    const uint64_t dQ0 = desc_k<HD, BR, SW>(sQ, cw * 8, 0), dG0 = desc_k<HD, BR, SW>(sG, cw * 8, 0);
+    const uint64_t dK0 = desc_k<HD, BC, SW>(sK, 0, 0), dV0 = desc_k<HD, BC, SW>(sV, 0, 0);
+    const uint64_t dKn0 = desc_mn<HD, BC, SW>(sK, 0);
+    constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
+    auto release = [&](int st) {  // this warp is done with the stage's K, V and c
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+    };
+    bool pending = false;  // OVL: the last seen tile's dQ still runs on stage pst
+    int pst = 0;
+    mbar_wait(barQ, 0);
+
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, j0 = (jt_begin + n) * BC;
+        mbar_wait(&full[st], (n / ST) & 1);
+        // every key of the tile after this consumer's last query, or before the window of its first one: P = 0
+        bool seen = j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
+        if (seen) {
+            const float* sCb = sC + st * BC;
+            uint32_t so = st * STAGE;
+            float s[BC / 2], dp[BC / 2];
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BC, 0>(s, desc_add(dQ0, kstep_bytes<BR>(kk)), desc_add(dK0, so + kstep_bytes<BC>(kk)), kk);
+            wgmma_commit();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BC, 0>(dp, desc_add(dG0, kstep_bytes<BR>(kk)), desc_add(dV0, so + kstep_bytes<BC>(kk)), kk);
+            wgmma_commit();
+            if (OVL && pending) {  // the previous tile's dQ
+                wgmma_wait<2>();
+                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+                release(pst);
+            }
+            wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
+            wgmma_pin<BC / 2>(s);
+            if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+                int lo[2] = {lo0[0] - j0, lo0[1] - j0}, hi[2] = {hi0[0] - j0, hi0[1] - j0};
+                fox_bwd_lean_p<BC, GATE, true>(s, sCb, cref_l2, R, scale_log2, tq, lo, hi);
+            } else {
+                fox_bwd_lean_p<BC, GATE, false>(s, sCb, cref_l2, R, scale_log2, tq, nullptr, nullptr);
+            }
+            wgmma_wait0();
+            wgmma_pin<BC / 2>(dp);
+            fox_bwd_lean_ds<BC>(s, dp, rd, rs);
+            // dQ += dS K
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(dqa, sa[kk], desc_add(dKn0, so + mnstep_bytes(kk)), 1);
+            wgmma_commit();
+            if (OVL) {
+                pending = true;
+                pst = st;
+            } else {
+                wgmma_wait0();
+                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+                release(st);
+            }
+        } else {  // nothing seen: release the stage (after the previous tile's stage, with OVL)
+            if (OVL && pending) {
+                wgmma_wait0();
+                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+                release(pst);
+                pending = false;
+            }
+            release(st);
+        }
+    }
+    if (OVL && pending) {
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+        release(pst);
+    }
+
+    bf16* dqb = dq + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= T) continue;
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162*)(dqb + (size_t)rows[r] * stride_qkv + dt * 8 + 2 * tq) =
+                __floats2bfloat162_rn(dqa[dt * 4 + 2 * r] * scale, dqa[dt * 4 + 2 * r + 1] * scale);
+    }
+    if (GATE) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {  // fixed shuffle order: deterministic
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 1);
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 2);
+        }
+        if (tq == 0) {
+            if (rows[0] < T) dc_row[(size_t)bh * T + rows[0]] = rs[0];
+            if (rows[1] < T) dc_row[(size_t)bh * T + rows[1]] = rs[1];
+        }
+    }
+}
+
+// the two kernels for one head size (shared memory as version 9's: fox_ws_smem_kv / fox_ws_smem_q);
+// OVL, OVLQ: the cross-tile overlap in the dK/dV kernel, in the dQ kernel
+template<int HD, int BQ, int BC, int ST, bool GATE, bool OVL, bool OVLQ>
+static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
+                                const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
+                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                                const int* query_end, cudaStream_t s) {
+    constexpr size_t smem_kv = fox_ws_smem_kv<HD, BQ, ST>(), smem_q = fox_ws_smem_q<HD, BC, ST>();
+    static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, OVL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, OVLQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        configured = true;
+    }
+    float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
+    int nt = ceil_div(T, 128);
+    // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+    fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, OVL><<<dim3(nt, B * H), 384, smem_kv, s>>>(
+        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
+    cudaCheckLaunch();
+    tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
+    tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
+    fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, OVLQ><<<dim3(nt, B * H), 384, smem_q, s>>>(
+        dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
+    cudaCheckLaunch();
+}
+
+// version 12: Delta, the two lean kernels, the dlogf scan; tables as version 9 (NULL: dense; needs c).
+// 64-query steps in dK/dV at both head sizes; 128-key tiles in dQ at hd 64, 64-key at hd 128; no turns
+// (measured: at hd 128 turns cost 3-7% here, +0-1% in version 11). CFG 0 = version 12; 1 = version
+// 13, version 12 with the cross-tile overlap (OVL) in both kernels; 2 = version 14, in the dQ kernel only.
+// scratch: 3 * B*H*T floats, as version 2.
+template<int CFG>
+static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
+                         const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
+                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
+                         cudaStream_t s) {
+    int BHT = B * H * T;
+    const int* key_start = tables;
+    const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
+    float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
+    if (hd == 64) fox_bwd_delta_kernel<64><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    else fox_bwd_delta_kernel<128><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    cudaCheckLaunch();
+    constexpr bool OVL = CFG == 1, OVLQ = CFG == 1 || CFG == 2;
+    if (hd == 64) {
+        if (c) fox_bwd_lean_launch<64, 64, 128, 2, true, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<64, 64, 128, 2, false, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    } else {
+        if (c) fox_bwd_lean_launch<128, 64, 64, 2, true, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<128, 64, 64, 2, false, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    }
+    if (c) {
+        fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
+        cudaCheckLaunch();
+    }
+}
+// ---- end: lean warp-specialised backward (version 12) ----
+
 // ---- begin: fused backward API for train_fox.cu ----
 // dq, dk, dv: bf16 (B, T, H, hd), token stride stride_qkv (like q, k, v; may be a packed dqkv).
 // dout, o: bf16 (B, T, H, hd), token stride stride_o. lse: from fox_attention_forward.
@@ -1553,7 +2161,8 @@ static void release_bwd(BwdDev& d) {
     if (d.c) cudaCheck(cudaFree(d.c));
 }
 
-static void run_backward(int version, const FoxProblem& p, BwdDev& d) {
+// tables: the pruning tables of versions 9-13 (NULL: dense)
+static void run_backward(int version, const FoxProblem& p, BwdDev& d, const int* tables = nullptr) {
     bf16 *dq = d.dqkv + p.q_off, *dk = d.dqkv + p.k_off, *dv = d.dqkv + p.v_off;
     const bf16 *q = d.qkv + p.q_off, *k = d.qkv + p.k_off, *v = d.qkv + p.v_off;
     float* dlogf = p.gate ? d.dlogf : nullptr;
@@ -1575,12 +2184,18 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d) {
         case 8: fox_bwd_wgmma<1, 3>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, 0); break;
         case 9: fox_bwd_ws<0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
-                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, nullptr, 0); break;
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 10: fox_bwd_ws<1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
-                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, nullptr, 0); break;
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 11: fox_bwd_ws<2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
-                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, nullptr, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..11\n", version); exit(EXIT_FAILURE);
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 12: fox_bwd_lean<0>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 13: fox_bwd_lean<1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 14: fox_bwd_lean<2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..14\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -1624,14 +2239,28 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 11;
+    int first = only ? only : 1, last = only ? only : 14;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[12];  // per version: only those that pass are timed
+    bool vok[15];  // per version: only those that pass are timed
     for (bool& ok : vok) ok = true;
+
+    if (argc > 3 && strcmp(argv[3], "profile") == 0) {  // one backward per version and timing shape, for ncu
+        int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64}, {1, 16, 16384, 128}, {4, 16, 4096, 128}};
+        for (auto& sh : shapes) {
+            FoxProblem p = make_problem(sh[0], sh[2], sh[1], sh[3], 0, false, 0.05);
+            BwdDev d = upload_bwd(p);
+            run_fwd(p, d);
+            for (int ver = first; ver <= last; ver++) run_backward(ver, p, d);
+            cudaCheck(cudaDeviceSynchronize());
+            release_bwd(d);
+        }
+        printf("profile runs done\n");
+        return 0;
+    }
 
     // 1. small shapes against the fp64 CPU reference
     struct Cfg { int B, T, H, hd, window; bool packed; double gate; int o_pad; };
@@ -1665,10 +2294,10 @@ int main(int argc, char** argv) {
         release_bwd(d);
     }
 
-    // 1b. the pruning tables of versions 9 and 11: per (b, h) a random non-decreasing key_start (up to
+    // 1b. the pruning tables of versions 9 and 11-14: per (b, h) a random non-decreasing key_start (up to
     // the diagonal tile, as the real tables: c is non-increasing), query_end derived from it, the
     // forward (version 8) with the same key_start, against the CPU reference that skips the same tiles
-    for (int ver : {9, 11}) {
+    for (int ver : {9, 11, 12, 13, 14}) {
         if (ver < first || ver > last) continue;
         for (int hd : {64, 128}) {
             FoxProblem p = make_problem(2, 600, 2, hd, hd == 64 ? 0 : 300, true, -1);
@@ -1693,11 +2322,7 @@ int main(int argc, char** argv) {
             const bf16 *q = d.qkv + p.q_off, *k = d.qkv + p.k_off, *v = d.qkv + p.v_off;
             fox_fwd_ws<128, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables_d, 0);
             poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
-            bf16 *dq_d = d.dqkv + p.q_off, *dk_d = d.dqkv + p.k_off, *dv_d = d.dqkv + p.v_off;
-            if (ver == 9) fox_bwd_ws<0>(dq_d, dk_d, dv_d, d.dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c, p.B, p.T,
-                                        p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables_d, 0);
-            else fox_bwd_ws<2>(dq_d, dk_d, dv_d, d.dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c, p.B, p.T, p.H,
-                               p.hd, p.stride_qkv, p.stride_o, p.window, tables_d, 0);
+            run_backward(ver, p, d, tables_d);
             cudaCheck(cudaDeviceSynchronize());
             printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start, query_end)\n  version %d\n", p.B,
                    p.T, p.H, p.hd, p.window, ver);
