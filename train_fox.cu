@@ -1748,8 +1748,7 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
 // The warp-specialised backward's machinery (FlashAttention-3's structure): a producer warp fills
 // rings of shared-memory stages, signalled by mbarriers (a full barrier per stage completes when
 // the copy engine's bytes and any cp.async lanes have landed, an empty one when the consumer warps
-// are done with it); setmaxnreg moves registers from the producer warpgroup to the consumers;
-// named barriers let the two consumer warpgroups take turns on the tensor cores.
+// are done with it); setmaxnreg moves registers from the producer warpgroup to the consumers.
 //
 // Loads use the bulk tensor copy engine (TMA) with one tensor map per q, k, v, dO over the packed
 // (B, T, H, hd) layout: dims (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2), box
@@ -1788,9 +1787,6 @@ __device__ __forceinline__ void tma_load_tile(bf16* sm, const CUtensorMap* map, 
                      :: "r"(smem_u32(sm + cb * ROWS * 64)), "l"((uint64_t)map), "r"(cb * 64), "r"(h), "r"(row0), "r"(b),
                         "r"(smem_u32(bar)) : "memory");
 }
-// named barriers of 256 threads (both consumer warpgroups): sync waits, arrive passes on
-__device__ __forceinline__ void bar_sync256(int id) { asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory"); }
-__device__ __forceinline__ void bar_arrive256(int id) { asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory"); }
 template<int R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R)); }
 template<int R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R)); }
 
@@ -1861,22 +1857,36 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 // S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i);
 // dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij k_j; dc_t = sum_j dS_tj - sum_i dS_it.
 //
-// Version 9 of dev/cuda (version 6's two kernels in forward version 8's structure; with PP, version
-// 11). A block of three warpgroups owns one 128-row tile (128 keys in the dK/dV kernel, 128
-// queries in the dQ kernel: one pruning tile each). Warpgroup 0 is the producer: one warp issues the copy-engine (TMA) loads, setmaxnreg gives
-// its registers away (24). Warpgroups 1 and 2 consume 64 rows each (setmaxnreg 240). The fixed tile
-// (K, V; Q, dO) comes once; the streamed tiles (Q, dO and the queries' lse, Delta, c; K, V and the
-// keys' c) through a ring of ST stages with a full and an empty mbarrier per stage. The per-row
-// floats come by 4-byte cp.async from the producer's 32 lanes, arriving on the stage's full
-// barrier (a tensor map needs 16-byte row strides, which (B, H, T) fp32 lacks for odd T).
-// What version 6 lacks: nothing keeps the two consumers in lockstep (no __syncthreads). Each waits
-// only for its stage's bytes and releases the stage when its last matmul on it is done, so one
-// consumer's element-wise work runs under the other's matmuls and the loads under both, and the
-// consumers spend no issue slots on address arithmetic for loads. Inside a consumer a tile is
-// version 6's: two commit groups (P's exponentials under dP^T, dS under dV), and no accumulator of
-// an in-flight wgmma is defined by other code in between (ptxas then keeps the wgmma's async:
-// no C7515). A consumer skips the tiles it sees nothing of (above its diagonal or past the window)
-// but still releases them.
+// Version 14 of dev/cuda (version 9's warp-specialised kernels with lean consumers). A block of
+// three warpgroups owns one 128-row tile (128 keys in the dK/dV kernel, 128 queries in the dQ
+// kernel: one pruning tile each). Warpgroup 0 is the producer: one warp issues the copy-engine
+// (TMA) loads, setmaxnreg gives its registers away (24). Warpgroups 1 and 2 consume 64 rows each
+// (setmaxnreg 240). The fixed tile (K, V; Q, dO) comes once; the streamed tiles (Q, dO and the
+// queries' lse, Delta, c; K, V and the keys' c) through a ring of ST stages with a full and an
+// empty mbarrier per stage. The per-row floats come by 4-byte cp.async from the producer's 32
+// lanes, arriving on the stage's full barrier (a tensor map needs 16-byte row strides, which
+// (B, H, T) fp32 lacks for odd T). Nothing keeps the two consumers in lockstep: each waits only
+// for its stage's bytes and releases the stage when its last matmul on it is done, so one
+// consumer's element-wise work runs under the other's matmuls and the loads under both. Inside a
+// consumer a tile has two commit groups (P's exponentials under dP^T, dS under dV), and no
+// accumulator of an in-flight wgmma is defined by other code in between (no C7515). A consumer
+// skips the tiles it sees nothing of (above its diagonal or past the window) but still releases
+// them. The consumers' element-wise work is lean (at hd 64 it lasts as long as their matmuls):
+// - masks as selects against two integer bounds per row, in a straight-line loop of their own
+//   (a branch per score cut the loop into blocks ptxas could not schedule across);
+// - each wgmma descriptor is a tile start computed once per kernel (warp-uniform: the consumer
+//   index goes through a shuffle) plus a constant for the k step and the stage (the address field
+//   is addr >> 4 in 14 bits; shared memory ends below 256 KB, so no carry leaves it);
+// - gate terms per column. dK/dV (columns are queries i, a thread's rows keys j and j + 8): with
+//   c_ref = c of its first key, a_i = ((c_i - c_ref) - lse_i) log2 e once per column and
+//   r = (c_ref - c_{j+8}) log2 e once per kernel, P = 2^(s scale log2 e + a_i (+ r)). dQ (columns
+//   are keys j): d_j = c_ref log2 e - c_j log2 e per column with c_ref = c of the thread's first
+//   row, rounded once in c_ref log2 e, which cancels exactly against the row term R_i =
+//   (c_i log2 e - c_ref log2 e) - lse_i log2 e (as in the forward). Differences of c are formed
+//   between fp32 values before any scaling, so no large absolute c enters a sum.
+// No turns (version 11's ping-pong named barriers): with these consumers they cost at both head
+// sizes (dev/cuda README). The dQ consumers overlap tiles (version 14): tile n + 1's S and dP are
+// issued before the wait for tile n's dQ, whose stage is released after it.
 
 // The producer warp of both backward kernels (lane 0 issues the copies; the whole warp runs the
 // per-row loads): the block's own pair of tiles (K, V of the key tile, or Q, dO of the query tile)
@@ -1906,18 +1916,115 @@ __device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUt
     }
 }
 
+// descriptor + bytes: only the address field (addr >> 4) moves
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+// bytes from k step 0 to k step kk of a K-major swizzled (ROWS, HD) tile (desc_k)
+template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int kk) {
+    return (kk / 4) * ROWS * 128 + (kk % 4) * 32;
+}
+// and of an N-major one (desc_mn): 16 rows of 128 bytes a step
+__device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
+
+// dK/dV: P^T in place for one warp's 16 keys x BQ queries (accumulator layout: rows g, g + 8 are
+// the thread's keys, columns 2 tq, 2 tq + 1 of each 8-column block its queries).
+// p = 2^(s scale_log2 + a_i + r_row), r = 0 for the first row, r1 for the second (above). MASK:
+// p = 0 where the column offset (less 2 tq) is outside [lo, hi] of the row (selected, never multiplied).
+template<int BQ, bool GATE, bool MASK>
+__device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float* sLb, const float* sCb, float cref, float r1,
+                                                float scale_log2, int tq, const int* lo, const int* hi) {
+    #pragma unroll
+    for (int nt = 0; nt < BQ / 8; nt++) {
+        float2 l = *(const float2*)(sLb + nt * 8 + 2 * tq);
+        float a[2][2];  // [row][column]
+        if (GATE) {
+            float2 ci = *(const float2*)(sCb + nt * 8 + 2 * tq);
+            a[0][0] = ((ci.x - cref) - l.x) * LOG2E;
+            a[0][1] = ((ci.y - cref) - l.y) * LOG2E;
+            a[1][0] = a[0][0] + r1;
+            a[1][1] = a[0][1] + r1;
+        } else {
+            a[0][0] = a[1][0] = -l.x * LOG2E;
+            a[0][1] = a[1][1] = -l.y * LOG2E;
+        }
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = ex2_ftz(fmaf(s[nt * 4 + e], scale_log2, a[e / 2][e & 1]));  // one MUFU.EX2; denormals 0
+            if (MASK) {
+                int kc = nt * 8 + (e & 1);  // compile-time: the bounds carry the thread's 2 tq
+                if (kc < lo[e / 2] || kc > hi[e / 2]) p = 0.f;
+            }
+            s[nt * 4 + e] = p;
+        }
+    }
+}
+// dK/dV: dS^T = P^T (dP^T - Delta) in place of dP^T; dcs: the rows' (keys') sums of dS
+template<int BQ>
+__device__ __forceinline__ void fox_bwd_lean_dst(float* dp, const float* s, const float* sDb, float dcs[2], int tq) {
+    #pragma unroll
+    for (int nt = 0; nt < BQ / 8; nt++) {
+        float2 d = *(const float2*)(sDb + nt * 8 + 2 * tq);
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - ((e & 1) ? d.y : d.x));
+            dcs[e / 2] += ds;
+            dp[nt * 4 + e] = ds;
+        }
+    }
+}
+// dQ: P in place for one warp's 16 queries x BC keys (rows g, g + 8 the thread's queries, columns
+// its keys): p = 2^(s scale_log2 + (d_j + R_row)), d_j = c_ref log2 e - c_j log2 e (0 without gate)
+template<int BC, bool GATE, bool MASK>
+__device__ __forceinline__ void fox_bwd_lean_p(float* s, const float* sCb, float cref_l2, const float R[2],
+                                               float scale_log2, int tq, const int* lo, const int* hi) {
+    #pragma unroll
+    for (int nt = 0; nt < BC / 8; nt++) {
+        float t[2][2];  // [row][column]
+        if (GATE) {
+            float2 cj = *(const float2*)(sCb + nt * 8 + 2 * tq);
+            float d0 = fmaf(-cj.x, LOG2E, cref_l2), d1 = fmaf(-cj.y, LOG2E, cref_l2);
+            t[0][0] = d0 + R[0]; t[0][1] = d1 + R[0];
+            t[1][0] = d0 + R[1]; t[1][1] = d1 + R[1];
+        } else {
+            t[0][0] = t[0][1] = R[0];
+            t[1][0] = t[1][1] = R[1];
+        }
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = ex2_ftz(fmaf(s[nt * 4 + e], scale_log2, t[e / 2][e & 1]));
+            if (MASK) {
+                int kc = nt * 8 + (e & 1);
+                if (kc < lo[e / 2] || kc > hi[e / 2]) p = 0.f;
+            }
+            s[nt * 4 + e] = p;
+        }
+    }
+}
+// dQ: dS = P (dP - Delta) in place of P; rs: the rows' sums of dS
+template<int BC>
+__device__ __forceinline__ void fox_bwd_lean_ds(float* s, const float* dp, const float rd[2], float rs[2]) {
+    #pragma unroll
+    for (int nt = 0; nt < BC / 8; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - rd[e / 2]);
+            s[nt * 4 + e] = ds;
+            rs[e / 2] += ds;
+        }
+    }
+}
+
 // dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
 // (a warp 16 of them). Query tiles of BQ stream through the ring. query_end (B*H, ceil(T / 128)):
 // query tiles of 128 from query_end on are pruned (NULL: none).
-template<int HD, int BQ, int ST, bool GATE, bool PP>
-__global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_ws_kernel(bf16* dk, bf16* dv, float* dc,
-                                                                 const __grid_constant__ CUtensorMap tmQ,
-                                                                 const __grid_constant__ CUtensorMap tmG,
-                                                                 const __grid_constant__ CUtensorMap tmK,
-                                                                 const __grid_constant__ CUtensorMap tmV,
-                                                                 const float* lse, const float* delta, const float* c,
-                                                                 int T, int H, int stride_qkv, int window,
-                                                                 float scale_log2, float scale, const int* query_end) {
+template<int HD, int BQ, int ST, bool GATE>
+__global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf16* dv, float* dc,
+                                                                   const __grid_constant__ CUtensorMap tmQ,
+                                                                   const __grid_constant__ CUtensorMap tmG,
+                                                                   const __grid_constant__ CUtensorMap tmK,
+                                                                   const __grid_constant__ CUtensorMap tmV,
+                                                                   const float* lse, const float* delta, const float* c,
+                                                                   int T, int H, int stride_qkv, int window,
+                                                                   float scale_log2, float scale, const int* query_end) {
     constexpr int BK = 128;
     static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1973,20 +2080,29 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_ws_kernel(bf16* dk, bf16*
 
     // consumers
     setmaxnreg_inc<240>();
-    int cw = wg - 1, cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
     int j0w = j0 + 64 * cw;  // this consumer's first key
-    int keys[2];
+    int keys[2], lo0[2], hi0[2];  // mask bounds: visible query offsets (less 2 tq) from query 0
     float cj[2], dcs[2] = {0.f, 0.f};
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         keys[r] = j0 + cwarp * 16 + g + 8 * r;
         cj[r] = (GATE && keys[r] < T) ? cb[keys[r]] : 0.f;
+        lo0[r] = keys[r] - 2 * tq;
+        hi0[r] = (window > 0 ? min(T - 1, keys[r] + window - 1) : T - 1) - 2 * tq;
     }
+    float cref = cj[0], r1 = (cj[0] - cj[1]) * LOG2E;  // the second key's row term
     float dka[HD / 2], dva[HD / 2];
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
     uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T
-    if (PP && cw == 1) bar_arrive256(1);  // PP: consumer 0 takes the first turn
+    // descriptors of k step 0: K, V (this consumer's 64 rows); Q, dO of stage 0 as K-major (S^T, dP^T)
+    // and N-major (dK, dV) operands; a stage is BQ * HD * 2 bytes further
+    const uint64_t dK0 = desc_k<BK>(sK, cw * 8, 0), dV0 = desc_k<BK>(sV, cw * 8, 0);
+    const uint64_t dQ0 = desc_k<BQ>(sQ, 0, 0), dG0 = desc_k<BQ>(sG, 0, 0);
+    const uint64_t dQn0 = desc_mn<BQ>(sQ, 0), dGn0 = desc_mn<BQ>(sG, 0);
+    constexpr uint32_t STAGE = BQ * HD * sizeof(bf16);
     mbar_wait(barKV, 0);
 
     for (int n = 0; n < ntiles; n++) {
@@ -1994,79 +2110,53 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_ws_kernel(bf16* dk, bf16*
         mbar_wait(&full[st], (n / ST) & 1);
         // every query of the tile before this consumer's first key, or past the window of its last one: P = 0
         bool seen = i0 + BQ > j0w && !(window > 0 && i0 - (j0w + 63) >= window);
-        if (PP) bar_sync256(1 + cw);
         if (seen) {
-            const bf16 *sQb = sQ + st * BQ * HD, *sGb = sG + st * BQ * HD;
             const float *sLb = sL + st * BQ, *sDb = sD + st * BQ, *sCb = sC + st * BQ;
+            uint32_t so = st * STAGE;
             // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries), two commit groups
             float s[BQ / 2], dp[BQ / 2];
             wgmma_fence();
             #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++)
-                wgmma_ss<BQ>(s, desc_k<BK>(sK, cw * 8, kk), desc_k<BQ>(sQb, 0, kk), kk);
+                wgmma_ss<BQ>(s, desc_add(dK0, kstep_bytes<BK>(kk)), desc_add(dQ0, so + kstep_bytes<BQ>(kk)), kk);
             wgmma_commit();
             #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++)
-                wgmma_ss<BQ>(dp, desc_k<BK>(sV, cw * 8, kk), desc_k<BQ>(sGb, 0, kk), kk);
+                wgmma_ss<BQ>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
             wgmma_commit();
-            if (PP) bar_arrive256(2 - cw);  // in the branch: a join between issue and wait serializes (C7514)
             wgmma_wait<1>();
             wgmma_pin<BQ / 2>(s);
-
-            // P^T in place; masked entries are selected to 0, never multiplied
-            bool need_mask = (i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window);
-            #pragma unroll
-            for (int nt = 0; nt < BQ / 8; nt++) {
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int il = nt * 8 + 2 * tq + (e & 1);
-                    float x = fmaf(s[nt * 4 + e], scale_log2, -sLb[il] * LOG2E);
-                    if (GATE) x = fmaf(sCb[il] - cj[e / 2], LOG2E, x);
-                    float p = ex2_ftz(x);  // one MUFU.EX2; P's denormals are 0
-                    if (need_mask) {
-                        int i = i0 + il;
-                        if (i >= T || !fox_visible(i, keys[e / 2], window)) p = 0.f;
-                    }
-                    s[nt * 4 + e] = p;
-                }
+            // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
+            if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
+                int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
+                fox_bwd_lean_pt<BQ, GATE, true>(s, sLb, sCb, cref, r1, scale_log2, tq, lo, hi);
+            } else {
+                fox_bwd_lean_pt<BQ, GATE, false>(s, sLb, sCb, cref, r1, scale_log2, tq, nullptr, nullptr);
             }
             // dV += P^T dO
             #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
             wgmma_fence();
             #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(dva, pa[kk], desc_mn<BQ>(sGb, kk), 1);
+            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
             wgmma_commit();
             wgmma_wait<1>();  // dP^T done (dV may still run)
             wgmma_pin<BQ / 2>(dp);
-            // dS^T = P^T (dP^T - Delta)
-            #pragma unroll
-            for (int nt = 0; nt < BQ / 8; nt++) {
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int il = nt * 8 + 2 * tq + (e & 1);
-                    float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - sDb[il]);
-                    dcs[e / 2] += ds;
-                    dp[nt * 4 + e] = ds;
-                }
-            }
+            fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
             // dK += dS^T Q
             #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
             wgmma_fence();
             #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(dka, sa[kk], desc_mn<BQ>(sQb, kk), 1);
+            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
             wgmma_commit();
             wgmma_wait0();
             wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
             wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
-        } else if (PP) {
-            bar_arrive256(2 - cw);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's Q, dO and floats
     }
-    if (PP && cw == 0) bar_sync256(1);  // consume consumer 1's last pass of the turn: every arrive is matched
 
     bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
     #pragma unroll
@@ -2092,15 +2182,15 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_ws_kernel(bf16* dk, bf16*
 // dq and the dc row sums of the 128-query tile gridDim.x - 1 - blockIdx.x; consumer cw owns queries
 // 64cw..+63. Key tiles of BC (with the keys' c) stream through the ring. key_start (B*H,
 // ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none).
-template<int HD, int BC, int ST, bool GATE, bool PP>
-__global__ void __launch_bounds__(384, 1) fox_bwd_dq_ws_kernel(bf16* dq, float* dc_row,
-                                                               const __grid_constant__ CUtensorMap tmQ,
-                                                               const __grid_constant__ CUtensorMap tmG,
-                                                               const __grid_constant__ CUtensorMap tmK,
-                                                               const __grid_constant__ CUtensorMap tmV,
-                                                               const float* lse, const float* delta, const float* c,
-                                                               int T, int H, int stride_qkv, int window,
-                                                               float scale_log2, float scale, const int* key_start) {
+template<int HD, int BC, int ST, bool GATE>
+__global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float* dc_row,
+                                                                 const __grid_constant__ CUtensorMap tmQ,
+                                                                 const __grid_constant__ CUtensorMap tmG,
+                                                                 const __grid_constant__ CUtensorMap tmK,
+                                                                 const __grid_constant__ CUtensorMap tmV,
+                                                                 const float* lse, const float* delta, const float* c,
+                                                                 int T, int H, int stride_qkv, int window,
+                                                                 float scale_log2, float scale, const int* key_start) {
     constexpr int BR = 128;
     static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -2149,23 +2239,39 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_ws_kernel(bf16* dq, float* 
 
     // consumers
     setmaxnreg_inc<240>();
-    int cw = wg - 1, cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
     int i0w = i0 + 64 * cw;  // this consumer's first query
-    int r0 = i0 + cwarp * 16 + g, r1 = r0 + 8;
-    float rl[2], rd[2], rc[2];  // lse in log2 units, Delta, c of this thread's rows
+    int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
+    float rd[2], R[2];  // Delta and the row term R (above) of this thread's rows
+    int lo0[2], hi0[2];  // mask bounds: visible key offsets (less 2 tq) from key 0
+    float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
     #pragma unroll
     for (int r = 0; r < 2; r++) {
-        int row = r ? r1 : r0;
+        int row = rows[r];
         bool ok = row < T;
-        rl[r] = ok ? lse[(size_t)bh * T + row] * LOG2E : 0.f;
+        float rl = ok ? lse[(size_t)bh * T + row] * LOG2E : 0.f;
         rd[r] = ok ? delta[(size_t)bh * T + row] : 0.f;
-        rc[r] = (GATE && ok) ? cb[row] : 0.f;
+        R[r] = (GATE && ok) ? fmaf(cb[row], LOG2E, -cref_l2) - rl : -rl;
+        hi0[r] = min(row, T - 1) - 2 * tq;
+        lo0[r] = (window > 0 ? row - window + 1 : -BC) - 2 * tq;  // -BC: below every tile offset
     }
     float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
     uint32_t sa[BC / 16][4];  // A fragments of dS
-    if (PP && cw == 1) bar_arrive256(1);  // PP: consumer 0 takes the first turn
+    // descriptors of k step 0: Q, dO (this consumer's 64 rows); K, V of stage 0 as K-major (S, dP)
+    // and K as N-major (dQ) operands; a stage is BC * HD * 2 bytes further
+    const uint64_t dQ0 = desc_k<BR>(sQ, cw * 8, 0), dG0 = desc_k<BR>(sG, cw * 8, 0);
+    const uint64_t dK0 = desc_k<BC>(sK, 0, 0), dV0 = desc_k<BC>(sV, 0, 0);
+    const uint64_t dKn0 = desc_mn<BC>(sK, 0);
+    constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
+    auto release = [&](int st) {  // this warp is done with the stage's K, V and c
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+    };
+    bool pending = false;  // the last seen tile's dQ still runs on stage pst
+    int pst = 0;
     mbar_wait(barQ, 0);
 
     for (int n = 0; n < ntiles; n++) {
@@ -2173,73 +2279,68 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_ws_kernel(bf16* dq, float* 
         mbar_wait(&full[st], (n / ST) & 1);
         // every key of the tile after this consumer's last query, or before the window of its first one: P = 0
         bool seen = j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
-        if (PP) bar_sync256(1 + cw);
         if (seen) {
-            const bf16 *sKb = sK + st * BC * HD, *sVb = sV + st * BC * HD;
             const float* sCb = sC + st * BC;
+            uint32_t so = st * STAGE;
             float s[BC / 2], dp[BC / 2];
             wgmma_fence();
             #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++)
-                wgmma_ss<BC>(s, desc_k<BR>(sQ, cw * 8, kk), desc_k<BC>(sKb, 0, kk), kk);
+                wgmma_ss<BC>(s, desc_add(dQ0, kstep_bytes<BR>(kk)), desc_add(dK0, so + kstep_bytes<BC>(kk)), kk);
             wgmma_commit();
             #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++)
-                wgmma_ss<BC>(dp, desc_k<BR>(sG, cw * 8, kk), desc_k<BC>(sVb, 0, kk), kk);
+                wgmma_ss<BC>(dp, desc_add(dG0, kstep_bytes<BR>(kk)), desc_add(dV0, so + kstep_bytes<BC>(kk)), kk);
             wgmma_commit();
-            if (PP) bar_arrive256(2 - cw);
+            if (pending) {  // the previous tile's dQ (cross-tile overlap: issued before this wait)
+                wgmma_wait<2>();
+                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+                release(pst);
+            }
             wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
             wgmma_pin<BC / 2>(s);
-            bool need_mask = (j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window);
-            #pragma unroll
-            for (int nt = 0; nt < BC / 8; nt++) {
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int jl = nt * 8 + 2 * tq + (e & 1);
-                    float x = fmaf(s[nt * 4 + e], scale_log2, -rl[e / 2]);
-                    if (GATE) x = fmaf(rc[e / 2] - sCb[jl], LOG2E, x);
-                    float p = ex2_ftz(x);  // one MUFU.EX2; P's denormals are 0
-                    if (need_mask) {
-                        int j = j0 + jl;
-                        if (j >= T || !fox_visible(e < 2 ? r0 : r1, j, window)) p = 0.f;
-                    }
-                    s[nt * 4 + e] = p;
-                }
+            if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+                int lo[2] = {lo0[0] - j0, lo0[1] - j0}, hi[2] = {hi0[0] - j0, hi0[1] - j0};
+                fox_bwd_lean_p<BC, GATE, true>(s, sCb, cref_l2, R, scale_log2, tq, lo, hi);
+            } else {
+                fox_bwd_lean_p<BC, GATE, false>(s, sCb, cref_l2, R, scale_log2, tq, nullptr, nullptr);
             }
             wgmma_wait0();
             wgmma_pin<BC / 2>(dp);
-            #pragma unroll
-            for (int nt = 0; nt < BC / 8; nt++) {
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - rd[e / 2]);
-                    s[nt * 4 + e] = ds;
-                    rs[e / 2] += ds;
-                }
-            }
+            fox_bwd_lean_ds<BC>(s, dp, rd, rs);
             // dQ += dS K
             #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
             wgmma_fence();
             #pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(dqa, sa[kk], desc_mn<BC>(sKb, kk), 1);
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(dqa, sa[kk], desc_add(dKn0, so + mnstep_bytes(kk)), 1);
             wgmma_commit();
-            wgmma_wait0();
-            wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
-        } else if (PP) {
-            bar_arrive256(2 - cw);
+            pending = true;  // waited for at the next tile, under its S and dP
+            pst = st;
+        } else {  // nothing seen: release the stage (after the previous tile's)
+            if (pending) {
+                wgmma_wait0();
+                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+                release(pst);
+                pending = false;
+            }
+            release(st);
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's K, V and c
     }
-    if (PP && cw == 0) bar_sync256(1);
+    if (pending) {
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+        release(pst);
+    }
 
     bf16* dqb = dq + (size_t)b * T * stride_qkv + (size_t)h * HD;
     #pragma unroll
-    for (int dt = 0; dt < HD / 8; dt++) {
-        int col = dt * 8 + 2 * tq;
-        if (r0 < T) *(__nv_bfloat162*)(dqb + (size_t)r0 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4] * scale, dqa[dt * 4 + 1] * scale);
-        if (r1 < T) *(__nv_bfloat162*)(dqb + (size_t)r1 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4 + 2] * scale, dqa[dt * 4 + 3] * scale);
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= T) continue;
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162*)(dqb + (size_t)rows[r] * stride_qkv + dt * 8 + 2 * tq) =
+                __floats2bfloat162_rn(dqa[dt * 4 + 2 * r] * scale, dqa[dt * 4 + 2 * r + 1] * scale);
     }
     if (GATE) {
         #pragma unroll
@@ -2248,21 +2349,19 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_ws_kernel(bf16* dq, float* 
             rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 2);
         }
         if (tq == 0) {
-            if (r0 < T) dc_row[(size_t)bh * T + r0] = rs[0];
-            if (r1 < T) dc_row[(size_t)bh * T + r1] = rs[1];
+            if (rows[0] < T) dc_row[(size_t)bh * T + rows[0]] = rs[0];
+            if (rows[1] < T) dc_row[(size_t)bh * T + rows[1]] = rs[1];
         }
     }
 }
 
-// Delta, the dK/dV and dQ kernels, then the dlogf scan. The turns (PP) pay at hd 128 (+35-38% over
-// version 6 with them, +29% without) and cost at hd 64 (+1-7% without them, -1..+5% with): there
-// the element-wise work of a tile outlasts the other consumer's matmuls (dev/cuda README).
-// scratch: 3 * B*H*T floats (see fox_attention_backward).
-template<int HD, int BQ, int BC, bool GATE, bool PP>
-static void fox_bwd_ws_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
-                              const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
-                              int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
-                              const int* query_end, cudaStream_t s) {
+// Delta, the dK/dV and dQ kernels, then the dlogf scan. 64-query steps in dK/dV; 128-key tiles in
+// dQ at hd 64, 64-key at hd 128; two stages. scratch: 3 * B*H*T floats (see fox_attention_backward).
+template<int HD, int BQ, int BC, bool GATE>
+static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
+                                const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
+                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                                const int* query_end, cudaStream_t s) {
     constexpr int ST = 2;
     // the fixed 128-row tiles, ST stages of the streamed tiles and of their floats, the barriers,
     // + 1 KB to align the tiles to the swizzle pattern
@@ -2271,27 +2370,27 @@ static void fox_bwd_ws_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc
     constexpr size_t smem_q = 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
                               (1 + 2 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_ws_kernel<HD, BQ, ST, GATE, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_ws_kernel<HD, BC, ST, GATE, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
                 tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
-    fox_bwd_dkdv_ws_kernel<HD, BQ, ST, GATE, PP><<<grid, 384, smem_kv, s>>>(
+    fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE><<<grid, 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     launchCheck();
     tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
     tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
-    fox_bwd_dq_ws_kernel<HD, BC, ST, GATE, PP><<<grid, 384, smem_q, s>>>(
+    fox_bwd_dq_lean_kernel<HD, BC, ST, GATE><<<grid, 384, smem_q, s>>>(
         dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
     launchCheck();
 }
 
-static void fox_bwd_ws(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
-                       const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
-                       int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
-                       cudaStream_t s) {
+static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
+                         const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
+                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
+                         cudaStream_t s) {
     int BHT = B * H * T;
     const int* key_start = tables;
     const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
@@ -2299,12 +2398,12 @@ static void fox_bwd_ws(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratc
     if (hd == 64) fox_bwd_delta_kernel<64><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     else fox_bwd_delta_kernel<128><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     launchCheck();
-    if (hd == 64) {  // 64-query steps for dK/dV, 128-key tiles for dQ, no turns
-        if (c) fox_bwd_ws_launch<64, 64, 128, true, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_ws_launch<64, 64, 128, false, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
-    } else {  // 64-query steps, 64-key tiles, turns
-        if (c) fox_bwd_ws_launch<128, 64, 64, true, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_ws_launch<128, 64, 64, false, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    if (hd == 64) {
+        if (c) fox_bwd_lean_launch<64, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<64, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    } else {
+        if (c) fox_bwd_lean_launch<128, 64, 64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<128, 64, 64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -2332,7 +2431,7 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         fail("fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf");
     }
     if (tables && !c) { fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL"); }
-    fox_bwd_ws(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window, tables, s);
+    fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window, tables, s);
 }
 #endif // ENABLE_FP32
 

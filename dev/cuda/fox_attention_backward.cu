@@ -66,7 +66,7 @@ tile n's last ones (cross-tile overlap), in both kernels
 ./fox_attention_backward 13
 version 14: version 12 with the cross-tile overlap in the dQ kernel only (+0.2-4% over version 12)
 ./fox_attention_backward 14
-The API (fox_attention_backward) runs version 11 at hd 128 and version 9 at hd 64.
+The API (fox_attention_backward) runs version 14 at both head sizes.
 A range: ./fox_attention_backward 2 14
 For Nsight Compute: ./fox_attention_backward 12 12 profile runs no checks and no timing, only one
 backward of each version on each timing shape (ncu -k regex:"fox_bwd_(dkdv|dq)_" --launch-skip 4
@@ -2128,13 +2128,11 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         fprintf(stderr, "fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf.\n");
         exit(EXIT_FAILURE);
     }
-    // sm_90a only. Warp-specialised (TMA producer warp, two consumer warpgroups, 128-row tiles):
-    // version 11 (with ping-pong turns) at hd 128, +35-38% over version 6; version 9 (without) at
-    // hd 64, +1-7% (the turns cost there: the element-wise work outlasts the other's matmuls)
-    if (hd == 128) fox_bwd_ws<2>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv,
-                                 stride_o, window, nullptr, s);
-    else fox_bwd_ws<0>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
-                       window, nullptr, s);
+    // sm_90a only. Warp-specialised (TMA producer warp, two consumer warpgroups, 128-row tiles) with
+    // lean consumers and the dQ kernel's cross-tile overlap: version 14 at both head sizes (+50-59%
+    // over version 9 at hd 64, +19-27% over version 11 at hd 128)
+    fox_bwd_lean<2>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
+                    nullptr, s);
 }
 // ---- end: fused backward API ----
 
