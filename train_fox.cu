@@ -1877,13 +1877,10 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 // - each wgmma descriptor is a tile start computed once per kernel (warp-uniform: the consumer
 //   index goes through a shuffle) plus a constant for the k step and the stage (the address field
 //   is addr >> 4 in 14 bits; shared memory ends below 256 KB, so no carry leaves it);
-// - gate terms per column. dK/dV (columns are queries i, a thread's rows keys j and j + 8): with
-//   c_ref = c of its first key, a_i = ((c_i - c_ref) - lse_i) log2 e once per column and
-//   r = (c_ref - c_{j+8}) log2 e once per kernel, P = 2^(s scale log2 e + a_i (+ r)). dQ (columns
-//   are keys j): d_j = c_ref log2 e - c_j log2 e per column with c_ref = c of the thread's first
-//   row, rounded once in c_ref log2 e, which cancels exactly against the row term R_i =
-//   (c_i log2 e - c_ref log2 e) - lse_i log2 e (as in the forward). Differences of c are formed
-//   between fp32 values before any scaling, so no large absolute c enters a sum.
+// - gate terms per column and row, not per score: P = 2^(s scale log2 e + (A_i + B_j)) with a
+//   query term A_i and a key term B_j relative to c of the first key of j's 128-key block
+//   (fox_lean_qterm, fox_lean_kterm), formed with the same operations in both kernels, so that
+//   they see the same P and dS bits and the row and column sums of dc cancel exactly.
 // No turns (version 11's ping-pong named barriers): with these consumers they cost at both head
 // sizes (dev/cuda README). The dQ consumers overlap tiles (version 14): tile n + 1's S and dP are
 // issued before the wait for tile n's dQ, whose stage is released after it.
@@ -1925,30 +1922,36 @@ template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int
 // and of an N-major one (desc_mn): 16 rows of 128 bytes a step
 __device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
 
+// The logit of (query i, key j) in log2 units, computed with the same operations in both kernels,
+// so that they see the same P and dS bits (the row sums of dc in one cancel the column sums in the
+// other exactly, as in version 9): with cb_l2 = c_b log2 e (c_b = c of the first key of j's
+// 128-key block, the dK/dV block's), a query term A_i = (c_i log2 e - cb_l2) - lse_i log2 e and a
+// key term B_j = cb_l2 - c_j log2 e (each one FFMA from exact products: cb_l2's rounding cancels
+// in A_i + B_j), x = s scale_log2 + (A_i + B_j). Without gate A_i = -lse_i log2 e, B_j = 0.
+// Intrinsics: no FMA contraction may differ between the kernels.
+__device__ __forceinline__ float fox_lean_qterm(float c_i, float lse_i, float cb_l2, bool gate) {
+    float l2 = __fmul_rn(lse_i, LOG2E);
+    return gate ? __fsub_rn(fmaf(c_i, LOG2E, -cb_l2), l2) : -l2;
+}
+__device__ __forceinline__ float fox_lean_kterm(float c_j, float cb_l2) { return fmaf(-c_j, LOG2E, cb_l2); }
+
 // dK/dV: P^T in place for one warp's 16 keys x BQ queries (accumulator layout: rows g, g + 8 are
 // the thread's keys, columns 2 tq, 2 tq + 1 of each 8-column block its queries).
-// p = 2^(s scale_log2 + a_i + r_row), r = 0 for the first row, r1 for the second (above). MASK:
-// p = 0 where the column offset (less 2 tq) is outside [lo, hi] of the row (selected, never multiplied).
+// p = 2^(s scale_log2 + (A_i + B_row)) (above; B: the rows' key terms). MASK: p = 0 where the
+// column offset (less 2 tq) is outside [lo, hi] of the row (selected, never multiplied).
 template<int BQ, bool GATE, bool MASK>
-__device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float* sLb, const float* sCb, float cref, float r1,
-                                                float scale_log2, int tq, const int* lo, const int* hi) {
+__device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float* sLb, const float* sCb, float cb_l2,
+                                                const float B[2], float scale_log2, int tq, const int* lo,
+                                                const int* hi) {
     #pragma unroll
     for (int nt = 0; nt < BQ / 8; nt++) {
-        float2 l = *(const float2*)(sLb + nt * 8 + 2 * tq);
-        float a[2][2];  // [row][column]
-        if (GATE) {
-            float2 ci = *(const float2*)(sCb + nt * 8 + 2 * tq);
-            a[0][0] = ((ci.x - cref) - l.x) * LOG2E;
-            a[0][1] = ((ci.y - cref) - l.y) * LOG2E;
-            a[1][0] = a[0][0] + r1;
-            a[1][1] = a[0][1] + r1;
-        } else {
-            a[0][0] = a[1][0] = -l.x * LOG2E;
-            a[0][1] = a[1][1] = -l.y * LOG2E;
-        }
+        float2 l = *(const float2*)(sLb + nt * 8 + 2 * tq), ci = make_float2(0.f, 0.f);
+        if (GATE) ci = *(const float2*)(sCb + nt * 8 + 2 * tq);
+        float a[2] = {fox_lean_qterm(ci.x, l.x, cb_l2, GATE), fox_lean_qterm(ci.y, l.y, cb_l2, GATE)};  // [column]
         #pragma unroll
         for (int e = 0; e < 4; e++) {
-            float p = ex2_ftz(fmaf(s[nt * 4 + e], scale_log2, a[e / 2][e & 1]));  // one MUFU.EX2; denormals 0
+            float t = GATE ? __fadd_rn(a[e & 1], B[e / 2]) : a[e & 1];
+            float p = ex2_ftz(fmaf(s[nt * 4 + e], scale_log2, t));  // one MUFU.EX2; denormals 0
             if (MASK) {
                 int kc = nt * 8 + (e & 1);  // compile-time: the bounds carry the thread's 2 tq
                 if (kc < lo[e / 2] || kc > hi[e / 2]) p = 0.f;
@@ -1972,25 +1975,23 @@ __device__ __forceinline__ void fox_bwd_lean_dst(float* dp, const float* s, cons
     }
 }
 // dQ: P in place for one warp's 16 queries x BC keys (rows g, g + 8 the thread's queries, columns
-// its keys): p = 2^(s scale_log2 + (d_j + R_row)), d_j = c_ref log2 e - c_j log2 e (0 without gate)
+// its keys): p = 2^(s scale_log2 + (A_row + B_j)) (above; A: the rows' query terms for the tile's
+// key block), as in the dK/dV kernel
 template<int BC, bool GATE, bool MASK>
-__device__ __forceinline__ void fox_bwd_lean_p(float* s, const float* sCb, float cref_l2, const float R[2],
+__device__ __forceinline__ void fox_bwd_lean_p(float* s, const float* sCb, float cb_l2, const float A[2],
                                                float scale_log2, int tq, const int* lo, const int* hi) {
     #pragma unroll
     for (int nt = 0; nt < BC / 8; nt++) {
-        float t[2][2];  // [row][column]
+        float b[2] = {0.f, 0.f};  // [column]
         if (GATE) {
             float2 cj = *(const float2*)(sCb + nt * 8 + 2 * tq);
-            float d0 = fmaf(-cj.x, LOG2E, cref_l2), d1 = fmaf(-cj.y, LOG2E, cref_l2);
-            t[0][0] = d0 + R[0]; t[0][1] = d1 + R[0];
-            t[1][0] = d0 + R[1]; t[1][1] = d1 + R[1];
-        } else {
-            t[0][0] = t[0][1] = R[0];
-            t[1][0] = t[1][1] = R[1];
+            b[0] = fox_lean_kterm(cj.x, cb_l2);
+            b[1] = fox_lean_kterm(cj.y, cb_l2);
         }
         #pragma unroll
         for (int e = 0; e < 4; e++) {
-            float p = ex2_ftz(fmaf(s[nt * 4 + e], scale_log2, t[e / 2][e & 1]));
+            float t = GATE ? __fadd_rn(A[e / 2], b[e & 1]) : A[e / 2];
+            float p = ex2_ftz(fmaf(s[nt * 4 + e], scale_log2, t));
             if (MASK) {
                 int kc = nt * 8 + (e & 1);
                 if (kc < lo[e / 2] || kc > hi[e / 2]) p = 0.f;
@@ -2092,7 +2093,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
         lo0[r] = keys[r] - 2 * tq;
         hi0[r] = (window > 0 ? min(T - 1, keys[r] + window - 1) : T - 1) - 2 * tq;
     }
-    float cref = cj[0], r1 = (cj[0] - cj[1]) * LOG2E;  // the second key's row term
+    float cb_l2 = GATE ? __fmul_rn(cb[j0], LOG2E) : 0.f;  // c of the block's first key, log2 units
+    float B[2] = {fox_lean_kterm(cj[0], cb_l2), fox_lean_kterm(cj[1], cb_l2)};  // the rows' key terms
     float dka[HD / 2], dva[HD / 2];
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
@@ -2129,9 +2131,9 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
             // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
             if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
                 int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
-                fox_bwd_lean_pt<BQ, GATE, true>(s, sLb, sCb, cref, r1, scale_log2, tq, lo, hi);
+                fox_bwd_lean_pt<BQ, GATE, true>(s, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
             } else {
-                fox_bwd_lean_pt<BQ, GATE, false>(s, sLb, sCb, cref, r1, scale_log2, tq, nullptr, nullptr);
+                fox_bwd_lean_pt<BQ, GATE, false>(s, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr, nullptr);
             }
             // dV += P^T dO
             #pragma unroll
@@ -2243,16 +2245,15 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
     int i0w = i0 + 64 * cw;  // this consumer's first query
     int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
-    float rd[2], R[2];  // Delta and the row term R (above) of this thread's rows
+    float rl[2], rd[2], rc[2];  // lse, Delta, c of this thread's rows
     int lo0[2], hi0[2];  // mask bounds: visible key offsets (less 2 tq) from key 0
-    float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = rows[r];
         bool ok = row < T;
-        float rl = ok ? lse[(size_t)bh * T + row] * LOG2E : 0.f;
+        rl[r] = ok ? lse[(size_t)bh * T + row] : 0.f;
         rd[r] = ok ? delta[(size_t)bh * T + row] : 0.f;
-        R[r] = (GATE && ok) ? fmaf(cb[row], LOG2E, -cref_l2) - rl : -rl;
+        rc[r] = (GATE && ok) ? cb[row] : 0.f;
         hi0[r] = min(row, T - 1) - 2 * tq;
         lo0[r] = (window > 0 ? row - window + 1 : -BC) - 2 * tq;  // -BC: below every tile offset
     }
@@ -2282,6 +2283,9 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
         if (seen) {
             const float* sCb = sC + st * BC;
             uint32_t so = st * STAGE;
+            // c of the first key of the tile's 128-key block (the tile's own first key at BC = 128)
+            float cb_l2 = GATE ? __fmul_rn((j0 % PRUNE_BLOCK) ? cb[j0 - j0 % PRUNE_BLOCK] : sCb[0], LOG2E) : 0.f;
+            float A[2] = {fox_lean_qterm(rc[0], rl[0], cb_l2, GATE), fox_lean_qterm(rc[1], rl[1], cb_l2, GATE)};
             float s[BC / 2], dp[BC / 2];
             wgmma_fence();
             #pragma unroll
@@ -2301,9 +2305,9 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
             wgmma_pin<BC / 2>(s);
             if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
                 int lo[2] = {lo0[0] - j0, lo0[1] - j0}, hi[2] = {hi0[0] - j0, hi0[1] - j0};
-                fox_bwd_lean_p<BC, GATE, true>(s, sCb, cref_l2, R, scale_log2, tq, lo, hi);
+                fox_bwd_lean_p<BC, GATE, true>(s, sCb, cb_l2, A, scale_log2, tq, lo, hi);
             } else {
-                fox_bwd_lean_p<BC, GATE, false>(s, sCb, cref_l2, R, scale_log2, tq, nullptr, nullptr);
+                fox_bwd_lean_p<BC, GATE, false>(s, sCb, cb_l2, A, scale_log2, tq, nullptr, nullptr);
             }
             wgmma_wait0();
             wgmma_pin<BC / 2>(dp);
