@@ -936,10 +936,10 @@ __global__ void __launch_bounds__(32 * HP_WARPS) head_proj_backward_input_kernel
 // Two implementations behind attention_forward_gpu / attention_backward_gpu:
 // - the fused flash kernels (bf16 build, head sizes 64 and 128): Hopper tensor cores (wgmma bf16,
 //   sm_90a), the versions chosen in dev/cuda/fox_attention_forward.cu (9 at both head sizes)
-//   and _backward.cu (9 at hd 64, 11 at hd 128), copied from their "train_fox.cu" sections and
+//   and _backward.cu (14 at both head sizes), copied from their "train_fox.cu" sections and
 //   specialised to those versions (a change there is carried over here; see dev/cuda/README.md),
 //   plus the adaptive computation pruning of issue 9 (the tables' pass here; the pruned loop
-//   ranges are in the dev/cuda versions 8 and 9 too);
+//   ranges are in the dev/cuda versions too);
 // - a simple tiled kernel in fp32 CUDA cores, any head size up to MAX_HD. The fp32 build
 //   needs it (the fused kernels read bf16 only); in the bf16 build it serves the tests' head
 //   size 16 fixtures (gpu_config_problem refuses other head sizes to the trainer).
