@@ -40,8 +40,7 @@ run_tests bf16
 make train_fox > "$LOG/build_train_fox.txt" 2>&1 || { say "FAIL build train_fox"; exit 1; }
 # T = 300: not a multiple of the attention tiles. -A 1: the pruning pass and the pruned loop
 # ranges (the fast-forgetting gates at initialisation skip tiles even at this T; the step lines
-# say how many). Head size 128 (--n_head 1) runs the fused kernels' hd-128 instantiations (the
-# backward with turns).
+# say how many). Head size 128 (--n_head 1) runs the fused kernels' hd-128 instantiations.
 SHORT="-e fox-pro-tiny -b 2 -t 300 -x 2 -v 2 -m 1 -s 0"
 RUNS=("$SHORT" "$SHORT -A 1" "$SHORT --n_head 1 -A 1")
 for i in "${!RUNS[@]}"; do
