@@ -1234,10 +1234,6 @@ typedef __nv_bfloat16 bf16;
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// query i sees key j
-__device__ __forceinline__ bool fox_visible(int i, int j, int window) {
-    return j <= i && (window == 0 || j > i - window);
-}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // 16-byte global->shared copy; pred false writes zeros (rows past T)
@@ -1320,11 +1316,6 @@ template<int R> __device__ __forceinline__ void wgmma_pin(float* d) {
     #pragma unroll
     for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
 }
-// A fragments read by an in-flight wgmma: a use after the wait keeps their registers from reuse
-template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
-    #pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" :: "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]) : "memory");
-}
 // the same for A fragments in registers: keeps them alive (unreused) until the wait
 template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
     #pragma unroll
@@ -1386,9 +1377,9 @@ __device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
 
 // ---- adaptive computation pruning (train_fox.c: prune_bound, prune_tiles) ----
 // One cheap pass before each attention call: U per (b, h), then the tile tables. Pruning tiles are
-// PRUNE_BLOCK = 128 queries by 128 keys: the forward's query tile and the dk/dv kernel's key tile,
-// two key tiles of the forward and dq kernels, 2 or 4 query steps of dk/dv; so every kernel skips
-// the same (query, key) pairs as the others and as the twin.
+// PRUNE_BLOCK = 128 queries by 128 keys: the forward's query tile and key tile, the dk/dv kernel's
+// key tile and two of its 64-query steps, the dq kernel's query tile and one (hd 64) or two (hd 128)
+// of its key steps; so every kernel skips the same (query, key) pairs as the others and as the twin.
 
 // U (B*H) = max_i |q_i| max_j |k_j| / sqrt(hd), in two passes so that a long sequence spreads
 // over the GPU (a block per (b, h) took 4.6 ms per call at T = 65536). fox_prune_norms_kernel:
@@ -1869,7 +1860,8 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 // for its stage's bytes and releases the stage when its last matmul on it is done, so one
 // consumer's element-wise work runs under the other's matmuls and the loads under both. Inside a
 // consumer a tile has two commit groups (P's exponentials under dP^T, dS under dV), and no
-// accumulator of an in-flight wgmma is defined by other code in between (no C7515). A consumer
+// accumulator of an in-flight wgmma is defined by other code in between (no C7515; the dQ
+// kernel's overlap makes ptxas add one wait after its loop, C7517, which is expected). A consumer
 // skips the tiles it sees nothing of (above its diagonal or past the window) but still releases
 // them. The consumers' element-wise work is lean (at hd 64 it lasts as long as their matmuls):
 // - masks as selects against two integer bounds per row, in a straight-line loop of their own
@@ -1880,9 +1872,10 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 // - gate terms per column and row, not per score: P = 2^(s scale log2 e + (A_i + B_j)) with a
 //   query term A_i and a key term B_j relative to c of the first key of j's 128-key block
 //   (fox_lean_qterm, fox_lean_kterm), formed with the same operations in both kernels, so that
-//   they see the same P and dS bits and the row and column sums of dc cancel exactly.
-// No turns (version 11's ping-pong named barriers): with these consumers they cost at both head
-// sizes (dev/cuda README). The dQ consumers overlap tiles (version 14): tile n + 1's S and dP are
+//   they see the same P and dS bits: dc's row sums (dQ kernel) and column sums (dK/dV kernel) add
+//   the same values, so d(log f_0) = sum_t dc_t is 0 up to summation order (exactly 0 at window 1).
+// No turns (backward version 11's ping-pong named barriers): with these consumers they cost at
+// both head sizes (dev/cuda README). The dQ consumers overlap tiles (version 14): tile n + 1's S and dP are
 // issued before the wait for tile n's dQ, whose stage is released after it.
 
 // The producer warp of both backward kernels (lane 0 issues the copies; the whole warp runs the
@@ -1923,12 +1916,14 @@ template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int
 __device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
 
 // The logit of (query i, key j) in log2 units, computed with the same operations in both kernels,
-// so that they see the same P and dS bits (the row sums of dc in one cancel the column sums in the
-// other exactly, as in version 9): with cb_l2 = c_b log2 e (c_b = c of the first key of j's
-// 128-key block, the dK/dV block's), a query term A_i = (c_i log2 e - cb_l2) - lse_i log2 e and a
-// key term B_j = cb_l2 - c_j log2 e (each one FFMA from exact products: cb_l2's rounding cancels
-// in A_i + B_j), x = s scale_log2 + (A_i + B_j). Without gate A_i = -lse_i log2 e, B_j = 0.
-// Intrinsics: no FMA contraction may differ between the kernels.
+// so that they see the same P and dS bits (as backward version 9's did): with cb_l2 = c_b log2 e
+// (c_b = c of the first key of j's 128-key block, the dK/dV block's), a query term
+// A_i = (c_i log2 e - cb_l2) - lse_i log2 e (an FFMA of the exact product, then the rounded
+// lse_i log2 e subtracted: two roundings at |A_i|) and a key term B_j = cb_l2 - c_j log2 e (one
+// FFMA), x = s scale_log2 + (A_i + B_j); cb_l2's own rounding cancels in A_i + B_j. Every entry
+// whose P matters has |c_i - c_b| within ~30 + 128 |log f|, so the logit is off by at most ~6e-5
+// (log2 units) at log f = -5, below bf16's rounding of P. Without gate A_i = -lse_i log2 e,
+// B_j = 0. Intrinsics: no FMA contraction may differ between the kernels.
 __device__ __forceinline__ float fox_lean_qterm(float c_i, float lse_i, float cb_l2, bool gate) {
     float l2 = __fmul_rn(lse_i, LOG2E);
     return gate ? __fsub_rn(fmaf(c_i, LOG2E, -cb_l2), l2) : -l2;
@@ -2014,6 +2009,8 @@ __device__ __forceinline__ void fox_bwd_lean_ds(float* s, const float* dp, const
     }
 }
 
+// o_i = sum_j P_ij v_j with P_ij = exp(q_i.k_j scale + c_i - c_j - lse_i) differentiated for the keys:
+// dv_j = sum_i P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (derivation above).
 // dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
 // (a warp 16 of them). Query tiles of BQ stream through the ring. query_end (B*H, ceil(T / 128)):
 // query tiles of 128 from query_end on are pruned (NULL: none).
@@ -2181,6 +2178,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
     }
 }
 
+// o_i = sum_j P_ij v_j with P_ij = exp(q_i.k_j scale + c_i - c_j - lse_i) differentiated for the
+// queries: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (derivation above).
 // dq and the dc row sums of the 128-query tile gridDim.x - 1 - blockIdx.x; consumer cw owns queries
 // 64cw..+63. Key tiles of BC (with the keys' c) stream through the ring. key_start (B*H,
 // ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none).

@@ -157,7 +157,7 @@ def torch_run(name, steps, warmup):
                             lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fused=True)
     block_mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device="cuda")
     # a fresh compile per configuration with static shapes: after an earlier configuration in the
-    # same process, the 16k configurations ran 5-9x slower (a recompile with a symbolic T)
+    # same process, the 16k configurations ran about 5x slower (a recompile with a symbolic T)
     torch._dynamo.reset()
     step_fn = torch.compile(model, dynamic=False)
     torch.cuda.reset_peak_memory_stats()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU evidence of one sitting on a GPU machine, in one command:
 #   1. ./test_fox in the bf16 and the fp32 build (the GPU against the CPU twin);
-#   2. compute-sanitizer memcheck and racecheck over two short training runs that take every
+#   2. compute-sanitizer memcheck and racecheck over three short training runs that take every
 #      training kernel (fused attention forward and backward at head sizes 64 and 128, at a T
 #      that is not a multiple of the tile, pruning, evaluation and the optimizer included);
 #   3. bit-exact resume: 12 steps straight against 6 steps, stop, resume, 6 steps: the losses and

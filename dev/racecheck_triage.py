@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 # train_fox's kernels with a producer warp and mbarrier rings (the backward's dK/dV and dQ kernels)
-WARP_SPECIALISED = re.compile(r"fox_bwd_(dkdv|dq)_(ws|lean)_kernel")
+WARP_SPECIALISED = re.compile(r"fox_bwd_(dkdv|dq)_lean_kernel")
 
 
 def parse_mangled(symbol):

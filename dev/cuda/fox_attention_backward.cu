@@ -58,8 +58,8 @@ version 11: version 9 with the consumers' first matmuls of each tile issued in t
 version 12 is version 9 with less issue work per tile in the consumers (the section's comment has
 the details): masks as selects against integer bounds in straight-line loops (version 9 branched
 per score), wgmma descriptors computed once per kernel and advanced by constants, gate terms per
-column; no turns at either head size. A third fewer instructions; +45-53% over version 9 at hd 64,
-+18-26% over version 11 at hd 128 (H200)
+column; no turns at either head size. A third fewer instructions; +43-50% over version 9 at hd 64,
++22-26% over version 11 at hd 128 (H200)
 ./fox_attention_backward 12
 version 13: version 12 with each consumer issuing tile n + 1's first matmuls before it waits for
 tile n's last ones (cross-tile overlap), in both kernels
@@ -2138,8 +2138,8 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         exit(EXIT_FAILURE);
     }
     // sm_90a only. Warp-specialised (TMA producer warp, two consumer warpgroups, 128-row tiles) with
-    // lean consumers and the dQ kernel's cross-tile overlap: version 14 at both head sizes (+50-59%
-    // over version 9 at hd 64, +19-27% over version 11 at hd 128)
+    // lean consumers and the dQ kernel's cross-tile overlap: version 14 at both head sizes (+46-55%
+    // over version 9 at hd 64, +20-26% over version 11 at hd 128)
     fox_bwd_lean<2>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
                     nullptr, s);
 }
@@ -2168,7 +2168,7 @@ static void release_bwd(BwdDev& d) {
     if (d.c) cudaCheck(cudaFree(d.c));
 }
 
-// tables: the pruning tables of versions 9-13 (NULL: dense)
+// tables: the pruning tables of versions 9-14 (NULL: dense)
 static void run_backward(int version, const FoxProblem& p, BwdDev& d, const int* tables = nullptr) {
     bf16 *dq = d.dqkv + p.q_off, *dk = d.dqkv + p.k_off, *dv = d.dqkv + p.v_off;
     const bf16 *q = d.qkv + p.q_off, *k = d.qkv + p.k_off, *v = d.qkv + p.v_off;
