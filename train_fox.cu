@@ -1878,6 +1878,22 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 // both head sizes (dev/cuda README). The dQ consumers overlap tiles (version 14): tile n + 1's S and dP are
 // issued before the wait for tile n's dQ, whose stage is released after it.
 
+// Thread 0 initialises the block's barriers: the fixed tile's (one arrival), and per stage of the
+// ring a full barrier (full_count arrivals) and an empty one (a warp of the consumers each); the
+// fence makes them visible to the copy engine before any thread goes on.
+template<int ST>
+__device__ __forceinline__ void fox_bwd_ring_init(uint64_t* fixed_bar, uint64_t* full, uint64_t* empty, int full_count) {
+    if (threadIdx.x == 0) {
+        mbar_init(fixed_bar, 1);
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&full[st], full_count);
+            mbar_init(&empty[st], 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
+
 // The producer warp of both backward kernels (lane 0 issues the copies; the whole warp runs the
 // per-row loads): the block's own pair of tiles (K, V of the key tile, or Q, dO of the query tile)
 // on fixed_bar, then for each of ntiles streamed pairs of ROWS-row tiles from first_row on (Q, dO
@@ -2048,15 +2064,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
     if (query_end) it_end = min(it_end, query_end[(size_t)bh * gridDim.x + kt] * (PRUNE_BLOCK / BQ));
     int ntiles = it_end - it_begin;
 
-    if (threadIdx.x == 0) {
-        mbar_init(barKV, 1);
-        for (int st = 0; st < ST; st++) {
-            mbar_init(&full[st], 1 + 32);  // the copy engine's arrival + the 32 lanes' lse, Delta, c
-            mbar_init(&empty[st], 8);      // a warp of the consumers each
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
-    }
-    __syncthreads();
+    // full: the copy engine's arrival + the 32 lanes' lse, Delta, c
+    fox_bwd_ring_init<ST>(barKV, full, empty, 1 + 32);
 
     if (wg == 0) {  // producer
         setmaxnreg_dec<24>();
@@ -2214,15 +2223,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
     int ntiles = jt_end - jt_begin;
 
-    if (threadIdx.x == 0) {
-        mbar_init(barQ, 1);
-        for (int st = 0; st < ST; st++) {
-            mbar_init(&full[st], 1 + (GATE ? 32 : 0));  // the copy engine's arrival + the 32 c lanes
-            mbar_init(&empty[st], 8);                   // a warp of the consumers each
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
-    }
-    __syncthreads();
+    // full: the copy engine's arrival + the 32 lanes' c
+    fox_bwd_ring_init<ST>(barQ, full, empty, 1 + (GATE ? 32 : 0));
 
     if (wg == 0) {  // producer
         setmaxnreg_dec<24>();
