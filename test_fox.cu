@@ -2793,6 +2793,49 @@ static int attn_compare(const AttnCase* t, char* line, size_t len) {
     return ok;
 }
 
+// The fused forward moves a row's running maximum after the first key tile it reads (the diagonal
+// one) only when an older tile holds a logit more than 8 higher (log2 units): random inputs never
+// get there. Here keys 0..7 get a large component along the queries' first coordinate, so the rows
+// of the later query tiles find their maximum two tiles back and the forward must rescale O then.
+// The setup checks that some row's gap is above 8.
+static void gpu_test_attention_rescale(void) {
+    struct { int H, hd, gate; } cases[] = {{2, 64, 0}, {2, 64, 1}, {1, 128, 0}};
+    char line[512];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        AttnCase t;
+        int T = 300, H = cases[i].H, hd = cases[i].hd;
+        attn_case_init(&t, 1, T, H, hd, 0, cases[i].gate, 91 + i);
+        for (int tt = 0; tt < T; tt++) {
+            for (int h = 0; h < H; h++) {
+                t.q[((size_t)tt * H + h) * hd] = 7.0f;
+                if (tt < 8) { t.k[((size_t)tt * H + h) * hd] = 16.0f; }
+            }
+        }
+        // gap of row T - 1: max over keys 0..7 less max over its diagonal key tile (256..T-1), log2 units
+        double gap = -INFINITY;
+        for (int h = 0; h < H; h++) {
+            const float* qi = t.q + ((size_t)(T - 1) * H + h) * hd;
+            const float* c = t.c + (size_t)h * T;
+            double far = -INFINITY, near = -INFINITY;
+            for (int j = 0; j < T; j++) {
+                const float* kj = t.k + ((size_t)j * H + h) * hd;
+                double x = 0.0;
+                for (int d = 0; d < hd; d++) { x += (double)qi[d] * kj[d]; }
+                x = x / sqrt((double)hd) + (t.gate ? (double)c[T - 1] - c[j] : 0.0);
+                if (j < 8) { far = fmax(far, x); }
+                if (j >= 256) { near = fmax(near, x); }
+            }
+            gap = fmax(gap, (far - near) / log(2.0));
+        }
+        attn_reference(&t, t.window, NULL);
+        attn_gpu(&t);
+        int ok = attn_compare(&t, line, sizeof(line));
+        check(ok && gap > 8.0, "gpu attention rescale B=1 T=%d H=%d hd=%d gate %s (row %d's maximum %.1f above its "
+              "diagonal tile's, must be > 8): %s", T, H, hd, t.gate ? "on" : "none", T - 1, gap, line);
+        attn_case_free(&t);
+    }
+}
+
 static void gpu_test_attention(void) {
     struct { int B, T, H, hd, window, gate; } cases[] = {
         {1, 1, 1, 64, 0, 1},     // one token
@@ -3098,6 +3141,7 @@ void run_gpu_tests(void) {
     }
     gpu_test_head_proj();
     gpu_test_attention();
+    gpu_test_attention_rescale();
 #ifndef ENABLE_FP32
     gpu_test_attention_pruning();
 #endif
