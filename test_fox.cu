@@ -2711,7 +2711,11 @@ static void attn_case_free(AttnCase* t) {
 }
 
 // the twin's forward and backward at `window`, pruned by pr (NULL: dense); dlogf by the reverse
-// cumulative sum of dc (fp64)
+// cumulative sum of dc (fp64). Runs after attn_gpu: the twin's backward reads the O the GPU's forward
+// stored (t->o; its own O is checked as o_ref), as the GPU's backward does. D_i = dO_i . O_i enters
+// every dS of row i, and where attention is concentrated dlogf is a small sum of large dS of both
+// signs: in gpu attention rescale's gated case an O one bf16 rounding away moves dlogf by 3%
+// (relative L2) while the twin itself is within 1e-3 of an fp64 evaluation.
 static void attn_reference(AttnCase* t, int window, const AttnPrune* pr) {
     int B = t->B, T = t->T, H = t->H, hd = t->hd;
     size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T;
@@ -2724,7 +2728,7 @@ static void attn_reference(AttnCase* t, int window, const AttnPrune* pr) {
     float* dc = attn_buf(nh);
     attention_forward(t->o_ref, t->lse_ref, t->q, t->k, t->v, c, B, T, H, hd, window, pr, scratch);
     memset(t->dq_ref, 0, n * sizeof(float)); memset(t->dk_ref, 0, n * sizeof(float)); memset(t->dv_ref, 0, n * sizeof(float));
-    attention_backward(t->dq_ref, t->dk_ref, t->dv_ref, dc, t->dout, t->q, t->k, t->v, t->o_ref, t->lse_ref, c, B, T, H,
+    attention_backward(t->dq_ref, t->dk_ref, t->dv_ref, dc, t->dout, t->q, t->k, t->v, t->o, t->lse_ref, c, B, T, H,
                        hd, window, pr);
     for (size_t bh = 0; bh < (size_t)B * H; bh++) {
         double acc = 0.0;
@@ -2793,6 +2797,49 @@ static int attn_compare(const AttnCase* t, char* line, size_t len) {
     return ok;
 }
 
+// The fused forward moves a row's running maximum after the first key tile it reads (the diagonal
+// one) only when an older tile holds a logit more than 8 higher (log2 units): random inputs never
+// get there. Here keys 0..7 get a large component along the queries' first coordinate, so the rows
+// of the later query tiles find their maximum two tiles back and the forward must rescale O then.
+// The setup checks that some row's gap is above 8.
+static void gpu_test_attention_rescale(void) {
+    struct { int H, hd, gate; } cases[] = {{2, 64, 0}, {2, 64, 1}, {1, 128, 0}};
+    char line[512];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        AttnCase t;
+        int T = 300, H = cases[i].H, hd = cases[i].hd;
+        attn_case_init(&t, 1, T, H, hd, 0, cases[i].gate, 91 + i);
+        for (int tt = 0; tt < T; tt++) {
+            for (int h = 0; h < H; h++) {
+                t.q[((size_t)tt * H + h) * hd] = 7.0f;
+                if (tt < 8) { t.k[((size_t)tt * H + h) * hd] = 16.0f; }
+            }
+        }
+        // gap of row T - 1: max over keys 0..7 less max over its diagonal key tile (256..T-1), log2 units
+        double gap = -INFINITY;
+        for (int h = 0; h < H; h++) {
+            const float* qi = t.q + ((size_t)(T - 1) * H + h) * hd;
+            const float* c = t.c + (size_t)h * T;
+            double far = -INFINITY, near = -INFINITY;
+            for (int j = 0; j < T; j++) {
+                const float* kj = t.k + ((size_t)j * H + h) * hd;
+                double x = 0.0;
+                for (int d = 0; d < hd; d++) { x += (double)qi[d] * kj[d]; }
+                x = x / sqrt((double)hd) + (t.gate ? (double)c[T - 1] - c[j] : 0.0);
+                if (j < 8) { far = fmax(far, x); }
+                if (j >= 256) { near = fmax(near, x); }
+            }
+            gap = fmax(gap, (far - near) / log(2.0));
+        }
+        attn_gpu(&t);
+        attn_reference(&t, t.window, NULL);
+        int ok = attn_compare(&t, line, sizeof(line));
+        check(ok && gap > 8.0, "gpu attention rescale B=1 T=%d H=%d hd=%d gate %s (row %d's maximum %.1f above its "
+              "diagonal tile's, must be > 8): %s", T, H, hd, t.gate ? "on" : "none", T - 1, gap, line);
+        attn_case_free(&t);
+    }
+}
+
 static void gpu_test_attention(void) {
     struct { int B, T, H, hd, window, gate; } cases[] = {
         {1, 1, 1, 64, 0, 1},     // one token
@@ -2810,8 +2857,8 @@ static void gpu_test_attention(void) {
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         AttnCase t;
         attn_case_init(&t, cases[i].B, cases[i].T, cases[i].H, cases[i].hd, cases[i].window, cases[i].gate, 31 + i);
-        attn_reference(&t, t.window, NULL);
         attn_gpu(&t);
+        attn_reference(&t, t.window, NULL);
         int ok = attn_compare(&t, line, sizeof(line));
         check(ok, "gpu attention B=%d T=%d H=%d hd=%d window=%d gate %s (%s): %s", t.B, t.T, t.H, t.hd, t.window,
               t.gate ? "on" : "none", attention_kernel_name(t.hd), line);
@@ -2820,8 +2867,8 @@ static void gpu_test_attention(void) {
     // negative controls: the comparison must catch a wrong output
     AttnCase t;
     attn_case_init(&t, 2, 197, 2, 64, 37, 1, 77);
-    attn_reference(&t, t.window, NULL);
     attn_gpu(&t);
+    attn_reference(&t, t.window, NULL);
     int base_ok = attn_compare(&t, line, sizeof(line));
     size_t n = (size_t)t.B * t.T * t.H * t.hd, at = n - 1 - 5 * t.hd; // one value of a late row
     float kept = t.dq[at], dq_max = 0.0f;
@@ -2903,13 +2950,13 @@ static void gpu_prune_case(int B, int T, int H, int hd, int window, float ln_eps
     // the twin's dense reference, then the pruned one; the GPU through the trainer's boundary
     AttnPrune pr = {PRUNE_BLOCK, tab_cpu};
     char line[512], line_dense[512];
-    attn_reference(&t, t.window, NULL);
     attention_set_pruning(1, ln_eps);
     unsigned long long tiles;
     attention_pruned_share(&tiles); // starts the count
     attn_gpu(&t);
     double share = attention_pruned_share(&tiles);
     attention_set_pruning(0, -10.0);
+    attn_reference(&t, t.window, NULL);
     int share_ok = tiles == (unsigned long long)window_dense && fabs(share - (double)window_skipped / window_dense) < 1e-12;
     int dense_ok = attn_compare(&t, line_dense, sizeof(line_dense));
     attn_reference(&t, t.window, &pr);
@@ -3098,6 +3145,7 @@ void run_gpu_tests(void) {
     }
     gpu_test_head_proj();
     gpu_test_attention();
+    gpu_test_attention_rescale();
 #ifndef ENABLE_FP32
     gpu_test_attention_pruning();
 #endif

@@ -2254,7 +2254,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
         bool ok = row < T;
         rl[r] = ok ? lse[(size_t)bh * T + row] : 0.f;
         rd[r] = ok ? delta[(size_t)bh * T + row] : 0.f;
-        rc[r] = (GATE && ok) ? cb[row] : 0.f;
+        rc[r] = GATE ? cb[min(row, T - 1)] : 0.f;  // past T: a finite logit (its Q, dO rows are 0)
         hi0[r] = min(row, T - 1) - 2 * tq;
         lo0[r] = (window > 0 ? row - window + 1 : -BC) - 2 * tq;  // -BC: below every tile offset
     }
@@ -2279,8 +2279,9 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     for (int n = 0; n < ntiles; n++) {
         int st = n % ST, j0 = (jt_begin + n) * BC;
         mbar_wait(&full[st], (n / ST) & 1);
-        // every key of the tile after this consumer's last query, or before the window of its first one: P = 0
-        bool seen = j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
+        // all of this consumer's queries past T, every key of the tile after its last query, or before
+        // the window of its first one: P = 0
+        bool seen = i0w < T && j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
         if (seen) {
             const float* sCb = sC + st * BC;
             uint32_t so = st * STAGE;
