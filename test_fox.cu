@@ -3056,12 +3056,15 @@ static double rel_max_error(const float* got, const float* ref, size_t n) {
 
 // The head projections (k/v-shift and forget-gate logits: head_proj_forward_gpu and
 // head_proj_backward_gpu) against the twin's matmul_forward / matmul_backward on the same
-// floatX-rounded inputs: rows not a multiple of 16, C not a multiple of 32 or of HP_COLS, odd H
-// (an mma pair j, j + 1 that spans two projections), P * H at the limit HP_MAX_J. Outputs and
+// floatX-rounded inputs: rows not a multiple of 16 or of a block's (HPF_ROWS, HPB_ROWS), C not a
+// multiple of a 64-column stage or of HPB_COLS (a last n8 tile alone), odd H (an mma pair j, j + 1
+// that spans two projections), every NP = ceil(P * H / 16) from 1 to 6 (P * H = 96 at the limit
+// HP_MAX_J), and the 125m and 760m shapes (C = 768, P * H = 36; C = 1536, P * H = 72). Outputs and
 // dx are NaN-poisoned first (dx is written, not accumulated); dw starts from random values and
 // accumulates. The whole-model diffs cover them too (every fixture with a shift or the full gate).
 static void gpu_test_head_proj(void) {
-    struct { int N, C, H, P; } cases[] = {{70, 200, 5, 3}, {300, 520, 32, 3}, {33, 136, 12, 2}, {17, 64, 12, 1}};
+    struct { int N, C, H, P; } cases[] = {{70, 200, 5, 3},   {300, 520, 32, 3},  {33, 136, 12, 2}, {17, 64, 12, 1},
+                                          {257, 768, 12, 3}, {150, 1536, 24, 3}, {131, 328, 21, 3}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         size_t N = (size_t)cases[i].N, C = (size_t)cases[i].C, H = (size_t)cases[i].H;
         int P = cases[i].P;

@@ -782,12 +782,11 @@ __global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_lo
 // (backward); the bf16 build computes all P in one pass on tensor cores instead (mma.sync
 // m16n8k16, fp32 accumulation). The fp32 build keeps the cuBLASLt matmuls. The weight
 // gradients stay on cuBLASLt (a long reduction over N, which it splits well).
-// Output j = p * H + h of the concatenation is head h of projection p.
+// Output j = p * H + h of the concatenation is head h of projection p; the kernels are compiled
+// for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP with zero weights).
 
 #define HP_MAX 3
-#define HP_MAX_J 96   // P * H (gpu_config_problem): 12 n-tiles of 8 (forward), 6 k-steps of 16 (backward)
-#define HP_WARPS 8
-#define HP_COLS (32 * HP_WARPS) // columns of dx per block in the backward: one per thread when staging
+#define HP_MAX_J 96   // P * H (gpu_config_problem): NP <= 6
 typedef struct {
     int count;                    // P
     const floatX* w[HP_MAX];      // (H, C) each
@@ -797,16 +796,45 @@ typedef struct {
 } HeadProj;
 
 #ifndef ENABLE_FP32
+// shared-memory copies (cp.async), used here and by the fused attention kernels below
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// 16-byte global->shared copy; pred false writes zeros (rows or columns past the end)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool pred) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template<int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+
 // d (16x8, fp32) += a (16x16, row) b (16x8, col) on bf16 registers, the PTX fragment layout:
 // lane = 4 g + t holds a rows g, g+8 at k = 2t, 2t+1 (a[0], a[1]) and 2t+8, 2t+9 (a[2], a[3]),
 // b column g at k = 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1), d rows g (d[0], d[1]) and g+8 (d[2], d[3])
 // at columns 2t, 2t+1
-__device__ static inline void mma_bf16_16816(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
+__device__ static inline void mma_bf16_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 bf16 matrices from shared memory (addr: this lane's shared-space byte address): lane l
+// gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes) and receives in r[i], of
+// matrix i, row l / 4 at columns 2 (l % 4), +1; with .trans, column l / 4 at rows 2 (l % 4), +1.
+// So a row-major (m, k) tile gives mma A fragments and B fragments of its transpose (rows = n),
+// and .trans on a row-major (k, n) tile gives B fragments (two k at one n).
+__device__ static inline void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ static inline void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
 // element p < 3 of a by-value HeadProj array by selects (an indexed load copies the struct to
@@ -815,118 +843,204 @@ template <typename Ptr> __device__ static inline Ptr head_proj_pick(const Ptr (&
     return p == 0 ? a[0] : p == 1 ? a[1] : a[2];
 }
 
-__device__ static inline uint32_t bf16_pair(floatX lo, floatX hi) {
-    __nv_bfloat162 v = __halves2bfloat162(lo, hi);
-    return *(const uint32_t*)&v;
-}
+// out_p (N, H) = x (N, C) @ w_p (H, C)^T for every p < P. A block takes HPF_ROWS rows of x and
+// all J outputs and walks C in stages of 64 columns: cp.async copies the stage's x (HPF_ROWS, 64)
+// and w (16 NP, 64) into shared memory HPF_STAGES - 1 stages ahead of the one the warps read, so
+// 48 KB of x per block are in flight without holding registers (at 760m the 16384 rows make one
+// block per SM: the stages, not more warps, have to cover the memory latency). Each warp owns 32
+// rows (two m16 tiles) by all J outputs in fp32 accumulators and reads its x fragments and every
+// weight fragment of the stage with ldmatrix; a weight fragment serves both m-tiles, and the
+// weights come from L2 once per block instead of once per 16 rows through L1. The sum over C is
+// one pass of mma in column order, as in a plain matmul. Edges are zero-filled copies: rows past
+// N, weight rows past J, 16-byte chunks past C (C % 8 == 0: a chunk is wholly in or out).
+// Stage rows are 128 bytes with chunk ch stored at ch ^ (r % 8): the 8 rows of an ldmatrix matrix
+// (one logical chunk) and the 8 chunks of a row that a quarter-warp copies hit 8 distinct bank
+// groups.
+#define HPF_WARPS 4                // warps per block in the forward
+#define HPF_ROWS (32 * HPF_WARPS)  // rows of x per block
+#define HPF_STAGES 4               // stages of 64 columns: 3 in flight while one is read
+// the forward's shared memory: HPF_STAGES stages of x (HPF_ROWS, 64) then w (16 NP, 64), bf16
+#define HPF_SMEM(NP) ((size_t)HPF_STAGES * (HPF_ROWS + 16 * (NP)) * 64 * sizeof(floatX))
+__device__ static inline int hp_swizzle(int r, int ch) { return r * 64 + ((ch ^ (r & 7)) << 3); } // in elements
 
-// out_p (N, H) = x (N, C) @ w_p (H, C)^T for every p < P; a warp per 16 rows of x, 8 warps a
-// block. The reduction over C goes in chunks of 32 columns in a permuted order: lane (g, t)
-// loads the 8 columns 8t..8t+7 of rows g and g+8 with one 16-byte load each and uses them as
-// k = {2t, 2t+1, 2t+8, 2t+9} of two k16 steps; its weight fragments (row g of an n-tile, the
-// same 8 columns, read through L1: all warps share the weights) follow the same permutation,
-// so each dot product is unchanged. C % 8 == 0: a 16-byte pack is wholly in or out of range.
-#define HP_UNROLL 4 // chunks of 32 columns loaded before their mma (loads in flight)
-__global__ void __launch_bounds__(32 * HP_WARPS) head_proj_forward_kernel(HeadProj hp, const floatX* __restrict__ x,
-                                                                         size_t N, int C, int H) {
-    int J = hp.count * H, tiles = (J + 7) / 8;
-    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    size_t r0 = ((size_t)blockIdx.x * HP_WARPS + threadIdx.x / 32) * 16;
-    if (r0 >= N) { return; }
-    size_t ra = r0 + g, rb = r0 + g + 8;
-    // the weight row behind each n-tile's row g (NULL past J: zero fragments)
-    const floatX* wrow[HP_MAX_J / 8];
+template <int NP>
+__global__ void __launch_bounds__(32 * HPF_WARPS) head_proj_forward_kernel(HeadProj hp, const floatX* __restrict__ x,
+                                                                          size_t N, int C, int H) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int STAGE = (HPF_ROWS + 16 * NP) * 64; // elements of a stage
+    floatX* sm = (floatX*)smem_raw;
+    int J = hp.count * H, nk = (C + 63) / 64;
+    size_t m0 = (size_t)blockIdx.x * HPF_ROWS;
+    // copies: thread (r0, ch) takes chunk ch of stage rows r0, r0 + 16, .. of x and of w
+    int ch = threadIdx.x % 8, r0 = threadIdx.x / 8;
+    const floatX* wrow[NP]; // the weight row behind stage row r0 + 16 i of w (NULL past J)
     #pragma unroll
-    for (int nt = 0; nt < HP_MAX_J / 8; nt++) {
-        int j = nt * 8 + g;
-        wrow[nt] = nt < tiles && j < J ? head_proj_pick(hp.w, j / H) + (size_t)(j % H) * C : NULL;
+    for (int i = 0; i < NP; i++) {
+        int j = r0 + 16 * i;
+        wrow[i] = j < J ? head_proj_pick(hp.w, j / H) + (size_t)(j % H) * C : NULL;
     }
-    float acc[HP_MAX_J / 8][4];
-    #pragma unroll
-    for (int nt = 0; nt < HP_MAX_J / 8; nt++) { acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f; }
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (int c0 = 0; c0 < C; c0 += 32 * HP_UNROLL) {
-        uint4 xa[HP_UNROLL], xb[HP_UNROLL];
+    auto load_stage = [&](int kt) {
+        floatX* st = sm + (kt % HPF_STAGES) * STAGE;
+        int c = kt * 64 + 8 * ch;
         #pragma unroll
-        for (int u = 0; u < HP_UNROLL; u++) {
-            int c = c0 + 32 * u + 8 * t;
-            xa[u] = c < C && ra < N ? *(const uint4*)(x + ra * C + c) : zero;
-            xb[u] = c < C && rb < N ? *(const uint4*)(x + rb * C + c) : zero;
+        for (int i = 0; i < HPF_ROWS / 16; i++) {
+            size_t row = m0 + r0 + 16 * i;
+            bool ok = c < C && row < N;
+            cp_async16(st + hp_swizzle(r0 + 16 * i, ch), ok ? x + row * C + c : x, ok);
         }
         #pragma unroll
-        for (int u = 0; u < HP_UNROLL; u++) {
-            int c = c0 + 32 * u + 8 * t;
+        for (int i = 0; i < NP; i++) {
+            bool ok = c < C && wrow[i] != NULL;
+            cp_async16(st + hp_swizzle(HPF_ROWS + r0 + 16 * i, ch), ok ? wrow[i] + c : x, ok);
+        }
+    };
+
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // ldmatrix: lane l gives row l % 8 of matrix m = l / 8, in bytes from the stage. x: matrices
+    // (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) of an m-tile = a[0..3], so row
+    // + 8 (m % 2), chunk 2 kk + m / 2; w: (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15)
+    // of rows 16 q.. = b0, b1 of n-tile 2q, then of n-tile 2q + 1, so row + 8 (m / 2), chunk
+    // 2 kk + m % 2. Every row is lane % 8 modulo 8: that is the swizzle's key. m-tile 1 and pair q
+    // are 16 rows (2048 bytes) on.
+    int key = lane % 8, m1 = lane / 8 % 2, m2 = lane / 16;
+    uint32_t xrow = (uint32_t)(32 * warp + key + 8 * m1) * 128;
+    uint32_t wrow_b = (uint32_t)(HPF_ROWS + key + 8 * m2) * 128;
+    uint32_t sbase = smem_u32(sm);
+    float acc[2][2 * NP][4];
+    #pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+        #pragma unroll
+        for (int nt = 0; nt < 2 * NP; nt++) { acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f; }
+    }
+
+    #pragma unroll
+    for (int s = 0; s < HPF_STAGES - 1; s++) {
+        if (s < nk) { load_stage(s); }
+        cp_async_commit(); // possibly empty: one group per stage keeps the wait count fixed
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait<HPF_STAGES - 2>(); // this thread's copies of stage kt have landed
+        __syncthreads();                 // everyone's have; everyone is done with stage kt - 1
+        if (kt + HPF_STAGES - 1 < nk) { load_stage(kt + HPF_STAGES - 1); } // into stage kt - 1's buffer
+        cp_async_commit();
+        uint32_t st = sbase + (uint32_t)((kt % HPF_STAGES) * STAGE * sizeof(floatX));
+        #pragma unroll
+        for (int kk = 0; kk < 4; kk++) { // k16 steps: chunks 2 kk, 2 kk + 1
+            uint32_t a[2][4], b[NP][4];
             #pragma unroll
-            for (int nt = 0; nt < HP_MAX_J / 8; nt++) {
-                if (nt >= tiles) { break; }
-                uint4 wv = c < C && wrow[nt] != NULL ? __ldg((const uint4*)(wrow[nt] + c)) : zero;
-                mma_bf16_16816(acc[nt], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv.x, wv.y);
-                mma_bf16_16816(acc[nt], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv.z, wv.w);
+            for (int mt = 0; mt < 2; mt++) { ldmatrix_x4(a[mt], st + xrow + 2048 * mt + (((2 * kk + m2) ^ key) << 4)); }
+            #pragma unroll
+            for (int q = 0; q < NP; q++) { ldmatrix_x4(b[q], st + wrow_b + 2048 * q + (((2 * kk + m1) ^ key) << 4)); }
+            #pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                #pragma unroll
+                for (int nt = 0; nt < 2 * NP; nt++) {
+                    mma_bf16_16816(acc[mt][nt], a[mt], b[nt / 2][2 * (nt % 2)], b[nt / 2][2 * (nt % 2) + 1]);
+                }
             }
         }
     }
+
+    // acc[mt][nt][2 hf + e] is row 16 mt + 8 hf + g of the warp's 32, output j = 8 nt + 2 t + e
+    int g = lane / 4, t = lane % 4;
+    size_t rw = m0 + 32 * warp + g;
     #pragma unroll
-    for (int nt = 0; nt < HP_MAX_J / 8; nt++) {
+    for (int nt = 0; nt < 2 * NP; nt++) {
         #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int j = nt * 8 + 2 * t + e % 2;
-            size_t r = e < 2 ? ra : rb;
-            if (nt < tiles && j < J && r < N) { head_proj_pick(hp.out, j / H)[r * H + j % H] = acc[nt][e]; }
+        for (int e = 0; e < 2; e++) {
+            int j = 8 * nt + 2 * t + e;
+            if (j >= J) { continue; }
+            float* out = head_proj_pick(hp.out, j / H) + j % H;
+            #pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                #pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    size_t r = rw + 16 * mt + 8 * hf;
+                    if (r < N) { out[r * H] = acc[mt][nt][2 * hf + e]; }
+                }
+            }
         }
     }
 }
 
-// the concatenated gradient dout (N, J) at (r, j), zero outside
-__device__ static inline floatX head_proj_dout(const HeadProj* hp, size_t r, int j, size_t N, int J, int H) {
-    return r < N && j < J ? head_proj_pick(hp->dout, j / H)[r * H + j % H] : to_floatX(0.0f);
-}
-
-// dx (N, C) = sum_p dout_p (N, H) @ w_p (H, C), written (=); a warp per 16 rows, a block per
-// 8 * 16 rows and HP_COLS columns. The k of the mma is j (J padded to k-steps of 16): each lane
-// holds its rows' dout fragments for every k-step and walks the block's n-tiles of 8 columns;
-// the weights' fragments want two j at one column, so the block's columns of the weights sit
-// transposed in shared memory, (HP_COLS, ldj) with ldj = 16 k-steps + 8: ldj / 2 words is odd
-// times 4, so the 8 columns g of a fragment load fall in distinct banks.
-__global__ void __launch_bounds__(32 * HP_WARPS) head_proj_backward_input_kernel(float* dx, HeadProj hp, size_t N,
-                                                                                int C, int H) {
+// dx (N, C) = sum_p dout_p (N, H) @ w_p (H, C), written (=); the mma's k is j. A block takes
+// HPB_ROWS rows and HPB_COLS columns of dx and fills shared memory once: the weights' (16 NP,
+// HPB_COLS) slice as it lies (cp.async, 16 bytes) and the rows' dout (HPB_ROWS, 16 NP), gathered
+// from the P arrays (a lane per j, a warp per row: coalesced, one division per j). Each warp
+// loads its 16 rows' A fragments of every k16 step once with ldmatrix, then walks the columns 16
+// at a time: the weights' B fragments by ldmatrix.trans (two j at one column), 2 NP mma, fp32
+// pairs stored. Both tiles' rows are padded by 16 bytes to an odd number of 16-byte chunks, so the
+// 8 rows of an ldmatrix matrix hit 8 distinct bank groups. Padding is zero: j in [J, 16 NP), rows
+// past N, columns past C (C % 8 == 0: whole n8 tiles, whose stores are skipped).
+#define HPB_WARPS 8                // warps per block in the backward, 16 rows of dx each
+#define HPB_ROWS (16 * HPB_WARPS)  // rows of dx per block
+#define HPB_COLS 256               // columns of dx per block: a 16-byte chunk per lane of a weight row
+#define HPB_LDW (HPB_COLS + 8)     // row stride of the weight slice in shared memory, elements
+#define HPB_LDD(NP) (16 * (NP) + 8) // row stride of the dout tile, elements
+// the backward's shared memory: w (16 NP, HPB_LDW) then dout (HPB_ROWS, HPB_LDD), bf16
+#define HPB_SMEM(NP) ((size_t)(16 * (NP) * HPB_LDW + HPB_ROWS * HPB_LDD(NP)) * sizeof(floatX))
+template <int NP>
+__global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kernel(float* dx, HeadProj hp, size_t N,
+                                                                                 int C, int H) {
     // forward: out_p[r, h] = sum_c x[r, c] w_p[h, c]  =>  dx[r, c] = sum_p sum_h dout_p[r, h] w_p[h, c]
-    extern __shared__ __align__(16) floatX wt_s[];
-    int J = hp.count * H, ksteps = (J + 15) / 16, ldj = 16 * ksteps + 8;
-    int c_base = blockIdx.y * HP_COLS;
-    // thread c stages column c (neighbouring threads, neighbouring columns: coalesced reads),
-    // unrolled so that several loads are in flight
-    int col = threadIdx.x;
-    #pragma unroll 8
-    for (int j = 0; j < 16 * ksteps; j++) {
-        wt_s[col * ldj + j] = j < J && c_base + col < C ? head_proj_pick(hp.w, j / H)[(size_t)(j % H) * C + c_base + col]
-                                                        : to_floatX(0.0f);
-    }
-    __syncthreads();
-    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    size_t r0 = ((size_t)blockIdx.x * HP_WARPS + threadIdx.x / 32) * 16;
-    if (r0 >= N) { return; }
-    size_t ra = r0 + g, rb = r0 + g + 8;
-    uint32_t a[HP_MAX_J / 16][4];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int LDD = HPB_LDD(NP);
+    floatX* ws = (floatX*)smem_raw;    // (16 NP, HPB_LDW)
+    floatX* ds = ws + 16 * NP * HPB_LDW; // (HPB_ROWS, LDD)
+    int J = hp.count * H, c_base = blockIdx.y * HPB_COLS;
+    size_t m0 = (size_t)blockIdx.x * HPB_ROWS;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // the weights: warp w copies rows w, w + 8, .., lane l their 16-byte chunk l
+    int c = c_base + 8 * lane;
     #pragma unroll
-    for (int s = 0; s < HP_MAX_J / 16; s++) {
-        int j = 16 * s + 2 * t;
-        a[s][0] = bf16_pair(head_proj_dout(&hp, ra, j, N, J, H), head_proj_dout(&hp, ra, j + 1, N, J, H));
-        a[s][1] = bf16_pair(head_proj_dout(&hp, rb, j, N, J, H), head_proj_dout(&hp, rb, j + 1, N, J, H));
-        a[s][2] = bf16_pair(head_proj_dout(&hp, ra, j + 8, N, J, H), head_proj_dout(&hp, ra, j + 9, N, J, H));
-        a[s][3] = bf16_pair(head_proj_dout(&hp, rb, j + 8, N, J, H), head_proj_dout(&hp, rb, j + 9, N, J, H));
+    for (int i = 0; i < 2 * NP; i++) {
+        int j = warp + HPB_WARPS * i;
+        bool ok = j < J && c < C;
+        cp_async16(ws + j * HPB_LDW + 8 * lane, ok ? head_proj_pick(hp.w, j / H) + (size_t)(j % H) * C + c : hp.w[0], ok);
     }
-    for (int n0 = 0; n0 < HP_COLS && c_base + n0 < C; n0 += 8) {
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const floatX* wp = wt_s + (size_t)(n0 + g) * ldj + 2 * t;
+    cp_async_commit();
+    // dout: lane l takes j = l, l + 32, .. (< 16 NP), warp w rows w, w + 8, ..
+    #pragma unroll
+    for (int q = 0; q < (16 * NP + 31) / 32; q++) {
+        int j = 32 * q + lane;
+        if (j >= 16 * NP) { break; }
+        const floatX* src = j < J ? head_proj_pick(hp.dout, j / H) + j % H : NULL;
         #pragma unroll
-        for (int s = 0; s < HP_MAX_J / 16; s++) {
-            if (s >= ksteps) { break; }
-            uint32_t b0 = *(const uint32_t*)(wp + 16 * s), b1 = *(const uint32_t*)(wp + 16 * s + 8);
-            mma_bf16_16816(acc, a[s][0], a[s][1], a[s][2], a[s][3], b0, b1);
+        for (int i = 0; i < HPB_ROWS / HPB_WARPS; i++) {
+            int r = warp + HPB_WARPS * i;
+            ds[r * LDD + j] = src != NULL && m0 + r < N ? src[(m0 + r) * H] : to_floatX(0.0f);
         }
-        size_t c = (size_t)c_base + n0 + 2 * t;
-        if (ra < N) { *(float2*)(dx + ra * C + c) = make_float2(acc[0], acc[1]); }
-        if (rb < N) { *(float2*)(dx + rb * C + c) = make_float2(acc[2], acc[3]); }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    if (m0 + 16 * warp >= N) { return; } // no barrier below
+    // A fragments as the forward's x: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
+    uint32_t a[NP][4];
+    uint32_t arow = smem_u32(ds) + (uint32_t)((16 * warp + lane % 8 + 8 * (lane / 8 % 2)) * LDD + 8 * (lane / 16)) * 2;
+    #pragma unroll
+    for (int s = 0; s < NP; s++) { ldmatrix_x4(a[s], arow + 32 * s); }
+    // B fragments, .trans of weight rows k: matrices (k 0-7, n 0-7), (8-15, 0-7), (0-7, 8-15),
+    // (8-15, 8-15) = b0, b1 of n-tile 0, then of n-tile 1
+    uint32_t brow = smem_u32(ws) + (uint32_t)((lane % 8 + 8 * (lane / 8 % 2)) * HPB_LDW + 8 * (lane / 16)) * 2;
+    int t = lane % 4, cols = min(HPB_COLS, C - c_base);
+    size_t ra = m0 + 16 * warp + lane / 4, rb = ra + 8;
+    #pragma unroll 2
+    for (int n0 = 0; n0 < cols; n0 += 16) {
+        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        #pragma unroll
+        for (int s = 0; s < NP; s++) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, brow + (uint32_t)(16 * s * HPB_LDW + n0) * 2);
+            mma_bf16_16816(acc[0], a[s], b[0], b[1]);
+            mma_bf16_16816(acc[1], a[s], b[2], b[3]);
+        }
+        #pragma unroll
+        for (int q = 0; q < 2; q++) {
+            if (n0 + 8 * q >= cols) { break; }
+            size_t cq = (size_t)c_base + n0 + 8 * q + 2 * t;
+            if (ra < N) { *(float2*)(dx + ra * C + cq) = make_float2(acc[q][0], acc[q][1]); }
+            if (rb < N) { *(float2*)(dx + rb * C + cq) = make_float2(acc[q][2], acc[q][3]); }
+        }
     }
 }
 #endif
@@ -1233,22 +1347,8 @@ __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc
 typedef __nv_bfloat16 bf16;
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
+// (smem_u32 and the cp.async helpers are with the head projections' kernels, above)
 
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-// 16-byte global->shared copy; pred false writes zeros (rows past T)
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool pred) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                 :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template<int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
@@ -3525,14 +3625,51 @@ static HeadProj head_proj_layer(GPUModel* g, const LayerActs* p, int l) {
     return hp;
 }
 
+#ifndef ENABLE_FP32
+// the forward (dx NULL) or the backward input kernel for NP = ceil(P H / 16). The shared memory
+// limit is a per-device attribute: set on every call (microseconds), with the carveout that lets
+// two forward blocks (up to 112 KB each) or two or three backward blocks share an SM.
+template <int NP>
+static void head_proj_launch(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
+    if (dx == NULL) {
+        cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)HPF_SMEM(NP)));
+        cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
+        head_proj_forward_kernel<NP><<<(unsigned)ceil_div(N, HPF_ROWS), 32 * HPF_WARPS, HPF_SMEM(NP)>>>(*hp, x, N, C, H);
+    } else {
+        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)HPB_SMEM(NP)));
+        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+        dim3 grid((unsigned)ceil_div(N, HPB_ROWS), (unsigned)ceil_div(C, HPB_COLS));
+        head_proj_backward_input_kernel<NP><<<grid, 32 * HPB_WARPS, HPB_SMEM(NP)>>>(dx, *hp, N, C, H);
+    }
+    launchCheck();
+}
+
+static void head_proj_launch_np(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
+    switch ((hp->count * H + 15) / 16) {
+    case 1: head_proj_launch<1>(dx, hp, x, N, C, H); break;
+    case 2: head_proj_launch<2>(dx, hp, x, N, C, H); break;
+    case 3: head_proj_launch<3>(dx, hp, x, N, C, H); break;
+    case 4: head_proj_launch<4>(dx, hp, x, N, C, H); break;
+    case 5: head_proj_launch<5>(dx, hp, x, N, C, H); break;
+    case 6: head_proj_launch<6>(dx, hp, x, N, C, H); break;
+    default:
+        fail("head projections: P * H = %d outside 1..%d\nHINT: gpu_config_problem refuses such configs", hp->count * H,
+             HP_MAX_J);
+    }
+}
+#endif
+
 // out_p (N, H) = x (N, C) @ w_p^T for each projection
 static void head_proj_forward_gpu(const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
 #ifdef ENABLE_FP32
     for (int i = 0; i < hp->count; i++) { matmul_forward_gpu(hp->out[i], CUDA_R_32F, NULL, x, hp->w[i], N, C, H); }
 #else
     if (hp->count == 0) { return; }
-    head_proj_forward_kernel<<<(unsigned)ceil_div(N, 16 * HP_WARPS), 32 * HP_WARPS>>>(*hp, x, N, C, H);
-    launchCheck();
+    head_proj_launch_np(NULL, hp, x, N, C, H);
 #endif
 }
 
@@ -3543,15 +3680,7 @@ static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* 
         matmul_backward_input_gpu(dx, CUDA_R_32F, hp->dout[i], hp->w[i], N, C, H, i == 0 ? 0.0f : 1.0f);
     }
 #else
-    int ksteps = (int)ceil_div(hp->count * H, 16);
-    size_t smem = (size_t)HP_COLS * (16 * ksteps + 8) * sizeof(floatX);
-    if (smem > 48 * 1024) {
-        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem));
-    }
-    dim3 grid((unsigned)ceil_div(N, 16 * HP_WARPS), (unsigned)ceil_div(C, HP_COLS));
-    head_proj_backward_input_kernel<<<grid, 32 * HP_WARPS, smem>>>(dx, *hp, N, C, H);
-    launchCheck();
+    head_proj_launch_np(dx, hp, x, N, C, H);
 #endif
     for (int i = 0; i < hp->count; i++) { matmul_backward_weight_gpu(hp->dw[i], hp->dout[i], x, N, C, H); }
 }
