@@ -1847,7 +1847,8 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
 // wgmma descriptors (64-column blocks, chunk c of row r at c ^ r % 8, 1024-byte aligned), and rows
 // past T come back as zeros. fp32 rows (lse, Delta, c: (B, H, T)) cannot have a tensor map for odd
 // T (the row stride must be a multiple of 16 bytes): the producer warp loads them with 4-byte
-// cp.async that arrive on the stage's full barrier when they land.
+// cp.async that arrive on the stage's full barrier when they land, or (PRE, hd 64) with plain loads,
+// turns them into the per-column logit terms and stores those, then arrives with release semantics.
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(count) : "memory");
@@ -1858,6 +1859,11 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
+}
+// an arrival after which this thread's earlier shared-memory stores are visible to a thread whose
+// try_wait sees the phase complete (PTX's default for mbarrier.arrive, spelled out)
+__device__ __forceinline__ void mbar_arrive_release(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
 }
 // one arrival when this thread's earlier cp.async have landed (counted in the barrier's init count)
 __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
@@ -1948,22 +1954,23 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 // S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i);
 // dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij k_j; dc_t = sum_j dS_tj - sum_i dS_it.
 //
-// Version 14 of dev/cuda (version 9's warp-specialised kernels with lean consumers). A block of
-// three warpgroups owns one 128-row tile (128 keys in the dK/dV kernel, 128 queries in the dQ
-// kernel: one pruning tile each). Warpgroup 0 is the producer: one warp issues the copy-engine
-// (TMA) loads, setmaxnreg gives its registers away (24). Warpgroups 1 and 2 consume 64 rows each
-// (setmaxnreg 240). The fixed tile (K, V; Q, dO) comes once; the streamed tiles (Q, dO and the
-// queries' lse, Delta, c; K, V and the keys' c) through a ring of ST stages with a full and an
-// empty mbarrier per stage. The per-row floats come by 4-byte cp.async from the producer's 32
-// lanes, arriving on the stage's full barrier (a tensor map needs 16-byte row strides, which
-// (B, H, T) fp32 lacks for odd T). Nothing keeps the two consumers in lockstep: each waits only
-// for its stage's bytes and releases the stage when its last matmul on it is done, so one
-// consumer's element-wise work runs under the other's matmuls and the loads under both. Inside a
-// consumer a tile has two commit groups (P's exponentials under dP^T, dS under dV), and no
-// accumulator of an in-flight wgmma is defined by other code in between (no C7515; the dQ
-// kernel's overlap makes ptxas add one wait after its loop, C7517, which is expected). A consumer
-// skips the tiles it sees nothing of (above its diagonal or past the window) but still releases
-// them. The consumers' element-wise work is lean (at hd 64 it lasts as long as their matmuls):
+// Version 14 of dev/cuda at hd 128 and version 15 at hd 64 (PRE below): version 9's
+// warp-specialised kernels with lean consumers. A block of three warpgroups owns one 128-row tile
+// (128 keys in the dK/dV kernel, 128 queries in the dQ kernel: one pruning tile each). Warpgroup 0
+// is the producer: one warp issues the copy-engine (TMA) loads, setmaxnreg gives its registers away
+// (24). Warpgroups 1 and 2 consume 64 rows each (setmaxnreg 240). The fixed tile (K, V; Q, dO)
+// comes once; the streamed tiles (Q, dO and the queries' lse, Delta, c; K, V and the keys' c)
+// through a ring of ST stages with a full and an empty mbarrier per stage. The per-row floats come
+// by 4-byte cp.async from the producer's 32 lanes, arriving on the stage's full barrier (a tensor
+// map needs 16-byte row strides, which (B, H, T) fp32 lacks for odd T; PRE: plain loads, below).
+// Nothing keeps the two consumers in lockstep: each waits only for its stage's bytes and releases
+// the stage when its last matmul on it is done, so one consumer's element-wise work runs under the
+// other's matmuls and the loads under both. Inside a consumer a tile has two commit groups (P's
+// exponentials under dP^T, dS under dV), and no accumulator of an in-flight wgmma is defined by
+// other code in between (no C7515; the dQ kernel's overlap makes ptxas add one wait after its loop,
+// C7517, which is expected). A consumer skips the tiles it sees nothing of (above its diagonal or
+// past the window) but still releases them. The consumers' element-wise work is lean (at hd 64 it
+// lasts as long as their matmuls):
 // - masks as selects against two integer bounds per row, in a straight-line loop of their own
 //   (a branch per score cut the loop into blocks ptxas could not schedule across);
 // - each wgmma descriptor is a tile start computed once per kernel (warp-uniform: the consumer
@@ -1977,6 +1984,16 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 // No turns (backward version 11's ping-pong named barriers): with these consumers they cost at
 // both head sizes (dev/cuda README). The dQ consumers overlap tiles (version 14): tile n + 1's S and dP are
 // issued before the wait for tile n's dQ, whose stage is released after it.
+// PRE (version 15, hd 64): the producer warp forms the per-column terms once per stage instead of
+// every consumer thread for its columns (8 times per column, once per consumer warp): its 32 lanes
+// load the floats with plain loads before they wait for the stage (read-only inputs: the latency
+// runs under that wait), compute the queries' A_i (dK/dV kernel, stored next to Delta) or the keys'
+// B_j and c_b log2 e (dQ kernel) with fox_lean_qterm / fox_lean_kterm, the same operations on the
+// same values (so P and dS keep their bits: the ladder's results equal version 14's bitwise),
+// st.shared them and arrive on the full barrier with release semantics (the consumers' try_wait
+// acquires; arrival counts unchanged). The dK/dV consumers load their A's right after issuing S^T
+// and dP^T and their Delta's right after issuing dV, before the waits (shared-memory latency under
+// the matmuls, not in the exponential and dS loops). H200: +3-8% at hd 64, -4% and -8% at hd 128.
 
 // Thread 0 initialises the block's barriers: the fixed tile's (one arrival), and per stage of the
 // ring a full barrier (full_count arrivals) and an empty one (a warp of the consumers each); the
@@ -1998,13 +2015,15 @@ __device__ __forceinline__ void fox_bwd_ring_init(uint64_t* fixed_bar, uint64_t*
 // per-row loads): the block's own pair of tiles (K, V of the key tile, or Q, dO of the query tile)
 // on fixed_bar, then for each of ntiles streamed pairs of ROWS-row tiles from first_row on (Q, dO
 // or K, V), stage n % ST once the consumers have freed it (empty), arriving on full[st] with the
-// copy engine's bytes; row_loads(st, row0) adds the per-row vectors (cp.async arriving there too).
-template<int FIXED_ROWS, int ROWS, int HD, int ST, typename RowLoads>
+// copy engine's bytes; row_loads(st, row0) adds the per-row vectors (arriving there too), and
+// row_fetch(row0) runs before the wait for the stage (PRE: the plain loads of those vectors,
+// read-only inputs, so that their latency runs under the wait).
+template<int FIXED_ROWS, int ROWS, int HD, int ST, typename RowFetch, typename RowLoads>
 __device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUtensorMap* tFa, const CUtensorMap* tFb,
                                                  int fixed_row, uint64_t* fixed_bar, bf16* sA, bf16* sB,
                                                  const CUtensorMap* tA, const CUtensorMap* tB, int first_row, int ntiles,
                                                  uint64_t* full, uint64_t* empty, int h, int b, int lane,
-                                                 RowLoads row_loads) {
+                                                 RowFetch row_fetch, RowLoads row_loads) {
     if (lane == 0) {
         mbar_expect_tx(fixed_bar, 2 * FIXED_ROWS * HD * sizeof(bf16));
         tma_load_tile<FIXED_ROWS, HD>(sFa, tFa, fixed_row, h, b, fixed_bar);
@@ -2012,6 +2031,7 @@ __device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUt
     }
     for (int n = 0; n < ntiles; n++) {
         int st = n % ST, r1 = first_row + n * ROWS;
+        row_fetch(r1);
         mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
         if (lane == 0) {
             mbar_expect_tx(&full[st], 2 * ROWS * HD * sizeof(bf16));
@@ -2050,15 +2070,24 @@ __device__ __forceinline__ float fox_lean_kterm(float c_j, float cb_l2) { return
 // the thread's keys, columns 2 tq, 2 tq + 1 of each 8-column block its queries).
 // p = 2^(s scale_log2 + (A_i + B_row)) (above; B: the rows' key terms). MASK: p = 0 where the
 // column offset (less 2 tq) is outside [lo, hi] of the row (selected, never multiplied).
-template<int BQ, bool GATE, bool MASK>
-__device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float* sLb, const float* sCb, float cb_l2,
-                                                const float B[2], float scale_log2, int tq, const int* lo,
-                                                const int* hi) {
+// PRE: ap[nt] holds the A's of block nt's two columns (loaded from the stage); else they are
+// formed here from the stage's lse and c (sLb, sCb).
+template<int BQ, bool GATE, bool MASK, bool PRE>
+__device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float2* ap, const float* sLb, const float* sCb,
+                                                float cb_l2, const float B[2], float scale_log2, int tq,
+                                                const int* lo, const int* hi) {
     #pragma unroll
     for (int nt = 0; nt < BQ / 8; nt++) {
-        float2 l = *(const float2*)(sLb + nt * 8 + 2 * tq), ci = make_float2(0.f, 0.f);
-        if (GATE) ci = *(const float2*)(sCb + nt * 8 + 2 * tq);
-        float a[2] = {fox_lean_qterm(ci.x, l.x, cb_l2, GATE), fox_lean_qterm(ci.y, l.y, cb_l2, GATE)};  // [column]
+        float a[2];  // [column]
+        if (PRE) {
+            a[0] = ap[nt].x;
+            a[1] = ap[nt].y;
+        } else {
+            float2 l = *(const float2*)(sLb + nt * 8 + 2 * tq), ci = make_float2(0.f, 0.f);
+            if (GATE) ci = *(const float2*)(sCb + nt * 8 + 2 * tq);
+            a[0] = fox_lean_qterm(ci.x, l.x, cb_l2, GATE);
+            a[1] = fox_lean_qterm(ci.y, l.y, cb_l2, GATE);
+        }
         #pragma unroll
         for (int e = 0; e < 4; e++) {
             float t = GATE ? __fadd_rn(a[e & 1], B[e / 2]) : a[e & 1];
@@ -2071,12 +2100,14 @@ __device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float* sLb, cons
         }
     }
 }
-// dK/dV: dS^T = P^T (dP^T - Delta) in place of dP^T; dcs: the rows' (keys') sums of dS
-template<int BQ>
-__device__ __forceinline__ void fox_bwd_lean_dst(float* dp, const float* s, const float* sDb, float dcs[2], int tq) {
+// dK/dV: dS^T = P^T (dP^T - Delta) in place of dP^T; dcs: the rows' (keys') sums of dS. PRE: dl[nt]
+// holds the Delta's of block nt's two columns (loaded from the stage); else read here from sDb.
+template<int BQ, bool PRE>
+__device__ __forceinline__ void fox_bwd_lean_dst(float* dp, const float* s, const float2* dl, const float* sDb,
+                                                 float dcs[2], int tq) {
     #pragma unroll
     for (int nt = 0; nt < BQ / 8; nt++) {
-        float2 d = *(const float2*)(sDb + nt * 8 + 2 * tq);
+        float2 d = PRE ? dl[nt] : *(const float2*)(sDb + nt * 8 + 2 * tq);
         #pragma unroll
         for (int e = 0; e < 4; e++) {
             float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - ((e & 1) ? d.y : d.x));
@@ -2087,8 +2118,8 @@ __device__ __forceinline__ void fox_bwd_lean_dst(float* dp, const float* s, cons
 }
 // dQ: P in place for one warp's 16 queries x BC keys (rows g, g + 8 the thread's queries, columns
 // its keys): p = 2^(s scale_log2 + (A_row + B_j)) (above; A: the rows' query terms for the tile's
-// key block), as in the dK/dV kernel
-template<int BC, bool GATE, bool MASK>
+// key block), as in the dK/dV kernel. sCb: the stage's c of the keys, or PRE: their terms B_j.
+template<int BC, bool GATE, bool MASK, bool PRE>
 __device__ __forceinline__ void fox_bwd_lean_p(float* s, const float* sCb, float cb_l2, const float A[2],
                                                float scale_log2, int tq, const int* lo, const int* hi) {
     #pragma unroll
@@ -2096,8 +2127,8 @@ __device__ __forceinline__ void fox_bwd_lean_p(float* s, const float* sCb, float
         float b[2] = {0.f, 0.f};  // [column]
         if (GATE) {
             float2 cj = *(const float2*)(sCb + nt * 8 + 2 * tq);
-            b[0] = fox_lean_kterm(cj.x, cb_l2);
-            b[1] = fox_lean_kterm(cj.y, cb_l2);
+            b[0] = PRE ? cj.x : fox_lean_kterm(cj.x, cb_l2);
+            b[1] = PRE ? cj.y : fox_lean_kterm(cj.y, cb_l2);
         }
         #pragma unroll
         for (int e = 0; e < 4; e++) {
@@ -2128,9 +2159,10 @@ __device__ __forceinline__ void fox_bwd_lean_ds(float* s, const float* dp, const
 // o_i = sum_j P_ij v_j with P_ij = exp(q_i.k_j scale + c_i - c_j - lse_i) differentiated for the keys:
 // dv_j = sum_i P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (derivation above).
 // dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
-// (a warp 16 of them). Query tiles of BQ stream through the ring. query_end (B*H, ceil(T / 128)):
-// query tiles of 128 from query_end on are pruned (NULL: none).
-template<int HD, int BQ, int ST, bool GATE>
+// (a warp 16 of them). Query tiles of BQ stream through the ring with their lse, Delta, c (PRE:
+// their A_i, Delta_i). query_end (B*H, ceil(T / 128)): query tiles of 128 from query_end on are
+// pruned (NULL: none).
+template<int HD, int BQ, int ST, bool GATE, bool PRE>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf16* dv, float* dc,
                                                                    const __grid_constant__ CUtensorMap tmQ,
                                                                    const __grid_constant__ CUtensorMap tmG,
@@ -2146,10 +2178,10 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
     bf16* sV = sK + BK * HD;                 // (BK, HD)
     bf16* sQ = sV + BK * HD;                 // (ST, BQ, HD)
     bf16* sG = sQ + ST * BQ * HD;            // (ST, BQ, HD) dO
-    float* sL = (float*)(sG + ST * BQ * HD); // (ST, BQ) lse
+    float* sL = (float*)(sG + ST * BQ * HD); // (ST, BQ) lse; PRE: the queries' terms A_i (fox_lean_qterm)
     float* sD = sL + ST * BQ;                // (ST, BQ) Delta
-    float* sC = sD + ST * BQ;                // (ST, BQ) c of the queries
-    uint64_t* bar = (uint64_t*)(sC + ST * BQ);
+    float* sC = sD + ST * BQ;                // (ST, BQ) c of the queries (not with PRE)
+    uint64_t* bar = (uint64_t*)(PRE ? sC : sC + ST * BQ);
     uint64_t *barKV = bar, *full = bar + 1, *empty = full + ST;
 
     int kt = blockIdx.x;  // the first key tiles see the most queries and are scheduled first
@@ -2164,23 +2196,47 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
     if (query_end) it_end = min(it_end, query_end[(size_t)bh * gridDim.x + kt] * (PRUNE_BLOCK / BQ));
     int ntiles = it_end - it_begin;
 
-    // full: the copy engine's arrival + the 32 lanes' lse, Delta, c
+    // full: the copy engine's arrival + the 32 lanes' lse, Delta, c (PRE: A, Delta)
     fox_bwd_ring_init<ST>(barKV, full, empty, 1 + 32);
 
     if (wg == 0) {  // producer
         setmaxnreg_dec<24>();
         if (warp != 0) return;
+        float fl[BQ / 32], fd[BQ / 32], fc[BQ / 32];  // PRE: the stage's lse, Delta, c (lane + 32 r)
+        const float cb_l2 = (PRE && GATE) ? __fmul_rn(cb[j0], LOG2E) : 0.f;  // the consumers' cb_l2, the same operation
         fox_bwd_producer<BK, BQ, HD, ST>(sK, sV, &tmK, &tmV, j0, barKV, sQ, sG, &tmQ, &tmG, it_begin * BQ, ntiles, full,
-                                         empty, h, b, lane, [&](int st, int i1) {
-            #pragma unroll
-            for (int e = lane; e < BQ; e += 32) {  // past T: zeros
-                int i = min(i1 + e, T - 1);
-                bool ok = i1 + e < T;
-                cp_async4(sL + st * BQ + e, lb + i, ok);
-                cp_async4(sD + st * BQ + e, db + i, ok);
-                if (GATE) cp_async4(sC + st * BQ + e, cb + i, ok);
+                                         empty, h, b, lane, [&](int i1) {
+            if (PRE) {
+                #pragma unroll
+                for (int r = 0; r < BQ / 32; r++) {  // past T: zeros, as the cp.async's (those columns are masked)
+                    int e = lane + 32 * r, i = min(i1 + e, T - 1);
+                    bool ok = i1 + e < T;
+                    float l = lb[i], d = db[i], ci = GATE ? cb[i] : 0.f;
+                    fl[r] = ok ? l : 0.f;
+                    fd[r] = ok ? d : 0.f;
+                    fc[r] = ok ? ci : 0.f;
+                }
             }
-            mbar_arrive_cp_async(&full[st]);
+        }, [&](int st, int i1) {
+            if (PRE) {
+                #pragma unroll
+                for (int r = 0; r < BQ / 32; r++) {
+                    int e = lane + 32 * r;
+                    sL[st * BQ + e] = fox_lean_qterm(fc[r], fl[r], cb_l2, GATE);
+                    sD[st * BQ + e] = fd[r];
+                }
+                mbar_arrive_release(&full[st]);  // after this lane's stores
+            } else {
+                #pragma unroll
+                for (int e = lane; e < BQ; e += 32) {  // past T: zeros
+                    int i = min(i1 + e, T - 1);
+                    bool ok = i1 + e < T;
+                    cp_async4(sL + st * BQ + e, lb + i, ok);
+                    cp_async4(sD + st * BQ + e, db + i, ok);
+                    if (GATE) cp_async4(sC + st * BQ + e, cb + i, ok);
+                }
+                mbar_arrive_cp_async(&full[st]);
+            }
         });
         return;
     }
@@ -2232,14 +2288,19 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
             for (int kk = 0; kk < HD / 16; kk++)
                 wgmma_ss<BQ>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
             wgmma_commit();
+            float2 a[BQ / 8];  // PRE: the columns' A's, loaded before the wait (their latency runs under it)
+            if (PRE) {
+                #pragma unroll
+                for (int nt = 0; nt < BQ / 8; nt++) a[nt] = *(const float2*)(sLb + nt * 8 + 2 * tq);
+            }
             wgmma_wait<1>();
             wgmma_pin<BQ / 2>(s);
             // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
             if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
                 int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
-                fox_bwd_lean_pt<BQ, GATE, true>(s, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
+                fox_bwd_lean_pt<BQ, GATE, true, PRE>(s, a, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
             } else {
-                fox_bwd_lean_pt<BQ, GATE, false>(s, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr, nullptr);
+                fox_bwd_lean_pt<BQ, GATE, false, PRE>(s, a, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr, nullptr);
             }
             // dV += P^T dO
             #pragma unroll
@@ -2248,9 +2309,14 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
             #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
             wgmma_commit();
+            float2 d[BQ / 8];  // PRE: the columns' Delta's, loaded before the wait for dP^T
+            if (PRE) {
+                #pragma unroll
+                for (int nt = 0; nt < BQ / 8; nt++) d[nt] = *(const float2*)(sDb + nt * 8 + 2 * tq);
+            }
             wgmma_wait<1>();  // dP^T done (dV may still run)
             wgmma_pin<BQ / 2>(dp);
-            fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
+            fox_bwd_lean_dst<BQ, PRE>(dp, s, d, sDb, dcs, tq);
             // dK += dS^T Q
             #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
@@ -2290,9 +2356,9 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
 // o_i = sum_j P_ij v_j with P_ij = exp(q_i.k_j scale + c_i - c_j - lse_i) differentiated for the
 // queries: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (derivation above).
 // dq and the dc row sums of the 128-query tile gridDim.x - 1 - blockIdx.x; consumer cw owns queries
-// 64cw..+63. Key tiles of BC (with the keys' c) stream through the ring. key_start (B*H,
-// ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none).
-template<int HD, int BC, int ST, bool GATE>
+// 64cw..+63. Key tiles of BC stream through the ring with the keys' c (PRE: their B_j and c_b log2 e).
+// key_start (B*H, ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none).
+template<int HD, int BC, int ST, bool GATE, bool PRE>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float* dc_row,
                                                                  const __grid_constant__ CUtensorMap tmQ,
                                                                  const __grid_constant__ CUtensorMap tmG,
@@ -2308,8 +2374,9 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     bf16* sG = sQ + BR * HD;                 // (BR, HD) dO
     bf16* sK = sG + BR * HD;                 // (ST, BC, HD)
     bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
-    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c of the keys
-    uint64_t* bar = (uint64_t*)(sC + ST * BC);
+    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c of the keys; PRE: their terms B_j (fox_lean_kterm)
+    float* sCL = sC + ST * BC;               // PRE: (ST) c_b log2 e of the stage's 128-key block (2 ST floats: alignment)
+    uint64_t* bar = (uint64_t*)(PRE ? sCL + 2 * ST : sCL);
     uint64_t *barQ = bar, *full = bar + 1, *empty = full + ST;
 
     int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
@@ -2323,15 +2390,32 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
     int ntiles = jt_end - jt_begin;
 
-    // full: the copy engine's arrival + the 32 lanes' c
+    // full: the copy engine's arrival + the 32 lanes' c (PRE: B, c_b)
     fox_bwd_ring_init<ST>(barQ, full, empty, 1 + (GATE ? 32 : 0));
 
     if (wg == 0) {  // producer
         setmaxnreg_dec<24>();
         if (warp != 0) return;
+        float fc[BC / 32], fcb = 0.f;  // PRE: c of the stage's keys (lane + 32 r) and of its block's first key
         fox_bwd_producer<BR, BC, HD, ST>(sQ, sG, &tmQ, &tmG, i0, barQ, sK, sV, &tmK, &tmV, jt_begin * BC, ntiles, full,
-                                         empty, h, b, lane, [&](int st, int j1) {
-            if (GATE) {
+                                         empty, h, b, lane, [&](int j1) {
+            if (PRE && GATE) {
+                fcb = cb[j1 - j1 % PRUNE_BLOCK];
+                #pragma unroll
+                for (int r = 0; r < BC / 32; r++) {  // past T: zeros, as the cp.async's
+                    int e = lane + 32 * r;
+                    float cj = cb[min(j1 + e, T - 1)];
+                    fc[r] = j1 + e < T ? cj : 0.f;
+                }
+            }
+        }, [&](int st, int j1) {
+            if (PRE && GATE) {
+                float cb_l2 = __fmul_rn(fcb, LOG2E);  // as the consumers' and the dK/dV kernel's
+                #pragma unroll
+                for (int r = 0; r < BC / 32; r++) sC[st * BC + lane + 32 * r] = fox_lean_kterm(fc[r], cb_l2);
+                if (lane == 0) sCL[st] = cb_l2;
+                mbar_arrive_release(&full[st]);  // after this lane's stores
+            } else if (GATE) {
                 #pragma unroll
                 for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j1 + e, T - 1), j1 + e < T);
                 mbar_arrive_cp_async(&full[st]);
@@ -2368,7 +2452,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     const uint64_t dK0 = desc_k<BC>(sK, 0, 0), dV0 = desc_k<BC>(sV, 0, 0);
     const uint64_t dKn0 = desc_mn<BC>(sK, 0);
     constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
-    auto release = [&](int st) {  // this warp is done with the stage's K, V and c
+    auto release = [&](int st) {  // this warp is done with the stage's K, V and floats
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[st]);
     };
@@ -2385,9 +2469,18 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
         if (seen) {
             const float* sCb = sC + st * BC;
             uint32_t so = st * STAGE;
-            // c of the first key of the tile's 128-key block (the tile's own first key at BC = 128)
-            float cb_l2 = GATE ? __fmul_rn((j0 % PRUNE_BLOCK) ? cb[j0 - j0 % PRUNE_BLOCK] : sCb[0], LOG2E) : 0.f;
-            float A[2] = {fox_lean_qterm(rc[0], rl[0], cb_l2, GATE), fox_lean_qterm(rc[1], rl[1], cb_l2, GATE)};
+            // the rows' query terms for the tile's key block, with cb_l2 = c_b log2 e (c_b: c of the
+            // block's first key, the tile's own first key at BC = 128); PRE: cb_l2 from the stage, the
+            // terms formed after the matmuls' issue (under them)
+            float cb_l2 = 0.f, A[2];
+            auto row_terms = [&] {
+                A[0] = fox_lean_qterm(rc[0], rl[0], cb_l2, GATE);
+                A[1] = fox_lean_qterm(rc[1], rl[1], cb_l2, GATE);
+            };
+            if (!PRE) {
+                if (GATE) cb_l2 = __fmul_rn((j0 % PRUNE_BLOCK) ? cb[j0 - j0 % PRUNE_BLOCK] : sCb[0], LOG2E);
+                row_terms();
+            }
             float s[BC / 2], dp[BC / 2];
             wgmma_fence();
             #pragma unroll
@@ -2398,6 +2491,10 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
             for (int kk = 0; kk < HD / 16; kk++)
                 wgmma_ss<BC>(dp, desc_add(dG0, kstep_bytes<BR>(kk)), desc_add(dV0, so + kstep_bytes<BC>(kk)), kk);
             wgmma_commit();
+            if (PRE) {
+                if (GATE) cb_l2 = sCL[st];
+                row_terms();
+            }
             if (pending) {  // the previous tile's dQ (cross-tile overlap: issued before this wait)
                 wgmma_wait<2>();
                 wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
@@ -2407,9 +2504,9 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
             wgmma_pin<BC / 2>(s);
             if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
                 int lo[2] = {lo0[0] - j0, lo0[1] - j0}, hi[2] = {hi0[0] - j0, hi0[1] - j0};
-                fox_bwd_lean_p<BC, GATE, true>(s, sCb, cb_l2, A, scale_log2, tq, lo, hi);
+                fox_bwd_lean_p<BC, GATE, true, PRE>(s, sCb, cb_l2, A, scale_log2, tq, lo, hi);
             } else {
-                fox_bwd_lean_p<BC, GATE, false>(s, sCb, cb_l2, A, scale_log2, tq, nullptr, nullptr);
+                fox_bwd_lean_p<BC, GATE, false, PRE>(s, sCb, cb_l2, A, scale_log2, tq, nullptr, nullptr);
             }
             wgmma_wait0();
             wgmma_pin<BC / 2>(dp);
@@ -2469,26 +2566,29 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
                                 int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                 const int* query_end, cudaStream_t s) {
     constexpr int ST = 2;
-    // the fixed 128-row tiles, ST stages of the streamed tiles and of their floats, the barriers,
-    // + 1 KB to align the tiles to the swizzle pattern
-    constexpr size_t smem_kv = 1024 + (size_t)(2 * 128 + 2 * ST * BQ) * HD * sizeof(bf16) + 3 * ST * BQ * sizeof(float) +
-                               (1 + 2 * ST) * sizeof(uint64_t);
-    constexpr size_t smem_q = 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
-                              (1 + 2 * ST) * sizeof(uint64_t);
+    // the producer's per-column terms (version 15) at hd 64 only: slower at hd 128 (dev/cuda README)
+    constexpr bool PRE = HD == 64;
+    // the fixed 128-row tiles, ST stages of the streamed tiles and of their floats (dK/dV: lse,
+    // Delta, c, PRE: A, Delta; dQ: c, PRE: B and c_b in 2 ST floats), the barriers, + 1 KB to align
+    // the tiles to the swizzle pattern
+    constexpr size_t smem_kv = 1024 + (size_t)(2 * 128 + 2 * ST * BQ) * HD * sizeof(bf16) +
+                               (PRE ? 2 : 3) * ST * BQ * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
+    constexpr size_t smem_q = 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) +
+                              (ST * BC + (PRE ? 2 * ST : 0)) * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
                 tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
-    fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE><<<grid, 384, smem_kv, s>>>(
+    fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE><<<grid, 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     launchCheck();
     tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
     tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
-    fox_bwd_dq_lean_kernel<HD, BC, ST, GATE><<<grid, 384, smem_q, s>>>(
+    fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE><<<grid, 384, smem_q, s>>>(
         dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
     launchCheck();
 }

@@ -52,7 +52,8 @@ for i in "${!RUNS[@]}"; do
     [ $rc -eq 0 ] || FAILURES=$((FAILURES + 1))
 done
 # racecheck does not model mbarrier synchronisation: it flags cuBLASLt's own GEMM kernels and the
-# producer warp's cp.async -> consumer reads of our warp-specialised kernels; dev/racecheck_triage.py
+# producer warp's cp.async (at hd 64: st.shared, then a release arrival) -> consumer reads of our
+# warp-specialised kernels; dev/racecheck_triage.py
 # sorts the reports (checking the instructions of the second kind) and fails on any other
 for i in "${!RUNS[@]}"; do
     run=${RUNS[$i]}
