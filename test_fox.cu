@@ -2611,15 +2611,21 @@ static void gpu_test_zero_slices(void) {
 //   the strongest gate) against the fp32 twin, so L2 1e-2;
 //   the max measure sees the largest of many roundings of a sum: 5e-2. An indexing or mask
 //   error gives O(1) on the rows it touches. lse is fp32 from exact bf16 products: 1e-3 abs.
+//   d(log f) is summed from the fp32 dS, never rounded to bf16, and the twin's backward reads the
+//   GPU's stored o (attn_reference), so only fp32 summation orders and ex2.approx differ:
+//   measured <= 1.1e-5 (L2 and max), so 1e-3 for it, where an O(1e-2) tolerance would hide a
+//   wrong column sum.
 // - fp32: both sides fp32, different summation orders: 1e-4 (L2 and max; measured <= 2e-6,
 //   and up to 4e-6 absolute in the one-key cases, the noise of dP - Delta), lse 1e-5 abs.
 #ifdef ENABLE_FP32
 #define ATOL_L2 1e-4
 #define ATOL_MAX 1e-4
+#define ATOL_DLOGF 1e-4
 #define ATOL_LSE 1e-5
 #else
 #define ATOL_L2 1e-2
 #define ATOL_MAX 5e-2
+#define ATOL_DLOGF 1e-3
 #define ATOL_LSE 1e-3
 #endif
 
@@ -2776,7 +2782,7 @@ static int attn_compare(const AttnCase* t, char* line, size_t len) {
     size_t used = 0;
     for (int i = 0; i < outputs; i++) {
         AttnErr e = attn_error(got[i], ref[i], i == 4 ? nh : n);
-        ok = ok && attn_ok(e);
+        ok = ok && (i == 4 ? e.l2 <= ATOL_DLOGF && e.max <= ATOL_DLOGF : attn_ok(e));
         used += (size_t)snprintf(line + used, len - used, "%s %.1e/%.1e ", names[i], e.l2, e.max);
     }
     double lse_err = 0.0, dlogf_max = 0.0;
