@@ -48,17 +48,17 @@ as the matmuls: the gate enters as one FFMA per score (per-column terms d_j = (c
 computed once per tile, the row term only in lse), a lazy running maximum (O is rescaled only when a
 row maximum grows by more than a factor 2^8, FlashAttention-4's trick), key tiles from the diagonal backwards,
 one ex2.approx.ftz per score, cheaper masks, 128-key tiles (two blocks per SM still fit at hd 64),
-one barrier per tile; takes key_start as version 8. The API runs it at both head sizes
+one barrier per tile; takes key_start as version 8. The API runs it at hd 128 (at hd 64 before version 10)
 ./fox_attention_forward 9
 
-version 10 (not yet measured) is version 9's softmax in version 8's structure, FlashAttention-3's
+version 10 is version 9's softmax in version 8's structure, FlashAttention-3's
 hd-64 shape: one block per SM of three consumer warpgroups (192 query rows, 160 registers each by
 setmaxnreg) and a producer warp loading 128-key K/V tiles by TMA into mbarrier rings (no block-wide
 barrier), each consumer overlapping its softmax of tile n with its own P V of tile n-1; hd 64 only
-(hd 128 runs version 9)
+(hd 128 runs version 9). The API runs it at hd 64 (+7-9% over version 9 on the H200)
 ./fox_attention_forward 10
 
-version 11 (not yet measured) is version 10 with two consumer warpgroups (128 rows, 240 registers)
+version 11 is version 10 with two consumer warpgroups (128 rows, 240 registers): slower than version 10
 ./fox_attention_forward 11
 
 A range: ./fox_attention_forward 3 11
@@ -1894,10 +1894,9 @@ static void fox_fwd_wsl(bf16* o, float* lse, const bf16* q, const bf16* k, const
 void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
-    // sm_90a only. Version 9 at both head sizes (version 6 with less element-wise work per score
-    // and 128-key tiles): +47-50% over version 6 at hd 64, +14-17% over the warp-specialised
-    // version 8 at hd 128 (README)
-    fox_fwd_lean<128, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
+    // sm_90a only. Version 10 at hd 64 (+7-9% over version 9), version 9 at hd 128 (+14-17% over
+    // the warp-specialised version 8): fox_fwd_wsl dispatches by head size (README)
+    fox_fwd_wsl<3, 3>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
 }
 // ---- end: fused forward API ----
 
