@@ -1421,6 +1421,12 @@ template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
     #pragma unroll
     for (int i = 0; i < R; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
 }
+// A fragments read by an in-flight wgmma: a use after the wait keeps their registers from reuse
+// (a use, not a definition as wgmma_pin_a: ptxas would serialize a wgmma still in flight)
+template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" :: "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]) : "memory");
+}
 // cp.async writes are generic-proxy writes; wgmma reads through the async proxy
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -1449,6 +1455,14 @@ template<int ROWS> __device__ __forceinline__ uint64_t desc_k(const bf16* tile, 
 template<int ROWS> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int kk) {
     return wg_desc(tile + kk * 16 * 64, ROWS * 128, 1024);
 }
+// descriptor + bytes: only the address field (addr >> 4) moves
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+// bytes from k step 0 to k step kk of a K-major swizzled (ROWS, HD) tile (desc_k)
+template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int kk) {
+    return (kk / 4) * ROWS * 128 + (kk % 4) * 32;
+}
+// and of an N-major one (desc_mn): 16 rows of 128 bytes a step
+__device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
 
 // ROWS rows of one head into a swizzled tile; rows past T zero-filled. Lanes take consecutive
 // chunks of a row (a warp writes 512 contiguous bytes): a thread copies chunk tid % (HD/8) of rows
@@ -1477,7 +1491,8 @@ __device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
 
 // ---- adaptive computation pruning (train_fox.c: prune_bound, prune_tiles) ----
 // One cheap pass before each attention call: U per (b, h), then the tile tables. Pruning tiles are
-// PRUNE_BLOCK = 128 queries by 128 keys: the forward's query tile and key tile, the dk/dv kernel's
+// PRUNE_BLOCK = 128 queries by 128 keys: the forward's key tile and its query tile at hd 128 (at hd
+// 64 each 64-row warpgroup of a 192-row block lies in one and takes its key_start), the dk/dv kernel's
 // key tile and two of its 64-query steps, the dq kernel's query tile and one (hd 64) or two (hd 128)
 // of its key steps; so every kernel skips the same (query, key) pairs as the others and as the twin.
 
@@ -1604,10 +1619,10 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
     }
 }
 
-// Version 9 of dev/cuda/fox_attention_forward.cu, the forward at both head sizes: version 6's block
-// (two warpgroups of 64 query rows share cp.async K/V tiles; two blocks per SM at hd 64, one at
-// hd 128) with less element-wise work per score, which at hd 64 costs as much issue time as the
-// matmuls:
+// Version 9 of dev/cuda/fox_attention_forward.cu, the forward at hd 128 (hd 64 runs version 10,
+// fox_fwd_wsl_kernel below, with this softmax): version 6's block (two warpgroups of 64 query rows
+// share cp.async K/V tiles; one block per SM at hd 128) with less element-wise work per score,
+// which at hd 64 costs as much issue time as the matmuls:
 // - Gate terms per column, not per score. With c_ref = c of the thread's first row (a thread holds
 //   rows g and g + 8 of its warp's 16),
 //     d_j = (c_ref - c_j) log2(e)   once per key tile for the thread's BC/4 columns (both its rows),
@@ -1634,8 +1649,8 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
 //   which are zero in P anyway); the mask (diagonal, window edge, past T: only the tiles touching
 //   them) as two integer compares against per-row bounds; a warpgroup skips the tiles none of its
 //   rows sees (above its diagonal, before its window).
-// - 128-key tiles at hd 64 in 128 registers, no spills (two blocks per SM still fit: 82 KB of
-//   shared memory each with two stages), half the barriers and matmul issues per key of 64-key tiles.
+// - 128-key tiles: half the barriers and matmul issues per key of 64-key tiles (at hd 64 they fit
+//   two blocks per SM in 128 registers; at hd 128 a block takes 162 KB of shared memory).
 // - ST K/V stages and one barrier per tile: tile n + ST - 1 is loaded, after the barrier, into the
 //   stage of tile n - 1, which every warpgroup is done with.
 
@@ -1690,7 +1705,7 @@ __device__ __forceinline__ void fox_lean_exp(float* s, float l[2], const float m
 }
 
 template<int HD, int BC, int ST, bool GATE>
-__global__ void __launch_bounds__(256, HD == 64 ? 2 : 1)
+__global__ void __launch_bounds__(256, 1)
 fox_fwd_lean_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c, int T, int H,
                     int stride_qkv, int stride_o, int window, float scale_log2, const int* key_start) {
     constexpr int BR = 128;
@@ -1817,7 +1832,7 @@ static void fox_check_args(const char* who, const void* q, const void* k, const 
     }
 }
 
-// forward version 9: two warpgroups (128 query rows) per block, 128-key tiles, two stages
+// forward version 9 (hd 128): two warpgroups (128 query rows) per block, 128-key tiles, two stages
 template<int HD, bool GATE>
 static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                 int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
@@ -1827,7 +1842,7 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
     cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    // two blocks per SM at hd 64 (the launch bounds cap the registers for it) need ~166 KB of shared memory
+    // the largest carveout: the 162 KB of a block at hd 128
     cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    cudaSharedmemCarveoutMaxShared));
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
@@ -1836,10 +1851,11 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
     launchCheck();
 }
 
-// The warp-specialised backward's machinery (FlashAttention-3's structure): a producer warp fills
-// rings of shared-memory stages, signalled by mbarriers (a full barrier per stage completes when
-// the copy engine's bytes and any cp.async lanes have landed, an empty one when the consumer warps
-// are done with it); setmaxnreg moves registers from the producer warpgroup to the consumers.
+// The warp-specialised kernels' machinery (FlashAttention-3's structure: the backward, and the
+// forward at hd 64): a producer warp fills rings of shared-memory stages, signalled by mbarriers
+// (a full barrier per stage completes when the copy engine's bytes and any cp.async lanes have
+// landed, an empty one when the consumer warps are done with it); setmaxnreg moves registers from
+// the producer warpgroup to the consumers.
 //
 // Loads use the bulk tensor copy engine (TMA) with one tensor map per q, k, v, dO over the packed
 // (B, T, H, hd) layout: dims (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2), box
@@ -1847,8 +1863,9 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
 // wgmma descriptors (64-column blocks, chunk c of row r at c ^ r % 8, 1024-byte aligned), and rows
 // past T come back as zeros. fp32 rows (lse, Delta, c: (B, H, T)) cannot have a tensor map for odd
 // T (the row stride must be a multiple of 16 bytes): the producer warp loads them with 4-byte
-// cp.async that arrive on the stage's full barrier when they land, or (PRE, hd 64) with plain loads,
-// turns them into the per-column logit terms and stores those, then arrives with release semantics.
+// cp.async that arrive on the stage's full barrier when they land, or (the backward's PRE, hd 64)
+// with plain loads, turns them into the per-column logit terms and stores those, then arrives with
+// release semantics.
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(count) : "memory");
@@ -1887,14 +1904,36 @@ __device__ __forceinline__ void tma_load_tile(bf16* sm, const CUtensorMap* map, 
 template<int R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R)); }
 template<int R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R)); }
 
-// Tensor map of q, k, v or dO for the backward's producers: (B, T, H, hd) bf16 with token stride `stride` (elements),
+// Per stage of a ring a full barrier (full_count arrivals) and an empty one (empty_count: a warp of
+// the consumers each); thread 0 only.
+template<int ST>
+__device__ __forceinline__ void fox_ring_barriers(uint64_t* full, uint64_t* empty, int full_count, int empty_count) {
+    for (int st = 0; st < ST; st++) {
+        mbar_init(&full[st], full_count);
+        mbar_init(&empty[st], empty_count);
+    }
+}
+// Thread 0 initialises the block's barriers: the fixed tile's (one arrival) and a ring's; the fence
+// makes them (and any thread 0 initialised before) visible to the copy engine before any thread goes on.
+template<int ST>
+__device__ __forceinline__ void fox_ring_init(uint64_t* fixed_bar, uint64_t* full, uint64_t* empty, int full_count,
+                                              int empty_count) {
+    if (threadIdx.x == 0) {
+        mbar_init(fixed_bar, 1);
+        fox_ring_barriers<ST>(full, empty, full_count, empty_count);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
+
+// Tensor map of q, k, v or dO for the producers: (B, T, H, hd) bf16 with token stride `stride` (elements),
 // boxes of 64 columns x `rows` tokens of one head, 128-byte swizzle, zeros past T.
 static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, int stride, int rows) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;  // driver entry point, looked up once
     if (!encode) {
         cudaDriverEntryPointQueryResult found;
         cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess) { fail("cuTensorMapEncodeTiled not found\nHINT: the fused attention backward needs a CUDA 12+ driver"); }
+        if (found != cudaDriverEntryPointSuccess) { fail("cuTensorMapEncodeTiled not found\nHINT: the fused attention needs a CUDA 12+ driver"); }
     }
     CUtensorMap map;
     cuuint64_t dims[4] = {(cuuint64_t)hd, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
@@ -1911,6 +1950,238 @@ static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, in
     return map;
 }
 
+// Version 10 of dev/cuda/fox_attention_forward.cu, the forward at hd 64: version 9's softmax
+// (fox_lean_logits, fox_lean_exp, fox_store_rows: gate terms per column with c_ref per thread, the
+// lazy maximum, ex2.approx.ftz, integer masks, tiles from the diagonal backwards) in the backward's
+// warp-specialised structure, FlashAttention-3's hd-64 shape. H200: +7-9% over version 9 at hd 64.
+// - Why: version 9 is latency-bound (47% issue slots, 1.2 eligible warps per scheduler): its two
+//   warpgroups meet at a __syncthreads per tile and run their exponentials together and their
+//   matmuls together, while at hd 64 the exponentials (MUFU) take as long as the two matmuls.
+// - Intra-warpgroup overlap: a consumer issues tile n's S = Q K^T and tile n-1's O += P V back to
+//   back, waits only for S (wgmma groups retire in order), runs tile n's softmax under P V, then
+//   waits for P V, rescales O (lazily, with alpha kept from before the wait) and refills P. S (64
+//   registers), P (32) and O (32) are live together: version 9's 128 registers (two blocks per SM)
+//   cannot hold them, so one block per SM of a producer warpgroup (setmaxnreg 24) and three
+//   consumer warpgroups of 64 query rows (BR = 192; 160 registers: 24 * 128 + 160 * 384 <= 65536).
+// - No block-wide barrier: a producer warp loads Q and 128-key K/V tiles by TMA into separate K
+//   and V rings of ST stages (c_j by 4-byte cp.async arriving on K's full barrier). K(n) is
+//   released after tile n's logits, V(n-1) after its P V, so warpgroups drift out of phase.
+// - Each warpgroup computes only the tiles [na, nb) its rows see (its diagonal, its window, the
+//   key_start of its own 128-row pruning tile: a 192-row block spans two, so the block loads from
+//   the smaller start) and releases the others once they have landed (a stage every warpgroup
+//   skipped could otherwise be refilled under a copy still in flight).
+// - Descriptors built once (warp-uniform) and advanced by constants, as the backward's.
+template<int HD, int BC, int ST, bool GATE>
+__global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse, const __grid_constant__ CUtensorMap tmQ,
+                                                             const __grid_constant__ CUtensorMap tmK,
+                                                             const __grid_constant__ CUtensorMap tmV, const float* c,
+                                                             int T, int H, int stride_o, int window, float scale_log2,
+                                                             const int* key_start) {
+    constexpr int NWG = 3, BR = 64 * NWG;  // consumer warpgroups, query rows per block
+    static_assert(HD == 64 && BC == 128, "the register budget is argued for hd 64, 128-key tiles");
+    static_assert(ST >= 2, "the producer loads K(n+1) before V(n)'s stage is free");
+    static_assert(PRUNE_BLOCK % BC == 0 && PRUNE_BLOCK % 64 == 0, "a warpgroup's rows lie in one pruning tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
+    bf16* sK = sQ + BR * HD;                 // (ST, BC, HD)
+    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
+    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c of the keys
+    uint64_t* bar = (uint64_t*)(sC + ST * BC);
+    uint64_t *barQ = bar, *fullK = bar + 1, *emptyK = fullK + ST, *fullV = emptyK + ST, *emptyV = fullV + ST;
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int jt_end = ceil_div(min(T, i0 + BR), BC);
+    // first key tile the rows i0w .. i0w + 63 see: their window, the key_start of their pruning tile
+    auto first_tile = [&](int i0w) {
+        int jt = window > 0 ? max(0, i0w - window + 1) / BC : 0;
+        if (key_start) jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
+        return jt;
+    };
+    int jt_begin = first_tile(i0);  // the block's: the smallest over its warpgroups with rows below T
+    #pragma unroll
+    for (int w = 1; w < NWG; w++)
+        if (i0 + 64 * w < T) jt_begin = min(jt_begin, first_tile(i0 + 64 * w));
+    int ntiles = jt_end - jt_begin;  // tile n is key tile jt_end - 1 - n: from the diagonal backwards
+
+    // K's full barrier: the copy engine's arrival + the 32 c lanes; empty: a warp of the consumers each
+    if (threadIdx.x == 0) fox_ring_barriers<ST>(fullV, emptyV, 1, 4 * NWG);  // fenced by fox_ring_init
+    fox_ring_init<ST>(barQ, fullK, emptyK, 1 + (GATE ? 32 : 0), 4 * NWG);
+
+    if (wg == 0) {  // producer: one warp issues every load, in tile order; K(n) before V(n)
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        if (lane == 0) {
+            mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
+            tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
+        }
+        for (int n = 0; n < ntiles; n++) {
+            int st = n % ST, parity = ((n / ST) & 1) ^ 1, j0 = (jt_end - 1 - n) * BC;
+            mbar_wait(&emptyK[st], parity);
+            if (lane == 0) {
+                mbar_expect_tx(&fullK[st], BC * HD * sizeof(bf16));
+                tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j0, h, b, &fullK[st]);
+            }
+            if (GATE) {
+                #pragma unroll
+                for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
+                mbar_arrive_cp_async(&fullK[st]);
+            }
+            mbar_wait(&emptyV[st], parity);
+            if (lane == 0) {
+                mbar_expect_tx(&fullV[st], BC * HD * sizeof(bf16));
+                tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j0, h, b, &fullV[st]);
+            }
+        }
+        return;
+    }
+
+    // consumers: warpgroup cw owns rows i0 + 64 cw ..; a warp 16 of them (rows g, g + 8 per thread)
+    setmaxnreg_inc<160>();
+    int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int i0w = i0 + 64 * cw;
+    int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
+    // visible tiles [na, nb): from the one holding the last row's diagonal to the first tile seen
+    int na = ntiles, nb = ntiles;  // none when every row is past T
+    if (i0w < T) {
+        na = jt_end - 1 - min(i0w + 63, T - 1) / BC;
+        nb = jt_end - first_tile(i0w);
+    }
+    // descriptors of k step 0: Q (this warpgroup's 64 rows); K, V of stage 0 as K-major (S) and
+    // N-major (P V) operands; a stage is BC * HD * 2 bytes further
+    const uint64_t dQ = desc_k<BR>(sQ, cw * 8, 0), dK0 = desc_k<BC>(sK, 0, 0), dV0 = desc_mn<BC>(sV, 0);
+    constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
+    auto skip = [&](int n) {  // a tile none of this warpgroup's rows sees: released once landed
+        int st = n % ST, par = (n / ST) & 1;
+        mbar_wait(&fullK[st], par);
+        mbar_wait(&fullV[st], par);
+        __syncwarp();
+        if (lane == 0) { mbar_arrive(&emptyK[st]); mbar_arrive(&emptyV[st]); }
+    };
+
+    float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
+    // m: row maxima of x so far (lazy); below any logit until the first visible key
+    float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.f, 0.f}, acc[HD / 2];
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
+    uint32_t pa[BC / 16][4];  // P of the previous tile, read by its P V matmul under this tile's softmax
+    for (int n = 0; n < na; n++) skip(n);
+    mbar_wait(barQ, 0);
+    for (int n = na; n < nb; n++) {
+        int st = n % ST, pst = (n + ST - 1) % ST;  // this tile's stage, the previous tile's
+        mbar_wait(&fullK[st], (n / ST) & 1);
+        if (n > na) mbar_wait(&fullV[pst], ((n - 1) / ST) & 1);
+        const float* sCb = sC + st * BC;
+
+        // S = Q K^T of this tile, then O += P V of the previous one: the softmax below runs under it
+        float s[BC / 2];
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BC>(s, desc_add(dQ, kstep_bytes<BR>(kk)), desc_add(dK0, st * STAGE + kstep_bytes<BC>(kk)), kk);
+        wgmma_commit();
+        if (n > na) {
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+            wgmma_commit();
+            wgmma_wait<1>();  // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+        } else {
+            wgmma_wait0();
+        }
+        wgmma_pin<BC / 2>(s);
+
+        int j0 = (jt_end - 1 - n) * BC;
+        float mx[2];
+        if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+            int hi[2], lo[2];  // visible column offsets of each row, less this thread's 2 tq
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                hi[r] = min(rows[r], T - 1) - j0 - 2 * tq;
+                lo[r] = (window > 0 ? rows[r] - window + 1 - j0 : -BC) - 2 * tq;
+            }
+            fox_lean_logits<BC, GATE, true>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
+        } else {
+            fox_lean_logits<BC, GATE, false>(s, mx, sCb, cref_l2, tq, scale_log2, nullptr, nullptr);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&emptyK[st]);  // K(n) read by S, c_j read above: the stage is free
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+        }
+        // lazy maximum: O is scaled by alpha after the P V wait (P V adds P of the old maximum)
+        bool resc = __any_sync(0xffffffff, mx[0] > m[0] + FOX_RESCALE_LOG2 || mx[1] > m[1] + FOX_RESCALE_LOG2);
+        float alpha[2] = {1.f, 1.f};
+        if (resc) {
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float m_new = fmaxf(m[r], mx[r]);
+                alpha[r] = ex2_ftz(m[r] - m_new);  // 0 from the -FLT_MAX start
+                l[r] *= alpha[r];
+                m[r] = m_new;
+            }
+        }
+        fox_lean_exp<BC>(s, l, m);
+        wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
+        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+        if (n > na && lane == 0) mbar_arrive(&emptyV[pst]);
+        if (resc) {
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++) {
+                acc[dt * 4] *= alpha[0]; acc[dt * 4 + 1] *= alpha[0];
+                acc[dt * 4 + 2] *= alpha[1]; acc[dt * 4 + 3] *= alpha[1];
+            }
+        }
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+    }
+    if (na < nb) {  // the last tile's P V
+        int pst = (nb - 1) % ST;
+        mbar_wait(&fullV[pst], ((nb - 1) / ST) & 1);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+        wgmma_commit();
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&emptyV[pst]);
+    }
+    for (int n = nb; n < ntiles; n++) skip(n);
+    if (i0w >= T) return;
+    float m_abs[2];  // m + r_i: the maximum in absolute log2 units
+    #pragma unroll
+    for (int r = 0; r < 2; r++) m_abs[r] = m[r] + ((GATE && rows[r] < T) ? fmaf(cb[rows[r]], LOG2E, -cref_l2) : 0.f);
+    fox_store_rows<HD>(o + (size_t)b * T * stride_o + (size_t)h * HD, lse + (size_t)bh * T, acc, l, m_abs, rows, tq, T,
+                       stride_o);
+}
+
+// forward version 10 (hd 64): a producer and three consumer warpgroups (192 query rows) per block,
+// 128-key tiles, three stages in each of the K and V rings
+template<bool GATE>
+static void fox_fwd_wsl_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                               int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                               cudaStream_t s) {
+    constexpr int HD = 64, BC = 128, ST = 3, BR = 192;
+    // Q, ST stages of K, V and c, the barriers, + 1 KB to align the tiles to the swizzle pattern (122.6 KB)
+    constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
+                            (1 + 4 * ST) * sizeof(uint64_t);
+    // the shared memory limit is a per-device attribute: set on every call (microseconds)
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
+                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
+    dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
+    float scale_log2 = LOG2E / sqrtf((float)HD);
+    fox_fwd_wsl_kernel<HD, BC, ST, GATE><<<grid, 512, smem, s>>>(o, lse, tq, tk, tv, c, T, H, stride_o, window, scale_log2,
+                                                                key_start);
+    launchCheck();
+}
+
 // o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
 // q, k, v: bf16 (B, T, H, hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv).
 // c: fp32 (B, H, T) cumulative log forget gate, or NULL for plain causal attention.
@@ -1921,11 +2192,11 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
                            const int* key_start, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
     if (key_start && !c) { fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL"); }
-    // version 9 at both head sizes (dev/cuda: +47-50% over version 6 at hd 64, +14-17% over the
-    // warp-specialised version 8 at hd 128)
+    // version 10 at hd 64 (dev/cuda: +7-9% over version 9), version 9 at hd 128 (+14-17% over the
+    // warp-specialised version 8)
     if (hd == 64) {
-        if (c) fox_fwd_lean_launch<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_lean_launch<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_wsl_launch<true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsl_launch<false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     } else {
         if (c) fox_fwd_lean_launch<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
         else fox_fwd_lean_launch<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
@@ -1995,22 +2266,6 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 // and dP^T and their Delta's right after issuing dV, before the waits (shared-memory latency under
 // the matmuls, not in the exponential and dS loops). H200: +3-8% at hd 64, -4% and -8% at hd 128.
 
-// Thread 0 initialises the block's barriers: the fixed tile's (one arrival), and per stage of the
-// ring a full barrier (full_count arrivals) and an empty one (a warp of the consumers each); the
-// fence makes them visible to the copy engine before any thread goes on.
-template<int ST>
-__device__ __forceinline__ void fox_bwd_ring_init(uint64_t* fixed_bar, uint64_t* full, uint64_t* empty, int full_count) {
-    if (threadIdx.x == 0) {
-        mbar_init(fixed_bar, 1);
-        for (int st = 0; st < ST; st++) {
-            mbar_init(&full[st], full_count);
-            mbar_init(&empty[st], 8);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-}
-
 // The producer warp of both backward kernels (lane 0 issues the copies; the whole warp runs the
 // per-row loads): the block's own pair of tiles (K, V of the key tile, or Q, dO of the query tile)
 // on fixed_bar, then for each of ntiles streamed pairs of ROWS-row tiles from first_row on (Q, dO
@@ -2041,15 +2296,6 @@ __device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUt
         row_loads(st, r1);
     }
 }
-
-// descriptor + bytes: only the address field (addr >> 4) moves
-__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
-// bytes from k step 0 to k step kk of a K-major swizzled (ROWS, HD) tile (desc_k)
-template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int kk) {
-    return (kk / 4) * ROWS * 128 + (kk % 4) * 32;
-}
-// and of an N-major one (desc_mn): 16 rows of 128 bytes a step
-__device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
 
 // The logit of (query i, key j) in log2 units, computed with the same operations in both kernels,
 // so that they see the same P and dS bits (as backward version 9's did): with cb_l2 = c_b log2 e
@@ -2197,7 +2443,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
     int ntiles = it_end - it_begin;
 
     // full: the copy engine's arrival + the 32 lanes' lse, Delta, c (PRE: A, Delta)
-    fox_bwd_ring_init<ST>(barKV, full, empty, 1 + 32);
+    fox_ring_init<ST>(barKV, full, empty, 1 + 32, 8);
 
     if (wg == 0) {  // producer
         setmaxnreg_dec<24>();
@@ -2391,7 +2637,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     int ntiles = jt_end - jt_begin;
 
     // full: the copy engine's arrival + the 32 lanes' c (PRE: B, c_b)
-    fox_bwd_ring_init<ST>(barQ, full, empty, 1 + (GATE ? 32 : 0));
+    fox_ring_init<ST>(barQ, full, empty, 1 + (GATE ? 32 : 0), 8);
 
     if (wg == 0) {  // producer
         setmaxnreg_dec<24>();

@@ -3,17 +3,18 @@ Sorts compute-sanitizer racecheck reports of train_fox (dev/gpu_check.sh) into t
 
 - library: inside cuBLASLt's own kernels (nvjet_*, cutlass, xmma), which synchronise through TMA
   and mbarriers that racecheck does not model;
-- mbarrier: inside our warp-specialised attention backward kernels (WARP_SPECIALISED below),
-  where every write of the report is the producer warp's fill of a stage and every read a
-  shared-memory load (LDS) of a consumer. The fill is a cp.async (SASS LDGSTS) completing on the
-  stage's full mbarrier (cp.async.mbarrier.arrive), or, in the instantiations whose last template
-  argument PRE is 1 (hd 64), an ordinary store (STS) of the per-column logit terms followed by a
-  release arrival on that barrier (mbarrier.arrive.release); the consumers wait on it (acquire)
-  before reading, and the producer refills a stage only after the consumers' arrivals on its
-  "empty" barrier. racecheck does not model that ordering, so it reports the pair; the
-  instructions are checked here (LDGSTS writes where PRE is 0, STS writes where it is 1: in those
-  kernels every STS is such a producer store, since the consumers store nothing to shared memory),
-  so a report with any other kind of access is not excused;
+- mbarrier: inside our warp-specialised attention kernels (WARP_SPECIALISED below: the backward's
+  dK/dV and dQ kernels, the forward at hd 64), where every write of the report is the producer
+  warp's fill of a stage and every read a shared-memory load (LDS) of a consumer. The fill is a
+  cp.async (SASS LDGSTS) completing on the stage's full mbarrier (cp.async.mbarrier.arrive: the
+  forward's c of the keys, the backward's lse, Delta, c), or, in the backward instantiations whose
+  last template argument PRE is 1 (hd 64), an ordinary store (STS) of the per-column logit terms
+  followed by a release arrival on that barrier (mbarrier.arrive.release); the consumers wait on
+  it (acquire) before reading, and the producer refills a stage only after the consumers' arrivals
+  on its "empty" barrier. racecheck does not model that ordering, so it reports the pair; the
+  instructions are checked here (LDGSTS writes in the forward and where PRE is 0, STS writes where
+  it is 1: in those kernels every STS is such a producer store, since the consumers store nothing
+  to shared memory), so a report with any other kind of access is not excused;
 - ours: everything else, a real race until shown otherwise.
 
 What the second kind cannot show: a broken mbarrier protocol (a wrong parity or arrival count)
@@ -30,15 +31,17 @@ import re
 import subprocess
 import sys
 
-# train_fox's kernels with a producer warp and mbarrier rings (the backward's dK/dV and dQ kernels);
-# their last template argument is PRE (the producer stores the stage's per-column terms with STS
-# instead of copying raw floats with cp.async)
-WARP_SPECIALISED = re.compile(r"fox_bwd_(dkdv|dq)_lean_kernel")
+# train_fox's kernels with a producer warp and mbarrier rings: the backward's dK/dV and dQ kernels,
+# whose last template argument is PRE (the producer stores the stage's per-column terms with STS
+# instead of copying raw floats with cp.async), and the forward at hd 64 (its producer copies c with
+# cp.async only; its last template argument is GATE, not PRE)
+WARP_SPECIALISED = re.compile(r"fox_bwd_(dkdv|dq)_lean_kernel|fox_fwd_wsl_kernel")
+WITH_PRE = re.compile(r"fox_bwd_(dkdv|dq)_lean_kernel")
 
 
-def producer_write(op, args):
+def producer_write(name, op, args):
     # the producer's fill of a stage in this instantiation: LDGSTS, or STS (not STSM) with PRE
-    if args and args[-1] == 1:
+    if WITH_PRE.fullmatch(name) and args and args[-1] == 1:
         return re.match(r"STS(\.|$)", op) is not None
     return op.startswith("LDGSTS")
 
@@ -107,7 +110,7 @@ def main():
                 excused = False
                 break
             op = funcs.get((parsed[0], parsed[1]), {}).get(parsed[2], "?")
-            if not (producer_write(op, parsed[1]) if kind == "Write" else op.startswith("LDS")):
+            if not (producer_write(parsed[0], op, parsed[1]) if kind == "Write" else op.startswith("LDS")):
                 excused = False
                 break
         if excused:

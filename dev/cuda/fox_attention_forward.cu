@@ -48,10 +48,20 @@ as the matmuls: the gate enters as one FFMA per score (per-column terms d_j = (c
 computed once per tile, the row term only in lse), a lazy running maximum (O is rescaled only when a
 row maximum grows by more than a factor 2^8, FlashAttention-4's trick), key tiles from the diagonal backwards,
 one ex2.approx.ftz per score, cheaper masks, 128-key tiles (two blocks per SM still fit at hd 64),
-one barrier per tile; takes key_start as version 8. The API runs it at both head sizes
+one barrier per tile; takes key_start as version 8. The API runs it at hd 128 (at hd 64 before version 10)
 ./fox_attention_forward 9
 
-A range: ./fox_attention_forward 3 9
+version 10 is version 9's softmax in version 8's structure, FlashAttention-3's
+hd-64 shape: one block per SM of three consumer warpgroups (192 query rows, 160 registers each by
+setmaxnreg) and a producer warp loading 128-key K/V tiles by TMA into mbarrier rings (no block-wide
+barrier), each consumer overlapping its softmax of tile n with its own P V of tile n-1; hd 64 only
+(hd 128 runs version 9). The API runs it at hd 64 (+7-9% over version 9 on the H200)
+./fox_attention_forward 10
+
+version 11 is version 10 with two consumer warpgroups (128 rows, 240 registers): slower than version 10
+./fox_attention_forward 11
+
+A range: ./fox_attention_forward 3 11
 
 With no argument every version runs. Each version is validated against an fp64 CPU reference on
 small shapes (T not a multiple of the tiles, hd 64/128, gate on/off, windows, packed qkv), then at
@@ -1593,6 +1603,289 @@ static void fox_fwd_lean(bf16* o, float* lse, const bf16* q, const bf16* k, cons
 }
 // ---- end: lean-softmax forward (version 9) ----
 
+// ----------------------------------------------------------------------------
+// ---- begin: warp-specialised lean forward (versions 10 and 11) ----
+// Version 9's softmax in version 8's structure, shaped as FlashAttention-3 shapes hd 64. What
+// changed against version 9 (hd 64 only; hd 128 dispatches to version 9):
+// - Why: version 9 is latency-bound (ncu: 47% issue slots, 1.2 eligible warps per scheduler,
+//   tensor pipe 35%). Each warpgroup waits for its S, then for its P V, and the two warpgroups of a
+//   block meet at __syncthreads per tile, so a block's warpgroups run their softmax at the same
+//   time and their matmuls at the same time. At hd 64 the exponentials alone (MUFU, 16 per clock
+//   per SM) take as long as the two matmuls (2 * 64 * 128 * 64 MACs per warpgroup and tile at
+//   2048 MACs per clock per SM): the two pipes must overlap, not take turns.
+// - Intra-warpgroup overlap (version 7/8's pipeline): a consumer issues tile n's S = Q K^T and
+//   tile n-1's O += P V back to back, waits only for S (wgmma groups retire in order), runs tile
+//   n's softmax while P V still holds the tensor cores, then waits for P V, rescales O (lazily)
+//   and refills P. So each warpgroup keeps the tensor pipe busy under its own exponentials.
+// - The register cost: S of tile n (64 fp32 per thread at 128-key tiles), P of tile n-1 (32 bf16x2
+//   A fragments, read by the in-flight P V) and O (32) are live together: 128 registers before
+//   any address, maximum or sum, which version 9's 128-register budget (two blocks of 256 threads
+//   per SM) cannot hold. Hence one block per SM of NWG consumer warpgroups and a producer
+//   warpgroup, with setmaxnreg moving registers to the consumers: NWG = 3 (version 10, BR = 192
+//   rows: FlashAttention-3's hd-64 shape): 24 for the producer, 160 for the consumers (24 * 128 +
+//   160 * 384 = 64512 <= 65536); NWG = 2 (version 11, BR = 128, version 8's split): 24 / 240.
+//   Version 10 keeps 12 consumer warps per SM (version 9: 16), each with its own overlap.
+// - No block-wide barrier: a producer warp loads Q and K/V tiles by TMA into separate K and V
+//   rings (ST stages each) with full/empty mbarriers (version 8's helpers and tensor maps; c_j by
+//   4-byte cp.async arriving on K's full barrier). K(n) is released after tile n's logits, V(n-1)
+//   after the P V wait, so a warpgroup that is ahead runs on without waiting for the others, and
+//   the warpgroups drift out of phase (one's softmax under another's matmuls). One block per SM
+//   makes the shared memory cheap: ST = 3 (version 10: 24 + 6 * 16 KB).
+// - Tiles from the diagonal backwards (as version 9); each warpgroup computes only the contiguous
+//   range of tiles [na, nb) its rows see (its diagonal, its window, the key_start of its own
+//   128-row pruning tile: with BR = 192 a block spans two pruning tiles, so the block loads from
+//   the smallest start of its warpgroups) and releases the other stages after their full barrier.
+// - Descriptors built once per kernel (the consumer index made warp-uniform by a shuffle, so they
+//   sit in uniform registers) and advanced by constants per k step and stage, as backward
+//   version 12 does.
+// Kept from version 9: gate terms per column with c_ref = c of the thread's first row (its precision
+// argument is per thread and unchanged), the lazy maximum with threshold 2^8 (FOX_RESCALE_LOG2,
+// decided per warp; the rescale of O moves after the P V wait, with alpha kept from before it),
+// ex2.approx.ftz, masks as two integer compares only on tiles touching the diagonal, the window
+// edge or T, fox_store_rows.
+template<int HD, int BC, int ST, int NWG, bool GATE>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o, float* lse,
+                                                                         const __grid_constant__ CUtensorMap tmQ,
+                                                                         const __grid_constant__ CUtensorMap tmK,
+                                                                         const __grid_constant__ CUtensorMap tmV,
+                                                                         const float* c, int T, int H, int stride_o,
+                                                                         int window, float scale_log2,
+                                                                         const int* key_start) {
+    constexpr int BR = 64 * NWG, SW = 1;
+    constexpr int CREG = NWG == 3 ? 160 : 240;  // consumer registers: (65536 - 24 * 128) / (128 NWG), multiple of 8
+    static_assert(HD == 64 && BC == 128, "the register budget is argued for hd 64, 128-key tiles");
+    static_assert(NWG == 2 || NWG == 3, "setmaxnreg split for 2 or 3 consumer warpgroups");
+    static_assert(ST >= 2, "the producer loads K(n+1) before V(n)'s stage is free");
+    static_assert(PRUNE_BLOCK % BC == 0 && PRUNE_BLOCK % 64 == 0, "a warpgroup's rows lie in one pruning tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
+    bf16* sK = sQ + BR * HD;                 // (ST, BC, HD)
+    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
+    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC)
+    uint64_t* bar = (uint64_t*)(sC + ST * BC);
+    uint64_t *barQ = bar, *fullK = bar + 1, *emptyK = fullK + ST, *fullV = emptyK + ST, *emptyV = fullV + ST;
+
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int jt_end = ceil_div(min(T, i0 + BR), BC);
+    // first key tile the rows i0w .. i0w + 63 see: their window, the key_start of their pruning tile
+    auto first_tile = [&](int i0w) {
+        int jt = window > 0 ? max(0, i0w - window + 1) / BC : 0;
+        if (key_start) jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
+        return jt;
+    };
+    int jt_begin = first_tile(i0);  // the block's: the smallest over its warpgroups with rows below T
+    #pragma unroll
+    for (int w = 1; w < NWG; w++)
+        if (i0 + 64 * w < T) jt_begin = min(jt_begin, first_tile(i0 + 64 * w));
+    int ntiles = jt_end - jt_begin;  // tile n is key tile jt_end - 1 - n: from the diagonal backwards
+
+    if (threadIdx.x == 0) {
+        mbar_init(barQ, 1);
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&fullK[st], 1 + (GATE ? 32 : 0));  // the copy engine's arrival + the 32 c lanes
+            mbar_init(&emptyK[st], 4 * NWG);             // a warp of the consumers each
+            mbar_init(&fullV[st], 1);
+            mbar_init(&emptyV[st], 4 * NWG);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer: one warp issues every load, in tile order; K(n) before V(n)
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        if (lane == 0) {
+            mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
+            tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
+        }
+        for (int n = 0; n < ntiles; n++) {
+            int st = n % ST, parity = ((n / ST) & 1) ^ 1, j0 = (jt_end - 1 - n) * BC;
+            mbar_wait(&emptyK[st], parity);
+            if (lane == 0) {
+                mbar_expect_tx(&fullK[st], BC * HD * sizeof(bf16));
+                tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j0, h, b, &fullK[st]);
+            }
+            if (GATE) {
+                #pragma unroll
+                for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
+                mbar_arrive_cp_async(&fullK[st]);
+            }
+            mbar_wait(&emptyV[st], parity);
+            if (lane == 0) {
+                mbar_expect_tx(&fullV[st], BC * HD * sizeof(bf16));
+                tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j0, h, b, &fullV[st]);
+            }
+        }
+        return;
+    }
+
+    // consumers: warpgroup cw owns rows i0 + 64 cw ..; a warp 16 of them (rows g, g + 8 per thread)
+    setmaxnreg_inc<CREG>();
+    int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform for the compiler: descriptors in uniform registers
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int i0w = i0 + 64 * cw;
+    int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
+    // visible tiles [na, nb): from the one holding the last row's diagonal to the first tile seen
+    int na = ntiles, nb = ntiles;  // none when every row is past T
+    if (i0w < T) {
+        na = jt_end - 1 - min(i0w + 63, T - 1) / BC;
+        nb = jt_end - first_tile(i0w);
+    }
+    // descriptors: the swizzled K-major start moves 32 bytes (2 in units of 16) per k16 step, the
+    // N-major one 16 rows (2048 bytes, 128 units); a stage is BC * HD * 2 bytes
+    constexpr uint64_t KSTEP = 2, VSTEP = 16 * 64 * 2 / 16, STAGE = BC * HD * 2 / 16;
+    const uint64_t dQ = desc_k<HD, BR, SW>(sQ, cw * 8, 0), dK0 = desc_k<HD, BC, SW>(sK, 0, 0),
+                   dV0 = desc_mn<HD, BC, SW>(sV, 0);
+    // a tile none of this warpgroup's rows sees: release its stages once loaded (a tile every
+    // warpgroup skipped could otherwise be refilled under a copy still in flight)
+    auto skip = [&](int n) {
+        int st = n % ST, par = (n / ST) & 1;
+        mbar_wait(&fullK[st], par);
+        mbar_wait(&fullV[st], par);
+        __syncwarp();
+        if (lane == 0) { mbar_arrive(&emptyK[st]); mbar_arrive(&emptyV[st]); }
+    };
+
+    float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
+    // m: row maxima of x so far (lazy); below any logit until the first visible key
+    float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.f, 0.f}, acc[HD / 2];
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
+    uint32_t pa[BC / 16][4];  // P of the previous tile, read by its P V matmul under this tile's softmax
+    for (int n = 0; n < na; n++) skip(n);
+    mbar_wait(barQ, 0);
+    for (int n = na; n < nb; n++) {
+        int st = n % ST, pst = (n + ST - 1) % ST;  // this tile's stage, the previous tile's
+        mbar_wait(&fullK[st], (n / ST) & 1);
+        if (n > na) mbar_wait(&fullV[pst], ((n - 1) / ST) & 1);
+        const float* sCb = sC + st * BC;
+        const uint64_t dK = dK0 + st * STAGE;
+
+        // S = Q K^T of this tile, then O += P V of the previous one: the softmax below runs under it
+        float s[BC / 2];
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) wgmma_ss<BC, 0>(s, dQ + kk * KSTEP, dK + kk * KSTEP, kk);
+        wgmma_commit();
+        if (n > na) {
+            const uint64_t dV = dV0 + pst * STAGE;
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], dV + kk * VSTEP, 1);
+            wgmma_commit();
+            wgmma_wait<1>();  // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+        } else {
+            wgmma_wait0();
+        }
+        wgmma_pin<BC / 2>(s);
+
+        int j0 = (jt_end - 1 - n) * BC;
+        float mx[2];
+        if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+            int hi[2], lo[2];  // visible column offsets of each row, less this thread's 2 tq
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                hi[r] = min(rows[r], T - 1) - j0 - 2 * tq;
+                lo[r] = (window > 0 ? rows[r] - window + 1 - j0 : -BC) - 2 * tq;
+            }
+            fox_lean_logits<BC, GATE, true>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
+        } else {
+            fox_lean_logits<BC, GATE, false>(s, mx, sCb, cref_l2, tq, scale_log2, nullptr, nullptr);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&emptyK[st]);  // K(n) read by S, c_j read above: the stage is free
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+        }
+        // lazy maximum: O is scaled by alpha after the P V wait (P V adds P of the old maximum)
+        bool resc = __any_sync(0xffffffff, mx[0] > m[0] + FOX_RESCALE_LOG2 || mx[1] > m[1] + FOX_RESCALE_LOG2);
+        float alpha[2] = {1.f, 1.f};
+        if (resc) {
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float m_new = fmaxf(m[r], mx[r]);
+                alpha[r] = ex2_ftz(m[r] - m_new);  // 0 from the -FLT_MAX start
+                l[r] *= alpha[r];
+                m[r] = m_new;
+            }
+        }
+        fox_lean_exp<BC>(s, l, m);
+        wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
+        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+        if (n > na && lane == 0) mbar_arrive(&emptyV[pst]);
+        if (resc) {
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++) {
+                acc[dt * 4] *= alpha[0]; acc[dt * 4 + 1] *= alpha[0];
+                acc[dt * 4 + 2] *= alpha[1]; acc[dt * 4 + 3] *= alpha[1];
+            }
+        }
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+    }
+    if (na < nb) {  // the last tile's P V
+        int pst = (nb - 1) % ST;
+        mbar_wait(&fullV[pst], ((nb - 1) / ST) & 1);
+        const uint64_t dV = dV0 + pst * STAGE;
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], dV + kk * VSTEP, 1);
+        wgmma_commit();
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&emptyV[pst]);
+    }
+    for (int n = nb; n < ntiles; n++) skip(n);
+    if (i0w >= T) return;
+    float m_abs[2];  // m + r_i: the maximum in absolute log2 units
+    #pragma unroll
+    for (int r = 0; r < 2; r++) m_abs[r] = m[r] + ((GATE && rows[r] < T) ? fmaf(cb[rows[r]], LOG2E, -cref_l2) : 0.f);
+    fox_store_rows<HD>(o + (size_t)b * T * stride_o + (size_t)h * HD, lse + (size_t)bh * T, acc, l, m_abs, rows, tq, T,
+                       stride_o);
+}
+
+template<int HD, int BC, int ST, int NWG, bool GATE>
+static void fox_fwd_wsl_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                               int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                               cudaStream_t s) {
+    constexpr int BR = 64 * NWG;
+    // Q, ST stages of K, V and c, the barriers, + 1 KB to align the tiles to the swizzle pattern
+    constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
+                            (1 + 4 * ST) * sizeof(uint64_t);
+    static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, NWG, GATE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
+                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
+    float scale_log2 = LOG2E / sqrtf((float)HD);
+    fox_fwd_wsl_kernel<HD, BC, ST, NWG, GATE><<<dim3(ceil_div(T, BR), B * H), 128 * (NWG + 1), smem, s>>>(
+        o, lse, tq, tk, tv, c, T, H, stride_o, window, scale_log2, key_start);
+    cudaCheckLaunch();
+}
+// versions 10 (NWG = 3) and 11 (NWG = 2) at hd 64, 128-key tiles, ST stages; hd 128 runs version 9.
+// key_start as train_fox.cu's pruning (NULL: dense; needs c)
+template<int ST, int NWG>
+static void fox_fwd_wsl(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                        int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
+                        cudaStream_t s) {
+    if (hd == 64) {
+        if (c) fox_fwd_wsl_launch<64, 128, ST, NWG, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsl_launch<64, 128, ST, NWG, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+    } else {
+        fox_fwd_lean<128, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, key_start, s);
+    }
+}
+// ---- end: warp-specialised lean forward (versions 10 and 11) ----
+
 // ---- begin: fused forward API for train_fox.cu ----
 // o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
 // q, k, v: bf16 (B, T, H, hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv).
@@ -1601,10 +1894,9 @@ static void fox_fwd_lean(bf16* o, float* lse, const bf16* q, const bf16* k, cons
 void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
-    // sm_90a only. Version 9 at both head sizes (version 6 with less element-wise work per score
-    // and 128-key tiles): +47-50% over version 6 at hd 64, +14-17% over the warp-specialised
-    // version 8 at hd 128 (README)
-    fox_fwd_lean<128, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
+    // sm_90a only. Version 10 at hd 64 (+7-9% over version 9), version 9 at hd 128 (+14-17% over
+    // the warp-specialised version 8): fox_fwd_wsl dispatches by head size (README)
+    fox_fwd_wsl<3, 3>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
 }
 // ---- end: fused forward API ----
 
@@ -1675,7 +1967,9 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         case 7: fox_fwd_wgmma<64, 64, 2, true>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, 0); break;
         case 8: fox_fwd_ws<128, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         case 9: fox_fwd_lean<128, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..9\n", version); exit(EXIT_FAILURE);
+        case 10: fox_fwd_wsl<3, 3>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        case 11: fox_fwd_wsl<3, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..11\n", version); exit(EXIT_FAILURE);
     }
 }
 
@@ -1713,7 +2007,7 @@ static bool check_forward(const FoxProblem& p, const FwdDev& d, const double* o_
 
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 9;
+    int first = only ? only : 1, last = only ? only : 11;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
@@ -1761,12 +2055,14 @@ int main(int argc, char** argv) {
         release(d);
     }
 
-    // 1b. the key_start pruning of versions 8 and 9: random first key tiles (up to the diagonal one)
-    // against the CPU reference that skips the same keys
-    for (int ver : {8, 9}) {
+    // 1b. the key_start pruning of versions 8-11: random first key tiles (up to the diagonal one)
+    // against the CPU reference that skips the same keys. Versions 10 and 11 also at hd 64 with a
+    // window (version 10's 192-row blocks span two pruning tiles; hd 128 runs version 9 there)
+    for (int ver : {8, 9, 10, 11}) {
         if (ver < first || ver > last) continue;
-        for (int hd : {64, 128}) {
-            FoxProblem p = make_problem(2, 600, 2, hd, hd == 64 ? 0 : 300, true, -1);
+        for (int pc = 0; pc < (ver >= 10 ? 3 : 2); pc++) {
+            int hd = pc == 1 ? 128 : 64;
+            FoxProblem p = make_problem(2, 600, 2, hd, pc == 0 ? 0 : 300, true, -1);
             int nt = ceil_div(p.T, 128);
             std::vector<int> ks((size_t)p.B * p.H * nt);
             for (size_t e = 0; e < ks.size(); e++) ks[e] = (int)(rng_u32() % (e % nt + 1));
@@ -1778,7 +2074,9 @@ int main(int argc, char** argv) {
             poison(d.o, p.n_o); poison(d.lse, p.n_bht);
             const bf16 *q = d.qkv + p.q_off, *k = d.qkv + p.k_off, *v = d.qkv + p.v_off;
             if (ver == 8) fox_fwd_ws<128, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, ks_d, 0);
-            else fox_fwd_lean<128, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, ks_d, 0);
+            else if (ver == 9) fox_fwd_lean<128, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, ks_d, 0);
+            else if (ver == 10) fox_fwd_wsl<3, 3>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, ks_d, 0);
+            else fox_fwd_wsl<3, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, ks_d, 0);
             cudaCheck(cudaDeviceSynchronize());
             printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start)\n  version %d\n", p.B, p.T, p.H,
                    p.hd, p.window, ver);
