@@ -7,7 +7,7 @@ One-command comparison of the fused FoX attention kernels (dev/cuda) with PyTorc
 1. builds dev/cuda/fox_attention_lib.cu into build/libfox_attention.so with nvcc;
 2. calls it through ctypes on torch tensors' data pointers and checks o, lse, dq, dk, dv and
    d(log f) against an fp64 PyTorch reference (materialised T x T, small shapes);
-3. times forward and forward+backward on the shapes of BENCHMARKS.md against PyTorch SDPA with
+3. times forward and forward+backward on the benchmark shapes (SHAPES below) against PyTorch SDPA with
    no gate (each backend it can select) and FlexAttention with a FoX score_mod, on the same
    tensors, and prints TFLOP/s (FlashAttention convention: causal forward 2*B*H*T^2*hd,
    forward+backward 3.5x that) and the ratios.

@@ -1,5 +1,5 @@
 """
-End-to-end training throughput of train_fox against the same model in PyTorch (issue 6).
+End-to-end training throughput of train_fox against the same model in PyTorch.
 
     python dev/bench_train.py                       # every configuration below, both trainers
     python dev/bench_train.py --configs 125m-2k --steps 30
@@ -12,7 +12,7 @@ tokens/s, MFU and peak GPU memory of each, and the ratio train_fox / PyTorch.
 
 Timing: the median step time after warm-up steps (the compile of torch.compile and cuBLASLt's
 first plans are excluded). MFU = (6*N + 6*L*C*T) * tokens/s / 989 TFLOP/s, N = parameters that
-take part in matmuls (BENCHMARKS.md); the inputs of the formula are printed.
+take part in matmuls (doc/fox.md, "FLOP and MFU conventions"); the inputs of the formula are printed.
 """
 import argparse
 import math

@@ -1,6 +1,7 @@
 /*
 fox_hf: converts between train_fox checkpoints and the HuggingFace layout of the FoX authors'
-PyTorch model (a folder with config.json and model.safetensors; names and shapes in README.md).
+PyTorch model (a folder with config.json and model.safetensors; names and shapes in doc/fox.md,
+section "HuggingFace layout").
 
   fox_hf export [--bf16] <model.bin> <dir>       train_fox checkpoint -> <dir>/config.json + model.safetensors
   fox_hf import [--unshare-qk-norm] <dir> <model.bin>   and back (F32, BF16, F16 or F64 tensors)
@@ -734,7 +735,7 @@ static const char* hf_string(const HfConfigReader* r, const char* key, const cha
 }
 
 static void hf_require(const HfConfigReader* r, int ok, const char* what) {
-    if (!ok) { fail("'%s': %s, which train_fox does not implement\nHINT: only the FoX / Transformer variants of FOX_SPEC.md convert", r->path, what); }
+    if (!ok) { fail("'%s': %s, which train_fox does not implement\nHINT: only the FoX / Transformer variants of doc/fox.md convert", r->path, what); }
 }
 
 static void config_from_hf(const Json* j, const char* path, FoxConfig* c) {

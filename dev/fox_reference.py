@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """
-Independent PyTorch reference of the Forgetting Transformer (FoX), written from FOX_SPEC.md, in
-float64. For a config and a seed it writes a debug-state file (.fxds, see compare_debug_states.py):
-the parameters, a batch, the logits, the loss, every gradient, and N AdamW steps on that batch.
+Independent PyTorch reference of the Forgetting Transformer (FoX), written from doc/fox.md
+independently of the C code, in float64. For a config and a seed it writes a debug-state file (.fxds,
+see compare_debug_states.py): the parameters, a batch, the logits, the loss, every gradient, and N
+AdamW steps on that batch.
 The C and CUDA trainers are diffed against these files.
 
   python3 dev/fox_reference.py --all --out dev/fixtures          # every fixture

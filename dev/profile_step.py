@@ -1,5 +1,5 @@
 """
-Kernel time table of train_fox training steps, from Nsight Compute (issue 6).
+Kernel time table of train_fox training steps, from Nsight Compute.
 
     python dev/profile_step.py -- -e fox-pro-125m -b 16 -t 2048
     python dev/profile_step.py --steps 2 --binary ./train_fox -- -e fox-pro-760m -b 1 -t 16384 -r 1

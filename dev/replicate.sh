@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The paper's comparison at a small size: FoX (Pro), Transformer (Pro), FoX (LLaMA) and
 # Transformer (LLaMA), L = 6, C = 384, H = 6 (head size 64), trained on the Gutenberg corpus at
-# context 2048 with the same token budget and the paper's recipe (FOX_SPEC.md: AdamW 0.9/0.95,
+# context 2048 with the same token budget and the paper's recipe (doc/fox.md: AdamW 0.9/0.95,
 # weight decay 0.1, clipping 1.0, linear warmup over 10% of the tokens, cosine to 0); then
 # per-token loss at 4x the training context, needle in a haystack up to 2x, gate and attention
 # maps, the plots, and a results table (results.md), all in one directory.
@@ -39,7 +39,7 @@ else
     NIAH="-t 4096 -E 11"
     MAPS_T=512
 fi
-LR=${LR:-2e-3}                      # FOX_SPEC.md's peak LR (the Pro models')
+LR=${LR:-2e-3}                      # doc/fox.md's peak LR (the Pro models')
 WARMUP=$((STEPS * TOTAL / 10))      # 10% of the tokens, as 256M of the paper's 2.7B
 FINAL=$(printf "model_%08d.bin" "$STEPS")
 

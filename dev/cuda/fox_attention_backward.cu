@@ -3059,7 +3059,7 @@ int main(int argc, char** argv) {
     }
     if (!all_ok || !any_ok) { printf("VALIDATION FAILED: no timing\n"); return EXIT_FAILURE; }
 
-    // 4. timing on the shapes of BENCHMARKS.md (gate on, random data)
+    // 4. timing on the benchmark shapes (dev/bench_attention.py), gate on, random data
     int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64}, {1, 16, 16384, 128}, {4, 16, 4096, 128}};
     printf("\nbackward and forward+backward (forward = fox_attention_forward), causal, gate on: TFLOP/s (ms)\n%-22s", "B x H x T x hd");
     for (int ver = first; ver <= last; ver++) printf("   v%d bwd             v%d fwd+bwd         ", ver, ver);

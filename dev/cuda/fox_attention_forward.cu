@@ -1895,7 +1895,7 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
     // sm_90a only. Version 10 at hd 64 (+7-9% over version 9), version 9 at hd 128 (+14-17% over
-    // the warp-specialised version 8): fox_fwd_wsl dispatches by head size (README)
+    // the warp-specialised version 8): fox_fwd_wsl dispatches by head size (dev/cuda/LOG.md)
     fox_fwd_wsl<3, 3>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
 }
 // ---- end: fused forward API ----
@@ -2115,7 +2115,7 @@ int main(int argc, char** argv) {
     }
     if (!all_ok) { printf("VALIDATION FAILED: no timing\n"); return EXIT_FAILURE; }
 
-    // 3. timing on the shapes of BENCHMARKS.md (gate on, random data)
+    // 3. timing on the benchmark shapes (dev/bench_attention.py), gate on, random data
     int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64}, {1, 16, 16384, 128}, {4, 16, 4096, 128}};
     printf("\nforward, causal, gate on: TFLOP/s (ms)\n%-22s", "B x H x T x hd");
     for (int ver = first; ver <= last; ver++) printf("   version %d        ", ver);
