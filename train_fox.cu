@@ -775,43 +775,36 @@ __global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_lo
 }
 
 // ----------------------------------------------------------------------------
-// The projections of the normed attention input x onto one value per head: the k-shift and
-// v-shift logits and the forget-gate logit, P <= 3 of them (those that are on), each a (H, C)
-// weight without bias. As matmuls with H outputs cuBLASLt runs them on small-tile sm80 kernels,
-// one launch per projection each reading x (forward) or read-modify-writing the fp32 dx
-// (backward); the bf16 build computes all P in one pass on tensor cores instead (mma.sync
-// m16n8k16, fp32 accumulation). The fp32 build keeps the cuBLASLt matmuls. The weight
-// gradients stay on cuBLASLt (a long reduction over N, which it splits well).
-// Output j = p * H + h of the concatenation is head h of projection p; the kernels are compiled
-// for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP with zero weights).
-
-#define HP_MAX 3
-#define HP_MAX_J 96   // P * H (gpu_config_problem): NP <= 6
-typedef struct {
-    int count;                    // P
-    const floatX* w[HP_MAX];      // (H, C) each
-    float* out[HP_MAX];           // (N, H) fp32 logits (forward)
-    const floatX* dout[HP_MAX];   // (N, H) their gradients (backward)
-    float* dw[HP_MAX];            // (H, C) fp32 weight gradients (accumulated)
-} HeadProj;
+// Hopper primitives: the hand-written PTX of the tensor-core kernels below (the head projections
+// and the fused attention), bf16 build only. wgmma, setmaxnreg and the tensor copies need the
+// arch-specific target sm_90a (the Makefile's -gencode=arch=compute_90a,code=sm_90a).
 
 #ifndef ENABLE_FP32
-// shared-memory copies (cp.async), used here and by the fused attention kernels below
+typedef __nv_bfloat16 bf16;
+
+// ---- shared-memory copies (cp.async) ----
+// the shared-space byte address of a generic pointer into shared memory
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // 16-byte global->shared copy; pred false writes zeros (rows or columns past the end)
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
+// 4-byte global->shared copy; pred false writes zeros
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool pred) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                  :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
 }
+// closes this thread's copies issued since the last commit into one group
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// waits until at most N of this thread's groups are still in flight (groups land in order)
 template<int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
+// cp.async writes are generic-proxy writes; wgmma reads through the async proxy: fence in between
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// ---- warp-level mma (mma.sync) and ldmatrix ----
 // d (16x8, fp32) += a (16x16, row) b (16x8, col) on bf16 registers, the PTX fragment layout:
 // lane = 4 g + t holds a rows g, g+8 at k = 2t, 2t+1 (a[0], a[1]) and 2t+8, 2t+9 (a[2], a[3]),
 // b column g at k = 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1), d rows g (d[0], d[1]) and g+8 (d[2], d[3])
@@ -837,6 +830,262 @@ __device__ static inline void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+// ---- 2^x ----
+// 2^x in one MUFU.EX2; denormal results flush to zero
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// ---- warpgroup mma (wgmma) ----
+// d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N), issued
+// by a warpgroup (4 warps) and asynchronous until waited for; acc = 0 overwrites d. SS: A and B by
+// descriptor, both K-major; RS: A from registers (mma.sync A-fragment layout per warp), B N-major
+// (transposed). Only the shapes the kernels use.
+// The accumulator in the PTX string ({%0, .., %31} or {%0, .., %63}) and in the operand list:
+#define WG_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                 "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_D32 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+#define WG_D64 WG_D32, WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+__device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : WG_D32
+                 : "l"(da), "l"(db), "r"(acc) : "memory");
+}
+__device__ __forceinline__ void wgmma_rs_n64(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : WG_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
+}
+__device__ __forceinline__ void wgmma_rs_n128(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 WG_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : WG_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
+}
+__device__ __forceinline__ void wgmma_ss_n128(float* d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 WG_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WG_D64
+                 : "l"(da), "l"(db), "r"(acc) : "memory");
+}
+// the SS and RS wgmma of width N (64 or 128)
+template<int N> __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (N == 64) wgmma_ss_n64(d, da, db, acc);
+    else wgmma_ss_n128(d, da, db, acc);
+}
+template<int N> __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    if constexpr (N == 64) wgmma_rs_n64(d, a, db, acc);
+    else wgmma_rs_n128(d, a, db, acc);
+}
+// before the first wgmma that reads registers or accumulators written by other code
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// closes the wgmma's issued since the last commit into one group
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// waits until at most N groups are in flight (groups retire in order)
+template<int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() { wgmma_wait<0>(); }
+// The compiler sees a wgmma as finished when issued; pinning its accumulators after the wait keeps
+// every read of them below the wait.
+template<int R> __device__ __forceinline__ void wgmma_pin(float* d) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+// the same for A fragments in registers: keeps them alive (unreused) until the wait
+template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
+}
+// A fragments read by an in-flight wgmma: a use after the wait keeps their registers from reuse
+// (a use, not a definition as wgmma_pin_a: ptxas would serialize a wgmma still in flight)
+template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" :: "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]) : "memory");
+}
+
+// ---- swizzled shared-memory tiles and their wgmma descriptors ----
+// Shared-memory matrix descriptor: start address, LBO, SBO (each >> 4), layout in bits 62-63
+// (1: 128-byte swizzle).
+__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+// Tiles of (ROWS, HD) bf16 in shared memory use the 128-byte swizzle: blocks of 64 columns,
+// ROWS * 128 bytes each; in a block, row r takes 128 contiguous bytes and its 16-byte chunk c sits
+// at chunk c ^ (r % 8), so the loads and the wgmma reads are free of bank conflicts. Tiles start at
+// 1024-byte boundaries (the swizzle pattern repeats every 8 rows).
+// The same bytes serve as a K-major operand (K = HD: S = Q K^T, dP = dO V^T) and as an N-major one
+// (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit.
+// 16-byte chunk ch of row r, in elements from the tile's start
+template<int ROWS> __device__ __forceinline__ int tile_off(int r, int ch) {
+    return (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
+}
+// K-major operand (K = HD): 64 rows from row 8*rb, k16 step kk. The k step moves the start inside
+// the 128-byte row (the hardware applies the XOR on the address), SBO = 8 rows = 1024 bytes, LBO
+// unused.
+template<int ROWS> __device__ __forceinline__ uint64_t desc_k(const bf16* tile, int rb, int kk) {
+    return wg_desc(tile + (kk / 4) * ROWS * 64 + rb * 8 * 64 + (kk % 4) * 16, 16, 1024);
+}
+// N-major operand (N = HD, K = rows 16kk..16kk+15): LBO = stride between 64-column blocks, SBO = 8
+// rows along K.
+template<int ROWS> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int kk) {
+    return wg_desc(tile + kk * 16 * 64, ROWS * 128, 1024);
+}
+// descriptor + bytes: only the address field (addr >> 4) moves
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+// bytes from k step 0 to k step kk of a K-major swizzled (ROWS, HD) tile (desc_k)
+template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int kk) {
+    return (kk / 4) * ROWS * 128 + (kk % 4) * 32;
+}
+// and of an N-major one (desc_mn): 16 rows of 128 bytes a step
+__device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
+
+// ROWS rows of one head into a swizzled tile by cp.async; rows past T zero-filled. Lanes take
+// consecutive chunks of a row (a warp writes 512 contiguous bytes): a thread copies chunk
+// tid % (HD/8) of rows tid / (HD/8) + i * NTHREADS / (HD/8), steps of whole 8-row groups, so its
+// swizzled offset is computed once and the loop (a compile-time trip count) unrolls.
+template<int ROWS, int HD, int NTHREADS>
+__device__ __forceinline__ void load_tile_unrolled(bf16* sm, const bf16* g, int row0, int T, int stride) {
+    constexpr int CH = HD / 8, RSTEP = NTHREADS / CH;
+    static_assert(NTHREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0, "whole 8-row groups per step");
+    int r0 = threadIdx.x / CH, ch = threadIdx.x % CH;
+    bf16* st = sm + tile_off<ROWS>(r0, ch);
+    const bf16* gc = g + ch * 8;
+    #pragma unroll
+    for (int i = 0; i < ROWS / RSTEP; i++) {
+        int row = row0 + r0 + i * RSTEP;
+        bool ok = row < T;
+        cp_async16(st + i * RSTEP * 64, gc + (size_t)(ok ? row : 0) * stride, ok);
+    }
+}
+// the dynamic shared memory, rounded up to 1024 bytes (the swizzle's repeat); callers allocate 1 KB
+// more
+__device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
+    return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
+}
+
+// ---- mbarriers, the tensor copy engine (TMA), setmaxnreg ----
+// a barrier whose phase completes after `count` arrivals (and the bytes announced to it)
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// after thread 0's mbar_init's: makes them visible to the other threads and the copy engine
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// one arrival that also announces `bytes` of copy-engine transactions for the current phase
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// one arrival
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
+}
+// an arrival after which this thread's earlier shared-memory stores are visible to a thread whose
+// try_wait sees the phase complete (PTX's default for mbarrier.arrive, spelled out)
+__device__ __forceinline__ void mbar_arrive_release(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
+}
+// one arrival when this thread's earlier cp.async have landed (counted in the barrier's init count)
+__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(smem_u32(bar)) : "memory");
+}
+// wait for the phase of the given parity to complete (a fresh barrier counts parity 1 as complete)
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT;\n}\n" :: "r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+// ROWS rows of one head from a tensor map (fox_tensor_map) into a swizzled (ROWS, HD) tile: one box
+// per 64 columns, completing on `bar` (which must expect ROWS * HD * 2 bytes)
+template<int ROWS, int HD>
+__device__ __forceinline__ void tma_load_tile(bf16* sm, const CUtensorMap* map, int row0, int h, int b,
+                                              uint64_t* bar) {
+    #pragma unroll
+    for (int cb = 0; cb < HD / 64; cb++)
+        asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                     " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                     :: "r"(smem_u32(sm + cb * ROWS * 64)), "l"((uint64_t)map), "r"(cb * 64), "r"(h), "r"(row0),
+                        "r"(b), "r"(smem_u32(bar)) : "memory");
+}
+// gives registers away: the calling warpgroup's per-thread limit drops to R
+template<int R> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R));
+}
+// claims registers (those another warpgroup gave away): the calling warpgroup's limit rises to R
+template<int R> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R));
+}
+
+// Tensor map of q, k, v or dO: (B, T, H, hd) bf16 with token stride `stride` (elements) as dims
+// (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2); boxes of 64 columns x `rows`
+// tokens of one head. Its 128-byte swizzle writes exactly the tile layout above, and rows past T
+// come back as zeros. (fp32 (B, H, T) rows cannot have one for odd T: a tensor map's strides are
+// multiples of 16 bytes.)
+static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, int stride, int rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;  // driver entry point, looked up once
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                   cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess) {
+            fail("cuTensorMapEncodeTiled not found\nHINT: the fused attention needs a CUDA 12+ driver");
+        }
+    }
+    CUtensorMap map;
+    cuuint64_t dims[4] = {(cuuint64_t)hd, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
+    cuuint64_t strides[3] = {(cuuint64_t)hd * sizeof(bf16), (cuuint64_t)stride * sizeof(bf16),
+                             (cuuint64_t)T * stride * sizeof(bf16)};
+    cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, unit[4] = {1, 1, 1, 1};
+    CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)x, dims, strides, box, unit,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fail("cuTensorMapEncodeTiled failed (%d) for B=%d T=%d H=%d hd=%d stride=%d\n"
+             "HINT: q/k/v need 16-byte alignment and stride %% 8 == 0", (int)r, B, T, H, hd, stride);
+    }
+    return map;
+}
+#endif // ENABLE_FP32
+
+// ----------------------------------------------------------------------------
+// The projections of the normed attention input x onto one value per head: the k-shift and
+// v-shift logits and the forget-gate logit, P <= 3 of them (those that are on), each a (H, C)
+// weight without bias. As matmuls with H outputs cuBLASLt runs them on small-tile sm80 kernels,
+// one launch per projection each reading x (forward) or read-modify-writing the fp32 dx
+// (backward); the bf16 build computes all P in one pass on tensor cores instead (mma.sync
+// m16n8k16, fp32 accumulation). The fp32 build keeps the cuBLASLt matmuls. The weight
+// gradients stay on cuBLASLt (a long reduction over N, which it splits well).
+// Output j = p * H + h of the concatenation is head h of projection p; the kernels are compiled
+// for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP with zero weights).
+
+#define HP_MAX 3
+#define HP_MAX_J 96   // P * H (gpu_config_problem): NP <= 6
+typedef struct {
+    int count;                    // P
+    const floatX* w[HP_MAX];      // (H, C) each
+    float* out[HP_MAX];           // (N, H) fp32 logits (forward)
+    const floatX* dout[HP_MAX];   // (N, H) their gradients (backward)
+    float* dw[HP_MAX];            // (H, C) fp32 weight gradients (accumulated)
+} HeadProj;
+
+#ifndef ENABLE_FP32
 // element p < 3 of a by-value HeadProj array by selects (an indexed load copies the struct to
 // local memory)
 template <typename Ptr> __device__ static inline Ptr head_proj_pick(const Ptr (&a)[HP_MAX], int p) {
@@ -1344,10 +1593,8 @@ __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc
 
 // ---- the fused kernels (bf16 build) ----
 #ifndef ENABLE_FP32
-typedef __nv_bfloat16 bf16;
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
-// (smem_u32 and the cp.async helpers are with the head projections' kernels, above)
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -1368,125 +1615,6 @@ __device__ __forceinline__ void load_vec_async(float* sm, const float* g, int ro
         bool ok = row < T;
         cp_async4(sm + threadIdx.x, g + (ok ? row : 0), ok);
     }
-}
-
-// Hopper warpgroup mma (wgmma, sm_90a; the build's GPU_ARCH is compute_90a/sm_90a for it).
-// wgmma wrappers: d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N);
-// acc = 0 overwrites d. SS: A and B by descriptor, both K-major; RS: A from registers (mma.sync
-// A-fragment layout per warp), B N-major (transposed). Only the shapes the kernels use.
-__device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_rs_n64(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_rs_n128(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_ss_n128(float* d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(acc) : "memory");
-}
-template<int N> __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int acc) {
-    if constexpr (N == 64) wgmma_ss_n64(d, da, db, acc);
-    else wgmma_ss_n128(d, da, db, acc);
-}
-template<int N> __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    if constexpr (N == 64) wgmma_rs_n64(d, a, db, acc);
-    else wgmma_rs_n128(d, a, db, acc);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template<int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { wgmma_wait<0>(); }
-// The compiler sees a wgmma as finished when issued; pinning its accumulators after the wait keeps
-// every read of them below the wait.
-template<int R> __device__ __forceinline__ void wgmma_pin(float* d) {
-    #pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
-}
-// the same for A fragments in registers: keeps them alive (unreused) until the wait
-template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
-    #pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
-}
-// A fragments read by an in-flight wgmma: a use after the wait keeps their registers from reuse
-// (a use, not a definition as wgmma_pin_a: ptxas would serialize a wgmma still in flight)
-template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
-    #pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" :: "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]) : "memory");
-}
-// cp.async writes are generic-proxy writes; wgmma reads through the async proxy
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// Shared-memory matrix descriptor: start address, LBO, SBO (each >> 4), layout in bits 62-63
-// (1: 128-byte swizzle).
-__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-// Tiles of (ROWS, HD) bf16 in shared memory use the 128-byte swizzle: blocks of 64 columns,
-// ROWS * 128 bytes each; in a block, row r takes 128 contiguous bytes and its 16-byte chunk c sits
-// at chunk c ^ (r % 8), so the loads and the wgmma reads are free of bank conflicts. Tiles start at
-// 1024-byte boundaries (the swizzle pattern repeats every 8 rows).
-// The same bytes serve as a K-major operand (K = HD: S = Q K^T, dP = dO V^T) and as an N-major one
-// (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit.
-template<int ROWS> __device__ __forceinline__ int tile_off(int r, int ch) {  // 16-byte chunk ch of row r, in elements
-    return (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
-}
-// K-major operand (K = HD): 64 rows from row 8*rb, k16 step kk. The k step moves the start inside
-// the 128-byte row (the hardware applies the XOR on the address), SBO = 8 rows = 1024 bytes, LBO unused.
-template<int ROWS> __device__ __forceinline__ uint64_t desc_k(const bf16* tile, int rb, int kk) {
-    return wg_desc(tile + (kk / 4) * ROWS * 64 + rb * 8 * 64 + (kk % 4) * 16, 16, 1024);
-}
-// N-major operand (N = HD, K = rows 16kk..16kk+15): LBO = stride between 64-column blocks, SBO = 8
-// rows along K.
-template<int ROWS> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int kk) {
-    return wg_desc(tile + kk * 16 * 64, ROWS * 128, 1024);
-}
-// descriptor + bytes: only the address field (addr >> 4) moves
-__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
-// bytes from k step 0 to k step kk of a K-major swizzled (ROWS, HD) tile (desc_k)
-template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int kk) {
-    return (kk / 4) * ROWS * 128 + (kk % 4) * 32;
-}
-// and of an N-major one (desc_mn): 16 rows of 128 bytes a step
-__device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
-
-// ROWS rows of one head into a swizzled tile; rows past T zero-filled. Lanes take consecutive
-// chunks of a row (a warp writes 512 contiguous bytes): a thread copies chunk tid % (HD/8) of rows
-// tid / (HD/8) + i * NTHREADS / (HD/8), steps of whole 8-row groups, so its swizzled offset is
-// computed once and the loop (a compile-time trip count) unrolls; a loop over e = tid, tid +
-// NTHREADS, .. stays a runtime loop (~450 SASS instructions around the 8 cp.async of a 128-key K/V
-// tile per thread).
-template<int ROWS, int HD, int NTHREADS>
-__device__ __forceinline__ void load_tile_unrolled(bf16* sm, const bf16* g, int row0, int T, int stride) {
-    constexpr int CH = HD / 8, RSTEP = NTHREADS / CH;
-    static_assert(NTHREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0, "whole 8-row groups per step");
-    int r0 = threadIdx.x / CH, ch = threadIdx.x % CH;
-    bf16* st = sm + tile_off<ROWS>(r0, ch);
-    const bf16* gc = g + ch * 8;
-    #pragma unroll
-    for (int i = 0; i < ROWS / RSTEP; i++) {
-        int row = row0 + r0 + i * RSTEP;
-        bool ok = row < T;
-        cp_async16(st + i * RSTEP * 64, gc + (size_t)(ok ? row : 0) * stride, ok);
-    }
-}
-// the dynamic shared memory, rounded up to 1024 bytes (the swizzle's repeat); callers allocate 1 KB more
-__device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
-    return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
 }
 
 // ---- adaptive computation pruning (train_fox.c: prune_bound, prune_tiles) ----
@@ -1655,13 +1783,6 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
 //   stage of tile n - 1, which every warpgroup is done with.
 
 #define FOX_RESCALE_LOG2 8.0f  // O is rescaled only when a row maximum grows by more than this (log2 units)
-
-// 2^x in one MUFU.EX2; denormal results flush to zero
-__device__ __forceinline__ float ex2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 // Logits of one warp's 16 rows of a BC-key tile in the accumulator layout: x = s * scale_log2 + d_j
 // (d_j as above, from the tile's c_j in sCb; 0 without gate), -inf where MASK and the column offset
@@ -1867,43 +1988,6 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
 // with plain loads, turns them into the per-column logit terms and stores those, then arrives with
 // release semantics.
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// one arrival that also announces `bytes` of copy-engine transactions for the current phase
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
-}
-// an arrival after which this thread's earlier shared-memory stores are visible to a thread whose
-// try_wait sees the phase complete (PTX's default for mbarrier.arrive, spelled out)
-__device__ __forceinline__ void mbar_arrive_release(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
-}
-// one arrival when this thread's earlier cp.async have landed (counted in the barrier's init count)
-__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(smem_u32(bar)) : "memory");
-}
-// wait for the phase of the given parity to complete (a fresh barrier counts parity 1 as complete)
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT;\n}\n" :: "r"(smem_u32(bar)), "r"(parity) : "memory");
-}
-// ROWS rows of one head from a tensor map into a swizzled (ROWS, HD) tile: one box per 64 columns
-template<int ROWS, int HD>
-__device__ __forceinline__ void tma_load_tile(bf16* sm, const CUtensorMap* map, int row0, int h, int b, uint64_t* bar) {
-    #pragma unroll
-    for (int cb = 0; cb < HD / 64; cb++)
-        asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
-                     :: "r"(smem_u32(sm + cb * ROWS * 64)), "l"((uint64_t)map), "r"(cb * 64), "r"(h), "r"(row0), "r"(b),
-                        "r"(smem_u32(bar)) : "memory");
-}
-template<int R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R)); }
-template<int R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R)); }
-
 // Per stage of a ring a full barrier (full_count arrivals) and an empty one (empty_count: a warp of
 // the consumers each); thread 0 only.
 template<int ST>
@@ -1921,33 +2005,9 @@ __device__ __forceinline__ void fox_ring_init(uint64_t* fixed_bar, uint64_t* ful
     if (threadIdx.x == 0) {
         mbar_init(fixed_bar, 1);
         fox_ring_barriers<ST>(full, empty, full_count, empty_count);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
-}
-
-// Tensor map of q, k, v or dO for the producers: (B, T, H, hd) bf16 with token stride `stride` (elements),
-// boxes of 64 columns x `rows` tokens of one head, 128-byte swizzle, zeros past T.
-static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, int stride, int rows) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;  // driver entry point, looked up once
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess) { fail("cuTensorMapEncodeTiled not found\nHINT: the fused attention needs a CUDA 12+ driver"); }
-    }
-    CUtensorMap map;
-    cuuint64_t dims[4] = {(cuuint64_t)hd, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
-    cuuint64_t strides[3] = {(cuuint64_t)hd * sizeof(bf16), (cuuint64_t)stride * sizeof(bf16),
-                             (cuuint64_t)T * stride * sizeof(bf16)};
-    cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, unit[4] = {1, 1, 1, 1};
-    CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)x, dims, strides, box, unit,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        fail("cuTensorMapEncodeTiled failed (%d) for B=%d T=%d H=%d hd=%d stride=%d\n"
-             "HINT: q/k/v need 16-byte alignment and stride %% 8 == 0", (int)r, B, T, H, hd, stride);
-    }
-    return map;
 }
 
 // Version 10 of dev/cuda/fox_attention_forward.cu, the forward at hd 64: version 9's softmax
