@@ -1311,55 +1311,7 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
 
 #define ATT_TILE 32
 
-#ifndef ENABLE_FP32
-// tests only: lets the bf16 build run head sizes other than 64 and 128 on the simple kernel
-static int g_attention_any_head = 0;
-
-static int attention_fused(int hd) { return hd == 64 || hd == 128; }
-#endif
-
-// adaptive computation pruning in the fused kernels (-A, -L), for the models run next
-static int g_prune = 0;
-#ifndef ENABLE_FP32
-static float g_prune_ln_eps = -10.0f;
-#endif
-static void attention_set_pruning(int on, double ln_eps) {
-    g_prune = on;
-#ifndef ENABLE_FP32
-    g_prune_ln_eps = (float)ln_eps;
-#else
-    (void)ln_eps; // the fp32 build has no fused kernels: -A 1 fails at the first attention
-#endif
-}
-
 __device__ static inline int first_key_gpu(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
-
-// dlogf_t = sum_{s>=t} dc_s, dc = dc_col + dc_row, one (b, h) per block: each thread sums a
-// contiguous chunk, a suffix scan over the chunk sums gives each chunk its carry; fp64 inside,
-// fixed order. The row part is 0 in exact arithmetic but not with Delta from the rounded o:
-// keeping it makes dlogf_0 = sum_t dc_t cancel to ~0, as it must (c_0 cancels in every row).
-#define FOX_SCAN_THREADS 1024
-__global__ void __launch_bounds__(FOX_SCAN_THREADS) fox_bwd_dlogf_kernel(float* dlogf, const float* dc_col,
-                                                                         const float* dc_row, int T) {
-    __shared__ double part[FOX_SCAN_THREADS];
-    const float* xc = dc_col + (size_t)blockIdx.x * T;
-    const float* xr = dc_row + (size_t)blockIdx.x * T;
-    float* y = dlogf + (size_t)blockIdx.x * T;
-    int tid = threadIdx.x, chunk = (int)ceil_div(T, FOX_SCAN_THREADS);
-    int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
-    double sum = 0;
-    for (int t = t0; t < t1; t++) sum += (double)xc[t] + xr[t];
-    part[tid] = sum;
-    __syncthreads();
-    for (int off = 1; off < FOX_SCAN_THREADS; off <<= 1) {  // inclusive suffix scan
-        double add = tid + off < FOX_SCAN_THREADS ? part[tid + off] : 0.0;
-        __syncthreads();
-        part[tid] += add;
-        __syncthreads();
-    }
-    double run = tid + 1 < FOX_SCAN_THREADS ? part[tid + 1] : 0.0;
-    for (int t = t1 - 1; t >= t0; t--) { run += (double)xc[t] + xr[t]; y[t] = (float)run; }
-}
 
 // ---- the simple kernel ----
 // copies rows [r0, r0 + rows) of one head (zeros past T) into a (rows, ld) fp32 tile
@@ -1431,20 +1383,6 @@ __global__ void attention_forward_kernel(floatX* o, float* lse, const floatX* q,
         if (d < hd) { o[off + d] = to_floatX(acc[r] / l); }
     }
     if (lane == 0) { lse[(size_t)bh * T + i] = m + logf(l); }
-}
-
-// Delta_i = dout_i . o_i, one warp per (token, head), written (B, H, T)
-__global__ void attention_delta_kernel(float* delta, const floatX* dout, const floatX* o, size_t N, int T, int H,
-                                       int hd) {
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
-    float acc = 0.0f;
-    for (int d = lane; d < hd; d += 32) { acc += to_float(dout[row * hd + d]) * to_float(o[row * hd + d]); }
-    acc = warp_sum(acc);
-    size_t n = row / H;
-    int h = (int)(row % H);
-    if (lane == 0) { delta[((n / T) * H + h) * T + n % T] = acc; }
 }
 
 static size_t attention_backward_smem(int hd) {
@@ -1591,6 +1529,69 @@ __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc
     if (dc_col != NULL && lane == 0) { dc_col[(size_t)bh * T + j] = -dc_acc; }
 }
 
+// ---- Delta and the d(log f) scan (DELTA_HEADER) ----
+
+// Delta_i = dout_i . o_i, one warp per (token, head), written (B, H, T)
+__global__ void attention_delta_kernel(float* delta, const floatX* dout, const floatX* o, size_t N, int T, int H,
+                                       int hd) {
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N * H) { return; }
+    float acc = 0.0f;
+    for (int d = lane; d < hd; d += 32) { acc += to_float(dout[row * hd + d]) * to_float(o[row * hd + d]); }
+    acc = warp_sum(acc);
+    size_t n = row / H;
+    int h = (int)(row % H);
+    if (lane == 0) { delta[((n / T) * H + h) * T + n % T] = acc; }
+}
+
+#ifndef ENABLE_FP32
+// Delta_i = dO_i . O_i in fp32, a warp per row
+template<int HD>
+__global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* o, int BHT, int T, int H, int stride_o) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= BHT) return;
+    int i = row % T, bh = row / T, h = bh % H, b = bh / H;
+    size_t off = ((size_t)b * T + i) * stride_o + (size_t)h * HD;
+    float s = 0.f;
+    #pragma unroll
+    for (int d = 2 * lane; d < HD; d += 64) {
+        float2 g = __bfloat1622float2(*(const __nv_bfloat162*)(dout + off + d));
+        float2 x = __bfloat1622float2(*(const __nv_bfloat162*)(o + off + d));
+        s += g.x * x.x + g.y * x.y;
+    }
+    for (int sh = 16; sh > 0; sh >>= 1) s += __shfl_xor_sync(0xffffffff, s, sh);
+    if (lane == 0) delta[row] = s;
+}
+#endif
+
+// dlogf_t = sum_{s>=t} dc_s, dc = dc_col + dc_row, one (b, h) per block: each thread sums a
+// contiguous chunk, a suffix scan over the chunk sums gives each chunk its carry; fp64 inside,
+// fixed order. The row part is 0 in exact arithmetic but not with Delta from the rounded o:
+// keeping it makes dlogf_0 = sum_t dc_t cancel to ~0, as it must (c_0 cancels in every row).
+#define FOX_SCAN_THREADS 1024
+__global__ void __launch_bounds__(FOX_SCAN_THREADS) fox_bwd_dlogf_kernel(float* dlogf, const float* dc_col,
+                                                                         const float* dc_row, int T) {
+    __shared__ double part[FOX_SCAN_THREADS];
+    const float* xc = dc_col + (size_t)blockIdx.x * T;
+    const float* xr = dc_row + (size_t)blockIdx.x * T;
+    float* y = dlogf + (size_t)blockIdx.x * T;
+    int tid = threadIdx.x, chunk = (int)ceil_div(T, FOX_SCAN_THREADS);
+    int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
+    double sum = 0;
+    for (int t = t0; t < t1; t++) sum += (double)xc[t] + xr[t];
+    part[tid] = sum;
+    __syncthreads();
+    for (int off = 1; off < FOX_SCAN_THREADS; off <<= 1) {  // inclusive suffix scan
+        double add = tid + off < FOX_SCAN_THREADS ? part[tid + off] : 0.0;
+        __syncthreads();
+        part[tid] += add;
+        __syncthreads();
+    }
+    double run = tid + 1 < FOX_SCAN_THREADS ? part[tid + 1] : 0.0;
+    for (int t = t1 - 1; t >= t0; t--) { run += (double)xc[t] + xr[t]; y[t] = (float)run; }
+}
+
 // ---- the fused kernels (bf16 build) ----
 #ifndef ENABLE_FP32
 #define LOG2E 1.4426950408889634f
@@ -1607,13 +1608,55 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const
     a[2] = pack_bf16(hi[0], hi[1]); a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// ROWS fp32 values of a (B, H, T) vector; past T zero-filled
-template<int ROWS>
-__device__ __forceinline__ void load_vec_async(float* sm, const float* g, int row0, int T) {
-    if (threadIdx.x < ROWS) {
-        int row = row0 + threadIdx.x;
-        bool ok = row < T;
-        cp_async4(sm + threadIdx.x, g + (ok ? row : 0), ok);
+// The warp-specialised kernels' machinery (FlashAttention-3's structure: the backward, and the
+// forward at hd 64): a producer warp fills rings of shared-memory stages, signalled by mbarriers
+// (a full barrier per stage completes when the copy engine's bytes and any cp.async lanes have
+// landed, an empty one when the consumer warps are done with it); setmaxnreg moves registers from
+// the producer warpgroup to the consumers.
+//
+// Loads use the bulk tensor copy engine (TMA) with one tensor map per q, k, v, dO over the packed
+// (B, T, H, hd) layout: dims (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2), box
+// (64 columns, 1 head, rows, 1 batch). Its 128-byte swizzle writes exactly the tile layout of the
+// wgmma descriptors (64-column blocks, chunk c of row r at c ^ r % 8, 1024-byte aligned), and rows
+// past T come back as zeros. fp32 rows (lse, Delta, c: (B, H, T)) cannot have a tensor map for odd
+// T (the row stride must be a multiple of 16 bytes): the producer warp loads them with 4-byte
+// cp.async that arrive on the stage's full barrier when they land, or (the backward's PRE, hd 64)
+// with plain loads, turns them into the per-column logit terms and stores those, then arrives with
+// release semantics.
+
+// Per stage of a ring a full barrier (full_count arrivals) and an empty one (empty_count: a warp of
+// the consumers each); thread 0 only.
+template<int ST>
+__device__ __forceinline__ void fox_ring_barriers(uint64_t* full, uint64_t* empty, int full_count, int empty_count) {
+    for (int st = 0; st < ST; st++) {
+        mbar_init(&full[st], full_count);
+        mbar_init(&empty[st], empty_count);
+    }
+}
+// Thread 0 initialises the block's barriers: the fixed tile's (one arrival) and a ring's; the fence
+// makes them (and any thread 0 initialised before) visible to the copy engine before any thread goes on.
+template<int ST>
+__device__ __forceinline__ void fox_ring_init(uint64_t* fixed_bar, uint64_t* full, uint64_t* empty, int full_count,
+                                              int empty_count) {
+    if (threadIdx.x == 0) {
+        mbar_init(fixed_bar, 1);
+        fox_ring_barriers<ST>(full, empty, full_count, empty_count);
+        mbar_init_fence();
+    }
+    __syncthreads();
+}
+
+static void fox_check_args(const char* who, const void* q, const void* k, const void* v, int B, int T, int H,
+                           int hd, int stride_qkv, int stride_o, int window) {
+    if (hd != 64 && hd != 128) { fail("%s: head size %d is not supported\nHINT: use hd = 64 or 128 (C / H)", who, hd); }
+    if (B < 1 || T < 1 || H < 1 || window < 0 || stride_qkv < H * hd || stride_o < H * hd) {
+        fail("%s: bad shape B=%d T=%d H=%d stride_qkv=%d stride_o=%d window=%d\n"
+             "HINT: strides count elements between consecutive tokens (>= H*hd); window >= 0", who, B, T, H,
+             stride_qkv, stride_o, window);
+    }
+    if (stride_qkv % 8 || stride_o % 2 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16) {
+        fail("%s: q/k/v must be 16-byte aligned with stride_qkv %% 8 == 0, stride_o even\n"
+             "HINT: q, k, v are read in 16-byte chunks; allocate with cudaMalloc and keep strides multiples of 8", who);
     }
 }
 
@@ -1727,6 +1770,10 @@ static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16*
     launchCheck();
 }
 
+// ---- the fused forward (FWD_HEADER) ----
+
+#define FOX_RESCALE_LOG2 8.0f  // O is rescaled only when a row maximum grows by more than this (log2 units)
+
 // o = acc / l (bf16) and lse = ln(sum) of the thread's rows below T; ob, lse_bh: this (b, h)'s
 // o at token 0 and lse row
 template<int HD>
@@ -1782,7 +1829,15 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
 // - ST K/V stages and one barrier per tile: tile n + ST - 1 is loaded, after the barrier, into the
 //   stage of tile n - 1, which every warpgroup is done with.
 
-#define FOX_RESCALE_LOG2 8.0f  // O is rescaled only when a row maximum grows by more than this (log2 units)
+// ROWS fp32 values of a (B, H, T) vector; past T zero-filled
+template<int ROWS>
+__device__ __forceinline__ void load_vec_async(float* sm, const float* g, int row0, int T) {
+    if (threadIdx.x < ROWS) {
+        int row = row0 + threadIdx.x;
+        bool ok = row < T;
+        cp_async4(sm + threadIdx.x, g + (ok ? row : 0), ok);
+    }
+}
 
 // Logits of one warp's 16 rows of a BC-key tile in the accumulator layout: x = s * scale_log2 + d_j
 // (d_j as above, from the tile's c_j in sCb; 0 without gate), -inf where MASK and the column offset
@@ -1939,20 +1994,6 @@ fox_fwd_lean_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf1
                        stride_o);
 }
 
-static void fox_check_args(const char* who, const void* q, const void* k, const void* v, int B, int T, int H,
-                           int hd, int stride_qkv, int stride_o, int window) {
-    if (hd != 64 && hd != 128) { fail("%s: head size %d is not supported\nHINT: use hd = 64 or 128 (C / H)", who, hd); }
-    if (B < 1 || T < 1 || H < 1 || window < 0 || stride_qkv < H * hd || stride_o < H * hd) {
-        fail("%s: bad shape B=%d T=%d H=%d stride_qkv=%d stride_o=%d window=%d\n"
-             "HINT: strides count elements between consecutive tokens (>= H*hd); window >= 0", who, B, T, H,
-             stride_qkv, stride_o, window);
-    }
-    if (stride_qkv % 8 || stride_o % 2 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16) {
-        fail("%s: q/k/v must be 16-byte aligned with stride_qkv %% 8 == 0, stride_o even\n"
-             "HINT: q, k, v are read in 16-byte chunks; allocate with cudaMalloc and keep strides multiples of 8", who);
-    }
-}
-
 // forward version 9 (hd 128): two warpgroups (128 query rows) per block, 128-key tiles, two stages
 template<int HD, bool GATE>
 static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
@@ -1970,44 +2011,6 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
     float scale_log2 = LOG2E / sqrtf((float)HD);
     fox_fwd_lean_kernel<HD, BC, ST, GATE><<<grid, 256, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2, key_start);
     launchCheck();
-}
-
-// The warp-specialised kernels' machinery (FlashAttention-3's structure: the backward, and the
-// forward at hd 64): a producer warp fills rings of shared-memory stages, signalled by mbarriers
-// (a full barrier per stage completes when the copy engine's bytes and any cp.async lanes have
-// landed, an empty one when the consumer warps are done with it); setmaxnreg moves registers from
-// the producer warpgroup to the consumers.
-//
-// Loads use the bulk tensor copy engine (TMA) with one tensor map per q, k, v, dO over the packed
-// (B, T, H, hd) layout: dims (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2), box
-// (64 columns, 1 head, rows, 1 batch). Its 128-byte swizzle writes exactly the tile layout of the
-// wgmma descriptors (64-column blocks, chunk c of row r at c ^ r % 8, 1024-byte aligned), and rows
-// past T come back as zeros. fp32 rows (lse, Delta, c: (B, H, T)) cannot have a tensor map for odd
-// T (the row stride must be a multiple of 16 bytes): the producer warp loads them with 4-byte
-// cp.async that arrive on the stage's full barrier when they land, or (the backward's PRE, hd 64)
-// with plain loads, turns them into the per-column logit terms and stores those, then arrives with
-// release semantics.
-
-// Per stage of a ring a full barrier (full_count arrivals) and an empty one (empty_count: a warp of
-// the consumers each); thread 0 only.
-template<int ST>
-__device__ __forceinline__ void fox_ring_barriers(uint64_t* full, uint64_t* empty, int full_count, int empty_count) {
-    for (int st = 0; st < ST; st++) {
-        mbar_init(&full[st], full_count);
-        mbar_init(&empty[st], empty_count);
-    }
-}
-// Thread 0 initialises the block's barriers: the fixed tile's (one arrival) and a ring's; the fence
-// makes them (and any thread 0 initialised before) visible to the copy engine before any thread goes on.
-template<int ST>
-__device__ __forceinline__ void fox_ring_init(uint64_t* fixed_bar, uint64_t* full, uint64_t* empty, int full_count,
-                                              int empty_count) {
-    if (threadIdx.x == 0) {
-        mbar_init(fixed_bar, 1);
-        fox_ring_barriers<ST>(full, empty, full_count, empty_count);
-        mbar_init_fence();
-    }
-    __syncthreads();
 }
 
 // Version 10 of dev/cuda/fox_attention_forward.cu, the forward at hd 64: version 9's softmax
@@ -2263,23 +2266,7 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
     }
 }
 
-// Delta_i = dO_i . O_i in fp32, a warp per row
-template<int HD>
-__global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* o, int BHT, int T, int H, int stride_o) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= BHT) return;
-    int i = row % T, bh = row / T, h = bh % H, b = bh / H;
-    size_t off = ((size_t)b * T + i) * stride_o + (size_t)h * HD;
-    float s = 0.f;
-    #pragma unroll
-    for (int d = 2 * lane; d < HD; d += 64) {
-        float2 g = __bfloat1622float2(*(const __nv_bfloat162*)(dout + off + d));
-        float2 x = __bfloat1622float2(*(const __nv_bfloat162*)(o + off + d));
-        s += g.x * x.x + g.y * x.y;
-    }
-    for (int sh = 16; sh > 0; sh >>= 1) s += __shfl_xor_sync(0xffffffff, s, sh);
-    if (lane == 0) delta[row] = s;
-}
+// ---- the fused backward (BWD_HEADER) ----
 
 // Forward line differentiated: o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
 // S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i);
@@ -2948,6 +2935,27 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
 #endif // ENABLE_FP32
 
 // ---- the boundary used by gpu_forward / gpu_backward ----
+
+#ifndef ENABLE_FP32
+// tests only: lets the bf16 build run head sizes other than 64 and 128 on the simple kernel
+static int g_attention_any_head = 0;
+
+static int attention_fused(int hd) { return hd == 64 || hd == 128; }
+#endif
+
+// adaptive computation pruning in the fused kernels (-A, -L), for the models run next
+static int g_prune = 0;
+#ifndef ENABLE_FP32
+static float g_prune_ln_eps = -10.0f;
+#endif
+static void attention_set_pruning(int on, double ln_eps) {
+    g_prune = on;
+#ifndef ENABLE_FP32
+    g_prune_ln_eps = (float)ln_eps;
+#else
+    (void)ln_eps; // the fp32 build has no fused kernels: -A 1 fails at the first attention
+#endif
+}
 
 #ifndef ENABLE_FP32
 // The pruning tiles of one layer's q, k, c (B, T, H, hd; c (B, H, T)), or NULL when pruning is off or
