@@ -946,7 +946,8 @@ template<int ROWS> __device__ __forceinline__ uint64_t desc_k(const bf16* tile, 
 template<int ROWS> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int kk) {
     return wg_desc(tile + kk * 16 * 64, ROWS * 128, 1024);
 }
-// descriptor + bytes: only the address field (addr >> 4) moves
+// descriptor + bytes: only the address field (addr >> 4, 14 bits) moves; no carry leaves it while
+// shared memory ends below 256 KB
 __device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
 // bytes from k step 0 to k step kk of a K-major swizzled (ROWS, HD) tile (desc_k)
 template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int kk) {
@@ -1065,15 +1066,14 @@ static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, in
 #endif // ENABLE_FP32
 
 // ----------------------------------------------------------------------------
-// The projections of the normed attention input x onto one value per head: the k-shift and
-// v-shift logits and the forget-gate logit, P <= 3 of them (those that are on), each a (H, C)
-// weight without bias. As matmuls with H outputs cuBLASLt runs them on small-tile sm80 kernels,
-// one launch per projection each reading x (forward) or read-modify-writing the fp32 dx
-// (backward); the bf16 build computes all P in one pass on tensor cores instead (mma.sync
-// m16n8k16, fp32 accumulation). The fp32 build keeps the cuBLASLt matmuls. The weight
-// gradients stay on cuBLASLt (a long reduction over N, which it splits well).
-// Output j = p * H + h of the concatenation is head h of projection p; the kernels are compiled
-// for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP with zero weights).
+// head projections: the normed attention input x projected onto one value per head, the k-shift
+// and v-shift logits and the forget-gate logit, P <= 3 of them (those that are on), each a (H, C)
+// weight without bias. The bf16 build computes all P in one pass on tensor cores (mma.sync
+// m16n8k16, fp32 accumulation) instead of P thin cuBLASLt matmuls; the fp32 build keeps the
+// cuBLASLt matmuls. The weight gradients stay on cuBLASLt (a long reduction over N, which it
+// splits well). Output j = p * H + h of the concatenation is head h of projection p; the kernels
+// are compiled for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP with zero
+// weights).
 
 #define HP_MAX 3
 #define HP_MAX_J 96   // P * H (gpu_config_problem): NP <= 6
@@ -1092,19 +1092,15 @@ template <typename Ptr> __device__ static inline Ptr head_proj_pick(const Ptr (&
     return p == 0 ? a[0] : p == 1 ? a[1] : a[2];
 }
 
-// out_p (N, H) = x (N, C) @ w_p (H, C)^T for every p < P. A block takes HPF_ROWS rows of x and
-// all J outputs and walks C in stages of 64 columns: cp.async copies the stage's x (HPF_ROWS, 64)
-// and w (16 NP, 64) into shared memory HPF_STAGES - 1 stages ahead of the one the warps read, so
-// 48 KB of x per block are in flight without holding registers (at 760m the 16384 rows make one
-// block per SM: the stages, not more warps, have to cover the memory latency). Each warp owns 32
-// rows (two m16 tiles) by all J outputs in fp32 accumulators and reads its x fragments and every
-// weight fragment of the stage with ldmatrix; a weight fragment serves both m-tiles, and the
-// weights come from L2 once per block instead of once per 16 rows through L1. The sum over C is
-// one pass of mma in column order, as in a plain matmul. Edges are zero-filled copies: rows past
-// N, weight rows past J, 16-byte chunks past C (C % 8 == 0: a chunk is wholly in or out).
+// out_p (N, H) = x (N, C) @ w_p (H, C)^T for every p < P. A block takes HPF_ROWS rows of x and all
+// J outputs and walks C in stages of 64 columns: cp.async copies the stage's x (HPF_ROWS, 64) and
+// w (16 NP, 64) into shared memory HPF_STAGES - 1 stages ahead of the one the warps read. Each warp
+// owns 32 rows (two m16 tiles) by all J outputs in fp32 accumulators and reads its x fragments and
+// every weight fragment of the stage with ldmatrix (a weight fragment serves both m-tiles). The sum
+// over C is one pass of mma in column order, as in a plain matmul. Edges are zero-filled copies:
+// rows past N, weight rows past J, 16-byte chunks past C (C % 8 == 0: a chunk is wholly in or out).
 // Stage rows are 128 bytes with chunk ch stored at ch ^ (r % 8): the 8 rows of an ldmatrix matrix
-// (one logical chunk) and the 8 chunks of a row that a quarter-warp copies hit 8 distinct bank
-// groups.
+// (one logical chunk) and the 8 chunks of a row that a quarter-warp copies hit 8 distinct bank groups.
 #define HPF_WARPS 4                // warps per block in the forward
 #define HPF_ROWS (32 * HPF_WARPS)  // rows of x per block
 #define HPF_STAGES 4               // stages of 64 columns: 3 in flight while one is read
@@ -1295,25 +1291,34 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
 #endif
 
 // ----------------------------------------------------------------------------
-// Forgetting attention: s_ij = q_i . k_j / sqrt(hd) + c_i - c_j for first_key(i) <= j <= i.
-// Two implementations behind attention_forward_gpu / attention_backward_gpu:
-// - the fused flash kernels (bf16 build, head sizes 64 and 128): Hopper tensor cores (wgmma bf16,
-//   sm_90a), the versions chosen in dev/cuda/fox_attention_forward.cu (9 at both head sizes)
-//   and _backward.cu (14 at both head sizes), copied from their "train_fox.cu" sections and
-//   specialised to those versions (a change there is carried over here; see dev/cuda/README.md),
-//   plus the adaptive computation pruning of issue 9 (the tables' pass here; the pruned loop
-//   ranges are in the dev/cuda versions too);
-// - a simple tiled kernel in fp32 CUDA cores, any head size up to MAX_HD. The fp32 build
-//   needs it (the fused kernels read bf16 only); in the bf16 build it serves the tests' head
-//   size 16 fixtures (gpu_config_problem refuses other head sizes to the trainer).
-// Both backwards write dlogf (B, H, T), the gradient of log f, through the same scratch:
-// dc's column part (as key), dc's row part (as query), Delta, then one fp64 reverse scan.
+// Forgetting attention (doc/fox.md, "Forgetting attention"). Query i sees keys first_key(i) <= j <= i
+// (causal, or a sliding window of `window` keys), with the forget gate's bias:
+//   s_ij = q_i . k_j / sqrt(hd) + c_i - c_j,   P_ij = exp(s_ij - lse_i),   o_i = sum_j P_ij v_j,
+// lse_i saved for the backward. The backward writes dq, dk, dv and dlogf (B, H, T), the gradient of
+// log f: dc_t = sum_j dS_tj - sum_i dS_it and dlogf_t = sum_{s>=t} dc_s (doc/fox.md, "Attention
+// backward with the forget gate"). Two implementations behind attention_forward_gpu and
+// attention_backward_gpu, read in this order below:
+// - the simple kernel, fp32 on CUDA cores, any head size up to MAX_HD: the fp32 build runs it (the
+//   fused kernels read bf16 only); in the bf16 build it serves the tests' head size 16 fixtures
+//   (gpu_config_problem refuses other head sizes to the trainer);
+// - the fused flash kernels (bf16 build, head sizes 64 and 128) on Hopper tensor cores (wgmma),
+//   with adaptive computation pruning (doc/fox.md, "Adaptive computation pruning"): the
+//   "train_fox.cu" sections of dev/cuda/fox_attention_forward.cu and _backward.cu, specialised to
+//   the versions that run here (a change there is carried over; see dev/cuda/README.md). Which
+//   kernel runs at which head size, with which tiles: fox_attention_forward, fox_attention_backward.
+// Both backwards write dlogf through the same scratch: dc's column part (as key), dc's row part
+// (as query), Delta, then one fp64 reverse scan (fox_bwd_dlogf_kernel).
 
 #define ATT_TILE 32
 
-__device__ static inline int first_key_gpu(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
+// the first key query i sees: 0, or i - window + 1 under a sliding window
+__device__ static inline int first_key_gpu(int i, int window) {
+    return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+}
 
-// ---- the simple kernel ----
+// ---- the simple kernel (fp32 CUDA cores) ----
+// One warp per query (forward, dq) or key (dk, dv) row, the other side staged in ATT_TILE-row
+// fp32 tiles in shared memory; the softmax runs online over the key tiles.
 // copies rows [r0, r0 + rows) of one head (zeros past T) into a (rows, ld) fp32 tile
 __device__ static void load_head_rows(float* tile, int ld, const floatX* src, int b, int h, int r0, int rows, int T,
                                       int H, int hd) {
@@ -1529,7 +1534,7 @@ __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc
     if (dc_col != NULL && lane == 0) { dc_col[(size_t)bh * T + j] = -dc_acc; }
 }
 
-// ---- Delta and the d(log f) scan (DELTA_HEADER) ----
+// ---- Delta and the d(log f) scan (both implementations) ----
 
 // Delta_i = dout_i . o_i, one warp per (token, head), written (B, H, T)
 __global__ void attention_delta_kernel(float* delta, const floatX* dout, const floatX* o, size_t N, int T, int H,
@@ -1546,9 +1551,11 @@ __global__ void attention_delta_kernel(float* delta, const floatX* dout, const f
 }
 
 #ifndef ENABLE_FP32
-// Delta_i = dO_i . O_i in fp32, a warp per row
+// the fused backward's Delta_i = dO_i . O_i in fp32, a warp per (b, h, i) row; dout and o (B, T, H, HD) bf16 with
+// token stride stride_o, delta (B, H, T)
 template<int HD>
-__global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* o, int BHT, int T, int H, int stride_o) {
+__global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* o, int BHT, int T, int H,
+                                     int stride_o) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= BHT) return;
     int i = row % T, bh = row / T, h = bh % H, b = bh / H;
@@ -1592,11 +1599,15 @@ __global__ void __launch_bounds__(FOX_SCAN_THREADS) fox_bwd_dlogf_kernel(float* 
     for (int t = t1 - 1; t >= t0; t--) { run += (double)xc[t] + xr[t]; y[t] = (float)run; }
 }
 
-// ---- the fused kernels (bf16 build) ----
+// ---- the fused kernels (bf16 build): shared pieces ----
+// Tiles in shared memory are the swizzled (ROWS, HD) bf16 tiles of the Hopper primitives above; a
+// warpgroup's accumulator fragment holds, per thread, rows g and g + 8 (g = lane / 4) of its warp's
+// 16 and columns 2 tq, 2 tq + 1 (tq = lane % 4) of every 8-column block.
 #ifndef ENABLE_FP32
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
+// two floats as a bf16 pair in one register (lo in the low half)
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
@@ -1608,21 +1619,15 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const
     a[2] = pack_bf16(hi[0], hi[1]); a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// The warp-specialised kernels' machinery (FlashAttention-3's structure: the backward, and the
-// forward at hd 64): a producer warp fills rings of shared-memory stages, signalled by mbarriers
-// (a full barrier per stage completes when the copy engine's bytes and any cp.async lanes have
-// landed, an empty one when the consumer warps are done with it); setmaxnreg moves registers from
-// the producer warpgroup to the consumers.
-//
-// Loads use the bulk tensor copy engine (TMA) with one tensor map per q, k, v, dO over the packed
-// (B, T, H, hd) layout: dims (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2), box
-// (64 columns, 1 head, rows, 1 batch). Its 128-byte swizzle writes exactly the tile layout of the
-// wgmma descriptors (64-column blocks, chunk c of row r at c ^ r % 8, 1024-byte aligned), and rows
-// past T come back as zeros. fp32 rows (lse, Delta, c: (B, H, T)) cannot have a tensor map for odd
-// T (the row stride must be a multiple of 16 bytes): the producer warp loads them with 4-byte
-// cp.async that arrive on the stage's full barrier when they land, or (the backward's PRE, hd 64)
-// with plain loads, turns them into the per-column logit terms and stores those, then arrives with
-// release semantics.
+// The warp-specialised kernels (FlashAttention-3's structure: fox_fwd_wsl_kernel and both backward
+// kernels): a producer warp fills rings of shared-memory stages, signalled by mbarriers (a full
+// barrier per stage completes when the copy engine's bytes and any cp.async lanes have landed, an
+// empty one when the consumer warps are done with it); setmaxnreg moves registers from the
+// producer warpgroup to the consumers. The bf16 tiles come by TMA (fox_tensor_map, tma_load_tile);
+// the fp32 rows (lse, Delta, c: (B, H, T), no tensor map for odd T) by 4-byte cp.async from the
+// producer's 32 lanes, arriving on the stage's full barrier when they land, or (the backward's PRE)
+// by plain loads, turned into per-column logit terms and stored, then an arrival with release
+// semantics.
 
 // Per stage of a ring a full barrier (full_count arrivals) and an empty one (empty_count: a warp of
 // the consumers each); thread 0 only.
@@ -1634,7 +1639,8 @@ __device__ __forceinline__ void fox_ring_barriers(uint64_t* full, uint64_t* empt
     }
 }
 // Thread 0 initialises the block's barriers: the fixed tile's (one arrival) and a ring's; the fence
-// makes them (and any thread 0 initialised before) visible to the copy engine before any thread goes on.
+// makes them (and any thread 0 initialised before) visible to the copy engine before any thread
+// goes on.
 template<int ST>
 __device__ __forceinline__ void fox_ring_init(uint64_t* fixed_bar, uint64_t* full, uint64_t* empty, int full_count,
                                               int empty_count) {
@@ -1646,9 +1652,12 @@ __device__ __forceinline__ void fox_ring_init(uint64_t* fixed_bar, uint64_t* ful
     __syncthreads();
 }
 
+// the arguments of fox_attention_forward / _backward: fails with a hint on what the kernels cannot take
 static void fox_check_args(const char* who, const void* q, const void* k, const void* v, int B, int T, int H,
                            int hd, int stride_qkv, int stride_o, int window) {
-    if (hd != 64 && hd != 128) { fail("%s: head size %d is not supported\nHINT: use hd = 64 or 128 (C / H)", who, hd); }
+    if (hd != 64 && hd != 128) {
+        fail("%s: head size %d is not supported\nHINT: use hd = 64 or 128 (C / H)", who, hd);
+    }
     if (B < 1 || T < 1 || H < 1 || window < 0 || stride_qkv < H * hd || stride_o < H * hd) {
         fail("%s: bad shape B=%d T=%d H=%d stride_qkv=%d stride_o=%d window=%d\n"
              "HINT: strides count elements between consecutive tokens (>= H*hd); window >= 0", who, B, T, H,
@@ -1656,26 +1665,29 @@ static void fox_check_args(const char* who, const void* q, const void* k, const 
     }
     if (stride_qkv % 8 || stride_o % 2 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16) {
         fail("%s: q/k/v must be 16-byte aligned with stride_qkv %% 8 == 0, stride_o even\n"
-             "HINT: q, k, v are read in 16-byte chunks; allocate with cudaMalloc and keep strides multiples of 8", who);
+             "HINT: q, k, v are read in 16-byte chunks; allocate with cudaMalloc and keep strides multiples of 8",
+             who);
     }
 }
 
-// ---- adaptive computation pruning (train_fox.c: prune_bound, prune_tiles) ----
-// One cheap pass before each attention call: U per (b, h), then the tile tables. Pruning tiles are
-// PRUNE_BLOCK = 128 queries by 128 keys: the forward's key tile and its query tile at hd 128 (at hd
-// 64 each 64-row warpgroup of a 192-row block lies in one and takes its key_start), the dk/dv kernel's
-// key tile and two of its 64-query steps, the dq kernel's query tile and one (hd 64) or two (hd 128)
-// of its key steps; so every kernel skips the same (query, key) pairs as the others and as the twin.
+// ---- adaptive computation pruning: the tile tables (train_fox.c: prune_bound, prune_tiles) ----
+// One cheap pass before each attention call (doc/fox.md, "Adaptive computation pruning"): U per
+// (b, h), then the tables. Pruning tiles are PRUNE_BLOCK = 128 queries by 128 keys; every fused
+// kernel's query and key tiles nest in them (static_asserts; a forward warpgroup's 64 rows lie in
+// one and take its key_start), so every kernel skips the same (query, key) pairs as the others and
+// as the twin. key_start (B*H, nt): the first key tile a query tile keeps; query_end (B*H, nt): the
+// first query tile that skips a key tile (nt = ceil(T / PRUNE_BLOCK)).
 
 // U (B*H) = max_i |q_i| max_j |k_j| / sqrt(hd), in two passes so that a long sequence spreads
-// over the GPU (a block per (b, h) took 4.6 ms per call at T = 65536). fox_prune_norms_kernel:
-// grid (chunks of PRUNE_NORM_ROWS rows, B*H), a thread per row sums its squares in fp32 in order
-// (16-byte loads), then the block's maxima; fox_prune_bound_kernel: a thread per (b, h) takes the
-// maxima of its chunks. Maxima are exact in any order: deterministic, no atomics.
+// over the GPU. fox_prune_norms_kernel: grid (chunks of PRUNE_NORM_ROWS rows, B*H), a thread per
+// row sums its squares in fp32 in order (16-byte loads), then the block's maxima;
+// fox_prune_bound_kernel: a thread per (b, h) takes the maxima of its chunks. Maxima are exact in
+// any order: deterministic, no atomics.
 #define PRUNE_NORM_ROWS 256
 template<int HD>
-__global__ void __launch_bounds__(PRUNE_NORM_ROWS) fox_prune_norms_kernel(float2* partial, const bf16* q, const bf16* k,
-                                                                          int T, int H, int stride_qkv) {
+__global__ void __launch_bounds__(PRUNE_NORM_ROWS) fox_prune_norms_kernel(float2* partial, const bf16* q,
+                                                                          const bf16* k, int T, int H,
+                                                                          int stride_qkv) {
     __shared__ float2 warp_max[PRUNE_NORM_ROWS / 32];
     int chunk = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, t = chunk * PRUNE_NORM_ROWS + threadIdx.x;
     float sq = 0.f, sk = 0.f;
@@ -1770,74 +1782,28 @@ static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16*
     launchCheck();
 }
 
-// ---- the fused forward (FWD_HEADER) ----
-
-#define FOX_RESCALE_LOG2 8.0f  // O is rescaled only when a row maximum grows by more than this (log2 units)
-
-// o = acc / l (bf16) and lse = ln(sum) of the thread's rows below T; ob, lse_bh: this (b, h)'s
-// o at token 0 and lse row
-template<int HD>
-__device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const float* acc, float l[2], const float m[2],
-                                               const int rows[2], int tq, int T, int stride_o) {
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
-        int row = rows[r];
-        if (row >= T) continue;
-        float inv = 1.f / l[r];
-        #pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++)
-            *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
-                __floats2bfloat162_rn(acc[dt * 4 + 2 * r] * inv, acc[dt * 4 + 2 * r + 1] * inv);
-        if (tq == 0) lse_bh[row] = (m[r] + log2f(l[r])) * LN2;  // natural log
-    }
-}
-
-// Version 9 of dev/cuda/fox_attention_forward.cu, the forward at hd 128 (hd 64 runs version 10,
-// fox_fwd_wsl_kernel below, with this softmax): version 6's block (two warpgroups of 64 query rows
-// share cp.async K/V tiles; one block per SM at hd 128) with less element-wise work per score,
-// which at hd 64 costs as much issue time as the matmuls:
+// ---- the fused forward ----
+// The softmax of both forward kernels, in log2 units (doc/fox.md, "Numerics"):
 // - Gate terms per column, not per score. With c_ref = c of the thread's first row (a thread holds
-//   rows g and g + 8 of its warp's 16),
-//     d_j = (c_ref - c_j) log2(e)   once per key tile for the thread's BC/4 columns (both its rows),
-//     x_ij = s_ij scale log2(e) + d_j   one FFMA per score,
-//   and the row term r_i = (c_i - c_ref) log2(e) drops out of the softmax: x_ij + r_i is the true
-//   logit in log2 units and P_ij = 2^(x_ij - m_i) with m_i the row maximum of x. Only lse needs it:
-//   lse_i = (m_i + r_i + log2 l_i) ln 2.
+//   rows g and g + 8 of its warp's 16), d_j = (c_ref - c_j) log2(e) once per key tile for each of
+//   the thread's columns, and x_ij = s_ij scale log2(e) + d_j, one FFMA per score. The row term
+//   r_i = (c_i - c_ref) log2(e) drops out of the softmax: P_ij = 2^(x_ij - m_i), m_i the row maximum
+//   of x; only lse needs it: lse_i = (m_i + r_i + log2 l_i) ln 2.
 //   Precision: c reaches ~ -3e5 at T = 65536 with log f ~ -5, so c_i - c_j is never formed from two
-//   large absolutes inside a sum of large terms. c_ref log2(e) is rounded once (an error up to
-//   ~0.02 there), but the same fp32 value enters every d_j and r_i of the thread with opposite
-//   signs, so it cancels exactly in x_ij + r_i; d_j and r_i are each one FFMA (exact product)
-//   rounded once at their own magnitude. r_i is 0 or spans 8 rows (|r_i| <= 8 |log f| log2(e)), and
-//   every entry whose P is not negligible has |d_j| <= |r_i| + ~30 (<= ~90 at log f = -5), so its
-//   logit is off by a few 1e-6 (log2 units), far below bf16's rounding of P (2^-8 relative). (With
-//   one reference per block, c of row i0, r_i spans 127 rows and the error grows to ~1e-4; measured:
-//   lse off by up to 4e-5 against version 6's 3e-6.)
+//   large absolutes. c_ref log2(e) is rounded once, but the same fp32 value enters every d_j and r_i
+//   of the thread with opposite signs and cancels exactly in x_ij + r_i; d_j and r_i are each one
+//   FFMA rounded at their own magnitude (|r_i| <= 8 |log f| log2(e); |d_j| <= |r_i| + ~30 where P
+//   matters), so a logit is off by a few 1e-6, far below bf16's rounding of P (2^-8 relative).
 // - Lazy maximum (FlashAttention-4): m_i moves only when a tile's row maximum exceeds it by more
-//   than FOX_RESCALE_LOG2, so most tiles skip rescaling O (HD/2 multiplies per thread). P then is at
-//   most 2^8 (exact in fp32, fine in bf16); o = acc / l and lse stay exact. The test is per warp
-//   (__any_sync): when one row needs it the warp rescales all its rows, which is also exact.
-// - Key tiles from the diagonal backwards, so that under a decaying gate the first tile already
-//   holds each row's maximum (nearly every later tile skips the rescale).
-// - 2^x as one ex2.approx.ftz (exp2f adds a range test and two multiplies for denormal results,
-//   which are zero in P anyway); the mask (diagonal, window edge, past T: only the tiles touching
-//   them) as two integer compares against per-row bounds; a warpgroup skips the tiles none of its
-//   rows sees (above its diagonal, before its window).
-// - 128-key tiles: half the barriers and matmul issues per key of 64-key tiles (at hd 64 they fit
-//   two blocks per SM in 128 registers; at hd 128 a block takes 162 KB of shared memory).
-// - ST K/V stages and one barrier per tile: tile n + ST - 1 is loaded, after the barrier, into the
-//   stage of tile n - 1, which every warpgroup is done with.
+//   than FOX_RESCALE_LOG2, so most tiles skip rescaling O. P is then at most 2^8 (exact in fp32, fine
+//   in bf16); o = acc / l and lse stay exact. The test is per warp (__any_sync): the warp rescales
+//   all its rows, also exact. Key tiles run from the diagonal backwards, so that under a decaying
+//   gate the first tile already holds each row's maximum.
+// - 2^x by ex2_ftz (denormal P become 0); the mask (diagonal, window edge, past T: only in the tiles
+//   touching them) as two integer compares against per-row bounds.
 
-// ROWS fp32 values of a (B, H, T) vector; past T zero-filled
-template<int ROWS>
-__device__ __forceinline__ void load_vec_async(float* sm, const float* g, int row0, int T) {
-    if (threadIdx.x < ROWS) {
-        int row = row0 + threadIdx.x;
-        bool ok = row < T;
-        cp_async4(sm + threadIdx.x, g + (ok ? row : 0), ok);
-    }
-}
+// O is rescaled only when a row maximum grows by more than this (log2 units)
+#define FOX_RESCALE_LOG2 8.0f
 
 // Logits of one warp's 16 rows of a BC-key tile in the accumulator layout: x = s * scale_log2 + d_j
 // (d_j as above, from the tile's c_j in sCb; 0 without gate), -inf where MASK and the column offset
@@ -1880,6 +1846,44 @@ __device__ __forceinline__ void fox_lean_exp(float* s, float l[2], const float m
     }
 }
 
+// o = acc / l (bf16) and lse = ln(sum) of the thread's rows below T; ob, lse_bh: this (b, h)'s
+// o at token 0 and lse row
+template<int HD>
+__device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const float* acc, float l[2], const float m[2],
+                                               const int rows[2], int tq, int T, int stride_o) {
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        int row = rows[r];
+        if (row >= T) continue;
+        float inv = 1.f / l[r];
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
+                __floats2bfloat162_rn(acc[dt * 4 + 2 * r] * inv, acc[dt * 4 + 2 * r + 1] * inv);
+        if (tq == 0) lse_bh[row] = (m[r] + log2f(l[r])) * LN2;  // natural log
+    }
+}
+
+// ROWS fp32 values of a (B, H, T) vector into shared memory by cp.async; past T zero-filled
+template<int ROWS>
+__device__ __forceinline__ void load_vec_async(float* sm, const float* g, int row0, int T) {
+    if (threadIdx.x < ROWS) {
+        int row = row0 + threadIdx.x;
+        bool ok = row < T;
+        cp_async4(sm + threadIdx.x, g + (ok ? row : 0), ok);
+    }
+}
+
+// The cp.async forward: a block of 256 threads, two warpgroups of 64 query rows (BR = 128, one
+// pruning tile), walks its key tiles of BC from the diagonal backwards. K, V and c_j come by
+// cp.async into ST stages shared by both warpgroups, one __syncthreads per tile: tile n + ST - 1 is
+// loaded after it into the stage of tile n - 1, which every warpgroup is done with. Per tile and
+// warpgroup: S = Q K^T (wgmma SS), the softmax above, O += P V (wgmma RS, P from registers). A
+// warpgroup skips the tiles none of its rows sees (above its diagonal, before its window); key tiles
+// before key_start (pruned) are never loaded. Grid (ceil(T / 128), B*H); shared memory as
+// fox_fwd_lean_launch allocates. Where it runs: see fox_attention_forward.
 template<int HD, int BC, int ST, bool GATE>
 __global__ void __launch_bounds__(256, 1)
 fox_fwd_lean_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c, int T, int H,
@@ -1994,7 +1998,7 @@ fox_fwd_lean_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf1
                        stride_o);
 }
 
-// forward version 9 (hd 128): two warpgroups (128 query rows) per block, 128-key tiles, two stages
+// fox_fwd_lean_kernel with its tiles and stages (where it runs: see fox_attention_forward)
 template<int HD, bool GATE>
 static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                 int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
@@ -2003,39 +2007,31 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
     // Q, ST K/V stages and c stages, + 1 KB to align the tiles to the swizzle pattern
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
     // the largest carveout: the 162 KB of a block at hd 128
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   cudaSharedmemCarveoutMaxShared));
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>,
+                                   cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_lean_kernel<HD, BC, ST, GATE><<<grid, 256, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2, key_start);
+    fox_fwd_lean_kernel<HD, BC, ST, GATE><<<grid, 256, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o,
+                                                                  window, scale_log2, key_start);
     launchCheck();
 }
 
-// Version 10 of dev/cuda/fox_attention_forward.cu, the forward at hd 64: version 9's softmax
-// (fox_lean_logits, fox_lean_exp, fox_store_rows: gate terms per column with c_ref per thread, the
-// lazy maximum, ex2.approx.ftz, integer masks, tiles from the diagonal backwards) in the backward's
-// warp-specialised structure, FlashAttention-3's hd-64 shape. H200: +7-9% over version 9 at hd 64.
-// - Why: version 9 is latency-bound (47% issue slots, 1.2 eligible warps per scheduler): its two
-//   warpgroups meet at a __syncthreads per tile and run their exponentials together and their
-//   matmuls together, while at hd 64 the exponentials (MUFU) take as long as the two matmuls.
-// - Intra-warpgroup overlap: a consumer issues tile n's S = Q K^T and tile n-1's O += P V back to
-//   back, waits only for S (wgmma groups retire in order), runs tile n's softmax under P V, then
-//   waits for P V, rescales O (lazily, with alpha kept from before the wait) and refills P. S (64
-//   registers), P (32) and O (32) are live together: version 9's 128 registers (two blocks per SM)
-//   cannot hold them, so one block per SM of a producer warpgroup (setmaxnreg 24) and three
-//   consumer warpgroups of 64 query rows (BR = 192; 160 registers: 24 * 128 + 160 * 384 <= 65536).
-// - No block-wide barrier: a producer warp loads Q and 128-key K/V tiles by TMA into separate K
-//   and V rings of ST stages (c_j by 4-byte cp.async arriving on K's full barrier). K(n) is
-//   released after tile n's logits, V(n-1) after its P V, so warpgroups drift out of phase.
-// - Each warpgroup computes only the tiles [na, nb) its rows see (its diagonal, its window, the
-//   key_start of its own 128-row pruning tile: a 192-row block spans two, so the block loads from
-//   the smaller start) and releases the others once they have landed (a stage every warpgroup
-//   skipped could otherwise be refilled under a copy still in flight).
-// - Descriptors built once (warp-uniform) and advanced by constants, as the backward's.
+// The warp-specialised forward, the softmax above in FlashAttention-3's structure. Block of 512
+// threads: a producer warpgroup (setmaxnreg 24; one warp loads Q, then K and V tiles of BC keys by
+// TMA into separate K and V rings of ST stages, c_j by cp.async arriving on K's full barrier) and
+// three consumer warpgroups of 64 query rows (BR = 192; setmaxnreg 160: 24 * 128 + 160 * 384 <=
+// 65536 registers, one block per SM). A consumer issues tile n's S = Q K^T and tile n-1's O += P V
+// back to back, waits only for S, runs tile n's softmax under P V, then waits for it, rescales O
+// (alpha from before the wait) and refills P: S, P and O live together. K(n) is released after
+// tile n's logits, V(n-1) after its P V; no block-wide barrier. A warpgroup computes only the tiles
+// [na, nb) its rows see (its diagonal, window and pruning tile's key_start; the block loads from the
+// smallest start) and releases the others once landed. Where it runs: see fox_attention_forward.
 template<int HD, int BC, int ST, bool GATE>
-__global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse, const __grid_constant__ CUtensorMap tmQ,
+__global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse,
+                                                             const __grid_constant__ CUtensorMap tmQ,
                                                              const __grid_constant__ CUtensorMap tmK,
                                                              const __grid_constant__ CUtensorMap tmV, const float* c,
                                                              int T, int H, int stride_o, int window, float scale_log2,
@@ -2224,24 +2220,25 @@ __global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse
                        stride_o);
 }
 
-// forward version 10 (hd 64): a producer and three consumer warpgroups (192 query rows) per block,
-// 128-key tiles, three stages in each of the K and V rings
+// fox_fwd_wsl_kernel with its tiles and stages (where it runs: see fox_attention_forward)
 template<bool GATE>
 static void fox_fwd_wsl_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                cudaStream_t s) {
     constexpr int HD = 64, BC = 128, ST = 3, BR = 192;
-    // Q, ST stages of K, V and c, the barriers, + 1 KB to align the tiles to the swizzle pattern (122.6 KB)
+    // Q, ST stages of K, V and c, the barriers, + 1 KB to align the tiles to the swizzle pattern
+    // (122.6 KB)
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
                             (1 + 4 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
                 tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_wsl_kernel<HD, BC, ST, GATE><<<grid, 512, smem, s>>>(o, lse, tq, tk, tv, c, T, H, stride_o, window, scale_log2,
-                                                                key_start);
+    fox_fwd_wsl_kernel<HD, BC, ST, GATE><<<grid, 512, smem, s>>>(o, lse, tq, tk, tv, c, T, H, stride_o, window,
+                                                                scale_log2, key_start);
     launchCheck();
 }
 
@@ -2254,9 +2251,17 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
                            const int* key_start, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
-    if (key_start && !c) { fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL"); }
-    // version 10 at hd 64 (dev/cuda: +7-9% over version 9), version 9 at hd 128 (+14-17% over the
-    // warp-specialised version 8)
+    if (key_start && !c) {
+        fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL");
+    }
+    // The kernels that run, versions of dev/cuda/fox_attention_forward.cu (their history: dev/cuda/LOG.md):
+    // - hd 64: version 10, fox_fwd_wsl_kernel<64, 128, 3, GATE>: 512 threads, a producer warpgroup (TMA)
+    //   and three consumer warpgroups of 64 query rows (192 a block), 128-key tiles through K and V rings
+    //   of 3 stages, setmaxnreg 24 / 160, 122.6 KB of shared memory, one block per SM;
+    // - hd 128: version 9, fox_fwd_lean_kernel<128, 128, 2, GATE>: 256 threads, two warpgroups of 64 query
+    //   rows (128 a block) sharing cp.async K/V tiles of 128 keys in 2 stages, 162 KB of shared memory,
+    //   one block per SM.
+    // Both run the softmax of fox_lean_logits / fox_lean_exp; without c, GATE = false and no pruning.
     if (hd == 64) {
         if (c) fox_fwd_wsl_launch<true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
         else fox_fwd_wsl_launch<false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
@@ -2266,52 +2271,22 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
     }
 }
 
-// ---- the fused backward (BWD_HEADER) ----
-
-// Forward line differentiated: o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
+// ---- the fused backward ----
+// The forward differentiated: o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
 // S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i);
 // dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij k_j; dc_t = sum_j dS_tj - sum_i dS_it.
-//
-// Version 14 of dev/cuda at hd 128 and version 15 at hd 64 (PRE below): version 9's
-// warp-specialised kernels with lean consumers. A block of three warpgroups owns one 128-row tile
-// (128 keys in the dK/dV kernel, 128 queries in the dQ kernel: one pruning tile each). Warpgroup 0
-// is the producer: one warp issues the copy-engine (TMA) loads, setmaxnreg gives its registers away
-// (24). Warpgroups 1 and 2 consume 64 rows each (setmaxnreg 240). The fixed tile (K, V; Q, dO)
-// comes once; the streamed tiles (Q, dO and the queries' lse, Delta, c; K, V and the keys' c)
-// through a ring of ST stages with a full and an empty mbarrier per stage. The per-row floats come
-// by 4-byte cp.async from the producer's 32 lanes, arriving on the stage's full barrier (a tensor
-// map needs 16-byte row strides, which (B, H, T) fp32 lacks for odd T; PRE: plain loads, below).
-// Nothing keeps the two consumers in lockstep: each waits only for its stage's bytes and releases
-// the stage when its last matmul on it is done, so one consumer's element-wise work runs under the
-// other's matmuls and the loads under both. Inside a consumer a tile has two commit groups (P's
-// exponentials under dP^T, dS under dV), and no accumulator of an in-flight wgmma is defined by
-// other code in between (no C7515; the dQ kernel's overlap makes ptxas add one wait after its loop,
-// C7517, which is expected). A consumer skips the tiles it sees nothing of (above its diagonal or
-// past the window) but still releases them. The consumers' element-wise work is lean (at hd 64 it
-// lasts as long as their matmuls):
-// - masks as selects against two integer bounds per row, in a straight-line loop of their own
-//   (a branch per score cut the loop into blocks ptxas could not schedule across);
-// - each wgmma descriptor is a tile start computed once per kernel (warp-uniform: the consumer
-//   index goes through a shuffle) plus a constant for the k step and the stage (the address field
-//   is addr >> 4 in 14 bits; shared memory ends below 256 KB, so no carry leaves it);
-// - gate terms per column and row, not per score: P = 2^(s scale log2 e + (A_i + B_j)) with a
-//   query term A_i and a key term B_j relative to c of the first key of j's 128-key block
-//   (fox_lean_qterm, fox_lean_kterm), formed with the same operations in both kernels, so that
-//   they see the same P and dS bits: dc's row sums (dQ kernel) and column sums (dK/dV kernel) add
-//   the same values, so d(log f_0) = sum_t dc_t is 0 up to summation order (exactly 0 at window 1).
-// No turns (backward version 11's ping-pong named barriers): with these consumers they cost at
-// both head sizes (dev/cuda README). The dQ consumers overlap tiles (version 14): tile n + 1's S and dP are
-// issued before the wait for tile n's dQ, whose stage is released after it.
-// PRE (version 15, hd 64): the producer warp forms the per-column terms once per stage instead of
-// every consumer thread for its columns (8 times per column, once per consumer warp): its 32 lanes
-// load the floats with plain loads before they wait for the stage (read-only inputs: the latency
-// runs under that wait), compute the queries' A_i (dK/dV kernel, stored next to Delta) or the keys'
-// B_j and c_b log2 e (dQ kernel) with fox_lean_qterm / fox_lean_kterm, the same operations on the
-// same values (so P and dS keep their bits: the ladder's results equal version 14's bitwise),
-// st.shared them and arrive on the full barrier with release semantics (the consumers' try_wait
-// acquires; arrival counts unchanged). The dK/dV consumers load their A's right after issuing S^T
-// and dP^T and their Delta's right after issuing dV, before the waits (shared-memory latency under
-// the matmuls, not in the exponential and dS loops). H200: +3-8% at hd 64, -4% and -8% at hd 128.
+// Two warp-specialised kernels of 384 threads, each block owning one 128-row tile (one pruning
+// tile): dK/dV (a key tile; query tiles streamed) and dQ (a query tile; key tiles streamed).
+// Warpgroup 0 is the producer (fox_bwd_producer, setmaxnreg 24); warpgroups 1 and 2 consume 64 rows
+// each (setmaxnreg 240). The fixed pair of tiles comes once, the streamed pairs and their per-row
+// floats through a ring of ST stages. The consumers are not kept in lockstep: each waits only for
+// its stage and releases it after its last matmul on it, so one's element-wise work runs under the
+// other's matmuls. No accumulator of an in-flight wgmma is defined by other code (no C7515; the dQ
+// kernel's cross-tile overlap makes ptxas add one wait after its loop, C7517, expected). Masks are
+// selects against two integer bounds per row; descriptors are computed once (warp-uniform) and
+// advanced by constants (desc_add). PRE: the producer's lanes form the per-column logit terms once
+// per stage (plain loads before the wait for the stage, st.shared, an arrival with release
+// semantics), the same operations on the same values as the consumers' (P and dS keep their bits).
 
 // The producer warp of both backward kernels (lane 0 issues the copies; the whole warp runs the
 // per-row loads): the block's own pair of tiles (K, V of the key tile, or Q, dO of the query tile)
@@ -2344,15 +2319,17 @@ __device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUt
     }
 }
 
-// The logit of (query i, key j) in log2 units, computed with the same operations in both kernels,
-// so that they see the same P and dS bits (as backward version 9's did): with cb_l2 = c_b log2 e
-// (c_b = c of the first key of j's 128-key block, the dK/dV block's), a query term
-// A_i = (c_i log2 e - cb_l2) - lse_i log2 e (an FFMA of the exact product, then the rounded
-// lse_i log2 e subtracted: two roundings at |A_i|) and a key term B_j = cb_l2 - c_j log2 e (one
-// FFMA), x = s scale_log2 + (A_i + B_j); cb_l2's own rounding cancels in A_i + B_j. Every entry
-// whose P matters has |c_i - c_b| within ~30 + 128 |log f|, so the logit is off by at most ~6e-5
-// (log2 units) at log f = -5, below bf16's rounding of P. Without gate A_i = -lse_i log2 e,
-// B_j = 0. Intrinsics: no FMA contraction may differ between the kernels.
+// The logit of (query i, key j) in log2 units from a term per row and one per column, computed with
+// the same operations in both kernels so that they see the same P and dS bits: dc's row sums (dQ
+// kernel) and column sums (dK/dV kernel) add the same values, and d(log f_0) = sum_t dc_t is 0 up to
+// summation order (exactly 0 at window 1). With cb_l2 = c_b log2 e (c_b = c of the first key of
+// j's 128-key block, the dK/dV block's), a query term A_i = (c_i log2 e - cb_l2) - lse_i log2 e (an
+// FFMA of the exact product, then the rounded lse_i log2 e subtracted: two roundings at |A_i|) and
+// a key term B_j = cb_l2 - c_j log2 e (one FFMA), x = s scale_log2 + (A_i + B_j); cb_l2's own
+// rounding cancels in A_i + B_j. Every entry whose P matters has |c_i - c_b| within ~30 + 128 |log f|,
+// so the logit is off by at most ~6e-5 (log2 units) at log f = -5, below bf16's rounding of P.
+// Without gate A_i = -lse_i log2 e, B_j = 0. Intrinsics: no FMA contraction may differ between the
+// kernels.
 __device__ __forceinline__ float fox_lean_qterm(float c_i, float lse_i, float cb_l2, bool gate) {
     float l2 = __fmul_rn(lse_i, LOG2E);
     return gate ? __fsub_rn(fmaf(c_i, LOG2E, -cb_l2), l2) : -l2;
@@ -2449,21 +2426,23 @@ __device__ __forceinline__ void fox_bwd_lean_ds(float* s, const float* dp, const
     }
 }
 
-// o_i = sum_j P_ij v_j with P_ij = exp(q_i.k_j scale + c_i - c_j - lse_i) differentiated for the keys:
-// dv_j = sum_i P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (derivation above).
-// dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
-// (a warp 16 of them). Query tiles of BQ stream through the ring with their lse, Delta, c (PRE:
-// their A_i, Delta_i). query_end (B*H, ceil(T / 128)): query tiles of 128 from query_end on are
-// pruned (NULL: none).
+// dK/dV: dv_j = sum_i P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (above) for the
+// 128-key tile blockIdx.x (K, V fixed); consumer cw owns keys 64cw..+63 (a warp 16 of them). Query
+// tiles of BQ stream through the ring with their lse, Delta, c (PRE: their A_i, Delta_i). Per tile:
+// S^T = K Q^T and dP^T = V dO^T in two commit groups (P^T's exponentials run under dP^T), dV += P^T
+// dO, dS^T = P^T (dP^T - Delta) under dV, dK += dS^T Q. query_end (B*H, ceil(T / 128)): the query
+// tiles of 128 from query_end on are pruned (NULL: none). Grid (ceil(T / 128), B*H); shared memory
+// as fox_bwd_lean_launch allocates. Where it runs: see fox_attention_backward.
 template<int HD, int BQ, int ST, bool GATE, bool PRE>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf16* dv, float* dc,
                                                                    const __grid_constant__ CUtensorMap tmQ,
                                                                    const __grid_constant__ CUtensorMap tmG,
                                                                    const __grid_constant__ CUtensorMap tmK,
                                                                    const __grid_constant__ CUtensorMap tmV,
-                                                                   const float* lse, const float* delta, const float* c,
-                                                                   int T, int H, int stride_qkv, int window,
-                                                                   float scale_log2, float scale, const int* query_end) {
+                                                                   const float* lse, const float* delta,
+                                                                   const float* c, int T, int H, int stride_qkv,
+                                                                   int window, float scale_log2, float scale,
+                                                                   const int* query_end) {
     constexpr int BK = 128;
     static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -2646,20 +2625,23 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
     }
 }
 
-// o_i = sum_j P_ij v_j with P_ij = exp(q_i.k_j scale + c_i - c_j - lse_i) differentiated for the
-// queries: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (derivation above).
-// dq and the dc row sums of the 128-query tile gridDim.x - 1 - blockIdx.x; consumer cw owns queries
-// 64cw..+63. Key tiles of BC stream through the ring with the keys' c (PRE: their B_j and c_b log2 e).
-// key_start (B*H, ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none).
+// dQ: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (above) for the 128-query tile
+// gridDim.x - 1 - blockIdx.x (Q, dO fixed; longest rows first); consumer cw owns queries 64cw..+63.
+// Key tiles of BC stream through the ring with the keys' c (PRE: their B_j and c_b log2 e). Per
+// tile: S = Q K^T and dP = dO V^T, P, dS = P (dP - Delta), dQ += dS K; tile n + 1's S and dP are
+// issued before the wait for tile n's dQ, whose stage is released after it. key_start (B*H,
+// ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none). Grid (ceil(T / 128),
+// B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see fox_attention_backward.
 template<int HD, int BC, int ST, bool GATE, bool PRE>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float* dc_row,
                                                                  const __grid_constant__ CUtensorMap tmQ,
                                                                  const __grid_constant__ CUtensorMap tmG,
                                                                  const __grid_constant__ CUtensorMap tmK,
                                                                  const __grid_constant__ CUtensorMap tmV,
-                                                                 const float* lse, const float* delta, const float* c,
-                                                                 int T, int H, int stride_qkv, int window,
-                                                                 float scale_log2, float scale, const int* key_start) {
+                                                                 const float* lse, const float* delta,
+                                                                 const float* c, int T, int H, int stride_qkv,
+                                                                 int window, float scale_log2, float scale,
+                                                                 const int* key_start) {
     constexpr int BR = 128;
     static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -2851,16 +2833,15 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     }
 }
 
-// Delta, the dK/dV and dQ kernels, then the dlogf scan. 64-query steps in dK/dV; 128-key tiles in
-// dQ at hd 64, 64-key at hd 128; two stages. scratch: 3 * B*H*T floats (see fox_attention_backward).
+// the dK/dV kernel (query tiles of BQ) and the dQ kernel (key tiles of BC) with their stages and PRE
+// (where they run: see fox_attention_backward)
 template<int HD, int BQ, int BC, bool GATE>
-static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
-                                const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
-                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
-                                const int* query_end, cudaStream_t s) {
+static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout,
+                                const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
+                                const float* c, int B, int T, int H, int stride_qkv, int stride_o, int window,
+                                const int* key_start, const int* query_end, cudaStream_t s) {
     constexpr int ST = 2;
-    // the producer's per-column terms (version 15) at hd 64 only: slower at hd 128 (dev/cuda README)
-    constexpr bool PRE = HD == 64;
+    constexpr bool PRE = HD == 64;  // the producer's per-column terms: at hd 64 only
     // the fixed 128-row tiles, ST stages of the streamed tiles and of their floats (dK/dV: lse,
     // Delta, c, PRE: A, Delta; dQ: c, PRE: B and c_b in 2 ST floats), the barriers, + 1 KB to align
     // the tiles to the swizzle pattern
@@ -2869,13 +2850,16 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     constexpr size_t smem_q = 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) +
                               (ST * BC + (PRE ? 2 * ST : 0)) * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
-                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128),
+                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
     fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE><<<grid, 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     launchCheck();
@@ -2886,23 +2870,30 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     launchCheck();
 }
 
-static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
-                         const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
+// Delta, the dK/dV and dQ kernels (their tiles by head size: see fox_attention_backward), then the
+// dlogf scan; scratch: 3 * B*H*T floats (as fox_attention_backward's scratch_dc)
+static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout,
+                         const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
                          cudaStream_t s) {
     int BHT = B * H * T;
     const int* key_start = tables;
     const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
     float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
-    if (hd == 64) fox_bwd_delta_kernel<64><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
-    else fox_bwd_delta_kernel<128><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    unsigned delta_blocks = (unsigned)ceil_div(BHT, 8); // a warp per row, 8 warps a block
+    if (hd == 64) fox_bwd_delta_kernel<64><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    else fox_bwd_delta_kernel<128><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     launchCheck();
     if (hd == 64) {
-        if (c) fox_bwd_lean_launch<64, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<64, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_lean_launch<64, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                      stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<64, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
-        if (c) fox_bwd_lean_launch<128, 64, 64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<128, 64, 64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_lean_launch<128, 64, 64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                      stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<128, 64, 64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -2929,17 +2920,32 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     if (c && !dlogf) {
         fail("fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf");
     }
-    if (tables && !c) { fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL"); }
-    fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window, tables, s);
+    if (tables && !c) {
+        fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL");
+    }
+    // The kernels that run, versions of dev/cuda/fox_attention_backward.cu (their history: dev/cuda/LOG.md):
+    // fox_bwd_delta_kernel, then fox_bwd_dkdv_lean_kernel and fox_bwd_dq_lean_kernel (384 threads: a
+    // producer warpgroup (TMA, setmaxnreg 24) and two consumer warpgroups of 64 rows (setmaxnreg 240),
+    // 2-stage rings), then fox_bwd_dlogf_kernel:
+    // - hd 64: version 15, fox_bwd_dkdv_lean_kernel<64, 64, 2, GATE, true> (a 128-key tile, 64-query tiles
+    //   streamed) and fox_bwd_dq_lean_kernel<64, 128, 2, GATE, true> (a 128-query tile, 128-key tiles
+    //   streamed); PRE = true: the producer forms the per-column logit terms;
+    // - hd 128: version 14, fox_bwd_dkdv_lean_kernel<128, 64, 2, GATE, false> (64-query tiles) and
+    //   fox_bwd_dq_lean_kernel<128, 64, 2, GATE, false> (64-key tiles); the consumers form the terms.
+    fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
+                 tables, s);
 }
 #endif // ENABLE_FP32
 
 // ---- the boundary used by gpu_forward / gpu_backward ----
+// attention_forward_gpu and attention_backward_gpu pick the fused kernels (bf16 build, hd 64 or 128)
+// or the simple kernel, and run the pruning tables' pass before the fused ones when -A 1 is on.
 
 #ifndef ENABLE_FP32
 // tests only: lets the bf16 build run head sizes other than 64 and 128 on the simple kernel
 static int g_attention_any_head = 0;
 
+// whether this head size runs on the fused kernels
 static int attention_fused(int hd) { return hd == 64 || hd == 128; }
 #endif
 
@@ -2961,7 +2967,8 @@ static void attention_set_pruning(int on, double ln_eps) {
 // The pruning tiles of one layer's q, k, c (B, T, H, hd; c (B, H, T)), or NULL when pruning is off or
 // there is no forget gate. One buffer for every layer: the backward recomputes a layer's tables
 // from the same saved q, k, c, which gives the forward's tables (deterministic pass).
-static const int* attention_prune_tables(const floatX* q, const floatX* k, const float* c, int B, int T, int H, int hd) {
+static const int* attention_prune_tables(const floatX* q, const floatX* k, const float* c, int B, int T, int H,
+                                         int hd) {
     static int* tables = NULL;
     static float* U = NULL;
     static float2* partial = NULL;
