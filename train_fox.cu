@@ -112,7 +112,8 @@ static void mpi_check(int rc, const char* call, const char* file, int line) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, msg, &len);
-    fail("MPI error '%s' in %s at %s:%d\nHINT: launch with mpirun from the same MPI the binary was built with", msg, call, file, line);
+    fail("MPI error '%s' in %s at %s:%d\nHINT: launch with mpirun from the same MPI the binary was built with", msg,
+         call, file, line);
 }
 #define mpiCheck(call) mpi_check((call), #call, __FILE__, __LINE__)
 #endif
@@ -909,13 +910,17 @@ template<int R> __device__ __forceinline__ void wgmma_pin(float* d) {
 // the same for A fragments in registers: keeps them alive (unreused) until the wait
 template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
     #pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
+    for (int i = 0; i < R; i++) {
+        asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
+    }
 }
 // A fragments read by an in-flight wgmma: a use after the wait keeps their registers from reuse
 // (a use, not a definition as wgmma_pin_a: ptxas would serialize a wgmma still in flight)
 template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
     #pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" :: "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]) : "memory");
+    for (int i = 0; i < R; i++) {
+        asm volatile("" :: "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]) : "memory");
+    }
 }
 
 // ---- swizzled shared-memory tiles and their wgmma descriptors ----
@@ -1155,7 +1160,9 @@ __global__ void __launch_bounds__(32 * HPF_WARPS) head_proj_forward_kernel(HeadP
     #pragma unroll
     for (int mt = 0; mt < 2; mt++) {
         #pragma unroll
-        for (int nt = 0; nt < 2 * NP; nt++) { acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f; }
+        for (int nt = 0; nt < 2 * NP; nt++) {
+            acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+        }
     }
 
     #pragma unroll
@@ -1241,7 +1248,8 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
     for (int i = 0; i < 2 * NP; i++) {
         int j = warp + HPB_WARPS * i;
         bool ok = j < J && c < C;
-        cp_async16(ws + j * HPB_LDW + 8 * lane, ok ? head_proj_pick(hp.w, j / H) + (size_t)(j % H) * C + c : hp.w[0], ok);
+        cp_async16(ws + j * HPB_LDW + 8 * lane, ok ? head_proj_pick(hp.w, j / H) + (size_t)(j % H) * C + c : hp.w[0],
+                   ok);
     }
     cp_async_commit();
     // dout: lane l takes j = l, l + 32, .. (< 16 NP), warp w rows w, w + 8, ..
@@ -1716,7 +1724,10 @@ __global__ void __launch_bounds__(PRUNE_NORM_ROWS) fox_prune_norms_kernel(float2
     __syncthreads();
     if (threadIdx.x == 0) {
         float2 m = warp_max[0];
-        for (int w = 1; w < PRUNE_NORM_ROWS / 32; w++) { m.x = fmaxf(m.x, warp_max[w].x); m.y = fmaxf(m.y, warp_max[w].y); }
+        for (int w = 1; w < PRUNE_NORM_ROWS / 32; w++) {
+            m.x = fmaxf(m.x, warp_max[w].x);
+            m.y = fmaxf(m.y, warp_max[w].y);
+        }
         partial[(size_t)bh * gridDim.x + chunk] = m;
     }
 }
@@ -1768,8 +1779,8 @@ __global__ void fox_prune_tiles_kernel(int* key_start, int* query_end, const flo
 // Fills `tables` (2 * B*H*nt ints: key_start, then query_end) and U (B*H) for q, k, c; partial:
 // scratch of B*H*ceil(T / PRUNE_NORM_ROWS) float2. The twin computes the same tables from the same
 // U and c (test_fox.cu checks they match).
-static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16* q, const bf16* k, const float* c, int B,
-                             int T, int H, int hd, int stride_qkv, float ln_eps, cudaStream_t s) {
+static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16* q, const bf16* k, const float* c,
+                             int B, int T, int H, int hd, int stride_qkv, float ln_eps, cudaStream_t s) {
     int BH = B * H, nt = ceil_div(T, PRUNE_BLOCK), chunks = ceil_div(T, PRUNE_NORM_ROWS);
     dim3 grid((unsigned)chunks, (unsigned)BH);
     if (hd == 64) fox_prune_norms_kernel<64><<<grid, PRUNE_NORM_ROWS, 0, s>>>(partial, q, k, T, H, stride_qkv);
@@ -1777,8 +1788,9 @@ static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16*
     launchCheck();
     fox_prune_bound_kernel<<<(unsigned)ceil_div(BH, 128), 128, 0, s>>>(U, partial, BH, chunks, hd);
     launchCheck();
-    fox_prune_tiles_kernel<<<(unsigned)ceil_div(BH * nt, 8), 256, 0, s>>>(tables, tables + (size_t)BH * nt, c, U, BH, T, nt,
-                                                                         prune_delta_base(ln_eps, T)); // 8 warps a block
+    // a warp per (b, h, tile), 8 warps a block
+    fox_prune_tiles_kernel<<<(unsigned)ceil_div(BH * nt, 8), 256, 0, s>>>(tables, tables + (size_t)BH * nt, c, U, BH,
+                                                                         T, nt, prune_delta_base(ln_eps, T));
     launchCheck();
 }
 
@@ -2057,7 +2069,9 @@ __global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse
     // first key tile the rows i0w .. i0w + 63 see: their window, the key_start of their pruning tile
     auto first_tile = [&](int i0w) {
         int jt = window > 0 ? max(0, i0w - window + 1) / BC : 0;
-        if (key_start) jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
+        if (key_start) {
+            jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
+        }
         return jt;
     };
     int jt_begin = first_tile(i0);  // the block's: the smallest over its warpgroups with rows below T
@@ -2145,9 +2159,12 @@ __global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse
         wgmma_commit();
         if (n > na) {
             #pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+            for (int kk = 0; kk < BC / 16; kk++) {
+                wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+            }
             wgmma_commit();
-            wgmma_wait<1>();  // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+            // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+            wgmma_wait<1>();
         } else {
             wgmma_wait0();
         }
@@ -2204,7 +2221,9 @@ __global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse
         mbar_wait(&fullV[pst], ((nb - 1) / ST) & 1);
         wgmma_fence();
         #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+        for (int kk = 0; kk < BC / 16; kk++) {
+            wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+        }
         wgmma_commit();
         wgmma_wait0();
         wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
@@ -2233,8 +2252,9 @@ static void fox_fwd_wsl_launch(bf16* o, float* lse, const bf16* q, const bf16* k
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
     cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem));
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
-                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR);
+    CUtensorMap tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC);
+    CUtensorMap tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
     float scale_log2 = LOG2E / sqrtf((float)HD);
     fox_fwd_wsl_kernel<HD, BC, ST, GATE><<<grid, 512, smem, s>>>(o, lse, tq, tk, tv, c, T, H, stride_o, window,
@@ -2298,8 +2318,8 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
 template<int FIXED_ROWS, int ROWS, int HD, int ST, typename RowFetch, typename RowLoads>
 __device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUtensorMap* tFa, const CUtensorMap* tFb,
                                                  int fixed_row, uint64_t* fixed_bar, bf16* sA, bf16* sB,
-                                                 const CUtensorMap* tA, const CUtensorMap* tB, int first_row, int ntiles,
-                                                 uint64_t* full, uint64_t* empty, int h, int b, int lane,
+                                                 const CUtensorMap* tA, const CUtensorMap* tB, int first_row,
+                                                 int ntiles, uint64_t* full, uint64_t* empty, int h, int b, int lane,
                                                  RowFetch row_fetch, RowLoads row_loads) {
     if (lane == 0) {
         mbar_expect_tx(fixed_bar, 2 * FIXED_ROWS * HD * sizeof(bf16));
@@ -2604,7 +2624,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
         if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's Q, dO and floats
     }
 
-    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16 *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int key = keys[r];
@@ -2650,7 +2671,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     bf16* sK = sG + BR * HD;                 // (ST, BC, HD)
     bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
     float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c of the keys; PRE: their terms B_j (fox_lean_kterm)
-    float* sCL = sC + ST * BC;               // PRE: (ST) c_b log2 e of the stage's 128-key block (2 ST floats: alignment)
+    float* sCL = sC + ST * BC;               // PRE: (ST) c_b log2 e of the stage's 128-key block (2 ST floats:
+                                             // alignment)
     uint64_t* bar = (uint64_t*)(PRE ? sCL + 2 * ST : sCL);
     uint64_t *barQ = bar, *full = bar + 1, *empty = full + ST;
 
@@ -2857,9 +2879,10 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
-                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128),
-                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ);
+    CUtensorMap tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ);
+    CUtensorMap tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128);
+    CUtensorMap tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
     fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE><<<grid, 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     launchCheck();
@@ -3089,11 +3112,13 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
     attention_delta_kernel<<<warp_blocks(N * H), 32 * WARPS_PER_BLOCK>>>(delta, dout, o, N, T, H, hd);
     launchCheck();
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
-    cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
     attention_backward_dq_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dq, c != NULL ? dc_row : NULL, dout, q, k, v,
                                                                       lse, delta, c, T, H, hd, window, scale);
     launchCheck();
-    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
     attention_backward_dkdv_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dk, dv, c != NULL ? dc_col : NULL, dout, q,
                                                                         k, v, lse, delta, c, T, H, hd, window, scale);
     launchCheck();
@@ -3427,12 +3452,14 @@ static void dist_wait(const Dist* d) {
         ncclCheck(ncclCommGetAsyncError(d->comm, &async_err));
         if (async_err != ncclSuccess && async_err != ncclInProgress) {
             ncclCommAbort(d->comm);
-            fail("rank %d: a collective failed: %s\nHINT: rerun with NCCL_DEBUG=INFO", d->rank, ncclGetErrorString(async_err));
+            fail("rank %d: a collective failed: %s\nHINT: rerun with NCCL_DEBUG=INFO", d->rank,
+                 ncclGetErrorString(async_err));
         }
         if (now_seconds() - start > DIST_TIMEOUT_S) {
             ncclCommAbort(d->comm);
-            fail("rank %d: a collective did not finish in %d s: another process probably failed or stopped\nHINT: read the "
-                 "other processes' errors; all must run the same command and reach the same steps", d->rank, DIST_TIMEOUT_S);
+            fail("rank %d: a collective did not finish in %d s: another process probably failed or stopped\n"
+                 "HINT: read the other processes' errors; all must run the same command and reach the same steps",
+                 d->rank, DIST_TIMEOUT_S);
         }
         sched_yield();
     }
@@ -3450,7 +3477,8 @@ static double dist_sum(const Dist* d, const double* values_dev, int n) {
         ncclCheck(ncclAllGather(values_dev, d->gather_dev, (size_t)n, ncclDouble, d->comm, d->stream));
         dist_stream_end(d);
         dist_wait(d);
-        cudaCheck(cudaMemcpy(d->gather_host, d->gather_dev, (size_t)n * d->world * sizeof(double), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(d->gather_host, d->gather_dev, (size_t)n * d->world * sizeof(double),
+                             cudaMemcpyDeviceToHost));
         all = d->gather_host;
     }
     double sum = 0.0;
@@ -3477,8 +3505,9 @@ static void dist_check_same(const Dist* d, double v, const char* what) {
     cudaCheck(cudaMemcpy(d->gather_host, d->gather_dev, (size_t)d->world * sizeof(double), cudaMemcpyDeviceToHost));
     for (int r = 1; r < d->world; r++) {
         if (d->gather_host[r] != d->gather_host[0]) {
-            fail("the processes disagree on %s: rank 0 has %.17g, rank %d has %.17g\nHINT: start every process with the "
-                 "same flags (only -I differs)", what, d->gather_host[0], r, d->gather_host[r]);
+            fail("the processes disagree on %s: rank 0 has %.17g, rank %d has %.17g\n"
+                 "HINT: start every process with the same flags (only -I differs)", what, d->gather_host[0], r,
+                 d->gather_host[r]);
         }
     }
 }
@@ -3500,8 +3529,8 @@ static void dist_exchange_id(Dist* d, ncclUniqueId* id, const char* rendezvous) 
 #endif
     if (rendezvous == NULL) {
         fail("%d processes need a rendezvous to find each other\nHINT: pass -F <file on a shared filesystem> or -F "
-             "tcp://<rank 0 host>:<port> to every process, or build with 'make train_fox USE_MPI=1' and launch with mpirun; "
-             "for one GPU inside a Slurm or MPI allocation pass -W 1", d->world);
+             "tcp://<rank 0 host>:<port> to every process, or build with 'make train_fox USE_MPI=1' and launch with "
+             "mpirun; for one GPU inside a Slurm or MPI allocation pass -W 1", d->world);
     }
     char host[256];
     int port;
@@ -3536,8 +3565,8 @@ static void dist_init(Dist* d, const Args* a, int argc, char** argv) {
         mpiCheck(MPI_Comm_rank(node, &t.local_rank));
         mpiCheck(MPI_Comm_free(&node));
         if ((a->world > 0 && a->world != t.world) || (a->rank >= 0 && a->rank != t.rank)) {
-            fail("-W %d / -I %d disagree with mpirun's %d processes (this one rank %d)\nHINT: drop -W and -I under mpirun",
-                 a->world, a->rank, t.world, t.rank);
+            fail("-W %d / -I %d disagree with mpirun's %d processes (this one rank %d)\n"
+                 "HINT: drop -W and -I under mpirun", a->world, a->rank, t.world, t.rank);
         }
         d->how = "MPI";
     } else
@@ -3791,7 +3820,8 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     d->dv_raw = (floatX*)arena_take(base, &off, N * C * fx);
     d->dk_alpha = (floatX*)arena_take(base, &off, N * H * fx);
     d->dv_alpha = (floatX*)arena_take(base, &off, N * H * fx);
-    d->partial = (float*)arena_take(base, &off, ceil_div(N, COLSUM_ROWS < RMS_BWD_ROWS ? COLSUM_ROWS : RMS_BWD_ROWS) * C * f);
+    d->partial = (float*)arena_take(base, &off,
+                                    ceil_div(N, COLSUM_ROWS < RMS_BWD_ROWS ? COLSUM_ROWS : RMS_BWD_ROWS) * C * f);
     d->enc_tokens = (int*)arena_take(base, &off, N * sizeof(int));
     d->enc_offsets = (int*)arena_take(base, &off, (N + 1) * sizeof(int));
     d->enc_positions = (int*)arena_take(base, &off, N * sizeof(int));
@@ -3815,8 +3845,8 @@ static size_t gpu_memory_needed(const FoxConfig* cf, size_t n, int B, int T, con
     size_t params = padded_count(n, dist->world) * (2 * sizeof(float) + sizeof(floatX)) + // master, grads, copy
                     opt_count * 2 * sizeof(float);                                     // m, v
     size_t rope = cf->rope ? (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float) : 0;
-    return params + layout_activations(&a, cf, B, T, g_recompute, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) + rope +
-           2 * (size_t)B * T * sizeof(int) + WORKSPACE_BYTES;
+    return params + layout_activations(&a, cf, B, T, g_recompute, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) +
+           rope + 2 * (size_t)B * T * sizeof(int) + WORKSPACE_BYTES;
 }
 
 // uploads the host copy of the weights (master and matmul copy)
@@ -3835,8 +3865,8 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     int hd = cf->n_embd / cf->n_head;
     static char too_big[192];
     if (cf->n_embd % XPACK != 0 || cf->mlp_hidden % XPACK != 0) {
-        snprintf(too_big, sizeof(too_big), "n_embd and mlp_hidden must be multiples of %d (the kernels' 16-byte loads)\n"
-                 "HINT: round them to multiples of %d", XPACK, XPACK);
+        snprintf(too_big, sizeof(too_big), "n_embd and mlp_hidden must be multiples of %d (the kernels' 16-byte "
+                 "loads)\nHINT: round them to multiples of %d", XPACK, XPACK);
         return too_big;
     }
     if (hd > MAX_HD) {
@@ -3845,13 +3875,13 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
         return too_big;
     }
     if (cf->n_embd > RMS_BWD_MAX_C) {
-        snprintf(too_big, sizeof(too_big), "n_embd exceeds the GPU kernels' limit of %d (the RMSNorm backward's column sums "
-                 "in shared memory)", RMS_BWD_MAX_C);
+        snprintf(too_big, sizeof(too_big), "n_embd exceeds the GPU kernels' limit of %d (the RMSNorm backward's column "
+                 "sums in shared memory)", RMS_BWD_MAX_C);
         return too_big;
     }
     if (hd % (2 * XPACK) != 0) {
-        snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) must be a multiple of %d (the per-head kernels' "
-                 "16-byte loads of both halves)\nHINT: change --n_head", 2 * XPACK);
+        snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) must be a multiple of %d (the per-head "
+                 "kernels' 16-byte loads of both halves)\nHINT: change --n_head", 2 * XPACK);
         return too_big;
     }
 #ifndef ENABLE_FP32
@@ -3862,7 +3892,8 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     }
     if (!attention_fused(hd) && !g_attention_any_head) {
         return "head size (n_embd / n_head) must be 64 or 128: the fused attention kernels of the bf16 build "
-               "support only these\nHINT: set --n_head to n_embd / 64 or n_embd / 128, or build with PRECISION=FP32 (slow)";
+               "support only these\nHINT: set --n_head to n_embd / 64 or n_embd / 128, or build with "
+               "PRECISION=FP32 (slow)";
     }
 #endif
     return NULL;
@@ -3915,7 +3946,10 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
         int hd = cf->n_embd / cf->n_head, half = hd / 2;
         float* table = (float*)malloc_check((size_t)T * half * 2 * sizeof(float), "RoPE table");
         for (int t = 0; t < T; t++) {
-            for (int i = 0; i < half; i++) { rope_angle(t, i, hd, cf->rope_theta, &table[((size_t)t * half + i) * 2], &table[((size_t)t * half + i) * 2 + 1]); }
+            for (int i = 0; i < half; i++) {
+                rope_angle(t, i, hd, cf->rope_theta, &table[((size_t)t * half + i) * 2],
+                           &table[((size_t)t * half + i) * 2 + 1]);
+            }
         }
         g->rope = (float*)gpu_malloc((size_t)T * half * 2 * sizeof(float), "RoPE table");
         cudaCheck(cudaMemcpy(g->rope, table, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
@@ -3965,12 +3999,14 @@ static void colsum_scale_gpu(float* dw, float* partial, const floatX* d, const f
     launchCheck();
 }
 
-static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const float* w, const float* rstd, size_t N, int C) {
+static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const float* w, const float* rstd, size_t N,
+                                 int C) {
     GPUGradBuffers* d = &g->gb;
     unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
     size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
     if (smem > 48 * 1024) { // above the default limit (gpu_config_problem: C <= RMS_BWD_MAX_C)
-        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
     }
     rmsnorm_backward_kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(d->dresid, d->dresid_x, d->partial, d->dxn, x, w,
                                                                     rstd, N, C);
@@ -4003,7 +4039,8 @@ static LayerActs layer_acts(const GPUModel* g, int l) {
     size_t I = (size_t)g->config.mlp_hidden, NC = N * C, NH = N * H;
     int r = a->recompute ? 0 : l; // the slot of an (R) tensor
     LayerActs p;
-    p.resid = LAYER(a->resid, l, NC); p.resid_mid = LAYER(a->resid_mid, l, NC); p.resid_next = LAYER(a->resid, l + 1, NC);
+    p.resid = LAYER(a->resid, l, NC); p.resid_mid = LAYER(a->resid_mid, l, NC);
+    p.resid_next = LAYER(a->resid, l + 1, NC);
     p.rstd_a = LAYER(a->rstd_a, l, N); p.rstd_m = LAYER(a->rstd_m, l, N);
     p.k_alpha = slice_f(a->k_alpha, l, NH); p.v_alpha = slice_f(a->v_alpha, l, NH);
     p.rstd_q = slice_f(a->rstd_q, l, NH); p.rstd_k = slice_f(a->rstd_k, l, NH);
@@ -4057,7 +4094,8 @@ static void head_proj_launch(float* dx, const HeadProj* hp, const floatX* x, siz
                                        (int)HPF_SMEM(NP)));
         cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                        cudaSharedmemCarveoutMaxShared));
-        head_proj_forward_kernel<NP><<<(unsigned)ceil_div(N, HPF_ROWS), 32 * HPF_WARPS, HPF_SMEM(NP)>>>(*hp, x, N, C, H);
+        head_proj_forward_kernel<NP><<<(unsigned)ceil_div(N, HPF_ROWS), 32 * HPF_WARPS, HPF_SMEM(NP)>>>(*hp, x, N, C,
+                                                                                                       H);
     } else {
         cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)HPB_SMEM(NP)));
@@ -4196,7 +4234,8 @@ static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int 
         if (cf->v_shift) { kv_shift_forward_gpu(p.v, p.v_raw, p.v_alpha, B, T, H, hd); }
         qk_norm_rope_forward_gpu(g, &p, l, B, T);
         if (cf->gate != GATE_NONE) {
-            forget_gate_forward_kernel<<<B * H, SCAN_THREADS>>>(p.c, p.gate_logit, pm(g, P_BF, l), cf->gate == GATE_FULL, B, T, H);
+            forget_gate_forward_kernel<<<B * H, SCAN_THREADS>>>(p.c, p.gate_logit, pm(g, P_BF, l),
+                                                                cf->gate == GATE_FULL, B, T, H);
             launchCheck();
         }
         attention_forward_gpu(p.o, p.lse, p.q, p.k, p.v, cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window);
@@ -4370,7 +4409,8 @@ static void gpu_reduce_grads(GPUModel* g) {
     if (d->zero_stage == 0) {
         ncclCheck(ncclAllReduce(g->grads, g->grads, g->padded_parameters, ncclFloat, ncclSum, d->comm, d->stream));
     } else {
-        ncclCheck(ncclReduceScatter(g->grads, g->grads + g->shard_offset, g->shard_size, ncclFloat, ncclSum, d->comm, d->stream));
+        ncclCheck(ncclReduceScatter(g->grads, g->grads + g->shard_offset, g->shard_size, ncclFloat, ncclSum, d->comm,
+                                    d->stream));
     }
     dist_stream_end(d);
 }
@@ -4443,7 +4483,9 @@ static void gpu_gather_moments(GPUModel* g, const float* shard, float* host) {
     ncclCheck(ncclAllGather(shard, g->grads, g->shard_size, ncclFloat, d->comm, d->stream));
     dist_stream_end(d);
     dist_wait(d);
-    if (host != NULL) { cudaCheck(cudaMemcpy(host, g->grads, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost)); }
+    if (host != NULL) {
+        cudaCheck(cudaMemcpy(host, g->grads, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+    }
 }
 
 // the weights and moments into the host model, on rank 0 (the others only join the collectives)
@@ -4508,7 +4550,8 @@ static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_
     printf("sample: ");
     for (int t = 1; t < gen_tokens; t++) {
         gpu_forward(g, tokens, NULL, 1, t);
-        cudaCheck(cudaMemcpy(row_x, g->acts.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(row_x, g->acts.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
+                             cudaMemcpyDeviceToHost));
         for (int j = 0; j < V; j++) { row[j] = to_float(row_x[j]); }
         tokens[t] = sample_from_logits(row, V, 1.0f, rng);
         tokenizer_print(tk, tokens[t]);
@@ -4589,8 +4632,8 @@ static int gpu_eval_main(const Args* a) {
         if (g_prune) {
             unsigned long long tiles;
             double share = attention_pruned_share(&tiles);
-            printf("attention pruning (-A 1, ln eps %g): %.1f%% of %llu attention tiles (128 x 128) skipped\n", a->prune_ln_eps,
-                   100.0 * share, tiles);
+            printf("attention pruning (-A 1, ln eps %g): %.1f%% of %llu attention tiles (128 x 128) skipped\n",
+                   a->prune_ln_eps, 100.0 * share, tiles);
         }
         free(gb.row_x);
         gpu_free(&gm);
@@ -4609,13 +4652,17 @@ static int gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* t
     const Dist* d = g->dist;
     int step = latest_checkpoint(a->out_dir);
     dist_check_same(d, step, "the newest checkpoint in -o (the directory must be on a filesystem all processes share)");
-    if (step < 0) { fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a->out_dir); }
+    if (step < 0) {
+        fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a->out_dir);
+    }
     char model_path[4096], state_path[4096];
     checkpoint_paths(a->out_dir, step, model_path, state_path, sizeof(model_path));
     FoxModel loaded;
     load_model(&loaded, model_path);
-    if (loaded.num_parameters != model->num_parameters || memcmp(&loaded.config, &model->config, sizeof(FoxConfig)) != 0) {
-        fail("the checkpoint '%s' holds another model than -e %s\nHINT: resume with the same -e and overrides as the run that wrote it", model_path, a->model);
+    if (loaded.num_parameters != model->num_parameters ||
+        memcmp(&loaded.config, &model->config, sizeof(FoxConfig)) != 0) {
+        fail("the checkpoint '%s' holds another model than -e %s\n"
+             "HINT: resume with the same -e and overrides as the run that wrote it", model_path, a->model);
     }
     memcpy(model->params_memory, loaded.params_memory, model->num_parameters * sizeof(float));
     fox_free(&loaded);
@@ -4630,7 +4677,8 @@ static int gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* t
     long saved = s.batch_samples > 0 ? s.batch_samples : (s.world == train->world ? samples : 0); // 0: an older file
     long batch_pos = translate_batch_pos(s.batch_pos, saved, samples);
     if (batch_pos < 0) {
-        fail("'%s' stopped %d batches of %ld sequences into a shard, which is no whole number of batches of -b %d x %d processes\nHINT: resume with -b and the process count of the run that wrote it (%d processes)",
+        fail("'%s' stopped %d batches of %ld sequences into a shard, which is no whole number of batches of -b %d x %d "
+             "processes\nHINT: resume with -b and the process count of the run that wrote it (%d processes)",
              state_path, s.batch_pos, saved, train->B, train->world, s.world);
     }
     dataloader_set_position(train, s.epoch, s.shard_pos, (int)batch_pos);
@@ -4653,7 +4701,8 @@ int main(int argc, char** argv) {
     if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T * dist.world; }
     long micro_tokens = (long)a.B * a.T * dist.world; // one micro-step of every process
     if (a.total_batch_tokens % micro_tokens != 0) {
-        fail("total batch -d %ld is not a multiple of b*t*processes = %d*%d*%d = %ld\nHINT: choose -d as a multiple of -b times -t times the process count",
+        fail("total batch -d %ld is not a multiple of b*t*processes = %d*%d*%d = %ld\n"
+             "HINT: choose -d as a multiple of -b times -t times the process count",
              a.total_batch_tokens, a.B, a.T, dist.world, micro_tokens);
     }
     int accum = (int)(a.total_batch_tokens / micro_tokens);
@@ -4661,14 +4710,21 @@ int main(int argc, char** argv) {
     DataLoader train, val;
     dataloader_init(&train, a.train_pattern, a.B, a.T, dist.rank, dist.world, 1, a.roll, a.seed, cf->vocab_size);
     int have_val = a.val_every > 0;
-    if (have_val) { dataloader_init(&val, a.val_pattern, a.B, a.T, dist.rank, dist.world, 0, 0, a.seed, cf->vocab_size); }
-    if (a.steps < 0) { a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum); if (a.steps < 1) { a.steps = 1; } }
+    if (have_val) {
+        dataloader_init(&val, a.val_pattern, a.B, a.T, dist.rank, dist.world, 0, 0, a.seed, cf->vocab_size);
+    }
+    if (a.steps < 0) {
+        a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum);
+        if (a.steps < 1) { a.steps = 1; }
+    }
     LRSchedule sched = {a.schedule, a.lr, 0, (double)a.steps * a.total_batch_tokens, (double)a.total_batch_tokens};
     sched.warmup_tokens = a.warmup_tokens >= 0 ? (double)a.warmup_tokens : fmin(268435456.0, 0.1 * sched.total_tokens);
     AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
     Tokenizer tk;
     int have_tokenizer = dist.rank == 0 && tokenizer_init(&tk, a.tokenizer_path);
-    if (!have_tokenizer && a.sample_every > 0) { printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path); }
+    if (!have_tokenizer && a.sample_every > 0) {
+        printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path);
+    }
     dist_check_same(&dist, (double)model.num_parameters, "the parameter count (-e and model overrides)");
     dist_check_same(&dist, a.B, "the micro-batch -b");
     dist_check_same(&dist, a.T, "the sequence length -t");
@@ -4696,12 +4752,15 @@ int main(int argc, char** argv) {
     size_t need = gpu_memory_needed(cf, model.num_parameters, a.B, a.T, &dist);
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), recompute -r %d\n",
-           model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0, a.recompute);
-    printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | %s schedule, peak lr %g\n",
-           a.B, a.T, dist.world, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
+    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), "
+           "recompute -r %d\n", model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0,
+           a.recompute);
+    printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
+           "warmup %.0f tokens | %s schedule, peak lr %g\n", a.B, a.T, dist.world, accum, a.total_batch_tokens,
+           a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
     printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g%s, peak %s\n", matmul_params,
-           cf->n_layer, cf->n_embd, a.T, flops_per_token, a.prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
+           cf->n_layer, cf->n_embd, a.T, flops_per_token,
+           a.prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
            peak > 0 ? "989 TFLOP/s (bf16 dense) per GPU" : "unknown for this GPU (MFU n/a)");
     GPUModel gm;
     gpu_build_dist(&gm, &model, a.B, a.T, &dist);
@@ -4748,7 +4807,8 @@ int main(int argc, char** argv) {
         char why[256], grad[320] = "";
         int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
         if (verdict != STEP_UPDATE && !isfinite(norm)) { // name the tensor from this process's gradients
-            cudaCheck(cudaMemcpy(model.grads_memory, gm.grads, model.num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(model.grads_memory, gm.grads, model.num_parameters * sizeof(float),
+                                 cudaMemcpyDeviceToHost));
             nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
         }
         if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
