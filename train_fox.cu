@@ -12,10 +12,40 @@ matmuls (for tight diffs against the twin).
 Every matmul is cuBLASLt (fp32 accumulation); every other layer is a hand-written kernel,
 mirroring the twin's functions in the same order. Reductions that feed training (weight,
 bias and norm-scale gradients, the gradient norm, dc) never use atomics: same seed, same bits.
+The model, its numerics and the attention's gradient are described in doc/fox.md; the attention
+kernels' versions and measurements in dev/cuda/README.md, dev/cuda/LOG.md and dev/RESULTS.md.
 
-Build: nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fopenmp train_fox.cu \
-           -lcublasLt -lcublas -o train_fox_gpu
+Build: make train_fox, which runs
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a ... train_fox.cu -lcublasLt -lcublas -o train_fox
+(plus NCCL when the Makefile finds it, else -DNO_NCCL: one GPU; PRECISION=FP32 adds -DENABLE_FP32).
 Test code includes this file with TESTING defined, which drops main() (and the twin's).
+
+The sections, in file order (each opens with a // ---- line and this title):
+  checked CUDA and cuBLASLt calls: cudaCheck, launchCheck, cublasCheck, ncclCheck; gpu_malloc
+  device and cuBLASLt setup: the GPU and the cuBLASLt handle; the peak FLOP/s for MFU
+  matmuls: cuBLASLt plans cached per shape; the forward, input-gradient and weight-gradient matmuls
+  reductions: warp and block sums and maxima in a fixed order
+  kernels, forward and backward mirrored: encoder, RMSNorm, column sums, KV-shift, QK-norm + RoPE,
+      the forget gate's scan
+  Hopper primitives: the PTX helpers (cp.async, mma.sync, ldmatrix, ex2, wgmma, swizzled tiles and
+      their descriptors, mbarrier, TMA, setmaxnreg), bf16 build
+  head projections: the per-head k-shift, v-shift and forget-gate logits on tensor cores (bf16 build)
+  Forgetting attention: the math; the simple kernel (fp32 CUDA cores); Delta and the d(log f) scan;
+      the fused kernels' shared pieces; the pruning tables; the fused forward (fox_attention_forward);
+      the fused backward (fox_attention_backward); the boundary attention_forward_gpu /
+      attention_backward_gpu
+  output norm and gate, SwiGLU, cross-entropy: the layer's other element-wise kernels and the loss
+  optimiser kernels: the gradient norm's fp64 partial sums, AdamW, the bf16 copy of the weights
+  data parallel: NCCL collectives, ZeRO stage 0 / 1, host sums in rank order
+  the GPU model: device buffers (parameters, activations, gradients, AdamW state), the memory
+      estimate, gpu_config_problem (what the kernels cannot take), gpu_build
+  layer launchers used by the forward and backward: RMSNorm and column-sum launches
+  forward and backward of the whole model: gpu_forward, gpu_backward, the activation recompute
+  optimiser: the gradients' reduction and norm, clipping, the AdamW step (gpu_update)
+  checkpoints: the twin's files, written and resumed on any number of GPUs
+  sampling and evaluation on the GPU: generation, validation loss
+  the evaluation modes on the GPU: the twin's eval and niah on GPU logits (gpu_eval_main)
+  main: training: resume, the training loop (TRAIN_FOX_GPU_MAIN only)
 */
 #ifndef TESTING
 #define TESTING
@@ -24,7 +54,7 @@ Test code includes this file with TESTING defined, which drops main() (and the t
 #include "train_fox.c"
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
-#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (the warp-specialised backward)
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (the warp-specialised attention)
 #include <cublasLt.h>
 #include <sched.h>
 #include <float.h>  // FLT_MAX (the forward's start for the running maximum)
@@ -3129,6 +3159,7 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
 }
 
 // ----------------------------------------------------------------------------
+// output norm and gate, SwiGLU, cross-entropy
 
 // Output norm and output gate on one (token, head) row, G lanes per row (see head_lanes); either
 // may be off (w == NULL: no norm, og == NULL: no gate). o_normed is written when both are on
@@ -4642,6 +4673,7 @@ static int gpu_eval_main(const Args* a) {
     return rc;
 }
 // ----------------------------------------------------------------------------
+// main: training
 
 #ifdef TRAIN_FOX_GPU_MAIN
 // Loads the newest complete checkpoint of a.out_dir into the host model and the GPU and moves
