@@ -1371,6 +1371,8 @@ static size_t attention_forward_smem(int hd) {
     return sizeof(float) * ((size_t)ATT_TILE * (hd + 1) * 2 + (size_t)WARPS_PER_BLOCK * hd);
 }
 
+// o (B, T, H, hd) and lse (B, H, T) of WARPS_PER_BLOCK query rows per block, a warp each; lane = key of the
+// ATT_TILE-key tile, the softmax online over the tiles (fp32 throughout)
 __global__ void attention_forward_kernel(floatX* o, float* lse, const floatX* q, const floatX* k, const floatX* v,
                                          const float* c, int T, int H, int hd, int window, float scale) {
     extern __shared__ float smem[];
@@ -1589,8 +1591,8 @@ __global__ void attention_delta_kernel(float* delta, const floatX* dout, const f
 }
 
 #ifndef ENABLE_FP32
-// the fused backward's Delta_i = dO_i . O_i in fp32, a warp per (b, h, i) row; dout and o (B, T, H, HD) bf16 with
-// token stride stride_o, delta (B, H, T)
+// Delta_i = dO_i . O_i for the fused backward, in fp32, a warp per (b, h, i) row: dout, o (B, T, H, HD)
+// bf16 with token stride stride_o; delta (B, H, T)
 template<int HD>
 __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* o, int BHT, int T, int H,
                                      int stride_o) {
