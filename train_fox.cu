@@ -12,10 +12,40 @@ matmuls (for tight diffs against the twin).
 Every matmul is cuBLASLt (fp32 accumulation); every other layer is a hand-written kernel,
 mirroring the twin's functions in the same order. Reductions that feed training (weight,
 bias and norm-scale gradients, the gradient norm, dc) never use atomics: same seed, same bits.
+The model, its numerics and the attention's gradient are described in doc/fox.md; the attention
+kernels' versions and measurements in dev/cuda/README.md, dev/cuda/LOG.md and dev/RESULTS.md.
 
-Build: nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fopenmp train_fox.cu \
-           -lcublasLt -lcublas -o train_fox_gpu
+Build: make train_fox, which runs
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a ... train_fox.cu -lcublasLt -lcublas -o train_fox
+(plus NCCL when the Makefile finds it, else -DNO_NCCL: one GPU; PRECISION=FP32 adds -DENABLE_FP32).
 Test code includes this file with TESTING defined, which drops main() (and the twin's).
+
+The sections, in file order (each opens with a // ---- line and this title):
+  checked CUDA and cuBLASLt calls: cudaCheck, launchCheck, cublasCheck, ncclCheck; gpu_malloc
+  device and cuBLASLt setup: the GPU and the cuBLASLt handle; the peak FLOP/s for MFU
+  matmuls: cuBLASLt plans cached per shape; the forward, input-gradient and weight-gradient matmuls
+  reductions: warp and block sums and maxima in a fixed order
+  kernels, forward and backward mirrored: encoder, RMSNorm, column sums, KV-shift, QK-norm + RoPE,
+      the forget gate's scan
+  Hopper primitives: the PTX helpers (cp.async, mma.sync, ldmatrix, ex2, wgmma, swizzled tiles and
+      their descriptors, mbarrier, TMA, setmaxnreg), bf16 build
+  head projections: the per-head k-shift, v-shift and forget-gate logits on tensor cores (bf16 build)
+  Forgetting attention: the math; the simple kernel (fp32 CUDA cores); Delta and the d(log f) scan;
+      the fused kernels' shared pieces; the pruning tables; the fused forward (fox_attention_forward);
+      the fused backward (fox_attention_backward); the boundary attention_forward_gpu /
+      attention_backward_gpu
+  output norm and gate, SwiGLU, cross-entropy: the layer's other element-wise kernels and the loss
+  optimiser kernels: the gradient norm's fp64 partial sums, AdamW, the bf16 copy of the weights
+  data parallel: NCCL collectives, ZeRO stage 0 / 1, host sums in rank order
+  the GPU model: device buffers (parameters, activations, gradients, AdamW state), the memory
+      estimate, gpu_config_problem (what the kernels cannot take), gpu_build
+  layer launchers used by the forward and backward: RMSNorm and column-sum launches
+  forward and backward of the whole model: gpu_forward, gpu_backward, the activation recompute
+  optimiser: the gradients' reduction and norm, clipping, the AdamW step (gpu_update)
+  checkpoints: the twin's files, written and resumed on any number of GPUs
+  sampling and evaluation on the GPU: generation, validation loss
+  the evaluation modes on the GPU: the twin's eval and niah on GPU logits (gpu_eval_main)
+  main: training: resume, the training loop (TRAIN_FOX_GPU_MAIN only)
 */
 #ifndef TESTING
 #define TESTING
@@ -24,7 +54,7 @@ Test code includes this file with TESTING defined, which drops main() (and the t
 #include "train_fox.c"
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
-#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (the warp-specialised backward)
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (the warp-specialised attention)
 #include <cublasLt.h>
 #include <sched.h>
 #include <float.h>  // FLT_MAX (the forward's start for the running maximum)
@@ -112,7 +142,8 @@ static void mpi_check(int rc, const char* call, const char* file, int line) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, msg, &len);
-    fail("MPI error '%s' in %s at %s:%d\nHINT: launch with mpirun from the same MPI the binary was built with", msg, call, file, line);
+    fail("MPI error '%s' in %s at %s:%d\nHINT: launch with mpirun from the same MPI the binary was built with", msg,
+         call, file, line);
 }
 #define mpiCheck(call) mpi_check((call), #call, __FILE__, __LINE__)
 #endif
@@ -775,43 +806,36 @@ __global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_lo
 }
 
 // ----------------------------------------------------------------------------
-// The projections of the normed attention input x onto one value per head: the k-shift and
-// v-shift logits and the forget-gate logit, P <= 3 of them (those that are on), each a (H, C)
-// weight without bias. As matmuls with H outputs cuBLASLt runs them on small-tile sm80 kernels,
-// one launch per projection each reading x (forward) or read-modify-writing the fp32 dx
-// (backward); the bf16 build computes all P in one pass on tensor cores instead (mma.sync
-// m16n8k16, fp32 accumulation). The fp32 build keeps the cuBLASLt matmuls. The weight
-// gradients stay on cuBLASLt (a long reduction over N, which it splits well).
-// Output j = p * H + h of the concatenation is head h of projection p; the kernels are compiled
-// for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP with zero weights).
-
-#define HP_MAX 3
-#define HP_MAX_J 96   // P * H (gpu_config_problem): NP <= 6
-typedef struct {
-    int count;                    // P
-    const floatX* w[HP_MAX];      // (H, C) each
-    float* out[HP_MAX];           // (N, H) fp32 logits (forward)
-    const floatX* dout[HP_MAX];   // (N, H) their gradients (backward)
-    float* dw[HP_MAX];            // (H, C) fp32 weight gradients (accumulated)
-} HeadProj;
+// Hopper primitives: the hand-written PTX of the tensor-core kernels below (the head projections
+// and the fused attention), bf16 build only. wgmma, setmaxnreg and the tensor copies need the
+// arch-specific target sm_90a (the Makefile's -gencode=arch=compute_90a,code=sm_90a).
 
 #ifndef ENABLE_FP32
-// shared-memory copies (cp.async), used here and by the fused attention kernels below
+typedef __nv_bfloat16 bf16;
+
+// ---- shared-memory copies (cp.async) ----
+// the shared-space byte address of a generic pointer into shared memory
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // 16-byte global->shared copy; pred false writes zeros (rows or columns past the end)
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
+// 4-byte global->shared copy; pred false writes zeros
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool pred) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                  :: "r"(smem_u32(dst)), "l"(src), "r"(pred ? 4 : 0) : "memory");
 }
+// closes this thread's copies issued since the last commit into one group
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// waits until at most N of this thread's groups are still in flight (groups land in order)
 template<int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
+// cp.async writes are generic-proxy writes; wgmma reads through the async proxy: fence in between
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// ---- warp-level mma (mma.sync) and ldmatrix ----
 // d (16x8, fp32) += a (16x16, row) b (16x8, col) on bf16 registers, the PTX fragment layout:
 // lane = 4 g + t holds a rows g, g+8 at k = 2t, 2t+1 (a[0], a[1]) and 2t+8, 2t+9 (a[2], a[3]),
 // b column g at k = 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1), d rows g (d[0], d[1]) and g+8 (d[2], d[3])
@@ -837,25 +861,281 @@ __device__ static inline void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+// ---- 2^x ----
+// 2^x in one MUFU.EX2; denormal results flush to zero
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// ---- warpgroup mma (wgmma) ----
+// d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N), issued
+// by a warpgroup (4 warps) and asynchronous until waited for; acc = 0 overwrites d. SS: A and B by
+// descriptor, both K-major; RS: A from registers (mma.sync A-fragment layout per warp), B N-major
+// (transposed). Only the shapes the kernels use.
+// The accumulator in the PTX string ({%0, .., %31} or {%0, .., %63}) and in the operand list:
+#define WG_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                 "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_D32 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+#define WG_D64 WG_D32, WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+__device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : WG_D32
+                 : "l"(da), "l"(db), "r"(acc) : "memory");
+}
+__device__ __forceinline__ void wgmma_rs_n64(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : WG_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
+}
+__device__ __forceinline__ void wgmma_rs_n128(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 WG_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : WG_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
+}
+__device__ __forceinline__ void wgmma_ss_n128(float* d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 WG_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WG_D64
+                 : "l"(da), "l"(db), "r"(acc) : "memory");
+}
+// the SS and RS wgmma of width N (64 or 128)
+template<int N> __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (N == 64) wgmma_ss_n64(d, da, db, acc);
+    else wgmma_ss_n128(d, da, db, acc);
+}
+template<int N> __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    if constexpr (N == 64) wgmma_rs_n64(d, a, db, acc);
+    else wgmma_rs_n128(d, a, db, acc);
+}
+// before the first wgmma that reads registers or accumulators written by other code
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// closes the wgmma's issued since the last commit into one group
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// waits until at most N groups are in flight (groups retire in order)
+template<int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() { wgmma_wait<0>(); }
+// The compiler sees a wgmma as finished when issued; pinning its accumulators after the wait keeps
+// every read of them below the wait.
+template<int R> __device__ __forceinline__ void wgmma_pin(float* d) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+// the same for A fragments in registers: keeps them alive (unreused) until the wait
+template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) {
+        asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
+    }
+}
+// A fragments read by an in-flight wgmma: a use after the wait keeps their registers from reuse
+// (a use, not a definition as wgmma_pin_a: ptxas would serialize a wgmma still in flight)
+template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) {
+        asm volatile("" :: "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]) : "memory");
+    }
+}
+
+// ---- swizzled shared-memory tiles and their wgmma descriptors ----
+// Shared-memory matrix descriptor: start address, LBO, SBO (each >> 4), layout in bits 62-63
+// (1: 128-byte swizzle).
+__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+// Tiles of (ROWS, HD) bf16 in shared memory use the 128-byte swizzle: blocks of 64 columns,
+// ROWS * 128 bytes each; in a block, row r takes 128 contiguous bytes and its 16-byte chunk c sits
+// at chunk c ^ (r % 8), so the loads and the wgmma reads are free of bank conflicts. Tiles start at
+// 1024-byte boundaries (the swizzle pattern repeats every 8 rows).
+// The same bytes serve as a K-major operand (K = HD: S = Q K^T, dP = dO V^T) and as an N-major one
+// (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit.
+// 16-byte chunk ch of row r, in elements from the tile's start
+template<int ROWS> __device__ __forceinline__ int tile_off(int r, int ch) {
+    return (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
+}
+// K-major operand (K = HD): 64 rows from row 8*rb, k16 step kk. The k step moves the start inside
+// the 128-byte row (the hardware applies the XOR on the address), SBO = 8 rows = 1024 bytes, LBO
+// unused.
+template<int ROWS> __device__ __forceinline__ uint64_t desc_k(const bf16* tile, int rb, int kk) {
+    return wg_desc(tile + (kk / 4) * ROWS * 64 + rb * 8 * 64 + (kk % 4) * 16, 16, 1024);
+}
+// N-major operand (N = HD, K = rows 16kk..16kk+15): LBO = stride between 64-column blocks, SBO = 8
+// rows along K.
+template<int ROWS> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int kk) {
+    return wg_desc(tile + kk * 16 * 64, ROWS * 128, 1024);
+}
+// descriptor + bytes: only the address field (addr >> 4, 14 bits) moves; no carry leaves it while
+// shared memory ends below 256 KB
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+// bytes from k step 0 to k step kk of a K-major swizzled (ROWS, HD) tile (desc_k)
+template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int kk) {
+    return (kk / 4) * ROWS * 128 + (kk % 4) * 32;
+}
+// and of an N-major one (desc_mn): 16 rows of 128 bytes a step
+__device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
+
+// ROWS rows of one head into a swizzled tile by cp.async; rows past T zero-filled. Lanes take
+// consecutive chunks of a row (a warp writes 512 contiguous bytes): a thread copies chunk
+// tid % (HD/8) of rows tid / (HD/8) + i * NTHREADS / (HD/8), steps of whole 8-row groups, so its
+// swizzled offset is computed once and the loop (a compile-time trip count) unrolls.
+template<int ROWS, int HD, int NTHREADS>
+__device__ __forceinline__ void load_tile_unrolled(bf16* sm, const bf16* g, int row0, int T, int stride) {
+    constexpr int CH = HD / 8, RSTEP = NTHREADS / CH;
+    static_assert(NTHREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0, "whole 8-row groups per step");
+    int r0 = threadIdx.x / CH, ch = threadIdx.x % CH;
+    bf16* st = sm + tile_off<ROWS>(r0, ch);
+    const bf16* gc = g + ch * 8;
+    #pragma unroll
+    for (int i = 0; i < ROWS / RSTEP; i++) {
+        int row = row0 + r0 + i * RSTEP;
+        bool ok = row < T;
+        cp_async16(st + i * RSTEP * 64, gc + (size_t)(ok ? row : 0) * stride, ok);
+    }
+}
+// the dynamic shared memory, rounded up to 1024 bytes (the swizzle's repeat); callers allocate 1 KB
+// more
+__device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
+    return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
+}
+
+// ---- mbarriers, the tensor copy engine (TMA), setmaxnreg ----
+// a barrier whose phase completes after `count` arrivals (and the bytes announced to it)
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// after thread 0's mbar_init's: makes them visible to the other threads and the copy engine
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// one arrival that also announces `bytes` of copy-engine transactions for the current phase
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// one arrival
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
+}
+// an arrival after which this thread's earlier shared-memory stores are visible to a thread whose
+// try_wait sees the phase complete (PTX's default for mbarrier.arrive, spelled out)
+__device__ __forceinline__ void mbar_arrive_release(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
+}
+// one arrival when this thread's earlier cp.async have landed (counted in the barrier's init count)
+__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(smem_u32(bar)) : "memory");
+}
+// wait for the phase of the given parity to complete (a fresh barrier counts parity 1 as complete)
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT;\n}\n" :: "r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+// ROWS rows of one head from a tensor map (fox_tensor_map) into a swizzled (ROWS, HD) tile: one box
+// per 64 columns, completing on `bar` (which must expect ROWS * HD * 2 bytes)
+template<int ROWS, int HD>
+__device__ __forceinline__ void tma_load_tile(bf16* sm, const CUtensorMap* map, int row0, int h, int b,
+                                              uint64_t* bar) {
+    #pragma unroll
+    for (int cb = 0; cb < HD / 64; cb++)
+        asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                     " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                     :: "r"(smem_u32(sm + cb * ROWS * 64)), "l"((uint64_t)map), "r"(cb * 64), "r"(h), "r"(row0),
+                        "r"(b), "r"(smem_u32(bar)) : "memory");
+}
+// gives registers away: the calling warpgroup's per-thread limit drops to R
+template<int R> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R));
+}
+// claims registers (those another warpgroup gave away): the calling warpgroup's limit rises to R
+template<int R> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R));
+}
+
+// Tensor map of q, k, v or dO: (B, T, H, hd) bf16 with token stride `stride` (elements) as dims
+// (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2); boxes of 64 columns x `rows`
+// tokens of one head. Its 128-byte swizzle writes exactly the tile layout above, and rows past T
+// come back as zeros. (fp32 (B, H, T) rows cannot have one for odd T: a tensor map's strides are
+// multiples of 16 bytes.)
+static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, int stride, int rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;  // driver entry point, looked up once
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                   cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess) {
+            fail("cuTensorMapEncodeTiled not found\nHINT: the fused attention needs a CUDA 12+ driver");
+        }
+    }
+    CUtensorMap map;
+    cuuint64_t dims[4] = {(cuuint64_t)hd, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
+    cuuint64_t strides[3] = {(cuuint64_t)hd * sizeof(bf16), (cuuint64_t)stride * sizeof(bf16),
+                             (cuuint64_t)T * stride * sizeof(bf16)};
+    cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, unit[4] = {1, 1, 1, 1};
+    CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)x, dims, strides, box, unit,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fail("cuTensorMapEncodeTiled failed (%d) for B=%d T=%d H=%d hd=%d stride=%d\n"
+             "HINT: q/k/v need 16-byte alignment and stride %% 8 == 0", (int)r, B, T, H, hd, stride);
+    }
+    return map;
+}
+#endif // ENABLE_FP32
+
+// ----------------------------------------------------------------------------
+// head projections: the normed attention input x projected onto one value per head, the k-shift
+// and v-shift logits and the forget-gate logit, P <= 3 of them (those that are on), each a (H, C)
+// weight without bias. The bf16 build computes all P in one pass on tensor cores (mma.sync
+// m16n8k16, fp32 accumulation) instead of P thin cuBLASLt matmuls; the fp32 build keeps the
+// cuBLASLt matmuls. The weight gradients stay on cuBLASLt (a long reduction over N, which it
+// splits well). Output j = p * H + h of the concatenation is head h of projection p; the kernels
+// are compiled for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP with zero
+// weights).
+
+#define HP_MAX 3
+#define HP_MAX_J 96   // P * H (gpu_config_problem): NP <= 6
+typedef struct {
+    int count;                    // P
+    const floatX* w[HP_MAX];      // (H, C) each
+    float* out[HP_MAX];           // (N, H) fp32 logits (forward)
+    const floatX* dout[HP_MAX];   // (N, H) their gradients (backward)
+    float* dw[HP_MAX];            // (H, C) fp32 weight gradients (accumulated)
+} HeadProj;
+
+#ifndef ENABLE_FP32
 // element p < 3 of a by-value HeadProj array by selects (an indexed load copies the struct to
 // local memory)
 template <typename Ptr> __device__ static inline Ptr head_proj_pick(const Ptr (&a)[HP_MAX], int p) {
     return p == 0 ? a[0] : p == 1 ? a[1] : a[2];
 }
 
-// out_p (N, H) = x (N, C) @ w_p (H, C)^T for every p < P. A block takes HPF_ROWS rows of x and
-// all J outputs and walks C in stages of 64 columns: cp.async copies the stage's x (HPF_ROWS, 64)
-// and w (16 NP, 64) into shared memory HPF_STAGES - 1 stages ahead of the one the warps read, so
-// 48 KB of x per block are in flight without holding registers (at 760m the 16384 rows make one
-// block per SM: the stages, not more warps, have to cover the memory latency). Each warp owns 32
-// rows (two m16 tiles) by all J outputs in fp32 accumulators and reads its x fragments and every
-// weight fragment of the stage with ldmatrix; a weight fragment serves both m-tiles, and the
-// weights come from L2 once per block instead of once per 16 rows through L1. The sum over C is
-// one pass of mma in column order, as in a plain matmul. Edges are zero-filled copies: rows past
-// N, weight rows past J, 16-byte chunks past C (C % 8 == 0: a chunk is wholly in or out).
+// out_p (N, H) = x (N, C) @ w_p (H, C)^T for every p < P. A block takes HPF_ROWS rows of x and all
+// J outputs and walks C in stages of 64 columns: cp.async copies the stage's x (HPF_ROWS, 64) and
+// w (16 NP, 64) into shared memory HPF_STAGES - 1 stages ahead of the one the warps read. Each warp
+// owns 32 rows (two m16 tiles) by all J outputs in fp32 accumulators and reads its x fragments and
+// every weight fragment of the stage with ldmatrix (a weight fragment serves both m-tiles). The sum
+// over C is one pass of mma in column order, as in a plain matmul. Edges are zero-filled copies:
+// rows past N, weight rows past J, 16-byte chunks past C (C % 8 == 0: a chunk is wholly in or out).
 // Stage rows are 128 bytes with chunk ch stored at ch ^ (r % 8): the 8 rows of an ldmatrix matrix
-// (one logical chunk) and the 8 chunks of a row that a quarter-warp copies hit 8 distinct bank
-// groups.
+// (one logical chunk) and the 8 chunks of a row that a quarter-warp copies hit 8 distinct bank groups.
 #define HPF_WARPS 4                // warps per block in the forward
 #define HPF_ROWS (32 * HPF_WARPS)  // rows of x per block
 #define HPF_STAGES 4               // stages of 64 columns: 3 in flight while one is read
@@ -910,7 +1190,9 @@ __global__ void __launch_bounds__(32 * HPF_WARPS) head_proj_forward_kernel(HeadP
     #pragma unroll
     for (int mt = 0; mt < 2; mt++) {
         #pragma unroll
-        for (int nt = 0; nt < 2 * NP; nt++) { acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f; }
+        for (int nt = 0; nt < 2 * NP; nt++) {
+            acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+        }
     }
 
     #pragma unroll
@@ -996,7 +1278,8 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
     for (int i = 0; i < 2 * NP; i++) {
         int j = warp + HPB_WARPS * i;
         bool ok = j < J && c < C;
-        cp_async16(ws + j * HPB_LDW + 8 * lane, ok ? head_proj_pick(hp.w, j / H) + (size_t)(j % H) * C + c : hp.w[0], ok);
+        cp_async16(ws + j * HPB_LDW + 8 * lane, ok ? head_proj_pick(hp.w, j / H) + (size_t)(j % H) * C + c : hp.w[0],
+                   ok);
     }
     cp_async_commit();
     // dout: lane l takes j = l, l + 32, .. (< 16 NP), warp w rows w, w + 8, ..
@@ -1046,73 +1329,34 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
 #endif
 
 // ----------------------------------------------------------------------------
-// Forgetting attention: s_ij = q_i . k_j / sqrt(hd) + c_i - c_j for first_key(i) <= j <= i.
-// Two implementations behind attention_forward_gpu / attention_backward_gpu:
-// - the fused flash kernels (bf16 build, head sizes 64 and 128): Hopper tensor cores (wgmma bf16,
-//   sm_90a), the versions chosen in dev/cuda/fox_attention_forward.cu (9 at both head sizes)
-//   and _backward.cu (14 at both head sizes), copied from their "train_fox.cu" sections and
-//   specialised to those versions (a change there is carried over here; see dev/cuda/README.md),
-//   plus the adaptive computation pruning of issue 9 (the tables' pass here; the pruned loop
-//   ranges are in the dev/cuda versions too);
-// - a simple tiled kernel in fp32 CUDA cores, any head size up to MAX_HD. The fp32 build
-//   needs it (the fused kernels read bf16 only); in the bf16 build it serves the tests' head
-//   size 16 fixtures (gpu_config_problem refuses other head sizes to the trainer).
-// Both backwards write dlogf (B, H, T), the gradient of log f, through the same scratch:
-// dc's column part (as key), dc's row part (as query), Delta, then one fp64 reverse scan.
+// Forgetting attention (doc/fox.md, "Forgetting attention"). Query i sees keys first_key(i) <= j <= i
+// (causal, or a sliding window of `window` keys), with the forget gate's bias:
+//   s_ij = q_i . k_j / sqrt(hd) + c_i - c_j,   P_ij = exp(s_ij - lse_i),   o_i = sum_j P_ij v_j,
+// lse_i saved for the backward. The backward writes dq, dk, dv and dlogf (B, H, T), the gradient of
+// log f: dc_t = sum_j dS_tj - sum_i dS_it and dlogf_t = sum_{s>=t} dc_s (doc/fox.md, "Attention
+// backward with the forget gate"). Two implementations behind attention_forward_gpu and
+// attention_backward_gpu, read in this order below:
+// - the simple kernel, fp32 on CUDA cores, any head size up to MAX_HD: the fp32 build runs it (the
+//   fused kernels read bf16 only); in the bf16 build it serves the tests' head size 16 fixtures
+//   (gpu_config_problem refuses other head sizes to the trainer);
+// - the fused flash kernels (bf16 build, head sizes 64 and 128) on Hopper tensor cores (wgmma),
+//   with adaptive computation pruning (doc/fox.md, "Adaptive computation pruning"): the
+//   "train_fox.cu" sections of dev/cuda/fox_attention_forward.cu and _backward.cu, specialised to
+//   the versions that run here (a change there is carried over; see dev/cuda/README.md). Which
+//   kernel runs at which head size, with which tiles: fox_attention_forward, fox_attention_backward.
+// Both backwards write dlogf through the same scratch: dc's column part (as key), dc's row part
+// (as query), Delta, then one fp64 reverse scan (fox_bwd_dlogf_kernel).
 
 #define ATT_TILE 32
 
-#ifndef ENABLE_FP32
-// tests only: lets the bf16 build run head sizes other than 64 and 128 on the simple kernel
-static int g_attention_any_head = 0;
-
-static int attention_fused(int hd) { return hd == 64 || hd == 128; }
-#endif
-
-// adaptive computation pruning in the fused kernels (-A, -L), for the models run next
-static int g_prune = 0;
-#ifndef ENABLE_FP32
-static float g_prune_ln_eps = -10.0f;
-#endif
-static void attention_set_pruning(int on, double ln_eps) {
-    g_prune = on;
-#ifndef ENABLE_FP32
-    g_prune_ln_eps = (float)ln_eps;
-#else
-    (void)ln_eps; // the fp32 build has no fused kernels: -A 1 fails at the first attention
-#endif
+// the first key query i sees: 0, or i - window + 1 under a sliding window
+__device__ static inline int first_key_gpu(int i, int window) {
+    return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
 }
 
-__device__ static inline int first_key_gpu(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
-
-// dlogf_t = sum_{s>=t} dc_s, dc = dc_col + dc_row, one (b, h) per block: each thread sums a
-// contiguous chunk, a suffix scan over the chunk sums gives each chunk its carry; fp64 inside,
-// fixed order. The row part is 0 in exact arithmetic but not with Delta from the rounded o:
-// keeping it makes dlogf_0 = sum_t dc_t cancel to ~0, as it must (c_0 cancels in every row).
-#define FOX_SCAN_THREADS 1024
-__global__ void __launch_bounds__(FOX_SCAN_THREADS) fox_bwd_dlogf_kernel(float* dlogf, const float* dc_col,
-                                                                         const float* dc_row, int T) {
-    __shared__ double part[FOX_SCAN_THREADS];
-    const float* xc = dc_col + (size_t)blockIdx.x * T;
-    const float* xr = dc_row + (size_t)blockIdx.x * T;
-    float* y = dlogf + (size_t)blockIdx.x * T;
-    int tid = threadIdx.x, chunk = (int)ceil_div(T, FOX_SCAN_THREADS);
-    int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
-    double sum = 0;
-    for (int t = t0; t < t1; t++) sum += (double)xc[t] + xr[t];
-    part[tid] = sum;
-    __syncthreads();
-    for (int off = 1; off < FOX_SCAN_THREADS; off <<= 1) {  // inclusive suffix scan
-        double add = tid + off < FOX_SCAN_THREADS ? part[tid + off] : 0.0;
-        __syncthreads();
-        part[tid] += add;
-        __syncthreads();
-    }
-    double run = tid + 1 < FOX_SCAN_THREADS ? part[tid + 1] : 0.0;
-    for (int t = t1 - 1; t >= t0; t--) { run += (double)xc[t] + xr[t]; y[t] = (float)run; }
-}
-
-// ---- the simple kernel ----
+// ---- the simple kernel (fp32 CUDA cores) ----
+// One warp per query (forward, dq) or key (dk, dv) row, the other side staged in ATT_TILE-row
+// fp32 tiles in shared memory; the softmax runs online over the key tiles.
 // copies rows [r0, r0 + rows) of one head (zeros past T) into a (rows, ld) fp32 tile
 __device__ static void load_head_rows(float* tile, int ld, const floatX* src, int b, int h, int r0, int rows, int T,
                                       int H, int hd) {
@@ -1127,6 +1371,8 @@ static size_t attention_forward_smem(int hd) {
     return sizeof(float) * ((size_t)ATT_TILE * (hd + 1) * 2 + (size_t)WARPS_PER_BLOCK * hd);
 }
 
+// o (B, T, H, hd) and lse (B, H, T) of WARPS_PER_BLOCK query rows per block, a warp each; lane = key of the
+// ATT_TILE-key tile, the softmax online over the tiles (fp32 throughout)
 __global__ void attention_forward_kernel(floatX* o, float* lse, const floatX* q, const floatX* k, const floatX* v,
                                          const float* c, int T, int H, int hd, int window, float scale) {
     extern __shared__ float smem[];
@@ -1182,20 +1428,6 @@ __global__ void attention_forward_kernel(floatX* o, float* lse, const floatX* q,
         if (d < hd) { o[off + d] = to_floatX(acc[r] / l); }
     }
     if (lane == 0) { lse[(size_t)bh * T + i] = m + logf(l); }
-}
-
-// Delta_i = dout_i . o_i, one warp per (token, head), written (B, H, T)
-__global__ void attention_delta_kernel(float* delta, const floatX* dout, const floatX* o, size_t N, int T, int H,
-                                       int hd) {
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= N * H) { return; }
-    float acc = 0.0f;
-    for (int d = lane; d < hd; d += 32) { acc += to_float(dout[row * hd + d]) * to_float(o[row * hd + d]); }
-    acc = warp_sum(acc);
-    size_t n = row / H;
-    int h = (int)(row % H);
-    if (lane == 0) { delta[((n / T) * H + h) * T + n % T] = acc; }
 }
 
 static size_t attention_backward_smem(int hd) {
@@ -1342,13 +1574,80 @@ __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc
     if (dc_col != NULL && lane == 0) { dc_col[(size_t)bh * T + j] = -dc_acc; }
 }
 
-// ---- the fused kernels (bf16 build) ----
+// ---- Delta and the d(log f) scan (both implementations) ----
+
+// Delta_i = dout_i . o_i, one warp per (token, head), written (B, H, T)
+__global__ void attention_delta_kernel(float* delta, const floatX* dout, const floatX* o, size_t N, int T, int H,
+                                       int hd) {
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N * H) { return; }
+    float acc = 0.0f;
+    for (int d = lane; d < hd; d += 32) { acc += to_float(dout[row * hd + d]) * to_float(o[row * hd + d]); }
+    acc = warp_sum(acc);
+    size_t n = row / H;
+    int h = (int)(row % H);
+    if (lane == 0) { delta[((n / T) * H + h) * T + n % T] = acc; }
+}
+
 #ifndef ENABLE_FP32
-typedef __nv_bfloat16 bf16;
+// Delta_i = dO_i . O_i for the fused backward, in fp32, a warp per (b, h, i) row: dout, o (B, T, H, HD)
+// bf16 with token stride stride_o; delta (B, H, T)
+template<int HD>
+__global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* o, int BHT, int T, int H,
+                                     int stride_o) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= BHT) return;
+    int i = row % T, bh = row / T, h = bh % H, b = bh / H;
+    size_t off = ((size_t)b * T + i) * stride_o + (size_t)h * HD;
+    float s = 0.f;
+    #pragma unroll
+    for (int d = 2 * lane; d < HD; d += 64) {
+        float2 g = __bfloat1622float2(*(const __nv_bfloat162*)(dout + off + d));
+        float2 x = __bfloat1622float2(*(const __nv_bfloat162*)(o + off + d));
+        s += g.x * x.x + g.y * x.y;
+    }
+    for (int sh = 16; sh > 0; sh >>= 1) s += __shfl_xor_sync(0xffffffff, s, sh);
+    if (lane == 0) delta[row] = s;
+}
+#endif
+
+// dlogf_t = sum_{s>=t} dc_s, dc = dc_col + dc_row, one (b, h) per block: each thread sums a
+// contiguous chunk, a suffix scan over the chunk sums gives each chunk its carry; fp64 inside,
+// fixed order. The row part is 0 in exact arithmetic but not with Delta from the rounded o:
+// keeping it makes dlogf_0 = sum_t dc_t cancel to ~0, as it must (c_0 cancels in every row).
+#define FOX_SCAN_THREADS 1024
+__global__ void __launch_bounds__(FOX_SCAN_THREADS) fox_bwd_dlogf_kernel(float* dlogf, const float* dc_col,
+                                                                         const float* dc_row, int T) {
+    __shared__ double part[FOX_SCAN_THREADS];
+    const float* xc = dc_col + (size_t)blockIdx.x * T;
+    const float* xr = dc_row + (size_t)blockIdx.x * T;
+    float* y = dlogf + (size_t)blockIdx.x * T;
+    int tid = threadIdx.x, chunk = (int)ceil_div(T, FOX_SCAN_THREADS);
+    int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
+    double sum = 0;
+    for (int t = t0; t < t1; t++) sum += (double)xc[t] + xr[t];
+    part[tid] = sum;
+    __syncthreads();
+    for (int off = 1; off < FOX_SCAN_THREADS; off <<= 1) {  // inclusive suffix scan
+        double add = tid + off < FOX_SCAN_THREADS ? part[tid + off] : 0.0;
+        __syncthreads();
+        part[tid] += add;
+        __syncthreads();
+    }
+    double run = tid + 1 < FOX_SCAN_THREADS ? part[tid + 1] : 0.0;
+    for (int t = t1 - 1; t >= t0; t--) { run += (double)xc[t] + xr[t]; y[t] = (float)run; }
+}
+
+// ---- the fused kernels (bf16 build): shared pieces ----
+// Tiles in shared memory are the swizzled (ROWS, HD) bf16 tiles of the Hopper primitives above; a
+// warpgroup's accumulator fragment holds, per thread, rows g and g + 8 (g = lane / 4) of its warp's
+// 16 and columns 2 tq, 2 tq + 1 (tq = lane % 4) of every 8-column block.
+#ifndef ENABLE_FP32
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
-// (smem_u32 and the cp.async helpers are with the head projections' kernels, above)
 
+// two floats as a bf16 pair in one register (lo in the low half)
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
@@ -1360,151 +1659,75 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const
     a[2] = pack_bf16(hi[0], hi[1]); a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// ROWS fp32 values of a (B, H, T) vector; past T zero-filled
-template<int ROWS>
-__device__ __forceinline__ void load_vec_async(float* sm, const float* g, int row0, int T) {
-    if (threadIdx.x < ROWS) {
-        int row = row0 + threadIdx.x;
-        bool ok = row < T;
-        cp_async4(sm + threadIdx.x, g + (ok ? row : 0), ok);
+// The warp-specialised kernels (FlashAttention-3's structure: fox_fwd_wsl_kernel and both backward
+// kernels): a producer warp fills rings of shared-memory stages, signalled by mbarriers (a full
+// barrier per stage completes when the copy engine's bytes and any cp.async lanes have landed, an
+// empty one when the consumer warps are done with it); setmaxnreg moves registers from the
+// producer warpgroup to the consumers. The bf16 tiles come by TMA (fox_tensor_map, tma_load_tile);
+// the fp32 rows (lse, Delta, c: (B, H, T), no tensor map for odd T) by 4-byte cp.async from the
+// producer's 32 lanes, arriving on the stage's full barrier when they land, or (the backward's PRE)
+// by plain loads, turned into per-column logit terms and stored, then an arrival with release
+// semantics.
+
+// Per stage of a ring a full barrier (full_count arrivals) and an empty one (empty_count: a warp of
+// the consumers each); thread 0 only.
+template<int ST>
+__device__ __forceinline__ void fox_ring_barriers(uint64_t* full, uint64_t* empty, int full_count, int empty_count) {
+    for (int st = 0; st < ST; st++) {
+        mbar_init(&full[st], full_count);
+        mbar_init(&empty[st], empty_count);
+    }
+}
+// Thread 0 initialises the block's barriers: the fixed tile's (one arrival) and a ring's; the fence
+// makes them (and any thread 0 initialised before) visible to the copy engine before any thread
+// goes on.
+template<int ST>
+__device__ __forceinline__ void fox_ring_init(uint64_t* fixed_bar, uint64_t* full, uint64_t* empty, int full_count,
+                                              int empty_count) {
+    if (threadIdx.x == 0) {
+        mbar_init(fixed_bar, 1);
+        fox_ring_barriers<ST>(full, empty, full_count, empty_count);
+        mbar_init_fence();
+    }
+    __syncthreads();
+}
+
+// the arguments of fox_attention_forward / _backward: fails with a hint on what the kernels cannot take
+static void fox_check_args(const char* who, const void* q, const void* k, const void* v, int B, int T, int H,
+                           int hd, int stride_qkv, int stride_o, int window) {
+    if (hd != 64 && hd != 128) {
+        fail("%s: head size %d is not supported\nHINT: use hd = 64 or 128 (C / H)", who, hd);
+    }
+    if (B < 1 || T < 1 || H < 1 || window < 0 || stride_qkv < H * hd || stride_o < H * hd) {
+        fail("%s: bad shape B=%d T=%d H=%d stride_qkv=%d stride_o=%d window=%d\n"
+             "HINT: strides count elements between consecutive tokens (>= H*hd); window >= 0", who, B, T, H,
+             stride_qkv, stride_o, window);
+    }
+    if (stride_qkv % 8 || stride_o % 2 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16) {
+        fail("%s: q/k/v must be 16-byte aligned with stride_qkv %% 8 == 0, stride_o even\n"
+             "HINT: q, k, v are read in 16-byte chunks; allocate with cudaMalloc and keep strides multiples of 8",
+             who);
     }
 }
 
-// Hopper warpgroup mma (wgmma, sm_90a; the build's GPU_ARCH is compute_90a/sm_90a for it).
-// wgmma wrappers: d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N);
-// acc = 0 overwrites d. SS: A and B by descriptor, both K-major; RS: A from registers (mma.sync
-// A-fragment layout per warp), B N-major (transposed). Only the shapes the kernels use.
-__device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_rs_n64(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_rs_n128(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_ss_n128(float* d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(acc) : "memory");
-}
-template<int N> __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int acc) {
-    if constexpr (N == 64) wgmma_ss_n64(d, da, db, acc);
-    else wgmma_ss_n128(d, da, db, acc);
-}
-template<int N> __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    if constexpr (N == 64) wgmma_rs_n64(d, a, db, acc);
-    else wgmma_rs_n128(d, a, db, acc);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template<int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { wgmma_wait<0>(); }
-// The compiler sees a wgmma as finished when issued; pinning its accumulators after the wait keeps
-// every read of them below the wait.
-template<int R> __device__ __forceinline__ void wgmma_pin(float* d) {
-    #pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
-}
-// the same for A fragments in registers: keeps them alive (unreused) until the wait
-template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
-    #pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
-}
-// A fragments read by an in-flight wgmma: a use after the wait keeps their registers from reuse
-// (a use, not a definition as wgmma_pin_a: ptxas would serialize a wgmma still in flight)
-template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
-    #pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" :: "r"(a[i][0]), "r"(a[i][1]), "r"(a[i][2]), "r"(a[i][3]) : "memory");
-}
-// cp.async writes are generic-proxy writes; wgmma reads through the async proxy
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// Shared-memory matrix descriptor: start address, LBO, SBO (each >> 4), layout in bits 62-63
-// (1: 128-byte swizzle).
-__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-// Tiles of (ROWS, HD) bf16 in shared memory use the 128-byte swizzle: blocks of 64 columns,
-// ROWS * 128 bytes each; in a block, row r takes 128 contiguous bytes and its 16-byte chunk c sits
-// at chunk c ^ (r % 8), so the loads and the wgmma reads are free of bank conflicts. Tiles start at
-// 1024-byte boundaries (the swizzle pattern repeats every 8 rows).
-// The same bytes serve as a K-major operand (K = HD: S = Q K^T, dP = dO V^T) and as an N-major one
-// (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit.
-template<int ROWS> __device__ __forceinline__ int tile_off(int r, int ch) {  // 16-byte chunk ch of row r, in elements
-    return (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
-}
-// K-major operand (K = HD): 64 rows from row 8*rb, k16 step kk. The k step moves the start inside
-// the 128-byte row (the hardware applies the XOR on the address), SBO = 8 rows = 1024 bytes, LBO unused.
-template<int ROWS> __device__ __forceinline__ uint64_t desc_k(const bf16* tile, int rb, int kk) {
-    return wg_desc(tile + (kk / 4) * ROWS * 64 + rb * 8 * 64 + (kk % 4) * 16, 16, 1024);
-}
-// N-major operand (N = HD, K = rows 16kk..16kk+15): LBO = stride between 64-column blocks, SBO = 8
-// rows along K.
-template<int ROWS> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int kk) {
-    return wg_desc(tile + kk * 16 * 64, ROWS * 128, 1024);
-}
-// descriptor + bytes: only the address field (addr >> 4) moves
-__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
-// bytes from k step 0 to k step kk of a K-major swizzled (ROWS, HD) tile (desc_k)
-template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int kk) {
-    return (kk / 4) * ROWS * 128 + (kk % 4) * 32;
-}
-// and of an N-major one (desc_mn): 16 rows of 128 bytes a step
-__device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
-
-// ROWS rows of one head into a swizzled tile; rows past T zero-filled. Lanes take consecutive
-// chunks of a row (a warp writes 512 contiguous bytes): a thread copies chunk tid % (HD/8) of rows
-// tid / (HD/8) + i * NTHREADS / (HD/8), steps of whole 8-row groups, so its swizzled offset is
-// computed once and the loop (a compile-time trip count) unrolls; a loop over e = tid, tid +
-// NTHREADS, .. stays a runtime loop (~450 SASS instructions around the 8 cp.async of a 128-key K/V
-// tile per thread).
-template<int ROWS, int HD, int NTHREADS>
-__device__ __forceinline__ void load_tile_unrolled(bf16* sm, const bf16* g, int row0, int T, int stride) {
-    constexpr int CH = HD / 8, RSTEP = NTHREADS / CH;
-    static_assert(NTHREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0, "whole 8-row groups per step");
-    int r0 = threadIdx.x / CH, ch = threadIdx.x % CH;
-    bf16* st = sm + tile_off<ROWS>(r0, ch);
-    const bf16* gc = g + ch * 8;
-    #pragma unroll
-    for (int i = 0; i < ROWS / RSTEP; i++) {
-        int row = row0 + r0 + i * RSTEP;
-        bool ok = row < T;
-        cp_async16(st + i * RSTEP * 64, gc + (size_t)(ok ? row : 0) * stride, ok);
-    }
-}
-// the dynamic shared memory, rounded up to 1024 bytes (the swizzle's repeat); callers allocate 1 KB more
-__device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
-    return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
-}
-
-// ---- adaptive computation pruning (train_fox.c: prune_bound, prune_tiles) ----
-// One cheap pass before each attention call: U per (b, h), then the tile tables. Pruning tiles are
-// PRUNE_BLOCK = 128 queries by 128 keys: the forward's key tile and its query tile at hd 128 (at hd
-// 64 each 64-row warpgroup of a 192-row block lies in one and takes its key_start), the dk/dv kernel's
-// key tile and two of its 64-query steps, the dq kernel's query tile and one (hd 64) or two (hd 128)
-// of its key steps; so every kernel skips the same (query, key) pairs as the others and as the twin.
+// ---- adaptive computation pruning: the tile tables (train_fox.c: prune_bound, prune_tiles) ----
+// One cheap pass before each attention call (doc/fox.md, "Adaptive computation pruning"): U per
+// (b, h), then the tables. Pruning tiles are PRUNE_BLOCK = 128 queries by 128 keys; every fused
+// kernel's query and key tiles nest in them (static_asserts; a forward warpgroup's 64 rows lie in
+// one and take its key_start), so every kernel skips the same (query, key) pairs as the others and
+// as the twin. key_start (B*H, nt): the first key tile a query tile keeps; query_end (B*H, nt): the
+// first query tile that skips a key tile (nt = ceil(T / PRUNE_BLOCK)).
 
 // U (B*H) = max_i |q_i| max_j |k_j| / sqrt(hd), in two passes so that a long sequence spreads
-// over the GPU (a block per (b, h) took 4.6 ms per call at T = 65536). fox_prune_norms_kernel:
-// grid (chunks of PRUNE_NORM_ROWS rows, B*H), a thread per row sums its squares in fp32 in order
-// (16-byte loads), then the block's maxima; fox_prune_bound_kernel: a thread per (b, h) takes the
-// maxima of its chunks. Maxima are exact in any order: deterministic, no atomics.
+// over the GPU. fox_prune_norms_kernel: grid (chunks of PRUNE_NORM_ROWS rows, B*H), a thread per
+// row sums its squares in fp32 in order (16-byte loads), then the block's maxima;
+// fox_prune_bound_kernel: a thread per (b, h) takes the maxima of its chunks. Maxima are exact in
+// any order: deterministic, no atomics.
 #define PRUNE_NORM_ROWS 256
 template<int HD>
-__global__ void __launch_bounds__(PRUNE_NORM_ROWS) fox_prune_norms_kernel(float2* partial, const bf16* q, const bf16* k,
-                                                                          int T, int H, int stride_qkv) {
+__global__ void __launch_bounds__(PRUNE_NORM_ROWS) fox_prune_norms_kernel(float2* partial, const bf16* q,
+                                                                          const bf16* k, int T, int H,
+                                                                          int stride_qkv) {
     __shared__ float2 warp_max[PRUNE_NORM_ROWS / 32];
     int chunk = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, t = chunk * PRUNE_NORM_ROWS + threadIdx.x;
     float sq = 0.f, sk = 0.f;
@@ -1533,7 +1756,10 @@ __global__ void __launch_bounds__(PRUNE_NORM_ROWS) fox_prune_norms_kernel(float2
     __syncthreads();
     if (threadIdx.x == 0) {
         float2 m = warp_max[0];
-        for (int w = 1; w < PRUNE_NORM_ROWS / 32; w++) { m.x = fmaxf(m.x, warp_max[w].x); m.y = fmaxf(m.y, warp_max[w].y); }
+        for (int w = 1; w < PRUNE_NORM_ROWS / 32; w++) {
+            m.x = fmaxf(m.x, warp_max[w].x);
+            m.y = fmaxf(m.y, warp_max[w].y);
+        }
         partial[(size_t)bh * gridDim.x + chunk] = m;
     }
 }
@@ -1585,8 +1811,8 @@ __global__ void fox_prune_tiles_kernel(int* key_start, int* query_end, const flo
 // Fills `tables` (2 * B*H*nt ints: key_start, then query_end) and U (B*H) for q, k, c; partial:
 // scratch of B*H*ceil(T / PRUNE_NORM_ROWS) float2. The twin computes the same tables from the same
 // U and c (test_fox.cu checks they match).
-static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16* q, const bf16* k, const float* c, int B,
-                             int T, int H, int hd, int stride_qkv, float ln_eps, cudaStream_t s) {
+static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16* q, const bf16* k, const float* c,
+                             int B, int T, int H, int hd, int stride_qkv, float ln_eps, cudaStream_t s) {
     int BH = B * H, nt = ceil_div(T, PRUNE_BLOCK), chunks = ceil_div(T, PRUNE_NORM_ROWS);
     dim3 grid((unsigned)chunks, (unsigned)BH);
     if (hd == 64) fox_prune_norms_kernel<64><<<grid, PRUNE_NORM_ROWS, 0, s>>>(partial, q, k, T, H, stride_qkv);
@@ -1594,74 +1820,34 @@ static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16*
     launchCheck();
     fox_prune_bound_kernel<<<(unsigned)ceil_div(BH, 128), 128, 0, s>>>(U, partial, BH, chunks, hd);
     launchCheck();
-    fox_prune_tiles_kernel<<<(unsigned)ceil_div(BH * nt, 8), 256, 0, s>>>(tables, tables + (size_t)BH * nt, c, U, BH, T, nt,
-                                                                         prune_delta_base(ln_eps, T)); // 8 warps a block
+    // a warp per (b, h, tile), 8 warps a block
+    fox_prune_tiles_kernel<<<(unsigned)ceil_div(BH * nt, 8), 256, 0, s>>>(tables, tables + (size_t)BH * nt, c, U, BH,
+                                                                         T, nt, prune_delta_base(ln_eps, T));
     launchCheck();
 }
 
-// o = acc / l (bf16) and lse = ln(sum) of the thread's rows below T; ob, lse_bh: this (b, h)'s
-// o at token 0 and lse row
-template<int HD>
-__device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const float* acc, float l[2], const float m[2],
-                                               const int rows[2], int tq, int T, int stride_o) {
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
-        int row = rows[r];
-        if (row >= T) continue;
-        float inv = 1.f / l[r];
-        #pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++)
-            *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
-                __floats2bfloat162_rn(acc[dt * 4 + 2 * r] * inv, acc[dt * 4 + 2 * r + 1] * inv);
-        if (tq == 0) lse_bh[row] = (m[r] + log2f(l[r])) * LN2;  // natural log
-    }
-}
-
-// Version 9 of dev/cuda/fox_attention_forward.cu, the forward at hd 128 (hd 64 runs version 10,
-// fox_fwd_wsl_kernel below, with this softmax): version 6's block (two warpgroups of 64 query rows
-// share cp.async K/V tiles; one block per SM at hd 128) with less element-wise work per score,
-// which at hd 64 costs as much issue time as the matmuls:
+// ---- the fused forward ----
+// The softmax of both forward kernels, in log2 units (doc/fox.md, "Numerics"):
 // - Gate terms per column, not per score. With c_ref = c of the thread's first row (a thread holds
-//   rows g and g + 8 of its warp's 16),
-//     d_j = (c_ref - c_j) log2(e)   once per key tile for the thread's BC/4 columns (both its rows),
-//     x_ij = s_ij scale log2(e) + d_j   one FFMA per score,
-//   and the row term r_i = (c_i - c_ref) log2(e) drops out of the softmax: x_ij + r_i is the true
-//   logit in log2 units and P_ij = 2^(x_ij - m_i) with m_i the row maximum of x. Only lse needs it:
-//   lse_i = (m_i + r_i + log2 l_i) ln 2.
+//   rows g and g + 8 of its warp's 16), d_j = (c_ref - c_j) log2(e) once per key tile for each of
+//   the thread's columns, and x_ij = s_ij scale log2(e) + d_j, one FFMA per score. The row term
+//   r_i = (c_i - c_ref) log2(e) drops out of the softmax: P_ij = 2^(x_ij - m_i), m_i the row maximum
+//   of x; only lse needs it: lse_i = (m_i + r_i + log2 l_i) ln 2.
 //   Precision: c reaches ~ -3e5 at T = 65536 with log f ~ -5, so c_i - c_j is never formed from two
-//   large absolutes inside a sum of large terms. c_ref log2(e) is rounded once (an error up to
-//   ~0.02 there), but the same fp32 value enters every d_j and r_i of the thread with opposite
-//   signs, so it cancels exactly in x_ij + r_i; d_j and r_i are each one FFMA (exact product)
-//   rounded once at their own magnitude. r_i is 0 or spans 8 rows (|r_i| <= 8 |log f| log2(e)), and
-//   every entry whose P is not negligible has |d_j| <= |r_i| + ~30 (<= ~90 at log f = -5), so its
-//   logit is off by a few 1e-6 (log2 units), far below bf16's rounding of P (2^-8 relative). (With
-//   one reference per block, c of row i0, r_i spans 127 rows and the error grows to ~1e-4; measured:
-//   lse off by up to 4e-5 against version 6's 3e-6.)
+//   large absolutes. c_ref log2(e) is rounded once, but the same fp32 value enters every d_j and r_i
+//   of the thread with opposite signs and cancels exactly in x_ij + r_i; d_j and r_i are each one
+//   FFMA rounded at their own magnitude (|r_i| <= 8 |log f| log2(e); |d_j| <= |r_i| + ~30 where P
+//   matters), so a logit is off by a few 1e-6, far below bf16's rounding of P (2^-8 relative).
 // - Lazy maximum (FlashAttention-4): m_i moves only when a tile's row maximum exceeds it by more
-//   than FOX_RESCALE_LOG2, so most tiles skip rescaling O (HD/2 multiplies per thread). P then is at
-//   most 2^8 (exact in fp32, fine in bf16); o = acc / l and lse stay exact. The test is per warp
-//   (__any_sync): when one row needs it the warp rescales all its rows, which is also exact.
-// - Key tiles from the diagonal backwards, so that under a decaying gate the first tile already
-//   holds each row's maximum (nearly every later tile skips the rescale).
-// - 2^x as one ex2.approx.ftz (exp2f adds a range test and two multiplies for denormal results,
-//   which are zero in P anyway); the mask (diagonal, window edge, past T: only the tiles touching
-//   them) as two integer compares against per-row bounds; a warpgroup skips the tiles none of its
-//   rows sees (above its diagonal, before its window).
-// - 128-key tiles: half the barriers and matmul issues per key of 64-key tiles (at hd 64 they fit
-//   two blocks per SM in 128 registers; at hd 128 a block takes 162 KB of shared memory).
-// - ST K/V stages and one barrier per tile: tile n + ST - 1 is loaded, after the barrier, into the
-//   stage of tile n - 1, which every warpgroup is done with.
+//   than FOX_RESCALE_LOG2, so most tiles skip rescaling O. P is then at most 2^8 (exact in fp32, fine
+//   in bf16); o = acc / l and lse stay exact. The test is per warp (__any_sync): the warp rescales
+//   all its rows, also exact. Key tiles run from the diagonal backwards, so that under a decaying
+//   gate the first tile already holds each row's maximum.
+// - 2^x by ex2_ftz (denormal P become 0); the mask (diagonal, window edge, past T: only in the tiles
+//   touching them) as two integer compares against per-row bounds.
 
-#define FOX_RESCALE_LOG2 8.0f  // O is rescaled only when a row maximum grows by more than this (log2 units)
-
-// 2^x in one MUFU.EX2; denormal results flush to zero
-__device__ __forceinline__ float ex2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+// O is rescaled only when a row maximum grows by more than this (log2 units)
+#define FOX_RESCALE_LOG2 8.0f
 
 // Logits of one warp's 16 rows of a BC-key tile in the accumulator layout: x = s * scale_log2 + d_j
 // (d_j as above, from the tile's c_j in sCb; 0 without gate), -inf where MASK and the column offset
@@ -1704,6 +1890,44 @@ __device__ __forceinline__ void fox_lean_exp(float* s, float l[2], const float m
     }
 }
 
+// o = acc / l (bf16) and lse = ln(sum) of the thread's rows below T; ob, lse_bh: this (b, h)'s
+// o at token 0 and lse row
+template<int HD>
+__device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const float* acc, float l[2], const float m[2],
+                                               const int rows[2], int tq, int T, int stride_o) {
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        int row = rows[r];
+        if (row >= T) continue;
+        float inv = 1.f / l[r];
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162*)(ob + (size_t)row * stride_o + dt * 8 + 2 * tq) =
+                __floats2bfloat162_rn(acc[dt * 4 + 2 * r] * inv, acc[dt * 4 + 2 * r + 1] * inv);
+        if (tq == 0) lse_bh[row] = (m[r] + log2f(l[r])) * LN2;  // natural log
+    }
+}
+
+// ROWS fp32 values of a (B, H, T) vector into shared memory by cp.async; past T zero-filled
+template<int ROWS>
+__device__ __forceinline__ void load_vec_async(float* sm, const float* g, int row0, int T) {
+    if (threadIdx.x < ROWS) {
+        int row = row0 + threadIdx.x;
+        bool ok = row < T;
+        cp_async4(sm + threadIdx.x, g + (ok ? row : 0), ok);
+    }
+}
+
+// The cp.async forward: a block of 256 threads, two warpgroups of 64 query rows (BR = 128, one
+// pruning tile), walks its key tiles of BC from the diagonal backwards. K, V and c_j come by
+// cp.async into ST stages shared by both warpgroups, one __syncthreads per tile: tile n + ST - 1 is
+// loaded after it into the stage of tile n - 1, which every warpgroup is done with. Per tile and
+// warpgroup: S = Q K^T (wgmma SS), the softmax above, O += P V (wgmma RS, P from registers). A
+// warpgroup skips the tiles none of its rows sees (above its diagonal, before its window); key tiles
+// before key_start (pruned) are never loaded. Grid (ceil(T / 128), B*H); shared memory as
+// fox_fwd_lean_launch allocates. Where it runs: see fox_attention_forward.
 template<int HD, int BC, int ST, bool GATE>
 __global__ void __launch_bounds__(256, 1)
 fox_fwd_lean_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c, int T, int H,
@@ -1818,21 +2042,7 @@ fox_fwd_lean_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf1
                        stride_o);
 }
 
-static void fox_check_args(const char* who, const void* q, const void* k, const void* v, int B, int T, int H,
-                           int hd, int stride_qkv, int stride_o, int window) {
-    if (hd != 64 && hd != 128) { fail("%s: head size %d is not supported\nHINT: use hd = 64 or 128 (C / H)", who, hd); }
-    if (B < 1 || T < 1 || H < 1 || window < 0 || stride_qkv < H * hd || stride_o < H * hd) {
-        fail("%s: bad shape B=%d T=%d H=%d stride_qkv=%d stride_o=%d window=%d\n"
-             "HINT: strides count elements between consecutive tokens (>= H*hd); window >= 0", who, B, T, H,
-             stride_qkv, stride_o, window);
-    }
-    if (stride_qkv % 8 || stride_o % 2 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16) {
-        fail("%s: q/k/v must be 16-byte aligned with stride_qkv %% 8 == 0, stride_o even\n"
-             "HINT: q, k, v are read in 16-byte chunks; allocate with cudaMalloc and keep strides multiples of 8", who);
-    }
-}
-
-// forward version 9 (hd 128): two warpgroups (128 query rows) per block, 128-key tiles, two stages
+// fox_fwd_lean_kernel with its tiles and stages (where it runs: see fox_attention_forward)
 template<int HD, bool GATE>
 static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                 int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
@@ -1841,138 +2051,31 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
     // Q, ST K/V stages and c stages, + 1 KB to align the tiles to the swizzle pattern
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
     // the largest carveout: the 162 KB of a block at hd 128
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   cudaSharedmemCarveoutMaxShared));
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>,
+                                   cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_lean_kernel<HD, BC, ST, GATE><<<grid, 256, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2, key_start);
+    fox_fwd_lean_kernel<HD, BC, ST, GATE><<<grid, 256, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o,
+                                                                  window, scale_log2, key_start);
     launchCheck();
 }
 
-// The warp-specialised kernels' machinery (FlashAttention-3's structure: the backward, and the
-// forward at hd 64): a producer warp fills rings of shared-memory stages, signalled by mbarriers
-// (a full barrier per stage completes when the copy engine's bytes and any cp.async lanes have
-// landed, an empty one when the consumer warps are done with it); setmaxnreg moves registers from
-// the producer warpgroup to the consumers.
-//
-// Loads use the bulk tensor copy engine (TMA) with one tensor map per q, k, v, dO over the packed
-// (B, T, H, hd) layout: dims (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2), box
-// (64 columns, 1 head, rows, 1 batch). Its 128-byte swizzle writes exactly the tile layout of the
-// wgmma descriptors (64-column blocks, chunk c of row r at c ^ r % 8, 1024-byte aligned), and rows
-// past T come back as zeros. fp32 rows (lse, Delta, c: (B, H, T)) cannot have a tensor map for odd
-// T (the row stride must be a multiple of 16 bytes): the producer warp loads them with 4-byte
-// cp.async that arrive on the stage's full barrier when they land, or (the backward's PRE, hd 64)
-// with plain loads, turns them into the per-column logit terms and stores those, then arrives with
-// release semantics.
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// one arrival that also announces `bytes` of copy-engine transactions for the current phase
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
-}
-// an arrival after which this thread's earlier shared-memory stores are visible to a thread whose
-// try_wait sees the phase complete (PTX's default for mbarrier.arrive, spelled out)
-__device__ __forceinline__ void mbar_arrive_release(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
-}
-// one arrival when this thread's earlier cp.async have landed (counted in the barrier's init count)
-__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(smem_u32(bar)) : "memory");
-}
-// wait for the phase of the given parity to complete (a fresh barrier counts parity 1 as complete)
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT;\n}\n" :: "r"(smem_u32(bar)), "r"(parity) : "memory");
-}
-// ROWS rows of one head from a tensor map into a swizzled (ROWS, HD) tile: one box per 64 columns
-template<int ROWS, int HD>
-__device__ __forceinline__ void tma_load_tile(bf16* sm, const CUtensorMap* map, int row0, int h, int b, uint64_t* bar) {
-    #pragma unroll
-    for (int cb = 0; cb < HD / 64; cb++)
-        asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
-                     :: "r"(smem_u32(sm + cb * ROWS * 64)), "l"((uint64_t)map), "r"(cb * 64), "r"(h), "r"(row0), "r"(b),
-                        "r"(smem_u32(bar)) : "memory");
-}
-template<int R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R)); }
-template<int R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R)); }
-
-// Per stage of a ring a full barrier (full_count arrivals) and an empty one (empty_count: a warp of
-// the consumers each); thread 0 only.
-template<int ST>
-__device__ __forceinline__ void fox_ring_barriers(uint64_t* full, uint64_t* empty, int full_count, int empty_count) {
-    for (int st = 0; st < ST; st++) {
-        mbar_init(&full[st], full_count);
-        mbar_init(&empty[st], empty_count);
-    }
-}
-// Thread 0 initialises the block's barriers: the fixed tile's (one arrival) and a ring's; the fence
-// makes them (and any thread 0 initialised before) visible to the copy engine before any thread goes on.
-template<int ST>
-__device__ __forceinline__ void fox_ring_init(uint64_t* fixed_bar, uint64_t* full, uint64_t* empty, int full_count,
-                                              int empty_count) {
-    if (threadIdx.x == 0) {
-        mbar_init(fixed_bar, 1);
-        fox_ring_barriers<ST>(full, empty, full_count, empty_count);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-}
-
-// Tensor map of q, k, v or dO for the producers: (B, T, H, hd) bf16 with token stride `stride` (elements),
-// boxes of 64 columns x `rows` tokens of one head, 128-byte swizzle, zeros past T.
-static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, int stride, int rows) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;  // driver entry point, looked up once
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess) { fail("cuTensorMapEncodeTiled not found\nHINT: the fused attention needs a CUDA 12+ driver"); }
-    }
-    CUtensorMap map;
-    cuuint64_t dims[4] = {(cuuint64_t)hd, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
-    cuuint64_t strides[3] = {(cuuint64_t)hd * sizeof(bf16), (cuuint64_t)stride * sizeof(bf16),
-                             (cuuint64_t)T * stride * sizeof(bf16)};
-    cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, unit[4] = {1, 1, 1, 1};
-    CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)x, dims, strides, box, unit,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        fail("cuTensorMapEncodeTiled failed (%d) for B=%d T=%d H=%d hd=%d stride=%d\n"
-             "HINT: q/k/v need 16-byte alignment and stride %% 8 == 0", (int)r, B, T, H, hd, stride);
-    }
-    return map;
-}
-
-// Version 10 of dev/cuda/fox_attention_forward.cu, the forward at hd 64: version 9's softmax
-// (fox_lean_logits, fox_lean_exp, fox_store_rows: gate terms per column with c_ref per thread, the
-// lazy maximum, ex2.approx.ftz, integer masks, tiles from the diagonal backwards) in the backward's
-// warp-specialised structure, FlashAttention-3's hd-64 shape. H200: +7-9% over version 9 at hd 64.
-// - Why: version 9 is latency-bound (47% issue slots, 1.2 eligible warps per scheduler): its two
-//   warpgroups meet at a __syncthreads per tile and run their exponentials together and their
-//   matmuls together, while at hd 64 the exponentials (MUFU) take as long as the two matmuls.
-// - Intra-warpgroup overlap: a consumer issues tile n's S = Q K^T and tile n-1's O += P V back to
-//   back, waits only for S (wgmma groups retire in order), runs tile n's softmax under P V, then
-//   waits for P V, rescales O (lazily, with alpha kept from before the wait) and refills P. S (64
-//   registers), P (32) and O (32) are live together: version 9's 128 registers (two blocks per SM)
-//   cannot hold them, so one block per SM of a producer warpgroup (setmaxnreg 24) and three
-//   consumer warpgroups of 64 query rows (BR = 192; 160 registers: 24 * 128 + 160 * 384 <= 65536).
-// - No block-wide barrier: a producer warp loads Q and 128-key K/V tiles by TMA into separate K
-//   and V rings of ST stages (c_j by 4-byte cp.async arriving on K's full barrier). K(n) is
-//   released after tile n's logits, V(n-1) after its P V, so warpgroups drift out of phase.
-// - Each warpgroup computes only the tiles [na, nb) its rows see (its diagonal, its window, the
-//   key_start of its own 128-row pruning tile: a 192-row block spans two, so the block loads from
-//   the smaller start) and releases the others once they have landed (a stage every warpgroup
-//   skipped could otherwise be refilled under a copy still in flight).
-// - Descriptors built once (warp-uniform) and advanced by constants, as the backward's.
+// The warp-specialised forward, the softmax above in FlashAttention-3's structure. Block of 512
+// threads: a producer warpgroup (setmaxnreg 24; one warp loads Q, then K and V tiles of BC keys by
+// TMA into separate K and V rings of ST stages, c_j by cp.async arriving on K's full barrier) and
+// three consumer warpgroups of 64 query rows (BR = 192; setmaxnreg 160: 24 * 128 + 160 * 384 <=
+// 65536 registers, one block per SM). A consumer issues tile n's S = Q K^T and tile n-1's O += P V
+// back to back, waits only for S, runs tile n's softmax under P V, then waits for it, rescales O
+// (alpha from before the wait) and refills P: S, P and O live together. K(n) is released after
+// tile n's logits, V(n-1) after its P V; no block-wide barrier. A warpgroup computes only the tiles
+// [na, nb) its rows see (its diagonal, window and pruning tile's key_start; the block loads from the
+// smallest start) and releases the others once landed. Where it runs: see fox_attention_forward.
 template<int HD, int BC, int ST, bool GATE>
-__global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse, const __grid_constant__ CUtensorMap tmQ,
+__global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse,
+                                                             const __grid_constant__ CUtensorMap tmQ,
                                                              const __grid_constant__ CUtensorMap tmK,
                                                              const __grid_constant__ CUtensorMap tmV, const float* c,
                                                              int T, int H, int stride_o, int window, float scale_log2,
@@ -1998,7 +2101,9 @@ __global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse
     // first key tile the rows i0w .. i0w + 63 see: their window, the key_start of their pruning tile
     auto first_tile = [&](int i0w) {
         int jt = window > 0 ? max(0, i0w - window + 1) / BC : 0;
-        if (key_start) jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
+        if (key_start) {
+            jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
+        }
         return jt;
     };
     int jt_begin = first_tile(i0);  // the block's: the smallest over its warpgroups with rows below T
@@ -2086,9 +2191,12 @@ __global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse
         wgmma_commit();
         if (n > na) {
             #pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+            for (int kk = 0; kk < BC / 16; kk++) {
+                wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+            }
             wgmma_commit();
-            wgmma_wait<1>();  // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+            // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+            wgmma_wait<1>();
         } else {
             wgmma_wait0();
         }
@@ -2145,7 +2253,9 @@ __global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse
         mbar_wait(&fullV[pst], ((nb - 1) / ST) & 1);
         wgmma_fence();
         #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+        for (int kk = 0; kk < BC / 16; kk++) {
+            wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+        }
         wgmma_commit();
         wgmma_wait0();
         wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
@@ -2161,24 +2271,26 @@ __global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse
                        stride_o);
 }
 
-// forward version 10 (hd 64): a producer and three consumer warpgroups (192 query rows) per block,
-// 128-key tiles, three stages in each of the K and V rings
+// fox_fwd_wsl_kernel with its tiles and stages (where it runs: see fox_attention_forward)
 template<bool GATE>
 static void fox_fwd_wsl_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                cudaStream_t s) {
     constexpr int HD = 64, BC = 128, ST = 3, BR = 192;
-    // Q, ST stages of K, V and c, the barriers, + 1 KB to align the tiles to the swizzle pattern (122.6 KB)
+    // Q, ST stages of K, V and c, the barriers, + 1 KB to align the tiles to the swizzle pattern
+    // (122.6 KB)
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
                             (1 + 4 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
-                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR);
+    CUtensorMap tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC);
+    CUtensorMap tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_wsl_kernel<HD, BC, ST, GATE><<<grid, 512, smem, s>>>(o, lse, tq, tk, tv, c, T, H, stride_o, window, scale_log2,
-                                                                key_start);
+    fox_fwd_wsl_kernel<HD, BC, ST, GATE><<<grid, 512, smem, s>>>(o, lse, tq, tk, tv, c, T, H, stride_o, window,
+                                                                scale_log2, key_start);
     launchCheck();
 }
 
@@ -2191,9 +2303,17 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
                            const int* key_start, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
-    if (key_start && !c) { fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL"); }
-    // version 10 at hd 64 (dev/cuda: +7-9% over version 9), version 9 at hd 128 (+14-17% over the
-    // warp-specialised version 8)
+    if (key_start && !c) {
+        fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL");
+    }
+    // The kernels that run, versions of dev/cuda/fox_attention_forward.cu (their history: dev/cuda/LOG.md):
+    // - hd 64: version 10, fox_fwd_wsl_kernel<64, 128, 3, GATE>: 512 threads, a producer warpgroup (TMA)
+    //   and three consumer warpgroups of 64 query rows (192 a block), 128-key tiles through K and V rings
+    //   of 3 stages, setmaxnreg 24 / 160, 122.6 KB of shared memory, one block per SM;
+    // - hd 128: version 9, fox_fwd_lean_kernel<128, 128, 2, GATE>: 256 threads, two warpgroups of 64 query
+    //   rows (128 a block) sharing cp.async K/V tiles of 128 keys in 2 stages, 162 KB of shared memory,
+    //   one block per SM.
+    // Both run the softmax of fox_lean_logits / fox_lean_exp; without c, GATE = false and no pruning.
     if (hd == 64) {
         if (c) fox_fwd_wsl_launch<true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
         else fox_fwd_wsl_launch<false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
@@ -2203,68 +2323,22 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
     }
 }
 
-// Delta_i = dO_i . O_i in fp32, a warp per row
-template<int HD>
-__global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* o, int BHT, int T, int H, int stride_o) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= BHT) return;
-    int i = row % T, bh = row / T, h = bh % H, b = bh / H;
-    size_t off = ((size_t)b * T + i) * stride_o + (size_t)h * HD;
-    float s = 0.f;
-    #pragma unroll
-    for (int d = 2 * lane; d < HD; d += 64) {
-        float2 g = __bfloat1622float2(*(const __nv_bfloat162*)(dout + off + d));
-        float2 x = __bfloat1622float2(*(const __nv_bfloat162*)(o + off + d));
-        s += g.x * x.x + g.y * x.y;
-    }
-    for (int sh = 16; sh > 0; sh >>= 1) s += __shfl_xor_sync(0xffffffff, s, sh);
-    if (lane == 0) delta[row] = s;
-}
-
-// Forward line differentiated: o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
+// ---- the fused backward ----
+// The forward differentiated: o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
 // S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i);
 // dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij k_j; dc_t = sum_j dS_tj - sum_i dS_it.
-//
-// Version 14 of dev/cuda at hd 128 and version 15 at hd 64 (PRE below): version 9's
-// warp-specialised kernels with lean consumers. A block of three warpgroups owns one 128-row tile
-// (128 keys in the dK/dV kernel, 128 queries in the dQ kernel: one pruning tile each). Warpgroup 0
-// is the producer: one warp issues the copy-engine (TMA) loads, setmaxnreg gives its registers away
-// (24). Warpgroups 1 and 2 consume 64 rows each (setmaxnreg 240). The fixed tile (K, V; Q, dO)
-// comes once; the streamed tiles (Q, dO and the queries' lse, Delta, c; K, V and the keys' c)
-// through a ring of ST stages with a full and an empty mbarrier per stage. The per-row floats come
-// by 4-byte cp.async from the producer's 32 lanes, arriving on the stage's full barrier (a tensor
-// map needs 16-byte row strides, which (B, H, T) fp32 lacks for odd T; PRE: plain loads, below).
-// Nothing keeps the two consumers in lockstep: each waits only for its stage's bytes and releases
-// the stage when its last matmul on it is done, so one consumer's element-wise work runs under the
-// other's matmuls and the loads under both. Inside a consumer a tile has two commit groups (P's
-// exponentials under dP^T, dS under dV), and no accumulator of an in-flight wgmma is defined by
-// other code in between (no C7515; the dQ kernel's overlap makes ptxas add one wait after its loop,
-// C7517, which is expected). A consumer skips the tiles it sees nothing of (above its diagonal or
-// past the window) but still releases them. The consumers' element-wise work is lean (at hd 64 it
-// lasts as long as their matmuls):
-// - masks as selects against two integer bounds per row, in a straight-line loop of their own
-//   (a branch per score cut the loop into blocks ptxas could not schedule across);
-// - each wgmma descriptor is a tile start computed once per kernel (warp-uniform: the consumer
-//   index goes through a shuffle) plus a constant for the k step and the stage (the address field
-//   is addr >> 4 in 14 bits; shared memory ends below 256 KB, so no carry leaves it);
-// - gate terms per column and row, not per score: P = 2^(s scale log2 e + (A_i + B_j)) with a
-//   query term A_i and a key term B_j relative to c of the first key of j's 128-key block
-//   (fox_lean_qterm, fox_lean_kterm), formed with the same operations in both kernels, so that
-//   they see the same P and dS bits: dc's row sums (dQ kernel) and column sums (dK/dV kernel) add
-//   the same values, so d(log f_0) = sum_t dc_t is 0 up to summation order (exactly 0 at window 1).
-// No turns (backward version 11's ping-pong named barriers): with these consumers they cost at
-// both head sizes (dev/cuda README). The dQ consumers overlap tiles (version 14): tile n + 1's S and dP are
-// issued before the wait for tile n's dQ, whose stage is released after it.
-// PRE (version 15, hd 64): the producer warp forms the per-column terms once per stage instead of
-// every consumer thread for its columns (8 times per column, once per consumer warp): its 32 lanes
-// load the floats with plain loads before they wait for the stage (read-only inputs: the latency
-// runs under that wait), compute the queries' A_i (dK/dV kernel, stored next to Delta) or the keys'
-// B_j and c_b log2 e (dQ kernel) with fox_lean_qterm / fox_lean_kterm, the same operations on the
-// same values (so P and dS keep their bits: the ladder's results equal version 14's bitwise),
-// st.shared them and arrive on the full barrier with release semantics (the consumers' try_wait
-// acquires; arrival counts unchanged). The dK/dV consumers load their A's right after issuing S^T
-// and dP^T and their Delta's right after issuing dV, before the waits (shared-memory latency under
-// the matmuls, not in the exponential and dS loops). H200: +3-8% at hd 64, -4% and -8% at hd 128.
+// Two warp-specialised kernels of 384 threads, each block owning one 128-row tile (one pruning
+// tile): dK/dV (a key tile; query tiles streamed) and dQ (a query tile; key tiles streamed).
+// Warpgroup 0 is the producer (fox_bwd_producer, setmaxnreg 24); warpgroups 1 and 2 consume 64 rows
+// each (setmaxnreg 240). The fixed pair of tiles comes once, the streamed pairs and their per-row
+// floats through a ring of ST stages. The consumers are not kept in lockstep: each waits only for
+// its stage and releases it after its last matmul on it, so one's element-wise work runs under the
+// other's matmuls. No accumulator of an in-flight wgmma is defined by other code (no C7515; the dQ
+// kernel's cross-tile overlap makes ptxas add one wait after its loop, C7517, expected). Masks are
+// selects against two integer bounds per row; descriptors are computed once (warp-uniform) and
+// advanced by constants (desc_add). PRE: the producer's lanes form the per-column logit terms once
+// per stage (plain loads before the wait for the stage, st.shared, an arrival with release
+// semantics), the same operations on the same values as the consumers' (P and dS keep their bits).
 
 // The producer warp of both backward kernels (lane 0 issues the copies; the whole warp runs the
 // per-row loads): the block's own pair of tiles (K, V of the key tile, or Q, dO of the query tile)
@@ -2276,8 +2350,8 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 template<int FIXED_ROWS, int ROWS, int HD, int ST, typename RowFetch, typename RowLoads>
 __device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUtensorMap* tFa, const CUtensorMap* tFb,
                                                  int fixed_row, uint64_t* fixed_bar, bf16* sA, bf16* sB,
-                                                 const CUtensorMap* tA, const CUtensorMap* tB, int first_row, int ntiles,
-                                                 uint64_t* full, uint64_t* empty, int h, int b, int lane,
+                                                 const CUtensorMap* tA, const CUtensorMap* tB, int first_row,
+                                                 int ntiles, uint64_t* full, uint64_t* empty, int h, int b, int lane,
                                                  RowFetch row_fetch, RowLoads row_loads) {
     if (lane == 0) {
         mbar_expect_tx(fixed_bar, 2 * FIXED_ROWS * HD * sizeof(bf16));
@@ -2297,15 +2371,17 @@ __device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUt
     }
 }
 
-// The logit of (query i, key j) in log2 units, computed with the same operations in both kernels,
-// so that they see the same P and dS bits (as backward version 9's did): with cb_l2 = c_b log2 e
-// (c_b = c of the first key of j's 128-key block, the dK/dV block's), a query term
-// A_i = (c_i log2 e - cb_l2) - lse_i log2 e (an FFMA of the exact product, then the rounded
-// lse_i log2 e subtracted: two roundings at |A_i|) and a key term B_j = cb_l2 - c_j log2 e (one
-// FFMA), x = s scale_log2 + (A_i + B_j); cb_l2's own rounding cancels in A_i + B_j. Every entry
-// whose P matters has |c_i - c_b| within ~30 + 128 |log f|, so the logit is off by at most ~6e-5
-// (log2 units) at log f = -5, below bf16's rounding of P. Without gate A_i = -lse_i log2 e,
-// B_j = 0. Intrinsics: no FMA contraction may differ between the kernels.
+// The logit of (query i, key j) in log2 units from a term per row and one per column, computed with
+// the same operations in both kernels so that they see the same P and dS bits: dc's row sums (dQ
+// kernel) and column sums (dK/dV kernel) add the same values, and d(log f_0) = sum_t dc_t is 0 up to
+// summation order (exactly 0 at window 1). With cb_l2 = c_b log2 e (c_b = c of the first key of
+// j's 128-key block, the dK/dV block's), a query term A_i = (c_i log2 e - cb_l2) - lse_i log2 e (an
+// FFMA of the exact product, then the rounded lse_i log2 e subtracted: two roundings at |A_i|) and
+// a key term B_j = cb_l2 - c_j log2 e (one FFMA), x = s scale_log2 + (A_i + B_j); cb_l2's own
+// rounding cancels in A_i + B_j. Every entry whose P matters has |c_i - c_b| within ~30 + 128 |log f|,
+// so the logit is off by at most ~6e-5 (log2 units) at log f = -5, below bf16's rounding of P.
+// Without gate A_i = -lse_i log2 e, B_j = 0. Intrinsics: no FMA contraction may differ between the
+// kernels.
 __device__ __forceinline__ float fox_lean_qterm(float c_i, float lse_i, float cb_l2, bool gate) {
     float l2 = __fmul_rn(lse_i, LOG2E);
     return gate ? __fsub_rn(fmaf(c_i, LOG2E, -cb_l2), l2) : -l2;
@@ -2402,21 +2478,23 @@ __device__ __forceinline__ void fox_bwd_lean_ds(float* s, const float* dp, const
     }
 }
 
-// o_i = sum_j P_ij v_j with P_ij = exp(q_i.k_j scale + c_i - c_j - lse_i) differentiated for the keys:
-// dv_j = sum_i P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (derivation above).
-// dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
-// (a warp 16 of them). Query tiles of BQ stream through the ring with their lse, Delta, c (PRE:
-// their A_i, Delta_i). query_end (B*H, ceil(T / 128)): query tiles of 128 from query_end on are
-// pruned (NULL: none).
+// dK/dV: dv_j = sum_i P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (above) for the
+// 128-key tile blockIdx.x (K, V fixed); consumer cw owns keys 64cw..+63 (a warp 16 of them). Query
+// tiles of BQ stream through the ring with their lse, Delta, c (PRE: their A_i, Delta_i). Per tile:
+// S^T = K Q^T and dP^T = V dO^T in two commit groups (P^T's exponentials run under dP^T), dV += P^T
+// dO, dS^T = P^T (dP^T - Delta) under dV, dK += dS^T Q. query_end (B*H, ceil(T / 128)): the query
+// tiles of 128 from query_end on are pruned (NULL: none). Grid (ceil(T / 128), B*H); shared memory
+// as fox_bwd_lean_launch allocates. Where it runs: see fox_attention_backward.
 template<int HD, int BQ, int ST, bool GATE, bool PRE>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf16* dv, float* dc,
                                                                    const __grid_constant__ CUtensorMap tmQ,
                                                                    const __grid_constant__ CUtensorMap tmG,
                                                                    const __grid_constant__ CUtensorMap tmK,
                                                                    const __grid_constant__ CUtensorMap tmV,
-                                                                   const float* lse, const float* delta, const float* c,
-                                                                   int T, int H, int stride_qkv, int window,
-                                                                   float scale_log2, float scale, const int* query_end) {
+                                                                   const float* lse, const float* delta,
+                                                                   const float* c, int T, int H, int stride_qkv,
+                                                                   int window, float scale_log2, float scale,
+                                                                   const int* query_end) {
     constexpr int BK = 128;
     static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -2578,7 +2656,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
         if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's Q, dO and floats
     }
 
-    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16 *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int key = keys[r];
@@ -2599,20 +2678,23 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
     }
 }
 
-// o_i = sum_j P_ij v_j with P_ij = exp(q_i.k_j scale + c_i - c_j - lse_i) differentiated for the
-// queries: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (derivation above).
-// dq and the dc row sums of the 128-query tile gridDim.x - 1 - blockIdx.x; consumer cw owns queries
-// 64cw..+63. Key tiles of BC stream through the ring with the keys' c (PRE: their B_j and c_b log2 e).
-// key_start (B*H, ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none).
+// dQ: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (above) for the 128-query tile
+// gridDim.x - 1 - blockIdx.x (Q, dO fixed; longest rows first); consumer cw owns queries 64cw..+63.
+// Key tiles of BC stream through the ring with the keys' c (PRE: their B_j and c_b log2 e). Per
+// tile: S = Q K^T and dP = dO V^T, P, dS = P (dP - Delta), dQ += dS K; tile n + 1's S and dP are
+// issued before the wait for tile n's dQ, whose stage is released after it. key_start (B*H,
+// ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none). Grid (ceil(T / 128),
+// B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see fox_attention_backward.
 template<int HD, int BC, int ST, bool GATE, bool PRE>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float* dc_row,
                                                                  const __grid_constant__ CUtensorMap tmQ,
                                                                  const __grid_constant__ CUtensorMap tmG,
                                                                  const __grid_constant__ CUtensorMap tmK,
                                                                  const __grid_constant__ CUtensorMap tmV,
-                                                                 const float* lse, const float* delta, const float* c,
-                                                                 int T, int H, int stride_qkv, int window,
-                                                                 float scale_log2, float scale, const int* key_start) {
+                                                                 const float* lse, const float* delta,
+                                                                 const float* c, int T, int H, int stride_qkv,
+                                                                 int window, float scale_log2, float scale,
+                                                                 const int* key_start) {
     constexpr int BR = 128;
     static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -2621,7 +2703,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     bf16* sK = sG + BR * HD;                 // (ST, BC, HD)
     bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
     float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c of the keys; PRE: their terms B_j (fox_lean_kterm)
-    float* sCL = sC + ST * BC;               // PRE: (ST) c_b log2 e of the stage's 128-key block (2 ST floats: alignment)
+    float* sCL = sC + ST * BC;               // PRE: (ST) c_b log2 e of the stage's 128-key block (2 ST floats:
+                                             // alignment)
     uint64_t* bar = (uint64_t*)(PRE ? sCL + 2 * ST : sCL);
     uint64_t *barQ = bar, *full = bar + 1, *empty = full + ST;
 
@@ -2804,16 +2887,15 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     }
 }
 
-// Delta, the dK/dV and dQ kernels, then the dlogf scan. 64-query steps in dK/dV; 128-key tiles in
-// dQ at hd 64, 64-key at hd 128; two stages. scratch: 3 * B*H*T floats (see fox_attention_backward).
+// the dK/dV kernel (query tiles of BQ) and the dQ kernel (key tiles of BC) with their stages and PRE
+// (where they run: see fox_attention_backward)
 template<int HD, int BQ, int BC, bool GATE>
-static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
-                                const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
-                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
-                                const int* query_end, cudaStream_t s) {
+static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout,
+                                const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
+                                const float* c, int B, int T, int H, int stride_qkv, int stride_o, int window,
+                                const int* key_start, const int* query_end, cudaStream_t s) {
     constexpr int ST = 2;
-    // the producer's per-column terms (version 15) at hd 64 only: slower at hd 128 (dev/cuda README)
-    constexpr bool PRE = HD == 64;
+    constexpr bool PRE = HD == 64;  // the producer's per-column terms: at hd 64 only
     // the fixed 128-row tiles, ST stages of the streamed tiles and of their floats (dK/dV: lse,
     // Delta, c, PRE: A, Delta; dQ: c, PRE: B and c_b in 2 ST floats), the barriers, + 1 KB to align
     // the tiles to the swizzle pattern
@@ -2822,13 +2904,17 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     constexpr size_t smem_q = 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) +
                               (ST * BC + (PRE ? 2 * ST : 0)) * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
-                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ);
+    CUtensorMap tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ);
+    CUtensorMap tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128);
+    CUtensorMap tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
     fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE><<<grid, 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     launchCheck();
@@ -2839,23 +2925,30 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     launchCheck();
 }
 
-static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
-                         const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
+// Delta, the dK/dV and dQ kernels (their tiles by head size: see fox_attention_backward), then the
+// dlogf scan; scratch: 3 * B*H*T floats (as fox_attention_backward's scratch_dc)
+static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout,
+                         const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
                          cudaStream_t s) {
     int BHT = B * H * T;
     const int* key_start = tables;
     const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
     float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
-    if (hd == 64) fox_bwd_delta_kernel<64><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
-    else fox_bwd_delta_kernel<128><<<(unsigned)ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    unsigned delta_blocks = (unsigned)ceil_div(BHT, 8); // a warp per row, 8 warps a block
+    if (hd == 64) fox_bwd_delta_kernel<64><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    else fox_bwd_delta_kernel<128><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     launchCheck();
     if (hd == 64) {
-        if (c) fox_bwd_lean_launch<64, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<64, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_lean_launch<64, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                      stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<64, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
-        if (c) fox_bwd_lean_launch<128, 64, 64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<128, 64, 64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_lean_launch<128, 64, 64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                      stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<128, 64, 64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -2882,18 +2975,55 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     if (c && !dlogf) {
         fail("fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf");
     }
-    if (tables && !c) { fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL"); }
-    fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window, tables, s);
+    if (tables && !c) {
+        fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL");
+    }
+    // The kernels that run, versions of dev/cuda/fox_attention_backward.cu (their history: dev/cuda/LOG.md):
+    // fox_bwd_delta_kernel, then fox_bwd_dkdv_lean_kernel and fox_bwd_dq_lean_kernel (384 threads: a
+    // producer warpgroup (TMA, setmaxnreg 24) and two consumer warpgroups of 64 rows (setmaxnreg 240),
+    // 2-stage rings), then fox_bwd_dlogf_kernel:
+    // - hd 64: version 15, fox_bwd_dkdv_lean_kernel<64, 64, 2, GATE, true> (a 128-key tile, 64-query tiles
+    //   streamed) and fox_bwd_dq_lean_kernel<64, 128, 2, GATE, true> (a 128-query tile, 128-key tiles
+    //   streamed); PRE = true: the producer forms the per-column logit terms;
+    // - hd 128: version 14, fox_bwd_dkdv_lean_kernel<128, 64, 2, GATE, false> (64-query tiles) and
+    //   fox_bwd_dq_lean_kernel<128, 64, 2, GATE, false> (64-key tiles); the consumers form the terms.
+    fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
+                 tables, s);
 }
 #endif // ENABLE_FP32
 
 // ---- the boundary used by gpu_forward / gpu_backward ----
+// attention_forward_gpu and attention_backward_gpu pick the fused kernels (bf16 build, hd 64 or 128)
+// or the simple kernel, and run the pruning tables' pass before the fused ones when -A 1 is on.
+
+#ifndef ENABLE_FP32
+// tests only: lets the bf16 build run head sizes other than 64 and 128 on the simple kernel
+static int g_attention_any_head = 0;
+
+// whether this head size runs on the fused kernels
+static int attention_fused(int hd) { return hd == 64 || hd == 128; }
+#endif
+
+// adaptive computation pruning in the fused kernels (-A, -L), for the models run next
+static int g_prune = 0;
+#ifndef ENABLE_FP32
+static float g_prune_ln_eps = -10.0f;
+#endif
+static void attention_set_pruning(int on, double ln_eps) {
+    g_prune = on;
+#ifndef ENABLE_FP32
+    g_prune_ln_eps = (float)ln_eps;
+#else
+    (void)ln_eps; // the fp32 build has no fused kernels: -A 1 fails at the first attention
+#endif
+}
 
 #ifndef ENABLE_FP32
 // The pruning tiles of one layer's q, k, c (B, T, H, hd; c (B, H, T)), or NULL when pruning is off or
 // there is no forget gate. One buffer for every layer: the backward recomputes a layer's tables
 // from the same saved q, k, c, which gives the forward's tables (deterministic pass).
-static const int* attention_prune_tables(const floatX* q, const floatX* k, const float* c, int B, int T, int H, int hd) {
+static const int* attention_prune_tables(const floatX* q, const floatX* k, const float* c, int B, int T, int H,
+                                         int hd) {
     static int* tables = NULL;
     static float* U = NULL;
     static float2* partial = NULL;
@@ -3014,11 +3144,13 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
     attention_delta_kernel<<<warp_blocks(N * H), 32 * WARPS_PER_BLOCK>>>(delta, dout, o, N, T, H, hd);
     launchCheck();
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
-    cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
     attention_backward_dq_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dq, c != NULL ? dc_row : NULL, dout, q, k, v,
                                                                       lse, delta, c, T, H, hd, window, scale);
     launchCheck();
-    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
     attention_backward_dkdv_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dk, dv, c != NULL ? dc_col : NULL, dout, q,
                                                                         k, v, lse, delta, c, T, H, hd, window, scale);
     launchCheck();
@@ -3029,6 +3161,7 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
 }
 
 // ----------------------------------------------------------------------------
+// output norm and gate, SwiGLU, cross-entropy
 
 // Output norm and output gate on one (token, head) row, G lanes per row (see head_lanes); either
 // may be off (w == NULL: no norm, og == NULL: no gate). o_normed is written when both are on
@@ -3352,12 +3485,14 @@ static void dist_wait(const Dist* d) {
         ncclCheck(ncclCommGetAsyncError(d->comm, &async_err));
         if (async_err != ncclSuccess && async_err != ncclInProgress) {
             ncclCommAbort(d->comm);
-            fail("rank %d: a collective failed: %s\nHINT: rerun with NCCL_DEBUG=INFO", d->rank, ncclGetErrorString(async_err));
+            fail("rank %d: a collective failed: %s\nHINT: rerun with NCCL_DEBUG=INFO", d->rank,
+                 ncclGetErrorString(async_err));
         }
         if (now_seconds() - start > DIST_TIMEOUT_S) {
             ncclCommAbort(d->comm);
-            fail("rank %d: a collective did not finish in %d s: another process probably failed or stopped\nHINT: read the "
-                 "other processes' errors; all must run the same command and reach the same steps", d->rank, DIST_TIMEOUT_S);
+            fail("rank %d: a collective did not finish in %d s: another process probably failed or stopped\n"
+                 "HINT: read the other processes' errors; all must run the same command and reach the same steps",
+                 d->rank, DIST_TIMEOUT_S);
         }
         sched_yield();
     }
@@ -3375,7 +3510,8 @@ static double dist_sum(const Dist* d, const double* values_dev, int n) {
         ncclCheck(ncclAllGather(values_dev, d->gather_dev, (size_t)n, ncclDouble, d->comm, d->stream));
         dist_stream_end(d);
         dist_wait(d);
-        cudaCheck(cudaMemcpy(d->gather_host, d->gather_dev, (size_t)n * d->world * sizeof(double), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(d->gather_host, d->gather_dev, (size_t)n * d->world * sizeof(double),
+                             cudaMemcpyDeviceToHost));
         all = d->gather_host;
     }
     double sum = 0.0;
@@ -3402,8 +3538,9 @@ static void dist_check_same(const Dist* d, double v, const char* what) {
     cudaCheck(cudaMemcpy(d->gather_host, d->gather_dev, (size_t)d->world * sizeof(double), cudaMemcpyDeviceToHost));
     for (int r = 1; r < d->world; r++) {
         if (d->gather_host[r] != d->gather_host[0]) {
-            fail("the processes disagree on %s: rank 0 has %.17g, rank %d has %.17g\nHINT: start every process with the "
-                 "same flags (only -I differs)", what, d->gather_host[0], r, d->gather_host[r]);
+            fail("the processes disagree on %s: rank 0 has %.17g, rank %d has %.17g\n"
+                 "HINT: start every process with the same flags (only -I differs)", what, d->gather_host[0], r,
+                 d->gather_host[r]);
         }
     }
 }
@@ -3425,8 +3562,8 @@ static void dist_exchange_id(Dist* d, ncclUniqueId* id, const char* rendezvous) 
 #endif
     if (rendezvous == NULL) {
         fail("%d processes need a rendezvous to find each other\nHINT: pass -F <file on a shared filesystem> or -F "
-             "tcp://<rank 0 host>:<port> to every process, or build with 'make train_fox USE_MPI=1' and launch with mpirun; "
-             "for one GPU inside a Slurm or MPI allocation pass -W 1", d->world);
+             "tcp://<rank 0 host>:<port> to every process, or build with 'make train_fox USE_MPI=1' and launch with "
+             "mpirun; for one GPU inside a Slurm or MPI allocation pass -W 1", d->world);
     }
     char host[256];
     int port;
@@ -3461,8 +3598,8 @@ static void dist_init(Dist* d, const Args* a, int argc, char** argv) {
         mpiCheck(MPI_Comm_rank(node, &t.local_rank));
         mpiCheck(MPI_Comm_free(&node));
         if ((a->world > 0 && a->world != t.world) || (a->rank >= 0 && a->rank != t.rank)) {
-            fail("-W %d / -I %d disagree with mpirun's %d processes (this one rank %d)\nHINT: drop -W and -I under mpirun",
-                 a->world, a->rank, t.world, t.rank);
+            fail("-W %d / -I %d disagree with mpirun's %d processes (this one rank %d)\n"
+                 "HINT: drop -W and -I under mpirun", a->world, a->rank, t.world, t.rank);
         }
         d->how = "MPI";
     } else
@@ -3716,7 +3853,8 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     d->dv_raw = (floatX*)arena_take(base, &off, N * C * fx);
     d->dk_alpha = (floatX*)arena_take(base, &off, N * H * fx);
     d->dv_alpha = (floatX*)arena_take(base, &off, N * H * fx);
-    d->partial = (float*)arena_take(base, &off, ceil_div(N, COLSUM_ROWS < RMS_BWD_ROWS ? COLSUM_ROWS : RMS_BWD_ROWS) * C * f);
+    d->partial = (float*)arena_take(base, &off,
+                                    ceil_div(N, COLSUM_ROWS < RMS_BWD_ROWS ? COLSUM_ROWS : RMS_BWD_ROWS) * C * f);
     d->enc_tokens = (int*)arena_take(base, &off, N * sizeof(int));
     d->enc_offsets = (int*)arena_take(base, &off, (N + 1) * sizeof(int));
     d->enc_positions = (int*)arena_take(base, &off, N * sizeof(int));
@@ -3740,8 +3878,8 @@ static size_t gpu_memory_needed(const FoxConfig* cf, size_t n, int B, int T, con
     size_t params = padded_count(n, dist->world) * (2 * sizeof(float) + sizeof(floatX)) + // master, grads, copy
                     opt_count * 2 * sizeof(float);                                     // m, v
     size_t rope = cf->rope ? (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float) : 0;
-    return params + layout_activations(&a, cf, B, T, g_recompute, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) + rope +
-           2 * (size_t)B * T * sizeof(int) + WORKSPACE_BYTES;
+    return params + layout_activations(&a, cf, B, T, g_recompute, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) +
+           rope + 2 * (size_t)B * T * sizeof(int) + WORKSPACE_BYTES;
 }
 
 // uploads the host copy of the weights (master and matmul copy)
@@ -3760,8 +3898,8 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     int hd = cf->n_embd / cf->n_head;
     static char too_big[192];
     if (cf->n_embd % XPACK != 0 || cf->mlp_hidden % XPACK != 0) {
-        snprintf(too_big, sizeof(too_big), "n_embd and mlp_hidden must be multiples of %d (the kernels' 16-byte loads)\n"
-                 "HINT: round them to multiples of %d", XPACK, XPACK);
+        snprintf(too_big, sizeof(too_big), "n_embd and mlp_hidden must be multiples of %d (the kernels' 16-byte "
+                 "loads)\nHINT: round them to multiples of %d", XPACK, XPACK);
         return too_big;
     }
     if (hd > MAX_HD) {
@@ -3770,13 +3908,13 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
         return too_big;
     }
     if (cf->n_embd > RMS_BWD_MAX_C) {
-        snprintf(too_big, sizeof(too_big), "n_embd exceeds the GPU kernels' limit of %d (the RMSNorm backward's column sums "
-                 "in shared memory)", RMS_BWD_MAX_C);
+        snprintf(too_big, sizeof(too_big), "n_embd exceeds the GPU kernels' limit of %d (the RMSNorm backward's column "
+                 "sums in shared memory)", RMS_BWD_MAX_C);
         return too_big;
     }
     if (hd % (2 * XPACK) != 0) {
-        snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) must be a multiple of %d (the per-head kernels' "
-                 "16-byte loads of both halves)\nHINT: change --n_head", 2 * XPACK);
+        snprintf(too_big, sizeof(too_big), "head size (n_embd / n_head) must be a multiple of %d (the per-head "
+                 "kernels' 16-byte loads of both halves)\nHINT: change --n_head", 2 * XPACK);
         return too_big;
     }
 #ifndef ENABLE_FP32
@@ -3787,7 +3925,8 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     }
     if (!attention_fused(hd) && !g_attention_any_head) {
         return "head size (n_embd / n_head) must be 64 or 128: the fused attention kernels of the bf16 build "
-               "support only these\nHINT: set --n_head to n_embd / 64 or n_embd / 128, or build with PRECISION=FP32 (slow)";
+               "support only these\nHINT: set --n_head to n_embd / 64 or n_embd / 128, or build with "
+               "PRECISION=FP32 (slow)";
     }
 #endif
     return NULL;
@@ -3840,7 +3979,10 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
         int hd = cf->n_embd / cf->n_head, half = hd / 2;
         float* table = (float*)malloc_check((size_t)T * half * 2 * sizeof(float), "RoPE table");
         for (int t = 0; t < T; t++) {
-            for (int i = 0; i < half; i++) { rope_angle(t, i, hd, cf->rope_theta, &table[((size_t)t * half + i) * 2], &table[((size_t)t * half + i) * 2 + 1]); }
+            for (int i = 0; i < half; i++) {
+                rope_angle(t, i, hd, cf->rope_theta, &table[((size_t)t * half + i) * 2],
+                           &table[((size_t)t * half + i) * 2 + 1]);
+            }
         }
         g->rope = (float*)gpu_malloc((size_t)T * half * 2 * sizeof(float), "RoPE table");
         cudaCheck(cudaMemcpy(g->rope, table, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
@@ -3890,12 +4032,14 @@ static void colsum_scale_gpu(float* dw, float* partial, const floatX* d, const f
     launchCheck();
 }
 
-static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const float* w, const float* rstd, size_t N, int C) {
+static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const float* w, const float* rstd, size_t N,
+                                 int C) {
     GPUGradBuffers* d = &g->gb;
     unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
     size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
     if (smem > 48 * 1024) { // above the default limit (gpu_config_problem: C <= RMS_BWD_MAX_C)
-        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
     }
     rmsnorm_backward_kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(d->dresid, d->dresid_x, d->partial, d->dxn, x, w,
                                                                     rstd, N, C);
@@ -3928,7 +4072,8 @@ static LayerActs layer_acts(const GPUModel* g, int l) {
     size_t I = (size_t)g->config.mlp_hidden, NC = N * C, NH = N * H;
     int r = a->recompute ? 0 : l; // the slot of an (R) tensor
     LayerActs p;
-    p.resid = LAYER(a->resid, l, NC); p.resid_mid = LAYER(a->resid_mid, l, NC); p.resid_next = LAYER(a->resid, l + 1, NC);
+    p.resid = LAYER(a->resid, l, NC); p.resid_mid = LAYER(a->resid_mid, l, NC);
+    p.resid_next = LAYER(a->resid, l + 1, NC);
     p.rstd_a = LAYER(a->rstd_a, l, N); p.rstd_m = LAYER(a->rstd_m, l, N);
     p.k_alpha = slice_f(a->k_alpha, l, NH); p.v_alpha = slice_f(a->v_alpha, l, NH);
     p.rstd_q = slice_f(a->rstd_q, l, NH); p.rstd_k = slice_f(a->rstd_k, l, NH);
@@ -3982,7 +4127,8 @@ static void head_proj_launch(float* dx, const HeadProj* hp, const floatX* x, siz
                                        (int)HPF_SMEM(NP)));
         cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                        cudaSharedmemCarveoutMaxShared));
-        head_proj_forward_kernel<NP><<<(unsigned)ceil_div(N, HPF_ROWS), 32 * HPF_WARPS, HPF_SMEM(NP)>>>(*hp, x, N, C, H);
+        head_proj_forward_kernel<NP><<<(unsigned)ceil_div(N, HPF_ROWS), 32 * HPF_WARPS, HPF_SMEM(NP)>>>(*hp, x, N, C,
+                                                                                                       H);
     } else {
         cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)HPB_SMEM(NP)));
@@ -4121,7 +4267,8 @@ static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int 
         if (cf->v_shift) { kv_shift_forward_gpu(p.v, p.v_raw, p.v_alpha, B, T, H, hd); }
         qk_norm_rope_forward_gpu(g, &p, l, B, T);
         if (cf->gate != GATE_NONE) {
-            forget_gate_forward_kernel<<<B * H, SCAN_THREADS>>>(p.c, p.gate_logit, pm(g, P_BF, l), cf->gate == GATE_FULL, B, T, H);
+            forget_gate_forward_kernel<<<B * H, SCAN_THREADS>>>(p.c, p.gate_logit, pm(g, P_BF, l),
+                                                                cf->gate == GATE_FULL, B, T, H);
             launchCheck();
         }
         attention_forward_gpu(p.o, p.lse, p.q, p.k, p.v, cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window);
@@ -4295,7 +4442,8 @@ static void gpu_reduce_grads(GPUModel* g) {
     if (d->zero_stage == 0) {
         ncclCheck(ncclAllReduce(g->grads, g->grads, g->padded_parameters, ncclFloat, ncclSum, d->comm, d->stream));
     } else {
-        ncclCheck(ncclReduceScatter(g->grads, g->grads + g->shard_offset, g->shard_size, ncclFloat, ncclSum, d->comm, d->stream));
+        ncclCheck(ncclReduceScatter(g->grads, g->grads + g->shard_offset, g->shard_size, ncclFloat, ncclSum, d->comm,
+                                    d->stream));
     }
     dist_stream_end(d);
 }
@@ -4368,7 +4516,9 @@ static void gpu_gather_moments(GPUModel* g, const float* shard, float* host) {
     ncclCheck(ncclAllGather(shard, g->grads, g->shard_size, ncclFloat, d->comm, d->stream));
     dist_stream_end(d);
     dist_wait(d);
-    if (host != NULL) { cudaCheck(cudaMemcpy(host, g->grads, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost)); }
+    if (host != NULL) {
+        cudaCheck(cudaMemcpy(host, g->grads, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+    }
 }
 
 // the weights and moments into the host model, on rank 0 (the others only join the collectives)
@@ -4433,7 +4583,8 @@ static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_
     printf("sample: ");
     for (int t = 1; t < gen_tokens; t++) {
         gpu_forward(g, tokens, NULL, 1, t);
-        cudaCheck(cudaMemcpy(row_x, g->acts.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(row_x, g->acts.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
+                             cudaMemcpyDeviceToHost));
         for (int j = 0; j < V; j++) { row[j] = to_float(row_x[j]); }
         tokens[t] = sample_from_logits(row, V, 1.0f, rng);
         tokenizer_print(tk, tokens[t]);
@@ -4514,8 +4665,8 @@ static int gpu_eval_main(const Args* a) {
         if (g_prune) {
             unsigned long long tiles;
             double share = attention_pruned_share(&tiles);
-            printf("attention pruning (-A 1, ln eps %g): %.1f%% of %llu attention tiles (128 x 128) skipped\n", a->prune_ln_eps,
-                   100.0 * share, tiles);
+            printf("attention pruning (-A 1, ln eps %g): %.1f%% of %llu attention tiles (128 x 128) skipped\n",
+                   a->prune_ln_eps, 100.0 * share, tiles);
         }
         free(gb.row_x);
         gpu_free(&gm);
@@ -4524,6 +4675,7 @@ static int gpu_eval_main(const Args* a) {
     return rc;
 }
 // ----------------------------------------------------------------------------
+// main: training
 
 #ifdef TRAIN_FOX_GPU_MAIN
 // Loads the newest complete checkpoint of a.out_dir into the host model and the GPU and moves
@@ -4534,13 +4686,17 @@ static int gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* t
     const Dist* d = g->dist;
     int step = latest_checkpoint(a->out_dir);
     dist_check_same(d, step, "the newest checkpoint in -o (the directory must be on a filesystem all processes share)");
-    if (step < 0) { fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a->out_dir); }
+    if (step < 0) {
+        fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a->out_dir);
+    }
     char model_path[4096], state_path[4096];
     checkpoint_paths(a->out_dir, step, model_path, state_path, sizeof(model_path));
     FoxModel loaded;
     load_model(&loaded, model_path);
-    if (loaded.num_parameters != model->num_parameters || memcmp(&loaded.config, &model->config, sizeof(FoxConfig)) != 0) {
-        fail("the checkpoint '%s' holds another model than -e %s\nHINT: resume with the same -e and overrides as the run that wrote it", model_path, a->model);
+    if (loaded.num_parameters != model->num_parameters ||
+        memcmp(&loaded.config, &model->config, sizeof(FoxConfig)) != 0) {
+        fail("the checkpoint '%s' holds another model than -e %s\n"
+             "HINT: resume with the same -e and overrides as the run that wrote it", model_path, a->model);
     }
     memcpy(model->params_memory, loaded.params_memory, model->num_parameters * sizeof(float));
     fox_free(&loaded);
@@ -4555,7 +4711,8 @@ static int gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* t
     long saved = s.batch_samples > 0 ? s.batch_samples : (s.world == train->world ? samples : 0); // 0: an older file
     long batch_pos = translate_batch_pos(s.batch_pos, saved, samples);
     if (batch_pos < 0) {
-        fail("'%s' stopped %d batches of %ld sequences into a shard, which is no whole number of batches of -b %d x %d processes\nHINT: resume with -b and the process count of the run that wrote it (%d processes)",
+        fail("'%s' stopped %d batches of %ld sequences into a shard, which is no whole number of batches of -b %d x %d "
+             "processes\nHINT: resume with -b and the process count of the run that wrote it (%d processes)",
              state_path, s.batch_pos, saved, train->B, train->world, s.world);
     }
     dataloader_set_position(train, s.epoch, s.shard_pos, (int)batch_pos);
@@ -4578,7 +4735,8 @@ int main(int argc, char** argv) {
     if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T * dist.world; }
     long micro_tokens = (long)a.B * a.T * dist.world; // one micro-step of every process
     if (a.total_batch_tokens % micro_tokens != 0) {
-        fail("total batch -d %ld is not a multiple of b*t*processes = %d*%d*%d = %ld\nHINT: choose -d as a multiple of -b times -t times the process count",
+        fail("total batch -d %ld is not a multiple of b*t*processes = %d*%d*%d = %ld\n"
+             "HINT: choose -d as a multiple of -b times -t times the process count",
              a.total_batch_tokens, a.B, a.T, dist.world, micro_tokens);
     }
     int accum = (int)(a.total_batch_tokens / micro_tokens);
@@ -4586,14 +4744,21 @@ int main(int argc, char** argv) {
     DataLoader train, val;
     dataloader_init(&train, a.train_pattern, a.B, a.T, dist.rank, dist.world, 1, a.roll, a.seed, cf->vocab_size);
     int have_val = a.val_every > 0;
-    if (have_val) { dataloader_init(&val, a.val_pattern, a.B, a.T, dist.rank, dist.world, 0, 0, a.seed, cf->vocab_size); }
-    if (a.steps < 0) { a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum); if (a.steps < 1) { a.steps = 1; } }
+    if (have_val) {
+        dataloader_init(&val, a.val_pattern, a.B, a.T, dist.rank, dist.world, 0, 0, a.seed, cf->vocab_size);
+    }
+    if (a.steps < 0) {
+        a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum);
+        if (a.steps < 1) { a.steps = 1; }
+    }
     LRSchedule sched = {a.schedule, a.lr, 0, (double)a.steps * a.total_batch_tokens, (double)a.total_batch_tokens};
     sched.warmup_tokens = a.warmup_tokens >= 0 ? (double)a.warmup_tokens : fmin(268435456.0, 0.1 * sched.total_tokens);
     AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
     Tokenizer tk;
     int have_tokenizer = dist.rank == 0 && tokenizer_init(&tk, a.tokenizer_path);
-    if (!have_tokenizer && a.sample_every > 0) { printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path); }
+    if (!have_tokenizer && a.sample_every > 0) {
+        printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path);
+    }
     dist_check_same(&dist, (double)model.num_parameters, "the parameter count (-e and model overrides)");
     dist_check_same(&dist, a.B, "the micro-batch -b");
     dist_check_same(&dist, a.T, "the sequence length -t");
@@ -4621,12 +4786,15 @@ int main(int argc, char** argv) {
     size_t need = gpu_memory_needed(cf, model.num_parameters, a.B, a.T, &dist);
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), recompute -r %d\n",
-           model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0, a.recompute);
-    printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | %s schedule, peak lr %g\n",
-           a.B, a.T, dist.world, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
+    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), "
+           "recompute -r %d\n", model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0,
+           a.recompute);
+    printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
+           "warmup %.0f tokens | %s schedule, peak lr %g\n", a.B, a.T, dist.world, accum, a.total_batch_tokens,
+           a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
     printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g%s, peak %s\n", matmul_params,
-           cf->n_layer, cf->n_embd, a.T, flops_per_token, a.prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
+           cf->n_layer, cf->n_embd, a.T, flops_per_token,
+           a.prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
            peak > 0 ? "989 TFLOP/s (bf16 dense) per GPU" : "unknown for this GPU (MFU n/a)");
     GPUModel gm;
     gpu_build_dist(&gm, &model, a.B, a.T, &dist);
@@ -4673,7 +4841,8 @@ int main(int argc, char** argv) {
         char why[256], grad[320] = "";
         int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
         if (verdict != STEP_UPDATE && !isfinite(norm)) { // name the tensor from this process's gradients
-            cudaCheck(cudaMemcpy(model.grads_memory, gm.grads, model.num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(model.grads_memory, gm.grads, model.num_parameters * sizeof(float),
+                                 cudaMemcpyDeviceToHost));
             nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
         }
         if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
