@@ -758,7 +758,7 @@ static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
 }
 
 // ----------------------------------------------------------------------------
-// -M niah: needle in a haystack (FOX_SPEC.md, Data conventions). A prompt of exactly
+// -M niah: needle in a haystack (doc/fox.md, "Evaluation conventions"). A prompt of exactly
 // `context` tokens: EOT, haystack (held-out text, EOT separators dropped) with the needle
 // inserted after round(depth * haystack length) of its tokens, then the question. Each piece
 // is encoded on its own and the tokens concatenated; the tokens are written out below so that

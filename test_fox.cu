@@ -1126,7 +1126,8 @@ static int hf_tensor_is(const SafeTensors* st, const char* name, size_t rows, si
     return memcmp(st->data + t->begin, want, rows * (cols > 0 ? cols : 1) * sizeof(float)) == 0;
 }
 
-// the authors' names and shapes (HF_LAYOUT), written out here rather than derived from param_hf_name
+// the authors' names and shapes (doc/fox.md, "HuggingFace layout"), written out here rather than derived
+// from param_hf_name
 static void hf_check_contents(const FoxModel* m, const char* dir, const char* what) {
     char path[600];
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);

@@ -1,17 +1,40 @@
 /*
 train_fox.c: the CPU reference twin of train_fox.
 
-A complete fp32 trainer of the Forgetting Transformer (FoX) family and its Transformer
-baselines, parallel with OpenMP. Every forward and backward is written by hand and kept as
-simple as exactness allows: it is what the GPU trainer is diffed against. The model is
-specified in FOX_SPEC.md (kept in the project's shared folder) and in README.md.
-
-It also holds the evaluation modes of both trainers (-M eval, generate, niah, maps: per-token
-loss, generation with a KV cache, needle in a haystack, gate and attention maps), written
-against a forward "backend" that train_fox.cu implements with the GPU forward.
+A complete fp32 trainer of the Forgetting Transformer (FoX) and its Transformer baselines,
+parallel with OpenMP. FoX is softmax attention with a forget gate: each head computes a scalar
+f_t = sigmoid(w_f . x_t + b_f) per token, c_i is the running sum of log f_t, and the attention
+logit of query i on key j gets c_i - c_j added, so that older keys fade at a rate the data
+chooses (that is the full gate; the bias-only and fixed gates and the baselines without one are
+options of FoxConfig). Every forward and backward here is written by hand and kept as simple as exactness
+allows: it is what the GPU trainer (train_fox.cu) is diffed against. The model, its variants
+and conventions are described in doc/fox.md; building, training and evaluating in README.md.
 
 Valid C and C++: test_fox.cu and train_fox.cu include this file with TESTING defined,
 which drops main().
+
+Map, in file order (a first reading: the model configuration, then the layers from
+encoder_forward through fox_backward, then main):
+  errors and checked system calls   fail, malloc_check, fopen_check, atomic_write, atomic_commit
+  random numbers                    rng_next, rng_uniform, rng_normal
+  model configuration               FoxConfig, config_from_preset, config_set, config_problem
+  the parameter table               ParamSpec, param_table, param_hf_name
+  activations                       ActivationTensors, activation_sizes
+  the model                         FoxModel, fox_build, fox_init, fox_ensure_activations
+  layers, forward and backward      matmul_, rmsnorm_, kv_shift_, rope_apply; the gate:
+                                    forget_gate_forward / _backward; pruning: prune_tiles;
+                                    attention_forward / attention_backward; swiglu_, crossentropy_
+  the whole model                   fox_forward, fox_backward
+  optimiser                         fox_grad_norm, fox_clip_grads, fox_update (AdamW), lr_at_step
+  numerical guards                  step_guard_check, nonfinite_grad_name
+  data                              DataLoader: dataloader_init, dataloader_next_batch
+  decode table                      Tokenizer: tokenizer_init, tokenizer_print
+  checkpoints                       save_model, load_model, save_state, load_state, latest_checkpoint
+  training samples, validation      fox_sample, evaluate
+  command line                      Args, usage, parse_args, build_model
+  run helpers                       log_line, step_guard_stop, step_guard_log, save_checkpoint
+  evaluation modes                  fox_eval.h (-M eval, generate, niah, maps; not needed to train)
+  main                              the training loop of the CPU twin
 */
 #include <ctype.h>
 #include <errno.h>
@@ -471,7 +494,7 @@ static size_t param_numel(const ParamSpec* s, int L) {
     return param_slice_numel(s) * (s->per_layer ? (size_t)L : 1);
 }
 
-// The name of one layer's slice in the authors' HuggingFace layout (HF_LAYOUT.md).
+// The name of one layer's slice in the authors' HuggingFace layout (doc/fox.md, "HuggingFace layout").
 void param_hf_name(const FoxConfig* c, int tensor, int layer, char* out, size_t n) {
     const char* name = "";
     switch (tensor) {
@@ -641,7 +664,7 @@ static void fox_free(FoxModel* m) {
 }
 
 // Number of parameters that take part in matmuls (the embedding lookup does not), for the
-// FLOP count 6 * N + 6 * L * C * T of BENCHMARKS.md.
+// FLOP count 6 * N + 6 * L * C * T per token (doc/fox.md, "FLOP and MFU conventions").
 static size_t fox_matmul_params(const FoxModel* m) {
     size_t n = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
@@ -966,13 +989,15 @@ static void forget_gate_backward(float* dgate_logit, const float* dc, const floa
 // first key that query i may attend to
 static int attention_first_key(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
 
-// Adaptive computation pruning (FOX_SPEC). With |q_i.k_j| scale <= U, a row's weight on key j is
-// p_ij <= exp(s_ij - s_ii) <= exp(2U + c_i - c_j) (the diagonal key is always in the row's sum).
-// In a tile of queries from i0 and keys up to j1, c_i - c_j <= c_i0 - c_j1 (c is non-increasing),
-// so skipping every tile with c_i0 - c_j1 < delta = ln eps - ln T - 2U drops less than
-// T exp(2U + delta) = eps of each row's weight. Tiles are square, PRUNE_BLOCK queries by
-// PRUNE_BLOCK keys, so that the forward (128 x 64), dq (64 x 64) and dk/dv (64 x 128 or 32 x 128)
-// kernels of the GPU skip exactly the same pairs as one another and as the twin.
+// Adaptive computation pruning (doc/fox.md, "Adaptive computation pruning"). With
+// |q_i.k_j| scale <= U, a row's weight on key j is p_ij <= exp(s_ij - s_ii) <= exp(2U + c_i - c_j)
+// (the diagonal key is always in the row's sum). In a tile of queries from i0 and keys up to j1,
+// c_i - c_j <= c_i0 - c_j1 (c is non-increasing), so skipping every tile with
+// c_i0 - c_j1 < delta = ln eps - ln T - 2U drops less than T exp(2U + delta) = eps of each row's
+// weight. Tiles are square, PRUNE_BLOCK queries by PRUNE_BLOCK keys. The GPU kernels' own tiles
+// (see fox_attention_forward and the pruning notes in train_fox.cu) divide PRUNE_BLOCK and align
+// with it, so that every kernel skips exactly the same (query, key) pairs as the others and as
+// the twin.
 #define PRUNE_BLOCK 128
 
 typedef struct {
@@ -2021,7 +2046,7 @@ static int latest_checkpoint(const char* dir) {
 }
 
 // ----------------------------------------------------------------------------
-// sampling and evaluation
+// training samples and validation loss, as main prints them while it trains
 
 static int sample_from_logits(const float* logits, int V, float temperature, uint64_t* rng) {
     float mx = -INFINITY;
@@ -2066,7 +2091,9 @@ static float evaluate(FoxModel* m, DataLoader* val, int max_batches) {
 }
 
 // ----------------------------------------------------------------------------
-// command line (shared with train_fox.cu)
+// command line, shared with train_fox.cu: the modes, Args, usage (train_fox -h), parse_args, and
+// the model a run starts from (build_model: a preset with overrides, or a checkpoint). Flags,
+// messages and HINTs are the user interface: test_fox.cu and dev/test_reliability.sh check some.
 
 enum { MODE_TRAIN, MODE_EVAL, MODE_GENERATE, MODE_NIAH, MODE_MAPS, NUM_MODES };
 static const char* MODE_NAMES[] = {"train", "eval", "generate", "niah", "maps"};
@@ -2274,6 +2301,10 @@ static void build_model(FoxModel* m, const Args* a) {
     m->prune = a->prune;
     m->prune_ln_eps = (float)a->prune_ln_eps;
 }
+
+// ----------------------------------------------------------------------------
+// run helpers of both trainers' main loops: main.log, the end of a guarded step, the clock,
+// and (the twin's) checkpoint of a run
 
 static void log_line(FILE* f, const char* fmt, ...) {
     if (f == NULL) { return; }
