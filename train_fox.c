@@ -166,9 +166,13 @@ static void fsync_dir(const char* path) {
     char dir[4096];
     snprintf(dir, sizeof(dir), "%s", path);
     char* slash = strrchr(dir, '/');
-    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); } else if (slash == dir) { slash[1] = '\0'; } else { *slash = '\0'; }
+    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); }
+    else if (slash == dir) { slash[1] = '\0'; }
+    else { *slash = '\0'; }
     int fd = open(dir, O_RDONLY);
-    if (fd < 0 || fsync(fd) != 0) { fail("could not flush the directory '%s': %s\nHINT: check the output directory", dir, strerror(errno)); }
+    if (fd < 0 || fsync(fd) != 0) {
+        fail("could not flush the directory '%s': %s\nHINT: check the output directory", dir, strerror(errno));
+    }
     close(fd);
 }
 
@@ -179,7 +183,9 @@ static void atomic_commit(FILE* f, const char* tmp_path, const char* path) {
         remove(tmp_path);
         fail("could not close '%s': %s\nHINT: is the disk full? '%s' is left as it was", tmp_path, strerror(err), path);
     }
-    if (rename(tmp_path, path) != 0) { fail("could not rename '%s' to '%s': %s\nHINT: check the output directory", tmp_path, path, strerror(errno)); }
+    if (rename(tmp_path, path) != 0) {
+        fail("could not rename '%s' to '%s': %s\nHINT: check the output directory", tmp_path, path, strerror(errno));
+    }
     fsync_dir(path);
 }
 
@@ -368,10 +374,13 @@ static int config_set(FoxConfig* c, const char* key, const char* value) {
 static const char* config_problem(const FoxConfig* c) {
     static char msg[256];
     if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1) { return "n_layer, n_embd and n_head must be positive"; }
-    if (c->n_layer > 1000 || c->n_embd > (1 << 16) || c->n_head > 4096 || c->mlp_hidden > (1 << 20) || c->window > (1 << 30)) {
+    if (c->n_layer > 1000 || c->n_embd > (1 << 16) || c->n_head > 4096 || c->mlp_hidden > (1 << 20)
+        || c->window > (1 << 30)) {
         return "n_layer, n_embd, n_head, mlp_hidden or window is beyond its limit (train_fox -h)";
     }
-    if (c->block < 0 || c->block > 1 || c->gate < 0 || c->gate > 3) { return "block or gate is not one of its choices"; }
+    if (c->block < 0 || c->block > 1 || c->gate < 0 || c->gate > 3) {
+        return "block or gate is not one of its choices";
+    }
     int flags[] = {c->k_shift, c->v_shift, c->qk_norm, c->qk_norm_shared, c->output_gate, c->output_norm, c->rope};
     for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
         if (flags[i] != 0 && flags[i] != 1) { return "a switch (k_shift, v_shift, qk_norm, ..., rope) is not 0 or 1"; }
@@ -383,10 +392,14 @@ static const char* config_problem(const FoxConfig* c) {
     }
     if (c->rope && (c->n_embd / c->n_head) % 2 != 0) { return "RoPE needs an even head size"; }
     if (c->vocab_size < 2 || c->vocab_size > 65536) { return "vocab_size must be in [2, 65536] (tokens are uint16)"; }
-    if (c->padded_vocab_size != padded_vocab(c->vocab_size)) { return "padded_vocab_size is not vocab_size rounded up to 128"; }
+    if (c->padded_vocab_size != padded_vocab(c->vocab_size)) {
+        return "padded_vocab_size is not vocab_size rounded up to 128";
+    }
     if (c->mlp_hidden < 1) { return "mlp_hidden must be positive"; }
     if (c->qk_norm_shared && !c->qk_norm) { return "qk_norm_shared needs qk_norm"; }
-    if (!isfinite(c->decay_time_max) || !(c->decay_time_min > 0) || !(c->decay_time_max >= c->decay_time_min)) { return "need 0 < decay_time_min <= decay_time_max"; }
+    if (!isfinite(c->decay_time_max) || !(c->decay_time_min > 0) || !(c->decay_time_max >= c->decay_time_min)) {
+        return "need 0 < decay_time_min <= decay_time_max";
+    }
     if (c->window < 0) { return "window must be >= 0"; }
     return NULL;
 }
@@ -1306,8 +1319,10 @@ static void fox_forward(FoxModel* m, const int* inputs, const int* targets, int 
             memcpy(v, v_raw, NC * sizeof(float));
         }
         if (cf->qk_norm) {
-            rmsnorm_forward(q_normed, LAYER(a.rstd_q, l, NH), q_raw, LAYER(p.q_norm, l, qk_per), NH, hd, groups_qk, 1e-5f);
-            rmsnorm_forward(k_normed, LAYER(a.rstd_k, l, NH), k_shifted, LAYER(p.k_norm, l, qk_per), NH, hd, groups_qk, 1e-5f);
+            rmsnorm_forward(q_normed, LAYER(a.rstd_q, l, NH), q_raw, LAYER(p.q_norm, l, qk_per), NH, hd, groups_qk,
+                            1e-5f);
+            rmsnorm_forward(k_normed, LAYER(a.rstd_k, l, NH), k_shifted, LAYER(p.k_norm, l, qk_per), NH, hd,
+                            groups_qk, 1e-5f);
         } else {
             memcpy(q_normed, q_raw, NC * sizeof(float));
             memcpy(k_normed, k_shifted, NC * sizeof(float));
@@ -1441,9 +1456,11 @@ static void fox_backward(FoxModel* m, float loss_scale) {
         }
         if (cf->qk_norm) {
             rmsnorm_backward(LAYER(d.q_raw, l, NC), LAYER(g.q_norm, l, qk_per), LAYER(d.q_normed, l, NC),
-                             LAYER(a.q_raw, l, NC), LAYER(p.q_norm, l, qk_per), LAYER(a.rstd_q, l, NH), NH, hd, groups_qk);
+                             LAYER(a.q_raw, l, NC), LAYER(p.q_norm, l, qk_per), LAYER(a.rstd_q, l, NH), NH, hd,
+                             groups_qk);
             rmsnorm_backward(LAYER(d.k_shifted, l, NC), LAYER(g.k_norm, l, qk_per), LAYER(d.k_normed, l, NC),
-                             LAYER(a.k_shifted, l, NC), LAYER(p.k_norm, l, qk_per), LAYER(a.rstd_k, l, NH), NH, hd, groups_qk);
+                             LAYER(a.k_shifted, l, NC), LAYER(p.k_norm, l, qk_per), LAYER(a.rstd_k, l, NH), NH, hd,
+                             groups_qk);
         } else {
             add_backward(LAYER(d.q_raw, l, NC), NULL, LAYER(d.q_normed, l, NC), NC);
             add_backward(LAYER(d.k_shifted, l, NC), NULL, LAYER(d.k_normed, l, NC), NC);
@@ -1464,9 +1481,12 @@ static void fox_backward(FoxModel* m, float loss_scale) {
         } else {
             add_backward(LAYER(d.v_raw, l, NC), NULL, LAYER(d.v, l, NC), NC);
         }
-        matmul_backward(dxa, LAYER(g.wq, l, (size_t)C * C), NULL, LAYER(d.q_raw, l, NC), xa, LAYER(p.wq, l, (size_t)C * C), N, C, C);
-        matmul_backward(dxa, LAYER(g.wk, l, (size_t)C * C), NULL, LAYER(d.k_raw, l, NC), xa, LAYER(p.wk, l, (size_t)C * C), N, C, C);
-        matmul_backward(dxa, LAYER(g.wv, l, (size_t)C * C), NULL, LAYER(d.v_raw, l, NC), xa, LAYER(p.wv, l, (size_t)C * C), N, C, C);
+        matmul_backward(dxa, LAYER(g.wq, l, (size_t)C * C), NULL, LAYER(d.q_raw, l, NC), xa,
+                        LAYER(p.wq, l, (size_t)C * C), N, C, C);
+        matmul_backward(dxa, LAYER(g.wk, l, (size_t)C * C), NULL, LAYER(d.k_raw, l, NC), xa,
+                        LAYER(p.wk, l, (size_t)C * C), N, C, C);
+        matmul_backward(dxa, LAYER(g.wv, l, (size_t)C * C), NULL, LAYER(d.v_raw, l, NC), xa,
+                        LAYER(p.wv, l, (size_t)C * C), N, C, C);
         rmsnorm_backward(LAYER(d.resid, l, NC), LAYER(g.attn_norm, l, C), dxa, LAYER(a.resid, l, NC),
                          LAYER(p.attn_norm, l, C), LAYER(a.rstd_a, l, N), N, C, 1);
     }
@@ -1620,7 +1640,8 @@ static void step_guard_init(StepGuard* g, int on_nonfinite, double spike_z) {
 // level is skipped for a while and then accepted.
 static int step_guard_check(StepGuard* g, double loss, double norm, char* why, size_t n) {
     if (!isfinite(loss) || !isfinite(norm)) {
-        snprintf(why, n, "%s is not finite (loss %g, grad norm %g)", isfinite(loss) ? "the gradient" : "the loss", loss, norm);
+        snprintf(why, n, "%s is not finite (loss %g, grad norm %g)", isfinite(loss) ? "the gradient" : "the loss",
+                 loss, norm);
         if (g->on_nonfinite == NONFINITE_STOP) { return STEP_STOP; }
         g->skipped++;
         return STEP_SKIP;
@@ -1652,7 +1673,8 @@ static int nonfinite_grad_name(const FoxConfig* c, const float* grads, char* out
             if (bad == per) { continue; }
             char hf[128];
             param_hf_name(c, t, l, hf, sizeof(hf));
-            snprintf(out, n, "the gradient of %s (%s) has %g at element %zu", hf, spec[t].name, grads[offset + bad], bad);
+            snprintf(out, n, "the gradient of %s (%s) has %g at element %zu", hf, spec[t].name, grads[offset + bad],
+                     bad);
             return 1;
         }
     }
@@ -1701,13 +1723,23 @@ static size_t read_shard_header(const char* path) {
     FILE* f = fopen_check(path, "rb");
     int header[256];
     long size = file_size_check(f, path);
-    if (size < SHARD_HEADER_BYTES) { fail("'%s' is too small to be a token shard (%ld bytes)\nHINT: shards are written by data/tokenize or llm.c's scripts", path, size); }
+    if (size < SHARD_HEADER_BYTES) {
+        fail("'%s' is too small to be a token shard (%ld bytes)\n"
+             "HINT: shards are written by data/tokenize or llm.c's scripts", path, size);
+    }
     fread_check(header, sizeof(int), 256, f, path);
     fclose(f);
-    if (header[0] != SHARD_MAGIC) { fail("'%s' has magic %d, not %d: not a token shard\nHINT: shards are written by data/tokenize or llm.c's scripts", path, header[0], SHARD_MAGIC); }
-    if (header[1] != SHARD_VERSION) { fail("'%s' has shard version %d, this build reads version %d (uint16 tokens)\nHINT: re-tokenize the data", path, header[1], SHARD_VERSION); }
+    if (header[0] != SHARD_MAGIC) {
+        fail("'%s' has magic %d, not %d: not a token shard\n"
+             "HINT: shards are written by data/tokenize or llm.c's scripts", path, header[0], SHARD_MAGIC);
+    }
+    if (header[1] != SHARD_VERSION) {
+        fail("'%s' has shard version %d, this build reads version %d (uint16 tokens)\nHINT: re-tokenize the data",
+             path, header[1], SHARD_VERSION);
+    }
     if (header[2] < 0 || (long)SHARD_HEADER_BYTES + 2L * header[2] != size) {
-        fail("'%s' says it holds %d tokens but its size is %ld bytes (expected %ld)\nHINT: the shard is truncated or damaged; regenerate it",
+        fail("'%s' says it holds %d tokens but its size is %ld bytes (expected %ld)\n"
+             "HINT: the shard is truncated or damaged; regenerate it",
              path, header[2], size, (long)SHARD_HEADER_BYTES + 2L * header[2]);
     }
     return (size_t)header[2];
@@ -1720,7 +1752,8 @@ static void dataloader_load_shard(DataLoader* d) {
     size_t n = shard_samples(d, shard);
     free(d->sample_order);
     d->sample_order = (int*)malloc_check((n > 0 ? n : 1) * sizeof(int), "sample order");
-    uint64_t s = d->seed ^ (((uint64_t)d->epoch + 1) * 0xD1B54A32D192ED03ull) ^ ((uint64_t)(shard + 1) * 0x8CB92BA72F3D8DD7ull);
+    uint64_t s = d->seed ^ (((uint64_t)d->epoch + 1) * 0xD1B54A32D192ED03ull)
+                 ^ ((uint64_t)(shard + 1) * 0x8CB92BA72F3D8DD7ull);
     if (d->shuffle) { shuffle_indices(d->sample_order, (int)n, s); }
     else { for (size_t i = 0; i < n; i++) { d->sample_order[i] = (int)i; } }
     d->current_batches = shard_batches(d, shard);
@@ -1729,7 +1762,9 @@ static void dataloader_load_shard(DataLoader* d) {
 static void dataloader_set_position(DataLoader* d, int epoch, int shard_pos, int batch_pos) {
     // a position read from a state file may belong to other shards
     if (epoch < 0 || shard_pos < 0 || shard_pos >= d->num_shards || batch_pos < 0) {
-        fail("data position (epoch %d, shard %d, batch %d) is outside the %d shard(s)\nHINT: resume with the -i shards, -b, -t and processes of the run that saved it", epoch, shard_pos, batch_pos, d->num_shards);
+        fail("data position (epoch %d, shard %d, batch %d) is outside the %d shard(s)\n"
+             "HINT: resume with the -i shards, -b, -t and processes of the run that saved it",
+             epoch, shard_pos, batch_pos, d->num_shards);
     }
     d->epoch = epoch;
     d->shard_pos = shard_pos;
@@ -1738,7 +1773,9 @@ static void dataloader_set_position(DataLoader* d, int epoch, int shard_pos, int
     else { for (int i = 0; i < d->num_shards; i++) { d->shard_order[i] = i; } }
     dataloader_load_shard(d);
     if (batch_pos > d->current_batches) {
-        fail("data position batch %d is past the %d batches of shard %d\nHINT: resume with the -i shards, -b, -t and processes of the run that saved it", batch_pos, d->current_batches, shard_pos);
+        fail("data position batch %d is past the %d batches of shard %d\n"
+             "HINT: resume with the -i shards, -b, -t and processes of the run that saved it",
+             batch_pos, d->current_batches, shard_pos);
     }
 }
 
@@ -1750,7 +1787,9 @@ static void dataloader_init(DataLoader* d, const char* pattern, int B, int T, in
     glob_t g;
     int rc = glob(pattern, 0, NULL, &g);
     if (rc != 0 || g.gl_pathc == 0) {
-        fail("no token shards match '%s'\nHINT: run 'make data' for the default corpus, or pass -i / -j with a pattern of existing shards", pattern);
+        fail("no token shards match '%s'\n"
+             "HINT: run 'make data' for the default corpus, or pass -i / -j with a pattern of existing shards",
+             pattern);
     }
     d->num_shards = (int)g.gl_pathc;
     d->paths = (char**)malloc_check(g.gl_pathc * sizeof(char*), "shard paths");
@@ -1766,7 +1805,8 @@ static void dataloader_init(DataLoader* d, const char* pattern, int B, int T, in
         batches += (size_t)shard_batches(d, i);
     }
     if (batches == 0) {
-        fail("the shards of '%s' hold too few tokens for one batch of %d x %d tokens on %d process(es)\nHINT: use a smaller -b or -t",
+        fail("the shards of '%s' hold too few tokens for one batch of %d x %d tokens on %d process(es)\n"
+             "HINT: use a smaller -b or -t",
              pattern, B, T + 1, world);
     }
     d->shard_order = (int*)malloc_check((size_t)d->num_shards * sizeof(int), "shard order");
@@ -1803,13 +1843,15 @@ static void dataloader_next_batch(DataLoader* d) {
         fread_check(d->window, sizeof(uint16_t), (size_t)T + 1, d->file, path);
         int shift = 0;
         if (d->roll) {
-            uint64_t s = d->seed ^ (sample * 0x9E3779B97F4A7C15ull) ^ (((uint64_t)d->epoch + 1) << 40) ^ (uint64_t)shard;
+            uint64_t s = d->seed ^ (sample * 0x9E3779B97F4A7C15ull) ^ (((uint64_t)d->epoch + 1) << 40)
+                         ^ (uint64_t)shard;
             shift = (int)(rng_next(&s) % (uint64_t)(T + 1));
         }
         for (int t = 0; t <= T; t++) {
             int tok = d->window[(t + shift) % (T + 1)];
             if (tok >= d->vocab_size) {
-                fail("'%s' holds token %d at sample %zu, outside the model's vocabulary of %d\nHINT: the shard was tokenized for another vocabulary",
+                fail("'%s' holds token %d at sample %zu, outside the model's vocabulary of %d\n"
+                     "HINT: the shard was tokenized for another vocabulary",
                      path, tok, sample, d->vocab_size);
             }
             if (t < T) { d->inputs[b * T + t] = tok; }
@@ -1844,7 +1886,8 @@ static int tokenizer_init(Tokenizer* tk, const char* path) {
     uint32_t header[256];
     fread_check(header, sizeof(uint32_t), 256, f, path);
     if (header[0] != 20240328 || header[1] != 2 || header[2] == 0 || header[2] > 65536 || header[3] >= header[2]) {
-        fail("'%s' is not a version-2 decode table (magic %u, version %u, vocab %u, eot %u)\nHINT: run 'make data' to write it",
+        fail("'%s' is not a version-2 decode table (magic %u, version %u, vocab %u, eot %u)\n"
+             "HINT: run 'make data' to write it",
              path, header[0], header[1], header[2], header[3]);
     }
     tk->vocab_size = (int)header[2];
@@ -1853,12 +1896,16 @@ static int tokenizer_init(Tokenizer* tk, const char* path) {
     for (int i = 0; i < tk->vocab_size; i++) {
         unsigned char len;
         fread_check(&len, 1, 1, f, path);
-        if (len == 0) { fail("'%s': token %d has length 0\nHINT: the decode table is damaged; run 'make data'", path, i); }
+        if (len == 0) {
+            fail("'%s': token %d has length 0\nHINT: the decode table is damaged; run 'make data'", path, i);
+        }
         tk->tokens[i] = (char*)malloc_check((size_t)len + 1, "token");
         fread_check(tk->tokens[i], 1, len, f, path);
         tk->tokens[i][len] = '\0';
     }
-    if (fgetc(f) != EOF) { fail("'%s' has bytes after the last token\nHINT: the decode table is damaged; run 'make data'", path); }
+    if (fgetc(f) != EOF) {
+        fail("'%s' has bytes after the last token\nHINT: the decode table is damaged; run 'make data'", path);
+    }
     fclose(f);
     return 1;
 }
@@ -1873,7 +1920,9 @@ static void tokenizer_free(Tokenizer* tk) {
 static void tokenizer_print(const Tokenizer* tk, int token) {
     if (token < 0 || token >= tk->vocab_size) { return; }
     const char* s = tk->tokens[token];
-    if (s[1] == '\0' && !isprint((unsigned char)s[0]) && !isspace((unsigned char)s[0]) && (unsigned char)s[0] < 128) { return; }
+    int lone_control = s[1] == '\0' && !isprint((unsigned char)s[0]) && !isspace((unsigned char)s[0])
+                       && (unsigned char)s[0] < 128;
+    if (lone_control) { return; }
     fputs(s, stdout);
 }
 
@@ -1930,17 +1979,26 @@ static FILE* open_model(const char* path, FoxConfig* c, size_t* num_parameters) 
     FILE* f = fopen_check(path, "rb");
     long size = file_size_check(f, path);
     int header[256];
-    if (size < (long)sizeof(header)) { fail("'%s' is too small to be a train_fox checkpoint\nHINT: pass a model_*.bin written by train_fox", path); }
+    if (size < (long)sizeof(header)) {
+        fail("'%s' is too small to be a train_fox checkpoint\nHINT: pass a model_*.bin written by train_fox", path);
+    }
     fread_check(header, sizeof(int), 256, f, path);
-    if (header[0] != MODEL_MAGIC) { fail("'%s' is not a train_fox model checkpoint (magic %d)\nHINT: pass a model_*.bin written by train_fox, or a preset name", path, header[0]); }
-    if (header[1] != CHECKPOINT_VERSION) { fail("'%s' is checkpoint version %d; this build reads version %d\nHINT: use the train_fox version that wrote it", path, header[1], CHECKPOINT_VERSION); }
+    if (header[0] != MODEL_MAGIC) {
+        fail("'%s' is not a train_fox model checkpoint (magic %d)\n"
+             "HINT: pass a model_*.bin written by train_fox, or a preset name", path, header[0]);
+    }
+    if (header[1] != CHECKPOINT_VERSION) {
+        fail("'%s' is checkpoint version %d; this build reads version %d\n"
+             "HINT: use the train_fox version that wrote it", path, header[1], CHECKPOINT_VERSION);
+    }
     config_from_header(c, header + 2);
     const char* problem = config_problem(c);
     if (problem != NULL) { fail("'%s' holds an invalid configuration (%s)\nHINT: the file is damaged", path, problem); }
     *num_parameters = read_size(header + 24);
     // checked before anything is allocated: a damaged header must not ask for gigabytes
     if (*num_parameters != config_num_parameters(c)) {
-        fail("'%s' holds %zu parameters but its configuration needs %zu\nHINT: the file is damaged", path, *num_parameters, config_num_parameters(c));
+        fail("'%s' holds %zu parameters but its configuration needs %zu\nHINT: the file is damaged", path,
+             *num_parameters, config_num_parameters(c));
     }
     if ((size_t)size != sizeof(header) + *num_parameters * sizeof(float)) {
         fail("'%s' is %ld bytes, expected %zu for %zu parameters\nHINT: the file is truncated or damaged", path, size,
@@ -1988,22 +2046,30 @@ static void load_state(FoxModel* m, TrainState* s, const char* path) {
     FILE* f = fopen_check(path, "rb");
     long size = file_size_check(f, path);
     int header[256];
-    if (size < (long)sizeof(header)) { fail("'%s' is too small to be a train_fox state file\nHINT: the file is damaged", path); }
+    if (size < (long)sizeof(header)) {
+        fail("'%s' is too small to be a train_fox state file\nHINT: the file is damaged", path);
+    }
     fread_check(header, sizeof(int), 256, f, path);
     if (header[0] != STATE_MAGIC || header[1] != CHECKPOINT_VERSION) {
-        fail("'%s' is not a version-%d train_fox state file\nHINT: pass the state_*.bin written with the model", path, CHECKPOINT_VERSION);
+        fail("'%s' is not a version-%d train_fox state file\nHINT: pass the state_*.bin written with the model",
+             path, CHECKPOINT_VERSION);
     }
     if (read_size(header + 3) != m->num_parameters) {
-        fail("'%s' belongs to a model of %zu parameters, not %zu\nHINT: resume with the model file of the same run", path, read_size(header + 3), m->num_parameters);
+        fail("'%s' belongs to a model of %zu parameters, not %zu\nHINT: resume with the model file of the same run",
+             path, read_size(header + 3), m->num_parameters);
     }
     s->step = header[2]; s->epoch = header[5]; s->shard_pos = header[6]; s->batch_pos = header[7]; s->world = header[8];
     s->batch_samples = header[10];
     int has_moments = header[9];
-    if (s->step < 0 || s->epoch < 0 || s->shard_pos < 0 || s->batch_pos < 0 || s->world < 1 || (has_moments != 0 && has_moments != 1)) {
-        fail("'%s' holds an invalid step, data position or moments flag\nHINT: the file is damaged; resume from another checkpoint", path);
+    if (s->step < 0 || s->epoch < 0 || s->shard_pos < 0 || s->batch_pos < 0 || s->world < 1
+        || (has_moments != 0 && has_moments != 1)) {
+        fail("'%s' holds an invalid step, data position or moments flag\n"
+             "HINT: the file is damaged; resume from another checkpoint", path);
     }
     size_t expected = sizeof(header) + (has_moments ? 2 * m->num_parameters * sizeof(float) : 0);
-    if ((size_t)size != expected) { fail("'%s' is %ld bytes, expected %zu\nHINT: the file is truncated or damaged", path, size, expected); }
+    if ((size_t)size != expected) {
+        fail("'%s' is %ld bytes, expected %zu\nHINT: the file is truncated or damaged", path, size, expected);
+    }
     if (has_moments) {
         if (m->m_memory == NULL) {
             m->m_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW m");
@@ -2036,7 +2102,9 @@ static int latest_checkpoint(const char* dir) {
             if (n < 12 || n - 11 >= sizeof(digits)) { continue; }
             memcpy(digits, base + 7, n - 11);
             digits[n - 11] = '\0';
-            if (!isdigit((unsigned char)digits[0]) || !parse_int_strict(digits, &step) || step > INT32_MAX) { continue; }
+            if (!isdigit((unsigned char)digits[0]) || !parse_int_strict(digits, &step) || step > INT32_MAX) {
+                continue;
+            }
             checkpoint_paths(dir, (int)step, model_path, state_path, sizeof(model_path));
             if (step > best && access(model_path, R_OK) == 0 && access(state_path, R_OK) == 0) { best = (int)step; }
         }
@@ -2221,7 +2289,9 @@ static void parse_args(Args* a, int argc, char** argv) {
             a->override_values[a->num_overrides++] = v;
             continue;
         }
-        if (arg[0] != '-' || strlen(arg) != 2) { fail("unknown argument '%s'\nHINT: train_fox -h lists every flag", arg); }
+        if (arg[0] != '-' || strlen(arg) != 2) {
+            fail("unknown argument '%s'\nHINT: train_fox -h lists every flag", arg);
+        }
         switch (arg[1]) {
             case 'i': a->train_pattern = v; break;
             case 'j': a->val_pattern = v; break;
@@ -2233,7 +2303,10 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'l': a->lr = flag_float(arg, v, 0.0, 10.0); break;
             case 'x': a->steps = flag_int(arg, v, 1, 1L << 40); break;
             case 'u': a->warmup_tokens = flag_int(arg, v, 0, 1L << 50); break;
-            case 'k': a->schedule = parse_choice(v, SCHEDULE_NAMES, 3); if (a->schedule < 0) { bad_flag(arg, v, "cosine, linear or constant"); } break;
+            case 'k':
+                a->schedule = parse_choice(v, SCHEDULE_NAMES, 3);
+                if (a->schedule < 0) { bad_flag(arg, v, "cosine, linear or constant"); }
+                break;
             case 'c': a->weight_decay = flag_float(arg, v, 0.0, 10.0); break;
             case 'a': a->grad_clip = flag_float(arg, v, 0.0, 1e9); break;
             case 'v': a->val_every = (int)flag_int(arg, v, 0, 1 << 30); break;
@@ -2249,22 +2322,33 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'I': a->rank = (int)flag_int(arg, v, 0, (1 << 20) - 1); break;
             case 'F': a->rendezvous = v; break;
             case 'Q': a->zero_stage = (int)flag_int(arg, v, 0, 1); break;
-            case 'M': a->mode = parse_choice(v, MODE_NAMES, NUM_MODES); if (a->mode < 0) { bad_flag(arg, v, "train, eval, generate, niah or maps"); } break;
+            case 'M':
+                a->mode = parse_choice(v, MODE_NAMES, NUM_MODES);
+                if (a->mode < 0) { bad_flag(arg, v, "train, eval, generate, niah or maps"); }
+                break;
             case 'P': a->prompt = v; break;
             case 'T': a->temperature = flag_float(arg, v, 0.0, 100.0); break;
             case 'K': a->top_k = (int)flag_int(arg, v, 0, 1 << 20); break;
             case 'O': a->out_prefix = v; break;
             case 'E': a->depths = (int)flag_int(arg, v, 1, 1000); break;
             case 'D': a->list = v; break;
-            case 'G': a->on_nonfinite = parse_choice(v, NONFINITE_NAMES, 2); if (a->on_nonfinite < 0) { bad_flag(arg, v, "stop or skip"); } break;
+            case 'G':
+                a->on_nonfinite = parse_choice(v, NONFINITE_NAMES, 2);
+                if (a->on_nonfinite < 0) { bad_flag(arg, v, "stop or skip"); }
+                break;
             case 'Z': a->spike_z = flag_float(arg, v, 0.0, 1e9); break;
             case 'r': a->recompute = (int)flag_int(arg, v, 0, 1); break;
             case 'A': a->prune = (int)flag_int(arg, v, 0, 1); break;
-            case 'L': a->prune_ln_eps = flag_float(arg, v, -1e4, 0.0); if (a->prune_ln_eps == 0.0) { bad_flag(arg, v, "a number < 0"); } break;
+            case 'L':
+                a->prune_ln_eps = flag_float(arg, v, -1e4, 0.0);
+                if (a->prune_ln_eps == 0.0) { bad_flag(arg, v, "a number < 0"); }
+                break;
             default: fail("unknown flag '%s'\nHINT: train_fox -h lists every flag", arg);
         }
     }
-    if (a->resume && a->out_dir == NULL) { fail("-y 1 needs -o, the directory of the run to resume\nHINT: add -o <dir>"); }
+    if (a->resume && a->out_dir == NULL) {
+        fail("-y 1 needs -o, the directory of the run to resume\nHINT: add -o <dir>");
+    }
 }
 
 static int is_file(const char* path) {
@@ -2276,13 +2360,18 @@ static int is_file(const char* path) {
 static void build_preset(FoxModel* m, const Args* a) {
     FoxConfig c;
     if (!config_from_preset(&c, a->model)) {
-        fail("'%s' is neither a file nor a preset\nHINT: presets are <family>-<size>: fox-pro, fox-llama, transformer-pro, transformer-llama with tiny, 125m, 360m, 760m (e.g. fox-pro-125m)", a->model);
+        fail("'%s' is neither a file nor a preset\n"
+             "HINT: presets are <family>-<size>: fox-pro, fox-llama, transformer-pro, transformer-llama "
+             "with tiny, 125m, 360m, 760m (e.g. fox-pro-125m)", a->model);
     }
     int mlp_given = 0;
     for (int i = 0; i < a->num_overrides; i++) {
         int r = config_set(&c, a->override_keys[i], a->override_values[i]);
         if (r == 0) { fail("unknown model key --%s\nHINT: train_fox -h lists the model keys", a->override_keys[i]); }
-        if (r < 0) { fail("invalid value '%s' for --%s\nHINT: train_fox -h lists the model keys", a->override_values[i], a->override_keys[i]); }
+        if (r < 0) {
+            fail("invalid value '%s' for --%s\nHINT: train_fox -h lists the model keys", a->override_values[i],
+                 a->override_keys[i]);
+        }
         if (strcmp(a->override_keys[i], "mlp_hidden") == 0) { mlp_given = 1; }
     }
     if (!mlp_given) { c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block); }
@@ -2292,7 +2381,10 @@ static void build_preset(FoxModel* m, const Args* a) {
 
 static void build_model(FoxModel* m, const Args* a) {
     if (is_file(a->model)) {
-        if (a->num_overrides > 0) { fail("model overrides (--%s) apply to presets, not to the checkpoint '%s'\nHINT: drop the overrides", a->override_keys[0], a->model); }
+        if (a->num_overrides > 0) {
+            fail("model overrides (--%s) apply to presets, not to the checkpoint '%s'\nHINT: drop the overrides",
+                 a->override_keys[0], a->model);
+        }
         load_model(m, a->model);
         printf("loaded %s\n", a->model);
     } else {
@@ -2319,7 +2411,8 @@ static void log_line(FILE* f, const char* fmt, ...) {
 // (and the non-finite tensor when one was named); otherwise the step line printed so far gets
 // its ending and main.log its record, skips counted.
 static void step_guard_stop(long step, const char* why, const char* grad) {
-    fail("step %ld: %s%s%s: training diverged\nHINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip",
+    fail("step %ld: %s%s%s: training diverged\n"
+         "HINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip",
          step, why, grad[0] ? "; " : "", grad);
 }
 
@@ -2358,7 +2451,9 @@ static void save_checkpoint(const FoxModel* m, const Args* a, const DataLoader* 
 int main(int argc, char** argv) {
     Args a;
     parse_args(&a, argc, argv);
-    if (a.world > 1 || a.rank > 0 || a.rendezvous != NULL || a.zero_stage >= 0) { fail("the CPU twin trains in one process\nHINT: drop -W, -I, -F and -Q, or use the GPU trainer train_fox"); }
+    if (a.world > 1 || a.rank > 0 || a.rendezvous != NULL || a.zero_stage >= 0) {
+        fail("the CPU twin trains in one process\nHINT: drop -W, -I, -F and -Q, or use the GPU trainer train_fox");
+    }
     if (a.mode != MODE_TRAIN) { return cpu_eval_main(&a); }
     FoxModel model;
     build_model(&model, &a);
@@ -2366,20 +2461,26 @@ int main(int argc, char** argv) {
     if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T; }
     long micro_tokens = (long)a.B * a.T;
     if (a.total_batch_tokens % micro_tokens != 0) {
-        fail("total batch -d %ld is not a multiple of b*t = %ld\nHINT: choose -d as a multiple of -b times -t", a.total_batch_tokens, micro_tokens);
+        fail("total batch -d %ld is not a multiple of b*t = %ld\nHINT: choose -d as a multiple of -b times -t",
+             a.total_batch_tokens, micro_tokens);
     }
     int accum = (int)(a.total_batch_tokens / micro_tokens);
     DataLoader train, val;
     dataloader_init(&train, a.train_pattern, a.B, a.T, 0, 1, 1, a.roll, a.seed, cf->vocab_size);
     int have_val = a.val_every > 0;
     if (have_val) { dataloader_init(&val, a.val_pattern, a.B, a.T, 0, 1, 0, 0, a.seed, cf->vocab_size); }
-    if (a.steps < 0) { a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum); if (a.steps < 1) { a.steps = 1; } }
+    if (a.steps < 0) {
+        a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum);
+        if (a.steps < 1) { a.steps = 1; }
+    }
     LRSchedule sched = {a.schedule, a.lr, 0, (double)a.steps * a.total_batch_tokens, (double)a.total_batch_tokens};
     sched.warmup_tokens = a.warmup_tokens >= 0 ? (double)a.warmup_tokens : fmin(268435456.0, 0.1 * sched.total_tokens);
     AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
     Tokenizer tk;
     int have_tokenizer = tokenizer_init(&tk, a.tokenizer_path);
-    if (!have_tokenizer && a.sample_every > 0) { printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path); }
+    if (!have_tokenizer && a.sample_every > 0) {
+        printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path);
+    }
 
     config_print(stdout, cf);
     size_t act_sizes[NUM_ACTIVATION_TENSORS], acts = 0;
@@ -2388,7 +2489,8 @@ int main(int argc, char** argv) {
     acts = 2 * acts + (size_t)a.B * a.T * cf->padded_vocab_size;
     printf("parameters: %zu (%zu in matmuls) | memory estimate %.1f MiB (weights, grads, AdamW, activations)\n",
            model.num_parameters, fox_matmul_params(&model), (4.0 * model.num_parameters + acts) * 4.0 / 1048576.0);
-    printf("batch: %d x %d tokens, %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | %s schedule, peak lr %g\n",
+    printf("batch: %d x %d tokens, %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | "
+           "%s schedule, peak lr %g\n",
            a.B, a.T, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
 #ifdef _OPENMP
     printf("threads: %d\n", omp_get_max_threads());
@@ -2397,13 +2499,17 @@ int main(int argc, char** argv) {
     int start = 0;
     if (a.resume) {
         int step = latest_checkpoint(a.out_dir);
-        if (step < 0) { fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a.out_dir); }
+        if (step < 0) {
+            fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a.out_dir);
+        }
         char model_path[4096], state_path[4096];
         checkpoint_paths(a.out_dir, step, model_path, state_path, sizeof(model_path));
         FoxModel loaded;
         load_model(&loaded, model_path);
-        if (loaded.num_parameters != model.num_parameters || memcmp(&loaded.config, &model.config, sizeof(FoxConfig)) != 0) {
-            fail("the checkpoint '%s' holds another model than -e %s\nHINT: resume with the same -e and overrides as the run that wrote it", model_path, a.model);
+        if (loaded.num_parameters != model.num_parameters
+            || memcmp(&loaded.config, &model.config, sizeof(FoxConfig)) != 0) {
+            fail("the checkpoint '%s' holds another model than -e %s\n"
+                 "HINT: resume with the same -e and overrides as the run that wrote it", model_path, a.model);
         }
         memcpy(model.params_memory, loaded.params_memory, model.num_parameters * sizeof(float));
         fox_free(&loaded);
@@ -2450,7 +2556,9 @@ int main(int argc, char** argv) {
         double norm = fox_grad_norm(&model);
         char why[256], grad[320] = "";
         int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
-        if (verdict != STEP_UPDATE && !isfinite(norm)) { nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad)); }
+        if (verdict != STEP_UPDATE && !isfinite(norm)) {
+            nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
+        }
         if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
         float lr = (float)lr_at_step(&sched, step);
         if (verdict == STEP_UPDATE) {
