@@ -105,12 +105,16 @@ typedef struct {
     DecoderRow row;
 } FoxDecoder;
 
-static size_t head_cache_bytes(const HeadCache* hc, int hd) { return (size_t)hc->slots * (2 * (size_t)hd + 1) * sizeof(float); }
+static size_t head_cache_bytes(const HeadCache* hc, int hd) {
+    return (size_t)hc->slots * (2 * (size_t)hd + 1) * sizeof(float);
+}
 
 static size_t fox_decoder_bytes(const FoxDecoder* d) {
     const FoxConfig* cf = &d->m->config;
     size_t bytes = 0;
-    for (int i = 0; i < cf->n_layer * cf->n_head; i++) { bytes += head_cache_bytes(&d->heads[i], cf->n_embd / cf->n_head); }
+    for (int i = 0; i < cf->n_layer * cf->n_head; i++) {
+        bytes += head_cache_bytes(&d->heads[i], cf->n_embd / cf->n_head);
+    }
     return bytes;
 }
 
@@ -194,7 +198,9 @@ static void fox_decoder_init(FoxDecoder* d, const FoxModel* m, int max_len) {
     float** rows_c[] = {&r->resid, &r->xa, &r->q_raw, &r->k_raw, &r->v_raw, &r->k_shifted, &r->v_shifted,
                         &r->q_normed, &r->k_normed, &r->q, &r->k_new, &r->v_new, &r->o, &r->o_normed, &r->og_logit,
                         &r->y, &r->attproj, &r->resid_mid, &r->xm, &r->mlpproj, &r->xf};
-    for (size_t i = 0; i < sizeof(rows_c) / sizeof(rows_c[0]); i++) { *rows_c[i] = (float*)malloc_check(C * sizeof(float), "decoder row"); }
+    for (size_t i = 0; i < sizeof(rows_c) / sizeof(rows_c[0]); i++) {
+        *rows_c[i] = (float*)malloc_check(C * sizeof(float), "decoder row");
+    }
     r->rstd = (float*)malloc_check(H * sizeof(float), "decoder row");
     r->alpha = (float*)malloc_check(H * sizeof(float), "decoder row");
     r->gate_logit = (float*)malloc_check(H * sizeof(float), "decoder row");
@@ -308,8 +314,9 @@ static void fox_decoder_report(const FoxDecoder* d) {
     size_t full = (size_t)cf->n_layer * cf->n_head * (size_t)(d->len - attention_first_key(d->len, cf->window));
     size_t live = fox_decoder_live(d);
     double mib = (2.0 * hd + 1.0) * sizeof(float) / 1048576.0; // k, v and c of one (position, head)
-    printf("KV cache after %d tokens: %zu of %zu (position, head) entries live (%.1f%%), %.2f of %.2f MiB (keys, values, c); "
-           "buffers %.2f MiB now, %.2f MiB at most; eviction %s\n", d->len, live, full, full > 0 ? 100.0 * live / full : 0.0,
+    printf("KV cache after %d tokens: %zu of %zu (position, head) entries live (%.1f%%), %.2f of %.2f MiB "
+           "(keys, values, c); buffers %.2f MiB now, %.2f MiB at most; eviction %s\n",
+           d->len, live, full, full > 0 ? 100.0 * live / full : 0.0,
            live * mib, full * mib, fox_decoder_bytes(d) / 1048576.0, d->peak_bytes / 1048576.0,
            d->evict_delta != NULL ? "on (-A 1)" : d->m->prune ? "off (needs a forget gate and QK-norm)" : "off");
 }
@@ -317,8 +324,8 @@ static void fox_decoder_report(const FoxDecoder* d) {
 // One layer's attention for the token at pos: appends its key, value and c to each head's cache
 // (after dropping what the window no longer shows), attends, then evicts. q, k_new, v_new, o (C);
 // c_new (H) or NULL without a forget gate.
-static void decode_attention_layer(FoxDecoder* d, int l, int pos, const float* q, const float* k_new, const float* v_new,
-                                   const float* c_new, float* o) {
+static void decode_attention_layer(FoxDecoder* d, int l, int pos, const float* q, const float* k_new,
+                                   const float* v_new, const float* c_new, float* o) {
     const FoxConfig* cf = &d->m->config;
     int H = cf->n_head, hd = cf->n_embd / H;
     HeadCache* heads = d->heads + (size_t)l * H;
@@ -531,7 +538,8 @@ static int encode_append(GPT2Worker* w, const char* text, int* out, int n, int c
     GPT2Ids ids = {NULL, 0, 0};
     gpt2_encode(w, (const uint8_t*)text, strlen(text), &ids);
     if ((size_t)n + ids.len > (size_t)cap) {
-        fail("the text encodes to %zu tokens, more than the %d that fit\nHINT: shorten the prompt or raise -t", (size_t)n + ids.len, cap);
+        fail("the text encodes to %zu tokens, more than the %d that fit\nHINT: shorten the prompt or raise -t",
+             (size_t)n + ids.len, cap);
     }
     for (size_t i = 0; i < ids.len; i++) { out[n + i] = (int)ids.ids[i]; }
     int total = n + (int)ids.len;
@@ -599,12 +607,18 @@ static size_t read_shard_tokens(const char* path, size_t n, int drop_eot, int eo
 static void read_token_stream(const char* pattern, size_t n, int drop_eot, int eot, int* out) {
     glob_t g;
     if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
-        fail("no token shards match '%s'\nHINT: run 'make data' for the default corpus, or pass -j with a pattern of existing shards", pattern);
+        fail("no token shards match '%s'\n"
+             "HINT: run 'make data' for the default corpus, or pass -j with a pattern of existing shards", pattern);
     }
     size_t got = 0;
-    for (size_t s = 0; s < g.gl_pathc && got < n; s++) { got += read_shard_tokens(g.gl_pathv[s], n - got, drop_eot, eot, out + got); }
+    for (size_t s = 0; s < g.gl_pathc && got < n; s++) {
+        got += read_shard_tokens(g.gl_pathv[s], n - got, drop_eot, eot, out + got);
+    }
     globfree(&g);
-    if (got < n) { fail("the shards of '%s' hold %zu usable tokens, %zu are needed\nHINT: use a smaller -t or more held-out text (-j)", pattern, got, n); }
+    if (got < n) {
+        fail("the shards of '%s' hold %zu usable tokens, %zu are needed\n"
+             "HINT: use a smaller -t or more held-out text (-j)", pattern, got, n);
+    }
 }
 
 // -P's tokens: for @file of a token shard (llm.c's format, as data/tokenize writes) its first
@@ -617,7 +631,9 @@ static int prompt_tokens(const char* arg, int* out, int cap, int reserve) {
         size_t got = fread(&magic, sizeof(int), 1, f);
         fclose(f);
         if (got == 1 && magic == SHARD_MAGIC) {
-            if (cap - reserve < 1) { fail("no room for a prompt: -t %d leaves none after -g %d\nHINT: raise -t", cap, reserve); }
+            if (cap - reserve < 1) {
+                fail("no room for a prompt: -t %d leaves none after -g %d\nHINT: raise -t", cap, reserve);
+            }
             int n = (int)read_shard_tokens(arg + 1, (size_t)(cap - reserve), 0, 0, out);
             if (n == 0) { fail("the shard '%s' holds no tokens\nHINT: pass another prompt", arg + 1); }
             return n;
@@ -730,11 +746,14 @@ static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
     int* tokens = (int*)malloc_check((size_t)a->T * sizeof(int), "tokens");
     int n = prompt_tokens(a->prompt, tokens, a->T, a->gen_tokens);
     if (n + a->gen_tokens > a->T) {
-        fail("the prompt (%d tokens with the leading EOT) plus -g %d tokens exceed the context -t %d\nHINT: raise -t or shorten the prompt",
+        fail("the prompt (%d tokens with the leading EOT) plus -g %d tokens exceed the context -t %d\n"
+             "HINT: raise -t or shorten the prompt",
              n, a->gen_tokens, a->T);
     }
     Tokenizer tk;
-    if (!tokenizer_init(&tk, a->tokenizer_path)) { fail("no decode table at '%s'\nHINT: run `make data`, or pass -z", a->tokenizer_path); }
+    if (!tokenizer_init(&tk, a->tokenizer_path)) {
+        fail("no decode table at '%s'\nHINT: run `make data`, or pass -z", a->tokenizer_path);
+    }
     printf("prompt: %d tokens | %d new tokens, %s, temperature %g, top-k %d, seed %llu | %s\n---\n", n, a->gen_tokens,
            a->temperature == 0 ? "greedy" : "sampled", a->temperature, a->top_k, (unsigned long long)a->seed, how);
     for (int i = 1; i < n; i++) { tokenizer_print(&tk, tokens[i]); }
@@ -750,8 +769,8 @@ static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
         fflush(stdout);
     }
     double dt = now_seconds() - t0, t_new = dt - t_prompt;
-    printf("\n---\n%d tokens in %.2f s: the prompt (%d tokens) %.2f s, then %.2f ms per generated token\n", a->gen_tokens, dt,
-           n, t_prompt, a->gen_tokens > 1 ? 1e3 * t_new / (a->gen_tokens - 1) : 0.0);
+    printf("\n---\n%d tokens in %.2f s: the prompt (%d tokens) %.2f s, then %.2f ms per generated token\n",
+           a->gen_tokens, dt, n, t_prompt, a->gen_tokens > 1 ? 1e3 * t_new / (a->gen_tokens - 1) : 0.0);
     free(row); free(tokens);
     tokenizer_free(&tk);
     return 0;
@@ -767,15 +786,20 @@ static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
 // position given the prompt and the answer so far (teacher forcing), which reproduces the
 // answer exactly when greedy decoding would.
 
-static const char* NIAH_NEEDLE = " The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.";
-static const char* NIAH_NEEDLE_EASY = " What is the best thing to do in San Francisco? Answer: The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.";
-static const char* NIAH_QUESTION = "\n\nAnswer the following question: What is the best thing to do in San Francisco? Answer: The best thing to do in San Francisco is";
+static const char* NIAH_NEEDLE =
+    " The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.";
+static const char* NIAH_NEEDLE_EASY =
+    " What is the best thing to do in San Francisco? Answer: The best thing to do in San Francisco is eat a sandwich"
+    " and sit in Dolores Park on a sunny day.";
+static const char* NIAH_QUESTION =
+    "\n\nAnswer the following question: What is the best thing to do in San Francisco? Answer: The best thing to do"
+    " in San Francisco is";
 static const char* NIAH_ANSWER = " eat a sandwich and sit in Dolores Park on a sunny day.";
 static const int NIAH_NEEDLE_IDS[] = {383, 1266, 1517, 284, 466, 287, 2986, 6033, 318, 4483, 257, 20433, 290, 1650, 287,
                                      25143, 2850, 3250, 319, 257, 27737, 1110, 13};
-static const int NIAH_NEEDLE_EASY_IDS[] = {1867, 318, 262, 1266, 1517, 284, 466, 287, 2986, 6033, 30, 23998, 25, 383, 1266,
-                                          1517, 284, 466, 287, 2986, 6033, 318, 4483, 257, 20433, 290, 1650, 287, 25143,
-                                          2850, 3250, 319, 257, 27737, 1110, 13};
+static const int NIAH_NEEDLE_EASY_IDS[] = {1867, 318, 262, 1266, 1517, 284, 466, 287, 2986, 6033, 30, 23998, 25, 383,
+                                          1266, 1517, 284, 466, 287, 2986, 6033, 318, 4483, 257, 20433, 290, 1650, 287,
+                                          25143, 2850, 3250, 319, 257, 27737, 1110, 13};
 static const int NIAH_QUESTION_IDS[] = {198, 198, 33706, 262, 1708, 1808, 25, 1867, 318, 262, 1266, 1517, 284, 466, 287,
                                        2986, 6033, 30, 23998, 25, 383, 1266, 1517, 284, 466, 287, 2986, 6033, 318};
 static const int NIAH_ANSWER_IDS[] = {4483, 257, 20433, 290, 1650, 287, 25143, 2850, 3250, 319, 257, 27737, 1110, 13};
@@ -810,7 +834,10 @@ static int niah_min_context(const NiahTexts* tx) { return 1 + tx->needle_n + tx-
 // the needle's first position.
 static int niah_build_prompt(const NiahTexts* tx, const int* haystack, int context, double depth, int eot, int* out) {
     int hay = context - niah_min_context(tx);
-    if (hay < 0) { fail("context %d is shorter than the needle and question (%d tokens)\nHINT: use longer contexts (-D)", context, niah_min_context(tx)); }
+    if (hay < 0) {
+        fail("context %d is shorter than the needle and question (%d tokens)\nHINT: use longer contexts (-D)", context,
+             niah_min_context(tx));
+    }
     int split = (int)floor(depth * hay + 0.5);
     int n = 0;
     out[n++] = eot;
@@ -866,7 +893,8 @@ static int run_niah(const Args* a, ForwardBackend* be) {
     niah_texts_init(&texts[1], 1);
     for (int i = 0; i < nl; i++) {
         if (lengths[i] < niah_min_context(&texts[1])) {
-            fail("NIAH context %d is shorter than the easy needle and the question (%d tokens)\nHINT: pass contexts of at least %d "
+            fail("NIAH context %d is shorter than the easy needle and the question (%d tokens)\n"
+                 "HINT: pass contexts of at least %d "
                  "with -D, or a larger -t (the default contexts are -t * i / 11, i = 1 .. 11)",
                  lengths[i], niah_min_context(&texts[1]), niah_min_context(&texts[1]));
         }
@@ -884,7 +912,8 @@ static int run_niah(const Args* a, ForwardBackend* be) {
         fprintf(f, "mode,context,depth,needle_position,answer_tokens,answer_logprob,greedy_tokens,greedy_success\n");
     }
     printf("needle in a haystack: %d context lengths x %d depths, haystack from '%s'\n", nl, nd, a->val_pattern);
-    printf("needle:%s\neasy needle:%s\nquestion:%s\nanswer:%s\n", NIAH_NEEDLE, NIAH_NEEDLE_EASY, NIAH_QUESTION, NIAH_ANSWER);
+    printf("needle:%s\neasy needle:%s\nquestion:%s\nanswer:%s\n", NIAH_NEEDLE, NIAH_NEEDLE_EASY, NIAH_QUESTION,
+           NIAH_ANSWER);
     for (int mode = 0; mode < 2; mode++) {
         const NiahTexts* tx = &texts[mode];
         const char* name = mode ? "easy" : "standard";
