@@ -1920,9 +1920,9 @@ static void tokenizer_free(Tokenizer* tk) {
 static void tokenizer_print(const Tokenizer* tk, int token) {
     if (token < 0 || token >= tk->vocab_size) { return; }
     const char* s = tk->tokens[token];
-    int lone_control = s[1] == '\0' && !isprint((unsigned char)s[0]) && !isspace((unsigned char)s[0])
-                       && (unsigned char)s[0] < 128;
-    if (lone_control) { return; }
+    if (s[1] == '\0' && !isprint((unsigned char)s[0]) && !isspace((unsigned char)s[0]) && (unsigned char)s[0] < 128) {
+        return;
+    }
     fputs(s, stdout);
 }
 
