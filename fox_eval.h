@@ -2,8 +2,9 @@
 fox_eval.h: the evaluation modes of both trainers: -M eval, generate, niah and maps.
 
 Training does not need anything here. train_fox.c includes this file just before main(), so
-the code below sees the whole twin (fox_forward, the data loader, the decode table) and the
-command line (Args, flag_int, now_seconds); it is not a header to include on its own.
+the code below sees the whole twin (fox_forward, the data loader, the decode table), the
+command line (Args, flag_int) and the run helpers (now_seconds); it is not a header to include
+on its own.
 
 In order:
   evaluation backends   ForwardBackend: the interface the modes run on (the GPU backend is in

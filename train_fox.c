@@ -34,7 +34,7 @@ encoder_forward through fox_backward, then main):
   command line                      Args, usage, parse_args, build_model
   run helpers                       log_line, step_guard_stop, step_guard_log, save_checkpoint
   evaluation modes                  fox_eval.h (-M eval, generate, niah, maps; not needed to train)
-  main                              the training loop of the CPU twin
+  main                              the training loop of the CPU twin (other modes: cpu_eval_main)
 */
 #include <ctype.h>
 #include <errno.h>
