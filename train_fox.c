@@ -5,10 +5,11 @@ A complete fp32 trainer of the Forgetting Transformer (FoX) and its Transformer 
 parallel with OpenMP. FoX is softmax attention with a forget gate: each head computes a scalar
 f_t = sigmoid(w_f . x_t + b_f) per token, c_i is the running sum of log f_t, and the attention
 logit of query i on key j gets c_i - c_j added, so that older keys fade at a rate the data
-chooses (that is the full gate; the bias-only and fixed gates and the baselines without one are
-options of FoxConfig). Every forward and backward here is written by hand and kept as simple as exactness
-allows: it is what the GPU trainer (train_fox.cu) is diffed against. The model, its variants
-and conventions are described in doc/fox.md; building, training and evaluating in README.md.
+chooses (that is the full gate; the bias-only and fixed gates, and the baselines without a gate,
+are options of FoxConfig). Every forward and backward here is written by hand and kept as simple
+as exactness allows: it is what the GPU trainer (train_fox.cu) is diffed against. The model, its
+variants and conventions are described in doc/fox.md; building, training and evaluating in
+README.md.
 
 Valid C and C++: test_fox.cu and train_fox.cu include this file with TESTING defined,
 which drops main().
@@ -1007,10 +1008,10 @@ static int attention_first_key(int i, int window) { return window > 0 && i - win
 // (the diagonal key is always in the row's sum). In a tile of queries from i0 and keys up to j1,
 // c_i - c_j <= c_i0 - c_j1 (c is non-increasing), so skipping every tile with
 // c_i0 - c_j1 < delta = ln eps - ln T - 2U drops less than T exp(2U + delta) = eps of each row's
-// weight. Tiles are square, PRUNE_BLOCK queries by PRUNE_BLOCK keys. The GPU kernels' own tiles
-// (see fox_attention_forward and the pruning notes in train_fox.cu) divide PRUNE_BLOCK and align
-// with it, so that every kernel skips exactly the same (query, key) pairs as the others and as
-// the twin.
+// weight. Tiles are square, PRUNE_BLOCK queries by PRUNE_BLOCK keys. The GPU kernels use tiles of
+// their own (see fox_attention_forward and the pruning notes in train_fox.cu), aligned so that each
+// of their query and key tiles lies within one pruning tile: every kernel then skips exactly the
+// same (query, key) pairs as the others and as the twin.
 #define PRUNE_BLOCK 128
 
 typedef struct {
