@@ -35,7 +35,8 @@ static long env_first_int(const char* const* names, int n, const char** which) {
         if (v == NULL || v[0] == '\0') { continue; }
         long x;
         if (!parse_int_strict(v, &x) || x < 0 || x > (1 << 20)) {
-            fail("environment variable %s=%s is not a process count or rank\nHINT: unset it, or pass -W and -I", names[i], v);
+            fail("environment variable %s=%s is not a process count or rank\nHINT: unset it, or pass -W and -I",
+                 names[i], v);
         }
         *which = names[i];
         return x;
@@ -55,13 +56,15 @@ static void resolve_topology(Topology* t, int flag_world, int flag_rank) {
     long rank = flag_rank >= 0 ? flag_rank : env_first_int(RANK_ENV, 3, &rank_from);
     if (rank < 0) {
         if (world > 1) {
-            fail("%ld processes (from %s) but no rank for this one\nHINT: pass -I <rank> to each process, or launch with mpirun / srun",
+            fail("%ld processes (from %s) but no rank for this one\n"
+                 "HINT: pass -I <rank> to each process, or launch with mpirun / srun",
                  world, world_from);
         }
         rank = 0;
     }
     if (rank >= world) {
-        fail("rank %ld (from %s) is not below the world size %ld (from %s)\nHINT: ranks run from 0 to world-1; check -I and -W",
+        fail("rank %ld (from %s) is not below the world size %ld (from %s)\n"
+             "HINT: ranks run from 0 to world-1; check -I and -W",
              rank, rank_from, world, world_from);
     }
     long local = flag_rank >= 0 ? -1 : env_first_int(LOCAL_RANK_ENV, 3, &local_from);
@@ -110,8 +113,10 @@ static int rendezvous_is_tcp(const char* spec, char* host, size_t host_size, int
     const char* hp = spec + 6;
     const char* colon = strrchr(hp, ':');
     long p;
-    if (colon == NULL || colon == hp || (size_t)(colon - hp) >= host_size || !parse_int_strict(colon + 1, &p) || p < 1 || p > 65535) {
-        fail("-F %s: expected tcp://<host of rank 0>:<port 1-65535>\nHINT: e.g. -F tcp://node001:29500, or a file path on a shared filesystem", spec);
+    if (colon == NULL || colon == hp || (size_t)(colon - hp) >= host_size || !parse_int_strict(colon + 1, &p)
+        || p < 1 || p > 65535) {
+        fail("-F %s: expected tcp://<host of rank 0>:<port 1-65535>\n"
+             "HINT: e.g. -F tcp://node001:29500, or a file path on a shared filesystem", spec);
     }
     memcpy(host, hp, (size_t)(colon - hp));
     host[colon - hp] = '\0';
@@ -131,7 +136,8 @@ static void rendezvous_file_cleanup(const char* path, int world) {
 
 static void rendezvous_file_publish(const char* path, const void* id, size_t n, int world) {
     if (access(path, F_OK) == 0) {
-        fail("rendezvous file '%s' already exists, probably left by a run that crashed\nHINT: delete it, or pass a fresh path to -F (e.g. with the job id in it)", path);
+        fail("rendezvous file '%s' already exists, probably left by a run that crashed\n"
+             "HINT: delete it, or pass a fresh path to -F (e.g. with the job id in it)", path);
     }
     char ack[4096];
     for (int r = 1; r < world; r++) { rendezvous_ack_path(path, r, ack, sizeof(ack)); unlink(ack); }
@@ -153,7 +159,10 @@ static void rendezvous_file_await_acks(const char* path, int world, double timeo
         if (missing == 0) { return; }
         if (now_seconds() - start > timeout_s) {
             rendezvous_file_cleanup(path, world);
-            fail("rank 0 waited %g s at rendezvous '%s': %d of %d processes never joined (the first missing is rank %d)\nHINT: start every process with the same -W and -F and its own -I; the path must be on a filesystem they all see",
+            fail("rank 0 waited %g s at rendezvous '%s': %d of %d processes never joined "
+                 "(the first missing is rank %d)\n"
+                 "HINT: start every process with the same -W and -F and its own -I; "
+                 "the path must be on a filesystem they all see",
                  timeout_s, path, missing, world - 1, first_missing);
         }
         usleep(20000);
@@ -166,7 +175,9 @@ static void rendezvous_file_fetch(const char* path, void* id, size_t n, int rank
         struct stat st;
         if (stat(path, &st) == 0 && (size_t)st.st_size == n) { break; }
         if (now_seconds() - start > timeout_s) {
-            fail("rank %d waited %g s for rank 0 to write the rendezvous file '%s'\nHINT: start rank 0 with the same -F; the path must be on a filesystem all processes see", rank, timeout_s, path);
+            fail("rank %d waited %g s for rank 0 to write the rendezvous file '%s'\n"
+                 "HINT: start rank 0 with the same -F; the path must be on a filesystem all processes see",
+                 rank, timeout_s, path);
         }
         usleep(20000);
     }
@@ -227,7 +238,8 @@ static int listen_any(int port, int backlog) {
     memset(&addr, 0, sizeof(addr));
     addr.sin_family = AF_INET; addr.sin_addr.s_addr = htonl(INADDR_ANY); addr.sin_port = htons((uint16_t)port);
     if (bind(fd, (struct sockaddr*)&addr, sizeof(addr)) != 0 || listen(fd, backlog) != 0) {
-        fail("rendezvous: rank 0 could not listen on port %d: %s\nHINT: pick a free port in -F tcp://host:port", port, strerror(errno));
+        fail("rendezvous: rank 0 could not listen on port %d: %s\nHINT: pick a free port in -F tcp://host:port", port,
+             strerror(errno));
     }
     return fd;
 }
@@ -247,7 +259,9 @@ static void rendezvous_tcp_serve(int port, const void* id, size_t n, int world, 
         if (ready <= 0) {
             int first = 1;
             while (first < world && joined[first]) { first++; }
-            fail("rank 0 waited %g s on port %d: %d of %d processes never joined (the first missing is rank %d)\nHINT: start every process with the same -W and -F and its own -I; the host in -F must be rank 0's, reachable from all",
+            fail("rank 0 waited %g s on port %d: %d of %d processes never joined (the first missing is rank %d)\n"
+                 "HINT: start every process with the same -W and -F and its own -I; "
+                 "the host in -F must be rank 0's, reachable from all",
                  timeout_s, port, remaining, world - 1, first);
         }
         int c = accept(fd, NULL, NULL);
@@ -277,7 +291,8 @@ static void rendezvous_tcp_fetch(const char* host, int port, void* id, size_t n,
         hints.ai_family = AF_UNSPEC; hints.ai_socktype = SOCK_STREAM;
         int gai = getaddrinfo(host, port_s, &hints, &res);
         if (gai != 0) {
-            fail("rendezvous: cannot resolve '%s': %s\nHINT: the host in -F tcp://host:port must be rank 0's name or address", host, gai_strerror(gai));
+            fail("rendezvous: cannot resolve '%s': %s\n"
+                 "HINT: the host in -F tcp://host:port must be rank 0's name or address", host, gai_strerror(gai));
         }
         for (struct addrinfo* ai = res; ai != NULL; ai = ai->ai_next) {
             int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
@@ -291,7 +306,8 @@ static void rendezvous_tcp_fetch(const char* host, int port, void* id, size_t n,
         }
         freeaddrinfo(res);
         if (now_seconds() - start > timeout_s) {
-            fail("rank %d could not get the NCCL id from %s:%d within %g s\nHINT: start rank 0 with the same -F; check the host name, the port and the firewall",
+            fail("rank %d could not get the NCCL id from %s:%d within %g s\n"
+                 "HINT: start rank 0 with the same -F; check the host name, the port and the firewall",
                  rank, host, port, timeout_s);
         }
         usleep(100000);

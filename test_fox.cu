@@ -71,7 +71,9 @@ static void debug_state_read(DebugState* ds, const char* path) {
         fread_check(r->name, 1, (size_t)len, f, path);
         fread_check(&r->dtype, sizeof(int), 1, f, path);
         fread_check(&r->ndim, sizeof(int), 1, f, path);
-        if (r->ndim < 1 || r->ndim > 8 || r->dtype < 0 || r->dtype > 3) { fail("'%s': bad record '%s'", path, r->name); }
+        if (r->ndim < 1 || r->ndim > 8 || r->dtype < 0 || r->dtype > 3) {
+            fail("'%s': bad record '%s'", path, r->name);
+        }
         fread_check(r->dims, sizeof(int64_t), (size_t)r->ndim, f, path);
         r->numel = 1;
         for (int d = 0; d < r->ndim; d++) { r->numel *= (size_t)r->dims[d]; }
@@ -211,14 +213,15 @@ static void test_against_reference(const char* path) {
     DebugTraining tr;
     FoxModel m;
     int used = fixture_load(path, &ds, name, sizeof(name), &c, &tr, &m);
-    check(used == count_param_records(&ds), "%s: the twin's parameter table maps all %d reference tensors (used %d)", name,
-          count_param_records(&ds), used);
+    check(used == count_param_records(&ds), "%s: the twin's parameter table maps all %d reference tensors (used %d)",
+          name, count_param_records(&ds), used);
     if (c.gate == GATE_BIAS_ONLY || c.gate == GATE_FIXED) {
         float want[4096];
         gate_bias_init(want, c.n_head, c.decay_time_min, c.decay_time_max);
         double err = 0.0;
         for (int h = 0; h < c.n_head; h++) { err = fmax(err, fabs(want[h] - m.params.bf[h]) / fabs(want[h])); }
-        check(err <= 1e-6, "%s: gate bias init from decay times matches the reference (rel err %.1e <= 1e-6)", name, err);
+        check(err <= 1e-6, "%s: gate bias init from decay times matches the reference (rel err %.1e <= 1e-6)", name,
+              err);
     }
     const DebugRecord* inputs = debug_find(&ds, "inputs");
     const DebugRecord* targets = debug_find(&ds, "targets");
@@ -251,7 +254,8 @@ static void test_against_reference(const char* path) {
             if (!(err <= worst)) { worst = err; snprintf(worst_name, sizeof(worst_name), "%s", pname); }
         }
     }
-    check(worst <= TOL_GRADS, "%s: all %d gradient tensors (worst rel err %.1e in %s <= %.0e)", name, grads, worst, worst_name, TOL_GRADS);
+    check(worst <= TOL_GRADS, "%s: all %d gradient tensors (worst rel err %.1e in %s <= %.0e)", name, grads, worst,
+          worst_name, TOL_GRADS);
     // N optimiser steps on the same batch
     const double* ref_lr = (const double*)debug_find(&ds, "step_lr")->data;
     const double* ref_sl = (const double*)debug_find(&ds, "step_loss")->data;
@@ -272,7 +276,8 @@ static void test_against_reference(const char* path) {
         e_norm = isnan(en) ? INFINITY : fmax(e_norm, en);
     }
     check(e_lr <= 1e-9 && e_loss <= TOL_STEPS && e_norm <= TOL_STEP_NORMS,
-          "%s: %d AdamW steps: lr (rel err %.1e <= 1e-9), losses (%.1e <= %.0e), grad norms (%.1e <= %.0e); last loss %.4f",
+          "%s: %d AdamW steps: lr (rel err %.1e <= 1e-9), losses (%.1e <= %.0e), "
+          "grad norms (%.1e <= %.0e); last loss %.4f",
           name, tr.n_steps, e_lr, e_loss, TOL_STEPS, e_norm, TOL_STEP_NORMS, ref_sl[tr.n_steps - 1]);
     fox_free(&m);
     debug_state_free(&ds);
@@ -281,7 +286,8 @@ static void test_against_reference(const char* path) {
 static void test_reference_fixtures(void) {
     glob_t g;
     if (glob("dev/fixtures/*.fxds", 0, NULL, &g) != 0 || g.gl_pathc == 0) {
-        check(0, "reference fixtures: none found in dev/fixtures (run /usr/bin/python3 dev/fox_reference.py --all --out dev/fixtures)");
+        check(0, "reference fixtures: none found in dev/fixtures "
+                 "(run /usr/bin/python3 dev/fox_reference.py --all --out dev/fixtures)");
         return;
     }
     for (size_t i = 0; i < g.gl_pathc; i++) { test_against_reference(g.gl_pathv[i]); }
@@ -304,7 +310,9 @@ static void test_reference_check_discriminates(void) {
     const DebugRecord* logits = debug_find(&ds, "logits");
     double e = rel_error_f64(m.logits, (const double*)logits->data, (size_t)tr.B * tr.T * c.vocab_size,
                              c.padded_vocab_size, c.vocab_size, c.vocab_size);
-    check(e > 100 * TOL_LOGITS, "negative control: fox-pro with the k shift dropped misses the reference (rel err %.1e > %.0e)", e, 100 * TOL_LOGITS);
+    check(e > 100 * TOL_LOGITS,
+          "negative control: fox-pro with the k shift dropped misses the reference (rel err %.1e > %.0e)", e,
+          100 * TOL_LOGITS);
     fox_free(&m);
     debug_state_free(&ds);
 }
@@ -324,7 +332,8 @@ static double loss_at(FoxModel* m, const int* inputs, const int* targets, int B,
 // 2.5e-4 in the difference quotient, and the truncation error is O(h^2), so 2e-2 of the scale
 // is expected of a correct gradient and missed by a wrong one (a dropped term or a sign flips
 // it by far more).
-static void fd_check_tensor(FoxModel* m, int tensor, const int* inputs, const int* targets, int B, int T, const char* what) {
+static void fd_check_tensor(FoxModel* m, int tensor, const int* inputs, const int* targets, int B, int T,
+                            const char* what) {
     float* p = param_tensor(&m->params, tensor);
     const float* g = param_tensor(&m->grads, tensor);
     size_t n = param_numel(&m->spec[tensor], m->config.n_layer);
@@ -350,7 +359,8 @@ static void fd_check_tensor(FoxModel* m, int tensor, const int* inputs, const in
         double fd = (lp - lm) / (2.0 * h);
         worst = fmax(worst, fabs(fd - g[idx[k]]) / scale);
     }
-    check(worst <= 2e-2, "finite differences: %s (4 largest entries, worst err %.1e of the largest <= 2e-2)", what, worst);
+    check(worst <= 2e-2, "finite differences: %s (4 largest entries, worst err %.1e of the largest <= 2e-2)", what,
+          worst);
 }
 
 static void test_finite_differences(void) {
@@ -427,8 +437,10 @@ static void test_attention_dlogf(void) {
         double fd = (lpm[0] - lpm[1]) / 2e-2;
         worst = fmax(worst, fabs(fd - dlogf[t]) / scale);
     }
-    check(worst <= 2e-2, "attention backward: d(log f) against finite differences (worst err %.1e of its scale <= 2e-2)", worst);
-    check(fabs(dlogf[0]) <= 1e-5 * scale, "attention backward: d(log f_0) = %.1e, zero as c_0 cancels (<= 1e-5 of scale %.2f)", dlogf[0], scale);
+    check(worst <= 2e-2,
+          "attention backward: d(log f) against finite differences (worst err %.1e of its scale <= 2e-2)", worst);
+    check(fabs(dlogf[0]) <= 1e-5 * scale,
+          "attention backward: d(log f_0) = %.1e, zero as c_0 cancels (<= 1e-5 of scale %.2f)", dlogf[0], scale);
     free(scratch);
 }
 
@@ -482,7 +494,8 @@ static PruneResult prune_case(int T, int H, int hd, int window, int block, doubl
     AttnPrune pr = {block, tables};
     for (int r = 0; r < 2; r++) { // r = 0 dense, 1 pruned
         attention_forward(o[r], lse[r], q, k, v, c, B, T, H, hd, window, r ? &pr : NULL, scratch);
-        attention_backward(dq[r], dk[r], dv[r], dc[r], dout, q, k, v, o[r], lse[r], c, B, T, H, hd, window, r ? &pr : NULL);
+        attention_backward(dq[r], dk[r], dv[r], dc[r], dout, q, k, v, o[r], lse[r], c, B, T, H, hd, window,
+                           r ? &pr : NULL);
     }
     PruneResult res = {0.0, -INFINITY, 0.0, 1};
     double visible = 0.0, skipped = 0.0;
@@ -498,9 +511,12 @@ static PruneResult prune_case(int T, int H, int hd, int window, int block, doubl
     }
     res.skipped = skipped / fmax(visible, 1.0);
     // bounds, in double, from the dense run
-    double *bo = (double*)calloc_check(n, sizeof(double), "bound"), *bq = (double*)calloc_check(n, sizeof(double), "bound");
-    double *bk = (double*)calloc_check(n, sizeof(double), "bound"), *bv = (double*)calloc_check(n, sizeof(double), "bound");
-    double *bc = (double*)calloc_check(nh, sizeof(double), "bound"), *bl = (double*)calloc_check(nh, sizeof(double), "bound");
+    double *bo = (double*)calloc_check(n, sizeof(double), "bound"),
+           *bq = (double*)calloc_check(n, sizeof(double), "bound");
+    double *bk = (double*)calloc_check(n, sizeof(double), "bound"),
+           *bv = (double*)calloc_check(n, sizeof(double), "bound");
+    double *bc = (double*)calloc_check(nh, sizeof(double), "bound"),
+           *bl = (double*)calloc_check(nh, sizeof(double), "bound");
     double* p = (double*)calloc_check((size_t)T, sizeof(double), "row");
     float scale = 1.0f / sqrtf((float)hd);
     for (int b = 0; b < B; b++) {
@@ -511,11 +527,20 @@ static PruneResult prune_case(int T, int H, int hd, int window, int block, doubl
                 int j0 = attention_first_key(i, window), jp = attention_first_key_pruned(i, window, &pr, bh, T);
                 size_t oi = ((size_t)b * T + i) * C + (size_t)h * hd;
                 double w = 0.0, delta = 0.0, g1 = 0.0, vmin[256], vmax[256];
-                for (int d = 0; d < hd; d++) { vmin[d] = INFINITY; vmax[d] = -INFINITY; delta += (double)dout[oi + d] * o[0][oi + d]; g1 += fabs(dout[oi + d]); }
+                for (int d = 0; d < hd; d++) {
+                    vmin[d] = INFINITY;
+                    vmax[d] = -INFINITY;
+                    delta += (double)dout[oi + d] * o[0][oi + d];
+                    g1 += fabs(dout[oi + d]);
+                }
                 for (int j = j0; j <= i; j++) {
                     size_t oj = ((size_t)b * T + j) * C + (size_t)h * hd;
                     double dot = 0.0;
-                    for (int d = 0; d < hd; d++) { dot += (double)q[oi + d] * k[oj + d]; vmin[d] = fmin(vmin[d], v[oj + d]); vmax[d] = fmax(vmax[d], v[oj + d]); }
+                    for (int d = 0; d < hd; d++) {
+                        dot += (double)q[oi + d] * k[oj + d];
+                        vmin[d] = fmin(vmin[d], v[oj + d]);
+                        vmax[d] = fmax(vmax[d], v[oj + d]);
+                    }
                     p[j] = exp(dot * scale + ch[i] - ch[j] - lse[0][bh * T + i]);
                     if (j < jp) { w += p[j]; }
                 }
@@ -555,7 +580,9 @@ static PruneResult prune_case(int T, int H, int hd, int window, int block, doubl
     float* o2 = prune_buf(n);
     float* lse2 = prune_buf(nh);
     attention_forward(o2, lse2, q, k, v, c, B, T, H, hd, window, &pr, scratch);
-    if (memcmp(o2, o[1], n * sizeof(float)) != 0 || memcmp(lse2, lse[1], nh * sizeof(float)) != 0) { res.excess = INFINITY; }
+    if (memcmp(o2, o[1], n * sizeof(float)) != 0 || memcmp(lse2, lse[1], nh * sizeof(float)) != 0) {
+        res.excess = INFINITY;
+    }
     free(o2); free(lse2);
     free(bo); free(bq); free(bk); free(bv); free(bc); free(bl); free(p); free(U); free(tables); free(scratch);
     free(q); free(k); free(v); free(dout); free(c);
@@ -580,14 +607,17 @@ static void test_attention_pruning(void) {
         int expect_skips = cases[i].rate >= 0.1; // a case that should prune must prune something
         check(r.w_max <= eps && r.excess <= 0.0 && r.tables_agree && (!expect_skips || r.skipped > 0.0),
               "pruned attention T=%d window=%d tile %d rate %g: pruned weight %.1e <= eps %.1e per row, outputs and "
-              "gradients within the bound (excess %.1e <= 0), tables %sagree, bit-identical rerun; %.0f%% of tiles skipped",
-              cases[i].T, cases[i].window, cases[i].block, cases[i].rate, r.w_max, eps, r.excess, r.tables_agree ? "" : "NOT ",
-              100.0 * r.skipped);
+              "gradients within the bound (excess %.1e <= 0), tables %sagree, bit-identical rerun; "
+              "%.0f%% of tiles skipped",
+              cases[i].T, cases[i].window, cases[i].block, cases[i].rate, r.w_max, eps, r.excess,
+              r.tables_agree ? "" : "NOT ", 100.0 * r.skipped);
     }
     // negative control: ln eps = +10 makes delta too large; the weight check must catch it
     PruneResult bad = prune_case(256, 2, 16, 0, 16, 0.1, 0.5f, 10.0f, 502);
-    check(bad.w_max > eps, "pruned attention negative control: ln eps = +10 prunes %.1e of a row's weight, caught by the "
-          "<= eps check (%.1e)", bad.w_max, eps);
+    check(bad.w_max > eps,
+          "pruned attention negative control: ln eps = +10 prunes %.1e of a row's weight, caught by the "
+          "<= eps check (%.1e)",
+          bad.w_max, eps);
 }
 
 // ----------------------------------------------------------------------------
@@ -611,7 +641,8 @@ static void test_step_guard(void) {
     int v1 = step_guard_check(&g, NAN, NAN, why, sizeof(why));
     int v2 = step_guard_check(&g, 3.0, 1.0, why, sizeof(why));
     int v3 = step_guard_check(&g, 3.0, -NAN, why, sizeof(why));
-    check(v1 == STEP_SKIP && v2 == STEP_UPDATE && v3 == STEP_SKIP && g.skipped == 2, "guard -G skip: non-finite steps are skipped and counted (%ld)", g.skipped);
+    check(v1 == STEP_SKIP && v2 == STEP_UPDATE && v3 == STEP_SKIP && g.skipped == 2,
+          "guard -G skip: non-finite steps are skipped and counted (%ld)", g.skipped);
     // spikes: a full window of losses 3 +- 0.01 and norms 1 +- 0.01, then a loss of 3.5 (z ~ 50)
     StepGuard off, on;
     step_guard_init(&off, NONFINITE_STOP, 0.0);
@@ -624,14 +655,18 @@ static void test_step_guard(void) {
     }
     check(quiet && on.skipped == 0, "guard -Z 6: steady losses and norms are never skipped");
     int loss_spike = step_guard_check(&on, 3.5, 1.0, why, sizeof(why));
-    check(loss_spike == STEP_SKIP && on.skipped == 1 && strstr(why, "loss spike") != NULL, "guard -Z 6: a loss spike is skipped (\"%s\")", why);
+    check(loss_spike == STEP_SKIP && on.skipped == 1 && strstr(why, "loss spike") != NULL,
+          "guard -Z 6: a loss spike is skipped (\"%s\")", why);
     int norm_spike = step_guard_check(&on, 3.0, 2.0, why, sizeof(why));
-    check(norm_spike == STEP_SKIP && strstr(why, "grad norm spike") != NULL, "guard -Z 6: a grad-norm spike is skipped (\"%s\")", why);
+    check(norm_spike == STEP_SKIP && strstr(why, "grad norm spike") != NULL,
+          "guard -Z 6: a grad-norm spike is skipped (\"%s\")", why);
     check(step_guard_check(&off, 3.5, 2.0, why, sizeof(why)) == STEP_UPDATE, "guard -Z 0: spikes are not checked");
-    check(step_guard_check(&on, 3.0, 1.0, why, sizeof(why)) == STEP_UPDATE, "guard -Z 6: an ordinary step after the spikes updates");
+    check(step_guard_check(&on, 3.0, 1.0, why, sizeof(why)) == STEP_UPDATE,
+          "guard -Z 6: an ordinary step after the spikes updates");
     StepGuard fresh;
     step_guard_init(&fresh, NONFINITE_STOP, 6.0);
-    check(step_guard_check(&fresh, 3.0, 1.0, why, sizeof(why)) == STEP_UPDATE && step_guard_check(&fresh, 30.0, 1.0, why, sizeof(why)) == STEP_UPDATE,
+    check(step_guard_check(&fresh, 3.0, 1.0, why, sizeof(why)) == STEP_UPDATE &&
+              step_guard_check(&fresh, 30.0, 1.0, why, sizeof(why)) == STEP_UPDATE,
           "guard -Z 6: no spike test before the window of %d steps is full", SPIKE_WINDOW);
 }
 
@@ -645,12 +680,14 @@ static void test_nonfinite_grad_name(void) {
     int clean = nonfinite_grad_name(&c, m.grads_memory, why, sizeof(why));
     m.grads.wq[(size_t)c.n_embd * c.n_embd + 5] = NAN; // layer 1
     int named = nonfinite_grad_name(&c, m.grads_memory, why, sizeof(why));
-    check(!clean && named && strstr(why, "model.layers.1.attn.q_proj.weight") != NULL && strstr(why, "element 5") != NULL,
+    check(!clean && named && strstr(why, "model.layers.1.attn.q_proj.weight") != NULL &&
+              strstr(why, "element 5") != NULL,
           "guard: a NaN in layer 1's wq gradient is named (\"%s\")", why);
     m.grads.lm_head[7] = INFINITY;
     m.grads.wq[(size_t)c.n_embd * c.n_embd + 5] = 0.0f;
     named = nonfinite_grad_name(&c, m.grads_memory, why, sizeof(why));
-    check(named && strstr(why, "lm_head.weight") != NULL, "guard: an inf in the lm_head gradient is named (\"%s\")", why);
+    check(named && strstr(why, "lm_head.weight") != NULL, "guard: an inf in the lm_head gradient is named (\"%s\")",
+          why);
     fox_free(&m);
 }
 
@@ -679,7 +716,8 @@ static void test_extreme_forget_gates(void) {
         for (size_t i = 0; i < bht; i++) { c_min = fminf(c_min, m.acts.c[i]); }
         int ok = isfinite(m.mean_loss) && all_finite(m.acts.c, bht) && all_finite(m.grads_memory, m.num_parameters) &&
                  isfinite(fox_grad_norm(&m));
-        check(ok, "extreme forget gate: logit %g (min c %g): loss %g, every gradient finite", logits[k], c_min, m.mean_loss);
+        check(ok, "extreme forget gate: logit %g (min c %g): loss %g, every gradient finite", logits[k], c_min,
+              m.mean_loss);
     }
     fox_free(&m);
 }
@@ -704,8 +742,9 @@ static void test_config(void) {
     ok = ok && !config_from_preset(&c, "fox-pro-1b") && !config_from_preset(&c, "fox-125m");
     check(ok, "presets: fox-pro-125m, transformer-llama-760m parse; fox-pro-1b and fox-125m are rejected");
     config_from_preset(&c, "fox-pro-tiny");
-    ok = config_set(&c, "gate", "bias_only") == 1 && c.gate == GATE_BIAS_ONLY && config_set(&c, "gate", "sometimes") == -1 &&
-         config_set(&c, "n_head", "0") == -1 && config_set(&c, "window", "1.5") == -1 && config_set(&c, "colour", "1") == 0;
+    ok = config_set(&c, "gate", "bias_only") == 1 && c.gate == GATE_BIAS_ONLY &&
+         config_set(&c, "gate", "sometimes") == -1 && config_set(&c, "n_head", "0") == -1 &&
+         config_set(&c, "window", "1.5") == -1 && config_set(&c, "colour", "1") == 0;
     check(ok, "overrides: valid values set, impossible values and unknown keys are refused");
     c.n_head = 3;
     check(config_problem(&c) != NULL, "config check: n_embd 128 with 3 heads is refused (%s)", config_problem(&c));
@@ -717,7 +756,8 @@ static void test_config(void) {
     double lin = lr_at_step(&s, 6);
     s.type = SCHEDULE_CONSTANT;
     double cst = lr_at_step(&s, 9);
-    check(fabs(lin - 0.5) < 1e-12 && fabs(cst - 1.0) < 1e-12, "linear schedule half way %g (0.5), constant %g (1)", lin, cst);
+    check(fabs(lin - 0.5) < 1e-12 && fabs(cst - 1.0) < 1e-12, "linear schedule half way %g (0.5), constant %g (1)", lin,
+          cst);
 }
 
 // ----------------------------------------------------------------------------
@@ -815,7 +855,8 @@ static void test_dataloader(void) {
     int once = 1;
     for (int i = 0; i < 20; i++) { once &= seen_a[i] == 1; }
     once &= seen_b[0] == 12;
-    check(once && shifted && d.epoch == 0, "data loader: one epoch visits every sample once, targets are inputs shifted by one");
+    check(once && shifted && d.epoch == 0,
+          "data loader: one epoch visits every sample once, targets are inputs shifted by one");
     dataloader_next_batch(&d);
     check(d.epoch == 1, "data loader: the next batch starts epoch 1");
     // resume: a loader set to a saved position yields the same batches
@@ -826,7 +867,8 @@ static void test_dataloader(void) {
     for (int k = 0; k < 5; k++) {
         dataloader_next_batch(&d);
         dataloader_next_batch(&r);
-        same &= memcmp(d.inputs, r.inputs, (size_t)B * T * sizeof(int)) == 0 && memcmp(d.targets, r.targets, (size_t)B * T * sizeof(int)) == 0;
+        same &= memcmp(d.inputs, r.inputs, (size_t)B * T * sizeof(int)) == 0 &&
+                memcmp(d.targets, r.targets, (size_t)B * T * sizeof(int)) == 0;
     }
     check(same, "data loader: a loader set to a saved position continues with the same batches");
     // two ranks see disjoint samples of the same batches
@@ -954,8 +996,10 @@ static void test_checkpoints(void) {
     int same = memcmp(&l.config, &m.config, sizeof(FoxConfig)) == 0 && l.num_parameters == m.num_parameters &&
                memcmp(l.params_memory, m.params_memory, m.num_parameters * sizeof(float)) == 0 &&
                memcmp(l.m_memory, m.m_memory, m.num_parameters * sizeof(float)) == 0 &&
-               memcmp(l.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0 && ls.step == 1 && ls.batch_pos == 2 && ls.batch_samples == 8;
-    check(same, "checkpoint round trip: configuration, %zu parameters, AdamW moments and data position bit for bit", m.num_parameters);
+               memcmp(l.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0 && ls.step == 1 &&
+               ls.batch_pos == 2 && ls.batch_samples == 8;
+    check(same, "checkpoint round trip: configuration, %zu parameters, AdamW moments and data position bit for bit",
+          m.num_parameters);
     check(latest_checkpoint(test_dir) == 1, "checkpoint: the newest complete checkpoint is found");
     // names that only look like checkpoints are not taken: a lone state, a step past int,
     // a sign, a letter, a model without its state, a model not named as train_fox names it
@@ -967,7 +1011,8 @@ static void test_checkpoints(void) {
         snprintf(decoy, sizeof(decoy), "%s/%s", test_dir, decoys[i]);
         copy_truncated(model_path, decoy, 0);
     }
-    check(latest_checkpoint(test_dir) == 1, "checkpoint: decoy names (lone files, steps past int, signs, letters, other spellings) are not taken");
+    check(latest_checkpoint(test_dir) == 1,
+          "checkpoint: decoy names (lone files, steps past int, signs, letters, other spellings) are not taken");
     char tmp_path[600];
     snprintf(tmp_path, sizeof(tmp_path), "%s.tmp", model_path);
     check(access(tmp_path, F_OK) != 0, "checkpoint: no temporary file is left behind");
@@ -1013,7 +1058,8 @@ static void test_decode_table(void) {
         return;
     }
     int ok = tk.vocab_size == 50257 && tk.eot == 50256 && strcmp(tk.tokens[50256], "<|endoftext|>") == 0 &&
-             strcmp(tk.tokens[464], "The") == 0 && strcmp(tk.tokens[15496], "Hello") == 0 && strcmp(tk.tokens[11], ",") == 0;
+             strcmp(tk.tokens[464], "The") == 0 && strcmp(tk.tokens[15496], "Hello") == 0 &&
+             strcmp(tk.tokens[11], ",") == 0;
     check(ok, "decode table: 50257 tokens, EOT 50256, tokens 464 'The', 15496 'Hello', 11 ','");
     tokenizer_free(&tk);
 }
@@ -1095,7 +1141,13 @@ static int hf_cli_ok(const char* const* argv) {
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-typedef struct { const char* name; const char* preset; const char* keys[2]; const char* values[2]; int vocab; } HfVariant;
+typedef struct {
+    const char* name;
+    const char* preset;
+    const char* keys[2];
+    const char* values[2];
+    int vocab;
+} HfVariant;
 
 // every parameter random (norm scales and biases too); the vocabulary's pad rows stay 0 from fox_build
 static void hf_random_model(FoxModel* m, const HfVariant* v, uint64_t seed) {
@@ -1122,11 +1174,15 @@ static int hf_same_model(const FoxModel* a, const FoxModel* b) {
 // the named tensor of an exported file has this shape and holds exactly these floats
 static int hf_tensor_is(const SafeTensors* st, const char* name, size_t rows, size_t cols, const float* want) {
     const StTensor* t = safetensors_find(st, name);
-    if (t == NULL || t->dtype != ST_F32 || t->shape[0] != rows || t->ndim != (cols > 0 ? 2 : 1) || (cols > 0 && t->shape[1] != cols)) { return 0; }
+    if (t == NULL || t->dtype != ST_F32 || t->shape[0] != rows || t->ndim != (cols > 0 ? 2 : 1) ||
+        (cols > 0 && t->shape[1] != cols)) {
+        return 0;
+    }
     return memcmp(st->data + t->begin, want, rows * (cols > 0 ? cols : 1) * sizeof(float)) == 0;
 }
 
-// the authors' names and shapes (HF_LAYOUT), written out here rather than derived from param_hf_name
+// the authors' names and shapes (doc/fox.md, "HuggingFace layout"), written out here rather than derived
+// from param_hf_name
 static void hf_check_contents(const FoxModel* m, const char* dir, const char* what) {
     char path[600];
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
@@ -1143,7 +1199,8 @@ static void hf_check_contents(const FoxModel* m, const char* dir, const char* wh
     const ParameterTensors* p = &m->params;
     size_t C = (size_t)c->n_embd, H = (size_t)c->n_head, V = (size_t)c->vocab_size, I = (size_t)c->mlp_hidden;
     size_t qk = c->qk_norm_shared ? C / H : C;
-    int ok = hf_tensor_is(&st, "model.embeddings.weight", V, C, p->wte) && hf_tensor_is(&st, "lm_head.weight", V, C, p->lm_head) &&
+    int ok = hf_tensor_is(&st, "model.embeddings.weight", V, C, p->wte) &&
+             hf_tensor_is(&st, "lm_head.weight", V, C, p->lm_head) &&
              hf_tensor_is(&st, "model.norm.weight", C, 0, p->norm_f) &&
              hf_tensor_is(&st, "model.layers.1.attn.q_proj.weight", C, C, p->wq + C * C) &&
              hf_tensor_is(&st, "model.layers.1.attn.o_proj.weight", C, C, p->wo + C * C) &&
@@ -1151,9 +1208,11 @@ static void hf_check_contents(const FoxModel* m, const char* dir, const char* wh
              hf_tensor_is(&st, "model.layers.0.mlp.down_proj.weight", C, I, p->wdown) &&
              hf_tensor_is(&st, "model.layers.1.mlp_norm.weight", C, 0, p->mlp_norm + C);
     ok = ok && (c->k_shift ? hf_tensor_is(&st, "model.layers.1.attn.k_proj.linear.weight", C, C, p->wk + C * C) &&
-                             hf_tensor_is(&st, "model.layers.1.attn.k_proj.shift_proj.weight", H, C, p->wk_shift + H * C)
+                             hf_tensor_is(&st, "model.layers.1.attn.k_proj.shift_proj.weight", H, C,
+                                          p->wk_shift + H * C)
                            : hf_tensor_is(&st, "model.layers.1.attn.k_proj.weight", C, C, p->wk + C * C));
-    ok = ok && (c->v_shift ? hf_tensor_is(&st, "model.layers.1.attn.v_proj.shift_proj.weight", H, C, p->wv_shift + H * C)
+    ok = ok && (c->v_shift ? hf_tensor_is(&st, "model.layers.1.attn.v_proj.shift_proj.weight", H, C,
+                                          p->wv_shift + H * C)
                            : hf_tensor_is(&st, "model.layers.1.attn.v_proj.weight", C, C, p->wv + C * C));
     if (c->gate == GATE_FULL) {
         ok = ok && hf_tensor_is(&st, "model.layers.1.attn.fgate_proj.weight", H, C, p->wf + H * C) &&
@@ -1168,7 +1227,8 @@ static void hf_check_contents(const FoxModel* m, const char* dir, const char* wh
     size_t want_count;
     HfTensor* list = hf_tensors_alloc(m, &want_count);
     free(list);
-    check(ok && count == want_count, "hf %s: %zu tensors by the authors' names and shapes, pad rows dropped, values exact", what, count);
+    check(ok && count == want_count,
+          "hf %s: %zu tensors by the authors' names and shapes, pad rows dropped, values exact", what, count);
     safetensors_free(&st);
     free(buf);
 }
@@ -1199,7 +1259,8 @@ static void test_hf_roundtrip(void) {
             same = hf_same_model(&m, &back);
             fox_free(&back);
         }
-        check(ran && same, "hf %s: export then import gives the configuration and %zu parameters bit for bit", variants[i].name, m.num_parameters);
+        check(ran && same, "hf %s: export then import gives the configuration and %zu parameters bit for bit",
+              variants[i].name, m.num_parameters);
         if (ran) { hf_check_contents(&m, dir, variants[i].name); }
         fox_free(&m);
     }
@@ -1215,7 +1276,9 @@ static void test_hf_roundtrip(void) {
     int ok = hf_cli_ok(export_bf16) && hf_cli_ok(import_bf16);
     if (ok) {
         load_model(&back, back_path);
-        for (size_t k = 0; k < m.num_parameters; k++) { m.params_memory[k] = bf16_to_f32(f32_to_bf16(m.params_memory[k])); }
+        for (size_t k = 0; k < m.num_parameters; k++) {
+            m.params_memory[k] = bf16_to_f32(f32_to_bf16(m.params_memory[k]));
+        }
         ok = hf_same_model(&m, &back);
         fox_free(&back);
     }
@@ -1229,7 +1292,8 @@ static void test_hf_roundtrip(void) {
         ok = !back.config.qk_norm_shared && back.spec[P_Q_NORM].rows == (size_t)m.config.n_embd;
         for (int l = 0; l < m.config.n_layer && ok; l++) {
             for (int h = 0; h < m.config.n_head; h++) {
-                ok = ok && memcmp(back.params.q_norm + ((size_t)l * m.config.n_head + h) * hd, m.params.q_norm + (size_t)l * hd, (size_t)hd * sizeof(float)) == 0;
+                ok = ok && memcmp(back.params.q_norm + ((size_t)l * m.config.n_head + h) * hd,
+                                  m.params.q_norm + (size_t)l * hd, (size_t)hd * sizeof(float)) == 0;
             }
         }
         fox_free(&back);
@@ -1241,7 +1305,8 @@ static void test_hf_roundtrip(void) {
 // a copy of the export src as folder dst, its model.safetensors changed: the first `find` in the
 // header replaced by `replace` (the length field follows), then `drop` bytes cut off the end
 // (at least 4 bytes stay); a non-zero header_len overrides the length field
-static void hf_corrupt_copy(const char* src, const char* dst, const char* find, const char* replace, size_t drop, uint64_t header_len) {
+static void hf_corrupt_copy(const char* src, const char* dst, const char* find, const char* replace, size_t drop,
+                            uint64_t header_len) {
     char path[600], out[600];
     make_dir(dst);
     snprintf(path, sizeof(path), "%s/config.json", src);
@@ -1283,24 +1348,31 @@ static int hf_parse_text(const char* header, size_t data_size) {
 
 static void test_hf_bad_input(void) {
     // the reader alone, on hand-made headers
-    int accepted = hf_parse_text("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"__metadata__\":{\"k\":\"v\"}}", 8) == 0 &&
-                   hf_parse_text("{\"b\":{\"dtype\":\"BF16\",\"shape\":[1],\"data_offsets\":[2,4]},\"a\":{\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[0,2]}}  ", 4) == 0;
+    int accepted = hf_parse_text("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                                 "\"__metadata__\":{\"k\":\"v\"}}", 8) == 0 &&
+                   hf_parse_text("{\"b\":{\"dtype\":\"BF16\",\"shape\":[1],\"data_offsets\":[2,4]},"
+                                 "\"a\":{\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[0,2]}}  ", 4) == 0;
     const char* bad[] = {
-        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]}}", // duplicate
-        "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],\"data_offsets\":[0,8]}}",   // size overflow
-        "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[6,10]}}", // gap
-        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",  // overlap
-        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}",                 // unknown key
-        "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}",                         // negative size
-        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},}",                         // trailing comma
-        "{\"a\\ud800\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",                   // lone surrogate
-        "[1, 2]",                                                                                    // not an object
-        "{\"__metadata__\":{\"k\":1}}",                                                              // metadata not strings
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+        "\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]}}",                         // duplicate
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],\"data_offsets\":[0,8]}}", // size overflow
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+        "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[6,10]}}",                        // gap
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+        "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",                         // overlap
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}",                // unknown key
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}",                       // negative size
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},}",                       // trailing comma
+        "{\"a\\ud800\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",                 // lone surrogate
+        "[1, 2]",                                                                                  // not an object
+        "{\"__metadata__\":{\"k\":1}}",                                                            // numeric metadata
     };
     int refused = 0;
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) { refused += hf_parse_text(bad[i], 8) != 0; }
-    check(accepted && refused == (int)(sizeof(bad) / sizeof(bad[0])), "safetensors reader: 2 valid files accepted, %d of %zu malformed refused "
-          "(duplicate, overflow, gap, overlap, unknown key, negative, trailing comma, surrogate, array, metadata)", refused, sizeof(bad) / sizeof(bad[0]));
+    check(accepted && refused == (int)(sizeof(bad) / sizeof(bad[0])),
+          "safetensors reader: 2 valid files accepted, %d of %zu malformed refused "
+          "(duplicate, overflow, gap, overlap, unknown key, negative, trailing comma, surrogate, array, metadata)",
+          refused, sizeof(bad) / sizeof(bad[0]));
     // the tool on damaged exports: a message with a HINT and a non-zero exit
     FoxModel m;
     const HfVariant small = {"small", "fox-pro-tiny", {NULL, NULL}, {NULL, NULL}, 1000};
@@ -1406,11 +1478,13 @@ static void test_topology(void) {
     resolve_topology(&t, -1, -1);
     check(t.world == 4 && t.rank == 2 && t.local_rank == 1, "topology: Open MPI's environment comes before Slurm's");
     resolve_topology(&t, 8, 5);
-    check(t.world == 8 && t.rank == 5 && t.local_rank == 5, "topology: -W and -I win over the environment (local rank = -I)");
+    check(t.world == 8 && t.rank == 5 && t.local_rank == 5,
+          "topology: -W and -I win over the environment (local rank = -I)");
     clear_launcher_env();
     setenv("WORLD_SIZE", "2", 1); setenv("RANK", "1", 1);
     resolve_topology(&t, -1, -1);
-    check(t.world == 2 && t.rank == 1 && t.local_rank == 1, "topology: WORLD_SIZE/RANK; without a local rank it is the rank");
+    check(t.world == 2 && t.rank == 1 && t.local_rank == 1,
+          "topology: WORLD_SIZE/RANK; without a local rank it is the rank");
     clear_launcher_env();
     static const int no_rank[] = {2, -1}, rank_too_big[] = {2, 2};
     expect_failure(topology_child, no_rank, "-W 2 without a rank");
@@ -1430,7 +1504,8 @@ static void test_topology(void) {
 static void test_shards(void) {
     check(padded_count(10, 3) == 12 && shard_count(10, 3) == 4 && shard_offset(10, 3, 2) == 8,
           "shards: 10 parameters over 3 ranks are padded to 12, slices of 4, the last at 8");
-    check(padded_count(12, 4) == 12 && shard_count(12, 4) == 3 && padded_count(7, 1) == 7, "shards: divisible sizes are not padded");
+    check(padded_count(12, 4) == 12 && shard_count(12, 4) == 3 && padded_count(7, 1) == 7,
+          "shards: divisible sizes are not padded");
     int covered_once = 1;
     for (size_t n = 1; n <= 70; n++) {
         for (int world = 1; world <= 9; world++) {
@@ -1446,8 +1521,9 @@ static void test_shards(void) {
     size_t lo;
     check(range_overlap(5, 10, 8, 4, &lo) == 4 && lo == 8 && range_overlap(5, 10, 0, 6, &lo) == 1 && lo == 5 &&
           range_overlap(0, 3, 8, 4, &lo) == 0, "shards: a tensor's part in a slice");
-    check(translate_batch_pos(3, 16, 16) == 3 && translate_batch_pos(3, 16, 8) == 6 && translate_batch_pos(4, 16, 32) == 2 &&
-          translate_batch_pos(3, 16, 32) == -1 && translate_batch_pos(5, 0, 8) == -1,
+    check(translate_batch_pos(3, 16, 16) == 3 && translate_batch_pos(3, 16, 8) == 6 &&
+              translate_batch_pos(4, 16, 32) == 2 && translate_batch_pos(3, 16, 32) == -1 &&
+              translate_batch_pos(5, 0, 8) == -1,
           "data position: batches translate to another process count when they fill whole batches");
 }
 
@@ -1508,7 +1584,8 @@ static void test_rendezvous(void) {
     check(rendezvous_round(4, 0, 0), "file rendezvous: ranks 1-3 get rank 0's id");
     char ack[700];
     rendezvous_ack_path(rendezvous_path, 2, ack, sizeof(ack));
-    check(access(rendezvous_path, F_OK) != 0 && access(ack, F_OK) != 0, "file rendezvous: the id and acknowledgements are removed after");
+    check(access(rendezvous_path, F_OK) != 0 && access(ack, F_OK) != 0,
+          "file rendezvous: the id and acknowledgements are removed after");
     FILE* f = fopen_check(rendezvous_path, "wb");
     fclose(f);
     expect_failure(publish_child, rendezvous_path, "a rendezvous file left by a crashed run");
@@ -1528,8 +1605,9 @@ static void test_rendezvous(void) {
     close(holder);
     char host[64];
     int p = 0;
-    check(rendezvous_is_tcp("tcp://node001:29500", host, sizeof(host), &p) && strcmp(host, "node001") == 0 && p == 29500 &&
-          !rendezvous_is_tcp("/shared/run/nccl_id", host, sizeof(host), &p), "rendezvous: tcp://host:port and file paths told apart");
+    check(rendezvous_is_tcp("tcp://node001:29500", host, sizeof(host), &p) && strcmp(host, "node001") == 0 &&
+              p == 29500 && !rendezvous_is_tcp("/shared/run/nccl_id", host, sizeof(host), &p),
+          "rendezvous: tcp://host:port and file paths told apart");
     expect_failure(bad_tcp_child, "tcp://node001", "-F tcp://node001 (no port)");
     expect_failure(bad_tcp_child, "tcp://node001:70000", "-F tcp://node001:70000");
 }
@@ -1601,14 +1679,17 @@ static void test_eval_per_token(void) {
             other = fmin(other, fabs(next / (BATCHES * B) - L[t]));
         }
     }
-    check(seqs == (size_t)(B * BATCHES) && err <= 1e-9, "eval: L(i) of %zu sequences equals fox_forward's per-token losses "
-          "(max err %.1e <= 1e-9, fp64 sums of the same fp32 losses)", seqs, err);
+    check(seqs == (size_t)(B * BATCHES) && err <= 1e-9,
+          "eval: L(i) of %zu sequences equals fox_forward's per-token losses "
+          "(max err %.1e <= 1e-9, fp64 sums of the same fp32 losses)",
+          seqs, err);
     check(other > 1e-3, "eval: negative control, L(i) differs from L(i+1) (min %.2e > 1e-3)", other);
     // P(l) = exp(mean_{i<=l} L(i)): P(T) from the batches' mean losses, P(1) = exp(L(1))
     double pT = perplexity_upto(L, T), p1 = perplexity_upto(L, 1), p4 = perplexity_upto(L, 4);
     double l4 = (L[0] + L[1] + L[2] + L[3]) / 4;
     check(fabs(log(pT) - mean_of_means) <= 1e-6 && fabs(log(p1) - L[0]) <= 1e-12 && fabs(log(p4) - l4) <= 1e-12,
-          "eval: P(l) consistent: log P(%d) = mean loss %.6f (err %.1e <= 1e-6), log P(1) = L(1), log P(4) = mean L(1..4)",
+          "eval: P(l) consistent: log P(%d) = mean loss %.6f (err %.1e <= 1e-6), log P(1) = L(1), "
+          "log P(4) = mean L(1..4)",
           T, mean_of_means, fabs(log(pT) - mean_of_means));
     dataloader_free(&val);
     fox_free(&m);
@@ -1635,7 +1716,9 @@ static double kv_cache_run(const char* preset, const char* const* overrides, int
     *scale = 0.0;
     for (int t = PROMPT; t < total; t++) {
         be.next_logits(be.ctx, tokens, t, row);
-        if (corrupt && t == PROMPT) { memset(cb.dec.c_last, 0, (size_t)m.config.n_layer * m.config.n_head * sizeof(float)); }
+        if (corrupt && t == PROMPT) {
+            memset(cb.dec.c_last, 0, (size_t)m.config.n_layer * m.config.n_head * sizeof(float));
+        }
         fox_forward(&m, tokens, NULL, 1, t);
         const float* full = m.logits + (size_t)(t - 1) * m.config.padded_vocab_size;
         double mx = 1.0, diff = 0.0;
@@ -1671,8 +1754,10 @@ static void test_kv_cache(void) {
         int same;
         double scale;
         double err = kv_cache_run(cases[i].preset, cases[i].ov, 24, &same, 0, &scale);
-        check(same && err <= 1e-5, "kv cache: %s, 24 greedy tokens: same tokens as the full forward, logits max err %.1e <= 1e-5 "
-              "of max(1, max|logit|) = %.2f", cases[i].what, err, scale);
+        check(same && err <= 1e-5,
+              "kv cache: %s, 24 greedy tokens: same tokens as the full forward, logits max err %.1e <= 1e-5 "
+              "of max(1, max|logit|) = %.2f",
+              cases[i].what, err, scale);
     }
     int same;
     double scale;
@@ -1716,9 +1801,9 @@ static void test_model_pruning(void) {
     }
     int same = loss[2] == loss[0] && memcmp(grads[2], grads[0], m.num_parameters * sizeof(float)) == 0;
     check(skipped > 0 && fabs(loss[1] - loss[0]) <= 1e-5 * fabs(loss[0]) && gerr <= 1e-5 * gmax && same,
-          "twin with -A 1 (gate bias -6, T=%d): %d tiles skipped, loss %.7f vs %.7f dense, gradients max err %.1e <= 1e-5 of "
-          "%.2e; ln eps -1e4 skips nothing and is bit-identical to dense (%s)", T, skipped, loss[1], loss[0], gerr, gmax,
-          same ? "yes" : "NO");
+          "twin with -A 1 (gate bias -6, T=%d): %d tiles skipped, loss %.7f vs %.7f dense, "
+          "gradients max err %.1e <= 1e-5 of %.2e; ln eps -1e4 skips nothing and is bit-identical to dense (%s)",
+          T, skipped, loss[1], loss[0], gerr, gmax, same ? "yes" : "NO");
     for (int r = 0; r < 3; r++) { free(grads[r]); }
     fox_free(&m);
 }
@@ -1751,7 +1836,10 @@ static double kv_evict_run(float ln_eps, int* same, size_t* live, size_t* full, 
         fox_decode_step(&dense, in_d);
         fox_decode_step(&evict, in_e);
         double mx = 1.0, diff = 0.0;
-        for (int j = 0; j < V; j++) { mx = fmax(mx, fabs(dense.row.logits[j])); diff = fmax(diff, fabs(dense.row.logits[j] - evict.row.logits[j])); }
+        for (int j = 0; j < V; j++) {
+            mx = fmax(mx, fabs(dense.row.logits[j]));
+            diff = fmax(diff, fabs(dense.row.logits[j] - evict.row.logits[j]));
+        }
         worst = fmax(worst, diff / mx);
         tok_d = argmax_token(dense.row.logits, V);
         tok_e = argmax_token(evict.row.logits, V);
@@ -1774,13 +1862,17 @@ static void test_kv_eviction(void) {
     double err = kv_evict_run(-10.0f, &same, &live, &full, bytes);
     // the evicted keys carry less than eps = e^-10 of any row (far less here); the logits may move
     // by that share of the values' range through the layers: 1e-4 of the logit scale
-    check(same && err <= 1e-4 && live * 4 < full, "kv cache eviction (-A 1, ln eps -10): 40 greedy tokens after a 300-token "
+    check(same && err <= 1e-4 && live * 4 < full,
+          "kv cache eviction (-A 1, ln eps -10): 40 greedy tokens after a 300-token "
           "prompt equal to no eviction, logits max err %.1e <= 1e-4 of the scale, cache %zu of %zu entries (< 1/4)",
           err, live, full);
-    check(bytes[0] * 4 < bytes[1] && bytes[0] <= bytes[2], "kv cache eviction: the buffers shrink with the live entries, "
-          "%zu bytes (bound %zu) against %zu without eviction", bytes[0], bytes[2], bytes[1]);
+    check(bytes[0] * 4 < bytes[1] && bytes[0] <= bytes[2],
+          "kv cache eviction: the buffers shrink with the live entries, "
+          "%zu bytes (bound %zu) against %zu without eviction",
+          bytes[0], bytes[2], bytes[1]);
     double bad = kv_evict_run(40.0f, &same, &live, &full, bytes);
-    check(bad > 1e-3, "kv cache eviction: negative control, ln eps = +40 evicts keys that matter (err %.1e > 1e-3)", bad);
+    check(bad > 1e-3, "kv cache eviction: negative control, ln eps = +40 evicts keys that matter (err %.1e > 1e-3)",
+          bad);
 }
 
 static void test_sampling(void) {
@@ -1800,8 +1892,10 @@ static void test_sampling(void) {
     double z = 0.0, worst = 0.0;
     for (int j = 0; j < 5; j++) { z += exp(logits[j] / 2.0); }
     for (int j = 0; j < 5; j++) { worst = fmax(worst, fabs(count[j] / (double)DRAWS - exp(logits[j] / 2.0) / z)); }
-    check(greedy == 1 && top1 && in_top2 && worst < 0.005, "sampling: greedy takes the lowest id of tied maxima, top-k 1 = greedy, "
-          "top-k 2 stays in the top 2, frequencies match softmax(logits / T) (max err %.4f < 0.005)", worst);
+    check(greedy == 1 && top1 && in_top2 && worst < 0.005,
+          "sampling: greedy takes the lowest id of tied maxima, top-k 1 = greedy, "
+          "top-k 2 stays in the top 2, frequencies match softmax(logits / T) (max err %.4f < 0.005)",
+          worst);
 }
 
 #ifndef NO_GPT2_ENCODER
@@ -1817,14 +1911,16 @@ static void test_niah_token_ids(void) {
     gpt2_worker_init(&w, &bpe);
     const char* texts[] = {NIAH_NEEDLE, NIAH_NEEDLE_EASY, NIAH_QUESTION, NIAH_ANSWER};
     const int* ids[] = {NIAH_NEEDLE_IDS, NIAH_NEEDLE_EASY_IDS, NIAH_QUESTION_IDS, NIAH_ANSWER_IDS};
-    int counts[] = {COUNT_OF(NIAH_NEEDLE_IDS), COUNT_OF(NIAH_NEEDLE_EASY_IDS), COUNT_OF(NIAH_QUESTION_IDS), COUNT_OF(NIAH_ANSWER_IDS)};
+    int counts[] = {COUNT_OF(NIAH_NEEDLE_IDS), COUNT_OF(NIAH_NEEDLE_EASY_IDS), COUNT_OF(NIAH_QUESTION_IDS),
+                    COUNT_OF(NIAH_ANSWER_IDS)};
     int ok = 1;
     for (int i = 0; i < 4; i++) {
         int out[NIAH_MAX_PIECE];
         int n = encode_append(&w, texts[i], out, 0, NIAH_MAX_PIECE);
         ok &= n == counts[i] && memcmp(out, ids[i], (size_t)n * sizeof(int)) == 0;
     }
-    check(ok, "niah: the written token ids of needle (%d), easy needle (%d), question (%d), answer (%d) are the encoder's",
+    check(ok,
+          "niah: the written token ids of needle (%d), easy needle (%d), question (%d), answer (%d) are the encoder's",
           counts[0], counts[1], counts[2], counts[3]);
     gpt2_worker_free(&w);
     gpt2_bpe_free(&bpe);
@@ -1845,7 +1941,8 @@ static void test_niah(void) {
     niah_texts_init(&tx, 0);
     niah_texts_init(&easy, 1);
     check(easy.needle_n > tx.needle_n && easy.question_n == tx.question_n && tx.answer_n == 14,
-          "niah: needle %d tokens (easy %d), question %d, answer %d", tx.needle_n, easy.needle_n, tx.question_n, tx.answer_n);
+          "niah: needle %d tokens (easy %d), question %d, answer %d", tx.needle_n, easy.needle_n, tx.question_n,
+          tx.answer_n);
     // prompt layout: a haystack of recognisable tokens
     enum { CTX = 200 };
     int hay[CTX], a[CTX + 1], b[CTX + 1];
@@ -1862,8 +1959,8 @@ static void test_niah(void) {
     int p0 = niah_build_prompt(&tx, hay, CTX, 0.0, GPT2_EOT, b);
     int p1 = niah_build_prompt(&tx, hay, CTX, 1.0, GPT2_EOT, b);
     check(ok && p0 == 1 && p1 == CTX - tx.question_n - tx.needle_n,
-          "niah: prompt deterministic, exactly %d tokens, EOT + haystack[:%d] + needle at %d + haystack[%d:] + question; "
-          "depth 0 at 1, depth 1 right before the question", CTX, split, pos, split);
+          "niah: prompt deterministic, exactly %d tokens, EOT + haystack[:%d] + needle at %d + haystack[%d:] + "
+          "question; depth 0 at 1, depth 1 right before the question", CTX, split, pos, split);
     expect_failure(niah_short_child, &tx, "niah context shorter than needle and question");
     // scoring against fox_forward and a log-softmax in fp64; greedy against KV-cache decoding
     FoxModel m;
@@ -1902,8 +1999,8 @@ static void test_niah(void) {
           "niah: score = fp64 log-softmax of fox_forward's logits: log p(answer) %.5f vs %.5f (err %.1e <= 1e-4 rel: "
           "fp32 losses), greedy tokens %d = %d", s.logprob, direct, err, s.greedy_tokens, greedy);
     check(s_own.greedy_tokens == 5 && s_spoiled.greedy_tokens == 3,
-          "niah: greedy scoring = KV-cache greedy decoding: its own continuation scores 5/5, with token 4 changed 3/5 (%d, %d)",
-          s_own.greedy_tokens, s_spoiled.greedy_tokens);
+          "niah: greedy scoring = KV-cache greedy decoding: its own continuation scores 5/5, "
+          "with token 4 changed 3/5 (%d, %d)", s_own.greedy_tokens, s_spoiled.greedy_tokens);
     fox_decoder_free(&cb.dec);
     fox_free(&m);
 }
@@ -1938,7 +2035,8 @@ static void maps_check(const char* preset, const char* const* ov, const char* wh
                     int inside = j <= i && j >= attention_first_key(i, cf->window);
                     if (!inside && A[i * T + j] != 0.0f) { mask_ok = 0; }
                     double f = j <= i ? (c != NULL ? exp((double)c[i] - c[j]) : 1.0) : 0.0;
-                    f_err = fmax(f_err, fabs(F[i * T + j] - f) / fmax(f, 1e-30) * (f > 0) + (f == 0) * fabs(F[i * T + j]));
+                    f_err = fmax(f_err, fabs(F[i * T + j] - f) / fmax(f, 1e-30) * (f > 0)
+                                        + (f == 0) * fabs(F[i * T + j]));
                 }
                 row_err = fmax(row_err, fabs(rs - 1.0));
                 int other = (h + 1) % H; // negative control
@@ -1955,9 +2053,10 @@ static void maps_check(const char* preset, const char* const* ov, const char* wh
         }
     }
     check(row_err <= 1e-6 && av_err <= 1e-5 && f_err <= 1e-6 && mask_ok && cross > 1e-3,
-          "maps: %s: rows of A sum to 1 (err %.1e <= 1e-6), A @ V = fox_forward's attention output (err %.1e <= 1e-5 of max|o|), "
-          "F = exp(c_i - c_j) (rel err %.1e <= 1e-6), zero outside the causal window; negative control: the other head's A "
-          "misses (err %.1e > 1e-3)", what, row_err, av_err, f_err, cross);
+          "maps: %s: rows of A sum to 1 (err %.1e <= 1e-6), "
+          "A @ V = fox_forward's attention output (err %.1e <= 1e-5 of max|o|), "
+          "F = exp(c_i - c_j) (rel err %.1e <= 1e-6), zero outside the causal window; "
+          "negative control: the other head's A misses (err %.1e > 1e-3)", what, row_err, av_err, f_err, cross);
     fox_free(&m);
 }
 
@@ -2011,8 +2110,8 @@ static void test_prompt_from_shard(void) {
     for (int i = 0; i < n_short; i++) { ok &= out[i] == shard[i]; }
     int n_all = prompt_tokens(arg, out, 100, 5);
     for (int i = 0; i < n_all; i++) { ok &= out[i] == shard[i]; }
-    check(ok && n_short == 15 && n_all == N, "-P @shard: the first -t minus -g tokens as stored (%d of %d; all %d when they fit)",
-          n_short, N, n_all);
+    check(ok && n_short == 15 && n_all == N,
+          "-P @shard: the first -t minus -g tokens as stored (%d of %d; all %d when they fit)", n_short, N, n_all);
     expect_failure(prompt_no_room_child, arg, "-P @shard with -g leaving no room in -t");
     snprintf(path, sizeof(path), "%s/prompt_truncated.bin", test_dir);
     write_shard(path, shard, N, SHARD_MAGIC, N + 10);
@@ -2163,7 +2262,12 @@ static void compare_gradients(GPUModel* g, FoxModel* twin, FoxModel* probe, doub
         }
         double tol = tolerance(s->cols == 1 ? GTOL_GRAD_VECTOR : GTOL_GRAD_MATRIX, sens);
         tensors++;
-        if (!(err / tol <= worst_ratio)) { worst_ratio = err / tol; worst_err = err; worst_tol = tol; worst_name = s->name; }
+        if (!(err / tol <= worst_ratio)) {
+            worst_ratio = err / tol;
+            worst_err = err;
+            worst_tol = tol;
+            worst_name = s->name;
+        }
         if (used < sizeof(detail)) {
             used += (size_t)snprintf(detail + used, sizeof(detail) - used, " %s %.1e (sens %.1e)", s->name, err, sens);
         }
@@ -2228,7 +2332,8 @@ static void gpu_vs_twin_batch(FoxModel* twin, const int* inputs, const int* targ
     for (int i = 0; i < L * H; i++) { bf_scale = fmax(bf_scale, bf_sums[i]); }
     free(bf_sums);
     double tol_logits = tolerance(GTOL_LOGITS, s_logits), tol_loss = tolerance(GTOL_LOSS, s_loss);
-    check(e_logits <= tol_logits, "gpu %s: logits (rel err %.1e <= %.1e; sens %.1e)", name, e_logits, tol_logits, s_logits);
+    check(e_logits <= tol_logits, "gpu %s: logits (rel err %.1e <= %.1e; sens %.1e)", name, e_logits, tol_logits,
+          s_logits);
     check(e_loss <= tol_loss, "gpu %s: loss %.6f vs twin %.6f (rel err %.1e <= %.1e; sens %.1e)", name, gpu_loss,
           twin_loss, e_loss, tol_loss, s_loss);
     compare_gradients(&g, twin, &probe, bf_scale, name);
@@ -2405,7 +2510,8 @@ static void gpu_test_recompute(void) {
         check(bad == 0 && nonzero > n / 2 && memcmp(grads[0], grads[1], n * sizeof(float)) == 0 && loss[0] == loss[1] &&
               bytes[1] < bytes[0],
               "gpu -r 1 %s: loss %.6f and all %zu gradients bit-identical to -r 0 (%zu non-finite, %zu non-zero); "
-              "activations %.2f -> %.2f MiB", presets[i], loss[1], n, bad, nonzero, bytes[0] / 1048576.0, bytes[1] / 1048576.0);
+              "activations %.2f -> %.2f MiB", presets[i], loss[1], n, bad, nonzero, bytes[0] / 1048576.0,
+              bytes[1] / 1048576.0);
         free(grads[0]); free(grads[1]); free(inputs); free(targets);
         fox_free(&h);
     }
@@ -2437,7 +2543,8 @@ static void gpu_test_checkpoints_and_determinism(void) {
     gpu_train_steps(&g1, inputs, targets, B, T, 0, 6, run1);
     gpu_train_steps(&g2, inputs, targets, B, T, 0, 6, run2);
     gpu_params_to_host(&g2);
-    check(memcmp(run1, run2, sizeof(run1)) == 0 && gpu_same_device_buffer(g1.params, h2.params_memory, h1.num_parameters),
+    check(memcmp(run1, run2, sizeof(run1)) == 0 &&
+              gpu_same_device_buffer(g1.params, h2.params_memory, h1.num_parameters),
           "gpu: two runs with the same seed give bit-identical losses and weights (last loss %.6f, first %.6f)",
           run1[5], run1[0]);
     gpu_free(&g2);
@@ -2689,7 +2796,8 @@ static void attn_case_init(AttnCase* t, int B, int T, int H, int hd, int window,
     memset(t, 0, sizeof(*t));
     t->B = B; t->T = T; t->H = H; t->hd = hd; t->window = window; t->gate = gate;
     size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T;
-    float** x[] = {&t->q, &t->k, &t->v, &t->dout, &t->o, &t->dq, &t->dk, &t->dv, &t->o_ref, &t->dq_ref, &t->dk_ref, &t->dv_ref};
+    float** x[] = {&t->q, &t->k, &t->v, &t->dout, &t->o, &t->dq, &t->dk, &t->dv,
+                   &t->o_ref, &t->dq_ref, &t->dk_ref, &t->dv_ref};
     for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++) { *x[i] = attn_buf(n); }
     float** y[] = {&t->c, &t->lse, &t->dlogf, &t->lse_ref, &t->dlogf_ref};
     for (size_t i = 0; i < sizeof(y) / sizeof(y[0]); i++) { *y[i] = attn_buf(nh); }
@@ -2733,12 +2841,17 @@ static void attn_reference(AttnCase* t, int window, const AttnPrune* pr) {
     float* scratch = attn_buf((size_t)threads * 2 * T);
     float* dc = attn_buf(nh);
     attention_forward(t->o_ref, t->lse_ref, t->q, t->k, t->v, c, B, T, H, hd, window, pr, scratch);
-    memset(t->dq_ref, 0, n * sizeof(float)); memset(t->dk_ref, 0, n * sizeof(float)); memset(t->dv_ref, 0, n * sizeof(float));
+    memset(t->dq_ref, 0, n * sizeof(float));
+    memset(t->dk_ref, 0, n * sizeof(float));
+    memset(t->dv_ref, 0, n * sizeof(float));
     attention_backward(t->dq_ref, t->dk_ref, t->dv_ref, dc, t->dout, t->q, t->k, t->v, t->o, t->lse_ref, c, B, T, H,
                        hd, window, pr);
     for (size_t bh = 0; bh < (size_t)B * H; bh++) {
         double acc = 0.0;
-        for (int tt = T - 1; tt >= 0; tt--) { acc += dc[bh * T + tt]; t->dlogf_ref[bh * T + tt] = t->gate ? (float)acc : 0.0f; }
+        for (int tt = T - 1; tt >= 0; tt--) {
+            acc += dc[bh * T + tt];
+            t->dlogf_ref[bh * T + tt] = t->gate ? (float)acc : 0.0f;
+        }
     }
     free(dc); free(scratch);
 }
@@ -2747,7 +2860,8 @@ static void attn_reference(AttnCase* t, int window, const AttnPrune* pr) {
 static void attn_gpu(AttnCase* t) {
     int B = t->B, T = t->T, H = t->H, hd = t->hd;
     size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T;
-    floatX *q = attn_upload(t->q, n), *k = attn_upload(t->k, n), *v = attn_upload(t->v, n), *dout = attn_upload(t->dout, n);
+    floatX *q = attn_upload(t->q, n), *k = attn_upload(t->k, n), *v = attn_upload(t->v, n),
+           *dout = attn_upload(t->dout, n);
     floatX *o, *dq, *dk, *dv;
     float *c = NULL, *lse, *dlogf, *scratch;
     cudaCheck(cudaMalloc(&o, n * sizeof(floatX))); cudaCheck(cudaMalloc(&dq, n * sizeof(floatX)));
@@ -2885,7 +2999,8 @@ static void gpu_test_attention(void) {
     t.dq[at] = kept;
     attn_reference(&t, t.window - 1, NULL); // the GPU at window 37 against a reference at 36: an off-by-one
     int caught_window = !attn_compare(&t, line, sizeof(line));
-    check(base_ok && caught_value && caught_window, "gpu attention negative controls: a case that passes fails with one "
+    check(base_ok && caught_value && caught_window,
+          "gpu attention negative controls: a case that passes fails with one "
           "dq value off by 10%% of max |dq| (%s) and against an off-by-one window reference (%s; %s)",
           caught_value ? "caught" : "MISSED", caught_window ? "caught" : "MISSED", line);
     attn_case_free(&t);
@@ -2933,7 +3048,8 @@ static void gpu_prune_case(int B, int T, int H, int hd, int window, float ln_eps
     for (size_t i = 0; i < BH; i++) { u_err = fmax(u_err, fabs((double)U_gpu[i] - U_cpu[i]) / U_cpu[i]); }
     prune_tiles(tab_cpu, tab_cpu + BH * nt, t.c, U_gpu, B, H, T, PRUNE_BLOCK, ln_eps);
     int same_tiles = memcmp(tab_gpu, tab_cpu, 2 * BH * nt * sizeof(int)) == 0;
-    long skipped = 0, causal = 0, window_skipped = 0, window_dense = 0; // tiles; with the window as the step line counts
+    // tiles; with the window as the step line counts
+    long skipped = 0, causal = 0, window_skipped = 0, window_dense = 0;
     for (size_t bh = 0; bh < BH; bh++) {
         for (int qt = 0; qt < nt; qt++) {
             int j0 = qt * PRUNE_BLOCK - window + 1, first = window > 0 && j0 > 0 ? j0 / PRUNE_BLOCK : 0;
@@ -2948,10 +3064,11 @@ static void gpu_prune_case(int B, int T, int H, int hd, int window, float ln_eps
             int t_i = (int)(i % nt);
             if (t_i - tab_cpu[i] > 32 || tab_cpu[BH * nt + i] - t_i > 32) { far = 1; }
         }
-        check(u_err <= 1e-5 && same_tiles && far && skipped > 0, "gpu pruning tables B=%d T=%d H=%d hd=%d (%d tiles a row): "
-              "U within %.1e of the twin's (<= 1e-5), tables %s the twin's, %.0f%% of causal tiles skipped, bounds more "
-              "than 32 tiles from the diagonal %s", B, T, H, hd, nt, u_err, same_tiles ? "equal" : "DIFFER from",
-              100.0 * skipped / causal, far ? "present" : "MISSING");
+        check(u_err <= 1e-5 && same_tiles && far && skipped > 0,
+              "gpu pruning tables B=%d T=%d H=%d hd=%d (%d tiles a row): "
+              "U within %.1e of the twin's (<= 1e-5), tables %s the twin's, %.0f%% of causal tiles skipped, "
+              "bounds more than 32 tiles from the diagonal %s", B, T, H, hd, nt, u_err,
+              same_tiles ? "equal" : "DIFFER from", 100.0 * skipped / causal, far ? "present" : "MISSING");
     }
     if (!tables_only) {
     // the twin's dense reference, then the pruned one; the GPU through the trainer's boundary
@@ -2964,17 +3081,21 @@ static void gpu_prune_case(int B, int T, int H, int hd, int window, float ln_eps
     double share = attention_pruned_share(&tiles);
     attention_set_pruning(0, -10.0);
     attn_reference(&t, t.window, NULL);
-    int share_ok = tiles == (unsigned long long)window_dense && fabs(share - (double)window_skipped / window_dense) < 1e-12;
+    int share_ok =
+        tiles == (unsigned long long)window_dense && fabs(share - (double)window_skipped / window_dense) < 1e-12;
     int dense_ok = attn_compare(&t, line_dense, sizeof(line_dense));
     attn_reference(&t, t.window, &pr);
     int ok = attn_compare(&t, line, sizeof(line));
     int pass = u_err <= 1e-5 && same_tiles && share_ok && ok && skipped > 0 && (want_dense_miss ? !dense_ok : 1);
-    check(pass, "gpu pruned attention B=%d T=%d H=%d hd=%d window=%d ln eps %g: U within %.1e of the twin's (<= 1e-5), "
+    check(pass,
+          "gpu pruned attention B=%d T=%d H=%d hd=%d window=%d ln eps %g: U within %.1e of the twin's (<= 1e-5), "
           "tile tables %s the twin's, %.0f%% of causal tiles skipped, the step line's count %s (%.1f%% of %llu); "
           "against the twin's pruned reference: %s%s",
           B, T, H, hd, window, ln_eps, u_err, same_tiles ? "equal" : "DIFFER from", 100.0 * skipped / causal,
           share_ok ? "agrees" : "DISAGREES", 100.0 * share, tiles, line,
-          want_dense_miss ? (dense_ok ? "; MATCHES the dense reference (tiles not skipped?)" : "; differs from dense, as it must") : "");
+          want_dense_miss
+              ? (dense_ok ? "; MATCHES the dense reference (tiles not skipped?)" : "; differs from dense, as it must")
+              : "");
     }
     void* bufs[] = {q, k, c, U, partial, tables};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cudaCheck(cudaFree(bufs[i])); }
@@ -3009,7 +3130,8 @@ static void gpu_test_eval_backend(void) {
     GPUModel g;
     gpu_build(&g, &m, B, T);
     GpuBackend gb = {&g, (floatX*)malloc_check((size_t)V * sizeof(floatX), "row")};
-    ForwardBackend gpu = {&gb, V, gpu_backend_forward, gpu_backend_logits_row, gpu_backend_reset, gpu_backend_next_logits};
+    ForwardBackend gpu = {&gb, V, gpu_backend_forward, gpu_backend_logits_row, gpu_backend_reset,
+                          gpu_backend_next_logits};
     int* inputs = (int*)malloc_check((size_t)B * T * sizeof(int), "tokens");
     int* targets = (int*)malloc_check((size_t)B * T * sizeof(int), "tokens");
     random_tokens(inputs, (size_t)B * T, V, 11);
@@ -3018,7 +3140,10 @@ static void gpu_test_eval_backend(void) {
     cpu.forward(cpu.ctx, inputs, targets, B, T, lc);
     gpu.forward(gpu.ctx, inputs, targets, B, T, lg);
     double loss_err = 0.0, loss_scale = 0.0;
-    for (int i = 0; i < B * T; i++) { loss_err = fmax(loss_err, fabs(lc[i] - lg[i])); loss_scale = fmax(loss_scale, fabs(lc[i])); }
+    for (int i = 0; i < B * T; i++) {
+        loss_err = fmax(loss_err, fabs(lc[i] - lg[i]));
+        loss_scale = fmax(loss_scale, fabs(lc[i]));
+    }
     check(loss_err / loss_scale <= GTOL_LOGITS, "gpu eval: per-token losses of a %dx%d batch, rel err %.1e <= %.0e",
           B, T, loss_err / loss_scale, GTOL_LOGITS);
     static float rc[V], rg[V];
@@ -3032,8 +3157,10 @@ static void gpu_test_eval_backend(void) {
         for (int j = 0; j < V; j++) { err = fmax(err, fabs(rc[j] - rg[j])); scale = fmax(scale, fabs(rc[j])); }
         logit_err = fmax(logit_err, err / scale);
     }
-    check(logit_err <= GTOL_LOGITS, "gpu generate: next-token logits (full recompute) against the twin's KV cache over %d steps, "
-          "rel err %.1e <= %.0e", STEPS, logit_err, GTOL_LOGITS);
+    check(logit_err <= GTOL_LOGITS,
+          "gpu generate: next-token logits (full recompute) against the twin's KV cache over %d steps, "
+          "rel err %.1e <= %.0e",
+          STEPS, logit_err, GTOL_LOGITS);
     NiahTexts tx;
     niah_texts_init(&tx, 0);
     static int prompt[T], seq[T + NIAH_MAX_PIECE];
@@ -3043,7 +3170,8 @@ static void gpu_test_eval_backend(void) {
     NiahScore sc = niah_score(&cpu, &tx, prompt, CTX, seq, losses, rc);
     NiahScore sg = niah_score(&gpu, &tx, prompt, CTX, seq, losses, rg);
     double e = fabs(sc.logprob - sg.logprob) / fabs(sc.logprob);
-    check(e <= GTOL_LOGITS, "gpu niah: log p(answer) %.4f vs twin %.4f, rel err %.1e <= %.0e", sg.logprob, sc.logprob, e, GTOL_LOGITS);
+    check(e <= GTOL_LOGITS, "gpu niah: log p(answer) %.4f vs twin %.4f, rel err %.1e <= %.0e", sg.logprob, sc.logprob,
+          e, GTOL_LOGITS);
     free(inputs); free(targets); free(gb.row_x);
     gpu_free(&g);
     if (cb.dec.m != NULL) { fox_decoder_free(&cb.dec); }

@@ -1,17 +1,41 @@
 /*
 train_fox.c: the CPU reference twin of train_fox.
 
-A complete fp32 trainer of the Forgetting Transformer (FoX) family and its Transformer
-baselines, parallel with OpenMP. Every forward and backward is written by hand and kept as
-simple as exactness allows: it is what the GPU trainer is diffed against. The model is
-specified in FOX_SPEC.md (kept in the project's shared folder) and in README.md.
-
-It also holds the evaluation modes of both trainers (-M eval, generate, niah, maps: per-token
-loss, generation with a KV cache, needle in a haystack, gate and attention maps), written
-against a forward "backend" that train_fox.cu implements with the GPU forward.
+A complete fp32 trainer of the Forgetting Transformer (FoX) and its Transformer baselines,
+parallel with OpenMP. FoX is softmax attention with a forget gate: each head computes a scalar
+f_t = sigmoid(w_f . x_t + b_f) per token, c_i is the running sum of log f_t, and the attention
+logit of query i on key j gets c_i - c_j added, so that older keys fade at a rate the data
+chooses (that is the full gate; the bias-only and fixed gates, and the baselines without a gate,
+are options of FoxConfig). Every forward and backward here is written by hand and kept as simple
+as exactness allows: it is what the GPU trainer (train_fox.cu) is diffed against. The model, its
+variants and conventions are described in doc/fox.md; building, training and evaluating in
+README.md.
 
 Valid C and C++: test_fox.cu and train_fox.cu include this file with TESTING defined,
 which drops main().
+
+Map, in file order (a first reading: the model configuration, then the layers from
+encoder_forward through fox_backward, then main):
+  errors and checked system calls   fail, malloc_check, fopen_check, atomic_write, atomic_commit
+  random numbers                    rng_next, rng_uniform, rng_normal
+  model configuration               FoxConfig, config_from_preset, config_set, config_problem
+  the parameter table               ParamSpec, param_table, param_hf_name
+  activations                       ActivationTensors, activation_sizes
+  the model                         FoxModel, fox_build, fox_init, fox_ensure_activations
+  layers, forward and backward      matmul_, rmsnorm_, kv_shift_, rope_apply; the gate:
+                                    forget_gate_forward / _backward; pruning: prune_tiles;
+                                    attention_forward / attention_backward; swiglu_, crossentropy_
+  the whole model                   fox_forward, fox_backward
+  optimiser                         fox_grad_norm, fox_clip_grads, fox_update (AdamW), lr_at_step
+  numerical guards                  step_guard_check, nonfinite_grad_name
+  data                              DataLoader: dataloader_init, dataloader_next_batch
+  decode table                      Tokenizer: tokenizer_init, tokenizer_print
+  checkpoints                       save_model, load_model, save_state, load_state, latest_checkpoint
+  training samples, validation      fox_sample, evaluate
+  command line                      Args, usage, parse_args, build_model
+  run helpers                       log_line, step_guard_stop, step_guard_log, save_checkpoint
+  evaluation modes                  fox_eval.h (-M eval, generate, niah, maps; not needed to train)
+  main                              the training loop of the CPU twin (other modes: cpu_eval_main)
 */
 #include <ctype.h>
 #include <errno.h>
@@ -29,17 +53,6 @@ which drops main().
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
-#endif
-#ifndef NO_GPT2_ENCODER // the project's GPT-2 encoder, for prompts (data/gpt2_bpe.c, needs PCRE2)
-#ifdef __cplusplus
-extern "C" {
-#endif
-#include "data/gpt2_bpe.h"
-#ifdef __cplusplus
-}
-#endif
-#else
-#define GPT2_EOT 50256 // as in data/gpt2_bpe.h
 #endif
 
 // ----------------------------------------------------------------------------
@@ -154,9 +167,13 @@ static void fsync_dir(const char* path) {
     char dir[4096];
     snprintf(dir, sizeof(dir), "%s", path);
     char* slash = strrchr(dir, '/');
-    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); } else if (slash == dir) { slash[1] = '\0'; } else { *slash = '\0'; }
+    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); }
+    else if (slash == dir) { slash[1] = '\0'; }
+    else { *slash = '\0'; }
     int fd = open(dir, O_RDONLY);
-    if (fd < 0 || fsync(fd) != 0) { fail("could not flush the directory '%s': %s\nHINT: check the output directory", dir, strerror(errno)); }
+    if (fd < 0 || fsync(fd) != 0) {
+        fail("could not flush the directory '%s': %s\nHINT: check the output directory", dir, strerror(errno));
+    }
     close(fd);
 }
 
@@ -167,7 +184,9 @@ static void atomic_commit(FILE* f, const char* tmp_path, const char* path) {
         remove(tmp_path);
         fail("could not close '%s': %s\nHINT: is the disk full? '%s' is left as it was", tmp_path, strerror(err), path);
     }
-    if (rename(tmp_path, path) != 0) { fail("could not rename '%s' to '%s': %s\nHINT: check the output directory", tmp_path, path, strerror(errno)); }
+    if (rename(tmp_path, path) != 0) {
+        fail("could not rename '%s' to '%s': %s\nHINT: check the output directory", tmp_path, path, strerror(errno));
+    }
     fsync_dir(path);
 }
 
@@ -356,10 +375,13 @@ static int config_set(FoxConfig* c, const char* key, const char* value) {
 static const char* config_problem(const FoxConfig* c) {
     static char msg[256];
     if (c->n_layer < 1 || c->n_embd < 1 || c->n_head < 1) { return "n_layer, n_embd and n_head must be positive"; }
-    if (c->n_layer > 1000 || c->n_embd > (1 << 16) || c->n_head > 4096 || c->mlp_hidden > (1 << 20) || c->window > (1 << 30)) {
+    if (c->n_layer > 1000 || c->n_embd > (1 << 16) || c->n_head > 4096 || c->mlp_hidden > (1 << 20)
+        || c->window > (1 << 30)) {
         return "n_layer, n_embd, n_head, mlp_hidden or window is beyond its limit (train_fox -h)";
     }
-    if (c->block < 0 || c->block > 1 || c->gate < 0 || c->gate > 3) { return "block or gate is not one of its choices"; }
+    if (c->block < 0 || c->block > 1 || c->gate < 0 || c->gate > 3) {
+        return "block or gate is not one of its choices";
+    }
     int flags[] = {c->k_shift, c->v_shift, c->qk_norm, c->qk_norm_shared, c->output_gate, c->output_norm, c->rope};
     for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
         if (flags[i] != 0 && flags[i] != 1) { return "a switch (k_shift, v_shift, qk_norm, ..., rope) is not 0 or 1"; }
@@ -371,10 +393,14 @@ static const char* config_problem(const FoxConfig* c) {
     }
     if (c->rope && (c->n_embd / c->n_head) % 2 != 0) { return "RoPE needs an even head size"; }
     if (c->vocab_size < 2 || c->vocab_size > 65536) { return "vocab_size must be in [2, 65536] (tokens are uint16)"; }
-    if (c->padded_vocab_size != padded_vocab(c->vocab_size)) { return "padded_vocab_size is not vocab_size rounded up to 128"; }
+    if (c->padded_vocab_size != padded_vocab(c->vocab_size)) {
+        return "padded_vocab_size is not vocab_size rounded up to 128";
+    }
     if (c->mlp_hidden < 1) { return "mlp_hidden must be positive"; }
     if (c->qk_norm_shared && !c->qk_norm) { return "qk_norm_shared needs qk_norm"; }
-    if (!isfinite(c->decay_time_max) || !(c->decay_time_min > 0) || !(c->decay_time_max >= c->decay_time_min)) { return "need 0 < decay_time_min <= decay_time_max"; }
+    if (!isfinite(c->decay_time_max) || !(c->decay_time_min > 0) || !(c->decay_time_max >= c->decay_time_min)) {
+        return "need 0 < decay_time_min <= decay_time_max";
+    }
     if (c->window < 0) { return "window must be >= 0"; }
     return NULL;
 }
@@ -482,7 +508,7 @@ static size_t param_numel(const ParamSpec* s, int L) {
     return param_slice_numel(s) * (s->per_layer ? (size_t)L : 1);
 }
 
-// The name of one layer's slice in the authors' HuggingFace layout (HF_LAYOUT.md).
+// The name of one layer's slice in the authors' HuggingFace layout (doc/fox.md, "HuggingFace layout").
 void param_hf_name(const FoxConfig* c, int tensor, int layer, char* out, size_t n) {
     const char* name = "";
     switch (tensor) {
@@ -652,7 +678,7 @@ static void fox_free(FoxModel* m) {
 }
 
 // Number of parameters that take part in matmuls (the embedding lookup does not), for the
-// FLOP count 6 * N + 6 * L * C * T of BENCHMARKS.md.
+// FLOP count 6 * N + 6 * L * C * T per token (doc/fox.md, "FLOP and MFU conventions").
 static size_t fox_matmul_params(const FoxModel* m) {
     size_t n = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
@@ -977,13 +1003,15 @@ static void forget_gate_backward(float* dgate_logit, const float* dc, const floa
 // first key that query i may attend to
 static int attention_first_key(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
 
-// Adaptive computation pruning (FOX_SPEC). With |q_i.k_j| scale <= U, a row's weight on key j is
-// p_ij <= exp(s_ij - s_ii) <= exp(2U + c_i - c_j) (the diagonal key is always in the row's sum).
-// In a tile of queries from i0 and keys up to j1, c_i - c_j <= c_i0 - c_j1 (c is non-increasing),
-// so skipping every tile with c_i0 - c_j1 < delta = ln eps - ln T - 2U drops less than
-// T exp(2U + delta) = eps of each row's weight. Tiles are square, PRUNE_BLOCK queries by
-// PRUNE_BLOCK keys, so that the forward (128 x 64), dq (64 x 64) and dk/dv (64 x 128 or 32 x 128)
-// kernels of the GPU skip exactly the same pairs as one another and as the twin.
+// Adaptive computation pruning (doc/fox.md, "Adaptive computation pruning"). With
+// |q_i.k_j| scale <= U, a row's weight on key j is p_ij <= exp(s_ij - s_ii) <= exp(2U + c_i - c_j)
+// (the diagonal key is always in the row's sum). In a tile of queries from i0 and keys up to j1,
+// c_i - c_j <= c_i0 - c_j1 (c is non-increasing), so skipping every tile with
+// c_i0 - c_j1 < delta = ln eps - ln T - 2U drops less than T exp(2U + delta) = eps of each row's
+// weight. Tiles are square, PRUNE_BLOCK queries by PRUNE_BLOCK keys. The GPU kernels use tiles of
+// their own (see fox_attention_forward and the pruning notes in train_fox.cu), aligned so that each
+// of their query and key tiles lies within one pruning tile: every kernel then skips exactly the
+// same (query, key) pairs as the others and as the twin.
 #define PRUNE_BLOCK 128
 
 typedef struct {
@@ -1292,8 +1320,10 @@ static void fox_forward(FoxModel* m, const int* inputs, const int* targets, int 
             memcpy(v, v_raw, NC * sizeof(float));
         }
         if (cf->qk_norm) {
-            rmsnorm_forward(q_normed, LAYER(a.rstd_q, l, NH), q_raw, LAYER(p.q_norm, l, qk_per), NH, hd, groups_qk, 1e-5f);
-            rmsnorm_forward(k_normed, LAYER(a.rstd_k, l, NH), k_shifted, LAYER(p.k_norm, l, qk_per), NH, hd, groups_qk, 1e-5f);
+            rmsnorm_forward(q_normed, LAYER(a.rstd_q, l, NH), q_raw, LAYER(p.q_norm, l, qk_per), NH, hd, groups_qk,
+                            1e-5f);
+            rmsnorm_forward(k_normed, LAYER(a.rstd_k, l, NH), k_shifted, LAYER(p.k_norm, l, qk_per), NH, hd,
+                            groups_qk, 1e-5f);
         } else {
             memcpy(q_normed, q_raw, NC * sizeof(float));
             memcpy(k_normed, k_shifted, NC * sizeof(float));
@@ -1427,9 +1457,11 @@ static void fox_backward(FoxModel* m, float loss_scale) {
         }
         if (cf->qk_norm) {
             rmsnorm_backward(LAYER(d.q_raw, l, NC), LAYER(g.q_norm, l, qk_per), LAYER(d.q_normed, l, NC),
-                             LAYER(a.q_raw, l, NC), LAYER(p.q_norm, l, qk_per), LAYER(a.rstd_q, l, NH), NH, hd, groups_qk);
+                             LAYER(a.q_raw, l, NC), LAYER(p.q_norm, l, qk_per), LAYER(a.rstd_q, l, NH), NH, hd,
+                             groups_qk);
             rmsnorm_backward(LAYER(d.k_shifted, l, NC), LAYER(g.k_norm, l, qk_per), LAYER(d.k_normed, l, NC),
-                             LAYER(a.k_shifted, l, NC), LAYER(p.k_norm, l, qk_per), LAYER(a.rstd_k, l, NH), NH, hd, groups_qk);
+                             LAYER(a.k_shifted, l, NC), LAYER(p.k_norm, l, qk_per), LAYER(a.rstd_k, l, NH), NH, hd,
+                             groups_qk);
         } else {
             add_backward(LAYER(d.q_raw, l, NC), NULL, LAYER(d.q_normed, l, NC), NC);
             add_backward(LAYER(d.k_shifted, l, NC), NULL, LAYER(d.k_normed, l, NC), NC);
@@ -1450,9 +1482,12 @@ static void fox_backward(FoxModel* m, float loss_scale) {
         } else {
             add_backward(LAYER(d.v_raw, l, NC), NULL, LAYER(d.v, l, NC), NC);
         }
-        matmul_backward(dxa, LAYER(g.wq, l, (size_t)C * C), NULL, LAYER(d.q_raw, l, NC), xa, LAYER(p.wq, l, (size_t)C * C), N, C, C);
-        matmul_backward(dxa, LAYER(g.wk, l, (size_t)C * C), NULL, LAYER(d.k_raw, l, NC), xa, LAYER(p.wk, l, (size_t)C * C), N, C, C);
-        matmul_backward(dxa, LAYER(g.wv, l, (size_t)C * C), NULL, LAYER(d.v_raw, l, NC), xa, LAYER(p.wv, l, (size_t)C * C), N, C, C);
+        matmul_backward(dxa, LAYER(g.wq, l, (size_t)C * C), NULL, LAYER(d.q_raw, l, NC), xa,
+                        LAYER(p.wq, l, (size_t)C * C), N, C, C);
+        matmul_backward(dxa, LAYER(g.wk, l, (size_t)C * C), NULL, LAYER(d.k_raw, l, NC), xa,
+                        LAYER(p.wk, l, (size_t)C * C), N, C, C);
+        matmul_backward(dxa, LAYER(g.wv, l, (size_t)C * C), NULL, LAYER(d.v_raw, l, NC), xa,
+                        LAYER(p.wv, l, (size_t)C * C), N, C, C);
         rmsnorm_backward(LAYER(d.resid, l, NC), LAYER(g.attn_norm, l, C), dxa, LAYER(a.resid, l, NC),
                          LAYER(p.attn_norm, l, C), LAYER(a.rstd_a, l, N), N, C, 1);
     }
@@ -1606,7 +1641,8 @@ static void step_guard_init(StepGuard* g, int on_nonfinite, double spike_z) {
 // level is skipped for a while and then accepted.
 static int step_guard_check(StepGuard* g, double loss, double norm, char* why, size_t n) {
     if (!isfinite(loss) || !isfinite(norm)) {
-        snprintf(why, n, "%s is not finite (loss %g, grad norm %g)", isfinite(loss) ? "the gradient" : "the loss", loss, norm);
+        snprintf(why, n, "%s is not finite (loss %g, grad norm %g)", isfinite(loss) ? "the gradient" : "the loss",
+                 loss, norm);
         if (g->on_nonfinite == NONFINITE_STOP) { return STEP_STOP; }
         g->skipped++;
         return STEP_SKIP;
@@ -1638,7 +1674,8 @@ static int nonfinite_grad_name(const FoxConfig* c, const float* grads, char* out
             if (bad == per) { continue; }
             char hf[128];
             param_hf_name(c, t, l, hf, sizeof(hf));
-            snprintf(out, n, "the gradient of %s (%s) has %g at element %zu", hf, spec[t].name, grads[offset + bad], bad);
+            snprintf(out, n, "the gradient of %s (%s) has %g at element %zu", hf, spec[t].name, grads[offset + bad],
+                     bad);
             return 1;
         }
     }
@@ -1687,13 +1724,23 @@ static size_t read_shard_header(const char* path) {
     FILE* f = fopen_check(path, "rb");
     int header[256];
     long size = file_size_check(f, path);
-    if (size < SHARD_HEADER_BYTES) { fail("'%s' is too small to be a token shard (%ld bytes)\nHINT: shards are written by data/tokenize or llm.c's scripts", path, size); }
+    if (size < SHARD_HEADER_BYTES) {
+        fail("'%s' is too small to be a token shard (%ld bytes)\n"
+             "HINT: shards are written by data/tokenize or llm.c's scripts", path, size);
+    }
     fread_check(header, sizeof(int), 256, f, path);
     fclose(f);
-    if (header[0] != SHARD_MAGIC) { fail("'%s' has magic %d, not %d: not a token shard\nHINT: shards are written by data/tokenize or llm.c's scripts", path, header[0], SHARD_MAGIC); }
-    if (header[1] != SHARD_VERSION) { fail("'%s' has shard version %d, this build reads version %d (uint16 tokens)\nHINT: re-tokenize the data", path, header[1], SHARD_VERSION); }
+    if (header[0] != SHARD_MAGIC) {
+        fail("'%s' has magic %d, not %d: not a token shard\n"
+             "HINT: shards are written by data/tokenize or llm.c's scripts", path, header[0], SHARD_MAGIC);
+    }
+    if (header[1] != SHARD_VERSION) {
+        fail("'%s' has shard version %d, this build reads version %d (uint16 tokens)\nHINT: re-tokenize the data",
+             path, header[1], SHARD_VERSION);
+    }
     if (header[2] < 0 || (long)SHARD_HEADER_BYTES + 2L * header[2] != size) {
-        fail("'%s' says it holds %d tokens but its size is %ld bytes (expected %ld)\nHINT: the shard is truncated or damaged; regenerate it",
+        fail("'%s' says it holds %d tokens but its size is %ld bytes (expected %ld)\n"
+             "HINT: the shard is truncated or damaged; regenerate it",
              path, header[2], size, (long)SHARD_HEADER_BYTES + 2L * header[2]);
     }
     return (size_t)header[2];
@@ -1706,7 +1753,8 @@ static void dataloader_load_shard(DataLoader* d) {
     size_t n = shard_samples(d, shard);
     free(d->sample_order);
     d->sample_order = (int*)malloc_check((n > 0 ? n : 1) * sizeof(int), "sample order");
-    uint64_t s = d->seed ^ (((uint64_t)d->epoch + 1) * 0xD1B54A32D192ED03ull) ^ ((uint64_t)(shard + 1) * 0x8CB92BA72F3D8DD7ull);
+    uint64_t s = d->seed ^ (((uint64_t)d->epoch + 1) * 0xD1B54A32D192ED03ull)
+                 ^ ((uint64_t)(shard + 1) * 0x8CB92BA72F3D8DD7ull);
     if (d->shuffle) { shuffle_indices(d->sample_order, (int)n, s); }
     else { for (size_t i = 0; i < n; i++) { d->sample_order[i] = (int)i; } }
     d->current_batches = shard_batches(d, shard);
@@ -1715,7 +1763,9 @@ static void dataloader_load_shard(DataLoader* d) {
 static void dataloader_set_position(DataLoader* d, int epoch, int shard_pos, int batch_pos) {
     // a position read from a state file may belong to other shards
     if (epoch < 0 || shard_pos < 0 || shard_pos >= d->num_shards || batch_pos < 0) {
-        fail("data position (epoch %d, shard %d, batch %d) is outside the %d shard(s)\nHINT: resume with the -i shards, -b, -t and processes of the run that saved it", epoch, shard_pos, batch_pos, d->num_shards);
+        fail("data position (epoch %d, shard %d, batch %d) is outside the %d shard(s)\n"
+             "HINT: resume with the -i shards, -b, -t and processes of the run that saved it",
+             epoch, shard_pos, batch_pos, d->num_shards);
     }
     d->epoch = epoch;
     d->shard_pos = shard_pos;
@@ -1724,7 +1774,9 @@ static void dataloader_set_position(DataLoader* d, int epoch, int shard_pos, int
     else { for (int i = 0; i < d->num_shards; i++) { d->shard_order[i] = i; } }
     dataloader_load_shard(d);
     if (batch_pos > d->current_batches) {
-        fail("data position batch %d is past the %d batches of shard %d\nHINT: resume with the -i shards, -b, -t and processes of the run that saved it", batch_pos, d->current_batches, shard_pos);
+        fail("data position batch %d is past the %d batches of shard %d\n"
+             "HINT: resume with the -i shards, -b, -t and processes of the run that saved it",
+             batch_pos, d->current_batches, shard_pos);
     }
 }
 
@@ -1736,7 +1788,9 @@ static void dataloader_init(DataLoader* d, const char* pattern, int B, int T, in
     glob_t g;
     int rc = glob(pattern, 0, NULL, &g);
     if (rc != 0 || g.gl_pathc == 0) {
-        fail("no token shards match '%s'\nHINT: run 'make data' for the default corpus, or pass -i / -j with a pattern of existing shards", pattern);
+        fail("no token shards match '%s'\n"
+             "HINT: run 'make data' for the default corpus, or pass -i / -j with a pattern of existing shards",
+             pattern);
     }
     d->num_shards = (int)g.gl_pathc;
     d->paths = (char**)malloc_check(g.gl_pathc * sizeof(char*), "shard paths");
@@ -1752,7 +1806,8 @@ static void dataloader_init(DataLoader* d, const char* pattern, int B, int T, in
         batches += (size_t)shard_batches(d, i);
     }
     if (batches == 0) {
-        fail("the shards of '%s' hold too few tokens for one batch of %d x %d tokens on %d process(es)\nHINT: use a smaller -b or -t",
+        fail("the shards of '%s' hold too few tokens for one batch of %d x %d tokens on %d process(es)\n"
+             "HINT: use a smaller -b or -t",
              pattern, B, T + 1, world);
     }
     d->shard_order = (int*)malloc_check((size_t)d->num_shards * sizeof(int), "shard order");
@@ -1789,13 +1844,15 @@ static void dataloader_next_batch(DataLoader* d) {
         fread_check(d->window, sizeof(uint16_t), (size_t)T + 1, d->file, path);
         int shift = 0;
         if (d->roll) {
-            uint64_t s = d->seed ^ (sample * 0x9E3779B97F4A7C15ull) ^ (((uint64_t)d->epoch + 1) << 40) ^ (uint64_t)shard;
+            uint64_t s = d->seed ^ (sample * 0x9E3779B97F4A7C15ull) ^ (((uint64_t)d->epoch + 1) << 40)
+                         ^ (uint64_t)shard;
             shift = (int)(rng_next(&s) % (uint64_t)(T + 1));
         }
         for (int t = 0; t <= T; t++) {
             int tok = d->window[(t + shift) % (T + 1)];
             if (tok >= d->vocab_size) {
-                fail("'%s' holds token %d at sample %zu, outside the model's vocabulary of %d\nHINT: the shard was tokenized for another vocabulary",
+                fail("'%s' holds token %d at sample %zu, outside the model's vocabulary of %d\n"
+                     "HINT: the shard was tokenized for another vocabulary",
                      path, tok, sample, d->vocab_size);
             }
             if (t < T) { d->inputs[b * T + t] = tok; }
@@ -1830,7 +1887,8 @@ static int tokenizer_init(Tokenizer* tk, const char* path) {
     uint32_t header[256];
     fread_check(header, sizeof(uint32_t), 256, f, path);
     if (header[0] != 20240328 || header[1] != 2 || header[2] == 0 || header[2] > 65536 || header[3] >= header[2]) {
-        fail("'%s' is not a version-2 decode table (magic %u, version %u, vocab %u, eot %u)\nHINT: run 'make data' to write it",
+        fail("'%s' is not a version-2 decode table (magic %u, version %u, vocab %u, eot %u)\n"
+             "HINT: run 'make data' to write it",
              path, header[0], header[1], header[2], header[3]);
     }
     tk->vocab_size = (int)header[2];
@@ -1839,12 +1897,16 @@ static int tokenizer_init(Tokenizer* tk, const char* path) {
     for (int i = 0; i < tk->vocab_size; i++) {
         unsigned char len;
         fread_check(&len, 1, 1, f, path);
-        if (len == 0) { fail("'%s': token %d has length 0\nHINT: the decode table is damaged; run 'make data'", path, i); }
+        if (len == 0) {
+            fail("'%s': token %d has length 0\nHINT: the decode table is damaged; run 'make data'", path, i);
+        }
         tk->tokens[i] = (char*)malloc_check((size_t)len + 1, "token");
         fread_check(tk->tokens[i], 1, len, f, path);
         tk->tokens[i][len] = '\0';
     }
-    if (fgetc(f) != EOF) { fail("'%s' has bytes after the last token\nHINT: the decode table is damaged; run 'make data'", path); }
+    if (fgetc(f) != EOF) {
+        fail("'%s' has bytes after the last token\nHINT: the decode table is damaged; run 'make data'", path);
+    }
     fclose(f);
     return 1;
 }
@@ -1859,7 +1921,9 @@ static void tokenizer_free(Tokenizer* tk) {
 static void tokenizer_print(const Tokenizer* tk, int token) {
     if (token < 0 || token >= tk->vocab_size) { return; }
     const char* s = tk->tokens[token];
-    if (s[1] == '\0' && !isprint((unsigned char)s[0]) && !isspace((unsigned char)s[0]) && (unsigned char)s[0] < 128) { return; }
+    if (s[1] == '\0' && !isprint((unsigned char)s[0]) && !isspace((unsigned char)s[0]) && (unsigned char)s[0] < 128) {
+        return;
+    }
     fputs(s, stdout);
 }
 
@@ -1916,17 +1980,26 @@ static FILE* open_model(const char* path, FoxConfig* c, size_t* num_parameters) 
     FILE* f = fopen_check(path, "rb");
     long size = file_size_check(f, path);
     int header[256];
-    if (size < (long)sizeof(header)) { fail("'%s' is too small to be a train_fox checkpoint\nHINT: pass a model_*.bin written by train_fox", path); }
+    if (size < (long)sizeof(header)) {
+        fail("'%s' is too small to be a train_fox checkpoint\nHINT: pass a model_*.bin written by train_fox", path);
+    }
     fread_check(header, sizeof(int), 256, f, path);
-    if (header[0] != MODEL_MAGIC) { fail("'%s' is not a train_fox model checkpoint (magic %d)\nHINT: pass a model_*.bin written by train_fox, or a preset name", path, header[0]); }
-    if (header[1] != CHECKPOINT_VERSION) { fail("'%s' is checkpoint version %d; this build reads version %d\nHINT: use the train_fox version that wrote it", path, header[1], CHECKPOINT_VERSION); }
+    if (header[0] != MODEL_MAGIC) {
+        fail("'%s' is not a train_fox model checkpoint (magic %d)\n"
+             "HINT: pass a model_*.bin written by train_fox, or a preset name", path, header[0]);
+    }
+    if (header[1] != CHECKPOINT_VERSION) {
+        fail("'%s' is checkpoint version %d; this build reads version %d\n"
+             "HINT: use the train_fox version that wrote it", path, header[1], CHECKPOINT_VERSION);
+    }
     config_from_header(c, header + 2);
     const char* problem = config_problem(c);
     if (problem != NULL) { fail("'%s' holds an invalid configuration (%s)\nHINT: the file is damaged", path, problem); }
     *num_parameters = read_size(header + 24);
     // checked before anything is allocated: a damaged header must not ask for gigabytes
     if (*num_parameters != config_num_parameters(c)) {
-        fail("'%s' holds %zu parameters but its configuration needs %zu\nHINT: the file is damaged", path, *num_parameters, config_num_parameters(c));
+        fail("'%s' holds %zu parameters but its configuration needs %zu\nHINT: the file is damaged", path,
+             *num_parameters, config_num_parameters(c));
     }
     if ((size_t)size != sizeof(header) + *num_parameters * sizeof(float)) {
         fail("'%s' is %ld bytes, expected %zu for %zu parameters\nHINT: the file is truncated or damaged", path, size,
@@ -1974,22 +2047,30 @@ static void load_state(FoxModel* m, TrainState* s, const char* path) {
     FILE* f = fopen_check(path, "rb");
     long size = file_size_check(f, path);
     int header[256];
-    if (size < (long)sizeof(header)) { fail("'%s' is too small to be a train_fox state file\nHINT: the file is damaged", path); }
+    if (size < (long)sizeof(header)) {
+        fail("'%s' is too small to be a train_fox state file\nHINT: the file is damaged", path);
+    }
     fread_check(header, sizeof(int), 256, f, path);
     if (header[0] != STATE_MAGIC || header[1] != CHECKPOINT_VERSION) {
-        fail("'%s' is not a version-%d train_fox state file\nHINT: pass the state_*.bin written with the model", path, CHECKPOINT_VERSION);
+        fail("'%s' is not a version-%d train_fox state file\nHINT: pass the state_*.bin written with the model",
+             path, CHECKPOINT_VERSION);
     }
     if (read_size(header + 3) != m->num_parameters) {
-        fail("'%s' belongs to a model of %zu parameters, not %zu\nHINT: resume with the model file of the same run", path, read_size(header + 3), m->num_parameters);
+        fail("'%s' belongs to a model of %zu parameters, not %zu\nHINT: resume with the model file of the same run",
+             path, read_size(header + 3), m->num_parameters);
     }
     s->step = header[2]; s->epoch = header[5]; s->shard_pos = header[6]; s->batch_pos = header[7]; s->world = header[8];
     s->batch_samples = header[10];
     int has_moments = header[9];
-    if (s->step < 0 || s->epoch < 0 || s->shard_pos < 0 || s->batch_pos < 0 || s->world < 1 || (has_moments != 0 && has_moments != 1)) {
-        fail("'%s' holds an invalid step, data position or moments flag\nHINT: the file is damaged; resume from another checkpoint", path);
+    if (s->step < 0 || s->epoch < 0 || s->shard_pos < 0 || s->batch_pos < 0 || s->world < 1
+        || (has_moments != 0 && has_moments != 1)) {
+        fail("'%s' holds an invalid step, data position or moments flag\n"
+             "HINT: the file is damaged; resume from another checkpoint", path);
     }
     size_t expected = sizeof(header) + (has_moments ? 2 * m->num_parameters * sizeof(float) : 0);
-    if ((size_t)size != expected) { fail("'%s' is %ld bytes, expected %zu\nHINT: the file is truncated or damaged", path, size, expected); }
+    if ((size_t)size != expected) {
+        fail("'%s' is %ld bytes, expected %zu\nHINT: the file is truncated or damaged", path, size, expected);
+    }
     if (has_moments) {
         if (m->m_memory == NULL) {
             m->m_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW m");
@@ -2022,7 +2103,9 @@ static int latest_checkpoint(const char* dir) {
             if (n < 12 || n - 11 >= sizeof(digits)) { continue; }
             memcpy(digits, base + 7, n - 11);
             digits[n - 11] = '\0';
-            if (!isdigit((unsigned char)digits[0]) || !parse_int_strict(digits, &step) || step > INT32_MAX) { continue; }
+            if (!isdigit((unsigned char)digits[0]) || !parse_int_strict(digits, &step) || step > INT32_MAX) {
+                continue;
+            }
             checkpoint_paths(dir, (int)step, model_path, state_path, sizeof(model_path));
             if (step > best && access(model_path, R_OK) == 0 && access(state_path, R_OK) == 0) { best = (int)step; }
         }
@@ -2032,7 +2115,7 @@ static int latest_checkpoint(const char* dir) {
 }
 
 // ----------------------------------------------------------------------------
-// sampling and evaluation
+// training samples and validation loss, as main prints them while it trains
 
 static int sample_from_logits(const float* logits, int V, float temperature, uint64_t* rng) {
     float mx = -INFINITY;
@@ -2077,7 +2160,9 @@ static float evaluate(FoxModel* m, DataLoader* val, int max_batches) {
 }
 
 // ----------------------------------------------------------------------------
-// command line (shared with train_fox.cu)
+// command line, shared with train_fox.cu: the modes, Args, usage (train_fox -h), parse_args, and
+// the model a run starts from (build_model: a preset with overrides, or a checkpoint). Flags,
+// messages and HINTs are the user interface: test_fox.cu and dev/test_reliability.sh check some.
 
 enum { MODE_TRAIN, MODE_EVAL, MODE_GENERATE, MODE_NIAH, MODE_MAPS, NUM_MODES };
 static const char* MODE_NAMES[] = {"train", "eval", "generate", "niah", "maps"};
@@ -2205,7 +2290,9 @@ static void parse_args(Args* a, int argc, char** argv) {
             a->override_values[a->num_overrides++] = v;
             continue;
         }
-        if (arg[0] != '-' || strlen(arg) != 2) { fail("unknown argument '%s'\nHINT: train_fox -h lists every flag", arg); }
+        if (arg[0] != '-' || strlen(arg) != 2) {
+            fail("unknown argument '%s'\nHINT: train_fox -h lists every flag", arg);
+        }
         switch (arg[1]) {
             case 'i': a->train_pattern = v; break;
             case 'j': a->val_pattern = v; break;
@@ -2217,7 +2304,10 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'l': a->lr = flag_float(arg, v, 0.0, 10.0); break;
             case 'x': a->steps = flag_int(arg, v, 1, 1L << 40); break;
             case 'u': a->warmup_tokens = flag_int(arg, v, 0, 1L << 50); break;
-            case 'k': a->schedule = parse_choice(v, SCHEDULE_NAMES, 3); if (a->schedule < 0) { bad_flag(arg, v, "cosine, linear or constant"); } break;
+            case 'k':
+                a->schedule = parse_choice(v, SCHEDULE_NAMES, 3);
+                if (a->schedule < 0) { bad_flag(arg, v, "cosine, linear or constant"); }
+                break;
             case 'c': a->weight_decay = flag_float(arg, v, 0.0, 10.0); break;
             case 'a': a->grad_clip = flag_float(arg, v, 0.0, 1e9); break;
             case 'v': a->val_every = (int)flag_int(arg, v, 0, 1 << 30); break;
@@ -2233,22 +2323,33 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'I': a->rank = (int)flag_int(arg, v, 0, (1 << 20) - 1); break;
             case 'F': a->rendezvous = v; break;
             case 'Q': a->zero_stage = (int)flag_int(arg, v, 0, 1); break;
-            case 'M': a->mode = parse_choice(v, MODE_NAMES, NUM_MODES); if (a->mode < 0) { bad_flag(arg, v, "train, eval, generate, niah or maps"); } break;
+            case 'M':
+                a->mode = parse_choice(v, MODE_NAMES, NUM_MODES);
+                if (a->mode < 0) { bad_flag(arg, v, "train, eval, generate, niah or maps"); }
+                break;
             case 'P': a->prompt = v; break;
             case 'T': a->temperature = flag_float(arg, v, 0.0, 100.0); break;
             case 'K': a->top_k = (int)flag_int(arg, v, 0, 1 << 20); break;
             case 'O': a->out_prefix = v; break;
             case 'E': a->depths = (int)flag_int(arg, v, 1, 1000); break;
             case 'D': a->list = v; break;
-            case 'G': a->on_nonfinite = parse_choice(v, NONFINITE_NAMES, 2); if (a->on_nonfinite < 0) { bad_flag(arg, v, "stop or skip"); } break;
+            case 'G':
+                a->on_nonfinite = parse_choice(v, NONFINITE_NAMES, 2);
+                if (a->on_nonfinite < 0) { bad_flag(arg, v, "stop or skip"); }
+                break;
             case 'Z': a->spike_z = flag_float(arg, v, 0.0, 1e9); break;
             case 'r': a->recompute = (int)flag_int(arg, v, 0, 1); break;
             case 'A': a->prune = (int)flag_int(arg, v, 0, 1); break;
-            case 'L': a->prune_ln_eps = flag_float(arg, v, -1e4, 0.0); if (a->prune_ln_eps == 0.0) { bad_flag(arg, v, "a number < 0"); } break;
+            case 'L':
+                a->prune_ln_eps = flag_float(arg, v, -1e4, 0.0);
+                if (a->prune_ln_eps == 0.0) { bad_flag(arg, v, "a number < 0"); }
+                break;
             default: fail("unknown flag '%s'\nHINT: train_fox -h lists every flag", arg);
         }
     }
-    if (a->resume && a->out_dir == NULL) { fail("-y 1 needs -o, the directory of the run to resume\nHINT: add -o <dir>"); }
+    if (a->resume && a->out_dir == NULL) {
+        fail("-y 1 needs -o, the directory of the run to resume\nHINT: add -o <dir>");
+    }
 }
 
 static int is_file(const char* path) {
@@ -2260,13 +2361,18 @@ static int is_file(const char* path) {
 static void build_preset(FoxModel* m, const Args* a) {
     FoxConfig c;
     if (!config_from_preset(&c, a->model)) {
-        fail("'%s' is neither a file nor a preset\nHINT: presets are <family>-<size>: fox-pro, fox-llama, transformer-pro, transformer-llama with tiny, 125m, 360m, 760m (e.g. fox-pro-125m)", a->model);
+        fail("'%s' is neither a file nor a preset\n"
+             "HINT: presets are <family>-<size>: fox-pro, fox-llama, transformer-pro, transformer-llama "
+             "with tiny, 125m, 360m, 760m (e.g. fox-pro-125m)", a->model);
     }
     int mlp_given = 0;
     for (int i = 0; i < a->num_overrides; i++) {
         int r = config_set(&c, a->override_keys[i], a->override_values[i]);
         if (r == 0) { fail("unknown model key --%s\nHINT: train_fox -h lists the model keys", a->override_keys[i]); }
-        if (r < 0) { fail("invalid value '%s' for --%s\nHINT: train_fox -h lists the model keys", a->override_values[i], a->override_keys[i]); }
+        if (r < 0) {
+            fail("invalid value '%s' for --%s\nHINT: train_fox -h lists the model keys", a->override_values[i],
+                 a->override_keys[i]);
+        }
         if (strcmp(a->override_keys[i], "mlp_hidden") == 0) { mlp_given = 1; }
     }
     if (!mlp_given) { c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block); }
@@ -2276,7 +2382,10 @@ static void build_preset(FoxModel* m, const Args* a) {
 
 static void build_model(FoxModel* m, const Args* a) {
     if (is_file(a->model)) {
-        if (a->num_overrides > 0) { fail("model overrides (--%s) apply to presets, not to the checkpoint '%s'\nHINT: drop the overrides", a->override_keys[0], a->model); }
+        if (a->num_overrides > 0) {
+            fail("model overrides (--%s) apply to presets, not to the checkpoint '%s'\nHINT: drop the overrides",
+                 a->override_keys[0], a->model);
+        }
         load_model(m, a->model);
         printf("loaded %s\n", a->model);
     } else {
@@ -2285,6 +2394,10 @@ static void build_model(FoxModel* m, const Args* a) {
     m->prune = a->prune;
     m->prune_ln_eps = (float)a->prune_ln_eps;
 }
+
+// ----------------------------------------------------------------------------
+// run helpers of both trainers' main loops: main.log, the end of a guarded step, the clock,
+// and (the twin's) checkpoint of a run
 
 static void log_line(FILE* f, const char* fmt, ...) {
     if (f == NULL) { return; }
@@ -2299,7 +2412,8 @@ static void log_line(FILE* f, const char* fmt, ...) {
 // (and the non-finite tensor when one was named); otherwise the step line printed so far gets
 // its ending and main.log its record, skips counted.
 static void step_guard_stop(long step, const char* why, const char* grad) {
-    fail("step %ld: %s%s%s: training diverged\nHINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip",
+    fail("step %ld: %s%s%s: training diverged\n"
+         "HINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip",
          step, why, grad[0] ? "; " : "", grad);
 }
 
@@ -2330,1036 +2444,17 @@ static void save_checkpoint(const FoxModel* m, const Args* a, const DataLoader* 
 }
 
 // ----------------------------------------------------------------------------
-// evaluation backends: the evaluation modes (eval, generate, niah) run on either trainer
-// through this interface; the CPU backend is the twin (fox_forward and a KV cache), the GPU
-// backend is in train_fox.cu (gpu_forward)
+// the evaluation modes (-M eval, generate, niah, maps) of both trainers; training does not need them
 
-typedef struct {
-    void* ctx;
-    int vocab_size;
-    // runs inputs, targets (B, T) (targets may be NULL); with targets, copies the per-token
-    // losses to losses (B * T) on the host
-    void (*forward)(void* ctx, const int* inputs, const int* targets, int B, int T, float* losses);
-    // copies the first V logits of row n (of B * T) of the last forward to out (V)
-    void (*logits_row)(void* ctx, size_t n, float* out);
-    // starts a new sequence for next_logits
-    void (*reset)(void* ctx);
-    // logits (V) of the token that follows tokens[0 .. t-1]; between resets t only grows, so a
-    // backend may cache what it computed for the earlier tokens
-    void (*next_logits)(void* ctx, const int* tokens, int t, float* out);
-} ForwardBackend;
-
-// ----------------------------------------------------------------------------
-// incremental decoding on the CPU twin: a KV cache whose forget-gate state advances in O(1)
-// per token. Per layer and head it keeps the attention keys (after KV-shift, QK-norm and RoPE at
-// their own positions), the values, and c_j of each kept position; the running sum c continues
-// from the last token, and the KV-shift keeps the last raw k and v. A step runs the same layer
-// functions as fox_forward on one row, in the same order.
-// Each (layer, head) keeps the positions first .. len - 1 in a buffer of its own that compacts:
-// positions before `first` are dropped for good, by the sliding window (first > len - window) or
-// by eviction, and their memory is reused or returned (HeadCache).
-// Eviction (-A 1, forget gate and QK-norm): with QK-norm every query and key of head h obeys
-// |q.k| / sqrt(hd) <= U_h = max|w_q| max|w_k| sqrt(hd), so any later query i weighs key j at most
-// exp(2U_h + c_i - c_j) <= exp(2U_h + c_now - c_j) (c only decreases). Once c_now - c_j < delta_h
-// = ln eps - ln max_len - 2U_h, key j carries less than eps / max_len of every later row, less
-// than eps all evicted keys together: it is dropped (the head's first kept position moves past it).
-
-typedef struct {
-    float *resid, *xa, *rstd, *q_raw, *k_raw, *v_raw, *alpha, *k_shifted, *v_shifted;
-    float *q_normed, *k_normed, *q, *k_new, *v_new, *gate_logit, *o, *o_normed, *og_logit, *y, *attproj;
-    float *resid_mid, *xm, *gu, *act, *mlpproj, *xf, *scores, *logits;
-} DecoderRow; // one token's activations: (C), (2I), (I), (H), scores (H, max kept), (Vp)
-
-// One (layer, head)'s cache: positions base .. base + slots - 1 may sit in the slots, those from
-// `first` to the newest are live. Appending past the last slot first slides the live positions
-// to slot 0 when at least half the slots are dead, else doubles the slots; after a slide a buffer
-// more than 4x too large is halved. So memory follows the live positions (within 4x) and each
-// position is moved O(1) times on average.
-typedef struct {
-    float* k;   // (slots, hd)
-    float* v;   // (slots, hd)
-    float* c;   // (slots), c_j of each position (0 without a forget gate)
-    int base;   // position in slot 0
-    int slots;  // allocated
-    int first;  // oldest live position
-} HeadCache;
-
-typedef struct {
-    const FoxModel* m;
-    int max_len;        // tokens a sequence may reach
-    int max_kept;       // positions a head can keep: max_len, or the window
-    int slot_cap;       // slots a head may allocate: twice the window (then a slide frees half), at most max_len
-    int len;            // tokens consumed since the reset
-    HeadCache* heads;   // (L, H)
-    float* c_last;      // (L, H) running sum c of the last token
-    float* k_raw_last;  // (L, C) raw k and v of the last token, for the KV-shift
-    float* v_raw_last;  // (L, C)
-    float* evict_delta; // (L, H) eviction threshold delta_h, or NULL: no eviction
-    size_t peak_bytes;  // the most the heads' buffers held since the reset
-    DecoderRow row;
-} FoxDecoder;
-
-static size_t head_cache_bytes(const HeadCache* hc, int hd) { return (size_t)hc->slots * (2 * (size_t)hd + 1) * sizeof(float); }
-
-static size_t fox_decoder_bytes(const FoxDecoder* d) {
-    const FoxConfig* cf = &d->m->config;
-    size_t bytes = 0;
-    for (int i = 0; i < cf->n_layer * cf->n_head; i++) { bytes += head_cache_bytes(&d->heads[i], cf->n_embd / cf->n_head); }
-    return bytes;
-}
-
-static void head_cache_resize(HeadCache* hc, int slots, int hd) {
-    hc->k = (float*)realloc(hc->k, (size_t)slots * hd * sizeof(float));
-    hc->v = (float*)realloc(hc->v, (size_t)slots * hd * sizeof(float));
-    hc->c = (float*)realloc(hc->c, (size_t)slots * sizeof(float));
-    if (hc->k == NULL || hc->v == NULL || hc->c == NULL) {
-        fail("could not allocate the KV cache (%d positions of a head)\nHINT: shorten -t or the prompt", slots);
-    }
-    hc->slots = slots;
-}
-
-// makes room for position pos (the newest); returns its slot
-static int head_cache_slot(HeadCache* hc, int pos, int hd, int slot_cap) {
-    if (pos - hc->base < hc->slots) { return pos - hc->base; }
-    int live = pos - hc->first, dead = hc->first - hc->base;
-    if (dead > 0 && dead >= hc->slots / 2) { // slide the live positions to slot 0
-        memmove(hc->k, hc->k + (size_t)dead * hd, (size_t)live * hd * sizeof(float));
-        memmove(hc->v, hc->v + (size_t)dead * hd, (size_t)live * hd * sizeof(float));
-        memmove(hc->c, hc->c + dead, (size_t)live * sizeof(float));
-        hc->base = hc->first;
-        if (hc->slots > 4 * (live + 1) && hc->slots > 16) { head_cache_resize(hc, hc->slots / 2, hd); }
-    } else {
-        int slots = hc->slots > 0 ? 2 * hc->slots : 16;
-        head_cache_resize(hc, slots < slot_cap ? slots : slot_cap, hd);
-    }
-    if (pos - hc->base >= hc->slots) { fail("internal: the KV cache of a head is full at position %d", pos); }
-    return pos - hc->base;
-}
-
-static void fox_decoder_reset(FoxDecoder* d) {
-    const FoxConfig* cf = &d->m->config;
-    size_t L = (size_t)cf->n_layer;
-    d->len = 0;
-    memset(d->c_last, 0, L * cf->n_head * sizeof(float));
-    memset(d->k_raw_last, 0, L * cf->n_embd * sizeof(float)); // k~_{-1} = 0
-    memset(d->v_raw_last, 0, L * cf->n_embd * sizeof(float));
-    for (size_t i = 0; i < L * cf->n_head; i++) {
-        HeadCache* hc = &d->heads[i];
-        free(hc->k); free(hc->v); free(hc->c);
-        memset(hc, 0, sizeof(*hc));
-    }
-    d->peak_bytes = 0;
-}
-
-// delta_h of every (layer, head) from the QK-norm weights (FoxDecoder's comment); the bound is
-// raised by 1e-3 for the float rounding of RMSNorm and RoPE
-static void fox_decoder_evict_init(FoxDecoder* d, float ln_eps) {
-    const FoxModel* m = d->m;
-    const FoxConfig* cf = &m->config;
-    int L = cf->n_layer, H = cf->n_head, hd = cf->n_embd / H, groups = cf->qk_norm_shared ? 1 : H;
-    size_t qk_per = m->spec[P_Q_NORM].rows;
-    d->evict_delta = (float*)malloc_check((size_t)L * H * sizeof(float), "eviction thresholds");
-    for (int l = 0; l < L; l++) {
-        for (int h = 0; h < H; h++) {
-            const float* wq = LAYER(m->params.q_norm, l, qk_per) + (size_t)(h % groups) * hd;
-            const float* wk = LAYER(m->params.k_norm, l, qk_per) + (size_t)(h % groups) * hd;
-            float mq = 0.0f, mk = 0.0f;
-            for (int i = 0; i < hd; i++) { mq = fmaxf(mq, fabsf(wq[i])); mk = fmaxf(mk, fabsf(wk[i])); }
-            float U = mq * mk * sqrtf((float)hd) * 1.001f;
-            d->evict_delta[(size_t)l * H + h] = prune_delta_base(ln_eps, d->max_len) - 2.0f * U;
-        }
-    }
-}
-
-static void fox_decoder_init(FoxDecoder* d, const FoxModel* m, int max_len) {
-    const FoxConfig* cf = &m->config;
-    size_t L = (size_t)cf->n_layer, C = (size_t)cf->n_embd, H = (size_t)cf->n_head, I = (size_t)cf->mlp_hidden;
-    memset(d, 0, sizeof(*d));
-    d->m = m;
-    d->max_len = max_len;
-    d->max_kept = cf->window > 0 && cf->window < max_len ? cf->window : max_len;
-    d->slot_cap = 2 * d->max_kept < max_len ? 2 * d->max_kept : max_len;
-    d->heads = (HeadCache*)calloc_check(L * H, sizeof(HeadCache), "KV cache heads");
-    d->c_last = (float*)malloc_check(L * H * sizeof(float), "KV cache c");
-    d->k_raw_last = (float*)malloc_check(L * C * sizeof(float), "KV cache shift");
-    d->v_raw_last = (float*)malloc_check(L * C * sizeof(float), "KV cache shift");
-    if (m->prune && cf->gate != GATE_NONE && cf->qk_norm) { fox_decoder_evict_init(d, m->prune_ln_eps); }
-    DecoderRow* r = &d->row;
-    float** rows_c[] = {&r->resid, &r->xa, &r->q_raw, &r->k_raw, &r->v_raw, &r->k_shifted, &r->v_shifted,
-                        &r->q_normed, &r->k_normed, &r->q, &r->k_new, &r->v_new, &r->o, &r->o_normed, &r->og_logit,
-                        &r->y, &r->attproj, &r->resid_mid, &r->xm, &r->mlpproj, &r->xf};
-    for (size_t i = 0; i < sizeof(rows_c) / sizeof(rows_c[0]); i++) { *rows_c[i] = (float*)malloc_check(C * sizeof(float), "decoder row"); }
-    r->rstd = (float*)malloc_check(H * sizeof(float), "decoder row");
-    r->alpha = (float*)malloc_check(H * sizeof(float), "decoder row");
-    r->gate_logit = (float*)malloc_check(H * sizeof(float), "decoder row");
-    r->gu = (float*)malloc_check(2 * I * sizeof(float), "decoder row");
-    r->act = (float*)malloc_check(I * sizeof(float), "decoder row");
-    r->scores = (float*)malloc_check(H * (size_t)d->max_kept * sizeof(float), "decoder row");
-    r->logits = (float*)malloc_check((size_t)cf->padded_vocab_size * sizeof(float), "decoder row");
-    fox_decoder_reset(d);
-}
-
-static void fox_decoder_free(FoxDecoder* d) {
-    DecoderRow* r = &d->row;
-    float* rows[] = {r->resid, r->xa, r->rstd, r->q_raw, r->k_raw, r->v_raw, r->alpha, r->k_shifted, r->v_shifted,
-                     r->q_normed, r->k_normed, r->q, r->k_new, r->v_new, r->gate_logit, r->o, r->o_normed, r->og_logit,
-                     r->y, r->attproj, r->resid_mid, r->xm, r->gu, r->act, r->mlpproj, r->xf, r->scores, r->logits};
-    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) { free(rows[i]); }
-    fox_decoder_reset(d); // frees the heads' buffers
-    free(d->heads); free(d->c_last); free(d->k_raw_last); free(d->v_raw_last); free(d->evict_delta);
-    memset(d, 0, sizeof(*d));
-}
-
-// out (OC) = w (OC, IC) @ x (IC) + bias (OC): matmul_forward's sum for one row, parallel over
-// the outputs (matmul_forward parallelises over rows, and a step has one)
-static void matvec_forward(float* out, const float* x, const float* w, const float* bias, int IC, int OC) {
-    #pragma omp parallel for
-    for (int o = 0; o < OC; o++) {
-        const float* wrow = w + (size_t)o * IC;
-        float acc = bias != NULL ? bias[o] : 0.0f;
-        for (int i = 0; i < IC; i++) { acc += x[i] * wrow[i]; }
-        out[o] = acc;
-    }
-}
-
-// KV-shift of one token (kv_shift_forward's expression): out = alpha raw_last + (1 - alpha) raw;
-// then raw becomes raw_last
-static void kv_shift_step(float* out, const float* raw, float* raw_last, const float* alpha, int H, int hd) {
-    for (int h = 0; h < H; h++) {
-        float a = alpha[h];
-        for (int i = 0; i < hd; i++) {
-            size_t n = (size_t)h * hd + i;
-            out[n] = a * raw_last[n] + (1.0f - a) * raw[n];
-        }
-    }
-    memcpy(raw_last, raw, (size_t)H * hd * sizeof(float));
-}
-
-// RoPE of one row (H, hd) at position pos
-static void rope_row(float* out, const float* inp, int pos, int H, int hd, float theta) {
-    int half = hd / 2;
-    for (int i = 0; i < half; i++) {
-        float cs, sn;
-        rope_angle(pos, i, hd, theta, &cs, &sn);
-        for (int h = 0; h < H; h++) {
-            size_t off = (size_t)h * hd;
-            float x1 = inp[off + i], x2 = inp[off + i + half];
-            out[off + i] = x1 * cs - x2 * sn;
-            out[off + i + half] = x2 * cs + x1 * sn;
-        }
-    }
-}
-
-// The query of one head at position pos (the newest in hc) against the head's live keys
-// first .. pos, summed in position order as attention_forward does. q, o (hd); s: scratch
-// (pos - first + 1); gated: add c_i - c_j.
-static void decode_attention_head(float* o, const float* q, const HeadCache* hc, int pos, int hd, int gated, float* s) {
-    float scale = 1.0f / sqrtf((float)hd);
-    int j0 = hc->first - hc->base, n = pos - hc->first + 1;
-    float c_i = hc->c[pos - hc->base];
-    float mx = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        const float* kj = hc->k + (size_t)(j0 + j) * hd;
-        float dot = 0.0f;
-        for (int d = 0; d < hd; d++) { dot += q[d] * kj[d]; }
-        s[j] = dot * scale + (gated ? c_i - hc->c[j0 + j] : 0.0f);
-        mx = fmaxf(mx, s[j]);
-    }
-    float sum = 0.0f;
-    for (int j = 0; j < n; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
-    for (int d = 0; d < hd; d++) { o[d] = 0.0f; }
-    for (int j = 0; j < n; j++) {
-        const float* vj = hc->v + (size_t)(j0 + j) * hd;
-        float p = s[j] / sum;
-        for (int d = 0; d < hd; d++) { o[d] += p * vj[d]; }
-    }
-}
-
-// Drops the head's oldest keys that no later query can weigh above the bound (FoxDecoder's
-// comment); never the newest, pos.
-static void head_cache_evict(HeadCache* hc, int pos, float delta) {
-    float c_now = hc->c[pos - hc->base];
-    while (hc->first < pos && c_now - hc->c[hc->first - hc->base] < delta) { hc->first++; }
-}
-
-// (position, head) entries the attention of the next token reads, summed over layers: the live
-// cache (at most `window` positions back, from each head's first kept position)
-static size_t fox_decoder_live(const FoxDecoder* d) {
-    const FoxConfig* cf = &d->m->config;
-    size_t live = 0;
-    int j_window = attention_first_key(d->len, cf->window);
-    for (int i = 0; i < cf->n_layer * cf->n_head; i++) {
-        int j0 = d->heads[i].first > j_window ? d->heads[i].first : j_window;
-        live += (size_t)(d->len - j0);
-    }
-    return live;
-}
-
-// the live cache against the full one, and the memory the cache's buffers hold, for generate
-static void fox_decoder_report(const FoxDecoder* d) {
-    const FoxConfig* cf = &d->m->config;
-    int hd = cf->n_embd / cf->n_head;
-    size_t full = (size_t)cf->n_layer * cf->n_head * (size_t)(d->len - attention_first_key(d->len, cf->window));
-    size_t live = fox_decoder_live(d);
-    double mib = (2.0 * hd + 1.0) * sizeof(float) / 1048576.0; // k, v and c of one (position, head)
-    printf("KV cache after %d tokens: %zu of %zu (position, head) entries live (%.1f%%), %.2f of %.2f MiB (keys, values, c); "
-           "buffers %.2f MiB now, %.2f MiB at most; eviction %s\n", d->len, live, full, full > 0 ? 100.0 * live / full : 0.0,
-           live * mib, full * mib, fox_decoder_bytes(d) / 1048576.0, d->peak_bytes / 1048576.0,
-           d->evict_delta != NULL ? "on (-A 1)" : d->m->prune ? "off (needs a forget gate and QK-norm)" : "off");
-}
-
-// One layer's attention for the token at pos: appends its key, value and c to each head's cache
-// (after dropping what the window no longer shows), attends, then evicts. q, k_new, v_new, o (C);
-// c_new (H) or NULL without a forget gate.
-static void decode_attention_layer(FoxDecoder* d, int l, int pos, const float* q, const float* k_new, const float* v_new,
-                                   const float* c_new, float* o) {
-    const FoxConfig* cf = &d->m->config;
-    int H = cf->n_head, hd = cf->n_embd / H;
-    HeadCache* heads = d->heads + (size_t)l * H;
-    for (int h = 0; h < H; h++) {
-        HeadCache* hc = &heads[h];
-        int j_window = attention_first_key(pos, cf->window);
-        if (hc->first < j_window) { hc->first = j_window; }
-        size_t slot = (size_t)head_cache_slot(hc, pos, hd, d->slot_cap);
-        memcpy(hc->k + slot * hd, k_new + (size_t)h * hd, (size_t)hd * sizeof(float));
-        memcpy(hc->v + slot * hd, v_new + (size_t)h * hd, (size_t)hd * sizeof(float));
-        hc->c[slot] = c_new != NULL ? c_new[h] : 0.0f;
-    }
-    #pragma omp parallel for
-    for (int h = 0; h < H; h++) {
-        decode_attention_head(o + (size_t)h * hd, q + (size_t)h * hd, &heads[h], pos, hd, c_new != NULL,
-                              d->row.scores + (size_t)h * d->max_kept);
-    }
-    if (d->evict_delta != NULL) {
-        for (int h = 0; h < H; h++) { head_cache_evict(&heads[h], pos, d->evict_delta[(size_t)l * H + h]); }
-    }
-}
-
-// Feeds one token; its logits (Vp) land in d->row.logits.
-static void fox_decode_step(FoxDecoder* d, int token) {
-    const FoxConfig* cf = &d->m->config;
-    int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden;
-    int groups_qk = cf->qk_norm_shared ? 1 : H;
-    size_t qk_per = d->m->spec[P_Q_NORM].rows;
-    check_tokens(&token, 1, cf->vocab_size, "input");
-    if (d->len >= d->max_len) { fail("internal: the KV cache holds at most %d tokens", d->max_len); }
-    int pos = d->len;
-    ParameterTensors p = d->m->params;
-    DecoderRow* r = &d->row;
-    memcpy(r->resid, p.wte + (size_t)token * C, (size_t)C * sizeof(float));
-    for (int l = 0; l < L; l++) {
-        // attention
-        rmsnorm_forward(r->xa, r->rstd, r->resid, LAYER(p.attn_norm, l, C), 1, C, 1, 1e-6f);
-        matvec_forward(r->q_raw, r->xa, LAYER(p.wq, l, (size_t)C * C), NULL, C, C);
-        matvec_forward(r->k_raw, r->xa, LAYER(p.wk, l, (size_t)C * C), NULL, C, C);
-        matvec_forward(r->v_raw, r->xa, LAYER(p.wv, l, (size_t)C * C), NULL, C, C);
-        if (cf->k_shift) {
-            matvec_forward(r->alpha, r->xa, LAYER(p.wk_shift, l, (size_t)H * C), NULL, C, H);
-            sigmoid_inplace(r->alpha, (size_t)H);
-            kv_shift_step(r->k_shifted, r->k_raw, LAYER(d->k_raw_last, l, C), r->alpha, H, hd);
-        } else {
-            memcpy(r->k_shifted, r->k_raw, (size_t)C * sizeof(float));
-        }
-        float* v_new = r->v_new;
-        if (cf->v_shift) {
-            matvec_forward(r->alpha, r->xa, LAYER(p.wv_shift, l, (size_t)H * C), NULL, C, H);
-            sigmoid_inplace(r->alpha, (size_t)H);
-            kv_shift_step(v_new, r->v_raw, LAYER(d->v_raw_last, l, C), r->alpha, H, hd);
-        } else {
-            memcpy(v_new, r->v_raw, (size_t)C * sizeof(float));
-        }
-        if (cf->qk_norm) {
-            rmsnorm_forward(r->q_normed, r->rstd, r->q_raw, LAYER(p.q_norm, l, qk_per), H, hd, groups_qk, 1e-5f);
-            rmsnorm_forward(r->k_normed, r->rstd, r->k_shifted, LAYER(p.k_norm, l, qk_per), H, hd, groups_qk, 1e-5f);
-        } else {
-            memcpy(r->q_normed, r->q_raw, (size_t)C * sizeof(float));
-            memcpy(r->k_normed, r->k_shifted, (size_t)C * sizeof(float));
-        }
-        float* k_new = r->k_new;
-        if (cf->rope) {
-            rope_row(r->q, r->q_normed, pos, H, hd, cf->rope_theta);
-            rope_row(k_new, r->k_normed, pos, H, hd, cf->rope_theta);
-        } else {
-            memcpy(r->q, r->q_normed, (size_t)C * sizeof(float));
-            memcpy(k_new, r->k_normed, (size_t)C * sizeof(float));
-        }
-        float* c_last = LAYER(d->c_last, l, H);
-        if (cf->gate != GATE_NONE) { // c continues from the last token: O(1) per token
-            if (cf->gate == GATE_FULL) {
-                matvec_forward(r->gate_logit, r->xa, LAYER(p.wf, l, (size_t)H * C), LAYER(p.bf, l, H), C, H);
-            } else {
-                memcpy(r->gate_logit, LAYER(p.bf, l, H), (size_t)H * sizeof(float));
-            }
-            for (int h = 0; h < H; h++) { c_last[h] += logsigmoidf(r->gate_logit[h]); }
-        }
-        decode_attention_layer(d, l, pos, r->q, k_new, v_new, cf->gate != GATE_NONE ? c_last : NULL, r->o);
-        if (cf->output_norm) {
-            rmsnorm_forward(r->o_normed, r->rstd, r->o, LAYER(p.o_norm, l, C), H, hd, H, 1e-6f);
-        } else {
-            memcpy(r->o_normed, r->o, (size_t)C * sizeof(float));
-        }
-        if (cf->output_gate) {
-            matvec_forward(r->og_logit, r->xa, LAYER(p.wg, l, (size_t)C * C), NULL, C, C);
-            output_gate_forward(r->y, r->o_normed, r->og_logit, (size_t)C);
-        } else {
-            memcpy(r->y, r->o_normed, (size_t)C * sizeof(float));
-        }
-        matvec_forward(r->attproj, r->y, LAYER(p.wo, l, (size_t)C * C), NULL, C, C);
-        add_forward(r->resid_mid, r->resid, r->attproj, (size_t)C);
-        // MLP
-        rmsnorm_forward(r->xm, r->rstd, r->resid_mid, LAYER(p.mlp_norm, l, C), 1, C, 1, 1e-6f);
-        matvec_forward(r->gu, r->xm, LAYER(p.wgu, l, (size_t)2 * I * C), NULL, C, 2 * I);
-        swiglu_forward(r->act, r->gu, 1, I);
-        matvec_forward(r->mlpproj, r->act, LAYER(p.wdown, l, (size_t)C * I), NULL, I, C);
-        add_forward(r->resid, r->resid_mid, r->mlpproj, (size_t)C);
-    }
-    rmsnorm_forward(r->xf, r->rstd, r->resid, p.norm_f, 1, C, 1, 1e-6f);
-    matvec_forward(r->logits, r->xf, p.lm_head, NULL, C, cf->padded_vocab_size);
-    d->len++;
-    size_t bytes = fox_decoder_bytes(d);
-    if (bytes > d->peak_bytes) { d->peak_bytes = bytes; }
-}
-
-// ----------------------------------------------------------------------------
-// the CPU backend: fox_forward for batches, the KV cache for next_logits
-
-typedef struct {
-    FoxModel* m;
-    int max_T;
-    FoxDecoder dec; // made on first use: only generation needs it
-} CpuBackend;
-
-static FoxDecoder* cpu_backend_decoder(CpuBackend* cb) {
-    if (cb->dec.m == NULL) { fox_decoder_init(&cb->dec, cb->m, cb->max_T); }
-    return &cb->dec;
-}
-
-static void cpu_backend_forward(void* ctx, const int* inputs, const int* targets, int B, int T, float* losses) {
-    FoxModel* m = ((CpuBackend*)ctx)->m;
-    fox_forward(m, inputs, targets, B, T);
-    if (targets != NULL) { memcpy(losses, m->losses, (size_t)B * T * sizeof(float)); }
-}
-
-static void cpu_backend_logits_row(void* ctx, size_t n, float* out) {
-    FoxModel* m = ((CpuBackend*)ctx)->m;
-    memcpy(out, m->logits + n * m->config.padded_vocab_size, (size_t)m->config.vocab_size * sizeof(float));
-}
-
-static void cpu_backend_reset(void* ctx) { fox_decoder_reset(cpu_backend_decoder((CpuBackend*)ctx)); }
-
-static void cpu_backend_next_logits(void* ctx, const int* tokens, int t, float* out) {
-    FoxDecoder* d = cpu_backend_decoder((CpuBackend*)ctx);
-    if (t <= d->len) { fail("internal: next_logits for %d tokens after %d without a reset", t, d->len); }
-    if (t > d->max_len) { fail("%d tokens exceed the context of %d\nHINT: raise -t", t, d->max_len); }
-    while (d->len < t) { fox_decode_step(d, tokens[d->len]); }
-    memcpy(out, d->row.logits, (size_t)d->m->config.vocab_size * sizeof(float));
-}
-
-// batches up to (max_B, max_T) for forward (max_B 0: none), sequences up to max_T for next_logits
-static ForwardBackend cpu_backend_init(CpuBackend* cb, FoxModel* m, int max_B, int max_T) {
-    memset(cb, 0, sizeof(*cb));
-    cb->m = m;
-    cb->max_T = max_T;
-    if (max_B > 0) { fox_ensure_activations(m, max_B, max_T); }
-    ForwardBackend be = {cb, m->config.vocab_size, cpu_backend_forward, cpu_backend_logits_row,
-                         cpu_backend_reset, cpu_backend_next_logits};
-    return be;
-}
-
-// ----------------------------------------------------------------------------
-// sampling: greedy, temperature, top-k
-
-typedef struct { float logit; int id; } ScoredToken;
-
-static int scored_descending(const void* a, const void* b) {
-    const ScoredToken* x = (const ScoredToken*)a;
-    const ScoredToken* y = (const ScoredToken*)b;
-    if (x->logit != y->logit) { return x->logit > y->logit ? -1 : 1; }
-    return x->id - y->id;
-}
-
-// the most likely token, the lowest id on ties
-static int argmax_token(const float* logits, int V) {
-    int best = 0;
-    for (int j = 1; j < V; j++) {
-        if (logits[j] > logits[best]) { best = j; }
-    }
-    return best;
-}
-
-// temperature 0: greedy; else a draw from softmax(logits / temperature) restricted to the
-// top_k largest logits (top_k 0: all V)
-static int sample_token(const float* logits, int V, double temperature, int top_k, uint64_t* rng) {
-    if (temperature == 0.0) { return argmax_token(logits, V); }
-    int k = top_k > 0 && top_k < V ? top_k : V;
-    ScoredToken* s = (ScoredToken*)malloc_check((size_t)V * sizeof(ScoredToken), "sampling");
-    for (int j = 0; j < V; j++) { s[j].logit = logits[j]; s[j].id = j; }
-    if (k < V) { qsort(s, (size_t)V, sizeof(ScoredToken), scored_descending); }
-    float mx = -INFINITY;
-    for (int j = 0; j < k; j++) { mx = fmaxf(mx, s[j].logit); }
-    double sum = 0.0;
-    for (int j = 0; j < k; j++) { sum += exp((s[j].logit - mx) / temperature); }
-    double r = rng_uniform(rng) * sum, acc = 0.0;
-    int token = s[k - 1].id;
-    for (int j = 0; j < k; j++) {
-        acc += exp((s[j].logit - mx) / temperature);
-        if (r < acc) { token = s[j].id; break; }
-    }
-    free(s);
-    return token;
-}
-
-// ----------------------------------------------------------------------------
-// text in: the GPT-2 encoder (data/gpt2_bpe.c), prompts, held-out token streams
-
-#ifndef NO_GPT2_ENCODER
-static void bpe_load_checked(GPT2BPE* bpe) {
-    if (access(GPT2_DEFAULT_RANKS, R_OK) != 0) {
-        fail("the GPT-2 merge ranks %s are missing (needed to encode text)\nHINT: run `make data`", GPT2_DEFAULT_RANKS);
-    }
-    gpt2_bpe_load(bpe, GPT2_DEFAULT_RANKS);
-}
-
-// the tokens of text, appended to out at *n (capacity cap); returns the new count
-static int encode_append(GPT2Worker* w, const char* text, int* out, int n, int cap) {
-    GPT2Ids ids = {NULL, 0, 0};
-    gpt2_encode(w, (const uint8_t*)text, strlen(text), &ids);
-    if ((size_t)n + ids.len > (size_t)cap) {
-        fail("the text encodes to %zu tokens, more than the %d that fit\nHINT: shorten the prompt or raise -t", (size_t)n + ids.len, cap);
-    }
-    for (size_t i = 0; i < ids.len; i++) { out[n + i] = (int)ids.ids[i]; }
-    int total = n + (int)ids.len;
-    gpt2_ids_free(&ids);
-    return total;
-}
-
-// -P's text, or the contents of the file after '@'; free it
-static char* prompt_text(const char* arg) {
-    if (arg[0] != '@') { return strdup(arg); }
-    FILE* f = fopen_check(arg + 1, "rb");
-    long size = file_size_check(f, arg + 1);
-    char* text = (char*)malloc_check((size_t)size + 1, "prompt");
-    fread_check(text, 1, (size_t)size, f, arg + 1);
-    fclose(f);
-    text[size] = '\0';
-    if (strlen(text) != (size_t)size) { fail("'%s' holds a NUL byte\nHINT: the prompt must be text", arg + 1); }
-    return text;
-}
-
-// EOT, then the prompt's tokens (documents in the corpus follow an EOT); at most cap tokens
-static int encode_prompt(const char* arg, int eot, int* out, int cap) {
-    GPT2BPE bpe;
-    GPT2Worker w;
-    bpe_load_checked(&bpe);
-    gpt2_worker_init(&w, &bpe);
-    char* text = prompt_text(arg);
-    out[0] = eot;
-    int n = encode_append(&w, text, out, 1, cap);
-    free(text);
-    gpt2_worker_free(&w);
-    gpt2_bpe_free(&bpe);
-    return n;
-}
-#else
-static int encode_prompt(const char* arg, int eot, int* out, int cap) {
-    (void)arg; (void)eot; (void)out; (void)cap;
-    fail("this build has no GPT-2 encoder (PCRE2 was missing when it was built), so it cannot encode -P\n"
-         "HINT: install libpcre2-dev (sh data/ensure_deps.sh pcre2) and rebuild, or pass a token shard (-P @file.bin); "
-         "eval, niah and maps without -P work as is");
-    return 0;
-}
-#endif
-
-// up to n tokens of the shard at path into out, EOT separators dropped when drop_eot; returns the count
-static size_t read_shard_tokens(const char* path, size_t n, int drop_eot, int eot, int* out) {
-    size_t count = read_shard_header(path), got = 0;
-    uint16_t buf[4096];
-    FILE* f = fopen_check(path, "rb");
-    if (fseek(f, SHARD_HEADER_BYTES, SEEK_SET) != 0) { fail("could not seek in '%s'", path); }
-    for (size_t done = 0; done < count && got < n;) {
-        size_t chunk = count - done < 4096 ? count - done : 4096;
-        fread_check(buf, sizeof(uint16_t), chunk, f, path);
-        for (size_t i = 0; i < chunk && got < n; i++) {
-            if (!(drop_eot && buf[i] == eot)) { out[got++] = buf[i]; }
-        }
-        done += chunk;
-    }
-    fclose(f);
-    return got;
-}
-
-// the first n tokens of the shards matching pattern (in name order), EOT separators dropped
-// when drop_eot; fails if they hold fewer
-static void read_token_stream(const char* pattern, size_t n, int drop_eot, int eot, int* out) {
-    glob_t g;
-    if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
-        fail("no token shards match '%s'\nHINT: run 'make data' for the default corpus, or pass -j with a pattern of existing shards", pattern);
-    }
-    size_t got = 0;
-    for (size_t s = 0; s < g.gl_pathc && got < n; s++) { got += read_shard_tokens(g.gl_pathv[s], n - got, drop_eot, eot, out + got); }
-    globfree(&g);
-    if (got < n) { fail("the shards of '%s' hold %zu usable tokens, %zu are needed\nHINT: use a smaller -t or more held-out text (-j)", pattern, got, n); }
-}
-
-// -P's tokens: for @file of a token shard (llm.c's format, as data/tokenize writes) its first
-// cap - reserve tokens as they are (a corpus shard starts with EOT), which needs no encoder;
-// else EOT and the encoded text, at most cap tokens
-static int prompt_tokens(const char* arg, int* out, int cap, int reserve) {
-    if (arg[0] == '@') {
-        FILE* f = fopen_check(arg + 1, "rb");
-        int magic = 0;
-        size_t got = fread(&magic, sizeof(int), 1, f);
-        fclose(f);
-        if (got == 1 && magic == SHARD_MAGIC) {
-            if (cap - reserve < 1) { fail("no room for a prompt: -t %d leaves none after -g %d\nHINT: raise -t", cap, reserve); }
-            int n = (int)read_shard_tokens(arg + 1, (size_t)(cap - reserve), 0, 0, out);
-            if (n == 0) { fail("the shard '%s' holds no tokens\nHINT: pass another prompt", arg + 1); }
-            return n;
-        }
-    }
-    return encode_prompt(arg, GPT2_EOT, out, cap);
-}
-
-// comma-separated integers in [lo, hi]; returns the count
-static int parse_int_list(const char* s, const char* flag, long lo, long hi, int* out, int cap) {
-    int n = 0;
-    char* copy = strdup(s);
-    for (char* item = strtok(copy, ","); item != NULL; item = strtok(NULL, ",")) {
-        if (n == cap) { fail("%s: more than %d values\nHINT: pass fewer", flag, cap); }
-        out[n++] = (int)flag_int(flag, item, lo, hi);
-    }
-    free(copy);
-    if (n == 0) { bad_flag(flag, s, "a comma-separated list"); }
-    return n;
-}
-
-static FILE* open_output(const Args* a, const char* suffix, char* path, size_t n) {
-    if ((size_t)snprintf(path, n, "%s%s", a->out_prefix, suffix) >= n) { fail("-O path too long"); }
-    return fopen_check(path, "w");
-}
-
-static void close_output(FILE* f, const char* path) {
-    if (ferror(f) || fclose(f) != 0) { fail("could not write '%s'\nHINT: is the disk full?", path); }
-    printf("wrote %s\n", path);
-}
-
-// ----------------------------------------------------------------------------
-// -M eval: per-token loss L(i) = mean over sequences of the loss at position i (the i-th
-// predicted token, which sees i tokens), and perplexity P(l) = exp(mean_{i<=l} L(i))
-
-// Adds the losses of up to max_batches (0 = all) batches of val, by position, to loss_sum
-// (T, fp64); returns the number of sequences. losses: (B * T) scratch.
-static size_t per_token_loss(ForwardBackend* be, DataLoader* val, int max_batches, double* loss_sum,
-                             float* losses, int verbose) {
-    dataloader_set_position(val, 0, 0, 0);
-    if (val->current_batches == 0) { dataloader_advance_shard(val); }
-    size_t total = dataloader_total_batches(val);
-    size_t n = max_batches > 0 && (size_t)max_batches < total ? (size_t)max_batches : total;
-    int B = val->B, T = val->T;
-    double t0 = now_seconds(), sum = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        dataloader_next_batch(val);
-        be->forward(be->ctx, val->inputs, val->targets, B, T, losses);
-        for (int b = 0; b < B; b++) {
-            for (int t = 0; t < T; t++) {
-                loss_sum[t] += losses[(size_t)b * T + t];
-                sum += losses[(size_t)b * T + t];
-            }
-        }
-        if (verbose) {
-            double dt = now_seconds() - t0;
-            printf("eval batch %zu/%zu | mean loss %.6f | %.0f tok/s\n", i + 1, n, sum / ((double)(i + 1) * B * T),
-                   (double)(i + 1) * B * T / dt);
-            fflush(stdout);
-        }
-    }
-    return n * (size_t)B;
-}
-
-// P(l) from L(1 .. T) (mean_loss[i - 1] = L(i))
-static double perplexity_upto(const double* mean_loss, int l) {
-    double s = 0.0;
-    for (int i = 0; i < l; i++) { s += mean_loss[i]; }
-    return exp(s / l);
-}
-
-static int run_eval(const Args* a, ForwardBackend* be) {
-    int T = a->T;
-    DataLoader val;
-    dataloader_init(&val, a->val_pattern, a->B, T, 0, 1, 0, 0, a->seed, be->vocab_size);
-    double* loss_sum = (double*)calloc_check((size_t)T, sizeof(double), "per-token loss");
-    float* losses = (float*)malloc_check((size_t)a->B * T * sizeof(float), "losses");
-    printf("per-token loss over '%s' at length %d, %d sequences a batch\n", a->val_pattern, T, a->B);
-    size_t seqs = per_token_loss(be, &val, a->val_batches, loss_sum, losses, 1);
-    for (int t = 0; t < T; t++) { loss_sum[t] /= (double)seqs; } // now L(t + 1)
-    FILE* ppl_f = NULL;
-    char path[4096];
-    if (a->out_prefix != NULL) {
-        FILE* f = open_output(a, ".loss.csv", path, sizeof(path));
-        fprintf(f, "position,loss\n");
-        for (int t = 0; t < T; t++) { fprintf(f, "%d,%.9g\n", t + 1, loss_sum[t]); }
-        close_output(f, path);
-        ppl_f = open_output(a, ".ppl.csv", path, sizeof(path));
-        fprintf(ppl_f, "context,perplexity,mean_loss,sequences\n");
-    }
-    printf("%zu sequences of %d tokens\n%10s %12s %12s\n", seqs, T, "context l", "P(l)", "mean loss");
-    for (long pow2 = 1;; pow2 *= 2) { // powers of two below T, then T itself
-        int l = pow2 < T ? (int)pow2 : T;
-        double p = perplexity_upto(loss_sum, l);
-        printf("%10d %12.4f %12.6f\n", l, p, log(p));
-        if (ppl_f != NULL) { fprintf(ppl_f, "%d,%.9g,%.9g,%zu\n", l, p, log(p), seqs); }
-        if (l == T) { break; }
-    }
-    if (ppl_f != NULL) { close_output(ppl_f, path); }
-    free(loss_sum); free(losses);
-    dataloader_free(&val);
-    return 0;
-}
-
-// ----------------------------------------------------------------------------
-// -M generate: continues -P for -g tokens (greedy, temperature, top-k)
-
-static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
-    if (a->prompt == NULL) { fail("-M generate needs a prompt\nHINT: add -P \"text\" or -P @file"); }
-    int* tokens = (int*)malloc_check((size_t)a->T * sizeof(int), "tokens");
-    int n = prompt_tokens(a->prompt, tokens, a->T, a->gen_tokens);
-    if (n + a->gen_tokens > a->T) {
-        fail("the prompt (%d tokens with the leading EOT) plus -g %d tokens exceed the context -t %d\nHINT: raise -t or shorten the prompt",
-             n, a->gen_tokens, a->T);
-    }
-    Tokenizer tk;
-    if (!tokenizer_init(&tk, a->tokenizer_path)) { fail("no decode table at '%s'\nHINT: run `make data`, or pass -z", a->tokenizer_path); }
-    printf("prompt: %d tokens | %d new tokens, %s, temperature %g, top-k %d, seed %llu | %s\n---\n", n, a->gen_tokens,
-           a->temperature == 0 ? "greedy" : "sampled", a->temperature, a->top_k, (unsigned long long)a->seed, how);
-    for (int i = 1; i < n; i++) { tokenizer_print(&tk, tokens[i]); }
-    float* row = (float*)malloc_check((size_t)be->vocab_size * sizeof(float), "logits row");
-    uint64_t rng = a->seed ^ 0x5DEECE66Dull;
-    be->reset(be->ctx);
-    double t0 = now_seconds(), t_prompt = 0.0;
-    for (int t = n; t < n + a->gen_tokens; t++) {
-        be->next_logits(be->ctx, tokens, t, row);
-        if (t == n) { t_prompt = now_seconds() - t0; } // the prompt, and the first new token's logits
-        tokens[t] = sample_token(row, be->vocab_size, a->temperature, a->top_k, &rng);
-        tokenizer_print(&tk, tokens[t]);
-        fflush(stdout);
-    }
-    double dt = now_seconds() - t0, t_new = dt - t_prompt;
-    printf("\n---\n%d tokens in %.2f s: the prompt (%d tokens) %.2f s, then %.2f ms per generated token\n", a->gen_tokens, dt,
-           n, t_prompt, a->gen_tokens > 1 ? 1e3 * t_new / (a->gen_tokens - 1) : 0.0);
-    free(row); free(tokens);
-    tokenizer_free(&tk);
-    return 0;
-}
-
-// ----------------------------------------------------------------------------
-// -M niah: needle in a haystack (FOX_SPEC.md, Data conventions). A prompt of exactly
-// `context` tokens: EOT, haystack (held-out text, EOT separators dropped) with the needle
-// inserted after round(depth * haystack length) of its tokens, then the question. Each piece
-// is encoded on its own and the tokens concatenated; the tokens are written out below so that
-// a build without the encoder runs it too (test_fox checks them against the encoder). A cell
-// is scored by log p(answer | prompt) and by greedy decoding: the argmax at each answer
-// position given the prompt and the answer so far (teacher forcing), which reproduces the
-// answer exactly when greedy decoding would.
-
-static const char* NIAH_NEEDLE = " The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.";
-static const char* NIAH_NEEDLE_EASY = " What is the best thing to do in San Francisco? Answer: The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.";
-static const char* NIAH_QUESTION = "\n\nAnswer the following question: What is the best thing to do in San Francisco? Answer: The best thing to do in San Francisco is";
-static const char* NIAH_ANSWER = " eat a sandwich and sit in Dolores Park on a sunny day.";
-static const int NIAH_NEEDLE_IDS[] = {383, 1266, 1517, 284, 466, 287, 2986, 6033, 318, 4483, 257, 20433, 290, 1650, 287,
-                                     25143, 2850, 3250, 319, 257, 27737, 1110, 13};
-static const int NIAH_NEEDLE_EASY_IDS[] = {1867, 318, 262, 1266, 1517, 284, 466, 287, 2986, 6033, 30, 23998, 25, 383, 1266,
-                                          1517, 284, 466, 287, 2986, 6033, 318, 4483, 257, 20433, 290, 1650, 287, 25143,
-                                          2850, 3250, 319, 257, 27737, 1110, 13};
-static const int NIAH_QUESTION_IDS[] = {198, 198, 33706, 262, 1708, 1808, 25, 1867, 318, 262, 1266, 1517, 284, 466, 287,
-                                       2986, 6033, 30, 23998, 25, 383, 1266, 1517, 284, 466, 287, 2986, 6033, 318};
-static const int NIAH_ANSWER_IDS[] = {4483, 257, 20433, 290, 1650, 287, 25143, 2850, 3250, 319, 257, 27737, 1110, 13};
-#define NIAH_MAX_PIECE 128 // tokens of one piece (needle, question or answer)
-#define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
-
-typedef struct {
-    int easy;
-    int needle[NIAH_MAX_PIECE], needle_n;
-    int question[NIAH_MAX_PIECE], question_n;
-    int answer[NIAH_MAX_PIECE], answer_n;
-} NiahTexts;
-
-static void niah_piece(int* dst, int* n, const int* ids, int count) {
-    memcpy(dst, ids, (size_t)count * sizeof(int));
-    *n = count;
-}
-
-static void niah_texts_init(NiahTexts* tx, int easy) {
-    memset(tx, 0, sizeof(*tx));
-    tx->easy = easy;
-    if (easy) { niah_piece(tx->needle, &tx->needle_n, NIAH_NEEDLE_EASY_IDS, COUNT_OF(NIAH_NEEDLE_EASY_IDS)); }
-    else { niah_piece(tx->needle, &tx->needle_n, NIAH_NEEDLE_IDS, COUNT_OF(NIAH_NEEDLE_IDS)); }
-    niah_piece(tx->question, &tx->question_n, NIAH_QUESTION_IDS, COUNT_OF(NIAH_QUESTION_IDS));
-    niah_piece(tx->answer, &tx->answer_n, NIAH_ANSWER_IDS, COUNT_OF(NIAH_ANSWER_IDS));
-}
-
-// the shortest prompt: EOT, needle, question
-static int niah_min_context(const NiahTexts* tx) { return 1 + tx->needle_n + tx->question_n; }
-
-// Writes the prompt (context tokens) to out from haystack (at least context tokens); returns
-// the needle's first position.
-static int niah_build_prompt(const NiahTexts* tx, const int* haystack, int context, double depth, int eot, int* out) {
-    int hay = context - niah_min_context(tx);
-    if (hay < 0) { fail("context %d is shorter than the needle and question (%d tokens)\nHINT: use longer contexts (-D)", context, niah_min_context(tx)); }
-    int split = (int)floor(depth * hay + 0.5);
-    int n = 0;
-    out[n++] = eot;
-    memcpy(out + n, haystack, (size_t)split * sizeof(int)); n += split;
-    int needle_pos = n;
-    memcpy(out + n, tx->needle, (size_t)tx->needle_n * sizeof(int)); n += tx->needle_n;
-    memcpy(out + n, haystack + split, (size_t)(hay - split) * sizeof(int)); n += hay - split;
-    memcpy(out + n, tx->question, (size_t)tx->question_n * sizeof(int)); n += tx->question_n;
-    return needle_pos;
-}
-
-typedef struct {
-    double logprob;    // log p(answer | prompt), natural log
-    int greedy_tokens; // answer tokens that greedy decoding reproduces before the first miss
-} NiahScore;
-
-// seq: (context + answer_n) scratch; losses, row: (context + answer_n), (V) scratch
-static NiahScore niah_score(ForwardBackend* be, const NiahTexts* tx, const int* prompt, int context, int* seq,
-                            float* losses, float* row) {
-    int A = tx->answer_n, T = context + A - 1; // the last answer token is only a target
-    memcpy(seq, prompt, (size_t)context * sizeof(int));
-    memcpy(seq + context, tx->answer, (size_t)A * sizeof(int));
-    be->forward(be->ctx, seq, seq + 1, 1, T, losses);
-    NiahScore s = {0.0, 0};
-    for (int k = 0; k < A; k++) { s.logprob -= losses[context - 1 + k]; }
-    for (int k = 0; k < A; k++) {
-        be->logits_row(be->ctx, (size_t)(context - 1 + k), row);
-        if (argmax_token(row, be->vocab_size) != tx->answer[k]) { break; }
-        s.greedy_tokens++;
-    }
-    return s;
-}
-
-// the context lengths of the grid: -D, or 11 evenly spaced up to -t
-static int niah_lengths(const Args* a, int* lengths, int cap) {
-    if (a->list != NULL) { return parse_int_list(a->list, "-D", 1, 1 << 24, lengths, cap); }
-    for (int i = 0; i < 11; i++) { lengths[i] = (int)((long)a->T * (i + 1) / 11); }
-    return 11;
-}
-
-static int niah_max_length(const Args* a) {
-    int lengths[256], mx = 0;
-    int n = niah_lengths(a, lengths, 256);
-    for (int i = 0; i < n; i++) { mx = lengths[i] > mx ? lengths[i] : mx; }
-    return mx;
-}
-
-static int run_niah(const Args* a, ForwardBackend* be) {
-    int lengths[256];
-    int nl = niah_lengths(a, lengths, 256), nd = a->depths, max_len = niah_max_length(a);
-    NiahTexts texts[2];
-    niah_texts_init(&texts[0], 0);
-    niah_texts_init(&texts[1], 1);
-    for (int i = 0; i < nl; i++) {
-        if (lengths[i] < niah_min_context(&texts[1])) {
-            fail("NIAH context %d is shorter than the easy needle and the question (%d tokens)\nHINT: pass contexts of at least %d "
-                 "with -D, or a larger -t (the default contexts are -t * i / 11, i = 1 .. 11)",
-                 lengths[i], niah_min_context(&texts[1]), niah_min_context(&texts[1]));
-        }
-    }
-    int* haystack = (int*)malloc_check((size_t)max_len * sizeof(int), "haystack");
-    read_token_stream(a->val_pattern, (size_t)max_len, 1, GPT2_EOT, haystack);
-    int* prompt = (int*)malloc_check((size_t)max_len * sizeof(int), "prompt");
-    int* seq = (int*)malloc_check((size_t)(max_len + NIAH_MAX_PIECE) * sizeof(int), "sequence");
-    float* losses = (float*)malloc_check((size_t)(max_len + NIAH_MAX_PIECE) * sizeof(float), "losses");
-    float* row = (float*)malloc_check((size_t)be->vocab_size * sizeof(float), "logits row");
-    FILE* f = NULL;
-    char path[4096];
-    if (a->out_prefix != NULL) {
-        f = open_output(a, ".niah.csv", path, sizeof(path));
-        fprintf(f, "mode,context,depth,needle_position,answer_tokens,answer_logprob,greedy_tokens,greedy_success\n");
-    }
-    printf("needle in a haystack: %d context lengths x %d depths, haystack from '%s'\n", nl, nd, a->val_pattern);
-    printf("needle:%s\neasy needle:%s\nquestion:%s\nanswer:%s\n", NIAH_NEEDLE, NIAH_NEEDLE_EASY, NIAH_QUESTION, NIAH_ANSWER);
-    for (int mode = 0; mode < 2; mode++) {
-        const NiahTexts* tx = &texts[mode];
-        const char* name = mode ? "easy" : "standard";
-        printf("%s mode: greedy successes per context (of %d depths), mean log p(answer)\n", name, nd);
-        for (int i = 0; i < nl; i++) {
-            int successes = 0;
-            double lp_sum = 0.0;
-            for (int di = 0; di < nd; di++) {
-                double depth = nd > 1 ? (double)di / (nd - 1) : 0.5;
-                int pos = niah_build_prompt(tx, haystack, lengths[i], depth, GPT2_EOT, prompt);
-                NiahScore s = niah_score(be, tx, prompt, lengths[i], seq, losses, row);
-                int ok = s.greedy_tokens == tx->answer_n;
-                successes += ok;
-                lp_sum += s.logprob;
-                if (f != NULL) {
-                    fprintf(f, "%s,%d,%.6g,%d,%d,%.9g,%d,%d\n", name, lengths[i], depth, pos, tx->answer_n, s.logprob,
-                            s.greedy_tokens, ok);
-                }
-            }
-            printf("  context %7d: %3d/%d  %10.4f\n", lengths[i], successes, nd, lp_sum / nd);
-            fflush(stdout);
-        }
-    }
-    if (f != NULL) { close_output(f, path); }
-    free(haystack); free(prompt); free(seq); free(losses); free(row);
-    return 0;
-}
-
-// ----------------------------------------------------------------------------
-// -M maps: the forget-gate matrix F_ij = exp(c_i - c_j) (j <= i, 0 above the diagonal; 1 on the
-// lower triangle without a gate) and the attention A = softmax_j(q_i.k_j / sqrt(hd) + c_i - c_j)
-// (zero outside the causal window) of chosen heads, on one sequence run by the twin.
-// File: int32 header[256] (magic 20261121, version 1, T, number of maps, window), then per map
-// int32 layer, int32 head, F (T, T) fp32, A (T, T) fp32, rows = queries.
-
-#define MAPS_MAGIC 20261121
-
-// F and A (T, T) of (layer, head) from the activations of m's last forward (B = 1)
-static void attention_maps(const FoxModel* m, int layer, int head, float* F, float* A) {
-    const FoxConfig* cf = &m->config;
-    int T = m->T, H = cf->n_head, hd = cf->n_embd / H;
-    size_t C = (size_t)cf->n_embd, NC = (size_t)T * C;
-    const float* q = LAYER(m->acts.q, layer, NC) + (size_t)head * hd;
-    const float* k = LAYER(m->acts.k, layer, NC) + (size_t)head * hd;
-    const float* c = cf->gate != GATE_NONE ? LAYER(m->acts.c, layer, (size_t)H * T) + (size_t)head * T : NULL;
-    double scale = 1.0 / sqrt((double)hd);
-    #pragma omp parallel for
-    for (int i = 0; i < T; i++) {
-        float* Fi = F + (size_t)i * T;
-        float* Ai = A + (size_t)i * T;
-        int j0 = attention_first_key(i, cf->window);
-        double mx = -INFINITY, sum = 0.0;
-        for (int j = 0; j < T; j++) {
-            Fi[j] = j <= i ? (c != NULL ? (float)exp((double)c[i] - c[j]) : 1.0f) : 0.0f;
-            Ai[j] = 0.0f;
-        }
-        for (int j = j0; j <= i; j++) {
-            double dot = 0.0;
-            for (int d = 0; d < hd; d++) { dot += (double)q[(size_t)i * C + d] * k[(size_t)j * C + d]; }
-            double s = dot * scale + (c != NULL ? (double)c[i] - c[j] : 0.0);
-            mx = s > mx ? s : mx;
-        }
-        for (int j = j0; j <= i; j++) {
-            double dot = 0.0;
-            for (int d = 0; d < hd; d++) { dot += (double)q[(size_t)i * C + d] * k[(size_t)j * C + d]; }
-            double p = exp(dot * scale + (c != NULL ? (double)c[i] - c[j] : 0.0) - mx);
-            Ai[j] = (float)p;
-            sum += p;
-        }
-        for (int j = j0; j <= i; j++) { Ai[j] = (float)(Ai[j] / sum); }
-    }
-}
-
-// -D for maps: "l:h" pairs and "l" (every head of layer l); NULL = all. Returns the count.
-static int maps_heads(const Args* a, const FoxConfig* cf, int* layers, int* heads, int cap) {
-    int n = 0;
-    if (a->list == NULL) {
-        for (int l = 0; l < cf->n_layer; l++) {
-            for (int h = 0; h < cf->n_head && n < cap; h++) { layers[n] = l; heads[n++] = h; }
-        }
-        return n;
-    }
-    char* copy = strdup(a->list);
-    for (char* item = strtok(copy, ","); item != NULL; item = strtok(NULL, ",")) {
-        char* colon = strchr(item, ':');
-        if (colon != NULL) { *colon = '\0'; }
-        int l = (int)flag_int("-D (layer)", item, 0, cf->n_layer - 1);
-        int h0 = colon != NULL ? (int)flag_int("-D (head)", colon + 1, 0, cf->n_head - 1) : 0;
-        int h1 = colon != NULL ? h0 : cf->n_head - 1;
-        for (int h = h0; h <= h1; h++) {
-            if (n == cap) { fail("-D: more than %d maps\nHINT: choose fewer heads", cap); }
-            layers[n] = l; heads[n++] = h;
-        }
-    }
-    free(copy);
-    return n;
-}
-
-// runs on the twin in both trainers: exact fp32, and the maps need every layer's q, k and c
-static int run_maps(const Args* a, FoxModel* m) {
-    if (a->out_prefix == NULL) { fail("-M maps writes a file\nHINT: add -O <prefix>"); }
-    int layers[4096], heads[4096];
-    int nmaps = maps_heads(a, &m->config, layers, heads, 4096);
-    int* tokens = (int*)malloc_check((size_t)a->T * sizeof(int), "tokens");
-    int T = a->T;
-    if (a->prompt != NULL) { T = prompt_tokens(a->prompt, tokens, a->T, 0); }
-    else { read_token_stream(a->val_pattern, (size_t)T, 0, GPT2_EOT, tokens); }
-    printf("maps of %d head(s) on %d tokens of %s\n", nmaps, T, a->prompt != NULL ? "the prompt" : a->val_pattern);
-    fox_forward(m, tokens, NULL, 1, T);
-    float* F = (float*)malloc_check((size_t)T * T * sizeof(float), "F");
-    float* A = (float*)malloc_check((size_t)T * T * sizeof(float), "A");
-    char path[4096];
-    FILE* f = open_output(a, ".maps.bin", path, sizeof(path));
-    int header[256] = {0};
-    header[0] = MAPS_MAGIC; header[1] = 1; header[2] = T; header[3] = nmaps; header[4] = m->config.window;
-    fwrite_check(header, sizeof(int), 256, f, path);
-    for (int i = 0; i < nmaps; i++) {
-        attention_maps(m, layers[i], heads[i], F, A);
-        int lh[2] = {layers[i], heads[i]};
-        fwrite_check(lh, sizeof(int), 2, f, path);
-        fwrite_check(F, sizeof(float), (size_t)T * T, f, path);
-        fwrite_check(A, sizeof(float), (size_t)T * T, f, path);
-    }
-    close_output(f, path);
-    free(F); free(A); free(tokens);
-    return 0;
-}
-
-// ----------------------------------------------------------------------------
-// the evaluation modes' entry points: the batch shape a mode needs from a backend (B = 0:
-// none, only next_logits), and the dispatch shared by both trainers
-
-static void eval_mode_shape(const Args* a, int* B, int* T) {
-    *B = 0;
-    *T = a->T;
-    if (a->mode == MODE_EVAL) { *B = a->B; }
-    if (a->mode == MODE_NIAH) { *B = 1; *T = niah_max_length(a) + NIAH_MAX_PIECE; }
-}
-
-static void check_eval_args(const Args* a) {
-    if (a->mode == MODE_TRAIN) { fail("internal: train is not an evaluation mode"); }
-    if ((a->mode == MODE_EVAL || a->mode == MODE_NIAH) && a->out_prefix == NULL) {
-        printf("note: no -O, results go to stdout only\n");
-    }
-}
-
-// how: a word on the backend, for the log
-static int run_eval_mode(const Args* a, FoxModel* m, ForwardBackend* be, const char* how) {
-    config_print(stdout, &m->config);
-    switch (a->mode) {
-        case MODE_EVAL: return run_eval(a, be);
-        case MODE_GENERATE: return run_generate(a, be, how);
-        case MODE_NIAH: return run_niah(a, be);
-        case MODE_MAPS: return run_maps(a, m);
-    }
-    fail("internal: unknown mode %d", a->mode);
-    return 1;
-}
-
-static int cpu_eval_main(const Args* a) {
-    check_eval_args(a);
-    FoxModel m;
-    build_model(&m, a);
-    int B, T;
-    eval_mode_shape(a, &B, &T);
-    CpuBackend cb;
-    ForwardBackend be = cpu_backend_init(&cb, &m, a->mode == MODE_MAPS ? 0 : B, T);
-    int rc = run_eval_mode(a, &m, &be, "CPU twin, KV cache");
-    if (cb.dec.m != NULL) {
-        fox_decoder_report(&cb.dec);
-        fox_decoder_free(&cb.dec);
-    }
-    fox_free(&m);
-    return rc;
-}
+#include "fox_eval.h"
 
 #ifndef TESTING
 int main(int argc, char** argv) {
     Args a;
     parse_args(&a, argc, argv);
-    if (a.world > 1 || a.rank > 0 || a.rendezvous != NULL || a.zero_stage >= 0) { fail("the CPU twin trains in one process\nHINT: drop -W, -I, -F and -Q, or use the GPU trainer train_fox"); }
+    if (a.world > 1 || a.rank > 0 || a.rendezvous != NULL || a.zero_stage >= 0) {
+        fail("the CPU twin trains in one process\nHINT: drop -W, -I, -F and -Q, or use the GPU trainer train_fox");
+    }
     if (a.mode != MODE_TRAIN) { return cpu_eval_main(&a); }
     FoxModel model;
     build_model(&model, &a);
@@ -3367,20 +2462,26 @@ int main(int argc, char** argv) {
     if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T; }
     long micro_tokens = (long)a.B * a.T;
     if (a.total_batch_tokens % micro_tokens != 0) {
-        fail("total batch -d %ld is not a multiple of b*t = %ld\nHINT: choose -d as a multiple of -b times -t", a.total_batch_tokens, micro_tokens);
+        fail("total batch -d %ld is not a multiple of b*t = %ld\nHINT: choose -d as a multiple of -b times -t",
+             a.total_batch_tokens, micro_tokens);
     }
     int accum = (int)(a.total_batch_tokens / micro_tokens);
     DataLoader train, val;
     dataloader_init(&train, a.train_pattern, a.B, a.T, 0, 1, 1, a.roll, a.seed, cf->vocab_size);
     int have_val = a.val_every > 0;
     if (have_val) { dataloader_init(&val, a.val_pattern, a.B, a.T, 0, 1, 0, 0, a.seed, cf->vocab_size); }
-    if (a.steps < 0) { a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum); if (a.steps < 1) { a.steps = 1; } }
+    if (a.steps < 0) {
+        a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum);
+        if (a.steps < 1) { a.steps = 1; }
+    }
     LRSchedule sched = {a.schedule, a.lr, 0, (double)a.steps * a.total_batch_tokens, (double)a.total_batch_tokens};
     sched.warmup_tokens = a.warmup_tokens >= 0 ? (double)a.warmup_tokens : fmin(268435456.0, 0.1 * sched.total_tokens);
     AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
     Tokenizer tk;
     int have_tokenizer = tokenizer_init(&tk, a.tokenizer_path);
-    if (!have_tokenizer && a.sample_every > 0) { printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path); }
+    if (!have_tokenizer && a.sample_every > 0) {
+        printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path);
+    }
 
     config_print(stdout, cf);
     size_t act_sizes[NUM_ACTIVATION_TENSORS], acts = 0;
@@ -3389,7 +2490,8 @@ int main(int argc, char** argv) {
     acts = 2 * acts + (size_t)a.B * a.T * cf->padded_vocab_size;
     printf("parameters: %zu (%zu in matmuls) | memory estimate %.1f MiB (weights, grads, AdamW, activations)\n",
            model.num_parameters, fox_matmul_params(&model), (4.0 * model.num_parameters + acts) * 4.0 / 1048576.0);
-    printf("batch: %d x %d tokens, %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | %s schedule, peak lr %g\n",
+    printf("batch: %d x %d tokens, %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | "
+           "%s schedule, peak lr %g\n",
            a.B, a.T, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
 #ifdef _OPENMP
     printf("threads: %d\n", omp_get_max_threads());
@@ -3398,13 +2500,17 @@ int main(int argc, char** argv) {
     int start = 0;
     if (a.resume) {
         int step = latest_checkpoint(a.out_dir);
-        if (step < 0) { fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a.out_dir); }
+        if (step < 0) {
+            fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a.out_dir);
+        }
         char model_path[4096], state_path[4096];
         checkpoint_paths(a.out_dir, step, model_path, state_path, sizeof(model_path));
         FoxModel loaded;
         load_model(&loaded, model_path);
-        if (loaded.num_parameters != model.num_parameters || memcmp(&loaded.config, &model.config, sizeof(FoxConfig)) != 0) {
-            fail("the checkpoint '%s' holds another model than -e %s\nHINT: resume with the same -e and overrides as the run that wrote it", model_path, a.model);
+        if (loaded.num_parameters != model.num_parameters
+            || memcmp(&loaded.config, &model.config, sizeof(FoxConfig)) != 0) {
+            fail("the checkpoint '%s' holds another model than -e %s\n"
+                 "HINT: resume with the same -e and overrides as the run that wrote it", model_path, a.model);
         }
         memcpy(model.params_memory, loaded.params_memory, model.num_parameters * sizeof(float));
         fox_free(&loaded);
@@ -3451,7 +2557,9 @@ int main(int argc, char** argv) {
         double norm = fox_grad_norm(&model);
         char why[256], grad[320] = "";
         int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
-        if (verdict != STEP_UPDATE && !isfinite(norm)) { nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad)); }
+        if (verdict != STEP_UPDATE && !isfinite(norm)) {
+            nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
+        }
         if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
         float lr = (float)lr_at_step(&sched, step);
         if (verdict == STEP_UPDATE) {
