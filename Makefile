@@ -183,7 +183,7 @@ FUZZ_BINS := $(addprefix build/fuzz/fuzz_,$(FUZZ_READERS))
 build/fuzz/fuzz_%: dev/fuzz/fuzz_%.c $(wildcard dev/fuzz/*.h *.c *.h dev/*.c dev/*.h data/*.c data/*.h)
 	@mkdir -p build/fuzz
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< -o $@ $(FUZZ_LIBS)
-build/fuzz/make_seeds: dev/fuzz/make_seeds.c train_fox.c fox_eval.h
+build/fuzz/make_seeds: dev/fuzz/make_seeds.c dev/fuzz/state_shards.h train_fox.c fox_eval.h
 	@mkdir -p build/fuzz
 	$(CC) -O1 $(WARN) -Wno-unused-function -Wno-unknown-pragmas -Wno-format-truncation $< -o $@ $(LDLIBS)
 # seeds: valid files of each format, written by the code of the day

@@ -2,8 +2,9 @@
 fox_dist.h: the plain-C side of data-parallel training (one process per GPU), shared by
 train_fox.cu and the tests: the process's rank, world size and local rank (from flags or the
 launcher's environment), the slice of the flat parameter buffer each rank owns under ZeRO-1,
-the exchange of the NCCL unique id through a shared file or a TCP rendezvous, and the
-translation of a saved data position to another number of processes. No CUDA or NCCL here.
+and the exchange of the NCCL unique id through a shared file or a TCP rendezvous (a saved data
+position is translated to another process count by train_fox.c's resume_data_position). No CUDA
+or NCCL here.
 Included after train_fox.c, whose fail() and now_seconds() it uses.
 */
 #include <arpa/inet.h>
@@ -87,17 +88,6 @@ static size_t range_overlap(size_t lo, size_t n, size_t s_lo, size_t s_n, size_t
     size_t b = lo + n < s_lo + s_n ? lo + n : s_lo + s_n;
     *out_lo = a;
     return b > a ? b - a : 0;
-}
-
-// ----------------------------------------------------------------------------
-// a saved data position (batches of `saved_samples` samples into the current shard) in
-// batches of `samples` samples: -1 when it does not land on a batch boundary
-
-static long translate_batch_pos(long batch_pos, long saved_samples, long samples) {
-    if (saved_samples == samples) { return batch_pos; }
-    if (saved_samples <= 0 || samples <= 0) { return -1; }
-    long consumed = batch_pos * saved_samples;
-    return consumed % samples == 0 ? consumed / samples : -1;
 }
 
 // ----------------------------------------------------------------------------

@@ -267,7 +267,7 @@ static void test_against_reference(const char* path) {
         fox_backward(&m, 1.0f);
         double norm = fox_grad_norm(&m);
         if (tr.opt.grad_clip > 0) { fox_clip_grads(&m, norm, tr.opt.grad_clip); }
-        double lr = lr_at_step(&tr.sched, step);
+        double lr = lr_at_tokens(&tr.sched, step * tr.sched.tokens_per_step);
         fox_update(&m, &tr.opt, (float)lr, step + 1);
         e_lr = fmax(e_lr, fabs(lr - ref_lr[step]) / fmax(ref_lr[step], 1e-30));
         double el = fabs(m.mean_loss - ref_sl[step]) / fabs(ref_sl[step]);
@@ -749,13 +749,14 @@ static void test_config(void) {
     c.n_head = 3;
     check(config_problem(&c) != NULL, "config check: n_embd 128 with 3 heads is refused (%s)", config_problem(&c));
     LRSchedule s = {SCHEDULE_COSINE, 1.0, 200.0, 1000.0, 100.0};
-    double l0 = lr_at_step(&s, 0), l1 = lr_at_step(&s, 1), l2 = lr_at_step(&s, 2), l6 = lr_at_step(&s, 6);
+    double l0 = lr_at_tokens(&s, 0 * s.tokens_per_step), l1 = lr_at_tokens(&s, 1 * s.tokens_per_step);
+    double l2 = lr_at_tokens(&s, 2 * s.tokens_per_step), l6 = lr_at_tokens(&s, 6 * s.tokens_per_step);
     check(fabs(l0 - 0.5) < 1e-12 && fabs(l1 - 1.0) < 1e-12 && fabs(l2 - 1.0) < 1e-12 && fabs(l6 - 0.5) < 1e-12,
           "cosine schedule: warmup 0.5, 1, then 1 at the end of warmup and 0.5 half way (%g %g %g %g)", l0, l1, l2, l6);
     s.type = SCHEDULE_LINEAR;
-    double lin = lr_at_step(&s, 6);
+    double lin = lr_at_tokens(&s, 6 * s.tokens_per_step);
     s.type = SCHEDULE_CONSTANT;
-    double cst = lr_at_step(&s, 9);
+    double cst = lr_at_tokens(&s, 9 * s.tokens_per_step);
     check(fabs(lin - 0.5) < 1e-12 && fabs(cst - 1.0) < 1e-12, "linear schedule half way %g (0.5), constant %g (1)", lin,
           cst);
 }
@@ -986,7 +987,7 @@ static void test_checkpoints(void) {
     fox_update(&m, &opt, 1e-3f, 1);
     char model_path[512], state_path[512];
     checkpoint_paths(test_dir, 1, model_path, state_path, sizeof(model_path));
-    TrainState s = {1, 0, 1, 2, 1, 8};
+    TrainState s = {1, 0, 1, 2, 1, 8, 8, 1, 0x1234567890abcdefull, 0xfedcba0987654321ull, 48, 3000000000ll};
     save_model(&m, model_path);
     save_state(&m, &s, state_path);
     FoxModel l;
@@ -997,9 +998,10 @@ static void test_checkpoints(void) {
                memcmp(l.params_memory, m.params_memory, m.num_parameters * sizeof(float)) == 0 &&
                memcmp(l.m_memory, m.m_memory, m.num_parameters * sizeof(float)) == 0 &&
                memcmp(l.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0 && ls.step == 1 &&
-               ls.batch_pos == 2 && ls.batch_samples == 8;
-    check(same, "checkpoint round trip: configuration, %zu parameters, AdamW moments and data position bit for bit",
-          m.num_parameters);
+               ls.batch_pos == 2 && ls.batch_samples == 8 && ls.T == 8 && ls.roll == 1 && ls.seed == s.seed &&
+               ls.shards == s.shards && ls.total_batch_tokens == 48 && ls.tokens_seen == 3000000000ll;
+    check(same, "checkpoint round trip: configuration, %zu parameters, AdamW moments, data position and run "
+          "settings (-t, -R, -S, shards, -d, tokens seen past 2^31) bit for bit", m.num_parameters);
     check(latest_checkpoint(test_dir) == 1, "checkpoint: the newest complete checkpoint is found");
     // names that only look like checkpoints are not taken: a lone state, a step past int,
     // a sign, a letter, a model without its state, a model not named as train_fox names it
@@ -1040,6 +1042,13 @@ static void test_checkpoints(void) {
     snprintf(bad_moments, sizeof(bad_moments), "%s/bad_moments.bin", test_dir);
     patch_header(state_path, bad_moments, 9, 2, 9, 2); // has_moments
     expect_failure(load_state_child, bad_moments, "state file with a moments flag of 2");
+    static char old_version[512], bad_T[512];
+    snprintf(old_version, sizeof(old_version), "%s/old_version.bin", test_dir);
+    patch_header(state_path, old_version, 1, 1, 1, 1); // a version-1 file: no run settings to check
+    expect_failure(load_state_child, old_version, "version-1 state file (refused with what to do instead)");
+    snprintf(bad_T, sizeof(bad_T), "%s/bad_T.bin", test_dir);
+    patch_header(state_path, bad_T, 11, 0, 11, 0); // T
+    expect_failure(load_state_child, bad_T, "state file with -t 0");
     set_position_args[0] = 0; set_position_args[1] = 2; set_position_args[2] = 0;
     expect_failure(set_position_child, NULL, "data position at shard 2 of 2");
     set_position_args[0] = 0; set_position_args[1] = 0; set_position_args[2] = 11;
@@ -2363,7 +2372,7 @@ static void gpu_vs_twin_steps(FoxModel* twin, const int* inputs, const int* targ
     gpu_build(&g, twin, B, T);
     double e_loss = 0.0, e_norm = 0.0, s_loss = 0.0, s_norm = 0.0;
     for (int step = 0; step < n_steps; step++) {
-        float lr = (float)lr_at_step(sched, step);
+        float lr = (float)lr_at_tokens(sched, step * sched->tokens_per_step);
         double norm = twin_step(twin, inputs, targets, B, T, opt, lr, step + 1);
         double pnorm = twin_step(&probe, inputs, targets, B, T, opt, lr, step + 1);
         gpu_poison(&g);
@@ -2557,9 +2566,8 @@ static void gpu_test_checkpoints_and_determinism(void) {
     gpu_build(&g3, &h3, B, T);
     float first3[3], rest3[3];
     gpu_train_steps(&g3, inputs, targets, B, T, 0, 3, first3);
-    DataLoader fake;
-    memset(&fake, 0, sizeof(fake));
-    gpu_save_checkpoint(&g3, dir, &fake, 3);
+    TrainState saved = {3, 0, 0, 0, 1, B, T, 0, 1, 0, (int64_t)B * T, 3ll * B * T};
+    gpu_save_checkpoint(&g3, dir, &saved);
     char model_path[4096], state_path[4096];
     checkpoint_paths(dir, 3, model_path, state_path, sizeof(model_path));
     FoxModel cpu;
@@ -2592,7 +2600,7 @@ static void gpu_test_checkpoints_and_determinism(void) {
         fox_clip_grads(&cpu, fox_grad_norm(&cpu), 1.0f);
         fox_update(&cpu, &opt, 1e-2f, 4 + s);
     }
-    TrainState st2 = {5, 0, 0, 0, 1, 2};
+    TrainState st2 = {5, 0, 0, 0, 1, B, T, 0, 1, 0, (int64_t)B * T, 5ll * B * T};
     checkpoint_paths(dir, 5, model_path, state_path, sizeof(model_path));
     save_model(&cpu, model_path);
     save_state(&cpu, &st2, state_path);

@@ -26,7 +26,7 @@ encoder_forward through fox_backward, then main):
                                     forget_gate_forward / _backward; pruning: prune_tiles;
                                     attention_forward / attention_backward; swiglu_, crossentropy_
   the whole model                   fox_forward, fox_backward
-  optimiser                         fox_grad_norm, fox_clip_grads, fox_update (AdamW), lr_at_step
+  optimiser                         fox_grad_norm, fox_clip_grads, fox_update (AdamW), lr_at_tokens
   numerical guards                  step_guard_check, nonfinite_grad_name
   data                              DataLoader: dataloader_init, dataloader_next_batch
   decode table                      Tokenizer: tokenizer_init, tokenizer_print
@@ -42,6 +42,7 @@ encoder_forward through fox_backward, then main):
 #include <fcntl.h>
 #include <glob.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -729,7 +730,8 @@ static void fox_init(FoxModel* m, uint64_t seed) {
 static void fox_ensure_activations(FoxModel* m, int B, int T) {
     if (m->acts_memory != NULL) {
         if (B > m->max_B || T > m->max_T) {
-            fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, m->max_B, m->max_T);
+            fail("internal: batch %dx%d exceeds the activations allocated for %dx%d\n"
+                 "HINT: this is a bug in train_fox; please report the command line", B, T, m->max_B, m->max_T);
         }
         return;
     }
@@ -1576,11 +1578,11 @@ typedef struct {
     double tokens_per_step;
 } LRSchedule;
 
-// Learning rate of step s (0-based), a function of tokens: linear warmup from 0 over the
-// first warmup_tokens (reaching the peak with the step that completes them), then decay by
-// the tokens seen before the step, to 0 at total_tokens.
-static double lr_at_step(const LRSchedule* s, long step) {
-    double before = (double)step * s->tokens_per_step, after = before + s->tokens_per_step;
+// Learning rate of a step that starts with `before` tokens seen (and trains on tokens_per_step):
+// linear warmup from 0 over the first warmup_tokens (reaching the peak with the step that
+// completes them), then decay by the tokens seen before the step, to 0 at total_tokens.
+static double lr_at_tokens(const LRSchedule* s, double before) {
+    double after = before + s->tokens_per_step;
     if (before < s->warmup_tokens) { return s->peak_lr * fmin(1.0, after / s->warmup_tokens); }
     if (s->type == SCHEDULE_CONSTANT) { return s->peak_lr; }
     double span = s->total_tokens - s->warmup_tokens;
@@ -1862,6 +1864,22 @@ static void dataloader_next_batch(DataLoader* d) {
     d->batch_pos++;
 }
 
+// Identity of the training shards for a resume: FNV-1a over their count, file names (not
+// directories: the data may move) and token counts, in glob order.
+static uint64_t shards_identity(const DataLoader* d) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const uint64_t prime = 0x100000001b3ull;
+    uint64_t count = (uint64_t)d->num_shards;
+    for (size_t i = 0; i < sizeof(count); i++) { h = (h ^ ((count >> (8 * i)) & 0xff)) * prime; }
+    for (int k = 0; k < d->num_shards; k++) {
+        const char* name = strrchr(d->paths[k], '/') != NULL ? strrchr(d->paths[k], '/') + 1 : d->paths[k];
+        for (const char* c = name; ; c++) { h = (h ^ (unsigned char)*c) * prime; if (*c == '\0') { break; } }
+        uint64_t n = (uint64_t)d->shard_tokens[k];
+        for (size_t i = 0; i < sizeof(n); i++) { h = (h ^ ((n >> (8 * i)) & 0xff)) * prime; }
+    }
+    return h;
+}
+
 static void dataloader_free(DataLoader* d) {
     for (int i = 0; i < d->num_shards; i++) { free(d->paths[i]); }
     free(d->paths); free(d->shard_tokens); free(d->shard_order); free(d->sample_order);
@@ -1929,11 +1947,13 @@ static void tokenizer_print(const Tokenizer* tk, int token) {
 
 // ----------------------------------------------------------------------------
 // checkpoints: a model file (header with the whole configuration, then fp32 parameters) and
-// an optimiser-state file (step, data position, AdamW moments)
+// an optimiser-state file (step, data position, what the position and the schedule depend on,
+// AdamW moments)
 
 #define MODEL_MAGIC 20261101
+#define MODEL_VERSION 1
 #define STATE_MAGIC 20261102
-#define CHECKPOINT_VERSION 1
+#define STATE_VERSION 2 // 2: T, -R, seed, the shards' identity, -d and the tokens seen
 
 static void float_to_header(int* slot, float v) { memcpy(slot, &v, sizeof(float)); }
 static float float_from_header(const int* slot) { float v; memcpy(&v, slot, sizeof(float)); return v; }
@@ -1961,11 +1981,13 @@ static void config_from_header(FoxConfig* c, const int* h) {
 
 static void write_size(int* slot, size_t v) { slot[0] = (int)(v & 0x7fffffff); slot[1] = (int)(v >> 31); }
 static size_t read_size(const int* slot) { return (size_t)(unsigned)slot[0] | ((size_t)(unsigned)slot[1] << 31); }
+static void write_u64(int* slot, uint64_t v) { memcpy(slot, &v, sizeof(v)); }
+static uint64_t read_u64(const int* slot) { uint64_t v; memcpy(&v, slot, sizeof(v)); return v; }
 
 static void save_model(const FoxModel* m, const char* path) {
     int header[256] = {0};
     header[0] = MODEL_MAGIC;
-    header[1] = CHECKPOINT_VERSION;
+    header[1] = MODEL_VERSION;
     config_to_header(&m->config, header + 2);
     write_size(header + 24, m->num_parameters);
     char tmp[4096];
@@ -1988,9 +2010,9 @@ static FILE* open_model(const char* path, FoxConfig* c, size_t* num_parameters) 
         fail("'%s' is not a train_fox model checkpoint (magic %d)\n"
              "HINT: pass a model_*.bin written by train_fox, or a preset name", path, header[0]);
     }
-    if (header[1] != CHECKPOINT_VERSION) {
+    if (header[1] != MODEL_VERSION) {
         fail("'%s' is checkpoint version %d; this build reads version %d\n"
-             "HINT: use the train_fox version that wrote it", path, header[1], CHECKPOINT_VERSION);
+             "HINT: use the train_fox version that wrote it", path, header[1], MODEL_VERSION);
     }
     config_from_header(c, header + 2);
     const char* problem = config_problem(c);
@@ -2017,22 +2039,36 @@ static void load_model(FoxModel* m, const char* path) {
     fclose(f);
 }
 
+// A run's position: the step, where the data loader stands, and everything that position and
+// the learning rate depend on, so that a resume either continues exactly or says what differs.
 typedef struct {
-    int step;               // optimizer steps done
-    int epoch, shard_pos, batch_pos; // training data position
-    int world;              // processes that wrote it
-    int batch_samples;      // samples per data-loader batch over all processes (B * world); 0: unknown
+    int step;                        // optimizer steps done
+    int epoch, shard_pos, batch_pos; // training data position, in batches of batch_samples
+    int world;                       // processes that wrote it
+    int batch_samples;               // samples per data-loader batch over all processes (B * world)
+    int T;                           // sequence length (-t): samples are windows of T + 1 tokens
+    int roll;                        // -R
+    uint64_t seed;                   // -S: the shard and sample orders
+    uint64_t shards;                 // shards_identity of the training shards (-i)
+    int64_t total_batch_tokens;      // -d of the steps so far
+    int64_t tokens_seen;             // tokens the steps so far trained on: the schedule's clock
 } TrainState;
 
 static void save_state(const FoxModel* m, const TrainState* s, const char* path) {
     int header[256] = {0};
     header[0] = STATE_MAGIC;
-    header[1] = CHECKPOINT_VERSION;
+    header[1] = STATE_VERSION;
     header[2] = s->step;
     write_size(header + 3, m->num_parameters);
     header[5] = s->epoch; header[6] = s->shard_pos; header[7] = s->batch_pos; header[8] = s->world;
     header[9] = m->m_memory != NULL;
     header[10] = s->batch_samples;
+    header[11] = s->T;
+    header[12] = s->roll;
+    write_u64(header + 13, s->seed);
+    write_u64(header + 15, s->shards);
+    write_u64(header + 17, (uint64_t)s->total_batch_tokens);
+    write_u64(header + 19, (uint64_t)s->tokens_seen);
     char tmp[4096];
     FILE* f = atomic_open(path, tmp, sizeof(tmp));
     atomic_write(header, sizeof(int), 256, f, tmp, path);
@@ -2051,9 +2087,19 @@ static void load_state(FoxModel* m, TrainState* s, const char* path) {
         fail("'%s' is too small to be a train_fox state file\nHINT: the file is damaged", path);
     }
     fread_check(header, sizeof(int), 256, f, path);
-    if (header[0] != STATE_MAGIC || header[1] != CHECKPOINT_VERSION) {
-        fail("'%s' is not a version-%d train_fox state file\nHINT: pass the state_*.bin written with the model",
-             path, CHECKPOINT_VERSION);
+    if (header[0] != STATE_MAGIC) {
+        fail("'%s' is not a train_fox state file (magic %d)\nHINT: pass the state_*.bin written with the model",
+             path, header[0]);
+    }
+    if (header[1] == 1) {
+        fail("'%s' is a version-1 state file: it lacks what an exact resume checks (-t, -R, -S, the shards, "
+             "the tokens seen); this build reads version %d\n"
+             "HINT: resume it with the train_fox that wrote it, or start a new run from its weights with "
+             "-e <its model_*.bin> (step 0, fresh AdamW moments)", path, STATE_VERSION);
+    }
+    if (header[1] != STATE_VERSION) {
+        fail("'%s' is state file version %d; this build reads version %d\n"
+             "HINT: use the train_fox version that wrote it", path, header[1], STATE_VERSION);
     }
     if (read_size(header + 3) != m->num_parameters) {
         fail("'%s' belongs to a model of %zu parameters, not %zu\nHINT: resume with the model file of the same run",
@@ -2061,10 +2107,17 @@ static void load_state(FoxModel* m, TrainState* s, const char* path) {
     }
     s->step = header[2]; s->epoch = header[5]; s->shard_pos = header[6]; s->batch_pos = header[7]; s->world = header[8];
     s->batch_samples = header[10];
+    s->T = header[11];
+    s->roll = header[12];
+    s->seed = read_u64(header + 13);
+    s->shards = read_u64(header + 15);
+    s->total_batch_tokens = (int64_t)read_u64(header + 17);
+    s->tokens_seen = (int64_t)read_u64(header + 19);
     int has_moments = header[9];
     if (s->step < 0 || s->epoch < 0 || s->shard_pos < 0 || s->batch_pos < 0 || s->world < 1
-        || (has_moments != 0 && has_moments != 1)) {
-        fail("'%s' holds an invalid step, data position or moments flag\n"
+        || s->batch_samples < 1 || s->T < 1 || (s->roll != 0 && s->roll != 1) || s->total_batch_tokens < 1
+        || s->tokens_seen < 0 || (has_moments != 0 && has_moments != 1)) {
+        fail("'%s' holds an invalid step, data position, run setting or moments flag\n"
              "HINT: the file is damaged; resume from another checkpoint", path);
     }
     size_t expected = sizeof(header) + (has_moments ? 2 * m->num_parameters * sizeof(float) : 0);
@@ -2112,6 +2165,82 @@ static int latest_checkpoint(const char* dir) {
         globfree(&g);
     }
     return best;
+}
+
+// the state of a run after `step` steps, whose data loader stands at the next batch
+static TrainState train_state(int step, const DataLoader* d, long total_batch_tokens, int64_t tokens_seen) {
+    TrainState s = {step, d->epoch, d->shard_pos, d->batch_pos, d->world, d->B * d->world, d->T, d->roll,
+                    d->seed, shards_identity(d), total_batch_tokens, tokens_seen};
+    return s;
+}
+
+// a saved data position (batches of `saved_samples` samples into the current shard) in
+// batches of `samples` samples: -1 when it does not land on a batch boundary
+static long translate_batch_pos(long batch_pos, long saved_samples, long samples) {
+    if (saved_samples == samples) { return batch_pos; }
+    if (saved_samples <= 0 || samples <= 0) { return -1; }
+    long consumed = batch_pos * saved_samples;
+    return consumed % samples == 0 ? consumed / samples : -1;
+}
+
+// Where a resumed run's data loader continues: the saved position, exact when the settings it
+// depends on are those of the run that wrote it. Another -b or process count is translated when
+// the sequences consumed in the current shard fill whole batches of the new size; another -t,
+// -R, -S or set of shards would make the position mean other data: refused, naming the setting.
+static int resume_data_position(const TrainState* s, const DataLoader* train, const char* path) {
+    const char* hint = "HINT: resume with the settings of the run that wrote it, or start a new run (another -o) "
+                       "from its weights with -e <its model_*.bin>";
+    if (s->T != train->T) {
+        fail("'%s' was written by a run with -t %d, this one has -t %d: its data position counts windows of %d "
+             "tokens\n%s", path, s->T, train->T, s->T, hint);
+    }
+    if (s->roll != train->roll) {
+        fail("'%s' was written by a run with -R %d, this one has -R %d\n%s", path, s->roll, train->roll, hint);
+    }
+    if (s->seed != train->seed) {
+        fail("'%s' was written by a run with seed -S %llu, this one has -S %llu: the data order differs\n%s", path,
+             (unsigned long long)s->seed, (unsigned long long)train->seed, hint);
+    }
+    if (s->shards != shards_identity(train)) {
+        fail("'%s' was written by a run on other training shards (their names or sizes differ from the %d "
+             "shard(s) of -i)\n%s", path, train->num_shards, hint);
+    }
+    long samples = (long)train->B * train->world;
+    long batch_pos = translate_batch_pos(s->batch_pos, s->batch_samples, samples);
+    if (batch_pos < 0) {
+        fail("'%s' stopped %d batches of %d sequences into a shard, which is no whole number of batches of "
+             "-b %d x %d process(es)\nHINT: resume with a -b and process count whose product divides %ld "
+             "(the run that wrote it had %d sequences a batch over %d process(es))",
+             path, s->batch_pos, s->batch_samples, train->B, train->world, (long)s->batch_pos * s->batch_samples,
+             s->batch_samples, s->world);
+    }
+    return (int)batch_pos;
+}
+
+// A directory holds one run: a fresh run refuses one with a model checkpoint in it (whose files
+// latest_checkpoint would otherwise pair with this run's). A lone state file is harmless: a run
+// writes the state first, so its own state replaces it before its model file exists.
+static void check_fresh_run_dir(const char* dir) {
+    char pattern[4096];
+    snprintf(pattern, sizeof(pattern), "%s/model_*.bin", dir);
+    glob_t g;
+    if (glob(pattern, 0, NULL, &g) == 0) {
+        char first[4096];
+        snprintf(first, sizeof(first), "%s", g.gl_pathv[0]);
+        size_t n = g.gl_pathc;
+        globfree(&g);
+        fail("-o '%s' already holds %zu model checkpoint(s) of a run (%s)\nHINT: resume that run with -y 1, "
+             "or write this one to another -o (or move the old files away)", dir, n, first);
+    }
+}
+
+// -y 1 trains on from the checkpoint's step to -x; with nothing left to train, it says so
+static void check_resume_steps(int start, long steps, const char* dir) {
+    if (steps <= start) {
+        fail("-y 1: the newest checkpoint in '%s' is at step %d and -x is %ld: no step is left to train\n"
+             "HINT: pass -x above %d to train further (-x defaults to one epoch of the training shards)",
+             dir, start, steps, start);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -2396,8 +2525,63 @@ static void build_model(FoxModel* m, const Args* a) {
 }
 
 // ----------------------------------------------------------------------------
-// run helpers of both trainers' main loops: main.log, the end of a guarded step, the clock,
-// and (the twin's) checkpoint of a run
+// run helpers of both trainers' main loops: the checks before a run, resume, the schedule,
+// main.log, the end of a guarded step, the clock and progress, and (the twin's) checkpoint
+
+// What must hold before a run trains: a fresh run owns its -o (check_fresh_run_dir), and a sample
+// (which starts from the decode table's end-of-text token) can run on this model: a sample must
+// never stop a run after it trained.
+static void check_run_start(const Args* a, const FoxConfig* cf, const Tokenizer* tk, int have_tokenizer) {
+    if (a->out_dir != NULL && !a->resume) { check_fresh_run_dir(a->out_dir); }
+    if (have_tokenizer && a->sample_every > 0 && (tk->eot < 0 || tk->eot >= cf->vocab_size)) {
+        fail("the decode table '%s' starts samples with token %d, outside the model's vocabulary of %d\n"
+             "HINT: pass a decode table of this vocabulary with -z, or turn samples off with -s 0",
+             a->tokenizer_path, tk->eot, cf->vocab_size);
+    }
+}
+
+// -y 1, both trainers: the newest checkpoint of -o into the model (weights and AdamW moments) and
+// the data loader where that run stopped (resume_data_position); returns the run's state
+static TrainState resume_run(FoxModel* model, const Args* a, DataLoader* train) {
+    int step = latest_checkpoint(a->out_dir);
+    if (step < 0) {
+        fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a->out_dir);
+    }
+    char model_path[4096], state_path[4096];
+    checkpoint_paths(a->out_dir, step, model_path, state_path, sizeof(model_path));
+    FoxModel loaded;
+    load_model(&loaded, model_path);
+    if (loaded.num_parameters != model->num_parameters
+        || memcmp(&loaded.config, &model->config, sizeof(FoxConfig)) != 0) {
+        fail("the checkpoint '%s' holds another model than -e %s\n"
+             "HINT: resume with the same -e and overrides as the run that wrote it", model_path, a->model);
+    }
+    memcpy(model->params_memory, loaded.params_memory, model->num_parameters * sizeof(float));
+    fox_free(&loaded);
+    TrainState s;
+    load_state(model, &s, state_path);
+    int batch_pos = resume_data_position(&s, train, state_path);
+    check_resume_steps(s.step, a->steps, a->out_dir);
+    dataloader_set_position(train, s.epoch, s.shard_pos, batch_pos);
+    printf("resumed from %s at step %d, %lld tokens seen (written by %d process(es))\n", model_path, s.step,
+           (long long)s.tokens_seen, s.world);
+    if (s.total_batch_tokens != a->total_batch_tokens) {
+        printf("note: the run had -d %lld, this one -d %ld: the schedule goes on from the tokens seen\n",
+               (long long)s.total_batch_tokens, a->total_batch_tokens);
+    }
+    return s;
+}
+
+// The schedule of a run that starts after `start` steps and `tokens_seen` tokens: the remaining
+// steps of -d tokens each end it, and the rate of each step follows the tokens seen before it
+// (lr_at_tokens), so a resume with another -d goes on where the tokens say.
+static LRSchedule run_schedule(const Args* a, long start, int64_t tokens_seen) {
+    LRSchedule s = {a->schedule, a->lr, 0,
+                    (double)tokens_seen + (double)(a->steps - start) * (double)a->total_batch_tokens,
+                    (double)a->total_batch_tokens};
+    s.warmup_tokens = a->warmup_tokens >= 0 ? (double)a->warmup_tokens : fmin(268435456.0, 0.1 * s.total_tokens);
+    return s;
+}
 
 static void log_line(FILE* f, const char* fmt, ...) {
     if (f == NULL) { return; }
@@ -2410,7 +2594,7 @@ static void log_line(FILE* f, const char* fmt, ...) {
 
 // The end of a guarded step, shared by both trainers: STEP_STOP ends the run with the reason
 // (and the non-finite tensor when one was named); otherwise the step line printed so far gets
-// its ending and main.log its record, skips counted.
+// its ending and main.log its record (llm.c's "s:<step> trl:<loss>", then the step's fields).
 static void step_guard_stop(long step, const char* why, const char* grad) {
     fail("step %ld: %s%s%s: training diverged\n"
          "HINT: lower the learning rate (-l), resume from an earlier checkpoint, or pass -G skip",
@@ -2418,14 +2602,19 @@ static void step_guard_stop(long step, const char* why, const char* grad) {
 }
 
 static void step_guard_log(FILE* logf, const StepGuard* g, int verdict, long step, double loss, const char* why,
-                           const char* grad) {
+                           const char* grad, const char* fields) {
     if (verdict == STEP_SKIP) {
         printf(" | skipped (%ld so far): %s%s%s\n", g->skipped, why, grad[0] ? "; " : "", grad);
-        log_line(logf, "s:%ld trl:%.6f skip:%ld\n", step, loss, g->skipped);
+        log_line(logf, "s:%ld trl:%.6f skip:%ld%s\n", step, loss, g->skipped, fields);
     } else {
         printf("\n");
-        log_line(logf, "s:%ld trl:%.6f\n", step, loss);
+        log_line(logf, "s:%ld trl:%.6f%s\n", step, loss, fields);
     }
+}
+
+// main.log's fields of a step after its loss: what dev/plot_log.py draws
+static void step_log_fields(char* buf, size_t n, float lr, double norm, double tok_s, int64_t tokens_seen) {
+    snprintf(buf, n, " lr:%.4e norm:%.4f tokps:%.0f tokens:%lld", lr, norm, tok_s, (long long)tokens_seen);
 }
 
 static double now_seconds(void) {
@@ -2434,11 +2623,57 @@ static double now_seconds(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void save_checkpoint(const FoxModel* m, const Args* a, const DataLoader* train, int step) {
+// The run's clock: when it started and when its last steps ended (validation, samples and
+// checkpoints included), so the time left is the mean of the recent steps times the steps left.
+#define CLOCK_STEPS 16
+typedef struct {
+    double start;
+    double ends[CLOCK_STEPS + 1]; // a ring of the last step ends
+    int count;                    // step ends seen
+} RunClock;
+
+static void run_clock_start(RunClock* c) { memset(c, 0, sizeof(*c)); c->start = now_seconds(); }
+
+static void run_clock_tick(RunClock* c) { c->ends[c->count++ % (CLOCK_STEPS + 1)] = now_seconds(); }
+
+static void format_duration(char* buf, size_t n, double s) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) { snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60); }
+    else if (t >= 60) { snprintf(buf, n, "%ldm%02lds", t / 60, t % 60); }
+    else { snprintf(buf, n, "%lds", t); }
+}
+
+// " | 1.64M tok | 1m23s, ETA 9m12s": tokens seen, time since the start, time left
+static void format_progress(char* buf, size_t n, const RunClock* c, long steps_left, int64_t tokens_seen) {
+    double tok = (double)tokens_seen;
+    char count[32], elapsed[32], eta[48] = "";
+    if (tok >= 1e9) { snprintf(count, sizeof(count), "%.2fB", tok / 1e9); }
+    else if (tok >= 1e6) { snprintf(count, sizeof(count), "%.2fM", tok / 1e6); }
+    else { snprintf(count, sizeof(count), "%.1fk", tok / 1e3); }
+    double now = c->count > 0 ? c->ends[(c->count - 1) % (CLOCK_STEPS + 1)] : now_seconds();
+    format_duration(elapsed, sizeof(elapsed), now - c->start);
+    int span = c->count - 1 < CLOCK_STEPS ? c->count - 1 : CLOCK_STEPS; // step periods in the ring
+    if (span > 0 && steps_left > 0) {
+        double first = c->ends[(c->count - 1 - span) % (CLOCK_STEPS + 1)];
+        char left[32];
+        format_duration(left, sizeof(left), (now - first) / span * (double)steps_left);
+        snprintf(eta, sizeof(eta), ", ETA %s", left);
+    }
+    snprintf(buf, n, " | %s tok | %s%s", count, elapsed, eta);
+}
+
+// Test hook: TRAIN_FOX_TEST_KILL_BETWEEN=<step> kills the process between the two files of that
+// step's checkpoint, as a crash there would (dev/test_reliability.sh).
+static void test_kill_between(int step) {
+    const char* at = getenv("TRAIN_FOX_TEST_KILL_BETWEEN");
+    if (at != NULL && atoi(at) == step) { raise(SIGKILL); }
+}
+
+static void save_checkpoint(const FoxModel* m, const char* dir, const TrainState* s) {
     char model_path[4096], state_path[4096];
-    checkpoint_paths(a->out_dir, step, model_path, state_path, sizeof(model_path));
-    TrainState s = {step, train->epoch, train->shard_pos, train->batch_pos, 1, train->B};
-    save_state(m, &s, state_path);
+    checkpoint_paths(dir, s->step, model_path, state_path, sizeof(model_path));
+    save_state(m, s, state_path); // first: the checkpoint is complete once its model file exists
+    test_kill_between(s->step);
     save_model(m, model_path);
     printf("saved %s\n", model_path);
 }
@@ -2459,6 +2694,7 @@ int main(int argc, char** argv) {
     FoxModel model;
     build_model(&model, &a);
     const FoxConfig* cf = &model.config;
+    fox_ensure_activations(&model, a.B, a.T); // for the training batch, before a sample or validation runs
     if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T; }
     long micro_tokens = (long)a.B * a.T;
     if (a.total_batch_tokens % micro_tokens != 0) {
@@ -2474,14 +2710,13 @@ int main(int argc, char** argv) {
         a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum);
         if (a.steps < 1) { a.steps = 1; }
     }
-    LRSchedule sched = {a.schedule, a.lr, 0, (double)a.steps * a.total_batch_tokens, (double)a.total_batch_tokens};
-    sched.warmup_tokens = a.warmup_tokens >= 0 ? (double)a.warmup_tokens : fmin(268435456.0, 0.1 * sched.total_tokens);
     AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
     Tokenizer tk;
     int have_tokenizer = tokenizer_init(&tk, a.tokenizer_path);
     if (!have_tokenizer && a.sample_every > 0) {
         printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path);
     }
+    check_run_start(&a, cf, &tk, have_tokenizer);
 
     config_print(stdout, cf);
     size_t act_sizes[NUM_ACTIVATION_TENSORS], acts = 0;
@@ -2490,36 +2725,21 @@ int main(int argc, char** argv) {
     acts = 2 * acts + (size_t)a.B * a.T * cf->padded_vocab_size;
     printf("parameters: %zu (%zu in matmuls) | memory estimate %.1f MiB (weights, grads, AdamW, activations)\n",
            model.num_parameters, fox_matmul_params(&model), (4.0 * model.num_parameters + acts) * 4.0 / 1048576.0);
-    printf("batch: %d x %d tokens, %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | "
-           "%s schedule, peak lr %g\n",
-           a.B, a.T, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
 #ifdef _OPENMP
     printf("threads: %d\n", omp_get_max_threads());
 #endif
 
     int start = 0;
+    int64_t tokens_seen = 0;
     if (a.resume) {
-        int step = latest_checkpoint(a.out_dir);
-        if (step < 0) {
-            fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a.out_dir);
-        }
-        char model_path[4096], state_path[4096];
-        checkpoint_paths(a.out_dir, step, model_path, state_path, sizeof(model_path));
-        FoxModel loaded;
-        load_model(&loaded, model_path);
-        if (loaded.num_parameters != model.num_parameters
-            || memcmp(&loaded.config, &model.config, sizeof(FoxConfig)) != 0) {
-            fail("the checkpoint '%s' holds another model than -e %s\n"
-                 "HINT: resume with the same -e and overrides as the run that wrote it", model_path, a.model);
-        }
-        memcpy(model.params_memory, loaded.params_memory, model.num_parameters * sizeof(float));
-        fox_free(&loaded);
-        TrainState s;
-        load_state(&model, &s, state_path);
-        dataloader_set_position(&train, s.epoch, s.shard_pos, s.batch_pos);
+        TrainState s = resume_run(&model, &a, &train);
         start = s.step;
-        printf("resumed from %s at step %d\n", model_path, start);
+        tokens_seen = s.tokens_seen;
     }
+    LRSchedule sched = run_schedule(&a, start, tokens_seen);
+    printf("batch: %d x %d tokens, %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | "
+           "%s schedule, peak lr %g\n",
+           a.B, a.T, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
     FILE* logf_ = NULL;
     if (a.out_dir != NULL) {
         mkdir(a.out_dir, 0755);
@@ -2530,19 +2750,24 @@ int main(int argc, char** argv) {
     uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
     StepGuard guard;
     step_guard_init(&guard, a.on_nonfinite, a.spike_z);
+    RunClock clock;
+    run_clock_start(&clock);
     for (long step = start; step <= a.steps; step++) {
         int last = step == a.steps;
         if (have_val && (step % a.val_every == 0 || last)) {
             float vl = evaluate(&model, &val, a.val_batches);
             printf("step %ld: val loss %.6f\n", step, vl);
-            log_line(logf_, "s:%ld tel:%.6f\n", step, vl);
+            log_line(logf_, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)tokens_seen);
+        }
+        // the checkpoint before the sample: a sample must never cost one
+        int checkpoint_due = (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last;
+        if (a.out_dir != NULL && step > start && checkpoint_due) {
+            TrainState s = train_state((int)step, &train, a.total_batch_tokens, tokens_seen);
+            save_checkpoint(&model, a.out_dir, &s);
         }
         if (have_tokenizer && a.sample_every > 0 && (step % a.sample_every == 0 || last) && step > 0) {
             int gen = a.gen_tokens < a.T ? a.gen_tokens : a.T;
             fox_sample(&model, &tk, gen, &sample_rng);
-        }
-        if (a.out_dir != NULL && step > start && ((a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last)) {
-            save_checkpoint(&model, &a, &train, (int)step);
         }
         if (last) { break; }
         double t0 = now_seconds();
@@ -2561,15 +2786,20 @@ int main(int argc, char** argv) {
             nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
         }
         if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
-        float lr = (float)lr_at_step(&sched, step);
+        float lr = (float)lr_at_tokens(&sched, (double)tokens_seen);
         if (verdict == STEP_UPDATE) {
             if (a.grad_clip > 0) { fox_clip_grads(&model, norm, (float)a.grad_clip); }
             fox_update(&model, &opt, lr, (int)step + 1);
         }
+        tokens_seen += a.total_batch_tokens;
         double dt = now_seconds() - t0;
-        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, a.steps, loss,
-               norm, lr, dt * 1e3, a.total_batch_tokens / dt);
-        step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad);
+        run_clock_tick(&clock);
+        char progress[96], fields[160];
+        format_progress(progress, sizeof(progress), &clock, a.steps - step - 1, tokens_seen);
+        step_log_fields(fields, sizeof(fields), lr, norm, a.total_batch_tokens / dt, tokens_seen);
+        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s", step + 1, a.steps, loss,
+               norm, lr, dt * 1e3, a.total_batch_tokens / dt, progress);
+        step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad, fields);
     }
     if (guard.skipped > 0) { printf("skipped %ld of %ld steps (-G skip, -Z)\n", guard.skipped, a.steps - start); }
     if (logf_ != NULL) { fclose(logf_); }

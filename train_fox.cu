@@ -3896,7 +3896,7 @@ static void gpu_params_to_host(GPUModel* g) {
 // what the GPU kernels cannot run in this configuration (a message ending in a HINT), or NULL
 static const char* gpu_config_problem(const FoxConfig* cf) {
     int hd = cf->n_embd / cf->n_head;
-    static char too_big[192];
+    static char too_big[256];
     if (cf->n_embd % XPACK != 0 || cf->mlp_hidden % XPACK != 0) {
         snprintf(too_big, sizeof(too_big), "n_embd and mlp_hidden must be multiples of %d (the kernels' 16-byte "
                  "loads)\nHINT: round them to multiples of %d", XPACK, XPACK);
@@ -3909,7 +3909,7 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     }
     if (cf->n_embd > RMS_BWD_MAX_C) {
         snprintf(too_big, sizeof(too_big), "n_embd exceeds the GPU kernels' limit of %d (the RMSNorm backward's column "
-                 "sums in shared memory)", RMS_BWD_MAX_C);
+                 "sums in shared memory)\nHINT: use an n_embd of at most %d on the GPU", RMS_BWD_MAX_C, RMS_BWD_MAX_C);
         return too_big;
     }
     if (hd % (2 * XPACK) != 0) {
@@ -4558,16 +4558,9 @@ static void gpu_state_from_host(GPUModel* g) {
 }
 
 // a collective with several processes: every rank calls it, rank 0 writes
-static void gpu_save_checkpoint(GPUModel* g, const char* dir, const DataLoader* train, int step) {
-    char model_path[4096], state_path[4096];
-    checkpoint_paths(dir, step, model_path, state_path, sizeof(model_path));
-    gpu_state_to_host(g);
-    if (g->dist->rank != 0) { return; }
-    int world = g->dist->world;
-    TrainState s = {step, train->epoch, train->shard_pos, train->batch_pos, world, train->B * world};
-    save_state(g->host, &s, state_path);
-    save_model(g->host, model_path); // last: a model file marks a complete checkpoint
-    printf("saved %s\n", model_path);
+static void gpu_save_checkpoint(GPUModel* g, const char* dir, const TrainState* s) {
+    gpu_state_to_host(g); // a collective with ZeRO-1: every rank takes part
+    if (g->dist->rank == 0) { save_checkpoint(g->host, dir, s); }
 }
 
 // ----------------------------------------------------------------------------
@@ -4682,42 +4675,19 @@ static int gpu_eval_main(const Args* a) {
 // the training data to its position; returns its step. The data position is translated when
 // the number of processes or the micro-batch changed, which works when the sequences consumed
 // so far fill whole batches of the new size.
-static int gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* train) {
+// -y 1 on the GPU: resume_run on every rank (the checkpoint files on a filesystem all share), then
+// each rank's slice of the moments to the device; returns the run's state
+static TrainState gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* train) {
     const Dist* d = g->dist;
-    int step = latest_checkpoint(a->out_dir);
-    dist_check_same(d, step, "the newest checkpoint in -o (the directory must be on a filesystem all processes share)");
-    if (step < 0) {
-        fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a->out_dir);
-    }
-    char model_path[4096], state_path[4096];
-    checkpoint_paths(a->out_dir, step, model_path, state_path, sizeof(model_path));
-    FoxModel loaded;
-    load_model(&loaded, model_path);
-    if (loaded.num_parameters != model->num_parameters ||
-        memcmp(&loaded.config, &model->config, sizeof(FoxConfig)) != 0) {
-        fail("the checkpoint '%s' holds another model than -e %s\n"
-             "HINT: resume with the same -e and overrides as the run that wrote it", model_path, a->model);
-    }
-    memcpy(model->params_memory, loaded.params_memory, model->num_parameters * sizeof(float));
-    fox_free(&loaded);
-    TrainState s;
-    load_state(model, &s, state_path);
+    dist_check_same(d, latest_checkpoint(a->out_dir),
+                    "the newest checkpoint in -o (the directory must be on a filesystem all processes share)");
+    TrainState s = resume_run(model, a, train);
     gpu_state_from_host(g);
     if (d->rank != 0) { // only rank 0 writes checkpoints: the host copy of the moments is spent
         free(model->m_memory); free(model->v_memory);
         model->m_memory = model->v_memory = NULL;
     }
-    long samples = (long)train->B * train->world;
-    long saved = s.batch_samples > 0 ? s.batch_samples : (s.world == train->world ? samples : 0); // 0: an older file
-    long batch_pos = translate_batch_pos(s.batch_pos, saved, samples);
-    if (batch_pos < 0) {
-        fail("'%s' stopped %d batches of %ld sequences into a shard, which is no whole number of batches of -b %d x %d "
-             "processes\nHINT: resume with -b and the process count of the run that wrote it (%d processes)",
-             state_path, s.batch_pos, saved, train->B, train->world, s.world);
-    }
-    dataloader_set_position(train, s.epoch, s.shard_pos, (int)batch_pos);
-    printf("resumed from %s at step %d (written by %d process(es))\n", model_path, s.step, s.world);
-    return s.step;
+    return s;
 }
 
 int main(int argc, char** argv) {
@@ -4751,14 +4721,15 @@ int main(int argc, char** argv) {
         a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum);
         if (a.steps < 1) { a.steps = 1; }
     }
-    LRSchedule sched = {a.schedule, a.lr, 0, (double)a.steps * a.total_batch_tokens, (double)a.total_batch_tokens};
-    sched.warmup_tokens = a.warmup_tokens >= 0 ? (double)a.warmup_tokens : fmin(268435456.0, 0.1 * sched.total_tokens);
     AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
     Tokenizer tk;
-    int have_tokenizer = dist.rank == 0 && tokenizer_init(&tk, a.tokenizer_path);
-    if (!have_tokenizer && a.sample_every > 0) {
+    int have_table = tokenizer_init(&tk, a.tokenizer_path);
+    if (!have_table && a.sample_every > 0) {
         printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path);
     }
+    check_run_start(&a, cf, &tk, have_table); // on every rank: all stop alike
+    int have_tokenizer = have_table && dist.rank == 0; // rank 0 prints the samples
+    if (have_table && !have_tokenizer) { tokenizer_free(&tk); }
     dist_check_same(&dist, (double)model.num_parameters, "the parameter count (-e and model overrides)");
     dist_check_same(&dist, a.B, "the micro-batch -b");
     dist_check_same(&dist, a.T, "the sequence length -t");
@@ -4789,9 +4760,6 @@ int main(int argc, char** argv) {
     printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), "
            "recompute -r %d\n", model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0,
            a.recompute);
-    printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
-           "warmup %.0f tokens | %s schedule, peak lr %g\n", a.B, a.T, dist.world, accum, a.total_batch_tokens,
-           a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
     printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g%s, peak %s\n", matmul_params,
            cf->n_layer, cf->n_embd, a.T, flops_per_token,
            a.prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
@@ -4799,7 +4767,17 @@ int main(int argc, char** argv) {
     GPUModel gm;
     gpu_build_dist(&gm, &model, a.B, a.T, &dist);
 
-    int start = a.resume ? gpu_resume(&gm, &model, &a, &train) : 0;
+    int start = 0;
+    int64_t tokens_seen = 0;
+    if (a.resume) {
+        TrainState s = gpu_resume(&gm, &model, &a, &train);
+        start = s.step;
+        tokens_seen = s.tokens_seen;
+    }
+    LRSchedule sched = run_schedule(&a, start, tokens_seen);
+    printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
+           "warmup %.0f tokens | %s schedule, peak lr %g\n", a.B, a.T, dist.world, accum, a.total_batch_tokens,
+           a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
     FILE* logf_ = NULL;
     if (a.out_dir != NULL && dist.rank == 0) {
         mkdir(a.out_dir, 0755);
@@ -4810,19 +4788,24 @@ int main(int argc, char** argv) {
     uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
     StepGuard guard; // every rank sees the same summed loss and norm, so all decide alike
     step_guard_init(&guard, a.on_nonfinite, a.spike_z);
+    RunClock clock;
+    run_clock_start(&clock);
     for (long step = start; step <= a.steps; step++) {
         int last = step == a.steps;
         if (have_val && (step % a.val_every == 0 || last)) {
             float vl = gpu_evaluate(&gm, &val, a.val_batches);
             printf("step %ld: val loss %.6f\n", step, vl);
-            log_line(logf_, "s:%ld tel:%.6f\n", step, vl);
+            log_line(logf_, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)tokens_seen);
+        }
+        // the checkpoint before the sample: a sample must never cost one
+        int checkpoint_due = (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last;
+        if (a.out_dir != NULL && step > start && checkpoint_due) {
+            TrainState s = train_state((int)step, &train, a.total_batch_tokens, tokens_seen);
+            gpu_save_checkpoint(&gm, a.out_dir, &s);
         }
         if (have_tokenizer && a.sample_every > 0 && (step % a.sample_every == 0 || last) && step > 0) {
             int gen = a.gen_tokens < a.T ? a.gen_tokens : a.T;
             gpu_sample(&gm, &tk, gen, &sample_rng);
-        }
-        if (a.out_dir != NULL && step > start && ((a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last)) {
-            gpu_save_checkpoint(&gm, a.out_dir, &train, (int)step);
         }
         if (last) { break; }
         if (g_prune) { unsigned long long tiles; attention_pruned_share(&tiles); } // counts this step's forwards only
@@ -4846,8 +4829,9 @@ int main(int argc, char** argv) {
             nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
         }
         if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
-        float lr = (float)lr_at_step(&sched, step);
+        float lr = (float)lr_at_tokens(&sched, (double)tokens_seen);
         if (verdict == STEP_UPDATE) { gpu_update(&gm, &opt, lr, (int)step + 1, norm); }
+        tokens_seen += a.total_batch_tokens;
         dist_wait(&dist);
         cudaCheck(cudaDeviceSynchronize());
         double dt = now_seconds() - t0;
@@ -4859,10 +4843,15 @@ int main(int argc, char** argv) {
         char mfu[32] = "n/a", per_gpu[48] = "";
         if (peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops * tok_s / (peak * dist.world)); }
         if (dist.world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / dist.world); }
+        run_clock_tick(&clock);
+        char progress[96], fields[160];
+        format_progress(progress, sizeof(progress), &clock, a.steps - step - 1, tokens_seen);
+        step_log_fields(fields, sizeof(fields), lr, norm, tok_s, tokens_seen);
         printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a.steps,
                loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
         if (g_prune) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
-        step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad);
+        printf("%s", progress);
+        step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad, fields);
         if (step == start) { // every buffer is allocated up front and kept: the peak is reached by now
             size_t used = gpu_memory_used() - g_memory_baseline;
             printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",

@@ -9,6 +9,11 @@
 #     checkpoint intact and resumable
 #  4. guards: a NaN in the weights stops the run naming a tensor (-G stop), or every step is
 #     skipped and the weights stay as they were (-G skip)
+#  5. a resume that changes the run is exact or refused: another -b (translated), -t (refused),
+#     -d (the schedule follows the tokens seen); a sample at the resumed step; a decode table that
+#     does not fit the model (refused at the start); a fresh run into a directory with
+#     checkpoints (refused); -x at the checkpoint's step (refused); SIGKILL between the two files
+#     of a checkpoint; main.log appended on resume
 # Needs the default shards (make data) and python3. Deterministic except for the kill moments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -165,6 +170,106 @@ if "$BIN" "${GUARD_FLAGS[@]}" -G skip -o "$WORK/skip" > "$WORK/skip.out" 2>&1 &&
     pass "guard -G skip: all 3 steps skipped and counted in main.log, the weights untouched"
 else
     bad "guard -G skip: wrong outcome"; tail -5 "$WORK/skip.out"
+fi
+
+# --- 5. a resume that changes the run: exact or refused ------------------------------------------
+R=(-e fox-pro-tiny --n_layer 2 --n_embd 32 --n_head 2 -l 3e-3 -u 256 -v 0 -s 0)
+log_field() { # dir, step, field: the value of field on the train line of step in dir/main.log
+    awk -v s="s:$2" -v f="$3:" '$1 == s && $2 ~ /^trl:/ { for (i = 2; i <= NF; i++) if (index($i, f) == 1) { print substr($i, length(f) + 1); exit } }' "$1/main.log"
+}
+close_to() { awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= tol) }'; }
+refused() { # name, expected message part, command...: a non-zero exit with the message and a HINT
+    local name=$1 want=$2
+    shift 2
+    if "$@" > "$WORK/refused.out" 2> "$WORK/refused.err"; then
+        bad "$name: exited 0"; return 1
+    elif grep -q -- "$want" "$WORK/refused.err" && grep -q "HINT" "$WORK/refused.err"; then
+        pass "$name: refused with \"$(head -1 "$WORK/refused.err" | cut -c1-150)\""
+    else
+        bad "$name: wrong message"; cat "$WORK/refused.err"; return 1
+    fi
+}
+# one straight run of 3 steps of 4 x 32 tokens, checkpoints at 2 and 3
+"$BIN" "${R[@]}" -b 4 -t 32 -d 128 -x 3 -n 2 -o "$WORK/straight_b4" > /dev/null
+mkdir "$WORK/resume_b2"
+cp "$(ckpt "$WORK/straight_b4" model 2)" "$(ckpt "$WORK/straight_b4" state 2)" "$WORK/resume_b2/"
+"$BIN" "${R[@]}" -b 2 -t 32 -d 128 -x 3 -o "$WORK/resume_b2" -y 1 > "$WORK/resume_b2.out"
+a=$(log_field "$WORK/straight_b4" 3 trl) b=$(log_field "$WORK/resume_b2" 3 trl)
+if close_to "$a" "$b" 1e-5; then
+    pass "resume with -b 2 from a -b 4 checkpoint: step 3 trains on the same sequences (loss $b, straight $a)"
+else
+    bad "resume with -b 2 from a -b 4 checkpoint: step 3 loss $b, the straight run's $a"
+fi
+refused "resume with another -t" "was written by a run with -t 32" \
+    "$BIN" "${R[@]}" -b 4 -t 16 -d 128 -x 3 -o "$WORK/resume_b2" -y 1
+refused "resume with another seed" "seed -S" "$BIN" "${R[@]}" -b 4 -t 32 -d 128 -x 4 -S 7 -o "$WORK/straight_b4" -y 1
+refused "resume with -R 1" "-R 0" "$BIN" "${R[@]}" -b 4 -t 32 -d 128 -x 4 -R 1 -o "$WORK/straight_b4" -y 1
+refused "resume with -x at the checkpoint's step" "no step is left" \
+    "$BIN" "${R[@]}" -b 4 -t 32 -d 128 -x 3 -o "$WORK/straight_b4" -y 1
+# -d: a checkpoint after 2 steps of 64 tokens resumed with -d 128 for one step: the rate comes
+# from the 128 tokens seen, the end of the schedule from 128 + 1 x 128
+"$BIN" "${R[@]}" -b 2 -t 32 -d 64 -x 4 -n 2 -u 100 -o "$WORK/d64" > /dev/null
+mkdir "$WORK/d128"
+cp "$(ckpt "$WORK/d64" model 2)" "$(ckpt "$WORK/d64" state 2)" "$WORK/d128/"
+"$BIN" "${R[@]}" -b 2 -t 32 -d 128 -x 3 -u 100 -o "$WORK/d128" -y 1 > "$WORK/d128.out"
+lr=$(log_field "$WORK/d128" 3 lr) tokens=$(log_field "$WORK/d128" 3 tokens)
+want=$(awk 'BEGIN { p = (128 - 100) / (256 - 100); printf "%.6e", 3e-3 * 0.5 * (1 + cos(3.141592653589793 * p)) }')
+if close_to "$lr" "$want" 1e-6 && [ "$tokens" = 256 ] && grep -q "note: the run had -d 64" "$WORK/d128.out"; then
+    pass "resume with -d 128 after 2 steps of -d 64: step 3's lr $lr from the 128 tokens seen ($want), 256 tokens after it"
+else
+    bad "resume with another -d: step 3 lr $lr (want $want), tokens $tokens (want 256)"
+fi
+# a sample and validation at the resumed step, before any training step of the new process
+"$BIN" "${R[@]}" -b 2 -t 32 -x 4 -n 2 -s 2 -v 4 -m 1 -o "$WORK/sample_first" > /dev/null
+mkdir "$WORK/sample_resume"
+cp "$(ckpt "$WORK/sample_first" model 2)" "$(ckpt "$WORK/sample_first" state 2)" "$WORK/sample_resume/"
+if "$BIN" "${R[@]}" -b 2 -t 32 -x 4 -n 2 -s 2 -v 4 -m 1 -o "$WORK/sample_resume" -y 1 > "$WORK/sample_resume.out" 2>&1 &&
+   cmp -s "$(ckpt "$WORK/sample_first" model 4)" "$(ckpt "$WORK/sample_resume" model 4)"; then
+    pass "resume at a step that samples first: runs, and ends bit for bit as the straight run"
+else
+    bad "resume at a step that samples first failed"; tail -3 "$WORK/sample_resume.out"
+fi
+# a model whose vocabulary the decode table's end-of-text token does not fit: refused before training
+python3 - "$WORK/small_000000.bin" <<'PYEOF'
+import struct, sys
+tokens = [(i * 7919) % 1000 for i in range(20000)]
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PYEOF
+SMALL=(-e fox-pro-tiny --n_layer 2 --n_embd 32 --n_head 2 --vocab_size 1000 -i "$WORK/small_*.bin" -j "$WORK/small_*.bin" -b 2 -t 32 -x 2 -v 1 -m 1)
+refused "samples with a decode table that does not fit the model" "outside the model's vocabulary" \
+    "$BIN" "${SMALL[@]}" -s 1 -o "$WORK/small_vocab"
+if [ ! -e "$WORK/small_vocab/main.log" ] && ! grep -q '^step' "$WORK/refused.out" &&
+   "$BIN" "${SMALL[@]}" -s 0 -o "$WORK/small_vocab" > /dev/null && [ -e "$(ckpt "$WORK/small_vocab" model 2)" ]; then
+    pass "the decode table is checked before any step, and the same run with -s 0 trains and checkpoints"
+else
+    bad "the decode table check came late, or the run with -s 0 failed"
+fi
+# a fresh run into a directory holding another run's checkpoints
+cp "$(ckpt "$WORK/straight_b4" model 3)" "$WORK/model3.copy"
+refused "a fresh run into a directory with checkpoints" "already holds" \
+    "$BIN" "${R[@]}" -b 4 -t 32 -d 128 -x 5 -S 7 -o "$WORK/straight_b4"
+cmp -s "$WORK/model3.copy" "$(ckpt "$WORK/straight_b4" model 3)" || bad "the refused run changed the old checkpoints"
+# SIGKILL between the state and the model file of step 4: the resume takes step 2, ends as the straight run
+"$BIN" "${R[@]}" -b 2 -t 32 -x 6 -n 2 -o "$WORK/between_straight" > /dev/null
+killed=0
+TRAIN_FOX_TEST_KILL_BETWEEN=4 "$BIN" "${R[@]}" -b 2 -t 32 -x 6 -n 2 -o "$WORK/between" > /dev/null 2>&1 || killed=$?
+if [ $killed -ne 0 ] && [ -e "$(ckpt "$WORK/between" state 4)" ] && [ ! -e "$(ckpt "$WORK/between" model 4)" ] &&
+   "$BIN" "${R[@]}" -b 2 -t 32 -x 6 -n 2 -o "$WORK/between" -y 1 > "$WORK/between.out" &&
+   grep -q "resumed from .*model_00000002.bin at step 2" "$WORK/between.out" &&
+   cmp -s "$(ckpt "$WORK/between_straight" model 6)" "$(ckpt "$WORK/between" model 6)" &&
+   cmp -s "$(ckpt "$WORK/between_straight" state 6)" "$(ckpt "$WORK/between" state 6)"; then
+    pass "SIGKILL between the two files of a checkpoint: the resume takes the one before, ends bit for bit"
+else
+    bad "SIGKILL between the two files of a checkpoint (exit $killed): wrong outcome"; cat "$WORK/between.out" 2>/dev/null | tail -3
+fi
+# main.log of the killed run kept, the resumed steps appended: s:1-4, then s:3-6
+steps=$(grep -o '^s:[0-9]* trl' "$WORK/between/main.log" | tr -dc '0-9\n' | tr '\n' ' ' || true)
+if [ "$steps" = "1 2 3 4 3 4 5 6 " ]; then
+    pass "main.log is appended on resume (train steps logged: $steps)"
+else
+    bad "main.log after a resume holds the train steps '$steps', not '1 2 3 4 3 4 5 6 '"
 fi
 
 echo "reliability: $failures failure(s)"

@@ -1,5 +1,5 @@
-// libFuzzer harness: the optimizer state reader (step, data position, AdamW moments), then the
-// data position it holds set on a data loader, as a resume does.
+// libFuzzer harness: the optimizer state reader (step, data position, run settings, AdamW
+// moments), then the data position it holds checked and set on a data loader, as a resume does.
 #include "fuzz_common.h"
 #define TESTING 1
 #define FUZZING 1
@@ -14,22 +14,16 @@ static void fuzz_state_model(FoxModel* m) {
     fox_build(m, &c);
 }
 
+#include "state_shards.h"
+
 static char shard_pattern[256];
 
 int LLVMFuzzerInitialize(int* argc, char*** argv) {
     (void)argc; (void)argv;
-    // two shards of 40 and 24 tokens below the vocabulary of 16
-    uint16_t tokens[40];
-    for (int i = 0; i < 40; i++) { tokens[i] = (uint16_t)(i % 16); }
-    for (int s = 0; s < 2; s++) {
-        char path[256];
-        snprintf(path, sizeof(path), "/tmp/fuzz_%d_state_shard_%d.bin", (int)getpid(), s);
-        int header[256] = {SHARD_MAGIC, SHARD_VERSION, s == 0 ? 40 : 24};
-        FILE* f = fopen(path, "wb");
-        if (f == NULL || fwrite(header, sizeof(int), 256, f) != 256 || fwrite(tokens, 2, (size_t)header[2], f) != (size_t)header[2]) { abort(); }
-        fclose(f);
-    }
-    snprintf(shard_pattern, sizeof(shard_pattern), "/tmp/fuzz_%d_state_shard_*.bin", (int)getpid());
+    char dir[128];
+    snprintf(dir, sizeof(dir), "/tmp/fuzz_%d_state", (int)getpid());
+    write_state_shards(dir);
+    snprintf(shard_pattern, sizeof(shard_pattern), "%s/state_shard_*.bin", dir);
     return 0;
 }
 
@@ -42,7 +36,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         dataloader_init(&d, shard_pattern, 2, 4, 0, 1, 1, 0, 7, 16);
         TrainState s;
         load_state(&m, &s, path);
-        dataloader_set_position(&d, s.epoch, s.shard_pos, s.batch_pos);
+        int batch_pos = resume_data_position(&s, &d, path);
+        dataloader_set_position(&d, s.epoch, s.shard_pos, batch_pos);
         dataloader_next_batch(&d);
         dataloader_free(&d);
         fox_free(&m);

@@ -3,6 +3,7 @@
 // usage: make_seeds <dir> <ranks file>
 #define TESTING 1
 #include "../../train_fox.c"
+#include "state_shards.h"
 
 static void seed_dir(char* out, size_t n, const char* dir, const char* reader) {
     snprintf(out, n, "%s/%s", dir, reader);
@@ -51,7 +52,16 @@ static void checkpoint_seeds(const char* model_dir, const char* state_dir) {
         snprintf(path, sizeof(path), "%s/%s.bin", model_dir, presets[k]);
         save_model(&m, path);
         if (k == 0) {
-            TrainState s = {3, 0, 1, 1, 1, 1};
+            // a position in fuzz_state.c's shards: its data loader, one batch into the second shard
+            char shards[4096], pattern[4200];
+            snprintf(shards, sizeof(shards), "%s/../../state_shards", state_dir);
+            write_state_shards(shards);
+            snprintf(pattern, sizeof(pattern), "%s/state_shard_*.bin", shards);
+            DataLoader d;
+            dataloader_init(&d, pattern, 2, 4, 0, 1, 1, 0, 7, 16);
+            dataloader_set_position(&d, 0, 1, 1);
+            TrainState s = train_state(3, &d, 8, 24);
+            dataloader_free(&d);
             snprintf(path, sizeof(path), "%s/no_moments.bin", state_dir);
             save_state(&m, &s, path);
             AdamWConfig opt = {1e-3f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
