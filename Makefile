@@ -60,7 +60,7 @@ endif
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 HAVE_GPU_TRAINER := $(wildcard train_fox.cu)
 
-.PHONY: all train train-cpu train-gpu test docs-check fixtures-check hf-check multi-gpu-check reliability-test sanitize-test fuzz fuzz-seeds fuzz-regressions clean
+.PHONY: all train train-cpu train-gpu test docs-check plot-log-test fixtures-check hf-check multi-gpu-check reliability-test sanitize-test fuzz fuzz-seeds fuzz-regressions clean
 all: train_fox_cpu test_fox fox_hf
 
 include data/data.mk
@@ -135,8 +135,12 @@ multi-gpu-check: $(if $(DATA_READY),,data)
 	dev/multi_gpu_check.sh $(MULTI_GPU_LOG)
 
 # tokenizer-test also writes the decode table that test_fox checks
-test: tokenizer-test test_fox hf-check docs-check
+test: tokenizer-test test_fox hf-check docs-check plot-log-test
 	./test_fox
+
+# dev/plot_log.py on the main.log of a short CPU run
+plot-log-test: data train_fox_cpu
+	dev/test_plot_log.sh
 
 # links and anchors of the .md files, no references outside the repo, README and line lengths
 docs-check:

@@ -1011,7 +1011,7 @@ static int attention_first_key(int i, int window) { return window > 0 && i - win
 // c_i - c_j <= c_i0 - c_j1 (c is non-increasing), so skipping every tile with
 // c_i0 - c_j1 < delta = ln eps - ln T - 2U drops less than T exp(2U + delta) = eps of each row's
 // weight. Tiles are square, PRUNE_BLOCK queries by PRUNE_BLOCK keys. The GPU kernels use tiles of
-// their own (see fox_attention_forward and the pruning notes in train_fox.cu), aligned so that each
+// their own (see fox_attention_forward / fox_attention_backward in train_fox.cu), aligned so that each
 // of their query and key tiles lies within one pruning tile: every kernel then skips exactly the
 // same (query, key) pairs as the others and as the twin.
 #define PRUNE_BLOCK 128

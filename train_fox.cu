@@ -2333,8 +2333,9 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
 // each (setmaxnreg 240). The fixed pair of tiles comes once, the streamed pairs and their per-row
 // floats through a ring of ST stages. The consumers are not kept in lockstep: each waits only for
 // its stage and releases it after its last matmul on it, so one's element-wise work runs under the
-// other's matmuls. No accumulator of an in-flight wgmma is defined by other code (no C7515; the dQ
-// kernel's cross-tile overlap makes ptxas add one wait after its loop, C7517, expected). Masks are
+// other's matmuls. No accumulator of an in-flight wgmma is defined by other code (ptxas would say
+// C7515 and serialise the wgmmas); the dQ kernel's cross-tile overlap makes ptxas inject one wait after
+// its loop (its info C7517, expected). Masks are
 // selects against two integer bounds per row; descriptors are computed once (warp-uniform) and
 // advanced by constants (desc_add). PRE: the producer's lanes form the per-column logit terms once
 // per stage (plain loads before the wait for the stage, st.shared, an arrival with release
@@ -2982,9 +2983,10 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     // fox_bwd_delta_kernel, then fox_bwd_dkdv_lean_kernel and fox_bwd_dq_lean_kernel (384 threads: a
     // producer warpgroup (TMA, setmaxnreg 24) and two consumer warpgroups of 64 rows (setmaxnreg 240),
     // 2-stage rings), then fox_bwd_dlogf_kernel:
-    // - hd 64: version 15, fox_bwd_dkdv_lean_kernel<64, 64, 2, GATE, true> (a 128-key tile, 64-query tiles
-    //   streamed) and fox_bwd_dq_lean_kernel<64, 128, 2, GATE, true> (a 128-query tile, 128-key tiles
-    //   streamed); PRE = true: the producer forms the per-column logit terms;
+    // - hd 64: version 15 (the ladder's fox_bwd_*_pre_kernel pair; here the lean kernels with PRE = true: the
+    //   producer forms the per-column logit terms), fox_bwd_dkdv_lean_kernel<64, 64, 2, GATE, true> (a
+    //   128-key tile, 64-query tiles streamed) and fox_bwd_dq_lean_kernel<64, 128, 2, GATE, true> (a
+    //   128-query tile, 128-key tiles streamed);
     // - hd 128: version 14, fox_bwd_dkdv_lean_kernel<128, 64, 2, GATE, false> (64-query tiles) and
     //   fox_bwd_dq_lean_kernel<128, 64, 2, GATE, false> (64-key tiles); the consumers form the terms.
     fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,

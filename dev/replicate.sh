@@ -78,7 +78,7 @@ for model in $MODELS; do
             say "$model: trained ($dir/$FINAL)"
         else
             resume=0
-            ls "$dir"/state_*.bin >/dev/null 2>&1 && resume=1
+            ls "$dir"/model_*.bin >/dev/null 2>&1 && resume=1 # a model file marks a checkpoint
             say "$model: training $STEPS steps of $TOTAL tokens at context $T (resume $resume), log $dir/train.out"
             start=$(date +%s)
             $BIN -e "$model-tiny" $SIZE -b $B -t $T -d $TOTAL -x "$STEPS" -l "$LR" -u $WARMUP -v $VAL_EVERY \
@@ -117,7 +117,7 @@ if has_stage report; then
         echo "|---|---|---|---|---|---|"
         for model in $MODELS; do
             dir=$RESULTS/$model
-            val=$(grep -h 'tel:' "$dir/main.log" 2>/dev/null | tail -1 | sed 's/.*tel://' || true)
+            val=$(grep -h 'tel:' "$dir/main.log" 2>/dev/null | tail -1 | sed 's/.*tel:\([^ ]*\).*/\1/' || true)
             p_train=$(awk -F, -v l=$T '$1 == l { printf "%.3f", $2 }' "$dir/eval.ppl.csv" 2>/dev/null || true)
             p_long=$(awk -F, -v l=$EVAL_T '$1 == l { printf "%.3f", $2 }' "$dir/eval.ppl.csv" 2>/dev/null || true)
             niah() {
