@@ -2649,7 +2649,8 @@ static void format_progress(char* buf, size_t n, const RunClock* c, long steps_l
     char count[32], elapsed[32], eta[48] = "";
     if (tok >= 1e9) { snprintf(count, sizeof(count), "%.2fB", tok / 1e9); }
     else if (tok >= 1e6) { snprintf(count, sizeof(count), "%.2fM", tok / 1e6); }
-    else { snprintf(count, sizeof(count), "%.1fk", tok / 1e3); }
+    else if (tok >= 1e4) { snprintf(count, sizeof(count), "%.1fk", tok / 1e3); }
+    else { snprintf(count, sizeof(count), "%lld", (long long)tokens_seen); }
     double now = c->count > 0 ? c->ends[(c->count - 1) % (CLOCK_STEPS + 1)] : now_seconds();
     format_duration(elapsed, sizeof(elapsed), now - c->start);
     int span = c->count - 1 < CLOCK_STEPS ? c->count - 1 : CLOCK_STEPS; // step periods in the ring
