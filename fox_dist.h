@@ -115,7 +115,9 @@ static int rendezvous_is_tcp(const char* spec, char* host, size_t host_size, int
 }
 
 static void rendezvous_ack_path(const char* path, int rank, char* out, size_t n) {
-    if ((size_t)snprintf(out, n, "%s.ack%d", path, rank) >= n) { fail("rendezvous path too long: '%s'", path); }
+    if ((size_t)snprintf(out, n, "%s.ack%d", path, rank) >= n) {
+        fail("rendezvous path too long: '%s'\nHINT: pass a shorter -F path", path);
+    }
 }
 
 static void rendezvous_file_cleanup(const char* path, int world) {
@@ -177,7 +179,10 @@ static void rendezvous_file_fetch(const char* path, void* id, size_t n, int rank
     char ack[4096];
     rendezvous_ack_path(path, rank, ack, sizeof(ack));
     FILE* a = fopen_check(ack, "wb");
-    if (fclose(a) != 0) { fail("could not write '%s': %s", ack, strerror(errno)); }
+    if (fclose(a) != 0) {
+        fail("could not write '%s': %s\nHINT: every process must be able to write in the -F path's directory", ack,
+             strerror(errno));
+    }
 }
 
 // sends or receives exactly n bytes; 0 on a closed or broken connection
@@ -222,7 +227,10 @@ static int listen_any(int port, int backlog) {
         close(fd);
     }
     fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) { fail("rendezvous: could not open a socket: %s", strerror(errno)); }
+    if (fd < 0) {
+        fail("rendezvous: could not open a socket: %s\nHINT: use a -F file path all processes see instead",
+             strerror(errno));
+    }
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof(addr));

@@ -143,7 +143,7 @@ static int head_cache_slot(HeadCache* hc, int pos, int hd, int slot_cap) {
         int slots = hc->slots > 0 ? 2 * hc->slots : 16;
         head_cache_resize(hc, slots < slot_cap ? slots : slot_cap, hd);
     }
-    if (pos - hc->base >= hc->slots) { fail("internal: the KV cache of a head is full at position %d", pos); }
+    if (pos - hc->base >= hc->slots) { fail("internal: the KV cache of a head is full at position %d" BUG_HINT, pos); }
     return pos - hc->base;
 }
 
@@ -356,7 +356,7 @@ static void fox_decode_step(FoxDecoder* d, int token) {
     int groups_qk = cf->qk_norm_shared ? 1 : H;
     size_t qk_per = d->m->spec[P_Q_NORM].rows;
     check_tokens(&token, 1, cf->vocab_size, "input");
-    if (d->len >= d->max_len) { fail("internal: the KV cache holds at most %d tokens", d->max_len); }
+    if (d->len >= d->max_len) { fail("internal: the KV cache holds at most %d tokens" BUG_HINT, d->max_len); }
     int pos = d->len;
     ParameterTensors p = d->m->params;
     DecoderRow* r = &d->row;
@@ -463,7 +463,7 @@ static void cpu_backend_reset(void* ctx) { fox_decoder_reset(cpu_backend_decoder
 
 static void cpu_backend_next_logits(void* ctx, const int* tokens, int t, float* out) {
     FoxDecoder* d = cpu_backend_decoder((CpuBackend*)ctx);
-    if (t <= d->len) { fail("internal: next_logits for %d tokens after %d without a reset", t, d->len); }
+    if (t <= d->len) { fail("internal: next_logits for %d tokens after %d without a reset" BUG_HINT, t, d->len); }
     if (t > d->max_len) { fail("%d tokens exceed the context of %d\nHINT: raise -t", t, d->max_len); }
     while (d->len < t) { fox_decode_step(d, tokens[d->len]); }
     memcpy(out, d->row.logits, (size_t)d->m->config.vocab_size * sizeof(float));
@@ -590,7 +590,7 @@ static size_t read_shard_tokens(const char* path, size_t n, int drop_eot, int eo
     size_t count = read_shard_header(path), got = 0;
     uint16_t buf[4096];
     FILE* f = fopen_check(path, "rb");
-    if (fseek(f, SHARD_HEADER_BYTES, SEEK_SET) != 0) { fail("could not seek in '%s'", path); }
+    if (fseek(f, SHARD_HEADER_BYTES, SEEK_SET) != 0) { fail("could not seek in '%s'" SEEK_HINT, path); }
     for (size_t done = 0; done < count && got < n;) {
         size_t chunk = count - done < 4096 ? count - done : 4096;
         fread_check(buf, sizeof(uint16_t), chunk, f, path);
@@ -657,7 +657,9 @@ static int parse_int_list(const char* s, const char* flag, long lo, long hi, int
 }
 
 static FILE* open_output(const Args* a, const char* suffix, char* path, size_t n) {
-    if ((size_t)snprintf(path, n, "%s%s", a->out_prefix, suffix) >= n) { fail("-O path too long"); }
+    if ((size_t)snprintf(path, n, "%s%s", a->out_prefix, suffix) >= n) {
+        fail("-O path too long\nHINT: use a shorter -O prefix");
+    }
     return fopen_check(path, "w");
 }
 
@@ -1055,7 +1057,7 @@ static void eval_mode_shape(const Args* a, int* B, int* T) {
 }
 
 static void check_eval_args(const Args* a) {
-    if (a->mode == MODE_TRAIN) { fail("internal: train is not an evaluation mode"); }
+    if (a->mode == MODE_TRAIN) { fail("internal: train is not an evaluation mode" BUG_HINT); }
     if ((a->mode == MODE_EVAL || a->mode == MODE_NIAH) && a->out_prefix == NULL) {
         printf("note: no -O, results go to stdout only\n");
     }
@@ -1070,7 +1072,7 @@ static int run_eval_mode(const Args* a, FoxModel* m, ForwardBackend* be, const c
         case MODE_NIAH: return run_niah(a, be);
         case MODE_MAPS: return run_maps(a, m);
     }
-    fail("internal: unknown mode %d", a->mode);
+    fail("internal: unknown mode %d" BUG_HINT, a->mode);
     return 1;
 }
 

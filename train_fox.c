@@ -67,6 +67,11 @@ static jmp_buf fuzz_fail_jump;
 static char fuzz_fail_message[1024];
 #endif
 
+// the HINT of a check that only a bug in train_fox can trip
+#define BUG_HINT "\nHINT: this is a bug in train_fox; please report it with the command line"
+// the HINT of a failed seek in a file that was read before
+#define SEEK_HINT "\nHINT: the file must be a regular file that does not change while train_fox runs"
+
 static void fail(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -122,9 +127,11 @@ static void fwrite_check(const void* src, size_t size, size_t count, FILE* f, co
 }
 
 static long file_size_check(FILE* f, const char* path) {
-    if (fseek(f, 0, SEEK_END) != 0) { fail("could not seek in '%s': %s", path, strerror(errno)); }
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fail("could not seek in '%s': %s" SEEK_HINT, path, strerror(errno));
+    }
     long size = ftell(f);
-    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) { fail("could not seek in '%s'", path); }
+    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) { fail("could not seek in '%s'" SEEK_HINT, path); }
     return size;
 }
 
@@ -730,8 +737,8 @@ static void fox_init(FoxModel* m, uint64_t seed) {
 static void fox_ensure_activations(FoxModel* m, int B, int T) {
     if (m->acts_memory != NULL) {
         if (B > m->max_B || T > m->max_T) {
-            fail("internal: batch %dx%d exceeds the activations allocated for %dx%d\n"
-                 "HINT: this is a bug in train_fox; please report the command line", B, T, m->max_B, m->max_T);
+            fail("internal: batch %dx%d exceeds the activations allocated for %dx%d" BUG_HINT, B, T, m->max_B,
+                 m->max_T);
         }
         return;
     }
@@ -1385,7 +1392,7 @@ static void fox_zero_grad(FoxModel* m) { memset(m->grads_memory, 0, m->num_param
 // Accumulates into the parameter gradients the gradient of loss_scale * mean_loss of the last
 // forward (loss_scale = 1 / accumulation steps when accumulating micro-batches).
 static void fox_backward(FoxModel* m, float loss_scale) {
-    if (m->targets == NULL) { fail("internal: backward needs a forward with targets"); }
+    if (m->targets == NULL) { fail("internal: backward needs a forward with targets" BUG_HINT); }
     const FoxConfig* cf = &m->config;
     int B = m->B, T = m->T;
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden;
@@ -1842,7 +1849,7 @@ static void dataloader_next_batch(DataLoader* d) {
         size_t slot = (size_t)d->batch_pos * d->B * d->world + (size_t)d->rank * d->B + b;
         size_t sample = (size_t)d->sample_order[slot];
         long offset = SHARD_HEADER_BYTES + (long)(sample * T * sizeof(uint16_t));
-        if (fseek(d->file, offset, SEEK_SET) != 0) { fail("could not seek in '%s'", path); }
+        if (fseek(d->file, offset, SEEK_SET) != 0) { fail("could not seek in '%s'" SEEK_HINT, path); }
         fread_check(d->window, sizeof(uint16_t), (size_t)T + 1, d->file, path);
         int shift = 0;
         if (d->roll) {
@@ -2414,7 +2421,9 @@ static void parse_args(Args* a, int argc, char** argv) {
         if (i + 1 >= argc) { fail("flag %s needs a value\nHINT: train_fox -h lists every flag", arg); }
         const char* v = argv[++i];
         if (arg[0] == '-' && arg[1] == '-') {
-            if (a->num_overrides == 64) { fail("too many model overrides"); }
+            if (a->num_overrides == 64) {
+                fail("too many model overrides (at most 64)\nHINT: pass fewer --key value pairs");
+            }
             a->override_keys[a->num_overrides] = arg + 2;
             a->override_values[a->num_overrides++] = v;
             continue;

@@ -3504,7 +3504,7 @@ static void dist_wait(const Dist* d) {
 static double dist_sum(const Dist* d, const double* values_dev, int n) {
     double local[GATHER_MAX];
     const double* all = local;
-    if (n > GATHER_MAX) { fail("dist_sum: %d values exceed GATHER_MAX %d", n, GATHER_MAX); }
+    if (n > GATHER_MAX) { fail("internal: dist_sum of %d values exceeds GATHER_MAX %d" BUG_HINT, n, GATHER_MAX); }
     if (d->world == 1) {
         cudaCheck(cudaMemcpy(local, values_dev, (size_t)n * sizeof(double), cudaMemcpyDeviceToHost));
     } else {
@@ -4246,7 +4246,7 @@ static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int 
     int V = cf->vocab_size, Vp = cf->padded_vocab_size;
     size_t N = (size_t)B * T, NC = N * C;
     if (T > g->max_T || N > (size_t)g->max_B * g->max_T) {
-        fail("internal: batch %dx%d exceeds the allocated %dx%d", B, T, g->max_B, g->max_T);
+        fail("internal: batch %dx%d exceeds the allocated %dx%d" BUG_HINT, B, T, g->max_B, g->max_T);
     }
     check_tokens(inputs, N, V, "input");
     if (targets != NULL) { check_tokens(targets, N, V, "target"); }
@@ -4325,7 +4325,7 @@ static int encoder_lists(GPUModel* g, size_t N) {
 
 // Accumulates into the gradients the gradient of loss_scale * mean_loss of the last forward.
 static void gpu_backward(GPUModel* g, float loss_scale) {
-    if (!g->has_targets) { fail("internal: backward needs a forward with targets"); }
+    if (!g->has_targets) { fail("internal: backward needs a forward with targets" BUG_HINT); }
     const FoxConfig* cf = &g->config;
     int B = g->B, T = g->T;
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden, Vp = cf->padded_vocab_size;
@@ -4699,7 +4699,8 @@ int main(int argc, char** argv) {
     Dist dist;
     dist_init(&dist, &a, argc, argv);
     if (dist.rank > 0 && freopen("/dev/null", "w", stdout) == NULL) { // rank 0 alone logs; errors go to stderr
-        fail("rank %d could not silence its output: %s", dist.rank, strerror(errno));
+        fail("rank %d could not silence its output: %s\nHINT: /dev/null must be writable", dist.rank,
+             strerror(errno));
     }
     FoxModel model;
     build_model(&model, &a);

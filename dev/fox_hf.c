@@ -646,7 +646,7 @@ static void text_add(Text* t, const char* fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (n < 0) { fail("internal: could not format text"); }
+    if (n < 0) { fail("internal: could not format text" BUG_HINT); }
     if (t->len + (size_t)n + 1 > t->cap) {
         t->cap = 2 * (t->len + (size_t)n + 1);
         t->s = (char*)realloc(t->s, t->cap);
