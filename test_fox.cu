@@ -829,9 +829,9 @@ static void test_config(void) {
           cst);
 }
 
-// The schedule of a resumed run: run_schedule from (start k, k * d tokens seen) gives the straight
-// run's rates bit for bit (both compute total_tokens = 100 d exactly: integers far below 2^53), and
-// after a resume with another -d the rate follows the tokens seen.
+// The schedule of a resumed run: run_schedule from (start k, k * d tokens seen, the run's warmup) gives
+// the straight run's rates bit for bit (both compute total_tokens = 100 d exactly: integers far below
+// 2^53), and after a resume with another -d the rate follows the tokens seen, with the run's warmup.
 static void test_schedule_resume(void) {
     const char* argv[] = {"train_fox", NULL};
     Args a;
@@ -842,11 +842,14 @@ static void test_schedule_resume(void) {
         for (int w = 0; w < 2; w++) {
             a.schedule = type;
             a.warmup_tokens = w == 0 ? -1 : 5 * 4096 + 100; // default (10% of the tokens) and explicit
-            LRSchedule straight = run_schedule(&a, 0, 0);
+            LRSchedule straight = run_schedule(&a, NULL);
             const int starts[] = {1, 7, 10, 37, 99};
             for (int i = 0; i < 5; i++) {
                 int k = starts[i];
-                LRSchedule resumed = run_schedule(&a, k, (int64_t)k * a.total_batch_tokens);
+                TrainState at_k = {k};
+                at_k.tokens_seen = (int64_t)k * a.total_batch_tokens;
+                at_k.warmup_tokens = straight.warmup_tokens;
+                LRSchedule resumed = run_schedule(&a, &at_k);
                 for (int step = k; step < a.steps; step++) {
                     double before = (double)step * a.total_batch_tokens;
                     same &= lr_at_tokens(&straight, before) == lr_at_tokens(&resumed, before);
@@ -857,12 +860,17 @@ static void test_schedule_resume(void) {
     }
     check(same, "schedule: a run resumed at step 1, 7, 10, 37 or 99 of 100 gets the straight run's rates bit for bit "
           "(%d rates: 3 schedules, default and explicit warmup)", compared);
-    // 30 steps of -d 4096, then a resume with -d 16384 to -x 100 (cosine, default warmup): the
-    // schedule's clock is the tokens seen; the formula written out here, in fp64
+    // 30 steps of -d 4096 of a run of 100 (default warmup: 10% of 409600 tokens), then a resume with
+    // -d 16384 to -x 100: the schedule's clock is the tokens seen, the warmup the run's (a new default
+    // would be 10% of the new total and restart the warmup: the run was past it); the formula
+    // written out here, in fp64
     a.schedule = SCHEDULE_COSINE; a.warmup_tokens = -1; a.total_batch_tokens = 16384;
     const double d1 = 4096, d2 = 16384, k = 30, S = 100;
-    LRSchedule resumed = run_schedule(&a, (long)k, (int64_t)(k * d1));
-    double total = k * d1 + (S - k) * d2, warm = 0.1 * total; // 0.1 total < 2^28: the default warmup
+    TrainState at_30 = {30};
+    at_30.tokens_seen = (int64_t)(k * d1);
+    at_30.warmup_tokens = 0.1 * S * d1;
+    LRSchedule resumed = run_schedule(&a, &at_30);
+    double total = k * d1 + (S - k) * d2, warm = 0.1 * S * d1;
     double err = 0.0, by_steps = 0.0;
     for (int step = (int)k; step < (int)S; step++) {
         double before = k * d1 + (step - k) * d2, want;
@@ -913,7 +921,7 @@ static void test_progress(void) {
     c.count = 5;
     for (int k = 0; k < 5; k++) { c.ends[k] = 102.0 + 2.0 * k; }
     format_progress(buf4, sizeof(buf4), &c, 0, 999);
-    int ok3 = strcmp(buf3, " | 12.3k tok | 0s") == 0 && strcmp(buf4, " | 1.0k tok | 10s") == 0;
+    int ok3 = strcmp(buf3, " | 12.3k tok | 0s") == 0 && strcmp(buf4, " | 999 tok | 10s") == 0; // whole below 10k
     check(ok1 && ok2 && ok3, "progress: \"%s\" (want 1.64M, 10s, ETA 1m40s), \"%s\" (want 2.70B, 1m12s, ETA 1h02m "
           "from the last 16 periods), \"%s\" and \"%s\" (no ETA without a period or a step left)", buf, buf2, buf3,
           buf4);
@@ -1149,7 +1157,7 @@ static void test_checkpoints(void) {
     fox_update(&m, &opt, 1e-3f, 1);
     char model_path[512], state_path[512];
     checkpoint_paths(test_dir, 1, model_path, state_path, sizeof(model_path));
-    TrainState s = {1, 0, 1, 2, 1, 8, 8, 1, 0x1234567890abcdefull, 0xfedcba0987654321ull, 48, 3000000000ll};
+    TrainState s = {1, 0, 1, 2, 1, 8, 8, 1, 0x1234567890abcdefull, 0xfedcba0987654321ull, 48, 3000000000ll, 4800.5};
     save_model(&m, model_path);
     save_state(&m, &s, state_path);
     FoxModel l;
@@ -1161,9 +1169,10 @@ static void test_checkpoints(void) {
                memcmp(l.m_memory, m.m_memory, m.num_parameters * sizeof(float)) == 0 &&
                memcmp(l.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0 && ls.step == 1 &&
                ls.batch_pos == 2 && ls.batch_samples == 8 && ls.T == 8 && ls.roll == 1 && ls.seed == s.seed &&
-               ls.shards == s.shards && ls.total_batch_tokens == 48 && ls.tokens_seen == 3000000000ll;
+               ls.shards == s.shards && ls.total_batch_tokens == 48 && ls.tokens_seen == 3000000000ll &&
+               ls.warmup_tokens == 4800.5;
     check(same, "checkpoint round trip: configuration, %zu parameters, AdamW moments, data position and run "
-          "settings (-t, -R, -S, shards, -d, tokens seen past 2^31) bit for bit", m.num_parameters);
+          "settings (-t, -R, -S, shards, -d, tokens seen past 2^31, warmup) bit for bit", m.num_parameters);
     check(latest_checkpoint(test_dir) == 1, "checkpoint: the newest complete checkpoint is found");
     // names that only look like checkpoints are not taken: a lone state, a step past int,
     // a sign, a letter, a model without its state, a model not named as train_fox names it
@@ -1335,10 +1344,11 @@ static void test_resume(void) {
     DataLoader d;
     dataloader_init(&d, pattern, 4, T, 1, 2, 1, 1, 99, 1000);
     for (int k = 0; k < 3; k++) { dataloader_next_batch(&d); }
-    TrainState s = train_state(6, &d, 3 * 64, 6LL * 3 * 64);
+    LRSchedule sched = {SCHEDULE_COSINE, 1e-3, 1234.5, 1e6, 3 * 64};
+    TrainState s = train_state(6, &d, &sched, 6LL * 3 * 64);
     check(s.step == 6 && s.epoch == d.epoch && s.shard_pos == d.shard_pos && s.batch_pos == 3 && s.world == 2 &&
               s.batch_samples == 8 && s.T == T && s.roll == 1 && s.seed == 99 && s.shards == id &&
-              s.total_batch_tokens == 192 && s.tokens_seen == 1152,
+              s.total_batch_tokens == 192 && s.tokens_seen == 1152 && s.warmup_tokens == 1234.5,
           "train_state: step 6, position (epoch %d, shard %d, batch %d), world %d, %d samples a batch, -t %d, "
           "-R %d, -S %llu, shards %016llx, -d %lld, %lld tokens seen", s.epoch, s.shard_pos, s.batch_pos, s.world,
           s.batch_samples, s.T, s.roll, (unsigned long long)s.seed, (unsigned long long)s.shards,
@@ -1349,7 +1359,8 @@ static void test_resume(void) {
     ResumeRun saved = {pattern, 8, T, 1, 0, 7};
     resume_loader(&d, &saved);
     for (int k = 0; k < 4; k++) { dataloader_next_batch(&d); }
-    resume_saved = train_state(4, &d, 8 * T, 4LL * 8 * T);
+    LRSchedule saved_sched = {SCHEDULE_COSINE, 1e-3, 0, 1e6, 8.0 * T};
+    resume_saved = train_state(4, &d, &saved_sched, 4LL * 8 * T);
     dataloader_next_batch(&d); // the batch the resumed runs must see next
     int same_pos = resume_data_position(&resume_saved, &d, "state") == 4;
     // another -b or process count: the position in batches of the new size, and the same windows next

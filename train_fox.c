@@ -1960,7 +1960,7 @@ static void tokenizer_print(const Tokenizer* tk, int token) {
 #define MODEL_MAGIC 20261101
 #define MODEL_VERSION 1
 #define STATE_MAGIC 20261102
-#define STATE_VERSION 2 // 2: T, -R, seed, the shards' identity, -d and the tokens seen
+#define STATE_VERSION 2 // 2: T, -R, seed, the shards' identity, -d, the warmup and the tokens seen
 
 static void float_to_header(int* slot, float v) { memcpy(slot, &v, sizeof(float)); }
 static float float_from_header(const int* slot) { float v; memcpy(&v, slot, sizeof(float)); return v; }
@@ -2059,6 +2059,7 @@ typedef struct {
     uint64_t shards;                 // shards_identity of the training shards (-i)
     int64_t total_batch_tokens;      // -d of the steps so far
     int64_t tokens_seen;             // tokens the steps so far trained on: the schedule's clock
+    double warmup_tokens;            // the schedule's warmup (-u, or its default at the run's start)
 } TrainState;
 
 static void save_state(const FoxModel* m, const TrainState* s, const char* path) {
@@ -2076,6 +2077,7 @@ static void save_state(const FoxModel* m, const TrainState* s, const char* path)
     write_u64(header + 15, s->shards);
     write_u64(header + 17, (uint64_t)s->total_batch_tokens);
     write_u64(header + 19, (uint64_t)s->tokens_seen);
+    memcpy(header + 21, &s->warmup_tokens, sizeof(double));
     char tmp[4096];
     FILE* f = atomic_open(path, tmp, sizeof(tmp));
     atomic_write(header, sizeof(int), 256, f, tmp, path);
@@ -2120,10 +2122,12 @@ static void load_state(FoxModel* m, TrainState* s, const char* path) {
     s->shards = read_u64(header + 15);
     s->total_batch_tokens = (int64_t)read_u64(header + 17);
     s->tokens_seen = (int64_t)read_u64(header + 19);
+    memcpy(&s->warmup_tokens, header + 21, sizeof(double));
     int has_moments = header[9];
     if (s->step < 0 || s->epoch < 0 || s->shard_pos < 0 || s->batch_pos < 0 || s->world < 1
         || s->batch_samples < 1 || s->T < 1 || (s->roll != 0 && s->roll != 1) || s->total_batch_tokens < 1
-        || s->tokens_seen < 0 || (has_moments != 0 && has_moments != 1)) {
+        || s->tokens_seen < 0 || !(s->warmup_tokens >= 0.0 && s->warmup_tokens < 1e18)
+        || (has_moments != 0 && has_moments != 1)) {
         fail("'%s' holds an invalid step, data position, run setting or moments flag\n"
              "HINT: the file is damaged; resume from another checkpoint", path);
     }
@@ -2175,9 +2179,9 @@ static int latest_checkpoint(const char* dir) {
 }
 
 // the state of a run after `step` steps, whose data loader stands at the next batch
-static TrainState train_state(int step, const DataLoader* d, long total_batch_tokens, int64_t tokens_seen) {
+static TrainState train_state(int step, const DataLoader* d, const LRSchedule* sched, int64_t tokens_seen) {
     TrainState s = {step, d->epoch, d->shard_pos, d->batch_pos, d->world, d->B * d->world, d->T, d->roll,
-                    d->seed, shards_identity(d), total_batch_tokens, tokens_seen};
+                    d->seed, shards_identity(d), (int64_t)sched->tokens_per_step, tokens_seen, sched->warmup_tokens};
     return s;
 }
 
@@ -2581,14 +2585,18 @@ static TrainState resume_run(FoxModel* model, const Args* a, DataLoader* train) 
     return s;
 }
 
-// The schedule of a run that starts after `start` steps and `tokens_seen` tokens: the remaining
-// steps of -d tokens each end it, and the rate of each step follows the tokens seen before it
-// (lr_at_tokens), so a resume with another -d goes on where the tokens say.
-static LRSchedule run_schedule(const Args* a, long start, int64_t tokens_seen) {
-    LRSchedule s = {a->schedule, a->lr, 0,
-                    (double)tokens_seen + (double)(a->steps - start) * (double)a->total_batch_tokens,
+// The schedule of a run, fresh (resumed = NULL) or resumed: the remaining steps of -d tokens each end
+// it, and the rate of each step follows the tokens seen before it (lr_at_tokens), so a resume with
+// another -d goes on where the tokens say. The warmup is -u, else the resumed run's, else
+// min(256 x 2^20, 10% of the run's tokens).
+static LRSchedule run_schedule(const Args* a, const TrainState* resumed) {
+    long start = resumed != NULL ? resumed->step : 0;
+    double seen = resumed != NULL ? (double)resumed->tokens_seen : 0.0;
+    LRSchedule s = {a->schedule, a->lr, 0, seen + (double)(a->steps - start) * (double)a->total_batch_tokens,
                     (double)a->total_batch_tokens};
-    s.warmup_tokens = a->warmup_tokens >= 0 ? (double)a->warmup_tokens : fmin(268435456.0, 0.1 * s.total_tokens);
+    if (a->warmup_tokens >= 0) { s.warmup_tokens = (double)a->warmup_tokens; }
+    else if (resumed != NULL) { s.warmup_tokens = resumed->warmup_tokens; }
+    else { s.warmup_tokens = fmin(268435456.0, 0.1 * s.total_tokens); }
     return s;
 }
 
@@ -2739,14 +2747,11 @@ int main(int argc, char** argv) {
     printf("threads: %d\n", omp_get_max_threads());
 #endif
 
-    int start = 0;
-    int64_t tokens_seen = 0;
-    if (a.resume) {
-        TrainState s = resume_run(&model, &a, &train);
-        start = s.step;
-        tokens_seen = s.tokens_seen;
-    }
-    LRSchedule sched = run_schedule(&a, start, tokens_seen);
+    TrainState resumed;
+    if (a.resume) { resumed = resume_run(&model, &a, &train); }
+    int start = a.resume ? resumed.step : 0;
+    int64_t tokens_seen = a.resume ? resumed.tokens_seen : 0;
+    LRSchedule sched = run_schedule(&a, a.resume ? &resumed : NULL);
     printf("batch: %d x %d tokens, %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | "
            "%s schedule, peak lr %g\n",
            a.B, a.T, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
@@ -2772,7 +2777,7 @@ int main(int argc, char** argv) {
         // the checkpoint before the sample: a sample must never cost one
         int checkpoint_due = (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last;
         if (a.out_dir != NULL && step > start && checkpoint_due) {
-            TrainState s = train_state((int)step, &train, a.total_batch_tokens, tokens_seen);
+            TrainState s = train_state((int)step, &train, &sched, tokens_seen);
             save_checkpoint(&model, a.out_dir, &s);
         }
         if (have_tokenizer && a.sample_every > 0 && (step % a.sample_every == 0 || last) && step > 0) {

@@ -4770,14 +4770,11 @@ int main(int argc, char** argv) {
     GPUModel gm;
     gpu_build_dist(&gm, &model, a.B, a.T, &dist);
 
-    int start = 0;
-    int64_t tokens_seen = 0;
-    if (a.resume) {
-        TrainState s = gpu_resume(&gm, &model, &a, &train);
-        start = s.step;
-        tokens_seen = s.tokens_seen;
-    }
-    LRSchedule sched = run_schedule(&a, start, tokens_seen);
+    TrainState resumed;
+    if (a.resume) { resumed = gpu_resume(&gm, &model, &a, &train); }
+    int start = a.resume ? resumed.step : 0;
+    int64_t tokens_seen = a.resume ? resumed.tokens_seen : 0;
+    LRSchedule sched = run_schedule(&a, a.resume ? &resumed : NULL);
     printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
            "warmup %.0f tokens | %s schedule, peak lr %g\n", a.B, a.T, dist.world, accum, a.total_batch_tokens,
            a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
@@ -4803,7 +4800,7 @@ int main(int argc, char** argv) {
         // the checkpoint before the sample: a sample must never cost one
         int checkpoint_due = (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last;
         if (a.out_dir != NULL && step > start && checkpoint_due) {
-            TrainState s = train_state((int)step, &train, a.total_batch_tokens, tokens_seen);
+            TrainState s = train_state((int)step, &train, &sched, tokens_seen);
             gpu_save_checkpoint(&gm, a.out_dir, &s);
         }
         if (have_tokenizer && a.sample_every > 0 && (step % a.sample_every == 0 || last) && step > 0) {
