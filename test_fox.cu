@@ -36,7 +36,7 @@ static void check(int ok, const char* fmt, ...) {
 }
 
 // ----------------------------------------------------------------------------
-// debug-state files of the reference (format in dev/fox_reference.py and README.md)
+// debug-state files of the reference (.fxds; the format: dev/compare_debug_states.py)
 
 enum { DS_F32 = 0, DS_I32 = 1, DS_TEXT = 2, DS_F64 = 3 };
 
@@ -3247,6 +3247,8 @@ static void gpu_test_zero_slices(void) {
 //   wrong column sum.
 // - fp32: both sides fp32, different summation orders: 1e-4 (L2 and max; measured <= 2e-6,
 //   and up to 4e-6 absolute in the one-key cases, the noise of dP - Delta), lse 1e-5 abs.
+// ATOL_L2, ATOL_MAX and ATOL_DLOGF bound relative errors (relative L2, max |err| / max |ref|: attn_error);
+// ATOL_LSE is absolute.
 #ifdef ENABLE_FP32
 #define ATOL_L2 1e-4
 #define ATOL_MAX 1e-4
