@@ -13,6 +13,10 @@ itself prints (without ncu) is the figure to compare against the table's total.
 The run is `steps` steps; kernels launched before the first step (initialisation) are counted
 separately by their launch order: everything before the first forward kernel of step 1 is
 dropped, found as the first launch of the encoder kernel.
+
+--bandwidth adds each kernel's DRAM traffic (dram__bytes_read.sum + dram__bytes_write.sum) and
+its rate against --peak-tbs (4.8 TB/s, the H200's HBM3e; 3.35 for an H100 SXM): how far a
+memory-bound kernel is from its bound. Data served from L2 (50 MB) does not count as traffic.
 """
 import argparse
 import collections
@@ -41,10 +45,13 @@ def main():
     ap.add_argument("--first-kernel", default="encoder_forward",
                     help="substring of the first kernel of a training step (drops initialisation)")
     ap.add_argument("--ncu", default="ncu")
+    ap.add_argument("--bandwidth", action="store_true", help="add DRAM bytes and TB/s per kernel")
+    ap.add_argument("--peak-tbs", type=float, default=4.8, help="DRAM bandwidth for the %% column (TB/s)")
     ap.add_argument("train_fox_args", nargs=argparse.REMAINDER, help="after --: flags for train_fox")
     args = ap.parse_args()
     extra = [a for a in args.train_fox_args if a != "--"]
-    cmd = [args.ncu, "--csv", "--metrics", "gpu__time_duration.sum", "--clock-control", "none",
+    metrics = "gpu__time_duration.sum" + (",dram__bytes_read.sum,dram__bytes_write.sum" if args.bandwidth else "")
+    cmd = [args.ncu, "--csv", "--metrics", metrics, "--clock-control", "none",
            "--cache-control", "none", args.binary, "-x", str(args.steps), "-v", "0", "-s", "0"] + extra
     print("$ " + " ".join(cmd), flush=True)
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -56,27 +63,41 @@ def main():
     if start is None:
         sys.exit("error: no kernel table in ncu's output. HINT: run the ncu command above by hand")
     step_lines = [l for l in lines[:start] if re.match(r"step\s+\d+/", l)]
-    launches = []
+    launches = {}  # launch ID -> [name, ms, bytes], in launch order
+    time_scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3,  # older ncu
+                  "ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+    byte_scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
+                  "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
     for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
-        if row.get("Metric Name") != "gpu__time_duration.sum":
-            continue
-        unit = row["Metric Unit"]
+        launch = launches.setdefault(row["ID"], [short_name(row["Kernel Name"]), 0.0, 0.0])
         value = float(row["Metric Value"].replace(",", ""))
-        scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3,  # older ncu
-                 "ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
-        launches.append((short_name(row["Kernel Name"]), value * scale))
-    first = next((i for i, (n, _) in enumerate(launches) if args.first_kernel in n), 0)
-    per_kernel = collections.defaultdict(lambda: [0, 0.0])
-    for name, ms in launches[first:]:
+        if row.get("Metric Name") == "gpu__time_duration.sum":
+            launch[1] = value * time_scale[row["Metric Unit"]]
+        elif row.get("Metric Name", "").startswith("dram__bytes"):
+            launch[2] += value * byte_scale[row["Metric Unit"]]
+    ordered = list(launches.values())
+    first = next((i for i, (n, _, _) in enumerate(ordered) if args.first_kernel in n), 0)
+    per_kernel = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for name, ms, nbytes in ordered[first:]:
         per_kernel[name][0] += 1
         per_kernel[name][1] += ms
-    total = sum(ms for _, ms in per_kernel.values())
+        per_kernel[name][2] += nbytes
+    total = sum(ms for _, ms, _ in per_kernel.values())
     print("\n".join(step_lines[-args.steps:]))
-    print(f"\nkernels of {args.steps} step(s), per step: {total / args.steps:.2f} ms in {sum(n for n, _ in per_kernel.values()) / args.steps:.0f} launches\n")
-    print("| kernel | launches/step | ms/step | share |")
-    print("|---|---|---|---|")
-    for name, (n, ms) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1]):
-        print(f"| `{name}` | {n / args.steps:.0f} | {ms / args.steps:.2f} | {100 * ms / total:.1f}% |")
+    print(f"\nkernels of {args.steps} step(s), per step: {total / args.steps:.2f} ms in "
+          f"{sum(n for n, _, _ in per_kernel.values()) / args.steps:.0f} launches\n")
+    if args.bandwidth:
+        print(f"| kernel | launches/step | ms/step | share | GB/step | TB/s | of {args.peak_tbs:g} TB/s |")
+        print("|---|---|---|---|---|---|---|")
+    else:
+        print("| kernel | launches/step | ms/step | share |")
+        print("|---|---|---|---|")
+    for name, (n, ms, nbytes) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1]):
+        row = f"| `{name}` | {n / args.steps:.0f} | {ms / args.steps:.2f} | {100 * ms / total:.1f}% |"
+        if args.bandwidth:
+            tbs = nbytes / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
+            row += f" {nbytes / args.steps / 1e9:.2f} | {tbs:.2f} | {100 * tbs / args.peak_tbs:.0f}% |"
+        print(row)
 
 
 if __name__ == "__main__":
