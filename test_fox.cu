@@ -3474,7 +3474,7 @@ typedef struct {
     const char* preset;
     const char* const* ov;
     const char* what;
-    int B, lens[4], gen;
+    int B, lens[48], gen;
     int empty;       // 1: the prompt fed token by token from an empty cache (gpu_sample's path), else the prefill
     int prune;       // -A 1: eviction
     float ln_eps;
@@ -3493,6 +3493,7 @@ typedef struct {
 } GenResult;
 
 enum { GEN_V = 512 };
+static int gen_use_mma = 1; // the decoder's matvecs on tensor cores (bf16 build) or CUDA cores
 
 static double gen_row_error(const float* got, const float* ref, int V) {
     double err = 0.0, scale = 1e-30;
@@ -3502,6 +3503,11 @@ static double gen_row_error(const float* got, const float* ref, int V) {
         scale = fmax(scale, fabs((double)ref[j]));
     }
     return err / scale;
+}
+
+// replaces the decoder's next tokens (teacher forcing: a prompt fed token by token)
+static void gpu_decoder_feed(GpuDecoder* d, const int* tokens) {
+    cudaCheck(cudaMemcpy(d->tokens, tokens, (size_t)d->B * sizeof(int), cudaMemcpyHostToDevice));
 }
 
 // One case on the GPU (use_graph 0: kernels launched one by one; corrupt: c_last zeroed after the
@@ -3526,7 +3532,8 @@ static void gen_run(const GenCase* c, int use_graph, int corrupt, GenResult* r) 
     int cap = Tp + c->gen;
     int* tokens = (int*)malloc_check((size_t)B * cap * sizeof(int), "test");
     random_tokens(tokens, (size_t)B * cap, V, 77);
-    FoxDecoder tw[4], tr[4];
+    FoxDecoder* tw = (FoxDecoder*)calloc_check((size_t)B, sizeof(FoxDecoder), "test");
+    FoxDecoder* tr = (FoxDecoder*)calloc_check((size_t)B, sizeof(FoxDecoder), "test");
     for (int b = 0; b < B; b++) { fox_decoder_init(&tw[b], &m, cap); fox_decoder_init(&tr[b], &mr, cap); }
     GPUModel gm;
     gpu_build(&gm, &m, c->empty ? 1 : B, c->empty ? 1 : Tp);
@@ -3534,7 +3541,8 @@ static void gen_run(const GenCase* c, int use_graph, int corrupt, GenResult* r) 
     GpuDecoder d;
     gpu_decoder_init(&d, &gm, B, cap, c->prune, c->ln_eps, cap);
     d.use_graph = use_graph;
-    uint64_t seeds[4];
+    d.use_mma = gen_use_mma;
+    uint64_t seeds[48];
     for (int b = 0; b < B; b++) { seeds[b] = generate_seed(5, b); }
     gpu_decoder_begin(&d, B, 0.0, 0, seeds);
     gen_poison(&d);
@@ -3544,12 +3552,12 @@ static void gen_run(const GenCase* c, int use_graph, int corrupt, GenResult* r) 
     r->last = (float*)malloc_check((size_t)B * V * sizeof(float), "test");
     r->all = (float*)malloc_check((size_t)c->gen * B * V * sizeof(float), "test");
     if (c->empty) { // B prompts of the same length, fed token by token, compared at every position
-        int first[4];
+        int first[48];
         for (int b = 0; b < B; b++) { first[b] = tokens[(size_t)b * cap]; }
         gpu_decoder_start_empty(&d, first);
         for (int t = 0; t < c->lens[0]; t++) {
             if (t > 0) {
-                int next[4];
+                int next[48];
                 for (int b = 0; b < B; b++) { next[b] = tokens[(size_t)b * cap + t]; }
                 gpu_decoder_feed(&d, next);
             }
@@ -3613,6 +3621,7 @@ static void gen_run(const GenCase* c, int use_graph, int corrupt, GenResult* r) 
     gpu_decoder_free(&d);
     gpu_free(&gm);
     for (int b = 0; b < B; b++) { fox_decoder_free(&tw[b]); fox_decoder_free(&tr[b]); }
+    free(tw); free(tr);
     fox_free(&m); fox_free(&mr);
 }
 
@@ -3664,7 +3673,11 @@ static void gpu_gen_test_models(void) {
         {"fox-pro-tiny", none, "fox-pro, prompts of 37, 100, 64 at once", 3, {37, 100, 64}, 28, 0, 0, -10.0f, 0},
         {"transformer-llama-tiny", window70, "transformer-llama, window 70, 2 prompts", 2, {90, 3}, 30, 0, 0, -10.0f,
          0},
+        {"fox-pro-tiny", none, "fox-pro, 40 prompts of 5 to 122 (matvec passes of 32 rows)", 40, {0}, 24, 0, 0,
+         -10.0f, 0},
     };
+    GenCase* many = &cases[sizeof(cases) / sizeof(cases[0]) - 1];
+    for (int b = 0; b < many->B; b++) { many->lens[b] = 5 + 3 * b; }
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         GenResult r;
         gen_run(&cases[i], 1, 0, &r);
@@ -3686,6 +3699,36 @@ static void gpu_gen_test_models(void) {
                memcmp(direct.last, graph.last, 3 * GEN_V * sizeof(float)) == 0;
     check(same, "gpu generate: the CUDA graph gives the same tokens and logits bits as direct launches (3 prompts)");
     gen_result_free(&direct); gen_result_free(&graph);
+#ifndef ENABLE_FP32
+    // the tensor-core matvecs against the CUDA-core ones: the same bf16 inputs, fp32 sums in another
+    // order (1e-6 relative a sum), but a sum near a rounding boundary of the bf16 values that follow
+    // (q, k, v, act, ...) then rounds the other way (2^-8 relative): the two paths differ by up to the
+    // forward's bf16 error, GTOL_LOGITS of the logits' scale, compared until the greedy tokens part
+    // (a near tie may flip them; at least 2 steps)
+    GenResult cores, tensor;
+    GenCase* c = many;
+    gen_use_mma = 0;
+    gen_run(c, 1, 0, &cores);
+    gen_use_mma = 1;
+    gen_run(c, 1, 0, &tensor);
+    int steps = 0;
+    double err = 0.0;
+    for (int k = 0; k < c->gen; k++) {
+        for (int b = 0; b < c->B; b++) {
+            err = fmax(err, gen_row_error(tensor.all + ((size_t)k * c->B + b) * GEN_V,
+                                          cores.all + ((size_t)k * c->B + b) * GEN_V, GEN_V));
+        }
+        steps++;
+        int parted = 0;
+        for (int b = 0; b < c->B; b++) {
+            parted |= cores.out[(size_t)b * c->gen + k] != tensor.out[(size_t)b * c->gen + k];
+        }
+        if (parted) { break; }
+    }
+    check(err <= GTOL_LOGITS && steps >= 2, "gpu generate: tensor-core matvecs against CUDA-core ones, 40 prompts: "
+          "logits differ by %.1e <= %.0e of their scale over %d steps", err, GTOL_LOGITS, steps);
+    gen_result_free(&cores); gen_result_free(&tensor);
+#endif
 }
 
 // Eviction (-A 1) on the twin's eviction model: a 300-token prompt, 40 greedy tokens; the GPU with

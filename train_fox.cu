@@ -4577,18 +4577,20 @@ static void gpu_save_checkpoint(GPUModel* g, const char* dir, const TrainState* 
 // the running c and the last raw k and v carried from token to token), the same window and
 // eviction rule, the same sampling rule (sample_token).
 // Precision is the training forward's: matmuls read bf16 weights and inputs and sum in fp32 (the
-// matvecs below stand in for cuBLASLt and write fp32); every value the forward stores in bf16
-// (the normed inputs, q, k, v before and after shift, norm and RoPE, o, y, the SwiGLU input and
-// output) is rounded at the same place; c, the softmax statistics, the residual stream and the
-// logits are fp32. So the logits differ from the twin's by the bf16 tolerance of the forward.
+// matvecs below, on tensor cores in the bf16 build, stand in for cuBLASLt and write fp32; each
+// fuses the RMSNorm or SwiGLU before it and the residual add after it); every value the forward
+// stores in bf16 (the normed inputs, q, k, v before and after shift, norm and RoPE, o, y, the
+// SwiGLU input and output) is rounded at the same place; c, the softmax statistics, the residual
+// stream and the logits are fp32. So the logits differ from the twin's by the bf16 tolerance of
+// the forward. Batch-1 decoding is bound by latency, not bandwidth: few launches (six a layer,
+// fused as above), programmatic dependent launch inside the graph, loads issued early.
 
 #define KV_PAGE 64          // positions per cache page (a multiple of DEC_ALIGN)
-#define DEC_ALIGN 16        // key splits start at multiples of this, so a tile never straddles a page
+#define DEC_ALIGN 32        // key splits start at multiples of this, so a tile never straddles a page
 #define DEC_ATT_THREADS 128 // decode attention: 4 warps per (split, head, sequence)
 #define DEC_MAX_SPLITS 64
 #define GEMV_THREADS 256
-#define GEMV_MAX_ROWS 8     // batch rows a matvec pass keeps in shared memory
-#define GEMV_SMEM (96 * 1024)
+#define GEMV_SMEM (128 * 1024)
 #define GEMV_MAX_SEGS 8
 #define SAMPLE_THREADS 1024
 #define SAMPLE_SORT 1024    // top-k lists up to this long are sorted like the twin's (== SAMPLE_THREADS)
@@ -4609,77 +4611,222 @@ typedef struct {
 
 enum { GEMV_X_PLAIN, GEMV_X_RMSNORM, GEMV_X_SWIGLU };
 
+// Programmatic dependent launch (sm_90): a kernel launched with it (decoder_launch) may start while
+// the one before it in the stream still runs; pdl_wait blocks until that one has finished and its
+// writes are visible (a no-op without the attribute), so everything before pdl_wait may read only
+// what no earlier kernel of the step writes (the weights). pdl_trigger lets the next kernel start
+// launching once every block of this one has passed it: placed after the wait, at most two grids
+// overlap, and every block of the running one is resident by then.
+__device__ static inline void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ static inline void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// The matvecs' input for batch rows b0 .. b0 + R - 1 into shared memory xs (row stride ldx), by
+// the whole block (see gemv_kernel for the modes): every load 16 bytes with several in flight (the
+// prologue is latency-bound). RMSNORM: one row by the whole block (a block sum), more rows a warp
+// each (a warp sum, no block-wide syncs).
+template <int MODE>
+__device__ static void gemv_prologue(floatX* xs, int ldx, const void* in, const float* norm_w, int IC, int b0, int R,
+                                     float* red) {
+    const int WARPS = GEMV_THREADS / 32;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n4 = IC / 4;
+    if (MODE == GEMV_X_PLAIN) {
+        int packs = IC / XPACK;
+        #pragma unroll 4
+        for (int i = threadIdx.x; i < R * packs; i += GEMV_THREADS) {
+            int r = i / packs, p = i % packs;
+            ((PackX*)(xs + (size_t)r * ldx))[p] = ((const PackX*)((const floatX*)in + (size_t)(b0 + r) * IC))[p];
+        }
+    } else if (MODE == GEMV_X_RMSNORM && R == 1) {
+        const float4* src = (const float4*)((const float*)in + (size_t)b0 * IC);
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < n4; i += GEMV_THREADS) {
+            float4 v = src[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        float sc = 1.0f / sqrtf(block_sum(ss, red) / (float)IC + 1e-6f);
+        for (int i = threadIdx.x; i < n4; i += GEMV_THREADS) {
+            float4 v = src[i];
+            Pack4X x4 = {{to_floatX(v.x * sc * norm_w[4 * i]), to_floatX(v.y * sc * norm_w[4 * i + 1]),
+                          to_floatX(v.z * sc * norm_w[4 * i + 2]), to_floatX(v.w * sc * norm_w[4 * i + 3])}};
+            *(Pack4X*)(xs + 4 * i) = x4;
+        }
+    } else if (MODE == GEMV_X_RMSNORM && n4 <= 32 * 8) { // a warp a row, the row in registers: one round trip
+        for (int r = warp; r < R; r += WARPS) {
+            const float4* src = (const float4*)((const float*)in + (size_t)(b0 + r) * IC);
+            float4 v[8];
+            float ss = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < 8; j++) {
+                v[j] = lane + 32 * j < n4 ? src[lane + 32 * j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+            #pragma unroll
+            for (int j = 0; j < 8; j++) { ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w; }
+            float sc = 1.0f / sqrtf(warp_sum(ss) / (float)IC + 1e-6f);
+            #pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int i = 4 * (lane + 32 * j);
+                if (i >= IC) { break; }
+                Pack4X x4 = {{to_floatX(v[j].x * sc * norm_w[i]), to_floatX(v[j].y * sc * norm_w[i + 1]),
+                              to_floatX(v[j].z * sc * norm_w[i + 2]), to_floatX(v[j].w * sc * norm_w[i + 3])}};
+                *(Pack4X*)(xs + (size_t)r * ldx + i) = x4;
+            }
+        }
+    } else if (MODE == GEMV_X_RMSNORM) { // a warp a row, four float4 loads in flight per lane, two passes
+        for (int r = warp; r < R; r += WARPS) {
+            const float4* src = (const float4*)((const float*)in + (size_t)(b0 + r) * IC);
+            float ss = 0.0f;
+            for (int c0 = lane; c0 < n4; c0 += 32 * 4) {
+                float4 v[4];
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    v[j] = c0 + 32 * j < n4 ? src[c0 + 32 * j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+                }
+            }
+            float sc = 1.0f / sqrtf(warp_sum(ss) / (float)IC + 1e-6f);
+            for (int c0 = lane; c0 < n4; c0 += 32 * 4) {
+                float4 v[4];
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if (c0 + 32 * j < n4) { v[j] = src[c0 + 32 * j]; }
+                }
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int i = 4 * (c0 + 32 * j);
+                    if (i >= IC) { break; }
+                    Pack4X x4 = {{to_floatX(v[j].x * sc * norm_w[i]), to_floatX(v[j].y * sc * norm_w[i + 1]),
+                                  to_floatX(v[j].z * sc * norm_w[i + 2]), to_floatX(v[j].w * sc * norm_w[i + 3])}};
+                    *(Pack4X*)(xs + (size_t)r * ldx + i) = x4;
+                }
+            }
+        }
+    } else { // SWIGLU: four hidden units a thread, float4 loads of g and u, eight groups in flight
+        int total = R * n4;
+        for (int q0 = threadIdx.x; q0 < total; q0 += GEMV_THREADS * 8) {
+            float4 g4[8], u4[8];
+            #pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int q = q0 + GEMV_THREADS * j;
+                if (q < total) {
+                    const float* src = (const float*)in + (size_t)(b0 + q / n4) * 2 * IC + 4 * (q % n4);
+                    g4[j] = *(const float4*)src;
+                    u4[j] = *(const float4*)(src + IC);
+                }
+            }
+            #pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int q = q0 + GEMV_THREADS * j;
+                if (q >= total) { break; }
+                float g[4] = {g4[j].x, g4[j].y, g4[j].z, g4[j].w}, u[4] = {u4[j].x, u4[j].y, u4[j].z, u4[j].w};
+                Pack4X a4;
+                #pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float gk = to_float(to_floatX(g[k])), uk = to_float(to_floatX(u[k]));
+                    a4.v[k] = to_floatX(gk * sigmoid_gpu(gk) * uk);
+                }
+                *(Pack4X*)(xs + (size_t)(q / n4) * ldx + 4 * (q % n4)) = a4;
+            }
+        }
+    }
+}
+
+// the row o of W (OC rows of IC) given in segments (constant indices: no local copy of W)
+__device__ static inline const floatX* gemv_row(const GemvSegments& W, int o, int IC) {
+    const floatX* wseg = W.w[0];
+    int start = 0;
+    #pragma unroll
+    for (int i = 1; i < GEMV_MAX_SEGS; i++) {
+        if (i < W.count && o >= W.end[i - 1]) { wseg = W.w[i]; start = W.end[i - 1]; }
+    }
+    return wseg + (size_t)(o - start) * IC;
+}
+
 // out (B, OC) (row stride out_stride) = x (B, IC) @ W^T in fp32, or out += that with accumulate
 // (the residual add in place: each output element is read and written by one thread). x comes
 // from `in` by MODE: PLAIN: in (B, IC) floatX as is (y); RMSNORM: RMSNorm(in (B, IC) fp32; norm_w,
 // eps 1e-6) rounded to floatX (the forward's xa, xm, xf); SWIGLU: silu(g) u of in (B, 2 IC) fp32 with
-// g and u rounded to floatX first (the forward's gu) and the product too (act). A pass holds `rows`
-// batch rows of x in shared memory; a warp takes one output row at a time with 16-byte loads of W
-// (IC % XPACK == 0, W 16-byte aligned) and warp-sums its lanes: fixed order, deterministic.
-template <int MODE>
+// g and u rounded to floatX first (the forward's gu) and the product too (act). A pass holds up to
+// `rows` <= RB batch rows of x in shared memory (gemv_prologue); a warp takes one output row at a
+// time, 16-byte loads of W along IC (IC % XPACK == 0, W 16-byte aligned), four in flight per lane,
+// RB accumulators, a warp sum per batch row: a fixed order, deterministic. The first row's first
+// loads are issued before pdl_wait: they overlap the kernel before. The CUDA-core path: the fp32
+// build, and IC not a multiple of 32 (gemv_mma_kernel below takes the rest).
+template <int MODE, int RB>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(float* out, int out_stride, int accumulate, GemvSegments W,
                                                             int OC, int IC, const void* in, const float* norm_w, int B,
                                                             int rows) {
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     floatX* xs = (floatX*)gemv_smem; // (rows, IC)
     __shared__ float red[32];
+    const int WARPS = GEMV_THREADS / 32;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, packs = IC / XPACK;
+    int o0 = blockIdx.x * WARPS + warp;
+    PackX wp[4];
+    int have = o0 < OC; // wp holds row o0's loads at lane, lane + 32, ...
+    const PackX* wrow0 = NULL;
+    if (have) {
+        const floatX* wseg = W.w[0]; // the segment holding row o (constant indices: no local copy of W)
+        int start = 0;
+        #pragma unroll
+        for (int i = 1; i < GEMV_MAX_SEGS; i++) {
+            if (i < W.count && o0 >= W.end[i - 1]) { wseg = W.w[i]; start = W.end[i - 1]; }
+        }
+        wrow0 = (const PackX*)(wseg + (size_t)(o0 - start) * IC);
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            if (lane + 32 * u < packs) { wp[u] = wrow0[lane + 32 * u]; }
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
     for (int b0 = 0; b0 < B; b0 += rows) {
         int R = min(rows, B - b0);
         __syncthreads(); // the last pass is done with xs
-        for (int r = 0; r < R; r++) {
-            size_t b = (size_t)b0 + r;
-            floatX* xr = xs + (size_t)r * IC;
-            if (MODE == GEMV_X_PLAIN) {
-                const PackX* src = (const PackX*)((const floatX*)in + b * IC);
-                for (int i = threadIdx.x; i < packs; i += GEMV_THREADS) { ((PackX*)xr)[i] = src[i]; }
-            } else if (MODE == GEMV_X_RMSNORM) {
-                const float* src = (const float*)in + b * IC;
-                float ss = 0.0f;
-                for (int i = threadIdx.x; i < IC; i += GEMV_THREADS) { ss += src[i] * src[i]; }
-                float s = 1.0f / sqrtf(block_sum(ss, red) / (float)IC + 1e-6f);
-                for (int i = threadIdx.x; i < IC; i += GEMV_THREADS) { xr[i] = to_floatX(src[i] * s * norm_w[i]); }
-            } else {
-                const float* src = (const float*)in + b * 2 * IC;
-                for (int i = threadIdx.x; i < IC; i += GEMV_THREADS) {
-                    float g = to_float(to_floatX(src[i])), u = to_float(to_floatX(src[IC + i]));
-                    xr[i] = to_floatX(g * sigmoid_gpu(g) * u);
-                }
-            }
-        }
+        gemv_prologue<MODE>(xs, IC, in, norm_w, IC, b0, R, red);
         __syncthreads();
-        for (int o = blockIdx.x * (GEMV_THREADS / 32) + warp; o < OC; o += gridDim.x * (GEMV_THREADS / 32)) {
-            const floatX* wseg = W.w[0]; // the segment holding row o (constant indices: no local copy of W)
-            int start = 0;
-            #pragma unroll
-            for (int i = 1; i < GEMV_MAX_SEGS; i++) {
-                if (i < W.count && o >= W.end[i - 1]) { wseg = W.w[i]; start = W.end[i - 1]; }
-            }
-            const PackX* wrow = (const PackX*)(wseg + (size_t)(o - start) * IC);
-            float acc[GEMV_MAX_ROWS];
-            #pragma unroll
-            for (int r = 0; r < GEMV_MAX_ROWS; r++) { acc[r] = 0.0f; }
-            for (int p0 = lane; p0 < packs; p0 += 32 * 4) {
-                PackX wp[4]; // up to four 16-byte loads in flight per lane
+        for (int o = o0; o < OC; o += gridDim.x * WARPS) {
+            const PackX* wrow = wrow0;
+            if (o != o0) {
+                const floatX* wseg = W.w[0];
+                int start = 0;
                 #pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    if (p0 + 32 * u < packs) { wp[u] = wrow[p0 + 32 * u]; }
+                for (int i = 1; i < GEMV_MAX_SEGS; i++) {
+                    if (i < W.count && o >= W.end[i - 1]) { wseg = W.w[i]; start = W.end[i - 1]; }
                 }
+                wrow = (const PackX*)(wseg + (size_t)(o - start) * IC);
+            }
+            float acc[RB];
+            #pragma unroll
+            for (int r = 0; r < RB; r++) { acc[r] = 0.0f; }
+            for (int p0 = lane; p0 < packs; p0 += 32 * 4) {
+                if (!have) {
+                    #pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        if (p0 + 32 * u < packs) { wp[u] = wrow[p0 + 32 * u]; }
+                    }
+                }
+                have = 0;
                 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     int p = p0 + 32 * u;
                     if (p >= packs) { break; }
+                    float wf[XPACK];
                     #pragma unroll
-                    for (int r = 0; r < GEMV_MAX_ROWS; r++) {
+                    for (int k = 0; k < XPACK; k++) { wf[k] = to_float(wp[u].v[k]); }
+                    #pragma unroll
+                    for (int r = 0; r < RB; r++) {
                         if (r >= R) { break; }
                         PackX xp = ((const PackX*)(xs + (size_t)r * IC))[p];
                         #pragma unroll
-                        for (int k = 0; k < XPACK; k++) { acc[r] += to_float(wp[u].v[k]) * to_float(xp.v[k]); }
+                        for (int k = 0; k < XPACK; k++) { acc[r] += wf[k] * to_float(xp.v[k]); }
                     }
                 }
             }
             #pragma unroll
-            for (int r = 0; r < GEMV_MAX_ROWS; r++) {
+            for (int r = 0; r < RB; r++) {
                 if (r >= R) { break; }
                 float v = warp_sum(acc[r]);
                 if (lane == 0) {
@@ -4690,6 +4837,113 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(float* out, int out_
         }
     }
 }
+
+#ifndef ENABLE_FP32
+// The matvec of gemv_kernel on tensor cores (bf16 build, IC % 32 == 0): out (B, OC) = x (B, IC) @ W^T
+// in fp32 (+= with accumulate), one block per tile of 16 output rows (M) at a time, the batch rows
+// of a pass as N (NT tiles of 8; rows past the batch hold anything: each output column is its own
+// dot product, and they are not written), mma m16n8k16 with fp32 accumulation. K comes in chunks of
+// 32, chunk c to warp c % 8, U chunks in flight per lane: lane 4 g + t loads 16 bytes of rows g and
+// g + 8 at k = 8 t .. 8 t + 7 of a chunk, and the same 16 bytes of batch row g of x from shared
+// memory (rows g and g + 1 start 64 bytes apart in the banks: no conflicts, gemv_mma_ldx). The
+// mma's k slots 2t, 2t+1 | 2t+8, 2t+9 of k-step j hold k = 8 t + 4 j + 0, 1 | 2, 3: one permutation
+// of the chunk for A and B alike, so each k-step sums 16 distinct k and the two steps all 32. The
+// warps' partial tiles are added in warp order (shared memory): deterministic. The first tile's
+// weights are loaded before pdl_wait.
+#define GEMV_MMA_U 4
+
+// the row stride of x in shared memory: rows 16 banks apart modulo 32
+__host__ __device__ static inline int gemv_mma_ldx(int IC) { return IC % 64 == 0 ? IC + 32 : IC; }
+
+template <int MODE, int NT>
+__global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_kernel(float* out, int out_stride, int accumulate,
+                                                                GemvSegments W, int OC, int IC, const void* in,
+                                                                const float* norm_w, int B, int rows) {
+    extern __shared__ __align__(16) unsigned char gemv_smem[];
+    floatX* xs = (floatX*)gemv_smem; // (8 NT, gemv_mma_ldx(IC))
+    const int WARPS = GEMV_THREADS / 32, U = GEMV_MMA_U;
+    __shared__ float red[32];
+    __shared__ float part[WARPS][NT * 4][32]; // the warps' partial tiles, fragment order
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int ldx = gemv_mma_ldx(IC), tiles = (OC + 15) / 16, chunks = IC / 32;
+    uint4 a0[U], a1[U]; // rows g, g + 8: 8 bf16 of chunks warp + 8 u at k = 8 t ..
+    int tile = blockIdx.x, have = tile < tiles;
+    const floatX* w0 = NULL;
+    const floatX* w1 = NULL;
+    if (have) {
+        w0 = gemv_row(W, min(16 * tile + g, OC - 1), IC) + 8 * t;
+        w1 = gemv_row(W, min(16 * tile + g + 8, OC - 1), IC) + 8 * t;
+        #pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = warp + WARPS * u;
+            if (c < chunks) { a0[u] = *(const uint4*)(w0 + 32 * c); a1[u] = *(const uint4*)(w1 + 32 * c); }
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
+    for (int b0 = 0; b0 < B; b0 += rows) {
+        int R = min(rows, B - b0);
+        __syncthreads(); // the last pass is done with xs
+        gemv_prologue<MODE>(xs, ldx, in, norm_w, IC, b0, R, red);
+        __syncthreads();
+        for (int tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
+            if (tl != blockIdx.x || b0 > 0) {
+                w0 = gemv_row(W, min(16 * tl + g, OC - 1), IC) + 8 * t;
+                w1 = gemv_row(W, min(16 * tl + g + 8, OC - 1), IC) + 8 * t;
+            }
+            float acc[NT][4];
+            #pragma unroll
+            for (int n = 0; n < NT; n++) { acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f; }
+            for (int c0 = warp; c0 < chunks; c0 += WARPS * U) {
+                if (!have) {
+                    #pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        int c = c0 + WARPS * u;
+                        if (c < chunks) { a0[u] = *(const uint4*)(w0 + 32 * c); a1[u] = *(const uint4*)(w1 + 32 * c); }
+                    }
+                }
+                have = 0;
+                #pragma unroll
+                for (int u = 0; u < U; u++) {
+                    int c = c0 + WARPS * u;
+                    if (c >= chunks) { break; }
+                    #pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        uint4 xb = *(const uint4*)(xs + (size_t)(8 * n + g) * ldx + 32 * c + 8 * t);
+                        uint32_t fa0[4] = {a0[u].x, a1[u].x, a0[u].y, a1[u].y};
+                        uint32_t fa1[4] = {a0[u].z, a1[u].z, a0[u].w, a1[u].w};
+                        mma_bf16_16816(acc[n], fa0, xb.x, xb.y);
+                        mma_bf16_16816(acc[n], fa1, xb.z, xb.w);
+                    }
+                }
+            }
+            #pragma unroll
+            for (int n = 0; n < NT; n++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) { part[warp][4 * n + e][lane] = acc[n][e]; }
+            }
+            __syncthreads();
+            if (warp == 0) { // d rows g (e = 0, 1) and g + 8 (e = 2, 3) at batch columns 2t, 2t + 1
+                #pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    #pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float v = 0.0f;
+                        #pragma unroll
+                        for (int w = 0; w < WARPS; w++) { v += part[w][4 * n + e][lane]; }
+                        int o = 16 * tl + g + (e >= 2 ? 8 : 0), col = 8 * n + 2 * t + (e & 1);
+                        if (o < OC && col < R) {
+                            float* dst = out + (size_t)(b0 + col) * out_stride + o;
+                            *dst = accumulate ? *dst + v : v;
+                        }
+                    }
+                }
+            }
+            __syncthreads(); // part is free again
+        }
+    }
+}
+#endif
 
 // What one decode-attention launch (one layer) reads and writes. The cache: pages of KV_PAGE
 // positions of one (layer, sequence, head), keys and values (KV_PAGE, hd) floatX and c (KV_PAGE) fp32;
@@ -4762,17 +5016,20 @@ __device__ static void dec_head_vector(float* out, float* tmp, float* red, const
 // s_ij = q.k_j / sqrt(hd) + c_i - c_j, q and k the bf16 values in fp32, masked to -inf outside
 // the split's range (keys there may be stale or unwritten: a mask is a selection, never a
 // product). Each group of G lanes (G = hd / XPACK: a lane holds XPACK channels) takes one key at
-// a time, a warp KG = 32 / G keys, U of them in flight per lane; each group keeps an online
-// softmax (running max m from -FLT_MAX, so no inf - inf), combined in a fixed order at the end
-// into the split's (max, sum, unnormalised output): partial results for decode_combine_kernel.
+// a time, a warp KG = 32 / G keys: a tile of KG U <= DEC_ALIGN keys in one page, the U keys and
+// values of a lane loaded before any is used (the kernel is bound by memory); each group keeps an
+// online softmax (running max m from -FLT_MAX, so no inf - inf), combined in a fixed order at the
+// end into the split's (max, sum, unnormalised output): partial results for decode_combine_kernel.
 // No atomics: the same bits every run. Pruning-aware: evicted and out-of-window keys are before
 // `first` and are never read.
 template <int G>
 __global__ void __launch_bounds__(DEC_ATT_THREADS) decode_attention_kernel(DecAttnArgs a) {
-    constexpr int HD = G * XPACK, KG = 32 / G, U = KG >= 8 ? 2 : 4, TILE = KG * U;
+    constexpr int HD = G * XPACK, KG = 32 / G, U = KG >= 8 ? 4 : 8, TILE = KG * U;
     constexpr int WARPS = DEC_ATT_THREADS / 32, GROUPS = WARPS * KG;
     __shared__ float q_s[HD], k_s[HD], v_s[HD], tmp[HD], red[32];
     __shared__ float grp_m[GROUPS], grp_l[GROUPS], grp_o[GROUPS * HD];
+    pdl_wait();
+    pdl_trigger();
     int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gi = lane / G, gl = lane % G;
     size_t LBH = (size_t)a.L * a.B * a.H, lbh = ((size_t)a.l * a.B + b) * a.H + h;
@@ -4870,30 +5127,47 @@ __global__ void __launch_bounds__(DEC_ATT_THREADS) decode_attention_kernel(DecAt
     }
 }
 
-// The S splits of one (sequence, head) combined in split order (m = max m_s, l = sum l_s e^(m_s - m),
-// o = sum o_s e^(m_s - m) / l), o rounded (the forward's o), then the output norm (w != NULL, eps
-// 1e-6) and gate (og_off >= 0: y = on sigmoid(og), og the projection rounded like the forward's
-// og_logit), y rounded: output_norm_gate_forward_kernel on one row. One warp per (b, h), lane the
-// channels lane + 32 i (hd <= MAX_HD).
+// The S splits of one (sequence, head) combined (m = max m_s, l = sum l_s e^(m_s - m), o = sum o_s
+// e^(m_s - m) / l; the statistics by lanes, S <= DEC_MAX_SPLITS, then each lane's channels summed in
+// split order with the loads of eight splits in flight), o rounded (the forward's o), then the
+// output norm (w != NULL, eps 1e-6) and gate (og_off >= 0: y = on sigmoid(og), og the projection
+// rounded like the forward's og_logit), y rounded: output_norm_gate_forward_kernel on one row. One
+// warp per (b, h), lane the channels lane + 32 i (hd <= MAX_HD). Fixed order: deterministic.
 __global__ void decode_combine_kernel(floatX* y, const float* part_m, const float* part_l, const float* part_o,
                                       const float* proj, int proj_stride, int og_off, const float* w, int B, int H,
                                       int hd, int S) {
+    pdl_wait();
+    pdl_trigger();
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= B * H) { return; }
     int b = row / H, h = row % H;
     const float* pm = part_m + (size_t)row * S;
     const float* pl = part_l + (size_t)row * S;
     const float* po = part_o + (size_t)row * S * hd;
-    float M = -FLT_MAX, L = 0.0f, o[MAX_HD_LANE], ss = 0.0f;
-    for (int s = 0; s < S; s++) { M = fmaxf(M, pm[s]); }
+    float m0 = lane < S ? pm[lane] : -FLT_MAX, m1 = lane + 32 < S ? pm[lane + 32] : -FLT_MAX;
+    float l0 = lane < S ? pl[lane] : 0.0f, l1 = lane + 32 < S ? pl[lane + 32] : 0.0f;
+    float M = warp_max(fmaxf(m0, m1));
+    float e0 = expf(m0 - M), e1 = expf(m1 - M); // split lane's and lane + 32's weights
+    float L = warp_sum(l0 * e0 + l1 * e1);
+    float o[MAX_HD_LANE], ss = 0.0f;
     #pragma unroll
     for (int i = 0; i < MAX_HD_LANE; i++) { o[i] = 0.0f; }
-    for (int s = 0; s < S; s++) {
-        float e = expf(pm[s] - M);
-        L += pl[s] * e;
+    for (int s0 = 0; s0 < S; s0 += 8) {
+        float ps[8][MAX_HD_LANE], es[8];
         #pragma unroll
-        for (int i = 0; i < MAX_HD_LANE; i++) {
-            if (lane + 32 * i < hd) { o[i] += po[(size_t)s * hd + lane + 32 * i] * e; }
+        for (int u = 0; u < 8; u++) {
+            int s = s0 + u < S ? s0 + u : S - 1; // past the end: loads of a valid split, weight 0 below
+            float e = __shfl_sync(0xffffffffu, s < 32 ? e0 : e1, s % 32);
+            es[u] = s0 + u < S ? e : 0.0f;
+            #pragma unroll
+            for (int i = 0; i < MAX_HD_LANE; i++) {
+                ps[u][i] = lane + 32 * i < hd ? po[(size_t)s * hd + lane + 32 * i] : 0.0f;
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < 8; u++) {
+            #pragma unroll
+            for (int i = 0; i < MAX_HD_LANE; i++) { o[i] += ps[u][i] * es[u]; }
         }
     }
     #pragma unroll
@@ -4986,7 +5260,7 @@ __device__ static inline int scored_first(float av, int aid, float bv, int bid) 
 }
 
 // The twin's sample_token on row b of logits (B, Vp) fp32, one block per row, writing tokens[b]:
-// temperature 0: the largest logit, the lowest id on ties (argmax_token). Else one draw u of the
+// temperature 0: the largest logit, the lowest id on ties (argmax_token; a coalesced pass). Else one draw u of the
 // row's splitmix64 state rng[b], then the first token j in the twin's order whose running sum of
 // exp((l_j - max) / T) (fp64) exceeds u times the total; the order is by id over all V, or with top-k
 // k < V the k largest logits (k-th by a bitwise search on the keys, ties taken by lowest id) sorted
@@ -5001,13 +5275,15 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(int* tokens, con
     __shared__ float bestv[32], sv[SAMPLE_SORT];
     __shared__ int besti[32], si[SAMPLE_SORT];
     __shared__ double u_s;
+    pdl_wait();
+    pdl_trigger();
     int b = blockIdx.x, t = threadIdx.x, warp = t / 32, lane = t % 32;
     const float* row = logits + (size_t)b * Vp;
     int chunk = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
     int c0 = min(V, t * chunk), c1 = min(V, c0 + chunk);
     float bv = -INFINITY;
     int bi = INT_MAX;
-    for (int j = c0; j < c1; j++) {
+    for (int j = t; j < V; j += SAMPLE_THREADS) { // coalesced; ids rise, so the first maximum is the lowest id
         if (row[j] > bv) { bv = row[j]; bi = j; }
     }
     for (int o = 16; o > 0; o /= 2) {
@@ -5146,6 +5422,8 @@ typedef struct {
 
 __global__ void __launch_bounds__(1024) decode_manage_kernel(DecManageArgs a) {
     __shared__ int red[32];
+    pdl_wait();
+    pdl_trigger();
     int heads = a.L * a.B * a.H, per = (heads + blockDim.x - 1) / blockDim.x;
     int i0 = min(heads, (int)threadIdx.x * per), i1 = min(heads, i0 + per);
     int nfree = 0, nneed = 0;
@@ -5311,6 +5589,8 @@ typedef struct {
     double temperature;
     int top_k;
     int use_graph;           // 0: the step's kernels launched one by one (tests compare both)
+    int pdl;                 // 1: programmatic dependent launch between the step's kernels (pdl_wait)
+    int use_mma;             // 1: the tensor-core matvecs where they apply (bf16 build), 0: CUDA cores
     cudaGraphExec_t graph;
     int graph_ready;
     int* host_tokens;        // (max_B) pinned: the sampled tokens of the last step
@@ -5337,12 +5617,14 @@ static int decoder_head_pages(const FoxConfig* cf, int max_len) {
     return w < all ? w : all;
 }
 
-// key splits per (sequence, head): about four blocks per SM over the batch, at most DEC_MAX_SPLITS
-// and no more than the DEC_ALIGN chunks of the longest live range
+// key splits per (sequence, head): about eight blocks per SM over the batch (so the last of a few
+// waves is not much emptier than the others), at most DEC_MAX_SPLITS
+// and no more than the 512-key pieces of the longest live range (a block's fixed work, the query's
+// norm and its share of the combine, is worth about that many keys)
 static int decoder_splits(const GpuDecoder* d, int B) {
     int sms = g_prop.multiProcessorCount > 0 ? g_prop.multiProcessorCount : 132;
-    int s = (int)ceil_div((size_t)4 * sms, (size_t)B * d->H);
-    int kept = d->max_pages * KV_PAGE, cap = (int)ceil_div((size_t)kept, DEC_ALIGN);
+    int s = (int)ceil_div((size_t)8 * sms, (size_t)B * d->H);
+    int kept = d->max_pages * KV_PAGE, cap = (int)ceil_div((size_t)kept, 512);
     s = s < cap ? s : cap;
     s = s < DEC_MAX_SPLITS ? s : DEC_MAX_SPLITS;
     return s > 0 ? s : 1;
@@ -5409,6 +5691,8 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     d->max_pages = decoder_head_pages(cf, max_len);
     d->worst_pages = (int)decoder_worst_pages(cf, max_B, max_len);
     d->use_graph = 1;
+    d->pdl = 1;
+    d->use_mma = 1;
     size_t L = (size_t)d->L, C = (size_t)d->C, H = (size_t)d->H, B = (size_t)max_B, heads = L * B * H;
     cudaCheck(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
     int used[] = {P_WQ, P_WK, P_WV, P_WK_SHIFT, P_WV_SHIFT, P_WF, P_WG, P_WO, P_WGU, P_WDOWN, P_LM_HEAD};
@@ -5429,7 +5713,7 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     d->gate_off = cf->gate == GATE_FULL ? col : -1; col += cf->gate == GATE_FULL ? d->H : 0;
     d->proj_cols = col;
     int sms = g_prop.multiProcessorCount > 0 ? g_prop.multiProcessorCount : 132;
-    size_t rows = H * (B + (size_t)4 * sms / H + 1);
+    size_t rows = H * (B + (size_t)8 * sms / H + 1);
     d->part_rows = (int)(rows < H * B * DEC_MAX_SPLITS ? rows : H * B * DEC_MAX_SPLITS);
     d->table = (int*)gpu_malloc(heads * d->max_pages * sizeof(int), "page tables");
     d->first = (int*)gpu_malloc(heads * sizeof(int), "cache first positions");
@@ -5466,11 +5750,22 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     cudaCheck(cudaMallocHost(&d->host_status, 2 * sizeof(int)));
     d->host_pos = (int*)malloc_check(B * sizeof(int), "positions");
     d->table_host = (int*)malloc_check(heads * d->max_pages * sizeof(int), "page tables");
-    void (*kernels[3])(float*, int, int, GemvSegments, int, int, const void*, const float*, int, int) = {
-        gemv_kernel<GEMV_X_PLAIN>, gemv_kernel<GEMV_X_RMSNORM>, gemv_kernel<GEMV_X_SWIGLU>};
-    for (int i = 0; i < 3; i++) {
+    void (*kernels[9])(float*, int, int, GemvSegments, int, int, const void*, const float*, int, int) = {
+        gemv_kernel<GEMV_X_PLAIN, 1>,   gemv_kernel<GEMV_X_PLAIN, 8>,   gemv_kernel<GEMV_X_PLAIN, 32>,
+        gemv_kernel<GEMV_X_RMSNORM, 1>, gemv_kernel<GEMV_X_RMSNORM, 8>, gemv_kernel<GEMV_X_RMSNORM, 32>,
+        gemv_kernel<GEMV_X_SWIGLU, 1>,  gemv_kernel<GEMV_X_SWIGLU, 8>,  gemv_kernel<GEMV_X_SWIGLU, 32>};
+    for (int i = 0; i < 9; i++) {
         cudaCheck(cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
     }
+#ifndef ENABLE_FP32
+    void (*mma_kernels[9])(float*, int, int, GemvSegments, int, int, const void*, const float*, int, int) = {
+        gemv_mma_kernel<GEMV_X_PLAIN, 1>,   gemv_mma_kernel<GEMV_X_PLAIN, 2>,   gemv_mma_kernel<GEMV_X_PLAIN, 4>,
+        gemv_mma_kernel<GEMV_X_RMSNORM, 1>, gemv_mma_kernel<GEMV_X_RMSNORM, 2>, gemv_mma_kernel<GEMV_X_RMSNORM, 4>,
+        gemv_mma_kernel<GEMV_X_SWIGLU, 1>,  gemv_mma_kernel<GEMV_X_SWIGLU, 2>,  gemv_mma_kernel<GEMV_X_SWIGLU, 4>};
+    for (int i = 0; i < 9; i++) {
+        cudaCheck(cudaFuncSetAttribute(mma_kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
+    }
+#endif
 }
 
 static void gpu_decoder_drop_graph(GpuDecoder* d) {
@@ -5606,25 +5901,91 @@ static GemvSegments decoder_attn_segments(const GpuDecoder* d, int l) {
     return s;
 }
 
+// kernel<<<grid, block, smem, d->stream>>>(args), with programmatic dependent launch when d->pdl
+template <typename... KArgs, typename... Args>
+static void decoder_launch(GpuDecoder* d, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                           Args... args) {
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.gridDim = grid; cfg.blockDim = block; cfg.dynamicSmemBytes = smem; cfg.stream = d->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = d->pdl;
+    cfg.attrs = attr; cfg.numAttrs = 1;
+    cudaCheck(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
+}
+
+// gemv_kernel for d->B rows: the accumulators RB for the batch (1, 8 or 32 rows a pass)
+template <int MODE>
+static void gemv_mode(GpuDecoder* d, unsigned blocks, size_t ic_bytes, float* out, int out_stride, int accumulate,
+                      const GemvSegments* W, int OC, int IC, const void* in, const float* norm_w) {
+    int RB = d->B <= 1 ? 1 : d->B <= 8 ? 8 : 32;
+    int rows = (int)(GEMV_SMEM / ic_bytes);
+    rows = rows < RB ? rows : RB;
+    if (rows < 1) { fail("internal: a matvec input of %d is too long for shared memory" BUG_HINT, IC); }
+    size_t smem = (size_t)rows * ic_bytes;
+    if (RB == 1) {
+        decoder_launch(d, gemv_kernel<MODE, 1>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC, IC, in,
+                       norm_w, d->B, rows);
+    } else if (RB == 8) {
+        decoder_launch(d, gemv_kernel<MODE, 8>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC, IC, in,
+                       norm_w, d->B, rows);
+    } else {
+        decoder_launch(d, gemv_kernel<MODE, 32>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC, IC,
+                       in, norm_w, d->B, rows);
+    }
+}
+
+#ifndef ENABLE_FP32
+// gemv_mma_kernel for d->B rows: NT tiles of 8 batch rows a pass (1, 2 or 4), a block per 16-row
+// tile, at most four blocks per SM (the rest loop)
+template <int MODE>
+static void gemv_mma_mode(GpuDecoder* d, float* out, int out_stride, int accumulate, const GemvSegments* W, int OC,
+                          int IC, const void* in, const float* norm_w) {
+    int NT = d->B <= 8 ? 1 : d->B <= 16 ? 2 : 4;
+    size_t row_bytes = (size_t)gemv_mma_ldx(IC) * sizeof(floatX), smem = (size_t)8 * NT * row_bytes;
+    if (smem > GEMV_SMEM) { fail("internal: a matvec input of %d is too long for shared memory" BUG_HINT, IC); }
+    size_t tiles = ceil_div((size_t)OC, 16), most = (size_t)g_prop.multiProcessorCount * 4;
+    unsigned blocks = (unsigned)(tiles < most ? tiles : most);
+    int rows = 8 * NT;
+    if (NT == 1) {
+        decoder_launch(d, gemv_mma_kernel<MODE, 1>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC,
+                       IC, in, norm_w, d->B, rows);
+    } else if (NT == 2) {
+        decoder_launch(d, gemv_mma_kernel<MODE, 2>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC,
+                       IC, in, norm_w, d->B, rows);
+    } else {
+        decoder_launch(d, gemv_mma_kernel<MODE, 4>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC,
+                       IC, in, norm_w, d->B, rows);
+    }
+}
+#endif
+
+// the matvecs of a step: tensor cores in the bf16 build when IC is a multiple of 32, else CUDA cores
 static void gemv_gpu(GpuDecoder* d, int mode, float* out, int out_stride, int accumulate, const GemvSegments* W, int OC,
                      int IC, const void* in, const float* norm_w) {
-    int rows = (int)(GEMV_SMEM / ((size_t)IC * sizeof(floatX)));
-    rows = rows < GEMV_MAX_ROWS ? rows : GEMV_MAX_ROWS;
-    if (rows < 1) { fail("internal: a matvec input of %d is too long for shared memory" BUG_HINT, IC); }
-    size_t smem = (size_t)rows * IC * sizeof(floatX);
+#ifndef ENABLE_FP32
+    if (IC % 32 == 0 && d->use_mma) {
+        if (mode == GEMV_X_PLAIN) {
+            gemv_mma_mode<GEMV_X_PLAIN>(d, out, out_stride, accumulate, W, OC, IC, in, norm_w);
+        } else if (mode == GEMV_X_RMSNORM) {
+            gemv_mma_mode<GEMV_X_RMSNORM>(d, out, out_stride, accumulate, W, OC, IC, in, norm_w);
+        } else {
+            gemv_mma_mode<GEMV_X_SWIGLU>(d, out, out_stride, accumulate, W, OC, IC, in, norm_w);
+        }
+        return;
+    }
+#endif
     size_t want = ceil_div((size_t)OC, GEMV_THREADS / 32), most = (size_t)g_prop.multiProcessorCount * 4;
     unsigned blocks = (unsigned)(want < most ? want : most);
+    size_t ic_bytes = (size_t)IC * sizeof(floatX);
     if (mode == GEMV_X_PLAIN) {
-        gemv_kernel<GEMV_X_PLAIN><<<blocks, GEMV_THREADS, smem, d->stream>>>(out, out_stride, accumulate, *W, OC, IC,
-                                                                             in, norm_w, d->B, rows);
+        gemv_mode<GEMV_X_PLAIN>(d, blocks, ic_bytes, out, out_stride, accumulate, W, OC, IC, in, norm_w);
     } else if (mode == GEMV_X_RMSNORM) {
-        gemv_kernel<GEMV_X_RMSNORM><<<blocks, GEMV_THREADS, smem, d->stream>>>(out, out_stride, accumulate, *W, OC, IC,
-                                                                               in, norm_w, d->B, rows);
+        gemv_mode<GEMV_X_RMSNORM>(d, blocks, ic_bytes, out, out_stride, accumulate, W, OC, IC, in, norm_w);
     } else {
-        gemv_kernel<GEMV_X_SWIGLU><<<blocks, GEMV_THREADS, smem, d->stream>>>(out, out_stride, accumulate, *W, OC, IC,
-                                                                              in, norm_w, d->B, rows);
+        gemv_mode<GEMV_X_SWIGLU>(d, blocks, ic_bytes, out, out_stride, accumulate, W, OC, IC, in, norm_w);
     }
-    launchCheck();
 }
 
 static void decode_attention_gpu(GpuDecoder* d, int l) {
@@ -5648,12 +6009,11 @@ static void decode_attention_gpu(GpuDecoder* d, int l) {
     a.l = l; a.L = d->L; a.B = d->B; a.H = d->H; a.C = d->C; a.max_pages = d->max_pages; a.S = d->splits;
     dim3 grid((unsigned)d->splits, (unsigned)d->H, (unsigned)d->B);
     switch (d->hd / XPACK) {
-        case 4: decode_attention_kernel<4><<<grid, DEC_ATT_THREADS, 0, d->stream>>>(a); break;
-        case 8: decode_attention_kernel<8><<<grid, DEC_ATT_THREADS, 0, d->stream>>>(a); break;
-        case 16: decode_attention_kernel<16><<<grid, DEC_ATT_THREADS, 0, d->stream>>>(a); break;
-        default: decode_attention_kernel<32><<<grid, DEC_ATT_THREADS, 0, d->stream>>>(a); break;
+        case 4: decoder_launch(d, decode_attention_kernel<4>, grid, DEC_ATT_THREADS, 0, a); break;
+        case 8: decoder_launch(d, decode_attention_kernel<8>, grid, DEC_ATT_THREADS, 0, a); break;
+        case 16: decoder_launch(d, decode_attention_kernel<16>, grid, DEC_ATT_THREADS, 0, a); break;
+        default: decoder_launch(d, decode_attention_kernel<32>, grid, DEC_ATT_THREADS, 0, a); break;
     }
-    launchCheck();
 }
 
 // the head on d->resid: final RMSNorm, lm_head (the first V rows) into fp32 logits, then sampling
@@ -5663,9 +6023,8 @@ static void decode_logits_gpu(GpuDecoder* d) {
 }
 
 static void decode_sample_gpu(GpuDecoder* d) {
-    sample_kernel<<<(unsigned)d->B, SAMPLE_THREADS, 0, d->stream>>>(d->tokens, d->logits, d->Vp, d->V, d->rng,
-                                                                    d->temperature, d->top_k);
-    launchCheck();
+    decoder_launch(d, sample_kernel, (unsigned)d->B, SAMPLE_THREADS, 0, d->tokens, (const float*)d->logits, d->Vp, d->V,
+                   d->rng, d->temperature, d->top_k);
 }
 
 static void decode_head_launch(GpuDecoder* d) {
@@ -5689,10 +6048,10 @@ static void decode_qkv_gpu(GpuDecoder* d, int l) {
 
 static void decode_combine_gpu(GpuDecoder* d, int l) {
     const FoxConfig* cf = &d->g->config;
-    decode_combine_kernel<<<(unsigned)ceil_div((size_t)d->B * d->H, 8), 256, 0, d->stream>>>(
-        d->y, d->part_m, d->part_l, d->part_o, d->proj, d->proj_cols, d->og_off,
-        cf->output_norm ? pm(d->g, P_O_NORM, l) : NULL, d->B, d->H, d->hd, d->splits);
-    launchCheck();
+    decoder_launch(d, decode_combine_kernel, (unsigned)ceil_div((size_t)d->B * d->H, 8), 256, 0, d->y,
+                   (const float*)d->part_m, (const float*)d->part_l, (const float*)d->part_o, (const float*)d->proj,
+                   d->proj_cols, d->og_off, (const float*)(cf->output_norm ? pm(d->g, P_O_NORM, l) : NULL), d->B, d->H,
+                   d->hd, d->splits);
 }
 
 static void decode_out_gpu(GpuDecoder* d, int l) { // resid += W_o y
@@ -5713,8 +6072,7 @@ static void decode_mlp_down_gpu(GpuDecoder* d, int l) { // resid += W_down act
 static void decode_manage_gpu(GpuDecoder* d) {
     DecManageArgs m = {d->first, d->first_new, d->table, d->pos, d->stack, d->status, d->pool_c, d->delta,
                        d->L, d->B, d->H, d->max_pages, d->g->config.window, d->max_len};
-    decode_manage_kernel<<<1, 1024, 0, d->stream>>>(m);
-    launchCheck();
+    decoder_launch(d, decode_manage_kernel, 1, 1024, 0, m);
 }
 
 // One token for every sequence: the kernels of a step, on d->stream (captured into the graph)
@@ -5776,8 +6134,8 @@ static void gpu_decoder_step(GpuDecoder* d) {
     if (used > d->peak_pages) { d->peak_pages = used; }
 }
 
-// An empty cache: every sequence starts at position 0 with tokens[b] as its first token (the
-// prompt is then fed through steps, gpu_decoder_feed); gpu_sample's path.
+// An empty cache: every sequence starts at position 0 with tokens[b] as its first token (a prompt
+// is then fed through steps, the host writing d->tokens between them); gpu_sample's path.
 static void gpu_decoder_start_empty(GpuDecoder* d, const int* tokens) {
     size_t heads = (size_t)d->L * d->B * d->H;
     int* zero = (int*)calloc_check(heads, sizeof(int), "cache first positions");
@@ -5788,11 +6146,6 @@ static void gpu_decoder_start_empty(GpuDecoder* d, const int* tokens) {
     cudaCheck(cudaMemcpy(d->tokens, tokens, (size_t)d->B * sizeof(int), cudaMemcpyHostToDevice));
     d->peak_pages = decoder_pages_in_use(d);
     gpu_decoder_capture(d);
-}
-
-// replaces the next tokens (teacher forcing: a prompt fed token by token, or a test's tokens)
-static void gpu_decoder_feed(GpuDecoder* d, const int* tokens) {
-    cudaCheck(cudaMemcpy(d->tokens, tokens, (size_t)d->B * sizeof(int), cudaMemcpyHostToDevice));
 }
 
 // Fills the cache with the prompts (B of them, prompt b in tokens[b * stride ..], lens[b] tokens)
