@@ -41,6 +41,21 @@ extern "C" {
 // through this interface; the CPU backend is the twin (fox_forward and a KV cache), the GPU
 // backend is in train_fox.cu (gpu_forward)
 
+// -M generate's work for a backend: B prompts continued by `gen` tokens each, sampled with the
+// same rule (sample_token) from the seed of each sequence (generate_seed)
+typedef struct {
+    int B, gen;            // sequences, new tokens per sequence
+    int cap;               // row stride of tokens: the longest prompt plus gen
+    int* tokens;           // (B, cap): prompt b in its first lens[b] entries, its new tokens written after them
+    const int* lens;       // (B)
+    double temperature;    // 0: greedy
+    int top_k;             // 0: all V
+    uint64_t seed;         // -S
+    void (*on_token)(void* user, int b, int token); // each new token as it comes (NULL: none), step by step
+    void* user;
+    double t_prompt;       // set by the backend: seconds until every sequence has its first new token
+} GenerateJob;
+
 typedef struct {
     void* ctx;
     int vocab_size;
@@ -54,7 +69,17 @@ typedef struct {
     // logits (V) of the token that follows tokens[0 .. t-1]; between resets t only grows, so a
     // backend may cache what it computed for the earlier tokens
     void (*next_logits)(void* ctx, const int* tokens, int t, float* out);
+    // runs a whole GenerateJob (above) itself, or NULL: run_generate then feeds next_logits one
+    // sequence at a time (the GPU backend's decoder generates every sequence in one loop)
+    void (*generate)(void* ctx, GenerateJob* job);
 } ForwardBackend;
+
+// the sampling state of sequence b: the seed's stream for the first (as before batches existed), a
+// splitmix64 mix of the seed and b for the others
+static uint64_t generate_seed(uint64_t seed, int b) {
+    uint64_t s = seed ^ 0x5DEECE66Dull, mix = (uint64_t)b;
+    return b == 0 ? s : s ^ rng_next(&mix);
+}
 
 // ----------------------------------------------------------------------------
 // incremental decoding on the CPU twin: a KV cache whose forget-gate state advances in O(1)
@@ -476,7 +501,7 @@ static ForwardBackend cpu_backend_init(CpuBackend* cb, FoxModel* m, int max_B, i
     cb->max_T = max_T;
     if (max_B > 0) { fox_ensure_activations(m, max_B, max_T); }
     ForwardBackend be = {cb, m->config.vocab_size, cpu_backend_forward, cpu_backend_logits_row,
-                         cpu_backend_reset, cpu_backend_next_logits};
+                         cpu_backend_reset, cpu_backend_next_logits, NULL};
     return be;
 }
 
@@ -742,39 +767,155 @@ static int run_eval(const Args* a, ForwardBackend* be) {
 }
 
 // ----------------------------------------------------------------------------
-// -M generate: continues -P for -g tokens (greedy, temperature, top-k)
+// -M generate: continues -P for -g tokens (greedy, temperature, top-k); with -D, several prompts
+// at once (the GPU decodes them in one loop)
+
+// -D for generate: prompt lengths, "len" or "len*count" items separated by commas; returns the count
+static int generate_lengths(const char* list, int* lens, int cap) {
+    int n = 0;
+    char* copy = strdup(list);
+    for (char* item = strtok(copy, ","); item != NULL; item = strtok(NULL, ",")) {
+        char* star = strchr(item, '*');
+        if (star != NULL) { *star = '\0'; }
+        int len = (int)flag_int("-D (prompt length)", item, 1, 1 << 24);
+        int count = star != NULL ? (int)flag_int("-D (prompt count)", star + 1, 1, 1 << 20) : 1;
+        if (n + count > cap) { fail("-D: more than %d prompts\nHINT: pass fewer prompt lengths", cap); }
+        for (int i = 0; i < count; i++) { lens[n++] = len; }
+    }
+    free(copy);
+    if (n == 0) { bad_flag("-D", list, "prompt lengths, e.g. 2048*32 or 100,200"); }
+    return n;
+}
+
+#define GENERATE_MAX_PROMPTS 65536
+
+// The prompts of -M generate: without -D one, -P's tokens (prompt_tokens); with -D one per length:
+// from a token shard consecutive pieces of it, from a text the first len tokens of EOT + text.
+// Every prompt plus -g must fit the context -t. tokens: (B, cap), cap = the longest prompt + -g.
+static int generate_prompts(const Args* a, int** tokens_out, int** lens_out, int* cap_out) {
+    int T = a->T, g = a->gen_tokens;
+    int* lens = (int*)malloc_check(GENERATE_MAX_PROMPTS * sizeof(int), "prompt lengths");
+    int B = 1;
+    if (a->list != NULL) { B = generate_lengths(a->list, lens, GENERATE_MAX_PROMPTS); }
+    int* src = NULL;
+    size_t total = 0;
+    int longest = 0, from_shard = 0;
+    if (a->list == NULL) {
+        src = (int*)malloc_check((size_t)T * sizeof(int), "tokens");
+        lens[0] = prompt_tokens(a->prompt, src, T, g);
+    } else {
+        for (int b = 0; b < B; b++) { total += (size_t)lens[b]; }
+        FILE* f = a->prompt[0] == '@' ? fopen_check(a->prompt + 1, "rb") : NULL;
+        int magic = 0;
+        from_shard = f != NULL && fread(&magic, sizeof(int), 1, f) == 1 && magic == SHARD_MAGIC;
+        if (f != NULL) { fclose(f); }
+        if (from_shard) {
+            src = (int*)malloc_check(total * sizeof(int), "tokens");
+            size_t got = read_shard_tokens(a->prompt + 1, total, 0, 0, src);
+            if (got < total) {
+                fail("the shard '%s' holds %zu tokens, the %d prompts of -D need %zu\n"
+                     "HINT: pass fewer or shorter prompt lengths with -D", a->prompt + 1, got, B, total);
+            }
+        } else {
+            src = (int*)malloc_check((size_t)T * sizeof(int), "tokens");
+            int n = prompt_tokens(a->prompt, src, T, 0);
+            for (int b = 0; b < B; b++) {
+                if (lens[b] > n) {
+                    fail("-D asks for a prompt of %d tokens, the text has %d (with the leading EOT)\n"
+                         "HINT: pass lengths of at most %d, or a longer text or a token shard with -P @file",
+                         lens[b], n, n);
+                }
+            }
+        }
+    }
+    for (int b = 0; b < B; b++) {
+        if (lens[b] + g > T) {
+            fail("the prompt%s (%d tokens with the leading EOT) plus -g %d tokens exceed the context -t %d\n"
+                 "HINT: raise -t or shorten the prompt", B > 1 ? "s of -D" : "", lens[b], g, T);
+        }
+        longest = lens[b] > longest ? lens[b] : longest;
+    }
+    int cap = longest + g;
+    int* tokens = (int*)malloc_check((size_t)B * cap * sizeof(int), "tokens");
+    size_t off = 0;
+    for (int b = 0; b < B; b++) {
+        memcpy(tokens + (size_t)b * cap, src + off, (size_t)lens[b] * sizeof(int));
+        if (from_shard) { off += (size_t)lens[b]; }
+    }
+    free(src);
+    *tokens_out = tokens; *lens_out = lens; *cap_out = cap;
+    return B;
+}
+
+// a GenerateJob through next_logits, one sequence after the other (the CPU backend)
+static void generate_with_next_logits(ForwardBackend* be, GenerateJob* job) {
+    float* row = (float*)malloc_check((size_t)be->vocab_size * sizeof(float), "logits row");
+    double t_prompt = 0.0;
+    for (int b = 0; b < job->B; b++) {
+        int* tokens = job->tokens + (size_t)b * job->cap;
+        int n = job->lens[b];
+        uint64_t rng = generate_seed(job->seed, b);
+        be->reset(be->ctx);
+        for (int t = n; t < n + job->gen; t++) {
+            double t0 = now_seconds();
+            be->next_logits(be->ctx, tokens, t, row);
+            if (t == n) { t_prompt += now_seconds() - t0; } // the prompt, and the first new token's logits
+            tokens[t] = sample_token(row, be->vocab_size, job->temperature, job->top_k, &rng);
+            if (job->on_token != NULL) { job->on_token(job->user, b, tokens[t]); }
+        }
+    }
+    job->t_prompt = t_prompt;
+    free(row);
+}
+
+// prints the tokens of one prompt as they come
+static void generate_print_token(void* user, int b, int token) {
+    (void)b;
+    tokenizer_print((const Tokenizer*)user, token);
+    fflush(stdout);
+}
 
 static int run_generate(const Args* a, ForwardBackend* be, const char* how) {
     if (a->prompt == NULL) { fail("-M generate needs a prompt\nHINT: add -P \"text\" or -P @file"); }
-    int* tokens = (int*)malloc_check((size_t)a->T * sizeof(int), "tokens");
-    int n = prompt_tokens(a->prompt, tokens, a->T, a->gen_tokens);
-    if (n + a->gen_tokens > a->T) {
-        fail("the prompt (%d tokens with the leading EOT) plus -g %d tokens exceed the context -t %d\n"
-             "HINT: raise -t or shorten the prompt",
-             n, a->gen_tokens, a->T);
-    }
+    int *tokens, *lens, cap;
+    int B = generate_prompts(a, &tokens, &lens, &cap);
     Tokenizer tk;
     if (!tokenizer_init(&tk, a->tokenizer_path)) {
         fail("no decode table at '%s'\nHINT: run `make data`, or pass -z", a->tokenizer_path);
     }
-    printf("prompt: %d tokens | %d new tokens, %s, temperature %g, top-k %d, seed %llu | %s\n---\n", n, a->gen_tokens,
-           a->temperature == 0 ? "greedy" : "sampled", a->temperature, a->top_k, (unsigned long long)a->seed, how);
-    for (int i = 1; i < n; i++) { tokenizer_print(&tk, tokens[i]); }
-    float* row = (float*)malloc_check((size_t)be->vocab_size * sizeof(float), "logits row");
-    uint64_t rng = a->seed ^ 0x5DEECE66Dull;
-    be->reset(be->ctx);
-    double t0 = now_seconds(), t_prompt = 0.0;
-    for (int t = n; t < n + a->gen_tokens; t++) {
-        be->next_logits(be->ctx, tokens, t, row);
-        if (t == n) { t_prompt = now_seconds() - t0; } // the prompt, and the first new token's logits
-        tokens[t] = sample_token(row, be->vocab_size, a->temperature, a->top_k, &rng);
-        tokenizer_print(&tk, tokens[t]);
-        fflush(stdout);
+    const char* rule = a->temperature == 0 ? "greedy" : "sampled";
+    if (B == 1) {
+        printf("prompt: %d tokens | %d new tokens, %s, temperature %g, top-k %d, seed %llu | %s\n---\n", lens[0],
+               a->gen_tokens, rule, a->temperature, a->top_k, (unsigned long long)a->seed, how);
+        for (int i = 1; i < lens[0]; i++) { tokenizer_print(&tk, tokens[i]); }
+    } else {
+        size_t sum = 0;
+        for (int b = 0; b < B; b++) { sum += (size_t)lens[b]; }
+        printf("prompts: %d of %zu tokens in all (-D) | %d new tokens each, %s, temperature %g, top-k %d, seed %llu | "
+               "%s\n", B, sum, a->gen_tokens, rule, a->temperature, a->top_k, (unsigned long long)a->seed, how);
     }
-    double dt = now_seconds() - t0, t_new = dt - t_prompt;
-    printf("\n---\n%d tokens in %.2f s: the prompt (%d tokens) %.2f s, then %.2f ms per generated token\n",
-           a->gen_tokens, dt, n, t_prompt, a->gen_tokens > 1 ? 1e3 * t_new / (a->gen_tokens - 1) : 0.0);
-    free(row); free(tokens);
+    GenerateJob job = {B, a->gen_tokens, cap, tokens, lens, a->temperature, a->top_k, a->seed,
+                       B == 1 ? generate_print_token : NULL, &tk, 0.0};
+    double t0 = now_seconds();
+    if (be->generate != NULL) { be->generate(be->ctx, &job); }
+    else { generate_with_next_logits(be, &job); }
+    double dt = now_seconds() - t0, t_new = dt - job.t_prompt;
+    int steps = a->gen_tokens - 1; // new tokens after the first of each sequence
+    if (B == 1) {
+        printf("\n---\n%d tokens in %.2f s: the prompt (%d tokens) %.2f s, then %.2f ms per generated token\n",
+               a->gen_tokens, dt, lens[0], job.t_prompt, steps > 0 ? 1e3 * t_new / steps : 0.0);
+    } else {
+        for (int b = 0; b < B; b++) {
+            printf("--- sequence %d (prompt %d tokens):", b, lens[b]);
+            const int* row = tokens + (size_t)b * cap;
+            for (int t = lens[b]; t < lens[b] + a->gen_tokens; t++) { tokenizer_print(&tk, row[t]); }
+            printf("\n");
+        }
+        printf("---\n%d sequences x %d tokens in %.2f s: the prompts %.2f s, then %.2f ms per step of %d tokens, "
+               "%.0f generated tokens/s\n", B, a->gen_tokens, dt, job.t_prompt, steps > 0 ? 1e3 * t_new / steps : 0.0,
+               B, steps > 0 && t_new > 0 ? (double)B * steps / t_new : 0.0);
+    }
+    free(tokens); free(lens);
     tokenizer_free(&tk);
     return 0;
 }

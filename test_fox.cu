@@ -3826,10 +3826,485 @@ void run_gpu_tests(void) {
 }
 #endif // __CUDACC__
 
-// ./test_fox runs every group; ./test_fox gpu only the GPU part (a short run on a lent GPU)
+// ----------------------------------------------------------------------------
+// generation with several prompts (-M generate -D): the prompts' lengths and sources, and bad input
+// (plain C, shared by both trainers; on the GPU build also the memory check of the GPU decoder)
+
+static void generate_prompts_child(const void* arg) {
+    const char* const* argv = (const char* const*)arg;
+    int argc = 0;
+    while (argv[argc] != NULL) { argc++; }
+    Args a;
+    parse_args(&a, argc, (char**)argv);
+    int *tokens, *lens, cap;
+    generate_prompts(&a, &tokens, &lens, &cap);
+}
+
+#ifdef __CUDACC__
+static void gpu_memory_child(const void* arg) {
+    (void)arg; // 32 prompts of 32768 tokens of fox-pro-760m against 80 GB
+    FoxConfig c;
+    if (!config_from_preset(&c, "fox-pro-760m")) { return; }
+    c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
+    size_t pages = decoder_worst_pages(&c, 32, 32832);
+    size_t need = gpu_generate_bytes(&c, 1000000000, 32, 32768, 32, 32832, pages);
+    gpu_generate_check_memory(need, (size_t)80 << 30, 32, 32832, pages * decoder_page_bytes(&c));
+}
+#endif
+
+static void test_generate_prompts(void) {
+    enum { N = 40 };
+    uint16_t shard[N];
+    for (int i = 0; i < N; i++) { shard[i] = (uint16_t)(11 * i + 5); }
+    char path[512], arg[520];
+    snprintf(path, sizeof(path), "%s/gen_prompts_000000.bin", test_dir);
+    write_shard(path, shard, N, SHARD_MAGIC, N);
+    snprintf(arg, sizeof(arg), "@%s", path);
+    static const char* base[] = {"train_fox", "-M", "generate", "-t", "32", "-g", "4", "-D", "5,7*2,1", "-P", NULL};
+    const char* argv[16];
+    memcpy(argv, base, sizeof(base));
+    argv[10] = arg; argv[11] = NULL;
+    Args a;
+    parse_args(&a, 11, (char**)argv);
+    int *tokens, *lens, cap;
+    int B = generate_prompts(&a, &tokens, &lens, &cap);
+    int ok = B == 4 && cap == 7 + 4 && lens[0] == 5 && lens[1] == 7 && lens[2] == 7 && lens[3] == 1;
+    int off = 0;
+    for (int b = 0; ok && b < B; b++) {
+        for (int t = 0; t < lens[b]; t++) { ok &= tokens[(size_t)b * cap + t] == shard[off + t]; }
+        off += lens[b];
+    }
+    check(ok, "generate -D 5,7*2,1 from a shard: %d prompts of 5, 7, 7, 1 tokens, consecutive pieces of it", B);
+    free(tokens); free(lens);
+    static const char* d_long[] = {"train_fox", "-M", "generate", "-t", "32", "-g", "4", "-D", "30", "-P", NULL, NULL};
+    static const char* d_short[] = {"train_fox", "-M", "generate", "-t", "64", "-g", "4", "-D", "30*2", "-P", NULL,
+                                    NULL};
+    static const char* d_zero[] = {"train_fox", "-M", "generate", "-t", "64", "-g", "4", "-D", "8*0", "-P", NULL, NULL};
+    static const char* g_long[] = {"train_fox", "-M", "generate", "-t", "32", "-g", "40", "-D", "3", "-P", NULL, NULL};
+    d_long[10] = d_short[10] = d_zero[10] = g_long[10] = arg;
+    expect_failure(generate_prompts_child, d_long, "generate -D 30 with -g 4 and -t 32 (a prompt longer than -t - -g)");
+    expect_failure(generate_prompts_child, g_long, "generate -g 40 with -t 32 (-g that does not fit)");
+    expect_failure(generate_prompts_child, d_short, "generate -D 30*2 from a shard of 40 tokens");
+    expect_failure(generate_prompts_child, d_zero, "generate -D 8*0");
+#ifdef __CUDACC__
+    expect_failure(gpu_memory_child, NULL, "GPU generate: 32 prompts of 32768 tokens of fox-pro-760m in 80 GB");
+#endif
+}
+
+#ifdef __CUDACC__
+// ----------------------------------------------------------------------------
+// generation on the GPU (GpuDecoder) against the twin's KV cache (FoxDecoder): the sampler on
+// given logits, then whole models: greedy tokens and next-token logits step by step.
+// Tolerance of the logits: the bf16 forward's (GTOL_LOGITS, or GTOL_SENS times the twin's own
+// error with bf16-rounded weights, as for the whole-model diffs above): a decode step rounds the
+// same values as the forward (the weights, the normed inputs, q, k, v, o, y, act; the cache holds
+// the forward's bf16 k and v), so its error has the forward's size. Greedy tokens must equal the
+// twin's argmax; where they differ the twin's own top two must lie within 2 tol of each other (a
+// tie at the resolution of the logits, counted and printed). The twin is fed the GPU's tokens, so
+// the sequences never part.
+
+// 0xFF (NaN) in the cache pages and every activation the decoder writes: a slot read before it is
+// written, or a masked key that leaks into a sum, shows up
+static void gen_poison(GpuDecoder* d) {
+    size_t kv = (size_t)d->pool_pages * KV_PAGE * d->hd, B = (size_t)d->max_B;
+    cudaCheck(cudaMemset(d->pool_k, 0xFF, kv * sizeof(floatX)));
+    cudaCheck(cudaMemset(d->pool_v, 0xFF, kv * sizeof(floatX)));
+    cudaCheck(cudaMemset(d->pool_c, 0xFF, (size_t)d->pool_pages * KV_PAGE * sizeof(float)));
+    cudaCheck(cudaMemset(d->resid, 0xFF, B * d->C * sizeof(float)));
+    cudaCheck(cudaMemset(d->proj, 0xFF, B * d->proj_cols * sizeof(float)));
+    cudaCheck(cudaMemset(d->part_m, 0xFF, (size_t)d->part_rows * sizeof(float)));
+    cudaCheck(cudaMemset(d->part_l, 0xFF, (size_t)d->part_rows * sizeof(float)));
+    cudaCheck(cudaMemset(d->part_o, 0xFF, (size_t)d->part_rows * d->hd * sizeof(float)));
+    cudaCheck(cudaMemset(d->y, 0xFF, B * d->C * sizeof(floatX)));
+    cudaCheck(cudaMemset(d->gu, 0xFF, B * 2 * d->I * sizeof(float)));
+    cudaCheck(cudaMemset(d->logits, 0xFF, B * d->Vp * sizeof(float)));
+    cudaCheck(cudaDeviceSynchronize()); // the decoder's stream does not wait for the legacy one
+}
+
+// The GPU sampler (sample_kernel) against the twin's sample_token on the same fp32 logits and the
+// same splitmix64 streams: 4 rows (one with many tied maxima, the others bf16-rounded normals with
+// ties), 64 draws each, every (temperature, top-k) rule; the tokens must be the same (the fp64
+// sums differ in order only: a draw may differ only within ~1e-16 of a boundary). Top-k beyond
+// SAMPLE_SORT walks in id order: its tokens must lie in the top k.
+static void gpu_gen_test_sampler(void) {
+    int vocabs[2] = {50257, 1000};
+    struct { double T; int k; } rules[] = {{0.0, 0}, {0.7, 0}, {1.3, 40}, {1.0, 1}, {2.0, 2}, {1.5, 1000}, {1.0, 3000}};
+    enum { B = 4, DRAWS = 64 };
+    for (int vi = 0; vi < 2; vi++) {
+        int V = vocabs[vi], Vp = (int)ceil_div((size_t)V, 128) * 128;
+        float* logits = (float*)malloc_check((size_t)B * Vp * sizeof(float), "test");
+        uint64_t s = 99 + vi;
+        for (int b = 0; b < B; b++) {
+            for (int j = 0; j < Vp; j++) {
+                float x = b == 3 ? (float)(rng_next(&s) % 3) : (float)(3.0 * rng_normal(&s));
+                logits[(size_t)b * Vp + j] = j < V ? __bfloat162float(__float2bfloat16(x)) : NAN;
+            }
+        }
+        float* logits_d;
+        int* tokens_d;
+        uint64_t* rng_d;
+        cudaCheck(cudaMalloc(&logits_d, (size_t)B * Vp * sizeof(float)));
+        cudaCheck(cudaMalloc(&tokens_d, B * sizeof(int)));
+        cudaCheck(cudaMalloc(&rng_d, B * sizeof(uint64_t)));
+        cudaCheck(cudaMemcpy(logits_d, logits, (size_t)B * Vp * sizeof(float), cudaMemcpyHostToDevice));
+        for (size_t r = 0; r < sizeof(rules) / sizeof(rules[0]); r++) {
+            uint64_t host[B], dev[B];
+            for (int b = 0; b < B; b++) { host[b] = dev[b] = generate_seed(1234 + r, b); }
+            cudaCheck(cudaMemcpy(rng_d, dev, sizeof(dev), cudaMemcpyHostToDevice));
+            int same = 0, total = 0, in_top = 1, k = rules[r].k;
+            for (int i = 0; i < DRAWS; i++) {
+                cudaCheck(cudaMemset(tokens_d, 0xFF, B * sizeof(int)));
+                sample_kernel<<<B, SAMPLE_THREADS>>>(tokens_d, logits_d, Vp, V, rng_d, rules[r].T, k);
+                launchCheck();
+                int got[B];
+                cudaCheck(cudaMemcpy(got, tokens_d, sizeof(got), cudaMemcpyDeviceToHost));
+                for (int b = 0; b < B; b++) {
+                    const float* row = logits + (size_t)b * Vp;
+                    int want = sample_token(row, V, rules[r].T, k, &host[b]);
+                    same += got[b] == want;
+                    total++;
+                    if (k > SAMPLE_SORT && k < V) { // rank of got under (logit down, id up) must be below k
+                        int rank = 0;
+                        for (int j = 0; j < V; j++) {
+                            rank += row[j] > row[got[b]] || (row[j] == row[got[b]] && j < got[b]);
+                        }
+                        in_top &= got[b] >= 0 && got[b] < V && rank < k;
+                    }
+                }
+            }
+            cudaCheck(cudaMemcpy(dev, rng_d, sizeof(dev), cudaMemcpyDeviceToHost));
+            int streams = memcmp(dev, host, sizeof(dev)) == 0;
+            if (k > SAMPLE_SORT && k < V) {
+                check(in_top && streams, "gpu sampler V=%d T=%g top-k %d (beyond %d: id order): %d draws all in the "
+                      "top k, rng streams advanced alike", V, rules[r].T, k, SAMPLE_SORT, total);
+            } else {
+                check(same == total && streams, "gpu sampler V=%d T=%g top-k %d: %d of %d draws equal to the twin's "
+                      "sample_token, rng streams advanced alike", V, rules[r].T, k, same, total);
+            }
+        }
+        cudaCheck(cudaFree(logits_d)); cudaCheck(cudaFree(tokens_d)); cudaCheck(cudaFree(rng_d));
+        free(logits);
+    }
+}
+
+typedef struct {
+    const char* preset;
+    const char* const* ov;
+    const char* what;
+    int B, lens[48], gen;
+    int empty;       // 1: the prompt fed token by token from an empty cache (gpu_sample's path), else the prefill
+    int prune;       // -A 1: eviction
+    float ln_eps;
+    int evict_model; // gates that forget fast (b_f = -6) and QK-norm scales 1, as the twin's eviction test
+} GenCase;
+
+typedef struct {
+    double err, sens;    // max over steps and sequences of max |x - twin| / max |twin| of the next-token logits
+    int tokens, same;    // greedy tokens compared, equal to the twin's argmax
+    double worst_gap;    // the largest twin top-two gap (of max |twin|) among the tokens that differ
+    size_t live, full;   // cache entries at the end
+    int peak_pages;
+    int* out;            // (B, gen) the GPU's tokens
+    float* last;         // (B, V) the last logits
+    float* all;          // (gen, B, V) the logits of every step
+} GenResult;
+
+enum { GEN_V = 512 };
+static int gen_use_mma = 1; // the decoder's matvecs on tensor cores (bf16 build) or CUDA cores
+
+static double gen_row_error(const float* got, const float* ref, int V) {
+    double err = 0.0, scale = 1e-30;
+    for (int j = 0; j < V; j++) {
+        double e = fabs((double)got[j] - ref[j]);
+        err = isnan(e) ? INFINITY : fmax(err, e);
+        scale = fmax(scale, fabs((double)ref[j]));
+    }
+    return err / scale;
+}
+
+// replaces the decoder's next tokens (teacher forcing: a prompt fed token by token)
+static void gpu_decoder_feed(GpuDecoder* d, const int* tokens) {
+    cudaCheck(cudaMemcpy(d->tokens, tokens, (size_t)d->B * sizeof(int), cudaMemcpyHostToDevice));
+}
+
+// One case on the GPU (use_graph 0: kernels launched one by one; corrupt: c_last zeroed after the
+// prompt, the negative control) and on the twin (fed the GPU's tokens), and the twin with
+// bf16-rounded weights for the sensitivity.
+static void gen_run(const GenCase* c, int use_graph, int corrupt, GenResult* r) {
+    enum { V = GEN_V };
+    memset(r, 0, sizeof(*r));
+    FoxModel m, mr;
+    eval_test_model(&m, c->preset, c->ov, V, c->evict_model ? 4.0f : 2.0f);
+    const FoxConfig* cf = &m.config;
+    if (c->evict_model) {
+        size_t qk_per = m.spec[P_Q_NORM].rows;
+        for (size_t i = 0; i < (size_t)cf->n_layer * qk_per; i++) { m.params.q_norm[i] = m.params.k_norm[i] = 1.0f; }
+        for (size_t i = 0; i < (size_t)cf->n_layer * cf->n_head; i++) { m.params.bf[i] = -6.0f; }
+    }
+    m.prune = c->prune; m.prune_ln_eps = c->ln_eps;
+    twin_rounded_copy(&mr, &m);
+    mr.prune = m.prune; mr.prune_ln_eps = m.prune_ln_eps;
+    int B = c->B, Tp = 0;
+    for (int b = 0; b < B; b++) { Tp = c->lens[b] > Tp ? c->lens[b] : Tp; }
+    int cap = Tp + c->gen;
+    int* tokens = (int*)malloc_check((size_t)B * cap * sizeof(int), "test");
+    random_tokens(tokens, (size_t)B * cap, V, 77);
+    FoxDecoder* tw = (FoxDecoder*)calloc_check((size_t)B, sizeof(FoxDecoder), "test");
+    FoxDecoder* tr = (FoxDecoder*)calloc_check((size_t)B, sizeof(FoxDecoder), "test");
+    for (int b = 0; b < B; b++) { fox_decoder_init(&tw[b], &m, cap); fox_decoder_init(&tr[b], &mr, cap); }
+    GPUModel gm;
+    gpu_build(&gm, &m, c->empty ? 1 : B, c->empty ? 1 : Tp);
+    gpu_poison(&gm);
+    GpuDecoder d;
+    gpu_decoder_init(&d, &gm, B, cap, c->prune, c->ln_eps, cap);
+    d.use_graph = use_graph;
+    d.use_mma = gen_use_mma;
+    uint64_t seeds[48];
+    for (int b = 0; b < B; b++) { seeds[b] = generate_seed(5, b); }
+    gpu_decoder_begin(&d, B, 0.0, 0, seeds);
+    gen_poison(&d);
+    int Vp = cf->padded_vocab_size;
+    float* lg = (float*)malloc_check((size_t)B * Vp * sizeof(float), "test");
+    r->out = (int*)malloc_check((size_t)B * c->gen * sizeof(int), "test");
+    r->last = (float*)malloc_check((size_t)B * V * sizeof(float), "test");
+    r->all = (float*)malloc_check((size_t)c->gen * B * V * sizeof(float), "test");
+    if (c->empty) { // B prompts of the same length, fed token by token, compared at every position
+        int first[48];
+        for (int b = 0; b < B; b++) { first[b] = tokens[(size_t)b * cap]; }
+        gpu_decoder_start_empty(&d, first);
+        for (int t = 0; t < c->lens[0]; t++) {
+            if (t > 0) {
+                int next[48];
+                for (int b = 0; b < B; b++) { next[b] = tokens[(size_t)b * cap + t]; }
+                gpu_decoder_feed(&d, next);
+            }
+            gpu_decoder_step(&d);
+            cudaCheck(cudaMemcpy(lg, d.logits, (size_t)B * Vp * sizeof(float), cudaMemcpyDeviceToHost));
+            for (int b = 0; b < B; b++) {
+                fox_decode_step(&tw[b], tokens[(size_t)b * cap + t]);
+                fox_decode_step(&tr[b], tokens[(size_t)b * cap + t]);
+                r->err = fmax(r->err, gen_row_error(lg + (size_t)b * Vp, tw[b].row.logits, V));
+                r->sens = fmax(r->sens, gen_row_error(tr[b].row.logits, tw[b].row.logits, V));
+            }
+        }
+    } else {
+        gpu_decoder_prefill(&d, tokens, cap, c->lens);
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < c->lens[b]; t++) {
+                fox_decode_step(&tw[b], tokens[(size_t)b * cap + t]);
+                fox_decode_step(&tr[b], tokens[(size_t)b * cap + t]);
+            }
+        }
+    }
+    if (corrupt) {
+        cudaCheck(cudaMemset(d.c_last, 0, 2 * (size_t)d.L * B * d.H * sizeof(float)));
+        cudaCheck(cudaDeviceSynchronize());
+    }
+    for (int k = 0; k < c->gen; k++) {
+        cudaCheck(cudaMemcpy(lg, d.logits, (size_t)B * Vp * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int b = 0; b < B; b++) {
+            const float* ref = tw[b].row.logits;
+            r->err = fmax(r->err, gen_row_error(lg + (size_t)b * Vp, ref, V));
+            r->sens = fmax(r->sens, gen_row_error(tr[b].row.logits, ref, V));
+            int g = d.host_tokens[b], want = argmax_token(ref, V);
+            r->tokens++;
+            if (g == want) { r->same++; }
+            else {
+                double scale = 1e-30;
+                for (int j = 0; j < V; j++) { scale = fmax(scale, fabs(ref[j])); }
+                double gap = g >= 0 && g < V ? (ref[want] - ref[g]) / scale : INFINITY;
+                r->worst_gap = fmax(r->worst_gap, gap);
+            }
+            r->out[(size_t)b * c->gen + k] = g;
+            memcpy(r->last + (size_t)b * V, lg + (size_t)b * Vp, V * sizeof(float));
+            memcpy(r->all + ((size_t)k * B + b) * V, lg + (size_t)b * Vp, V * sizeof(float));
+            if (k + 1 < c->gen && g >= 0 && g < V) {
+                fox_decode_step(&tw[b], g);
+                fox_decode_step(&tr[b], g);
+            }
+        }
+        if (k + 1 < c->gen) { gpu_decoder_step(&d); }
+    }
+    size_t heads = (size_t)d.L * B * d.H;
+    int* first = (int*)malloc_check(heads * sizeof(int), "test");
+    cudaCheck(cudaMemcpy(first, d.first, heads * sizeof(int), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < heads; i++) {
+        int len = d.host_pos[(i / d.H) % B];
+        r->live += (size_t)(len - first[i]);
+        r->full += (size_t)(len - attention_first_key(len, cf->window));
+    }
+    r->peak_pages = d.peak_pages;
+    free(first); free(lg); free(tokens);
+    gpu_decoder_free(&d);
+    gpu_free(&gm);
+    for (int b = 0; b < B; b++) { fox_decoder_free(&tw[b]); fox_decoder_free(&tr[b]); }
+    free(tw); free(tr);
+    fox_free(&m); fox_free(&mr);
+}
+
+static void gen_result_free(GenResult* r) { free(r->out); free(r->last); free(r->all); }
+
+// max over the steps of max |a - b| / max |b| of the logits of two runs of the same case
+static double gen_runs_error(const GenResult* a, const GenResult* b, const GenCase* c) {
+    double err = 0.0;
+    for (int k = 0; k < c->gen * c->B; k++) {
+        err = fmax(err, gen_row_error(a->all + (size_t)k * GEN_V, b->all + (size_t)k * GEN_V, GEN_V));
+    }
+    return err;
+}
+
+// the check of one case against the twin; returns the tolerance used
+static double gen_check(const GenCase* c, const GenResult* r) {
+    double tol = tolerance(GTOL_LOGITS, r->sens);
+    int ties = r->tokens - r->same;
+    check(r->tokens >= 24 && r->err <= tol && (ties == 0 || r->worst_gap <= 2 * tol),
+          "gpu generate vs twin cache: %s, %d seq, prompts %d..%d (%s): %d greedy tokens, %d equal, %d near ties "
+          "(top-two gap %.1e <= 2 tol); logits err %.1e <= %.1e (max of %.0e and %g x bf16-weight sensitivity %.1e)",
+          c->what, c->B, c->lens[0], c->lens[c->B - 1], c->empty ? "fed token by token" : "prefill", r->tokens,
+          r->same, ties, r->worst_gap, r->err, tol, GTOL_LOGITS, GTOL_SENS, r->sens);
+    return tol;
+}
+
+static void gpu_gen_test_models(void) {
+    static const char* none[] = {NULL};
+    static const char* window8[] = {"window", "8", NULL};
+    static const char* window70[] = {"window", "70", NULL};
+    static const char* shared[] = {"qk_norm_shared", "1", "window", "5", NULL};
+    static const char* bias_only[] = {"gate", "bias_only", NULL};
+    static const char* fixed[] = {"gate", "fixed", NULL};
+    static const char* gate_none[] = {"gate", "none", NULL};
+    static const char* hd128[] = {"n_head", "1", NULL};
+    GenCase cases[] = {
+        {"fox-pro-tiny", none, "fox-pro", 1, {100}, 30, 0, 0, -10.0f, 0},
+        {"fox-llama-tiny", none, "fox-llama", 1, {100}, 30, 0, 0, -10.0f, 0},
+        {"transformer-llama-tiny", none, "transformer-llama (RoPE)", 1, {100}, 30, 0, 0, -10.0f, 0},
+        {"transformer-pro-tiny", none, "transformer-pro (RoPE, shifts, QK-norm)", 1, {100}, 30, 0, 0, -10.0f, 0},
+        {"fox-pro-tiny", window8, "fox-pro, window 8", 1, {100}, 30, 0, 0, -10.0f, 0},
+        {"fox-pro-tiny", window70, "fox-pro, window 70 (pages freed as it slides)", 1, {100}, 30, 0, 0, -10.0f, 0},
+        {"fox-pro-tiny", shared, "fox-pro, shared QK-norm, window 5", 1, {100}, 30, 0, 0, -10.0f, 0},
+        {"fox-pro-tiny", bias_only, "fox-pro, gate bias_only", 1, {100}, 30, 0, 0, -10.0f, 0},
+        {"fox-pro-tiny", fixed, "fox-pro, gate fixed", 1, {100}, 30, 0, 0, -10.0f, 0},
+        {"fox-pro-tiny", gate_none, "fox-pro, gate none", 1, {100}, 30, 0, 0, -10.0f, 0},
+        {"fox-pro-tiny", hd128, "fox-pro, head size 128", 1, {100}, 30, 0, 0, -10.0f, 0},
+        {"fox-pro-tiny", none, "fox-pro", 1, {40}, 30, 1, 0, -10.0f, 0},
+        {"fox-pro-tiny", none, "fox-pro, prompts of 37, 100, 64 at once", 3, {37, 100, 64}, 28, 0, 0, -10.0f, 0},
+        {"transformer-llama-tiny", window70, "transformer-llama, window 70, 2 prompts", 2, {90, 3}, 30, 0, 0, -10.0f,
+         0},
+        {"fox-pro-tiny", none, "fox-pro, 40 prompts of 5 to 122 (matvec passes of 32 rows)", 40, {0}, 24, 0, 0,
+         -10.0f, 0},
+    };
+    GenCase* many = &cases[sizeof(cases) / sizeof(cases[0]) - 1];
+    for (int b = 0; b < many->B; b++) { many->lens[b] = 5 + 3 * b; }
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        GenResult r;
+        gen_run(&cases[i], 1, 0, &r);
+        gen_check(&cases[i], &r);
+        gen_result_free(&r);
+    }
+    // negative control: a cache whose running c restarts after the prompt must miss
+    GenResult bad;
+    gen_run(&cases[0], 1, 1, &bad);
+    double tol = tolerance(GTOL_LOGITS, bad.sens);
+    check(bad.err > tol, "gpu generate: negative control, c_last zeroed after the prompt: logits err %.1e > %.1e",
+          bad.err, tol);
+    gen_result_free(&bad);
+    // the graph replays what the kernels compute when launched one by one, bit for bit
+    GenResult direct, graph;
+    gen_run(&cases[12], 0, 0, &direct);
+    gen_run(&cases[12], 1, 0, &graph);
+    int same = memcmp(direct.out, graph.out, 3 * 28 * sizeof(int)) == 0 &&
+               memcmp(direct.last, graph.last, 3 * GEN_V * sizeof(float)) == 0;
+    check(same, "gpu generate: the CUDA graph gives the same tokens and logits bits as direct launches (3 prompts)");
+    gen_result_free(&direct); gen_result_free(&graph);
+#ifndef ENABLE_FP32
+    // the tensor-core matvecs against the CUDA-core ones: the same bf16 inputs, fp32 sums in another
+    // order (1e-6 relative a sum), but a sum near a rounding boundary of the bf16 values that follow
+    // (q, k, v, act, ...) then rounds the other way (2^-8 relative): the two paths differ by up to the
+    // forward's bf16 error, GTOL_LOGITS of the logits' scale, compared until the greedy tokens part
+    // (a near tie may flip them; at least 2 steps)
+    GenResult cores, tensor;
+    GenCase* c = many;
+    gen_use_mma = 0;
+    gen_run(c, 1, 0, &cores);
+    gen_use_mma = 1;
+    gen_run(c, 1, 0, &tensor);
+    int steps = 0;
+    double err = 0.0;
+    for (int k = 0; k < c->gen; k++) {
+        for (int b = 0; b < c->B; b++) {
+            err = fmax(err, gen_row_error(tensor.all + ((size_t)k * c->B + b) * GEN_V,
+                                          cores.all + ((size_t)k * c->B + b) * GEN_V, GEN_V));
+        }
+        steps++;
+        int parted = 0;
+        for (int b = 0; b < c->B; b++) {
+            parted |= cores.out[(size_t)b * c->gen + k] != tensor.out[(size_t)b * c->gen + k];
+        }
+        if (parted) { break; }
+    }
+    check(err <= GTOL_LOGITS && steps >= 2, "gpu generate: tensor-core matvecs against CUDA-core ones, 40 prompts: "
+          "logits differ by %.1e <= %.0e of their scale over %d steps", err, GTOL_LOGITS, steps);
+    gen_result_free(&cores); gen_result_free(&tensor);
+#endif
+}
+
+// Eviction (-A 1) on the twin's eviction model: a 300-token prompt, 40 greedy tokens; the GPU with
+// eviction against the GPU without it (the same tokens; the live cache and the pages in use
+// smaller) and against the twin with eviction. Negative control, GPU against GPU (the same bf16
+// arithmetic, so the twin's 1e-3 applies): ln eps +40 evicts every key but the newest and must
+// move the logits by more than 1e-3 of their scale, while ln eps -10 moves them by less than that.
+static void gpu_gen_test_eviction(void) {
+    static const char* none[] = {NULL};
+    GenCase on = {"fox-pro-tiny", none, "fox-pro, gate bias -6, -A 1 (eviction)", 1, {300}, 40, 0, 1, -10.0f, 1};
+    GenCase off = on;
+    off.prune = 0; off.what = "fox-pro, gate bias -6, no eviction";
+    GenCase bad = on;
+    bad.ln_eps = 40.0f;
+    GenResult r_on, r_off, r_bad;
+    gen_run(&on, 1, 0, &r_on);
+    gen_run(&off, 1, 0, &r_off);
+    gen_run(&bad, 1, 0, &r_bad);
+    gen_check(&on, &r_on);
+    gen_check(&off, &r_off);
+    int same = memcmp(r_on.out, r_off.out, (size_t)on.gen * sizeof(int)) == 0;
+    double diff = gen_runs_error(&r_on, &r_off, &on), bad_diff = gen_runs_error(&r_bad, &r_off, &on);
+    check(same && diff <= 1e-3 && r_on.live * 4 < r_on.full && r_on.peak_pages < r_off.peak_pages,
+          "gpu generate eviction: %d greedy tokens equal to no eviction (logits differ by %.1e <= 1e-3 of their "
+          "scale), live cache %zu of %zu entries (< 1/4), pages in use at most %d against %d", on.gen, diff, r_on.live,
+          r_on.full, r_on.peak_pages, r_off.peak_pages);
+    check(bad_diff > 1e-3,
+          "gpu generate eviction: negative control, ln eps +40 evicts keys that matter (logits move by %.1e > 1e-3)",
+          bad_diff);
+    gen_result_free(&r_on); gen_result_free(&r_off); gen_result_free(&r_bad);
+}
+
+static void run_gpu_gen_tests(void) {
+    char why[256];
+    if (!gpu_available(why, sizeof(why))) {
+        printf("skipped: no GPU (%s): GPU generation (sampler, KV cache, eviction) against the twin\n", why);
+        return;
+    }
+    if (g_lt == NULL) { gpu_init(); } // run_gpu_tests may have done it
+    printf("GPU generation tests on %s, %s build\n", g_prop.name, PRECISION_NAME);
+    gpu_gen_test_sampler();
+    gpu_gen_test_models();
+    gpu_gen_test_eviction();
+}
+#else
+static void run_gpu_gen_tests(void) { printf("skipped: GPU generation tests (built without nvcc)\n"); }
+#endif
+
+// ./test_fox runs every group; ./test_fox gpu only the GPU part (a short run on a lent GPU); ./test_fox gpu-gen
+// only the GPU generation tests
 int main(int argc, char** argv) {
+    if (argc > 1 && strcmp(argv[1], "gpu-gen") == 0) { // the GPU generation tests alone
+        run_gpu_gen_tests();
+        printf("%d passed, %d failed\n", tests_passed, tests_failed);
+        return tests_failed != 0;
+    }
     if (argc > 1 && strcmp(argv[1], "gpu") == 0) {
         run_gpu_tests();
+        run_gpu_gen_tests();
         printf("%d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed != 0;
     }
@@ -3873,8 +4348,10 @@ int main(int argc, char** argv) {
     test_maps();
     test_eval_bad_input();
     test_prompt_from_shard();
+    test_generate_prompts();
     printf("# GPU\n");
     run_gpu_tests();
+    run_gpu_gen_tests();
     char cleanup[600];
     snprintf(cleanup, sizeof(cleanup), "rm -rf '%s'", test_dir);
     if (system(cleanup) != 0) { printf("note: could not remove %s\n", test_dir); }
