@@ -45,9 +45,12 @@ def info_attributes(b, symbol):
                 payload = symbol(struct.unpack_from('<I', payload)[0]).encode() + payload[4:]
             out.append(b'%d %d ' % (fmt, attr) + payload)
             i += 4 + size
-        else:  # EIFMT_NVAL, _BVAL, _HVAL: the value fits in the 4-byte slot
-            out.append(b[i:i + (2 if fmt == 0x01 else 4)])
-            i += 2 if fmt == 0x01 else 4
+        else:  # EIFMT_NVAL, _BVAL, _HVAL: a 4-byte record (the value, if any, in its last two bytes)
+            out.append(b[i:i + 4])
+            i += 4
+    if i != len(b):
+        sys.exit("error: could not parse an .nv.info section (a record runs past its end)\n"
+                 "HINT: a new cubin attribute format; compare the .text sections by hand")
     return b'\n'.join(out)
 
 
