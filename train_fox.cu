@@ -4733,16 +4733,6 @@ __device__ static void gemv_prologue(floatX* xs, int ldx, const void* in, const 
     }
 }
 
-// the row o of W (OC rows of IC) given in segments (constant indices: no local copy of W)
-__device__ static inline const floatX* gemv_row(const GemvSegments& W, int o, int IC) {
-    const floatX* wseg = W.w[0];
-    int start = 0;
-    #pragma unroll
-    for (int i = 1; i < GEMV_MAX_SEGS; i++) {
-        if (i < W.count && o >= W.end[i - 1]) { wseg = W.w[i]; start = W.end[i - 1]; }
-    }
-    return wseg + (size_t)(o - start) * IC;
-}
 
 // out (B, OC) (row stride out_stride) = x (B, IC) @ W^T in fp32, or out += that with accumulate
 // (the residual add in place: each output element is read and written by one thread). x comes
@@ -4839,6 +4829,17 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(float* out, int out_
 }
 
 #ifndef ENABLE_FP32
+// the row o of W (OC rows of IC) given in segments (constant indices: no local copy of W)
+__device__ static inline const floatX* gemv_row(const GemvSegments& W, int o, int IC) {
+    const floatX* wseg = W.w[0];
+    int start = 0;
+    #pragma unroll
+    for (int i = 1; i < GEMV_MAX_SEGS; i++) {
+        if (i < W.count && o >= W.end[i - 1]) { wseg = W.w[i]; start = W.end[i - 1]; }
+    }
+    return wseg + (size_t)(o - start) * IC;
+}
+
 // The matvec of gemv_kernel on tensor cores (bf16 build, IC % 32 == 0): out (B, OC) = x (B, IC) @ W^T
 // in fp32 (+= with accumulate), one block per tile of 16 output rows (M) at a time, the batch rows
 // of a pass as N (NT tiles of 8; rows past the batch hold anything: each output column is its own
