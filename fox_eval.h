@@ -774,6 +774,7 @@ static int run_eval(const Args* a, ForwardBackend* be) {
 static int generate_lengths(const char* list, int* lens, int cap) {
     int n = 0;
     char* copy = strdup(list);
+    if (copy == NULL) { fail("out of memory reading -D\nHINT: pass a shorter -D list"); }
     for (char* item = strtok(copy, ","); item != NULL; item = strtok(NULL, ",")) {
         char* star = strchr(item, '*');
         if (star != NULL) { *star = '\0'; }

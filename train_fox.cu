@@ -5618,13 +5618,12 @@ static int decoder_head_pages(const FoxConfig* cf, int max_len) {
     return w < all ? w : all;
 }
 
-// key splits per (sequence, head): about eight blocks per SM over the batch (so the last of a few
-// waves is not much emptier than the others), at most DEC_MAX_SPLITS
+// key splits per (sequence, head): about four blocks per SM over the batch, at most DEC_MAX_SPLITS
 // and no more than the 512-key pieces of the longest live range (a block's fixed work, the query's
 // norm and its share of the combine, is worth about that many keys)
 static int decoder_splits(const GpuDecoder* d, int B) {
     int sms = g_prop.multiProcessorCount > 0 ? g_prop.multiProcessorCount : 132;
-    int s = (int)ceil_div((size_t)8 * sms, (size_t)B * d->H);
+    int s = (int)ceil_div((size_t)4 * sms, (size_t)B * d->H);
     int kept = d->max_pages * KV_PAGE, cap = (int)ceil_div((size_t)kept, 512);
     s = s < cap ? s : cap;
     s = s < DEC_MAX_SPLITS ? s : DEC_MAX_SPLITS;
