@@ -90,7 +90,7 @@ def main():
     funcs = sass_opcodes(binary)
     counts = {"library": 0, "mbarrier": 0, "ours": 0}
     ours = []
-    text = open(log).read()
+    text = open(log, errors="replace").read()  # a sample may print bytes that are no UTF-8
     reports = text.split("Race reported between")[1:]
     summary = re.search(r"RACECHECK SUMMARY: (\d+) hazards? displayed", text)
     if summary is None or int(summary.group(1)) != len(reports):
