@@ -187,24 +187,30 @@ static void fox_decoder_reset(FoxDecoder* d) {
     d->peak_bytes = 0;
 }
 
-// delta_h of every (layer, head) from the QK-norm weights (FoxDecoder's comment); the bound is
-// raised by 1e-3 for the float rounding of RMSNorm and RoPE
-static void fox_decoder_evict_init(FoxDecoder* d, float ln_eps) {
-    const FoxModel* m = d->m;
+// delta_h (L, H) of every (layer, head) from the QK-norm weights (FoxDecoder's comment), for
+// sequences up to max_len; the bound U is raised by `margin` for the rounding of q and k (both
+// decoders: the twin's fp32 RMSNorm and RoPE, the GPU's bf16 q and k)
+static float* evict_thresholds(const FoxModel* m, float ln_eps, int max_len, float margin) {
     const FoxConfig* cf = &m->config;
     int L = cf->n_layer, H = cf->n_head, hd = cf->n_embd / H, groups = cf->qk_norm_shared ? 1 : H;
     size_t qk_per = m->spec[P_Q_NORM].rows;
-    d->evict_delta = (float*)malloc_check((size_t)L * H * sizeof(float), "eviction thresholds");
+    float* delta = (float*)malloc_check((size_t)L * H * sizeof(float), "eviction thresholds");
     for (int l = 0; l < L; l++) {
         for (int h = 0; h < H; h++) {
             const float* wq = LAYER(m->params.q_norm, l, qk_per) + (size_t)(h % groups) * hd;
             const float* wk = LAYER(m->params.k_norm, l, qk_per) + (size_t)(h % groups) * hd;
             float mq = 0.0f, mk = 0.0f;
             for (int i = 0; i < hd; i++) { mq = fmaxf(mq, fabsf(wq[i])); mk = fmaxf(mk, fabsf(wk[i])); }
-            float U = mq * mk * sqrtf((float)hd) * 1.001f;
-            d->evict_delta[(size_t)l * H + h] = prune_delta_base(ln_eps, d->max_len) - 2.0f * U;
+            float U = mq * mk * sqrtf((float)hd) * margin;
+            delta[(size_t)l * H + h] = prune_delta_base(ln_eps, max_len) - 2.0f * U;
         }
     }
+    return delta;
+}
+
+// the twin's thresholds: U raised by 1e-3 for the float rounding of RMSNorm and RoPE
+static void fox_decoder_evict_init(FoxDecoder* d, float ln_eps) {
+    d->evict_delta = evict_thresholds(d->m, ln_eps, d->max_len, 1.001f);
 }
 
 static void fox_decoder_init(FoxDecoder* d, const FoxModel* m, int max_len) {

@@ -5655,23 +5655,11 @@ static size_t decoder_worst_pages(const FoxConfig* cf, int max_B, int max_len) {
 // bound U raised by 1% instead of 0.1%: here q and k are rounded to bf16 after the norm (at most
 // 2^-8 relative each, (1 + 2^-8)^2 < 1.01), so the twin's margin would not cover them
 static void gpu_decoder_evict_init(GpuDecoder* d, float ln_eps, int delta_len) {
-    const FoxModel* m = d->g->host;
-    const FoxConfig* cf = &m->config;
-    int L = cf->n_layer, H = cf->n_head, hd = cf->n_embd / H, groups = cf->qk_norm_shared ? 1 : H;
-    size_t qk_per = m->spec[P_Q_NORM].rows;
-    float* delta = (float*)malloc_check((size_t)L * H * sizeof(float), "eviction thresholds");
-    for (int l = 0; l < L; l++) {
-        for (int h = 0; h < H; h++) {
-            const float* wq = LAYER(m->params.q_norm, l, qk_per) + (size_t)(h % groups) * hd;
-            const float* wk = LAYER(m->params.k_norm, l, qk_per) + (size_t)(h % groups) * hd;
-            float mq = 0.0f, mk = 0.0f;
-            for (int i = 0; i < hd; i++) { mq = fmaxf(mq, fabsf(wq[i])); mk = fmaxf(mk, fabsf(wk[i])); }
-            float U = mq * mk * sqrtf((float)hd) * 1.01f;
-            delta[(size_t)l * H + h] = prune_delta_base(ln_eps, delta_len) - 2.0f * U;
-        }
-    }
-    d->delta = (float*)gpu_malloc((size_t)L * H * sizeof(float), "eviction thresholds");
-    cudaCheck(cudaMemcpy(d->delta, delta, (size_t)L * H * sizeof(float), cudaMemcpyHostToDevice));
+    const FoxConfig* cf = &d->g->host->config;
+    size_t L = (size_t)cf->n_layer, H = (size_t)cf->n_head;
+    float* delta = evict_thresholds(d->g->host, ln_eps, delta_len, 1.01f);
+    d->delta = (float*)gpu_malloc(L * H * sizeof(float), "eviction thresholds");
+    cudaCheck(cudaMemcpy(d->delta, delta, L * H * sizeof(float), cudaMemcpyHostToDevice));
     free(delta);
 }
 
