@@ -794,7 +794,7 @@ static int generate_lengths(const char* list, int* lens, int cap) {
     return n;
 }
 
-#define GENERATE_MAX_PROMPTS 65536
+#define GENERATE_MAX_PROMPTS 65535 // the GPU's decode attention has a grid row per prompt (at most 65535)
 
 // The prompts of -M generate: without -D one, -P's tokens (prompt_tokens); with -D one per length:
 // from a token shard consecutive pieces of it, from a text the first len tokens of EOT + text.
@@ -811,7 +811,13 @@ static int generate_prompts(const Args* a, int** tokens_out, int** lens_out, int
         src = (int*)malloc_check((size_t)T * sizeof(int), "tokens");
         lens[0] = prompt_tokens(a->prompt, src, T, g);
     } else {
-        for (int b = 0; b < B; b++) { total += (size_t)lens[b]; }
+        for (int b = 0; b < B; b++) {
+            if (lens[b] + g > T) { // before anything is read for them
+                fail("a prompt length of -D (%d tokens) plus -g %d tokens exceeds the context -t %d\n"
+                     "HINT: raise -t or pass shorter lengths with -D", lens[b], g, T);
+            }
+            total += (size_t)lens[b];
+        }
         FILE* f = a->prompt[0] == '@' ? fopen_check(a->prompt + 1, "rb") : NULL;
         int magic = 0;
         from_shard = f != NULL && fread(&magic, sizeof(int), 1, f) == 1 && magic == SHARD_MAGIC;

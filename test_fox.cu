@@ -4024,7 +4024,7 @@ static double gen_row_error(const float* got, const float* ref, int V) {
 
 // replaces the decoder's next tokens (teacher forcing: a prompt fed token by token)
 static void gpu_decoder_feed(GpuDecoder* d, const int* tokens) {
-    cudaCheck(cudaMemcpy(d->tokens, tokens, (size_t)d->B * sizeof(int), cudaMemcpyHostToDevice));
+    decoder_copy(d, d->tokens, tokens, (size_t)d->B * sizeof(int), cudaMemcpyHostToDevice);
 }
 
 // One case on the GPU (use_graph 0: kernels launched one by one; corrupt: c_last zeroed after the

@@ -5562,9 +5562,9 @@ typedef struct {
     floatX* pool_v;
     float* pool_c;           // (pool_pages, KV_PAGE)
     int pool_pages;
-    int* table;              // (L, max_B, H, max_pages)
+    int* table;              // (L, B, H, max_pages) of the run's B sequences, in a buffer for max_B
     int* table_host;         // its host copy (the prefill places pages on the host)
-    int* first;              // (L, max_B, H)
+    int* first;              // (L, B, H), as table
     int* first_new;
     int* stack;              // (pool_pages) free pages
     int* status;             // [0] free pages, [1] ran out
@@ -5599,6 +5599,14 @@ typedef struct {
     int* host_pos;           // (max_B)
     int peak_pages;          // pages in use at most since the start of the run
 } GpuDecoder;
+
+// The decoder's copies, on its stream and finished on return: its kernels run on a non-blocking
+// stream, which does not wait for the legacy stream's copies, and a copy from pinned memory would
+// otherwise still be in flight when the host writes its source again. Set-up and per-run work only.
+static void decoder_copy(const GpuDecoder* d, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, kind, d->stream));
+    cudaCheck(cudaStreamSynchronize(d->stream));
+}
 
 // what the decoder cannot run (a message), or NULL: head sizes whose rows split into 4, 8, 16
 // or 32 lanes of XPACK channels
@@ -5659,7 +5667,7 @@ static void gpu_decoder_evict_init(GpuDecoder* d, float ln_eps, int delta_len) {
     size_t L = (size_t)cf->n_layer, H = (size_t)cf->n_head;
     float* delta = evict_thresholds(d->g->host, ln_eps, delta_len, 1.01f);
     d->delta = (float*)gpu_malloc(L * H * sizeof(float), "eviction thresholds");
-    cudaCheck(cudaMemcpy(d->delta, delta, L * H * sizeof(float), cudaMemcpyHostToDevice));
+    decoder_copy(d, d->delta, delta, L * H * sizeof(float), cudaMemcpyHostToDevice);
     free(delta);
 }
 
@@ -5677,7 +5685,12 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     d->V = cf->vocab_size; d->Vp = cf->padded_vocab_size;
     d->max_B = max_B; d->max_len = max_len;
     d->max_pages = decoder_head_pages(cf, max_len);
-    d->worst_pages = (int)decoder_worst_pages(cf, max_B, max_len);
+    size_t worst = decoder_worst_pages(cf, max_B, max_len);
+    if (worst > (size_t)INT32_MAX) { // page ids are ints
+        fail("%d sequences of %d tokens would need %zu KV-cache pages, more than %d\n"
+             "HINT: generate fewer prompts at once (-D) or fewer tokens (-g, -t)", max_B, max_len, worst, INT32_MAX);
+    }
+    d->worst_pages = (int)worst;
     d->use_graph = 1;
     d->pdl = 1;
     d->use_mma = 1;
@@ -5690,7 +5703,7 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
         d->w[t] = px(g, t, 0);
         if (n > 0 && (uintptr_t)d->w[t] % 16 != 0) { // the 16-byte loads need it (tensors after b_f may be off)
             d->w_copy[t] = (floatX*)gpu_malloc(n * sizeof(floatX), "decoder weights (aligned copy)");
-            cudaCheck(cudaMemcpy(d->w_copy[t], d->w[t], n * sizeof(floatX), cudaMemcpyDeviceToDevice));
+            decoder_copy(d, d->w_copy[t], d->w[t], n * sizeof(floatX), cudaMemcpyDeviceToDevice);
             d->w[t] = d->w_copy[t];
         }
     }
@@ -5701,7 +5714,7 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     d->gate_off = cf->gate == GATE_FULL ? col : -1; col += cf->gate == GATE_FULL ? d->H : 0;
     d->proj_cols = col;
     int sms = g_prop.multiProcessorCount > 0 ? g_prop.multiProcessorCount : 132;
-    size_t rows = H * (B + (size_t)8 * sms / H + 1);
+    size_t rows = H * (B + (size_t)8 * sms / H + 1); // room for up to eight blocks per SM (decoder_splits: four)
     d->part_rows = (int)(rows < H * B * DEC_MAX_SPLITS ? rows : H * B * DEC_MAX_SPLITS);
     d->table = (int*)gpu_malloc(heads * d->max_pages * sizeof(int), "page tables");
     d->first = (int*)gpu_malloc(heads * sizeof(int), "cache first positions");
@@ -5730,7 +5743,7 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
             }
         }
         d->rope = (float*)gpu_malloc((size_t)max_len * half * 2 * sizeof(float), "decoder RoPE table");
-        cudaCheck(cudaMemcpy(d->rope, table, (size_t)max_len * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
+        decoder_copy(d, d->rope, table, (size_t)max_len * half * 2 * sizeof(float), cudaMemcpyHostToDevice);
         free(table);
     }
     if (evict && cf->gate != GATE_NONE && cf->qk_norm) { gpu_decoder_evict_init(d, ln_eps, delta_len); }
@@ -5773,22 +5786,22 @@ static void gpu_decoder_grow(GpuDecoder* d, int pages) {
     int* stack = (int*)gpu_malloc(n * sizeof(int), "KV cache free pages");
     int top = old > 0 ? d->host_status[0] : 0;
     if (old > 0) {
-        cudaCheck(cudaMemcpy(k, d->pool_k, old * kv * sizeof(floatX), cudaMemcpyDeviceToDevice));
-        cudaCheck(cudaMemcpy(v, d->pool_v, old * kv * sizeof(floatX), cudaMemcpyDeviceToDevice));
-        cudaCheck(cudaMemcpy(c, d->pool_c, old * KV_PAGE * sizeof(float), cudaMemcpyDeviceToDevice));
-        cudaCheck(cudaMemcpy(stack, d->stack, (size_t)top * sizeof(int), cudaMemcpyDeviceToDevice));
+        decoder_copy(d, k, d->pool_k, old * kv * sizeof(floatX), cudaMemcpyDeviceToDevice);
+        decoder_copy(d, v, d->pool_v, old * kv * sizeof(floatX), cudaMemcpyDeviceToDevice);
+        decoder_copy(d, c, d->pool_c, old * KV_PAGE * sizeof(float), cudaMemcpyDeviceToDevice);
+        decoder_copy(d, stack, d->stack, (size_t)top * sizeof(int), cudaMemcpyDeviceToDevice);
         cudaCheck(cudaFree(d->pool_k)); cudaCheck(cudaFree(d->pool_v)); cudaCheck(cudaFree(d->pool_c));
         cudaCheck(cudaFree(d->stack));
     }
     int* ids = (int*)malloc_check((n - old) * sizeof(int), "free pages");
     for (size_t i = 0; i < n - old; i++) { ids[i] = (int)(n - 1 - i); } // the top of the stack is the lowest id
-    cudaCheck(cudaMemcpy(stack + top, ids, (n - old) * sizeof(int), cudaMemcpyHostToDevice));
+    decoder_copy(d, stack + top, ids, (n - old) * sizeof(int), cudaMemcpyHostToDevice);
     free(ids);
     d->pool_k = k; d->pool_v = v; d->pool_c = c; d->stack = stack;
     d->pool_pages = pages;
     d->host_status[0] = top + (int)(n - old);
     d->host_status[1] = 0;
-    cudaCheck(cudaMemcpy(d->status, d->host_status, 2 * sizeof(int), cudaMemcpyHostToDevice));
+    decoder_copy(d, d->status, d->host_status, 2 * sizeof(int), cudaMemcpyHostToDevice);
     gpu_decoder_drop_graph(d);
 }
 
@@ -5803,7 +5816,7 @@ static void gpu_decoder_begin(GpuDecoder* d, int B, double temperature, int top_
     if ((size_t)B * d->H * d->splits > (size_t)d->part_rows) {
         fail("internal: attention partials too small" BUG_HINT);
     }
-    cudaCheck(cudaMemcpy(d->rng, seeds, (size_t)B * sizeof(uint64_t), cudaMemcpyHostToDevice));
+    decoder_copy(d, d->rng, seeds, (size_t)B * sizeof(uint64_t), cudaMemcpyHostToDevice);
     size_t heads = (size_t)d->L * B * d->H;
     cudaCheck(cudaMemsetAsync(d->c_last, 0, 2 * heads * sizeof(float), d->stream)); // c before the first token
     cudaCheck(cudaMemsetAsync(d->kv_last, 0, 2 * (size_t)d->L * B * 2 * d->C * sizeof(floatX), d->stream)); // k~_{-1}
@@ -5814,10 +5827,10 @@ static void gpu_decoder_begin(GpuDecoder* d, int B, double temperature, int top_
     } else { // a pool from an earlier run: every page free again
         int* ids = (int*)malloc_check((size_t)d->pool_pages * sizeof(int), "free pages");
         for (int i = 0; i < d->pool_pages; i++) { ids[i] = d->pool_pages - 1 - i; }
-        cudaCheck(cudaMemcpy(d->stack, ids, (size_t)d->pool_pages * sizeof(int), cudaMemcpyHostToDevice));
+        decoder_copy(d, d->stack, ids, (size_t)d->pool_pages * sizeof(int), cudaMemcpyHostToDevice);
         free(ids);
         d->host_status[0] = d->pool_pages; d->host_status[1] = 0;
-        cudaCheck(cudaMemcpy(d->status, d->host_status, 2 * sizeof(int), cudaMemcpyHostToDevice));
+        decoder_copy(d, d->status, d->host_status, 2 * sizeof(int), cudaMemcpyHostToDevice);
     }
 }
 
@@ -5840,7 +5853,7 @@ static void gpu_decoder_assign_pages(GpuDecoder* d, int b0, int Bg, const int* f
     if ((size_t)d->host_status[0] < need) { fail("internal: the prompts need %zu cache pages" BUG_HINT, need); }
     int top = d->host_status[0];
     int* ids = (int*)malloc_check((need > 0 ? need : 1) * sizeof(int), "free pages");
-    cudaCheck(cudaMemcpy(ids, d->stack + (top - (int)need), need * sizeof(int), cudaMemcpyDeviceToHost));
+    decoder_copy(d, ids, d->stack + (top - (int)need), need * sizeof(int), cudaMemcpyDeviceToHost);
     size_t k = need;
     for (int l = 0; l < d->L; l++) {
         for (int b = b0; b < b0 + Bg; b++) {
@@ -5854,9 +5867,9 @@ static void gpu_decoder_assign_pages(GpuDecoder* d, int b0, int Bg, const int* f
     }
     free(ids);
     d->host_status[0] = top - (int)need;
-    cudaCheck(cudaMemcpy(d->table, d->table_host, heads * d->max_pages * sizeof(int), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d->first, first, heads * sizeof(int), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d->status, d->host_status, 2 * sizeof(int), cudaMemcpyHostToDevice));
+    decoder_copy(d, d->table, d->table_host, heads * d->max_pages * sizeof(int), cudaMemcpyHostToDevice);
+    decoder_copy(d, d->first, first, heads * sizeof(int), cudaMemcpyHostToDevice);
+    decoder_copy(d, d->status, d->host_status, 2 * sizeof(int), cudaMemcpyHostToDevice);
 }
 
 static int decoder_pages_in_use(const GpuDecoder* d) { return d->pool_pages - d->host_status[0]; }
@@ -5925,14 +5938,22 @@ static void gemv_mode(GpuDecoder* d, unsigned blocks, size_t ic_bytes, float* ou
 }
 
 #ifndef ENABLE_FP32
-// gemv_mma_kernel for d->B rows: NT tiles of 8 batch rows a pass (1, 2 or 4), a block per 16-row
-// tile, at most four blocks per SM (the rest loop)
+// batch tiles of 8 rows a pass of gemv_mma_kernel: 1, 2 or 4 as d->B needs, fewer where the pass's
+// input rows would not fit GEMV_SMEM (the kernel loops over passes); 0: not even one fits
+static int gemv_mma_tiles(const GpuDecoder* d, int IC) {
+    int NT = d->B <= 8 ? 1 : d->B <= 16 ? 2 : 4;
+    size_t row_bytes = (size_t)gemv_mma_ldx(IC) * sizeof(floatX);
+    while (NT > 0 && (size_t)8 * NT * row_bytes > GEMV_SMEM) { NT /= 2; }
+    return NT;
+}
+
+// gemv_mma_kernel for d->B rows: NT tiles of 8 batch rows a pass (gemv_mma_tiles), a block per
+// 16-row tile, at most four blocks per SM (the rest loop)
 template <int MODE>
 static void gemv_mma_mode(GpuDecoder* d, float* out, int out_stride, int accumulate, const GemvSegments* W, int OC,
                           int IC, const void* in, const float* norm_w) {
-    int NT = d->B <= 8 ? 1 : d->B <= 16 ? 2 : 4;
-    size_t row_bytes = (size_t)gemv_mma_ldx(IC) * sizeof(floatX), smem = (size_t)8 * NT * row_bytes;
-    if (smem > GEMV_SMEM) { fail("internal: a matvec input of %d is too long for shared memory" BUG_HINT, IC); }
+    int NT = gemv_mma_tiles(d, IC);
+    size_t smem = (size_t)8 * NT * gemv_mma_ldx(IC) * sizeof(floatX);
     size_t tiles = ceil_div((size_t)OC, 16), most = (size_t)g_prop.multiProcessorCount * 4;
     unsigned blocks = (unsigned)(tiles < most ? tiles : most);
     int rows = 8 * NT;
@@ -5953,7 +5974,7 @@ static void gemv_mma_mode(GpuDecoder* d, float* out, int out_stride, int accumul
 static void gemv_gpu(GpuDecoder* d, int mode, float* out, int out_stride, int accumulate, const GemvSegments* W, int OC,
                      int IC, const void* in, const float* norm_w) {
 #ifndef ENABLE_FP32
-    if (IC % 32 == 0 && d->use_mma) {
+    if (IC % 32 == 0 && d->use_mma && gemv_mma_tiles(d, IC) > 0) {
         if (mode == GEMV_X_PLAIN) {
             gemv_mma_mode<GEMV_X_PLAIN>(d, out, out_stride, accumulate, W, OC, IC, in, norm_w);
         } else if (mode == GEMV_X_RMSNORM) {
@@ -6130,8 +6151,8 @@ static void gpu_decoder_start_empty(GpuDecoder* d, const int* tokens) {
     gpu_decoder_assign_pages(d, 0, d->B, zero, zero);
     free(zero);
     for (int b = 0; b < d->B; b++) { d->host_pos[b] = 0; }
-    cudaCheck(cudaMemcpy(d->pos, d->host_pos, (size_t)d->B * sizeof(int), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d->tokens, tokens, (size_t)d->B * sizeof(int), cudaMemcpyHostToDevice));
+    decoder_copy(d, d->pos, d->host_pos, (size_t)d->B * sizeof(int), cudaMemcpyHostToDevice);
+    decoder_copy(d, d->tokens, tokens, (size_t)d->B * sizeof(int), cudaMemcpyHostToDevice);
     d->peak_pages = decoder_pages_in_use(d);
     gpu_decoder_capture(d);
 }
@@ -6163,7 +6184,7 @@ static void gpu_decoder_prefill(GpuDecoder* d, const int* tokens, int stride, co
         }
         gpu_forward(g, group, NULL, Bg, Tp);
         cudaCheck(cudaDeviceSynchronize()); // gpu_forward runs on the legacy stream
-        cudaCheck(cudaMemcpy(lens_d, lens + b0, (size_t)Bg * sizeof(int), cudaMemcpyHostToDevice));
+        decoder_copy(d, lens_d, lens + b0, (size_t)Bg * sizeof(int), cudaMemcpyHostToDevice);
         const GPUActivations* ac = &g->acts;
         const float* c = g->config.gate != GATE_NONE ? ac->c : NULL;
         prefill_first_kernel<<<(unsigned)ceil_div((size_t)L * Bg * H, 256), 256, 0, d->stream>>>(
@@ -6201,7 +6222,7 @@ static void gpu_decoder_report(const GpuDecoder* d) {
     const FoxConfig* cf = &d->g->config;
     size_t heads = (size_t)d->L * d->B * d->H, live = 0, full = 0;
     int* first = (int*)malloc_check(heads * sizeof(int), "cache first positions");
-    cudaCheck(cudaMemcpy(first, d->first, heads * sizeof(int), cudaMemcpyDeviceToHost));
+    decoder_copy(d, first, d->first, heads * sizeof(int), cudaMemcpyDeviceToHost);
     int len_min = d->host_pos[0], len_max = d->host_pos[0];
     for (size_t i = 0; i < heads; i++) {
         int len = d->host_pos[(i / d->H) % d->B];
