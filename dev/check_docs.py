@@ -14,7 +14,9 @@ import sys
 
 MAX_LINES = {"README.md": 400, "dev/cuda/README.md": 100}
 ROOT_CODE = ["train_fox.cu", "train_fox.c", "test_fox.cu", "fox_dist.h", "fox_eval.h"]
-OUTSIDE = re.compile(r"FOX_SPEC|BENCHMARKS\.md|HF_LAYOUT|\.\./shared|(^|[^a-z])issues? #?[0-9]+", re.I)
+# the names are split so that this file does not name them itself
+OUTSIDE = re.compile("|".join([r"FOX" r"_SPEC", r"BENCH" r"MARKS\.md", r"HF" r"_LAYOUT", r"\.\./sha" r"red",
+                               r"(^|[^a-z])iss" r"ues? #?[0-9]+"]), re.I)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -57,7 +59,7 @@ def main():
         except UnicodeDecodeError:
             continue
         for n, line in enumerate(lines, 1):
-            if OUTSIDE.search(line) and path != "dev/check_docs.py":
+            if OUTSIDE.search(line):
                 problems.append(f"{path}:{n}: refers to notes outside the repo or to an issue number")
             if path in ROOT_CODE and len(line) > 120:
                 problems.append(f"{path}:{n}: {len(line)} columns (at most 120)")
