@@ -5128,6 +5128,27 @@ __global__ void __launch_bounds__(DEC_ATT_THREADS) decode_attention_kernel(DecAt
     }
 }
 
+// act (B, I) = silu(g) u of gu (B, 2I) fp32, g and u rounded to floatX first, act rounded: the
+// operations of gemv_prologue's SWIGLU mode, once for the batch (the W_down matvec's blocks would
+// each redo them); a thread four hidden units, float4 loads. Reads gu after pdl_wait.
+__global__ void decode_swiglu_kernel(floatX* act, const float* gu, int B, int I) {
+    pdl_wait();
+    pdl_trigger();
+    int n4 = I / 4;
+    size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= (size_t)B * n4) { return; }
+    const float* src = gu + (q / n4) * 2 * (size_t)I + 4 * (q % n4);
+    float4 g4 = *(const float4*)src, u4 = *(const float4*)(src + I);
+    float g[4] = {g4.x, g4.y, g4.z, g4.w}, u[4] = {u4.x, u4.y, u4.z, u4.w};
+    Pack4X a4;
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float gk = to_float(to_floatX(g[k])), uk = to_float(to_floatX(u[k]));
+        a4.v[k] = to_floatX(gk * sigmoid_gpu(gk) * uk);
+    }
+    *(Pack4X*)(act + (q / n4) * (size_t)I + 4 * (q % n4)) = a4;
+}
+
 // The S splits of one (sequence, head) combined (m = max m_s, l = sum l_s e^(m_s - m), o = sum o_s
 // e^(m_s - m) / l; the statistics by lanes, S <= DEC_MAX_SPLITS, then each lane's channels summed in
 // split order with the loads of eight splits in flight), o rounded (the forward's o), then the
@@ -5583,6 +5604,7 @@ typedef struct {
     float* part_o;           // (part_rows, hd)
     floatX* y;               // (max_B, C)
     float* gu;               // (max_B, 2I)
+    floatX* act;             // (max_B, I) silu(g) u, for batches of DEC_SWIGLU_APART sequences or more
     float* logits;           // (max_B, Vp)
     float* rope;             // (max_len, hd/2, 2) or NULL
     // the current run
@@ -5650,7 +5672,8 @@ static size_t gpu_decoder_bytes(const FoxConfig* cf, int max_B, int max_len, siz
     size_t parts = H * (B + DEC_MAX_SPLITS) * DEC_MAX_SPLITS;
     size_t small = heads * (mp + 2) * sizeof(int) + 2 * heads * sizeof(float) + 2 * L * B * 2 * C * sizeof(floatX) +
                    B * ((4 * C + 3 * H) + 2 * (size_t)cf->mlp_hidden + (size_t)cf->padded_vocab_size + 2 * C) * 4 +
-                   parts * (hd + 2) * sizeof(float) + (size_t)max_len * hd * sizeof(float);
+                   parts * (hd + 2) * sizeof(float) + (size_t)max_len * hd * sizeof(float) +
+                   B * (size_t)cf->mlp_hidden * sizeof(floatX); // act
     return pages * (decoder_page_bytes(cf) + sizeof(int)) + small;
 }
 
@@ -5732,6 +5755,7 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     d->part_o = (float*)gpu_malloc((size_t)d->part_rows * d->hd * sizeof(float), "attention partials");
     d->y = (floatX*)gpu_malloc(B * C * sizeof(floatX), "decoder attention output");
     d->gu = (float*)gpu_malloc(B * 2 * d->I * sizeof(float), "decoder MLP");
+    d->act = (floatX*)gpu_malloc(B * d->I * sizeof(floatX), "decoder MLP activation");
     d->logits = (float*)gpu_malloc(B * d->Vp * sizeof(float), "decoder logits");
     if (cf->rope) { // the twin's angles, as gpu_build's table
         int half = d->hd / 2;
@@ -6073,9 +6097,20 @@ static void decode_mlp_up_gpu(GpuDecoder* d, int l) {
     gemv_gpu(d, GEMV_X_RMSNORM, d->gu, 2 * d->I, 0, &wgu, 2 * d->I, d->C, d->resid, pm(d->g, P_MLP_NORM, l));
 }
 
-static void decode_mlp_down_gpu(GpuDecoder* d, int l) { // resid += W_down act
+// resid += W_down act. A few sequences: the matvec's prologue forms act = silu(g) u in each of its
+// blocks (no launch more); DEC_SWIGLU_APART or more: decode_swiglu_kernel forms it once (the same
+// operations, the same bits), since every block redoing it for the whole batch costs more than a launch
+#define DEC_SWIGLU_APART 8
+static void decode_mlp_down_gpu(GpuDecoder* d, int l) {
     GemvSegments wd = gemv_one(d->w[P_WDOWN] + (size_t)l * d->C * d->I, d->C);
-    gemv_gpu(d, GEMV_X_SWIGLU, d->resid, d->C, 1, &wd, d->C, d->I, d->gu, NULL);
+    if (d->B < DEC_SWIGLU_APART) {
+        gemv_gpu(d, GEMV_X_SWIGLU, d->resid, d->C, 1, &wd, d->C, d->I, d->gu, NULL);
+        return;
+    }
+    size_t units = (size_t)d->B * (d->I / 4);
+    decoder_launch(d, decode_swiglu_kernel, (unsigned)ceil_div(units, 256), 256, 0, d->act, (const float*)d->gu, d->B,
+                   d->I);
+    gemv_gpu(d, GEMV_X_PLAIN, d->resid, d->C, 1, &wd, d->C, d->I, d->act, NULL);
 }
 
 static void decode_manage_gpu(GpuDecoder* d) {
@@ -6250,7 +6285,7 @@ static void gpu_decoder_free(GpuDecoder* d) {
     gpu_decoder_drop_graph(d);
     void* bufs[] = {d->pool_k, d->pool_v, d->pool_c, d->table, d->first, d->first_new, d->stack, d->status, d->delta,
                     d->pos, d->tokens, d->rng, d->c_last, d->kv_last, d->resid, d->proj, d->part_m, d->part_l,
-                    d->part_o, d->y, d->gu, d->logits, d->rope};
+                    d->part_o, d->y, d->gu, d->act, d->logits, d->rope};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cudaCheck(cudaFree(bufs[i])); }
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) { cudaCheck(cudaFree(d->w_copy[t])); }
     cudaCheck(cudaFreeHost(d->host_tokens));
