@@ -154,6 +154,9 @@ static void mpi_check(int rc, const char* call, const char* file, int line) {
 
 // The memory the run needs in all, printed at start and repeated if an allocation fails.
 static size_t g_memory_estimate = 0;
+// what to change when memory runs out (generation replaces the training advice)
+static const char* g_memory_hint = "use a smaller micro-batch -b (raise -d to keep the total batch through gradient "
+                                   "accumulation) or a shorter sequence -t";
 // Device memory in use once the CUDA context exists, before the trainer's first allocation:
 // used memory minus this is what the run took, library state (cuBLASLt, NCCL) and lazily
 // loaded kernel code included.
@@ -178,9 +181,8 @@ static void* gpu_malloc(size_t bytes, const char* what) {
         cudaGetLastError();
         cudaMemGetInfo(&free_b, &total_b);
         fail("out of GPU memory allocating %s (%.1f MiB); the run needs about %.1f MiB, the GPU has "
-             "%.1f MiB free of %.1f MiB\nHINT: use a smaller micro-batch -b (raise -d to keep the total "
-             "batch through gradient accumulation) or a shorter sequence -t", what, bytes / 1048576.0,
-             g_memory_estimate / 1048576.0, free_b / 1048576.0, total_b / 1048576.0);
+             "%.1f MiB free of %.1f MiB\nHINT: %s", what, bytes / 1048576.0, g_memory_estimate / 1048576.0,
+             free_b / 1048576.0, total_b / 1048576.0, g_memory_hint);
     }
     cudaCheck(err);
     return p;
@@ -6253,6 +6255,28 @@ static void gpu_decoder_prefill(GpuDecoder* d, const int* tokens, int stride, co
 }
 
 // the live cache against the full one and the pages the cache holds, as the twin's fox_decoder_report
+static int compare_ints(const void* a, const void* b) {
+    int x = *(const int*)a, y = *(const int*)b;
+    return (x > y) - (x < y);
+}
+
+// under eviction: how the live keys spread over the (layer, head) caches of the first sequence
+// (first[i]: the first live position of cache i), so a long-memory head shows as one that keeps all
+static void decoder_report_heads(const GpuDecoder* d, const int* first) {
+    int n = d->L * d->H, len = d->host_pos[0], all = 0, full = len - attention_first_key(len, d->g->config.window);
+    int* live = (int*)malloc_check((size_t)n * sizeof(int), "live keys per head");
+    for (int l = 0; l < d->L; l++) {
+        for (int h = 0; h < d->H; h++) {
+            live[l * d->H + h] = len - first[((size_t)l * d->B) * d->H + h];
+            all += live[l * d->H + h] == full;
+        }
+    }
+    qsort(live, (size_t)n, sizeof(int), compare_ints);
+    printf("live keys per (layer, head) of sequence 0: median %d, 90th percentile %d, largest %d of %d; %d of %d "
+           "heads keep every key\n", live[n / 2], live[(n * 9) / 10], live[n - 1], full, all, n);
+    free(live);
+}
+
 static void gpu_decoder_report(const GpuDecoder* d) {
     const FoxConfig* cf = &d->g->config;
     size_t heads = (size_t)d->L * d->B * d->H, live = 0, full = 0;
@@ -6268,7 +6292,6 @@ static void gpu_decoder_report(const GpuDecoder* d) {
         len_min = d->host_pos[b] < len_min ? d->host_pos[b] : len_min;
         len_max = d->host_pos[b] > len_max ? d->host_pos[b] : len_max;
     }
-    free(first);
     double entry = (2.0 * d->hd * sizeof(floatX) + sizeof(float)) / 1048576.0;
     double page = decoder_page_bytes(cf) / 1048576.0;
     char lens[64];
@@ -6279,6 +6302,8 @@ static void gpu_decoder_report(const GpuDecoder* d) {
            d->B, d->B > 1 ? "s" : "", lens, live, full, full > 0 ? 100.0 * live / full : 0.0, live * entry,
            full * entry, decoder_pages_in_use(d) * page, d->peak_pages * page, d->pool_pages * page,
            d->delta != NULL ? "on (-A 1)" : d->g->host->prune ? "off (needs a forget gate and QK-norm)" : "off");
+    if (d->delta != NULL) { decoder_report_heads(d, first); }
+    free(first);
 }
 
 static void gpu_decoder_free(GpuDecoder* d) {
@@ -6372,13 +6397,15 @@ static size_t gpu_generate_bytes(const FoxConfig* cf, size_t num_params, int Bp,
     return gpu_memory_needed(cf, num_params, Bp, Tp, &g_single_process) + gpu_decoder_bytes(cf, B, max_len, pages);
 }
 
+#define GENERATE_MEMORY_HINT "pass fewer or shorter prompts (-D), a smaller -g, or -A 1 on a model with a forget " \
+                             "gate and QK-norm (eviction keeps the cache small)"
+
 // stops with a HINT when `need` bytes do not fit in `free_b`
 static void gpu_generate_check_memory(size_t need, size_t free_b, int B, int max_len, size_t cache) {
     if (need <= free_b) { return; }
     fail("%d prompt%s of up to %d tokens need about %.1f MiB of GPU memory (the KV cache %.1f MiB of it, sized for "
-         "the longest prompt plus -g), the GPU has %.1f MiB free\nHINT: pass fewer or shorter prompts (-D), a smaller "
-         "-g, or -A 1 on a model with a forget gate and QK-norm (eviction keeps the cache small)", B, B > 1 ? "s" : "",
-         max_len, need / 1048576.0, cache / 1048576.0, free_b / 1048576.0);
+         "the longest prompt plus -g), the GPU has %.1f MiB free\nHINT: %s", B, B > 1 ? "s" : "", max_len,
+         need / 1048576.0, cache / 1048576.0, free_b / 1048576.0, GENERATE_MEMORY_HINT);
 }
 
 // -M generate on the GPU (ForwardBackend.generate): sizes the prefill batch to the free memory,
@@ -6418,6 +6445,8 @@ static void gpu_backend_generate(void* ctx, GenerateJob* job) {
                               max_len, cache);
     double t0 = now_seconds();
     gpu_backend_build(gb, Bp, Tp);
+    g_memory_estimate = gpu_generate_bytes(cf, gb->host->num_parameters, Bp, Tp, B, max_len, pages);
+    g_memory_hint = GENERATE_MEMORY_HINT; // the decoder's buffers and the pool's growth
     GpuDecoder* d = &gb->dec;
     gpu_decoder_init(d, gb->g, B, max_len, evict, gb->host->prune_ln_eps, gb->max_T);
     uint64_t* seeds = (uint64_t*)malloc_check((size_t)B * sizeof(uint64_t), "seeds");
