@@ -2832,6 +2832,7 @@ static void gpu_vs_twin_batch(FoxModel* twin, const int* inputs, const int* targ
     double* bf_sums = (double*)calloc_check((size_t)L * H, sizeof(double), "gate-bias scales");
     double e_logits = 0, e_loss = 0, s_logits = 0, s_loss = 0;
     float gpu_loss = 0, twin_loss = 0;
+    int same_loss = 1; // the training forward's loss (fused with its gradient) is the plain forward's, bit for bit
     for (int k = 0; k < micro; k++) {
         gpu_poison(&g);
         fox_forward(twin, inputs + k * N, targets + k * N, B, T);
@@ -2847,7 +2848,9 @@ static void gpu_vs_twin_batch(FoxModel* twin, const int* inputs, const int* targ
         free(lg);
         fox_backward(twin, 1.0f / micro);
         fox_backward(&probe, 1.0f / micro);
-        gpu_backward(&g, 1.0f / micro);
+        gpu_forward_train(&g, inputs + k * N, targets + k * N, B, T, 1.0f / micro);
+        same_loss = same_loss && g.mean_loss == gpu_loss;
+        gpu_backward(&g);
         for (size_t i = 0; c->gate != GATE_NONE && i < (size_t)L * N * H; i++) {
             bf_sums[(i / (N * H)) * H + i % H] += fabs(twin->grad_acts.gate_logit[i]);
         }
@@ -2860,6 +2863,7 @@ static void gpu_vs_twin_batch(FoxModel* twin, const int* inputs, const int* targ
           s_logits);
     check(e_loss <= tol_loss, "gpu %s: loss %.6f vs twin %.6f (rel err %.1e <= %.1e; sens %.1e)", name, gpu_loss,
           twin_loss, e_loss, tol_loss, s_loss);
+    check(same_loss, "gpu %s: the training forward's loss equals the plain forward's bit for bit", name);
     compare_gradients(&g, twin, &probe, bf_scale, name);
     gpu_free(&g);
     fox_free(&probe);
@@ -2891,9 +2895,9 @@ static void gpu_vs_twin_steps(FoxModel* twin, const int* inputs, const int* targ
         double norm = twin_step(twin, inputs, targets, B, T, opt, lr, step + 1);
         double pnorm = twin_step(&probe, inputs, targets, B, T, opt, lr, step + 1);
         gpu_poison(&g);
-        gpu_forward(&g, inputs, targets, B, T);
         gpu_zero_grad(&g);
-        gpu_backward(&g, 1.0f);
+        gpu_forward_train(&g, inputs, targets, B, T, 1.0f);
+        gpu_backward(&g);
         double gnorm = gpu_grad_norm(&g);
         gpu_update(&g, opt, lr, step + 1, gnorm);
         double ref = fabs((double)twin->mean_loss);
@@ -2974,9 +2978,9 @@ static void gpu_train_steps(GPUModel* g, const int* inputs, const int* targets, 
                             float* losses) {
     AdamWConfig opt = {1e-2f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
     for (int s = first; s < first + n; s++) {
-        gpu_forward(g, inputs, targets, B, T);
         gpu_zero_grad(g);
-        gpu_backward(g, 1.0f);
+        gpu_forward_train(g, inputs, targets, B, T, 1.0f);
+        gpu_backward(g);
         double norm = gpu_grad_norm(g);
         gpu_update(g, &opt, 1e-2f, s + 1, norm);
         losses[s - first] = g->mean_loss;
@@ -3019,9 +3023,9 @@ static void gpu_test_recompute(void) {
             GPUModel g;
             gpu_build(&g, &h, B, T);
             gpu_poison(&g);
-            gpu_forward(&g, inputs, targets, B, T);
             gpu_zero_grad(&g);
-            gpu_backward(&g, 1.0f);
+            gpu_forward_train(&g, inputs, targets, B, T, 1.0f);
+            gpu_backward(&g);
             grads[r] = (float*)malloc_check(n * sizeof(float), "gradients");
             cudaCheck(cudaMemcpy(grads[r], g.grads, n * sizeof(float), cudaMemcpyDeviceToHost));
             loss[r] = g.mean_loss;
@@ -3182,9 +3186,9 @@ static void gpu_test_zero_slices(void) {
     AdamWConfig opt = {1e-2f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
     int same = 1;
     for (int s = 0; s < 3; s++) {
-        gpu_forward(&full, inputs, targets, B, T);
         gpu_zero_grad(&full);
-        gpu_backward(&full, 1.0f);
+        gpu_forward_train(&full, inputs, targets, B, T, 1.0f);
+        gpu_backward(&full);
         double norm = gpu_grad_norm(&full);
         for (int i = 0; i < RANKS; i++) {
             cudaCheck(cudaMemcpy(part[i].grads, full.grads, np * sizeof(float), cudaMemcpyDeviceToDevice));
@@ -3722,6 +3726,75 @@ static double rel_max_error(const float* got, const float* ref, size_t n) {
 // HP_MAX_J), and the 125m and 760m shapes (C = 768, P * H = 36; C = 1536, P * H = 72). Outputs and
 // dx are NaN-poisoned first (dx is written, not accumulated); dw starts from random values and
 // accumulates. The whole-model diffs cover them too (every fixture with a shift or the full gate).
+// The cross-entropy kernel against fp64, with pad packs and rows of up to 70,016 logits: the loss
+// of the evaluation and the training variants (the same bits: the training forward's loss is the
+// evaluation's), the gradient (softmax - onehot) dloss of both training paths (the row staged in
+// shared memory as crossentropy_gpu chooses, and read again from global memory; the same bits)
+// within its rounding to floatX (2^-8 relative in bf16) plus 1e-6 dloss (fp32 exp and lse), and
+// the pads (poisoned with NaN) 0.
+static void gpu_test_crossentropy(void) {
+    struct { int N, V, Vp; } cases[] = {{3, 70001, 70016}, {4, 300, 320}, {2, 50257, 50304}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        int N = cases[c].N, V = cases[c].V, Vp = cases[c].Vp;
+        size_t n = (size_t)N * Vp;
+        uint64_t s = 5000 + c;
+        floatX* h = (floatX*)malloc_check(n * sizeof(floatX), "logits");
+        int* targets = (int*)malloc_check((size_t)N * sizeof(int), "targets");
+        for (size_t i = 0; i < n; i++) { h[i] = to_floatX((int)(i % Vp) < V ? 3.0f * (float)rng_normal(&s) : NAN); }
+        for (int r = 0; r < N; r++) { targets[r] = (int)(rng_uniform(&s) * V) % V; }
+        h[V - 1] = to_floatX(25.0f); // row 0: one sharp logit, the last real one
+        float dloss = 0.37f / N;
+        floatX* logits_d[3]; // evaluation, training (crossentropy_gpu's choice), training read twice
+        float* loss_d[3];
+        int* targets_d;
+        cudaCheck(cudaMalloc(&targets_d, (size_t)N * sizeof(int)));
+        cudaCheck(cudaMemcpy(targets_d, targets, (size_t)N * sizeof(int), cudaMemcpyHostToDevice));
+        for (int v = 0; v < 3; v++) {
+            cudaCheck(cudaMalloc(&logits_d[v], n * sizeof(floatX)));
+            cudaCheck(cudaMalloc(&loss_d[v], (size_t)N * sizeof(float)));
+            cudaCheck(cudaMemcpy(logits_d[v], h, n * sizeof(floatX), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemset(loss_d[v], 0xFF, (size_t)N * sizeof(float)));
+        }
+        crossentropy_gpu(loss_d[0], logits_d[0], targets_d, N, V, Vp, 0, 0.0f);
+        crossentropy_gpu(loss_d[1], logits_d[1], targets_d, N, V, Vp, 1, dloss);
+        crossentropy_kernel<true><<<N, CE_THREADS>>>(loss_d[2], logits_d[2], targets_d, V, Vp, dloss, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        float loss[3][4];
+        floatX* grad[2];
+        for (int v = 0; v < 3; v++) {
+            cudaCheck(cudaMemcpy(loss[v], loss_d[v], (size_t)N * sizeof(float), cudaMemcpyDeviceToHost));
+        }
+        for (int v = 0; v < 2; v++) {
+            grad[v] = (floatX*)malloc_check(n * sizeof(floatX), "gradient");
+            cudaCheck(cudaMemcpy(grad[v], logits_d[v + 1], n * sizeof(floatX), cudaMemcpyDeviceToHost));
+        }
+        double e_loss = 0.0, e_grad = 0.0;
+        int same = memcmp(loss[0], loss[1], (size_t)N * sizeof(float)) == 0 &&
+                   memcmp(loss[0], loss[2], (size_t)N * sizeof(float)) == 0 &&
+                   memcmp(grad[0], grad[1], n * sizeof(floatX)) == 0, pads = 1;
+        for (int r = 0; r < N; r++) {
+            const floatX* x = h + (size_t)r * Vp;
+            double m = -INFINITY, sum = 0.0;
+            for (int j = 0; j < V; j++) { m = fmax(m, (double)to_float(x[j])); }
+            for (int j = 0; j < V; j++) { sum += exp((double)to_float(x[j]) - m); }
+            double lse = m + log(sum), ref = lse - to_float(x[targets[r]]);
+            e_loss = fmax(e_loss, fabs(loss[0][r] - ref) / fmax(fabs(ref), 1.0));
+            for (int j = 0; j < Vp; j++) {
+                float d = to_float(grad[0][(size_t)r * Vp + j]);
+                if (j >= V) { pads = pads && d == 0.0f; continue; }
+                double dref = (exp((double)to_float(x[j]) - lse) - (j == targets[r])) * dloss;
+                e_grad = fmax(e_grad, fabs(d - dref) / (fabs(dref) / 256.0 + 1e-6 * dloss));
+            }
+        }
+        check(e_loss <= 1e-5 && same && e_grad <= 1.0 && pads, "gpu cross-entropy %d rows of V = %d (Vp %d): loss rel "
+              "err %.1e <= 1e-5; losses and gradients of the three paths the same bits: %s; gradient err %.2f of "
+              "its bound; pads 0: %s", N, V, Vp, e_loss, same ? "yes" : "no", e_grad, pads ? "yes" : "no");
+        for (int v = 0; v < 3; v++) { cudaCheck(cudaFree(logits_d[v])); cudaCheck(cudaFree(loss_d[v])); }
+        cudaCheck(cudaFree(targets_d));
+        free(h); free(targets); free(grad[0]); free(grad[1]);
+    }
+}
+
 static void gpu_test_head_proj(void) {
     struct { int N, C, H, P; } cases[] = {{70, 200, 5, 3},   {300, 520, 32, 3},  {33, 136, 12, 2}, {17, 64, 12, 1},
                                           {257, 768, 12, 3}, {150, 1536, 24, 3}, {131, 328, 21, 3}};
@@ -3807,6 +3880,7 @@ void run_gpu_tests(void) {
         globfree(&gl);
     }
     gpu_test_head_proj();
+    gpu_test_crossentropy();
     gpu_test_attention();
     gpu_test_attention_rescale();
 #ifndef ENABLE_FP32

@@ -3313,55 +3313,86 @@ __global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const fl
 }
 
 // Cross-entropy over the first V logits of a row (pads V..Vp-1 masked), one block per row;
-// keeps the row's log-sum-exp for the backward. Probabilities are never stored. One pass over
-// the row: each thread keeps a running max m and sum s of exp(x - m), rescaling s when m grows
-// (s exp(m_old - m_new)); the block then combines the threads' (m, s) in a fixed order.
-__global__ void crossentropy_forward_kernel(float* losses, float* row_lse, const floatX* logits, const int* targets,
-                                            int V, int Vp) {
+// its loss is lse - logit_target. One pass for the lse: each thread keeps a running max m and sum
+// s of exp(x - m), rescaling s when m grows (s exp(m_old - m_new)); the block then combines the
+// threads' (m, s) in a fixed order. With GRAD (a training forward) the row then becomes, in place,
+// the gradient of dloss * loss, the probabilities never stored; the pass keeps the row in shared
+// memory for it when `staged` (the launch gives Vp logits of room), else reads it again. Both
+// variants form the same lse.
+#define CE_THREADS 1024
+
+// folds one pack (logits j0 .. j0 + XPACK - 1) into the running (m, s)
+__device__ static inline void ce_accumulate(const PackX& p, int j0, int V, float* m, float* s) {
+    float x[XPACK], pm = -INFINITY;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        x[k] = j0 + k < V ? to_float(p.v[k]) : -INFINITY;
+        pm = fmaxf(pm, x[k]);
+    }
+    if (pm > *m) { *s *= expf(*m - pm); *m = pm; } // m = -inf at first: s is 0 then
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) { *s += expf(x[k] - *m); }
+}
+
+// forward: loss = lse - logit_target  =>  dlogit_j = (exp(logit_j - lse) - [j = target]) dloss, pads 0
+__device__ static inline PackX ce_gradient(const PackX& p, int j0, int V, int target, float lse, float dloss) {
+    PackX d;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        int j = j0 + k;
+        float g = 0.0f;
+        if (j < V) { g = expf(to_float(p.v[k]) - lse) * dloss - (j == target ? dloss : 0.0f); }
+        d.v[k] = to_floatX(g);
+    }
+    return d;
+}
+
+template <bool GRAD>
+__global__ void __launch_bounds__(CE_THREADS) crossentropy_kernel(float* losses, floatX* logits, const int* targets,
+                                                                  int V, int Vp, float dloss, int staged) {
+    extern __shared__ PackX row_s[]; // (Vp / XPACK) when staged
     __shared__ float red[32];
     size_t n = blockIdx.x;
-    const floatX* row = logits + n * Vp;
+    floatX* row = logits + n * Vp;
+    int target = targets[n], stride = blockDim.x * XPACK;
+    float x_target = threadIdx.x == 0 ? to_float(row[target]) : 0.0f; // read before any thread writes
     float m = -INFINITY, s = 0.0f;
-    for (int j0 = threadIdx.x * XPACK; j0 < V; j0 += blockDim.x * XPACK) {
+    for (int j0 = threadIdx.x * XPACK; j0 < V; j0 += stride) {
         PackX p = *(const PackX*)(row + j0);
-        float x[XPACK], pm = -INFINITY;
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) {
-            x[k] = j0 + k < V ? to_float(p.v[k]) : -INFINITY;
-            pm = fmaxf(pm, x[k]);
-        }
-        if (pm > m) { s *= expf(m - pm); m = pm; } // m = -inf at first: s is 0 then
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) { s += expf(x[k] - m); }
+        if (GRAD && staged) { row_s[j0 / XPACK] = p; }
+        ce_accumulate(p, j0, V, &m, &s);
     }
     float mx = block_max(m, red);
-    float sum = block_sum(m == -INFINITY ? 0.0f : s * expf(m - mx), red);
-    if (threadIdx.x == 0) {
-        float lse = mx + logf(sum);
-        row_lse[n] = lse;
-        losses[n] = lse - to_float(row[targets[n]]);
+    float sum = block_sum(m == -INFINITY ? 0.0f : s * expf(m - mx), red); // every read and store is done past here
+    float lse = mx + logf(sum);
+    if (threadIdx.x == 0) { losses[n] = lse - x_target; }
+    if (GRAD) {
+        for (int j0 = threadIdx.x * XPACK; j0 < Vp; j0 += stride) {
+            PackX p = {};
+            if (j0 < V) { p = staged ? row_s[j0 / XPACK] : *(const PackX*)(row + j0); } // pads: never read
+            *(PackX*)(row + j0) = ce_gradient(p, j0, V, target, lse, dloss);
+        }
     }
 }
 
-// turns logits into dlogits in place: (softmax - onehot(target)) * dloss, pads 0
-__global__ void crossentropy_backward_kernel(floatX* logits, const float* row_lse, const int* targets, int V, int Vp,
-                                             float dloss) {
-    // forward: loss = lse - logit_target  =>  dlogit_j = (exp(logit_j - lse) - [j = target]) dloss
-    size_t n = blockIdx.x;
-    floatX* row = logits + n * Vp;
-    float lse = row_lse[n];
-    int target = targets[n];
-    for (int j0 = threadIdx.x * XPACK; j0 < Vp; j0 += blockDim.x * XPACK) {
-        PackX p = *(PackX*)(row + j0);
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) {
-            int j = j0 + k;
-            float g = 0.0f;
-            if (j < V) { g = expf(to_float(p.v[k]) - lse) * dloss - (j == target ? dloss : 0.0f); }
-            p.v[k] = to_floatX(g);
-        }
-        *(PackX*)(row + j0) = p;
+// the cross-entropy of N rows into losses; with grad the logits become dloss times its gradient,
+// the row staged in shared memory where Vp logits fit (every GPT-2-sized vocabulary in bf16)
+static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, size_t N, int V, int Vp, int grad,
+                             float dloss) {
+    if (!grad) {
+        crossentropy_kernel<false><<<(unsigned)N, CE_THREADS>>>(losses, logits, targets, V, Vp, 0.0f, 0);
+        launchCheck();
+        return;
     }
+    size_t smem = (size_t)Vp * sizeof(floatX);
+    int staged = smem + 1024 <= g_prop.sharedMemPerBlockOptin; // 1 KB: the kernel's static shared memory
+    if (staged) {
+        cudaCheck(cudaFuncSetAttribute(crossentropy_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
+    }
+    crossentropy_kernel<true><<<(unsigned)N, CE_THREADS, staged ? smem : 0>>>(losses, logits, targets, V, Vp, dloss,
+                                                                              staged);
+    launchCheck();
 }
 
 // ----------------------------------------------------------------------------
@@ -3689,7 +3720,6 @@ typedef struct {
     float* rstd_f;      // (N)
     floatX* logits;     // (N, Vp), turned into dlogits by the backward
     float* losses;      // (N)
-    float* row_lse;     // (N)
     int recompute;      // -r 1: the tensors marked (R) hold one layer, recomputed in the backward
 } GPUActivations;
 
@@ -3753,7 +3783,7 @@ typedef struct {
     // host side
     int B, T;
     const int* inputs_host;
-    int has_targets;
+    int has_dlogits;    // the logits hold the loss's gradient (gpu_forward_train)
     float mean_loss;    // of the last forward with targets, -1 otherwise
     float* losses_host; // (N)
     int* enc_host;      // (3N + 1 + V) counting-sort workspace
@@ -3829,7 +3859,6 @@ static size_t layout_activations(GPUActivations* a, const FoxConfig* cf, int B, 
     a->rstd_f = (float*)arena_take(base, &off, N * f);
     a->logits = (floatX*)arena_take(base, &off, N * Vp * fx);
     a->losses = (float*)arena_take(base, &off, N * f);
-    a->row_lse = (float*)arena_take(base, &off, N * f);
     return off;
 }
 
@@ -4244,9 +4273,11 @@ static void gpu_recompute_layer(GPUModel* g, const LayerActs* p, int l) {
 }
 
 
-// inputs, targets (B, T) on the host; targets may be NULL (no loss). Fills the logits and,
-// with targets, the losses and mean_loss.
-static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int B, int T) {
+// inputs, targets (B, T) on the host; targets may be NULL (no loss). Fills the logits and, with
+// targets, the losses and mean_loss. With grad (targets needed) the logits are then turned in place
+// into the gradient of loss_scale * mean_loss, the start of gpu_backward: gpu_forward_train.
+static void gpu_forward_pass(GPUModel* g, const int* inputs, const int* targets, int B, int T, int grad,
+                             float loss_scale) {
     const FoxConfig* cf = &g->config;
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden;
     int V = cf->vocab_size, Vp = cf->padded_vocab_size;
@@ -4256,7 +4287,7 @@ static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int 
     }
     check_tokens(inputs, N, V, "input");
     if (targets != NULL) { check_tokens(targets, N, V, "target"); }
-    g->B = B; g->T = T; g->inputs_host = inputs; g->has_targets = targets != NULL;
+    g->B = B; g->T = T; g->inputs_host = inputs; g->has_dlogits = grad;
     cudaCheck(cudaMemcpy(g->inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
     if (targets != NULL) { cudaCheck(cudaMemcpy(g->targets, targets, N * sizeof(int), cudaMemcpyHostToDevice)); }
     GPUActivations a = g->acts;
@@ -4293,13 +4324,22 @@ static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int 
     matmul_forward_gpu(a.logits, CUDA_R_X, NULL, a.xf, px(g, P_LM_HEAD, 0), N, C, Vp);
     g->mean_loss = -1.0f;
     if (targets != NULL) {
-        crossentropy_forward_kernel<<<(unsigned)N, 256>>>(a.losses, a.row_lse, a.logits, g->targets, V, Vp);
-        launchCheck();
+        crossentropy_gpu(a.losses, a.logits, g->targets, N, V, Vp, grad, loss_scale / (float)N);
         cudaCheck(cudaMemcpy(g->losses_host, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost));
         double sum = 0.0;
         for (size_t n = 0; n < N; n++) { sum += g->losses_host[n]; }
         g->mean_loss = (float)(sum / (double)N);
     }
+}
+
+static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int B, int T) {
+    gpu_forward_pass(g, inputs, targets, B, T, 0, 0.0f);
+}
+
+// the forward of a training micro-step: the logits end as the gradient of loss_scale * mean_loss
+static void gpu_forward_train(GPUModel* g, const int* inputs, const int* targets, int B, int T, float loss_scale) {
+    if (targets == NULL) { fail("internal: a training forward needs targets" BUG_HINT); }
+    gpu_forward_pass(g, inputs, targets, B, T, 1, loss_scale);
 }
 
 static void gpu_zero_grad(GPUModel* g) { cudaCheck(cudaMemset(g->grads, 0, g->padded_parameters * sizeof(float))); }
@@ -4329,9 +4369,10 @@ static int encoder_lists(GPUModel* g, size_t N) {
     return u;
 }
 
-// Accumulates into the gradients the gradient of loss_scale * mean_loss of the last forward.
-static void gpu_backward(GPUModel* g, float loss_scale) {
-    if (!g->has_targets) { fail("internal: backward needs a forward with targets" BUG_HINT); }
+// Accumulates into the gradients the gradient of loss_scale * mean_loss of the last forward
+// (gpu_forward_train's: its logits are that loss's gradient already).
+static void gpu_backward(GPUModel* g) {
+    if (!g->has_dlogits) { fail("internal: backward needs the logits' gradient of gpu_forward_train" BUG_HINT); }
     const FoxConfig* cf = &g->config;
     int B = g->B, T = g->T;
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden, Vp = cf->padded_vocab_size;
@@ -4345,9 +4386,6 @@ static void gpu_backward(GPUModel* g, float loss_scale) {
     floatX* dk_shifted = cf->qk_norm || cf->rope ? d.dk_shifted : d.dk;
     floatX* dk_raw = cf->k_shift ? d.dk_raw : dk_shifted;
     floatX* dv_raw = cf->v_shift ? d.dv_raw : d.dv;
-    crossentropy_backward_kernel<<<(unsigned)N, 256>>>(a.logits, a.row_lse, g->targets, cf->vocab_size, Vp,
-                                                      loss_scale / (float)N);
-    launchCheck();
     matmul_backward_input_gpu(d.dxn, CUDA_R_32F, a.logits, px(g, P_LM_HEAD, 0), N, C, Vp, 0.0f);
     matmul_backward_weight_gpu(pg(g, P_LM_HEAD, 0), a.logits, a.xf, N, C, Vp);
     cudaCheck(cudaMemset(d.dresid, 0, NC * sizeof(float)));
@@ -6684,8 +6722,8 @@ int main(int argc, char** argv) {
         double loss = 0.0; // this process's share of the global batch's mean loss
         for (int micro = 0; micro < accum; micro++) {
             dataloader_next_batch(&train);
-            gpu_forward(&gm, train.inputs, train.targets, a.B, a.T);
-            gpu_backward(&gm, loss_scale);
+            gpu_forward_train(&gm, train.inputs, train.targets, a.B, a.T, loss_scale);
+            gpu_backward(&gm);
             loss += gm.mean_loss / (accum * dist.world);
         }
         loss = dist_sum_scalar(&dist, loss); // before the gradients' collective: its upload blocks

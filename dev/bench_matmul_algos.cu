@@ -16,6 +16,7 @@ fastest deterministic. A benchmark, not a test: numbers for deciding on an autot
       dev/bench_matmul_algos.cu -lcublasLt -lcublas -o build/bench_matmul_algos
   ./build/bench_matmul_algos                    # fox-pro-125m at N=32768, then fox-pro-760m at N=16384
   ./build/bench_matmul_algos fox-pro-360m 16384 # one preset (fox-pro-{tiny,125m,360m,760m}), N = B*T
+  ALIGN256=1 ./build/bench_matmul_algos        # every operand 256-byte aligned (what padded tensors would get)
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -109,6 +110,7 @@ static int g_num_calls;
 // that do the same thing (beta, separate C)
 static void add_call(const char* name, int m, int n, int k, int ta, int tb, cudaDataType_t dt, float beta, int sep_c,
                      unsigned aa, unsigned ab, unsigned ac, unsigned ad, int calls) {
+    if (getenv("ALIGN256") != NULL) { aa = ab = ac = ad = 256; } // what the calls would take with aligned tensors
     Call c = {"", m, n, k, ta, tb, dt, beta, sep_c, {aa, ab, ac, ad}, calls};
     for (int i = 0; i < g_num_calls; i++) {
         Call* p = &g_calls[i];
