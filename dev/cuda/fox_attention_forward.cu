@@ -61,6 +61,12 @@ barrier), each consumer overlapping its softmax of tile n with its own P V of ti
 version 11 is version 10 with two consumer warpgroups (128 rows, 240 registers): slower than version 10
 ./fox_attention_forward 11
 
+version 12 is version 10 with a quarter of the exponentials computed in software on the FMA pipe
+(FlashAttention-4's idea: ex2_poly, floor split and a degree-3 polynomial, max relative error 8.6e-5),
+the rest by MUFU.EX2; version 13 the same with half of them. hd 128 runs version 9
+./fox_attention_forward 12
+./fox_attention_forward 13
+
 A range: ./fox_attention_forward 3 11
 
 With no argument every version runs. Each version is validated against an fp64 CPU reference on
@@ -1371,6 +1377,34 @@ __device__ __forceinline__ float ex2_ftz(float x) {
     return y;
 }
 
+// 2^x without MUFU, on the FMA and integer pipes (versions 12 and 13: FlashAttention-4's idea of
+// computing a share of the exponentials in software while MUFU.EX2 does the rest). For x < 128:
+// - x is clamped to -127, so x <= -127 (and -inf, and NaN) gives exactly 0 as ex2.approx.ftz
+//   flushes; x in (-127, -126) gives a denormal below 2^-126 where ex2.approx.ftz gives 0.
+// - r = x + 1.5 * 2^23 rounded down (add.rm: one FADD) is 1.5 * 2^23 + floor(x) exactly, so
+//   r - 1.5 * 2^23 = n = floor(x) and f = x - n in [0, 1] are exact (f = 1 only where x + 1 rounds
+//   up, x in [-2^-25, 0): n = -1 and p(1) ~ 2 give ~1, within the error bound below).
+// - p(f) = 1 + f (C1 + f (C2 + f C3)) ~ 2^f: minimax relative error on [0, 1] with p(0) = 1 fixed
+//   (so 2^n is exact at integers: a row's maximum gives P = 1, x = -127 gives 0), coefficients from
+//   our own Remez fit rounded to fp32. Measured over every fp32 x in [-126, 8] (on the host, the
+//   same operations; the ladder repeats it on the device): max relative error 8.57e-5, 23x below
+//   the 2^-9 = 1.95e-3 of bf16's rounding of P before P V. Degree 4 would give 3.0e-6 for one
+//   FFMA more; degree 3 keeps the cost at 3 FADD, 3 FFMA, FMNMX and a shift-add per score.
+// - The low bits of r hold n (two's complement, above 1.5 * 2^23's zero low bits), so
+//   bits(r) << 23 = n << 23 mod 2^32: added to p's bits it scales p by 2^n. p(f) in [1, 2], so
+//   the exponent field stays in [0, 255) for -127 <= n < 127.
+#define EX2_POLY_C1 6.951167583e-01f  // 0x3f31f32c
+#define EX2_POLY_C2 2.276449949e-01f  // 0x3e691bc5
+#define EX2_POLY_C3 7.706703991e-02f  // 0x3d9dd553
+__device__ __forceinline__ float ex2_poly(float x) {
+    constexpr float RND = 12582912.f;  // 1.5 * 2^23
+    x = fmaxf(x, -127.f);
+    float r = __fadd_rd(x, RND);
+    float f = x - (r - RND);
+    float p = fmaf(fmaf(fmaf(EX2_POLY_C3, f, EX2_POLY_C2), f, EX2_POLY_C1), f, 1.f);
+    return __uint_as_float(__float_as_uint(p) + (__float_as_uint(r) << 23));
+}
+
 // Logits of one warp's 16 rows of a BC-key tile in the accumulator layout (thread: rows g, g + 8;
 // columns 2 tq, 2 tq + 1 of each 8-column block): x = s * scale_log2 + d_j (d_j as above, from the
 // tile's c_j in sCb; 0 without gate), -inf where MASK and the column offset k (0..BC-1, less 2 tq)
@@ -1420,14 +1454,23 @@ __device__ __forceinline__ void load_tile_unrolled(bf16* sm, const bf16* g, int 
     }
 }
 
-// p = 2^(x - m) and l += its row sums (per-thread partials; the quad sums once at the end)
-template<int BC>
+// p = 2^(x - m) and l += its row sums (per-thread partials; the quad sums once at the end).
+// EMU of every 8 scores of a thread (two 8-column blocks: 4 columns of rows g and g + 8) take
+// ex2_poly, the others ex2.approx.ftz: EMU = 2, 4 compute 1/4, 1/2 of them on the FMA pipe, the
+// same count in both rows; EMU = 0 is version 9's and 10's code. l sums the very p that is rounded
+// to bf16 for P V, whichever function made it, as before.
+template<int BC, int EMU = 0>
 __device__ __forceinline__ void fox_lean_exp(float* s, float l[2], const float m[2]) {
+    static_assert(EMU >= 0 && EMU <= 8 && EMU % 2 == 0, "EMU: an even count out of 8");
     #pragma unroll
     for (int nt = 0; nt < BC / 8; nt++) {
         #pragma unroll
         for (int e = 0; e < 4; e++) {
-            s[nt * 4 + e] = ex2_ftz(s[nt * 4 + e] - m[e / 2]);
+            // the thread's 4 columns of the two blocks are slots 0..3; the first EMU / 2 slots take
+            // the polynomial in both rows (compile-time after unrolling)
+            bool emu = (nt % 2) * 2 + (e & 1) < EMU / 2;
+            float x = s[nt * 4 + e] - m[e / 2];
+            s[nt * 4 + e] = emu ? ex2_poly(x) : ex2_ftz(x);
             l[e / 2] += s[nt * 4 + e];
         }
     }
@@ -1604,7 +1647,7 @@ static void fox_fwd_lean(bf16* o, float* lse, const bf16* q, const bf16* k, cons
 // ---- end: lean-softmax forward (version 9) ----
 
 // ----------------------------------------------------------------------------
-// ---- begin: warp-specialised lean forward (versions 10 and 11) ----
+// ---- begin: warp-specialised lean forward (versions 10-13) ----
 // Version 9's softmax in version 8's structure, shaped as FlashAttention-3 shapes hd 64. What
 // changed against version 9 (hd 64 only; hd 128 dispatches to version 9):
 // - Why: version 9 is latency-bound (ncu: 47% issue slots, 1.2 eligible warps per scheduler,
@@ -1643,7 +1686,11 @@ static void fox_fwd_lean(bf16* o, float* lse, const bf16* q, const bf16* k, cons
 // decided per warp; the rescale of O moves after the P V wait, with alpha kept from before it),
 // ex2.approx.ftz, masks as two integer compares only on tiles touching the diagonal, the window
 // edge or T, fox_store_rows.
-template<int HD, int BC, int ST, int NWG, bool GATE>
+// EMU (versions 12 and 13, 0 otherwise): EMU of every 8 scores of a thread take ex2_poly (FMA pipe)
+// instead of ex2.approx.ftz (MUFU), in fox_lean_exp; nothing else changes. At hd 64 MUFU.EX2 (16
+// per clock per SM) is as busy as the tensor pipe; the polynomial moves a share of that work onto
+// the FMA pipe (128 per clock), about 9 issue slots each instead of 2.
+template<int HD, int BC, int ST, int NWG, bool GATE, int EMU = 0>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o, float* lse,
                                                                          const __grid_constant__ CUtensorMap tmQ,
                                                                          const __grid_constant__ CUtensorMap tmK,
@@ -1814,7 +1861,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o
                 m[r] = m_new;
             }
         }
-        fox_lean_exp<BC>(s, l, m);
+        fox_lean_exp<BC, EMU>(s, l, m);
         wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
         wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
         if (n > na && lane == 0) mbar_arrive(&emptyV[pst]);
@@ -1850,7 +1897,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o
                        stride_o);
 }
 
-template<int HD, int BC, int ST, int NWG, bool GATE>
+template<int HD, int BC, int ST, int NWG, bool GATE, int EMU>
 static void fox_fwd_wsl_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                cudaStream_t s) {
@@ -1860,31 +1907,34 @@ static void fox_fwd_wsl_launch(bf16* o, float* lse, const bf16* q, const bf16* k
                             (1 + 4 * ST) * sizeof(uint64_t);
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, NWG, GATE>,
+        cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, NWG, GATE, EMU>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
                 tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_wsl_kernel<HD, BC, ST, NWG, GATE><<<dim3(ceil_div(T, BR), B * H), 128 * (NWG + 1), smem, s>>>(
+    fox_fwd_wsl_kernel<HD, BC, ST, NWG, GATE, EMU><<<dim3(ceil_div(T, BR), B * H), 128 * (NWG + 1), smem, s>>>(
         o, lse, tq, tk, tv, c, T, H, stride_o, window, scale_log2, key_start);
     cudaCheckLaunch();
 }
 // versions 10 (NWG = 3) and 11 (NWG = 2) at hd 64, 128-key tiles, ST stages; hd 128 runs version 9.
+// EMU > 0: versions 12 and 13, EMU of every 8 exponentials in software (fox_lean_exp).
 // key_start as train_fox.cu's pruning (NULL: dense; needs c)
-template<int ST, int NWG>
+template<int ST, int NWG, int EMU = 0>
 static void fox_fwd_wsl(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
                         cudaStream_t s) {
     if (hd == 64) {
-        if (c) fox_fwd_wsl_launch<64, 128, ST, NWG, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsl_launch<64, 128, ST, NWG, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_wsl_launch<64, 128, ST, NWG, true, EMU>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                                window, key_start, s);
+        else fox_fwd_wsl_launch<64, 128, ST, NWG, false, EMU>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                               window, nullptr, s);
     } else {
         fox_fwd_lean<128, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, key_start, s);
     }
 }
-// ---- end: warp-specialised lean forward (versions 10 and 11) ----
+// ---- end: warp-specialised lean forward (versions 10-13) ----
 
 // ---- begin: fused forward API for train_fox.cu ----
 // o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
@@ -1955,6 +2005,8 @@ static double attn_fwd_flops(int B, int T, int H, int hd) { return 4.0 * B * H *
 // ----------------------------------------------------------------------------
 #ifndef FOX_SKIP_FORWARD_MAIN
 
+#define FWD_VERSIONS 13  // the ladder's versions are 1..FWD_VERSIONS
+
 static void run_forward(int version, bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int sq, int so, int w) {
     switch (version) {
@@ -1969,7 +2021,12 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         case 9: fox_fwd_lean<128, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         case 10: fox_fwd_wsl<3, 3>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         case 11: fox_fwd_wsl<3, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..11\n", version); exit(EXIT_FAILURE);
+        // version 10 with 2 (version 12: 1/4) or 4 (version 13: 1/2) of every 8 exponentials by ex2_poly
+        case 12: fox_fwd_wsl<3, 3, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        case 13: fox_fwd_wsl<3, 3, 4>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        default:
+            fprintf(stderr, "invalid version %d\nHINT: versions are 1..%d\n", version, FWD_VERSIONS);
+            exit(EXIT_FAILURE);
     }
 }
 
@@ -2005,14 +2062,58 @@ static bool check_forward(const FoxProblem& p, const FwdDev& d, const double* o_
     return ok && ok2;
 }
 
+// ex2_poly (versions 12 and 13) against exp2 in fp64 on the device, over every fp32 x in [-126, 0]
+// (n_neg values from -0 down) and [0, FOX_RESCALE_LOG2] (n_pos from +0 up): the range of x - m in
+// fox_lean_exp with normal results (the lazy maximum keeps x <= 2^8). err_bits: the largest
+// relative error as float bits (unsigned order = float order for values >= 0); bad: a wrong value
+// at the flush end (x <= -127, -inf: 0) or at an integer x (exact powers of two)
+__global__ void ex2_poly_check_kernel(unsigned* err_bits, int* bad, uint32_t n_neg, uint32_t n_pos) {
+    float mx = 0.f;
+    uint64_t n = (uint64_t)n_neg + n_pos, step = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        float x = __uint_as_float(i < n_neg ? 0x80000000u + (uint32_t)i : (uint32_t)(i - n_neg));
+        mx = fmaxf(mx, (float)fabs((double)ex2_poly(x) / exp2((double)x) - 1.0));
+    }
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+    if (threadIdx.x % 32 == 0) atomicMax(err_bits, __float_as_uint(mx));
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        *bad = !(ex2_poly(-127.f) == 0.f && ex2_poly(-1000.f) == 0.f && ex2_poly(-INFINITY) == 0.f &&
+                 ex2_poly(-126.f) == 0x1p-126f && ex2_poly(-3.f) == 0.125f && ex2_poly(0.f) == 1.f &&
+                 ex2_poly(8.f) == 256.f);
+}
+#define TOL_EX2_POLY 1e-4  // ex2_poly's largest relative error (8.57e-5 measured on the host)
+
 int main(int argc, char** argv) {
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 11;
+    int first = only ? only : 1, last = only ? only : FWD_VERSIONS;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;
+
+    // 0. the software 2^x of versions 12 and 13, every fp32 input of its range
+    if (first <= 13 && last >= 12) {
+        float lo = -126.f, hi = FOX_RESCALE_LOG2;
+        uint32_t lo_bits, hi_bits;
+        memcpy(&lo_bits, &lo, 4); memcpy(&hi_bits, &hi, 4);
+        unsigned* err_d = dmalloc<unsigned>(1);
+        int* bad_d = dmalloc<int>(1);
+        cudaCheck(cudaMemset(err_d, 0, sizeof(unsigned)));
+        ex2_poly_check_kernel<<<prop.multiProcessorCount * 8, 256>>>(err_d, bad_d, lo_bits - 0x80000000u + 1,
+                                                                      hi_bits + 1);
+        cudaCheckLaunch();
+        unsigned err_bits = d2h(err_d, 1)[0];
+        int bad = d2h(bad_d, 1)[0];
+        float err;
+        memcpy(&err, &err_bits, 4);
+        bool ok = !bad && err <= TOL_EX2_POLY;
+        printf("ex2_poly (versions 12, 13), every fp32 x in [-126, %g] against fp64: max rel error %.3e "
+               "(tol %.0e), flush and powers of two %s: %s\n", hi, err, TOL_EX2_POLY, bad ? "wrong" : "exact",
+               ok ? "ok" : "FAIL");
+        all_ok &= ok;
+        cudaCheck(cudaFree(err_d)); cudaCheck(cudaFree(bad_d));
+    }
 
     // 1. small shapes against the fp64 CPU reference
     struct Cfg { int B, T, H, hd, window; bool packed; double gate; int o_pad; };
@@ -2055,10 +2156,10 @@ int main(int argc, char** argv) {
         release(d);
     }
 
-    // 1b. the key_start pruning of versions 8-11: random first key tiles (up to the diagonal one)
-    // against the CPU reference that skips the same keys. Versions 10 and 11 also at hd 64 with a
+    // 1b. the key_start pruning of versions 8-13: random first key tiles (up to the diagonal one)
+    // against the CPU reference that skips the same keys. Versions 10-13 also at hd 64 with a
     // window (version 10's 192-row blocks span two pruning tiles; hd 128 runs version 9 there)
-    for (int ver : {8, 9, 10, 11}) {
+    for (int ver : {8, 9, 10, 11, 12, 13}) {
         if (ver < first || ver > last) continue;
         for (int pc = 0; pc < (ver >= 10 ? 3 : 2); pc++) {
             int hd = pc == 1 ? 128 : 64;
@@ -2073,10 +2174,15 @@ int main(int argc, char** argv) {
             int* ks_d = dmalloc<int>(ks.size()); h2d(ks_d, ks);
             poison(d.o, p.n_o); poison(d.lse, p.n_bht);
             const bf16 *q = d.qkv + p.q_off, *k = d.qkv + p.k_off, *v = d.qkv + p.v_off;
-            if (ver == 8) fox_fwd_ws<128, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, ks_d, 0);
-            else if (ver == 9) fox_fwd_lean<128, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, ks_d, 0);
-            else if (ver == 10) fox_fwd_wsl<3, 3>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, ks_d, 0);
-            else fox_fwd_wsl<3, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, ks_d, 0);
+            int B = p.B, T = p.T, H = p.H, sq = p.stride_qkv, so = p.stride_o, w = p.window;
+            switch (ver) {  // run_forward's versions, with the pruning table
+                case 8: fox_fwd_ws<128, 2>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                case 9: fox_fwd_lean<128, 2>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                case 10: fox_fwd_wsl<3, 3>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                case 11: fox_fwd_wsl<3, 2>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                case 12: fox_fwd_wsl<3, 3, 2>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                default: fox_fwd_wsl<3, 3, 4>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+            }
             cudaCheck(cudaDeviceSynchronize());
             printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start)\n  version %d\n", p.B, p.T, p.H,
                    p.hd, p.window, ver);
