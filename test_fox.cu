@@ -3046,6 +3046,59 @@ static void gpu_test_recompute(void) {
 }
 
 // Determinism, checkpoints in both directions, and an exact resume.
+// -X 1 changes the speed, never the bits: 3 training steps of a 2-layer model at C = 768 with
+// the heuristic's first algorithms and with tuned plans (each keeping the LAST candidate with the
+// first's bits, so as many plans as possible run another algorithm) give the same losses and
+// weights bit for bit; at least one plan must have changed, or the test would prove nothing. The
+// digest that decides "the same bits" must tell a one-bit change apart.
+static void gpu_test_matmul_tuning(void) {
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-125m");
+    config_set(&c, "n_layer", "2");
+    config_set(&c, "vocab_size", "1000");
+    int B = 4, T = 256;
+    size_t N = (size_t)B * T;
+    int* inputs = (int*)malloc_check(N * sizeof(int), "tokens");
+    int* targets = (int*)malloc_check(N * sizeof(int), "tokens");
+    random_tokens(inputs, N, c.vocab_size, 21);
+    random_tokens(targets, N, c.vocab_size, 22);
+    float loss[2][3];
+    FoxModel h[2];
+    GPUModel g[2];
+    int changed = 0;
+    for (int r = 0; r < 2; r++) {
+        matmul_plans_clear();
+        twin_from_config(&h[r], &c, 7);
+        gpu_build(&g[r], &h[r], B, T);
+        if (r == 1) {
+            g_tune_last = 1;
+            gpu_tune_matmuls(&g[r], B, T);
+            g_tune_last = 0;
+            for (int i = 0; i < g_num_plans; i++) {
+                changed += memcmp(&g_plans[i].algo, &g_plans[i].cand[0], sizeof(g_plans[i].algo)) != 0;
+            }
+        }
+        gpu_train_steps(&g[r], inputs, targets, B, T, 0, 3, loss[r]);
+    }
+    gpu_params_to_host(&g[1]);
+    int same = memcmp(loss[0], loss[1], sizeof(loss[0])) == 0 &&
+               gpu_same_device_buffer(g[0].params, h[1].params_memory, h[0].num_parameters);
+    check(same && changed > 0, "gpu matmul tuning: %d plans on another cuBLASLt algorithm, the same losses and weights "
+          "bit for bit as untuned: %s (last loss %.6f)", changed, same ? "yes" : "no", loss[1][2]);
+    size_t bytes = h[0].num_parameters / 2 * 4; // a whole number of words
+    unsigned long long d0 = device_digest(g[0].params, bytes), d1 = device_digest(g[0].params, bytes);
+    uint32_t word;
+    cudaCheck(cudaMemcpy(&word, g[0].params, 4, cudaMemcpyDeviceToHost));
+    word ^= 1u << 7;
+    cudaCheck(cudaMemcpy(g[0].params, &word, 4, cudaMemcpyHostToDevice));
+    unsigned long long d2 = device_digest(g[0].params, bytes);
+    check(d0 == d1 && d0 != d2, "gpu matmul tuning: the digest is the same twice (%016llx) and changes with one bit "
+          "(%016llx)", d0, d2);
+    matmul_plans_clear();
+    for (int r = 0; r < 2; r++) { gpu_free(&g[r]); fox_free(&h[r]); }
+    free(inputs); free(targets);
+}
+
 static void gpu_test_checkpoints_and_determinism(void) {
     FoxConfig c;
     config_from_preset(&c, "fox-pro-tiny");
@@ -3888,6 +3941,7 @@ void run_gpu_tests(void) {
 #endif
     gpu_test_larger_heads();
     gpu_test_checkpoints_and_determinism();
+    gpu_test_matmul_tuning();
     gpu_test_recompute();
 #ifndef ENABLE_FP32
     g_attention_any_head = 1; // head size 32: the padded parameter count matters here, not the kernel

@@ -2315,6 +2315,7 @@ typedef struct {
     int val_every, val_batches, sample_every, gen_tokens, checkpoint_every, resume;
     int roll; uint64_t seed;
     int recompute; // activation recompute level of the GPU trainer (-r)
+    int tune;      // the GPU trainer's timed search of matmul algorithms (-X)
     int prune; double prune_ln_eps; // adaptive computation pruning of attention (-A, -L)
     int world, rank, zero_stage; const char* rendezvous; // data parallel (GPU trainer); -1 / NULL: not given
     int mode; const char* prompt; double temperature; int top_k; const char* out_prefix;
@@ -2358,6 +2359,8 @@ static void usage(void) {
 "  -L <float>  ln eps of the pruning bound, < 0 (default -10)\n"
 "  -r <0|1>    activation recompute (train_fox on GPUs): 0 keeps every activation (default), 1 recomputes\n"
 "              the element-wise and normalisation outputs in the backward (less memory, same gradients)\n"
+"  -X <0|1>    matmul tuning (train_fox on GPUs): 1 times cuBLASLt's candidates for each matmul at start\n"
+"              and keeps the fastest that gives the heuristic's bits (default; same results), 0 skips it\n"
 "evaluation (-e a model_*.bin checkpoint; README.md, section Evaluation):\n"
 "  -M <mode>   train (default) | eval: per-token loss L(i) and P(l) over -j at length -t,\n"
 "              -b sequences a batch, -m batches (0 = all) | generate: continue -P for -g\n"
@@ -2420,6 +2423,7 @@ static void parse_args(Args* a, int argc, char** argv) {
     a->world = -1; a->rank = -1; a->zero_stage = -1;
     a->mode = MODE_TRAIN; a->temperature = 1.0; a->depths = 11;
     a->prune_ln_eps = -10.0;
+    a->tune = 1;
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) { usage(); exit(EXIT_SUCCESS); }
@@ -2482,6 +2486,7 @@ static void parse_args(Args* a, int argc, char** argv) {
                 break;
             case 'Z': a->spike_z = flag_float(arg, v, 0.0, 1e9); break;
             case 'r': a->recompute = (int)flag_int(arg, v, 0, 1); break;
+            case 'X': a->tune = (int)flag_int(arg, v, 0, 1); break;
             case 'A': a->prune = (int)flag_int(arg, v, 0, 1); break;
             case 'L':
                 a->prune_ln_eps = flag_float(arg, v, -1e4, 0.0);

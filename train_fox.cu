@@ -246,6 +246,12 @@ static double gpu_peak_flops(void) {
 // matmuls: cuBLASLt, fp32 accumulation. Everything is row-major on our side; cuBLASLt is
 // column-major, so a row-major (R, C) matrix is a column-major (C, R) one.
 // D (m, n) = op(A) op(B) + beta C in column-major terms; C and D are floatX or fp32.
+// Tuning (-X 1): the heuristic ranks its candidates by a model, and at these shapes a later one
+// is often faster. gpu_tune_matmuls runs one forward and backward whose results are thrown away;
+// each plan's first use in it times the candidates on the call's own operands and keeps the
+// fastest whose product has the first choice's bits (a digest of D, beta 0), so tuning changes
+// the speed, never the results: same seed, same bits, tuned or not, on every rank.
+#define MATMUL_CANDIDATES 8
 
 typedef struct {
     int m, n, k, trans_a, trans_b;
@@ -253,8 +259,14 @@ typedef struct {
     unsigned align[4];
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c, d;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo;                         // the one used: the first candidate until tuned
+    cublasLtMatmulAlgo_t cand[MATMUL_CANDIDATES];
+    int num_cand, tuned, calls;                        // calls: in the tuning step
+    float first_ms, tuned_ms;
 } MatmulPlan;
+
+static int g_tuning = 0;    // inside gpu_tune_matmuls: a plan's first call tunes it
+static int g_tune_last = 0; // tests: keep the last candidate with the first's bits, not the fastest
 
 #define MAX_MATMUL_PLANS 512
 static MatmulPlan g_plans[MAX_MATMUL_PLANS];
@@ -281,10 +293,10 @@ static void matmul_plans_clear(void) {
 
 // Descriptors and algorithm for one shape, made once and reused (the heuristic query costs
 // more than many small matmuls).
-static const MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, cudaDataType_t d_type,
+static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, cudaDataType_t d_type,
                                      const unsigned align[4]) {
     for (int i = 0; i < g_num_plans; i++) {
-        const MatmulPlan* p = &g_plans[i];
+        MatmulPlan* p = &g_plans[i];
         if (p->m == m && p->n == n && p->k == k && p->trans_a == trans_a && p->trans_b == trans_b &&
             p->d_type == d_type && memcmp(p->align, align, sizeof(p->align)) == 0) { return p; }
     }
@@ -312,24 +324,95 @@ static const MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans
         uint32_t a = align[i];
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &a, sizeof(a)));
     }
-    cublasLtMatmulHeuristicResult_t result;
+    cublasLtMatmulHeuristicResult_t result[MATMUL_CANDIDATES];
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_lt, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &found));
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_lt, p->desc, p->a, p->b, p->c, p->d, pref, MATMUL_CANDIDATES, result,
+                                               &found));
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     if (found == 0) {
         fail("cuBLASLt has no algorithm for a %dx%dx%d matmul (transa %d, transb %d)\nHINT: unusual "
              "model sizes can trip cuBLASLt; try n_embd and mlp_hidden multiples of 8", m, n, k, trans_a, trans_b);
     }
-    p->algo = result.algo;
+    for (int i = 0; i < found; i++) { p->cand[i] = result[i].algo; }
+    p->num_cand = found;
+    p->algo = p->cand[0];
+    p->tuned = 0; p->calls = 0;
     g_num_plans++;
     return p;
+}
+
+// a 64-bit digest of n 32-bit words of device memory: an integer sum of position-mixed words
+// (integer addition is associative: the same bits give the same digest in any order)
+__device__ unsigned long long g_digest;
+__global__ void digest_kernel(const uint32_t* w, size_t n) {
+    unsigned long long acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned long long x = ((unsigned long long)w[i] << 32 | (i & 0xffffffffu)) * 0x9E3779B97F4A7C15ull;
+        acc += x ^ (x >> 29);
+    }
+    atomicAdd(&g_digest, acc);
+}
+
+static unsigned long long device_digest(const void* p, size_t bytes) {
+    unsigned long long zero = 0, h = 0;
+    cudaCheck(cudaMemcpyToSymbol(g_digest, &zero, sizeof(zero)));
+    digest_kernel<<<264, 256>>>((const uint32_t*)p, bytes / 4);
+    launchCheck();
+    cudaCheck(cudaMemcpyFromSymbol(&h, g_digest, sizeof(h)));
+    return h;
+}
+
+// times candidate i of p on the operands (beta 0, D written): ms per call over 5 after one, or
+// -1 when cuBLASLt refuses it; *digest gets D's digest after the first call
+static float matmul_time_candidate(const MatmulPlan* p, int i, void* d, const floatX* a, const floatX* b,
+                                   unsigned long long* digest) {
+    float alpha = 1.0f, zero = 0.0f, ms = 0.0f;
+    size_t bytes = (size_t)p->m * p->n * (p->d_type == CUDA_R_32F ? 4 : sizeof(floatX));
+    if (cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &zero, d, p->c, d, p->d, &p->cand[i], g_workspace,
+                       WORKSPACE_BYTES, 0) != CUBLAS_STATUS_SUCCESS) {
+        cudaGetLastError();
+        return -1.0f;
+    }
+    *digest = device_digest(d, bytes);
+    cudaEvent_t t0, t1;
+    cudaCheck(cudaEventCreate(&t0)); cudaCheck(cudaEventCreate(&t1));
+    cudaCheck(cudaEventRecord(t0));
+    for (int r = 0; r < 5; r++) {
+        cublasCheck(cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &zero, d, p->c, d, p->d, &p->cand[i],
+                                   g_workspace, WORKSPACE_BYTES, 0));
+    }
+    cudaCheck(cudaEventRecord(t1));
+    cudaCheck(cudaEventSynchronize(t1));
+    cudaCheck(cudaEventElapsedTime(&ms, t0, t1));
+    cudaCheck(cudaEventDestroy(t0)); cudaCheck(cudaEventDestroy(t1));
+    return ms / 5.0f;
+}
+
+// p's fastest candidate with the first's bits; overwrites D (the tuning step's results are thrown away)
+static void matmul_tune(MatmulPlan* p, void* d, const floatX* a, const floatX* b) {
+    unsigned long long first = 0, digest = 0;
+    p->first_ms = p->tuned_ms = matmul_time_candidate(p, 0, d, a, b, &first);
+    if (p->first_ms < 0.0f) { fail("cuBLASLt refused its own first algorithm for a %dx%dx%d matmul" BUG_HINT, p->m,
+                                   p->n, p->k); }
+    for (int i = 1; i < p->num_cand; i++) {
+        float ms = matmul_time_candidate(p, i, d, a, b, &digest);
+        if (ms >= 0.0f && digest == first && (g_tune_last || ms < p->tuned_ms)) {
+            p->tuned_ms = ms;
+            p->algo = p->cand[i];
+        }
+    }
+    p->tuned = 1;
 }
 
 static void matmul_lt(void* d, cudaDataType_t d_type, const void* c, const floatX* a, const floatX* b,
                       int m, int n, int k, int trans_a, int trans_b, float beta) {
     const void* c_ptr = c != NULL ? c : d;
     unsigned align[4] = {ptr_alignment(a), ptr_alignment(b), ptr_alignment(c_ptr), ptr_alignment(d)};
-    const MatmulPlan* p = matmul_plan(m, n, k, trans_a, trans_b, d_type, align);
+    MatmulPlan* p = matmul_plan(m, n, k, trans_a, trans_b, d_type, align);
+    if (g_tuning) {
+        if (!p->tuned) { matmul_tune(p, d, a, b); }
+        p->calls++;
+    }
     float alpha = 1.0f;
     cublasCheck(cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta, c_ptr, p->c, d, p->d, &p->algo,
                                g_workspace, WORKSPACE_BYTES, 0));
@@ -4475,6 +4558,36 @@ static void gpu_backward(GPUModel* g) {
     launchCheck();
 }
 
+// -X 1: one training forward and backward on random tokens with g_tuning set, so each matmul
+// plan's first call tunes it (matmul_tune); the step's results are thrown away (the gradients
+// zeroed). Prints how many plans changed and their time a step, each matmul timed alone.
+static void gpu_tune_matmuls(GPUModel* g, int B, int T) {
+    size_t N = (size_t)B * T;
+    int* tokens = (int*)malloc_check(2 * N * sizeof(int), "tuning tokens");
+    uint64_t rng = 0x7475E5ull;
+    for (size_t i = 0; i < 2 * N; i++) { tokens[i] = (int)(rng_next(&rng) % (uint64_t)g->config.vocab_size); }
+    double t0 = now_seconds();
+    g_tuning = 1;
+    gpu_forward_train(g, tokens, tokens + N, B, T, 1.0f);
+    gpu_backward(g);
+    cudaCheck(cudaDeviceSynchronize());
+    g_tuning = 0;
+    gpu_zero_grad(g);
+    free(tokens);
+    int changed = 0, tuned = 0;
+    double first = 0.0, best = 0.0;
+    for (int i = 0; i < g_num_plans; i++) {
+        const MatmulPlan* p = &g_plans[i];
+        if (!p->tuned || p->calls == 0) { continue; }
+        tuned++;
+        changed += memcmp(&p->algo, &p->cand[0], sizeof(p->algo)) != 0;
+        first += p->calls * (double)p->first_ms;
+        best += p->calls * (double)p->tuned_ms;
+    }
+    printf("matmul tuning (-X 1): %d of %d matmul shapes use a faster cuBLASLt candidate with the same bits: "
+           "%.1f -> %.1f ms a step, each timed alone (%.1f s)\n", changed, tuned, first, best, now_seconds() - t0);
+}
+
 // ----------------------------------------------------------------------------
 // optimiser
 
@@ -6683,6 +6796,7 @@ int main(int argc, char** argv) {
     int start = a.resume ? resumed.step : 0;
     int64_t tokens_seen = a.resume ? resumed.tokens_seen : 0;
     LRSchedule sched = run_schedule(&a, a.resume ? &resumed : NULL);
+    if (a.tune) { gpu_tune_matmuls(&gm, a.B, a.T); }
     printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
            "warmup %.0f tokens | %s schedule, peak lr %g\n", a.B, a.T, dist.world, accum, a.total_batch_tokens,
            a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
