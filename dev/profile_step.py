@@ -43,7 +43,8 @@ def main():
     ap.add_argument("--binary", default="./train_fox")
     ap.add_argument("--steps", type=int, default=2, help="training steps profiled (the table is per step)")
     ap.add_argument("--first-kernel", default="encoder_forward",
-                    help="substring of the first kernel of a training step (drops initialisation)")
+                    help="substring of the first kernel of a training step (the last --steps such "
+                         "steps are kept: drops initialisation and the matmul tuning step)")
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--bandwidth", action="store_true", help="add DRAM bytes and TB/s per kernel")
     ap.add_argument("--peak-tbs", type=float, default=4.8, help="DRAM bandwidth for the %% column (TB/s)")
@@ -76,7 +77,8 @@ def main():
         elif row.get("Metric Name", "").startswith("dram__bytes"):
             launch[2] += value * byte_scale[row["Metric Unit"]]
     ordered = list(launches.values())
-    first = next((i for i, (n, _, _) in enumerate(ordered) if args.first_kernel in n), 0)
+    starts = [i for i, (n, _, _) in enumerate(ordered) if args.first_kernel in n]  # -X 1's tuning step is one too
+    first = starts[-args.steps] if len(starts) >= args.steps else 0
     per_kernel = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for name, ms, nbytes in ordered[first:]:
         per_kernel[name][0] += 1
