@@ -6840,6 +6840,11 @@ int main(int argc, char** argv) {
             gpu_backward(&gm);
             loss += gm.mean_loss / (accum * dist.world);
         }
+        double t_local = 0.0; // with several processes: when this one's forwards and backwards were done
+        if (dist.world > 1) {
+            cudaCheck(cudaDeviceSynchronize()); // no loss of overlap: the loss's sum below waits for it anyway
+            t_local = now_seconds() - t0;
+        }
         loss = dist_sum_scalar(&dist, loss); // before the gradients' collective: its upload blocks
         gpu_reduce_grads(&gm);
         double norm = gpu_grad_norm(&gm);
@@ -6872,6 +6877,7 @@ int main(int argc, char** argv) {
         printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a.steps,
                loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
         if (g_prune) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
+        if (dist.world > 1) { printf(" | sync+comm %.1f ms", (dt - t_local) * 1e3); } // waits, collectives, update
         printf("%s", progress);
         step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad, fields);
         if (step == start) { // every buffer is allocated up front and kept: the peak is reached by now

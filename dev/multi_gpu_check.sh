@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Data-parallel evidence for train_fox on one node: builds, checks that 1, 2 and 4 GPUs (ZeRO 0
 # and 1, by hand and under mpirun) train to the same losses, that resuming is exact (also on
-# another GPU count), then measures tokens/s per GPU for fox-pro-125m.
+# another GPU count), then measures tokens/s per GPU for fox-pro-125m and fox-pro-760m.
 #
 #   dev/multi_gpu_check.sh [log dir]          (default log_multi_gpu; about 5-8 min on 4 H200s)
 #
@@ -141,31 +141,35 @@ if [ "${CHECK:-1}" = 1 ]; then
     fi
 fi
 
-# --- (3) throughput per GPU: fox-pro-125m, fixed micro-batch per GPU, median step after warm-up --
-# bench NAME T B STEPS WARMUP: prints a row per GPU count
+# --- (3) throughput per GPU: fixed micro-batch per GPU, median step after warm-up -----------------
+# bench MODEL T B STEPS WARMUP: prints a row per GPU count
 bench() {
-    local T=$1 B=$2 steps=$3 warm=$4 base=""
+    local model=$1 T=$2 B=$3 steps=$4 warm=$5 base=""
     for world in 1 2 4; do
         if [ "$world" -gt "$NGPU" ]; then continue; fi
-        local name=bench_T${T}_gpu$world
-        launch "$name" "$world" "$LOGDIR/nccl_id" -e fox-pro-125m -i "$TRAIN" -b "$B" -t "$T" -d $((B * T * world)) -x "$steps" -v 0 -s 0 -l 1e-3 || continue
+        local name=bench_${model}_T${T}_gpu$world
+        launch "$name" "$world" "$LOGDIR/nccl_id" -e "$model" -i "$TRAIN" -b "$B" -t "$T" -d $((B * T * world)) -x "$steps" -v 0 -s 0 -l 1e-3 || continue
         local ms
-        ms=$(awk -v warm="$warm" '/^step +[0-9]+\/[0-9]+ \| loss / { split($2, s, "/"); if (s[1] + 0 > warm) for (i = 1; i < NF; i++) if ($(i + 1) == "ms") print $i }' "$LOGDIR/$name.log" |
+        ms=$(awk -v warm="$warm" '/^step +[0-9]+\/[0-9]+ \| loss / { split($2, s, "/"); if (s[1] + 0 > warm) for (i = 1; i < NF; i++) if ($(i + 1) == "ms") { print $i; break } }' "$LOGDIR/$name.log" |
              sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print ""; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
         if [ -z "$ms" ]; then say "FAIL bench $name: no step times"; FAILURES=$((FAILURES + 1)); continue; fi
+        local comm
+        comm=$(awk -v warm="$warm" '/^step +[0-9]+\/[0-9]+ \| loss / { split($2, s, "/"); if (s[1] + 0 > warm) for (i = 1; i < NF; i++) if ($i == "sync+comm") print $(i + 1) }' "$LOGDIR/$name.log" |
+               sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print v[int((NR + 1) / 2)] }')
         local per_gpu
         per_gpu=$(awk -v b="$B" -v t="$T" -v ms="$ms" 'BEGIN { printf "%.0f", b * t / (ms / 1000) }')
         if [ -z "$base" ]; then base=$per_gpu; fi
-        say "$(awk -v T="$T" -v B="$B" -v w="$world" -v ms="$ms" -v pg="$per_gpu" -v base="$base" \
-              'BEGIN { printf "| %5d | %2d | %d | %8.1f | %9.0f | %9.0f | %5.1f%% |", T, B, w, ms, pg * w, pg, 100 * pg / base }')"
+        say "$(awk -v m="$model" -v T="$T" -v B="$B" -v w="$world" -v ms="$ms" -v pg="$per_gpu" -v base="$base" -v c="$comm" \
+              'BEGIN { printf "| %s | %5d | %2d | %d | %8.1f | %s | %9.0f | %9.0f | %5.1f%% |", m, T, B, w, ms, c, pg * w, pg, 100 * pg / base }')"
     done
 }
 if [ "${BENCH:-1}" = 1 ]; then
-    say "--- throughput: fox-pro-125m, ZeRO-1 with 2+ GPUs, median step time after warm-up ---"
-    say "|     T | B/GPU | GPUs | step ms | tokens/s | tokens/s/GPU | per-GPU efficiency vs 1 GPU |"
-    say "|---|---|---|---|---|---|---|"
-    bench 2048 16 20 5
-    bench 16384 2 10 3
+    say "--- throughput: ZeRO-1 with 2+ GPUs, median step time after warm-up ---"
+    say "| model |     T | B/GPU | GPUs | step ms | of it after the backward (sync+comm) | tokens/s | tokens/s/GPU | per-GPU efficiency vs 1 GPU |"
+    say "|---|---|---|---|---|---|---|---|---|"
+    bench fox-pro-125m 2048 16 20 5
+    bench fox-pro-125m 16384 2 10 3
+    bench fox-pro-760m 16384 1 8 3
 fi
 
 say "done in $(($(date +%s) - START)) s: $FAILURES failure(s)"
