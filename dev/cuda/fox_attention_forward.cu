@@ -67,12 +67,18 @@ the rest by MUFU.EX2; version 13 the same with half of them. hd 128 runs version
 ./fox_attention_forward 12
 ./fox_attention_forward 13
 
+version 14 is version 10's kernel at hd 128, shaped as FlashAttention-3 shapes hd 128: two consumer
+warpgroups (128 query rows, 240 registers each by setmaxnreg), 128-key K/V tiles in two TMA stages
+(162 KB of shared memory), the same intra-warpgroup overlap of softmax and P V; hd 64 runs version 10
+./fox_attention_forward 14
+
 A range: ./fox_attention_forward 3 11
 
 With no argument every version runs. Each version is validated against an fp64 CPU reference on
 small shapes (T not a multiple of the tiles, hd 64/128, gate on/off, windows, packed qkv), then at
-T = 65536 with strongly decaying and nearly-one gates against an fp64 GPU reference (version 1's
-kernel instantiated in double, itself validated against the CPU), then timed.
+T = 65536 with strongly decaying and nearly-one gates (hd 128: T = 16384, a window and strong decay)
+against an fp64 GPU reference (version 1's kernel instantiated in double, itself validated against
+the CPU), then timed.
 */
 #include "common.h"
 #include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (version 8)
@@ -1647,9 +1653,9 @@ static void fox_fwd_lean(bf16* o, float* lse, const bf16* q, const bf16* k, cons
 // ---- end: lean-softmax forward (version 9) ----
 
 // ----------------------------------------------------------------------------
-// ---- begin: warp-specialised lean forward (versions 10-13) ----
+// ---- begin: warp-specialised lean forward (versions 10-14) ----
 // Version 9's softmax in version 8's structure, shaped as FlashAttention-3 shapes hd 64. What
-// changed against version 9 (hd 64 only; hd 128 dispatches to version 9):
+// changed against version 9 (hd 64; hd 128: version 14 below, versions 10-13 dispatch to version 9):
 // - Why: version 9 is latency-bound (ncu: 47% issue slots, 1.2 eligible warps per scheduler,
 //   tensor pipe 35%). Each warpgroup waits for its S, then for its P V, and the two warpgroups of a
 //   block meet at __syncthreads per tile, so a block's warpgroups run their softmax at the same
@@ -1690,6 +1696,17 @@ static void fox_fwd_lean(bf16* o, float* lse, const bf16* q, const bf16* k, cons
 // instead of ex2.approx.ftz (MUFU), in fox_lean_exp; nothing else changes. At hd 64 MUFU.EX2 (16
 // per clock per SM) is as busy as the tensor pipe; the polynomial moves a share of that work onto
 // the FMA pipe (128 per clock), about 9 issue slots each instead of 2.
+// Version 14 is this kernel at hd 128 with NWG = 2, BC = 128, ST = 2 (FlashAttention-3's hd-128
+// shape; the budget: at fox_fwd_wsl_all). Nothing but the K-major descriptors' k steps depends on
+// HD beyond the template arithmetic: a k16 step moves 32 bytes inside a 64-column block, and at
+// hd 128 steps 4-7 are in the tile's second block, ROWS * 128 bytes on (desc_k_step).
+
+// start of k16 step kk (16-byte units) from a K-major swizzled descriptor of a (ROWS, HD) tile:
+// desc_k<HD, ROWS, 1>(tile, rb, kk) - desc_k<HD, ROWS, 1>(tile, rb, 0); kk * 2 for kk < 4 (hd 64)
+template<int ROWS> __device__ __forceinline__ constexpr uint64_t desc_k_step(int kk) {
+    return (uint64_t)(kk / 4) * (ROWS * 128 / 16) + (kk % 4) * 2;
+}
+
 template<int HD, int BC, int ST, int NWG, bool GATE, int EMU = 0>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o, float* lse,
                                                                          const __grid_constant__ CUtensorMap tmQ,
@@ -1700,7 +1717,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o
                                                                          const int* key_start) {
     constexpr int BR = 64 * NWG, SW = 1;
     constexpr int CREG = NWG == 3 ? 160 : 240;  // consumer registers: (65536 - 24 * 128) / (128 NWG), multiple of 8
-    static_assert(HD == 64 && BC == 128, "the register budget is argued for hd 64, 128-key tiles");
+    // the register budgets argued: hd 64 (versions 10-13) and hd 128 with two consumers (version 14)
+    static_assert(BC == 128 && (HD == 64 || (HD == 128 && NWG == 2)), "hd 64, or hd 128 with NWG = 2; 128-key tiles");
     static_assert(NWG == 2 || NWG == 3, "setmaxnreg split for 2 or 3 consumer warpgroups");
     static_assert(ST >= 2, "the producer loads K(n+1) before V(n)'s stage is free");
     static_assert(PRUNE_BLOCK % BC == 0 && PRUNE_BLOCK % 64 == 0, "a warpgroup's rows lie in one pruning tile");
@@ -1782,9 +1800,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o
         na = jt_end - 1 - min(i0w + 63, T - 1) / BC;
         nb = jt_end - first_tile(i0w);
     }
-    // descriptors: the swizzled K-major start moves 32 bytes (2 in units of 16) per k16 step, the
-    // N-major one 16 rows (2048 bytes, 128 units); a stage is BC * HD * 2 bytes
-    constexpr uint64_t KSTEP = 2, VSTEP = 16 * 64 * 2 / 16, STAGE = BC * HD * 2 / 16;
+    // descriptors: the swizzled K-major start moves 32 bytes (2 in units of 16) per k16 step inside
+    // a 64-column block (desc_k_step), the N-major one 16 rows (2048 bytes, 128 units); a stage is
+    // BC * HD * 2 bytes
+    constexpr uint64_t VSTEP = 16 * 64 * 2 / 16, STAGE = BC * HD * 2 / 16;
     const uint64_t dQ = desc_k<HD, BR, SW>(sQ, cw * 8, 0), dK0 = desc_k<HD, BC, SW>(sK, 0, 0),
                    dV0 = desc_mn<HD, BC, SW>(sV, 0);
     // a tile none of this warpgroup's rows sees: release its stages once loaded (a tile every
@@ -1816,7 +1835,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o
         float s[BC / 2];
         wgmma_fence();
         #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) wgmma_ss<BC, 0>(s, dQ + kk * KSTEP, dK + kk * KSTEP, kk);
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BC, 0>(s, dQ + desc_k_step<BR>(kk), dK + desc_k_step<BC>(kk), kk);
         wgmma_commit();
         if (n > na) {
             const uint64_t dV = dV0 + pst * STAGE;
@@ -1934,7 +1954,44 @@ static void fox_fwd_wsl(bf16* o, float* lse, const bf16* q, const bf16* k, const
         fox_fwd_lean<128, 2>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, key_start, s);
     }
 }
-// ---- end: warp-specialised lean forward (versions 10-13) ----
+
+// Version 14: fox_fwd_wsl_kernel at hd 128 with NWG = 2 consumer warpgroups (BR = 128 query rows),
+// 128-key tiles, ST = 2 stages (FlashAttention-3's hd-128 causal shape); at hd 64 it is version 10
+// (the same call, the same kernel). Why this shape, per consumer thread (a 64-row warpgroup):
+// - Registers: O (64 x 128 fp32) 64, S of a 64 x BC tile BC / 2, P of the previous tile (bf16 A
+//   fragments, read by the in-flight P V) BC / 4, live together in the overlap; + ~30 for maxima,
+//   sums, bounds, c_ref, addresses. NWG = 3 leaves 160 per consumer (producer 24): BC = 128 needs
+//   ~190 (no), BC = 64 ~145 (fits). NWG = 2 leaves 240 (24 x 128 + 240 x 256 = 64512): BC = 128
+//   fits with ~50 to spare (ptxas with the cap lowered: no spills down to 192, spills at 184).
+//   Chosen NWG = 2, BC = 128: per key half the mbarrier waits, row-maximum shuffles and wgmma
+//   issues of 64-key tiles, and S as m64n128k16 (6 KB of shared memory per 64 tensor clocks, 96 B a
+//   clock; m64n64k16 reads 4 KB per 32, 128 B a clock: all of the SM's shared-memory bandwidth).
+//   At hd 128 a tile's two matmuls (2 x 64 x 128 x 128 MACs per warpgroup,
+//   1024 clocks at 2048 per clock per SM) take twice its exponentials (64 x 128 MUFU.EX2 at 16 per
+//   clock: 512), so the tensor pipe bounds it and two overlapping warpgroups can keep it busy; at
+//   hd 64 the two took equally long and three warpgroups won (version 10 against 11).
+// - Shared memory: Q 128 x 128 bf16 = 32 KB, a K or V stage 32 KB, c 512 bytes a stage: ST = 2 is
+//   1 KB (alignment) + 32 + 4 x 32 KB + 1 KB + 72 bytes of barriers = 165960 bytes (162.1 KB);
+//   ST = 3 would be 232040, 408 bytes under the 227 KB (232448) limit: FOX_V14_ST=3 builds it.
+// - Precision, masks, windows, key_start, lse: version 10's code unchanged (per thread c_ref, so its
+//   argument does not depend on the head size; BR = 128 is one pruning tile).
+#ifndef FOX_V14_ST
+#define FOX_V14_ST 2  // K/V stages of version 14 at hd 128 (3 fits too; nvcc -DFOX_V14_ST=3 to try it)
+#endif
+template<int ST128>  // a template: instantiated only where a ladder calls it (not in the backward's builds)
+static void fox_fwd_wsl_all(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
+                            const int* key_start, cudaStream_t s) {
+    if (hd == 64) {
+        fox_fwd_wsl<3, 3>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, key_start, s);
+    } else {
+        if (c) fox_fwd_wsl_launch<128, 128, ST128, 2, true, 0>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                                window, key_start, s);
+        else fox_fwd_wsl_launch<128, 128, ST128, 2, false, 0>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                               window, nullptr, s);
+    }
+}
+// ---- end: warp-specialised lean forward (versions 10-14) ----
 
 // ---- begin: fused forward API for train_fox.cu ----
 // o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
@@ -2005,7 +2062,7 @@ static double attn_fwd_flops(int B, int T, int H, int hd) { return 4.0 * B * H *
 // ----------------------------------------------------------------------------
 #ifndef FOX_SKIP_FORWARD_MAIN
 
-#define FWD_VERSIONS 13  // the ladder's versions are 1..FWD_VERSIONS
+#define FWD_VERSIONS 14  // the ladder's versions are 1..FWD_VERSIONS
 
 static void run_forward(int version, bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int sq, int so, int w) {
@@ -2024,6 +2081,8 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         // version 10 with 2 (version 12: 1/4) or 4 (version 13: 1/2) of every 8 exponentials by ex2_poly
         case 12: fox_fwd_wsl<3, 3, 2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         case 13: fox_fwd_wsl<3, 3, 4>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        // version 10's kernel at hd 128 (two consumer warpgroups, 2 stages); hd 64: version 10
+        case 14: fox_fwd_wsl_all<FOX_V14_ST>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         default:
             fprintf(stderr, "invalid version %d\nHINT: versions are 1..%d\n", version, FWD_VERSIONS);
             exit(EXIT_FAILURE);
@@ -2156,14 +2215,15 @@ int main(int argc, char** argv) {
         release(d);
     }
 
-    // 1b. the key_start pruning of versions 8-13: random first key tiles (up to the diagonal one)
-    // against the CPU reference that skips the same keys. Versions 10-13 also at hd 64 with a
-    // window (version 10's 192-row blocks span two pruning tiles; hd 128 runs version 9 there)
-    for (int ver : {8, 9, 10, 11, 12, 13}) {
+    // 1b. the key_start pruning of versions 8-14: random first key tiles (up to the diagonal one)
+    // against the CPU reference that skips the same keys. Versions 10-14 also at hd 64 with a
+    // window (version 10's 192-row blocks span two pruning tiles; hd 128 runs version 9 there in
+    // 10-13), version 14 also at hd 128 without a window (its own kernel there)
+    for (int ver : {8, 9, 10, 11, 12, 13, 14}) {
         if (ver < first || ver > last) continue;
-        for (int pc = 0; pc < (ver >= 10 ? 3 : 2); pc++) {
-            int hd = pc == 1 ? 128 : 64;
-            FoxProblem p = make_problem(2, 600, 2, hd, pc == 0 ? 0 : 300, true, -1);
+        for (int pc = 0; pc < (ver == 14 ? 4 : ver >= 10 ? 3 : 2); pc++) {
+            int hd = pc == 1 || pc == 3 ? 128 : 64;
+            FoxProblem p = make_problem(2, 600, 2, hd, pc == 0 || pc == 3 ? 0 : 300, true, -1);
             int nt = ceil_div(p.T, 128);
             std::vector<int> ks((size_t)p.B * p.H * nt);
             for (size_t e = 0; e < ks.size(); e++) ks[e] = (int)(rng_u32() % (e % nt + 1));
@@ -2181,7 +2241,8 @@ int main(int argc, char** argv) {
                 case 10: fox_fwd_wsl<3, 3>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 11: fox_fwd_wsl<3, 2>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 12: fox_fwd_wsl<3, 3, 2>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
-                default: fox_fwd_wsl<3, 3, 4>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                case 13: fox_fwd_wsl<3, 3, 4>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                default: fox_fwd_wsl_all<FOX_V14_ST>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
             }
             cudaCheck(cudaDeviceSynchronize());
             printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start)\n  version %d\n", p.B, p.T, p.H,
@@ -2198,6 +2259,7 @@ int main(int argc, char** argv) {
         {65536, 2, 64, 0, 5.0, "log f ~ -5 (strong decay)"},
         {65536, 2, 64, 0, 1e-4, "log f ~ -1e-4 (nearly one)"},
         {16384, 2, 128, 2048, 1e-4, "hd 128, window 2048, nearly one"},
+        {16384, 2, 128, 0, 5.0, "hd 128, log f ~ -5 (strong decay)"},
     };
     for (const Long& L : longs) {
         FoxProblem p = make_problem(1, L.T, L.H, L.hd, L.window, false, L.gate);
