@@ -1080,24 +1080,6 @@ template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int
 // and of an N-major one (desc_mn): 16 rows of 128 bytes a step
 __device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
 
-// ROWS rows of one head into a swizzled tile by cp.async; rows past T zero-filled. Lanes take
-// consecutive chunks of a row (a warp writes 512 contiguous bytes): a thread copies chunk
-// tid % (HD/8) of rows tid / (HD/8) + i * NTHREADS / (HD/8), steps of whole 8-row groups, so its
-// swizzled offset is computed once and the loop (a compile-time trip count) unrolls.
-template<int ROWS, int HD, int NTHREADS>
-__device__ __forceinline__ void load_tile_unrolled(bf16* sm, const bf16* g, int row0, int T, int stride) {
-    constexpr int CH = HD / 8, RSTEP = NTHREADS / CH;
-    static_assert(NTHREADS % CH == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0, "whole 8-row groups per step");
-    int r0 = threadIdx.x / CH, ch = threadIdx.x % CH;
-    bf16* st = sm + tile_off<ROWS>(r0, ch);
-    const bf16* gc = g + ch * 8;
-    #pragma unroll
-    for (int i = 0; i < ROWS / RSTEP; i++) {
-        int row = row0 + r0 + i * RSTEP;
-        bool ok = row < T;
-        cp_async16(st + i * RSTEP * 64, gc + (size_t)(ok ? row : 0) * stride, ok);
-    }
-}
 // the dynamic shared memory, rounded up to 1024 bytes (the swizzle's repeat); callers allocate 1 KB
 // more
 __device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
@@ -1999,178 +1981,29 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
     }
 }
 
-// ROWS fp32 values of a (B, H, T) vector into shared memory by cp.async; past T zero-filled
-template<int ROWS>
-__device__ __forceinline__ void load_vec_async(float* sm, const float* g, int row0, int T) {
-    if (threadIdx.x < ROWS) {
-        int row = row0 + threadIdx.x;
-        bool ok = row < T;
-        cp_async4(sm + threadIdx.x, g + (ok ? row : 0), ok);
-    }
-}
-
-// The cp.async forward: a block of 256 threads, two warpgroups of 64 query rows (BR = 128, one
-// pruning tile), walks its key tiles of BC from the diagonal backwards. K, V and c_j come by
-// cp.async into ST stages shared by both warpgroups, one __syncthreads per tile: tile n + ST - 1 is
-// loaded after it into the stage of tile n - 1, which every warpgroup is done with. Per tile and
-// warpgroup: S = Q K^T (wgmma SS), the softmax above, O += P V (wgmma RS, P from registers). A
-// warpgroup skips the tiles none of its rows sees (above its diagonal, before its window); key tiles
-// before key_start (pruned) are never loaded. Grid (ceil(T / 128), B*H); shared memory as
-// fox_fwd_lean_launch allocates. Where it runs: see fox_attention_forward.
-template<int HD, int BC, int ST, bool GATE>
-__global__ void __launch_bounds__(256, 1)
-fox_fwd_lean_kernel(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c, int T, int H,
-                    int stride_qkv, int stride_o, int window, float scale_log2, const int* key_start) {
-    constexpr int BR = 128;
-    constexpr int PD = ST - 1;  // tile n + PD is loaded into the stage of tile n - 1 once all are past it
-    static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
-    bf16* sK = sQ + BR * HD;                 // (ST, BC, HD)
-    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
-    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC)
-
-    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
-    int bh = blockIdx.y, b = bh / H, h = bh % H;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, wg = warp / 4;
-    size_t base = (size_t)b * T * stride_qkv + (size_t)h * HD;
-    const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
-    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
-    int i0 = qt * BR, i0w = i0 + 64 * wg;
-    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
-    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
-    // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
-    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
-    int ntiles = jt_end - jt_begin;  // tile n is key tile jt_end - 1 - n: from the diagonal backwards
-
-    load_tile_unrolled<BR, HD, 256>(sQ, qb, i0, T, stride_qkv);
-    auto load_kv = [&](int n) {
-        int st = n % ST, j1 = (jt_end - 1 - n) * BC;
-        load_tile_unrolled<BC, HD, 256>(sK + st * BC * HD, kb, j1, T, stride_qkv);
-        load_tile_unrolled<BC, HD, 256>(sV + st * BC * HD, vb, j1, T, stride_qkv);
-        if (GATE) load_vec_async<BC>(sC + st * BC, cb, j1, T);
-    };
-    #pragma unroll
-    for (int n = 0; n < PD; n++) {
-        if (n < ntiles) load_kv(n);
-        cp_async_commit();  // possibly empty: one group per tile keeps the wait counts fixed
-    }
-
-    int rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
-    float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
-    // m: row maxima of x so far (lazy); below any logit until the first visible key
-    float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.f, 0.f}, acc[HD / 2];
-    #pragma unroll
-    for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
-
-    for (int n = 0; n < ntiles; n++) {
-        cp_async_wait<PD - 1>();  // this thread's part of tile n has landed
-        fence_proxy_async();
-        __syncthreads();  // tile n visible to all; everyone is past the tile whose stage is refilled now
-        if (n + PD < ntiles) load_kv(n + PD);
-        cp_async_commit();
-        int st = n % ST, j0 = (jt_end - 1 - n) * BC;
-        // none of this warpgroup's rows sees the tile (above its diagonal, before its window, past T)
-        if (j0 > i0w + 63 || i0w >= T || (window > 0 && j0 + BC - 1 <= i0w - window)) continue;
-        const bf16 *sKb = sK + st * BC * HD, *sVb = sV + st * BC * HD;
-        const float* sCb = sC + st * BC;
-
-        float s[BC / 2];
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            wgmma_ss<BC>(s, desc_k<BR>(sQ, wg * 8, kk), desc_k<BC>(sKb, 0, kk), kk);
-        wgmma_commit();
-        wgmma_wait0();
-        wgmma_pin<BC / 2>(s);
-
-        float mx[2];
-        if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
-            int hi[2], lo[2];  // visible column offsets of each row, less this thread's 2 tq
-            #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                hi[r] = min(rows[r], T - 1) - j0 - 2 * tq;
-                lo[r] = (window > 0 ? rows[r] - window + 1 - j0 : -BC) - 2 * tq;
-            }
-            fox_lean_logits<BC, GATE, true>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
-        } else {
-            fox_lean_logits<BC, GATE, false>(s, mx, sCb, cref_l2, tq, scale_log2, nullptr, nullptr);
-        }
-        #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
-        }
-        if (__any_sync(0xffffffff, mx[0] > m[0] + FOX_RESCALE_LOG2 || mx[1] > m[1] + FOX_RESCALE_LOG2)) {
-            #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float m_new = fmaxf(m[r], mx[r]);
-                float alpha = ex2_ftz(m[r] - m_new);  // 0 from the -FLT_MAX start
-                l[r] *= alpha;
-                #pragma unroll
-                for (int dt = 0; dt < HD / 8; dt++) { acc[dt * 4 + 2 * r] *= alpha; acc[dt * 4 + 2 * r + 1] *= alpha; }
-                m[r] = m_new;
-            }
-        }
-        fox_lean_exp<BC>(s, l, m);
-        // O += P V
-        uint32_t pa[BC / 16][4];
-        #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(acc, pa[kk], desc_mn<BC>(sVb, kk), 1);
-        wgmma_commit();
-        wgmma_wait0();
-        wgmma_pin<HD / 2>(acc); wgmma_pin_a<BC / 16>(pa);
-    }
-    float m_abs[2];  // m + r_i: the maximum in absolute log2 units
-    #pragma unroll
-    for (int r = 0; r < 2; r++) m_abs[r] = m[r] + ((GATE && rows[r] < T) ? fmaf(cb[rows[r]], LOG2E, -cref_l2) : 0.f);
-    fox_store_rows<HD>(o + (size_t)b * T * stride_o + (size_t)h * HD, lse + (size_t)bh * T, acc, l, m_abs, rows, tq, T,
-                       stride_o);
-}
-
-// fox_fwd_lean_kernel with its tiles and stages (where it runs: see fox_attention_forward)
-template<int HD, bool GATE>
-static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
-                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
-                                cudaStream_t s) {
-    constexpr int BC = 128, ST = 2, BR = 128;
-    // Q, ST K/V stages and c stages, + 1 KB to align the tiles to the swizzle pattern
-    constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float);
-    // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)smem));
-    // the largest carveout: the 162 KB of a block at hd 128
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>,
-                                   cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-    dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
-    float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_lean_kernel<HD, BC, ST, GATE><<<grid, 256, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o,
-                                                                  window, scale_log2, key_start);
-    launchCheck();
-}
-
-// The warp-specialised forward, the softmax above in FlashAttention-3's structure. Block of 512
-// threads: a producer warpgroup (setmaxnreg 24; one warp loads Q, then K and V tiles of BC keys by
-// TMA into separate K and V rings of ST stages, c_j by cp.async arriving on K's full barrier) and
-// three consumer warpgroups of 64 query rows (BR = 192; setmaxnreg 160: 24 * 128 + 160 * 384 <=
-// 65536 registers, one block per SM). A consumer issues tile n's S = Q K^T and tile n-1's O += P V
-// back to back, waits only for S, runs tile n's softmax under P V, then waits for it, rescales O
-// (alpha from before the wait) and refills P: S, P and O live together. K(n) is released after
+// The warp-specialised forward, the softmax above in FlashAttention-3's structure. Block of
+// 128 (NWG + 1) threads: a producer warpgroup (setmaxnreg 24; one warp loads Q, then K and V tiles
+// of BC keys by TMA into separate K and V rings of ST stages, c_j by cp.async arriving on K's full
+// barrier) and NWG consumer warpgroups of 64 query rows (BR = 64 NWG), one block per SM: at hd 64
+// three (setmaxnreg 160: 24 * 128 + 160 * 384 <= 65536 registers), at hd 128 two (240 each: O of
+// 64 x 128 fp32, S of 64 x 128 and the previous P live together, ~190 registers). A consumer issues
+// tile n's S = Q K^T and tile n-1's O += P V back to back, waits only for S, runs tile n's softmax
+// under P V, then waits for it, rescales O (alpha from before the wait) and refills P. K(n) is released after
 // tile n's logits, V(n-1) after its P V; no block-wide barrier. A warpgroup computes only the tiles
 // [na, nb) its rows see (its diagonal, window and pruning tile's key_start; the block loads from the
 // smallest start) and releases the others once landed. Where it runs: see fox_attention_forward.
-template<int HD, int BC, int ST, bool GATE>
-__global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse,
-                                                             const __grid_constant__ CUtensorMap tmQ,
-                                                             const __grid_constant__ CUtensorMap tmK,
-                                                             const __grid_constant__ CUtensorMap tmV, const float* c,
-                                                             int T, int H, int stride_o, int window, float scale_log2,
-                                                             const int* key_start) {
-    constexpr int NWG = 3, BR = 64 * NWG;  // consumer warpgroups, query rows per block
-    static_assert(HD == 64 && BC == 128, "the register budget is argued for hd 64, 128-key tiles");
+template<int HD, int BC, int ST, int NWG, bool GATE>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o, float* lse,
+                                                                         const __grid_constant__ CUtensorMap tmQ,
+                                                                         const __grid_constant__ CUtensorMap tmK,
+                                                                         const __grid_constant__ CUtensorMap tmV,
+                                                                         const float* c, int T, int H, int stride_o,
+                                                                         int window, float scale_log2,
+                                                                         const int* key_start) {
+    constexpr int BR = 64 * NWG;                // query rows per block
+    constexpr int CREG = NWG == 3 ? 160 : 240;  // consumer registers: (65536 - 24 * 128) / (128 NWG), rounded to 8
+    static_assert(BC == 128 && ((HD == 64 && NWG == 3) || (HD == 128 && NWG == 2)),
+                  "the register budgets argued: hd 64 with three consumers, hd 128 with two; 128-key tiles");
     static_assert(ST >= 2, "the producer loads K(n+1) before V(n)'s stage is free");
     static_assert(PRUNE_BLOCK % BC == 0 && PRUNE_BLOCK % 64 == 0, "a warpgroup's rows lie in one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -2234,7 +2067,7 @@ __global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse
     }
 
     // consumers: warpgroup cw owns rows i0 + 64 cw ..; a warp 16 of them (rows g, g + 8 per thread)
-    setmaxnreg_inc<160>();
+    setmaxnreg_inc<CREG>();
     int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
     int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
     int i0w = i0 + 64 * cw;
@@ -2360,26 +2193,28 @@ __global__ void __launch_bounds__(512, 1) fox_fwd_wsl_kernel(bf16* o, float* lse
                        stride_o);
 }
 
-// fox_fwd_wsl_kernel with its tiles and stages (where it runs: see fox_attention_forward)
-template<bool GATE>
+// fox_fwd_wsl_kernel with its tiles and stages (where it runs: see fox_attention_forward): hd 64
+// three consumers and 3 stages, hd 128 two consumers and 2 stages
+template<int HD, bool GATE>
 static void fox_fwd_wsl_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                cudaStream_t s) {
-    constexpr int HD = 64, BC = 128, ST = 3, BR = 192;
+    constexpr int BC = 128, NWG = HD == 64 ? 3 : 2, ST = HD == 64 ? 3 : 2, BR = 64 * NWG;
     // Q, ST stages of K, V and c, the barriers, + 1 KB to align the tiles to the swizzle pattern
-    // (122.6 KB)
+    // (122.6 KB at hd 64, 162.1 KB at hd 128)
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
                             (1 + 4 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)smem));
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, NWG, GATE>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR);
     CUtensorMap tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC);
     CUtensorMap tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_wsl_kernel<HD, BC, ST, GATE><<<grid, 512, smem, s>>>(o, lse, tq, tk, tv, c, T, H, stride_o, window,
-                                                                scale_log2, key_start);
+    fox_fwd_wsl_kernel<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(o, lse, tq, tk, tv, c, T, H,
+                                                                                  stride_o, window, scale_log2,
+                                                                                  key_start);
     launchCheck();
 }
 
@@ -2396,19 +2231,19 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
         fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL");
     }
     // The kernels that run, versions of dev/cuda/fox_attention_forward.cu (their history: dev/cuda/LOG.md):
-    // - hd 64: version 10, fox_fwd_wsl_kernel<64, 128, 3, GATE>: 512 threads, a producer warpgroup (TMA)
-    //   and three consumer warpgroups of 64 query rows (192 a block), 128-key tiles through K and V rings
-    //   of 3 stages, setmaxnreg 24 / 160, 122.6 KB of shared memory, one block per SM;
-    // - hd 128: version 9, fox_fwd_lean_kernel<128, 128, 2, GATE>: 256 threads, two warpgroups of 64 query
-    //   rows (128 a block) sharing cp.async K/V tiles of 128 keys in 2 stages, 162 KB of shared memory,
-    //   one block per SM.
+    // - hd 64: version 10, fox_fwd_wsl_kernel<64, 128, 3, 3, GATE>: 512 threads, a producer warpgroup
+    //   (TMA) and three consumer warpgroups of 64 query rows (192 a block), 128-key tiles through K and V
+    //   rings of 3 stages, setmaxnreg 24 / 160, 122.6 KB of shared memory, one block per SM;
+    // - hd 128: version 14, fox_fwd_wsl_kernel<128, 128, 2, 2, GATE>: 384 threads, the producer and two
+    //   consumer warpgroups (128 query rows a block), K and V rings of 2 stages, setmaxnreg 24 / 240,
+    //   162.1 KB of shared memory, one block per SM.
     // Both run the softmax of fox_lean_logits / fox_lean_exp; without c, GATE = false and no pruning.
     if (hd == 64) {
-        if (c) fox_fwd_wsl_launch<true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsl_launch<false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_wsl_launch<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsl_launch<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     } else {
-        if (c) fox_fwd_lean_launch<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_lean_launch<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_wsl_launch<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsl_launch<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     }
 }
 

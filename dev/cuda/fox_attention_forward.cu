@@ -2001,9 +2001,9 @@ static void fox_fwd_wsl_all(bf16* o, float* lse, const bf16* q, const bf16* k, c
 void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
-    // sm_90a only. Version 10 at hd 64 (+7-9% over version 9), version 9 at hd 128 (+14-17% over
-    // the warp-specialised version 8): fox_fwd_wsl dispatches by head size (dev/cuda/LOG.md)
-    fox_fwd_wsl<3, 3>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
+    // sm_90a only. Version 10 at hd 64 (+7-9% over version 9), version 14 at hd 128 (+41% over
+    // version 9): fox_fwd_wsl_all dispatches by head size (dev/cuda/LOG.md)
+    fox_fwd_wsl_all<FOX_V14_ST>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
 }
 // ---- end: fused forward API ----
 
