@@ -249,8 +249,9 @@ static double gpu_peak_flops(void) {
 // Tuning (-X 1): the heuristic ranks its candidates by a model, and at these shapes a later one
 // is often faster. gpu_tune_matmuls runs one forward and backward whose results are thrown away;
 // each plan's first use in it times the candidates on the call's own operands and keeps the
-// fastest whose product has the first choice's bits (a digest of D, beta 0), so tuning changes
-// the speed, never the results: same seed, same bits, tuned or not, on every rank.
+// fastest that sums as the first choice does (its split-K count and reduction scheme, and its
+// bits: digests of D at beta 0 and at beta 1 onto a fixed C), so tuning changes the speed, never
+// the results: same seed, same bits, tuned or not, on every rank.
 #define MATMUL_CANDIDATES 8
 
 typedef struct {
@@ -279,28 +280,36 @@ static unsigned ptr_alignment(const void* p) {
     return a;
 }
 
-static void matmul_plans_clear(void) {
+// drops the plans (all, or the untuned ones only: the training step's tuned plans outlive the
+// shapes that sampling meets once per length)
+static void matmul_plans_drop(int keep_tuned) {
+    int kept = 0;
     for (int i = 0; i < g_num_plans; i++) {
         MatmulPlan* p = &g_plans[i];
+        if (keep_tuned && p->tuned) {
+            g_plans[kept++] = *p;
+            continue;
+        }
         cublasCheck(cublasLtMatmulDescDestroy(p->desc));
         cublasCheck(cublasLtMatrixLayoutDestroy(p->a));
         cublasCheck(cublasLtMatrixLayoutDestroy(p->b));
         cublasCheck(cublasLtMatrixLayoutDestroy(p->c));
         cublasCheck(cublasLtMatrixLayoutDestroy(p->d));
     }
-    g_num_plans = 0;
+    g_num_plans = kept;
 }
 
 // Descriptors and algorithm for one shape, made once and reused (the heuristic query costs
 // more than many small matmuls).
 static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, cudaDataType_t d_type,
-                                     const unsigned align[4]) {
+                               const unsigned align[4]) {
     for (int i = 0; i < g_num_plans; i++) {
         MatmulPlan* p = &g_plans[i];
         if (p->m == m && p->n == n && p->k == k && p->trans_a == trans_a && p->trans_b == trans_b &&
             p->d_type == d_type && memcmp(p->align, align, sizeof(p->align)) == 0) { return p; }
     }
-    if (g_num_plans == MAX_MATMUL_PLANS) { matmul_plans_clear(); } // sampling meets a new shape per length
+    if (g_num_plans == MAX_MATMUL_PLANS) { matmul_plans_drop(1); } // sampling meets a new shape per length
+    if (g_num_plans == MAX_MATMUL_PLANS) { matmul_plans_drop(0); }
     MatmulPlan* p = &g_plans[g_num_plans];
     p->m = m; p->n = n; p->k = k; p->trans_a = trans_a; p->trans_b = trans_b; p->d_type = d_type;
     memcpy(p->align, align, sizeof(p->align));
@@ -341,13 +350,13 @@ static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, cu
     return p;
 }
 
-// a 64-bit digest of n 32-bit words of device memory: an integer sum of position-mixed words
+// a 64-bit digest of n 16-bit words of device memory: an integer sum of position-mixed words
 // (integer addition is associative: the same bits give the same digest in any order)
 __device__ unsigned long long g_digest;
-__global__ void digest_kernel(const uint32_t* w, size_t n) {
+__global__ void digest_kernel(const uint16_t* w, size_t n) {
     unsigned long long acc = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        unsigned long long x = ((unsigned long long)w[i] << 32 | (i & 0xffffffffu)) * 0x9E3779B97F4A7C15ull;
+        unsigned long long x = ((unsigned long long)w[i] << 40 | (i & 0xffffffffffull)) * 0x9E3779B97F4A7C15ull;
         acc += x ^ (x >> 29);
     }
     atomicAdd(&g_digest, acc);
@@ -356,24 +365,43 @@ __global__ void digest_kernel(const uint32_t* w, size_t n) {
 static unsigned long long device_digest(const void* p, size_t bytes) {
     unsigned long long zero = 0, h = 0;
     cudaCheck(cudaMemcpyToSymbol(g_digest, &zero, sizeof(zero)));
-    digest_kernel<<<264, 256>>>((const uint32_t*)p, bytes / 4);
+    digest_kernel<<<264, 256>>>((const uint16_t*)p, bytes / 2);
     launchCheck();
     cudaCheck(cudaMemcpyFromSymbol(&h, g_digest, sizeof(h)));
     return h;
 }
 
-// times candidate i of p on the operands (beta 0, D written): ms per call over 5 after one, or
-// -1 when cuBLASLt refuses it; *digest gets D's digest after the first call
-static float matmul_time_candidate(const MatmulPlan* p, int i, void* d, const floatX* a, const floatX* b,
-                                   unsigned long long* digest) {
-    float alpha = 1.0f, zero = 0.0f, ms = 0.0f;
-    size_t bytes = (size_t)p->m * p->n * (p->d_type == CUDA_R_32F ? 4 : sizeof(floatX));
-    if (cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &zero, d, p->c, d, p->d, &p->cand[i], g_workspace,
-                       WORKSPACE_BYTES, 0) != CUBLAS_STATUS_SUCCESS) {
-        cudaGetLastError();
-        return -1.0f;
+// a fixed, finite pattern in [-0.5, 0.5) (the C that a beta-1 check adds onto)
+template<typename T>
+__global__ void pattern_kernel(T* d, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { d[i] = (T)((float)((uint32_t)(i * 2654435761u) >> 20) * (1.0f / 4096.0f) - 0.5f); }
+}
+
+// candidate i's bits on the call's operands: the digest of D after D = A B (beta 0) and after
+// D = A B + pattern (beta 1, C = D: where an algorithm adds C in its reduction shows); false when
+// cuBLASLt refuses the candidate
+static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floatX* a, const floatX* b,
+                                 unsigned long long digest[2]) {
+    float alpha = 1.0f, beta[2] = {0.0f, 1.0f};
+    size_t n = (size_t)p->m * p->n, bytes = n * (p->d_type == CUDA_R_32F ? sizeof(float) : sizeof(floatX));
+    for (int k = 0; k < 2; k++) {
+        if (k == 1 && p->d_type == CUDA_R_32F) { pattern_kernel<float><<<(unsigned)ceil_div(n, 256), 256>>>((float*)d, n); }
+        if (k == 1 && p->d_type != CUDA_R_32F) { pattern_kernel<floatX><<<(unsigned)ceil_div(n, 256), 256>>>((floatX*)d, n); }
+        launchCheck();
+        if (cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta[k], d, p->c, d, p->d, &p->cand[i],
+                           g_workspace, WORKSPACE_BYTES, 0) != CUBLAS_STATUS_SUCCESS) {
+            cudaGetLastError();
+            return 0;
+        }
+        digest[k] = device_digest(d, bytes);
     }
-    *digest = device_digest(d, bytes);
+    return 1;
+}
+
+// ms per call of candidate i on the operands (beta 0, D written), over 5 calls
+static float matmul_time_candidate(const MatmulPlan* p, int i, void* d, const floatX* a, const floatX* b) {
+    float alpha = 1.0f, zero = 0.0f, ms = 0.0f;
     cudaEvent_t t0, t1;
     cudaCheck(cudaEventCreate(&t0)); cudaCheck(cudaEventCreate(&t1));
     cudaCheck(cudaEventRecord(t0));
@@ -388,15 +416,35 @@ static float matmul_time_candidate(const MatmulPlan* p, int i, void* d, const fl
     return ms / 5.0f;
 }
 
-// p's fastest candidate with the first's bits; overwrites D (the tuning step's results are thrown away)
+// the split-K count and reduction scheme of an algorithm (where the partial sums meet)
+static void algo_reduction(const cublasLtMatmulAlgo_t* algo, int32_t* splitk, uint32_t* scheme) {
+    size_t written = 0;
+    *splitk = 1; *scheme = 0;
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, splitk, sizeof(*splitk),
+                                                     &written));
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme,
+                                                     sizeof(*scheme), &written));
+}
+
+// p's fastest candidate that sums as the first does: the same split-K count and reduction scheme,
+// and the first's bits at beta 0 and 1; overwrites D (the tuning step's results are thrown away)
 static void matmul_tune(MatmulPlan* p, void* d, const floatX* a, const floatX* b) {
-    unsigned long long first = 0, digest = 0;
-    p->first_ms = p->tuned_ms = matmul_time_candidate(p, 0, d, a, b, &first);
-    if (p->first_ms < 0.0f) { fail("cuBLASLt refused its own first algorithm for a %dx%dx%d matmul" BUG_HINT, p->m,
-                                   p->n, p->k); }
+    unsigned long long first[2], bits[2];
+    int32_t splitk0, splitk;
+    uint32_t scheme0, scheme;
+    if (!matmul_candidate_bits(p, 0, d, a, b, first)) {
+        fail("cuBLASLt refused its own first algorithm for a %dx%dx%d matmul" BUG_HINT, p->m, p->n, p->k);
+    }
+    algo_reduction(&p->cand[0], &splitk0, &scheme0);
+    p->first_ms = p->tuned_ms = matmul_time_candidate(p, 0, d, a, b);
     for (int i = 1; i < p->num_cand; i++) {
-        float ms = matmul_time_candidate(p, i, d, a, b, &digest);
-        if (ms >= 0.0f && digest == first && (g_tune_last || ms < p->tuned_ms)) {
+        algo_reduction(&p->cand[i], &splitk, &scheme);
+        if (splitk != splitk0 || scheme != scheme0 || !matmul_candidate_bits(p, i, d, a, b, bits) ||
+            bits[0] != first[0] || bits[1] != first[1]) {
+            continue;
+        }
+        float ms = matmul_time_candidate(p, i, d, a, b);
+        if (g_tune_last || ms < p->tuned_ms) {
             p->tuned_ms = ms;
             p->algo = p->cand[i];
         }
@@ -3236,7 +3284,9 @@ __global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const fl
 // threads' (m, s) in a fixed order. With GRAD (a training forward) the row then becomes, in place,
 // the gradient of dloss * loss, the probabilities never stored; the pass keeps the row in shared
 // memory for it when `staged` (the launch gives Vp logits of room), else reads it again. Both
-// variants form the same lse.
+// variants form the same lse. Precision: m, s, lse and each exp in fp32 (lse's error ~1e-7
+// relative for any row length, s carries at most Vp / CE_THREADS terms a thread); the gradient
+// is then rounded to floatX (2^-8 relative in bf16), as every bf16 activation gradient is.
 #define CE_THREADS 1024
 
 // folds one pack (logits j0 .. j0 + XPACK - 1) into the running (m, s)
@@ -3303,7 +3353,7 @@ static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, 
         return;
     }
     size_t smem = (size_t)Vp * sizeof(floatX);
-    int staged = smem + 1024 <= g_prop.sharedMemPerBlockOptin; // 1 KB: the kernel's static shared memory
+    int staged = smem + 1024 <= g_prop.sharedMemPerBlockOptin; // 1 KB: room for the static red[32] and margin
     if (staged) {
         cudaCheck(cudaFuncSetAttribute(crossentropy_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)smem));
@@ -4205,7 +4255,7 @@ static void gpu_forward_pass(GPUModel* g, const int* inputs, const int* targets,
     }
     check_tokens(inputs, N, V, "input");
     if (targets != NULL) { check_tokens(targets, N, V, "target"); }
-    g->B = B; g->T = T; g->inputs_host = inputs; g->has_dlogits = grad;
+    g->B = B; g->T = T; g->inputs_host = inputs; g->has_dlogits = grad && targets != NULL;
     cudaCheck(cudaMemcpy(g->inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
     if (targets != NULL) { cudaCheck(cudaMemcpy(g->targets, targets, N * sizeof(int), cudaMemcpyHostToDevice)); }
     GPUActivations a = g->acts;
@@ -6240,7 +6290,6 @@ static void gpu_decoder_prefill(GpuDecoder* d, const int* tokens, int stride, co
     gpu_decoder_capture(d);
 }
 
-// the live cache against the full one and the pages the cache holds, as the twin's fox_decoder_report
 static int compare_ints(const void* a, const void* b) {
     int x = *(const int*)a, y = *(const int*)b;
     return (x > y) - (x < y);
@@ -6263,6 +6312,7 @@ static void decoder_report_heads(const GpuDecoder* d, const int* first) {
     free(live);
 }
 
+// the live cache against the full one and the pages the cache holds, as the twin's fox_decoder_report
 static void gpu_decoder_report(const GpuDecoder* d) {
     const FoxConfig* cf = &d->g->config;
     size_t heads = (size_t)d->L * d->B * d->H, live = 0, full = 0;
@@ -6430,9 +6480,9 @@ static void gpu_backend_generate(void* ctx, GenerateJob* job) {
     gpu_generate_check_memory(gpu_generate_bytes(cf, gb->host->num_parameters, Bp, Tp, B, max_len, pages), free_b, B,
                               max_len, cache);
     double t0 = now_seconds();
+    g_memory_hint = GENERATE_MEMORY_HINT; // the prefill's model, the decoder's buffers, the pool's growth
     gpu_backend_build(gb, Bp, Tp);
     g_memory_estimate = gpu_generate_bytes(cf, gb->host->num_parameters, Bp, Tp, B, max_len, pages);
-    g_memory_hint = GENERATE_MEMORY_HINT; // the decoder's buffers and the pool's growth
     GpuDecoder* d = &gb->dec;
     gpu_decoder_init(d, gb->g, B, max_len, evict, gb->host->prune_ln_eps, gb->max_T);
     uint64_t* seeds = (uint64_t*)malloc_check((size_t)B * sizeof(uint64_t), "seeds");

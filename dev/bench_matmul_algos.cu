@@ -1,7 +1,7 @@
 /*
-dev/bench_matmul_algos.cu: how much would a timed search over cuBLASLt's candidates gain over
-the heuristic's first choice, which train_fox.cu takes for every matmul (matmul_plan asks for
-one algorithm)? For every distinct matmul of one training step of a fox-pro preset (the calls
+dev/bench_matmul_algos.cu: how much does a timed search over cuBLASLt's candidates gain over
+the heuristic's first choice (train_fox.cu's matmul tuning, -X 1, searches the first 8 in a
+training step; with -X 0 it takes the first)? For every distinct matmul of one training step of a fox-pro preset (the calls
 of gpu_forward and gpu_backward in the bf16 build, with matmul_plan's descriptors and the
 pointer alignments the trainer's buffers have), asks the heuristic for up to 16 algorithms and
 times each one that runs: CUDA events, the median of 20 runs after 3 warm-ups, L2 flushed

@@ -12,7 +12,8 @@ itself prints (without ncu) is the figure to compare against the table's total.
 
 The run is `steps` steps; kernels launched before the first step (initialisation) are counted
 separately by their launch order: everything before the first forward kernel of step 1 is
-dropped, found as the first launch of the encoder kernel.
+dropped, found as the first launch of the encoder kernel after the matmul tuning step (-X 1; its
+last launch is a digest kernel). With gradient accumulation a step holds several micro-steps.
 
 --bandwidth adds each kernel's DRAM traffic (dram__bytes_read.sum + dram__bytes_write.sum) and
 its rate against --peak-tbs (4.8 TB/s, the H200's HBM3e; 3.35 for an H100 SXM): how far a
@@ -43,8 +44,8 @@ def main():
     ap.add_argument("--binary", default="./train_fox")
     ap.add_argument("--steps", type=int, default=2, help="training steps profiled (the table is per step)")
     ap.add_argument("--first-kernel", default="encoder_forward",
-                    help="substring of the first kernel of a training step (the last --steps such "
-                         "steps are kept: drops initialisation and the matmul tuning step)")
+                    help="substring of the first kernel of a training step (its first launch after the "
+                         "matmul tuning step starts the table: drops initialisation and tuning)")
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--bandwidth", action="store_true", help="add DRAM bytes and TB/s per kernel")
     ap.add_argument("--peak-tbs", type=float, default=4.8, help="DRAM bandwidth for the %% column (TB/s)")
@@ -77,8 +78,9 @@ def main():
         elif row.get("Metric Name", "").startswith("dram__bytes"):
             launch[2] += value * byte_scale[row["Metric Unit"]]
     ordered = list(launches.values())
-    starts = [i for i, (n, _, _) in enumerate(ordered) if args.first_kernel in n]  # -X 1's tuning step is one too
-    first = starts[-args.steps] if len(starts) >= args.steps else 0
+    # the first step's first kernel after the matmul tuning step (-X 1: its last launch is a digest)
+    tuned = max((i for i, (n, _, _) in enumerate(ordered) if n.startswith("digest_kernel")), default=-1)
+    first = next((i for i, (n, _, _) in enumerate(ordered) if i > tuned and args.first_kernel in n), 0)
     per_kernel = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for name, ms, nbytes in ordered[first:]:
         per_kernel[name][0] += 1
