@@ -385,9 +385,10 @@ static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floa
                                  unsigned long long digest[2]) {
     float alpha = 1.0f, beta[2] = {0.0f, 1.0f};
     size_t n = (size_t)p->m * p->n, bytes = n * (p->d_type == CUDA_R_32F ? sizeof(float) : sizeof(floatX));
+    unsigned blocks = (unsigned)ceil_div(n, 256);
     for (int k = 0; k < 2; k++) {
-        if (k == 1 && p->d_type == CUDA_R_32F) { pattern_kernel<float><<<(unsigned)ceil_div(n, 256), 256>>>((float*)d, n); }
-        if (k == 1 && p->d_type != CUDA_R_32F) { pattern_kernel<floatX><<<(unsigned)ceil_div(n, 256), 256>>>((floatX*)d, n); }
+        if (k == 1 && p->d_type == CUDA_R_32F) { pattern_kernel<float><<<blocks, 256>>>((float*)d, n); }
+        if (k == 1 && p->d_type != CUDA_R_32F) { pattern_kernel<floatX><<<blocks, 256>>>((floatX*)d, n); }
         launchCheck();
         if (cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta[k], d, p->c, d, p->d, &p->cand[i],
                            g_workspace, WORKSPACE_BYTES, 0) != CUBLAS_STATUS_SUCCESS) {
