@@ -4772,6 +4772,16 @@ __device__ static void gemv_prologue(floatX* xs, int ldx, const void* in, const 
     }
 }
 
+// the row o of W (OC rows of IC) given in segments (constant indices: no local copy of W)
+__device__ static inline const floatX* gemv_row(const GemvSegments& W, int o, int IC) {
+    const floatX* wseg = W.w[0];
+    int start = 0;
+    #pragma unroll
+    for (int i = 1; i < GEMV_MAX_SEGS; i++) {
+        if (i < W.count && o >= W.end[i - 1]) { wseg = W.w[i]; start = W.end[i - 1]; }
+    }
+    return wseg + (size_t)(o - start) * IC;
+}
 
 // out (B, OC) (row stride out_stride) = x (B, IC) @ W^T in fp32, or out += that with accumulate
 // (the residual add in place: each output element is read and written by one thread). x comes
@@ -4797,13 +4807,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(float* out, int out_
     int have = o0 < OC; // wp holds row o0's loads at lane, lane + 32, ...
     const PackX* wrow0 = NULL;
     if (have) {
-        const floatX* wseg = W.w[0]; // the segment holding row o (constant indices: no local copy of W)
-        int start = 0;
-        #pragma unroll
-        for (int i = 1; i < GEMV_MAX_SEGS; i++) {
-            if (i < W.count && o0 >= W.end[i - 1]) { wseg = W.w[i]; start = W.end[i - 1]; }
-        }
-        wrow0 = (const PackX*)(wseg + (size_t)(o0 - start) * IC);
+        wrow0 = (const PackX*)gemv_row(W, o0, IC);
         #pragma unroll
         for (int u = 0; u < 4; u++) {
             if (lane + 32 * u < packs) { wp[u] = wrow0[lane + 32 * u]; }
@@ -4818,15 +4822,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(float* out, int out_
         __syncthreads();
         for (int o = o0; o < OC; o += gridDim.x * WARPS) {
             const PackX* wrow = wrow0;
-            if (o != o0) {
-                const floatX* wseg = W.w[0];
-                int start = 0;
-                #pragma unroll
-                for (int i = 1; i < GEMV_MAX_SEGS; i++) {
-                    if (i < W.count && o >= W.end[i - 1]) { wseg = W.w[i]; start = W.end[i - 1]; }
-                }
-                wrow = (const PackX*)(wseg + (size_t)(o - start) * IC);
-            }
+            if (o != o0) { wrow = (const PackX*)gemv_row(W, o, IC); }
             float acc[RB];
             #pragma unroll
             for (int r = 0; r < RB; r++) { acc[r] = 0.0f; }
@@ -4867,18 +4863,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(float* out, int out_
     }
 }
 
-#ifndef ENABLE_FP32
-// the row o of W (OC rows of IC) given in segments (constant indices: no local copy of W)
-__device__ static inline const floatX* gemv_row(const GemvSegments& W, int o, int IC) {
-    const floatX* wseg = W.w[0];
-    int start = 0;
-    #pragma unroll
-    for (int i = 1; i < GEMV_MAX_SEGS; i++) {
-        if (i < W.count && o >= W.end[i - 1]) { wseg = W.w[i]; start = W.end[i - 1]; }
-    }
-    return wseg + (size_t)(o - start) * IC;
-}
 
+#ifndef ENABLE_FP32
 // The matvec of gemv_kernel on tensor cores (bf16 build, IC % 32 == 0): out (B, OC) = x (B, IC) @ W^T
 // in fp32 (+= with accumulate), one block per tile of 16 output rows (M) at a time, the batch rows
 // of a pass as N (NT tiles of 8; rows past the batch hold anything: each output column is its own

@@ -78,11 +78,15 @@ decode_table() {
     "$TOKENIZE" --decode-table "$TABLE"
 }
 
+# shards_fresh TRAIN VAL: both newer than the ranks, the tokenizer and the books, and they pass --check
+shards_fresh() {
+    up_to_date "$1" "$RANKS" "$TOKENIZE" "$NPM_STAMP" && up_to_date "$2" "$RANKS" "$TOKENIZE" "$NPM_STAMP" &&
+        "$TOKENIZE" --check "$1" "$2" >/dev/null 2>&1
+}
+
 gutenberg() {
     sh data/ensure_deps.sh node
-    if up_to_date "$TRAIN_SHARD" "$RANKS" "$TOKENIZE" "$NPM_STAMP" &&
-       up_to_date "$VAL_SHARD" "$RANKS" "$TOKENIZE" "$NPM_STAMP" &&
-       "$TOKENIZE" --check "$TRAIN_SHARD" "$VAL_SHARD" >/dev/null 2>&1; then
+    if shards_fresh "$TRAIN_SHARD" "$VAL_SHARD"; then
         say "ok $OUT (shards checked):"
     else
         [ -f "$BOOKS/$VAL_BOOK.txt" ] || fail "$BOOKS/$VAL_BOOK.txt is missing" "rm -rf data/node_modules && make data"
@@ -97,9 +101,7 @@ gutenberg() {
 
 gutenberg_long() {
     sh data/ensure_deps.sh node
-    if up_to_date "$LONG_TRAIN" "$RANKS" "$TOKENIZE" "$NPM_STAMP" &&
-       up_to_date "$LONG_VAL" "$RANKS" "$TOKENIZE" "$NPM_STAMP" &&
-       "$TOKENIZE" --check "$LONG_TRAIN" "$LONG_VAL" >/dev/null 2>&1; then
+    if shards_fresh "$LONG_TRAIN" "$LONG_VAL"; then
         say "ok $LONG_OUT (shards checked):"
     else
         val_args=""
