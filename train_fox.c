@@ -2360,7 +2360,7 @@ static void usage(void) {
 "  -r <0|1>    activation recompute (train_fox on GPUs): 0 keeps every activation (default), 1 recomputes\n"
 "              the element-wise and normalisation outputs in the backward (less memory, same gradients)\n"
 "  -X <0|1>    matmul tuning (train_fox on GPUs): 1 times cuBLASLt's candidates for each matmul at start\n"
-"              and keeps the fastest that sums as the heuristic's choice (same results); default 0\n"
+"              and keeps the fastest that sums as the heuristic's choice (same results); default 1\n"
 "evaluation (-e a model_*.bin checkpoint; README.md, section Evaluation):\n"
 "  -M <mode>   train (default) | eval: per-token loss L(i) and P(l) over -j at length -t,\n"
 "              -b sequences a batch, -m batches (0 = all) | generate: continue -P for -g\n"
@@ -2423,7 +2423,7 @@ static void parse_args(Args* a, int argc, char** argv) {
     a->world = -1; a->rank = -1; a->zero_stage = -1;
     a->mode = MODE_TRAIN; a->temperature = 1.0; a->depths = 11;
     a->prune_ln_eps = -10.0;
-    a->tune = 0;
+    a->tune = 1;
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) { usage(); exit(EXIT_SUCCESS); }
