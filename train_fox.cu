@@ -255,7 +255,7 @@ static double gpu_peak_flops(void) {
 #define MATMUL_CANDIDATES 8
 
 typedef struct {
-    int m, n, k, trans_a, trans_b;
+    int m, n, k, trans_a, trans_b, ldb; // ldb: B's leading dimension (a column block of a wider matrix)
     cudaDataType_t d_type;
     unsigned align[4];
     cublasLtMatmulDesc_t desc;
@@ -301,17 +301,17 @@ static void matmul_plans_drop(int keep_tuned) {
 
 // Descriptors and algorithm for one shape, made once and reused (the heuristic query costs
 // more than many small matmuls).
-static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, cudaDataType_t d_type,
+static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, int ldb, cudaDataType_t d_type,
                                const unsigned align[4]) {
     for (int i = 0; i < g_num_plans; i++) {
         MatmulPlan* p = &g_plans[i];
-        if (p->m == m && p->n == n && p->k == k && p->trans_a == trans_a && p->trans_b == trans_b &&
+        if (p->m == m && p->n == n && p->k == k && p->trans_a == trans_a && p->trans_b == trans_b && p->ldb == ldb &&
             p->d_type == d_type && memcmp(p->align, align, sizeof(p->align)) == 0) { return p; }
     }
     if (g_num_plans == MAX_MATMUL_PLANS) { matmul_plans_drop(1); } // sampling meets a new shape per length
     if (g_num_plans == MAX_MATMUL_PLANS) { matmul_plans_drop(0); }
     MatmulPlan* p = &g_plans[g_num_plans];
-    p->m = m; p->n = n; p->k = k; p->trans_a = trans_a; p->trans_b = trans_b; p->d_type = d_type;
+    p->m = m; p->n = n; p->k = k; p->trans_a = trans_a; p->trans_b = trans_b; p->ldb = ldb; p->d_type = d_type;
     memcpy(p->align, align, sizeof(p->align));
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -319,7 +319,7 @@ static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, cu
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     // stored shapes: op(A) is (m, k), op(B) is (k, n)
     cublasCheck(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_X, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_X, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_X, trans_b ? n : k, trans_b ? k : n, ldb));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->c, d_type, m, n, m));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->d, d_type, m, n, m));
     cublasLtMatmulPreference_t pref;
@@ -453,11 +453,13 @@ static void matmul_tune(MatmulPlan* p, void* d, const floatX* a, const floatX* b
     p->tuned = 1;
 }
 
+// ldb 0: B is dense (its leading dimension the stored rows)
 static void matmul_lt(void* d, cudaDataType_t d_type, const void* c, const floatX* a, const floatX* b,
-                      int m, int n, int k, int trans_a, int trans_b, float beta) {
+                      int m, int n, int k, int trans_a, int trans_b, int ldb, float beta) {
     const void* c_ptr = c != NULL ? c : d;
     unsigned align[4] = {ptr_alignment(a), ptr_alignment(b), ptr_alignment(c_ptr), ptr_alignment(d)};
-    MatmulPlan* p = matmul_plan(m, n, k, trans_a, trans_b, d_type, align);
+    if (ldb == 0) { ldb = trans_b ? n : k; }
+    MatmulPlan* p = matmul_plan(m, n, k, trans_a, trans_b, ldb, d_type, align);
     if (g_tuning) {
         if (!p->tuned) { matmul_tune(p, d, a, b); }
         p->calls++;
@@ -470,17 +472,23 @@ static void matmul_lt(void* d, cudaDataType_t d_type, const void* c, const float
 // out (N, OC) = inp (N, IC) @ w (OC, IC)^T, plus `add` (N, OC) when given (the residual)
 static void matmul_forward_gpu(void* out, cudaDataType_t out_type, const void* add, const floatX* inp,
                                const floatX* w, size_t N, int IC, int OC) {
-    matmul_lt(out, out_type, add, w, inp, OC, (int)N, IC, 1, 0, add != NULL ? 1.0f : 0.0f);
+    matmul_lt(out, out_type, add, w, inp, OC, (int)N, IC, 1, 0, 0, add != NULL ? 1.0f : 0.0f);
 }
 
 // backward of out = inp @ w^T: dinp (N, IC) (+)= dout @ w;  dw (OC, IC) += dout^T @ inp (fp32)
 static void matmul_backward_input_gpu(void* dinp, cudaDataType_t dinp_type, const floatX* dout, const floatX* w,
                                       size_t N, int IC, int OC, float beta) {
-    matmul_lt(dinp, dinp_type, NULL, w, dout, IC, (int)N, OC, 0, 0, beta);
+    matmul_lt(dinp, dinp_type, NULL, w, dout, IC, (int)N, OC, 0, 0, 0, beta);
+}
+
+// (dout with row length ld: a column block of a wider matrix; ld 0: dense)
+static void matmul_backward_weight_ld_gpu(float* dw, const floatX* dout, int ld, const floatX* inp, size_t N, int IC,
+                                          int OC) {
+    matmul_lt(dw, CUDA_R_32F, NULL, inp, dout, IC, OC, (int)N, 0, 1, ld, 1.0f);
 }
 
 static void matmul_backward_weight_gpu(float* dw, const floatX* dout, const floatX* inp, size_t N, int IC, int OC) {
-    matmul_lt(dw, CUDA_R_32F, NULL, inp, dout, IC, OC, (int)N, 0, 1, 1.0f);
+    matmul_backward_weight_ld_gpu(dw, dout, 0, inp, N, IC, OC);
 }
 
 // ----------------------------------------------------------------------------
@@ -752,9 +760,10 @@ __global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const fl
     *(PackX*)(out + idx) = res;
 }
 
-// G lanes per (token, head) row (see head_lanes)
-__global__ void kv_shift_backward_kernel(floatX* draw, floatX* dalpha_logit, const floatX* dout, const floatX* raw,
-                                         const float* alpha_logit, size_t N, int T, int H, int hd, int G) {
+// G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg)
+__global__ void kv_shift_backward_kernel(floatX* draw, int ld, floatX* dalpha_logit, const floatX* dout,
+                                         const floatX* raw, const float* alpha_logit, size_t N, int T, int H, int hd,
+                                         int G) {
     // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
     // draw_t = (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
     // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
@@ -779,7 +788,7 @@ __global__ void kv_shift_backward_kernel(floatX* draw, floatX* dalpha_logit, con
                 res.v[k] = to_floatX((1.0f - a) * dk + a_next * dn);
                 da += dk * (p - to_float(cur.v[k]));
             }
-            *(PackX*)(draw + off) = res;
+            *(PackX*)(draw + n * ld + (size_t)(row % H) * hd + e) = res;
         }
     }
     da = group_sum(da, G);
@@ -834,11 +843,11 @@ __global__ void qk_norm_rope_forward_kernel(floatX* out, float* rstd, const floa
     *(PackX*)(out + row * hd + half + i0) = ohi;
 }
 
-// Writes dinp and, with the norm on, dnormed (the gradient at the norm's output, for the
-// scale gradient).
-__global__ void qk_norm_rope_backward_kernel(floatX* dinp, floatX* dnormed, const floatX* dout, const floatX* inp,
-                                             const float* w, int groups, const float* rstd, const float* rope,
-                                             size_t N, int T, int H, int hd, int G) {
+// Writes dinp (rows ld long: C, or a block of dqkvg) and, with the norm on, dnormed (the gradient
+// at the norm's output, for the scale gradient).
+__global__ void qk_norm_rope_backward_kernel(floatX* dinp, int ld, floatX* dnormed, const floatX* dout,
+                                             const floatX* inp, const float* w, int groups, const float* rstd,
+                                             const float* rope, size_t N, int T, int H, int hd, int G) {
     // forward: n = x s w (per head), out = R_t n (rotation of the pairs (i, i + hd/2))
     // dn = R_t^T dout: dn_i = d_i cos + d_{i+half} sin, dn_{i+half} = d_{i+half} cos - d_i sin
     // dx_i = s w_i dn_i - x_i s^3 / hd * sum_j w_j dn_j x_j
@@ -847,6 +856,7 @@ __global__ void qk_norm_rope_backward_kernel(floatX* dinp, floatX* dnormed, cons
     int active = row < N * H && i0 < half; // the others still join group_sum
     int h = (int)(row % H), t = (int)((row / H) % T);
     const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
+    floatX* dr = dinp + (row / H) * ld + (size_t)h * hd; // this row of dinp
     float dlo[XPACK], dhi[XPACK], xlo[XPACK], xhi[XPACK], dot = 0.0f;
     if (active) {
         PackX plo = *(const PackX*)(dout + row * hd + i0), phi = *(const PackX*)(dout + row * hd + half + i0);
@@ -876,8 +886,8 @@ __global__ void qk_norm_rope_backward_kernel(floatX* dinp, floatX* dnormed, cons
         if (!active) { return; }
         #pragma unroll
         for (int k = 0; k < XPACK; k++) { olo.v[k] = to_floatX(dlo[k]); ohi.v[k] = to_floatX(dhi[k]); }
-        *(PackX*)(dinp + row * hd + i0) = olo;
-        *(PackX*)(dinp + row * hd + half + i0) = ohi;
+        *(PackX*)(dr + i0) = olo;
+        *(PackX*)(dr + half + i0) = ohi;
         return;
     }
     dot = group_sum(dot, G);
@@ -893,8 +903,8 @@ __global__ void qk_norm_rope_backward_kernel(floatX* dinp, floatX* dnormed, cons
     }
     *(PackX*)(dnormed + row * hd + i0) = nlo;
     *(PackX*)(dnormed + row * hd + half + i0) = nhi;
-    *(PackX*)(dinp + row * hd + i0) = olo;
-    *(PackX*)(dinp + row * hd + half + i0) = ohi;
+    *(PackX*)(dr + i0) = olo;
+    *(PackX*)(dr + half + i0) = ohi;
 }
 
 // The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only
@@ -3182,9 +3192,9 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
     }
 }
 
-// writes do_ (the attention output gradient), dog when the gate is on, and don (the norm's
-// output gradient, for the scale gradient) when the norm is on
-__global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, floatX* don, const floatX* dy,
+// writes do_ (the attention output gradient), dog when the gate is on (rows ld long: a block of
+// dqkvg), and don (the norm's output gradient, for the scale gradient) when the norm is on
+__global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int ld, floatX* don, const floatX* dy,
                                                  const floatX* o, const floatX* o_normed, const floatX* og,
                                                  const float* w, const float* rstd, size_t N, int H, int hd, int G) {
     // forward: on = o s w (per head), y = on sigmoid(g)
@@ -3209,7 +3219,7 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, float
                     dgp.v[k] = to_floatX(dn[p][k] * to_float(xp.v[k]) * sg * (1.0f - sg));
                     dn[p][k] = dn[p][k] * sg;
                 }
-                *(PackX*)(dog + off) = dgp;
+                *(PackX*)(dog + (row / H) * ld + (row % H) * hd + p * half + i0) = dgp;
             }
             if (wr != NULL) {
                 PackX op = *(const PackX*)(o + off);
@@ -3700,7 +3710,6 @@ typedef struct {
     floatX* dact;       // (N, I)
     floatX* dgu;        // (N, 2I)
     floatX* dy;         // (N, C)
-    floatX* dog;        // (N, C)
     floatX* don;        // (N, C)  gradient at the output norm's output
     floatX* d_o;        // (N, C)
     floatX* dq;         // (N, C)
@@ -3712,10 +3721,8 @@ typedef struct {
     floatX* dgl_x;      // (N, H)
     floatX* dq_normed;  // (N, C)
     floatX* dk_normed;  // (N, C)
-    floatX* dq_raw;     // (N, C)
     floatX* dk_shifted; // (N, C)
-    floatX* dk_raw;     // (N, C)
-    floatX* dv_raw;     // (N, C)
+    floatX* dqkvg;      // (N, F C) the gradients of W_q x, W_k x, W_v x, W_g x that stage kernels write (qkvg_slots)
     floatX* dk_alpha;   // (N, H)
     floatX* dv_alpha;   // (N, H)
     float* partial;     // column-sum partials, (N / min(COLSUM_ROWS, RMS_BWD_ROWS), C)
@@ -3735,6 +3742,7 @@ typedef struct {
     size_t opt_offset, opt_size;     // the slice whose AdamW state this rank holds and updates
     float* params;      // (padded) fp32 master weights, the twin's flat layout
     floatX* params_x;   // (padded) their matmul copy
+    floatX* wqkvg;      // (L, F C, C) matmul copies of those tensors, each layer's stacked (gpu_group_qkvg)
     float* grads;       // (padded) fp32, same layout
     float* adam_m;      // (opt_size) fp32 AdamW moments of the slice at opt_offset
     float* adam_v;
@@ -3758,6 +3766,24 @@ typedef struct {
     int* enc_host;      // (3N + 1 + V) counting-sort workspace
 } GPUModel;
 
+// The (C, C) projections of the attention input: q, k, v and the output gate. The gradients of
+// their outputs that a stage kernel writes (QK-norm/RoPE for q; the k shift, else QK-norm/RoPE for
+// k; the v shift for v; the output gate's backward) land side by side in dqkvg, so the input's
+// gradient takes one matmul for all of them; one whose stage is off is the attention's own
+// output and gets its own matmul. slot[j]: tensor j's block in dqkvg, -1 if none; returns F, the
+// number of blocks.
+static const int QKVG_TENSORS[4] = {P_WQ, P_WK, P_WV, P_WG};
+static int qkvg_slots(const FoxConfig* cf, int slot[4]) {
+    int staged[4] = {cf->qk_norm || cf->rope, cf->k_shift || cf->qk_norm || cf->rope, cf->v_shift, cf->output_gate};
+    int F = 0;
+    for (int j = 0; j < 4; j++) { slot[j] = staged[j] ? F++ : -1; }
+    return F;
+}
+static size_t qkvg_numel(const FoxConfig* cf) {
+    int slot[4];
+    return (size_t)cf->n_layer * qkvg_slots(cf, slot) * cf->n_embd * cf->n_embd;
+}
+
 // layer l's slice of a tensor in a flat buffer
 static float* pm(GPUModel* g, int tensor, int l) {
     return g->params + g->offsets[tensor] + (size_t)l * param_slice_numel(&g->host->spec[tensor]);
@@ -3767,6 +3793,19 @@ static floatX* px(GPUModel* g, int tensor, int l) {
 }
 static float* pg(GPUModel* g, int tensor, int l) {
     return g->grads + g->offsets[tensor] + (size_t)l * param_slice_numel(&g->host->spec[tensor]);
+}
+
+// Refreshes wqkvg from params_x after every change of the weights: layer l's (F C, C) matrix
+// holds the weights of qkvg_slots's blocks in their order, one strided copy per tensor
+// (2 L F C^2 bytes, ~0.03 ms a step at 125m).
+static void gpu_group_qkvg(GPUModel* g) {
+    size_t CC = (size_t)g->config.n_embd * g->config.n_embd, X = sizeof(floatX);
+    int slot[4], F = qkvg_slots(&g->config, slot);
+    for (int j = 0; j < 4; j++) {
+        if (slot[j] < 0) { continue; }
+        cudaCheck(cudaMemcpy2DAsync(g->wqkvg + slot[j] * CC, F * CC * X, px(g, QKVG_TENSORS[j], 0), CC * X, CC * X,
+                                    (size_t)g->config.n_layer, cudaMemcpyDeviceToDevice, 0));
+    }
 }
 
 // Places buffers in one allocation at 256-byte boundaries; with base == NULL it only counts.
@@ -3841,7 +3880,6 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     d->dact = (floatX*)arena_take(base, &off, N * I * fx);
     d->dgu = (floatX*)arena_take(base, &off, N * 2 * I * fx);
     d->dy = (floatX*)arena_take(base, &off, N * C * fx);
-    d->dog = (floatX*)arena_take(base, &off, N * C * fx);
     d->don = (floatX*)arena_take(base, &off, N * C * fx);
     d->d_o = (floatX*)arena_take(base, &off, N * C * fx);
     d->dq = (floatX*)arena_take(base, &off, N * C * fx);
@@ -3853,10 +3891,9 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     d->dgl_x = (floatX*)arena_take(base, &off, N * H * fx);
     d->dq_normed = (floatX*)arena_take(base, &off, N * C * fx);
     d->dk_normed = (floatX*)arena_take(base, &off, N * C * fx);
-    d->dq_raw = (floatX*)arena_take(base, &off, N * C * fx);
     d->dk_shifted = (floatX*)arena_take(base, &off, N * C * fx);
-    d->dk_raw = (floatX*)arena_take(base, &off, N * C * fx);
-    d->dv_raw = (floatX*)arena_take(base, &off, N * C * fx);
+    int slot[4];
+    d->dqkvg = (floatX*)arena_take(base, &off, N * qkvg_slots(cf, slot) * C * fx);
     d->dk_alpha = (floatX*)arena_take(base, &off, N * H * fx);
     d->dv_alpha = (floatX*)arena_take(base, &off, N * H * fx);
     d->partial = (float*)arena_take(base, &off,
@@ -3882,7 +3919,8 @@ static size_t gpu_memory_needed(const FoxConfig* cf, size_t n, int B, int T, con
     size_t opt_offset, opt_count;
     optimizer_slice(n, dist, &opt_offset, &opt_count);
     size_t params = padded_count(n, dist->world) * (2 * sizeof(float) + sizeof(floatX)) + // master, grads, copy
-                    opt_count * 2 * sizeof(float);                                     // m, v
+                    opt_count * 2 * sizeof(float) +                                    // m, v
+                    qkvg_numel(cf) * sizeof(floatX);                                   // wqkvg
     size_t rope = cf->rope ? (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float) : 0;
     return params + layout_activations(&a, cf, B, T, g_recompute, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) +
            rope + 2 * (size_t)B * T * sizeof(int) + WORKSPACE_BYTES;
@@ -3893,6 +3931,7 @@ static void gpu_params_from_host(GPUModel* g) {
     cudaCheck(cudaMemcpy(g->params, g->host->params_memory, g->num_parameters * sizeof(float), cudaMemcpyHostToDevice));
     to_floatX_kernel<<<elem_blocks(g->num_parameters), 256>>>(g->params_x, g->params, g->num_parameters);
     launchCheck();
+    gpu_group_qkvg(g);
 }
 
 static void gpu_params_to_host(GPUModel* g) {
@@ -3964,6 +4003,7 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     size_t np = g->padded_parameters, no = g->opt_size;
     g->params = (float*)gpu_malloc(np * sizeof(float), "master weights");
     g->params_x = (floatX*)gpu_malloc(np * sizeof(floatX), "matmul weights");
+    g->wqkvg = (floatX*)gpu_malloc(qkvg_numel(cf) * sizeof(floatX), "grouped attention weights");
     g->grads = (float*)gpu_malloc(np * sizeof(float), "gradients");
     g->adam_m = (float*)gpu_malloc(no * sizeof(float), "AdamW m");
     g->adam_v = (float*)gpu_malloc(no * sizeof(float), "AdamW v");
@@ -4004,6 +4044,7 @@ static void gpu_build(GPUModel* g, FoxModel* host, int B, int T) { gpu_build_dis
 
 static void gpu_free(GPUModel* g) {
     cudaCheck(cudaFree(g->params)); cudaCheck(cudaFree(g->params_x)); cudaCheck(cudaFree(g->grads));
+    cudaCheck(cudaFree(g->wqkvg));
     cudaCheck(cudaFree(g->adam_m)); cudaCheck(cudaFree(g->adam_v)); cudaCheck(cudaFree(g->acts_memory));
     cudaCheck(cudaFree(g->grad_memory)); cudaCheck(cudaFree(g->inputs)); cudaCheck(cudaFree(g->targets));
     cudaCheck(cudaFree(g->norm_partial)); cudaCheck(cudaFree(g->rope));
@@ -4349,12 +4390,15 @@ static void gpu_backward(GPUModel* g) {
     int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1, G = head_lanes(hd);
     GPUActivations a = g->acts;
     GPUGradBuffers d = g->gb;
-    // the gradient buffers of stages that are off alias the gradient of their output
+    // the gradient buffers of stages that are off alias the gradient of their output; those of
+    // W_q x, W_k x, W_v x, W_g x that stage kernels write are blocks of dqkvg (rows W long)
     floatX* d_o = cf->output_norm || cf->output_gate ? d.d_o : d.dy;
-    floatX* dq_raw = cf->qk_norm || cf->rope ? d.dq_raw : d.dq;
-    floatX* dk_shifted = cf->qk_norm || cf->rope ? d.dk_shifted : d.dk;
-    floatX* dk_raw = cf->k_shift ? d.dk_raw : dk_shifted;
-    floatX* dv_raw = cf->v_shift ? d.dv_raw : d.dv;
+    int slot[4], F = qkvg_slots(cf, slot), W = F * C;
+    floatX* own[4] = {d.dq, d.dk, d.dv, NULL}; // the attention's outputs, for blocks not in dqkvg
+    floatX* draw[4]; // the gradients of W_q x, W_k x, W_v x, W_g x
+    for (int j = 0; j < 4; j++) { draw[j] = slot[j] >= 0 ? d.dqkvg + (size_t)slot[j] * C : own[j]; }
+    floatX* dk_shifted = !cf->qk_norm && !cf->rope ? d.dk : cf->k_shift ? d.dk_shifted : draw[1];
+    int ld_dk_shifted = dk_shifted == draw[1] ? W : C;
     matmul_backward_input_gpu(d.dxn, CUDA_R_32F, a.logits, px(g, P_LM_HEAD, 0), N, C, Vp, 0.0f);
     matmul_backward_weight_gpu(pg(g, P_LM_HEAD, 0), a.logits, a.xf, N, C, Vp);
     cudaCheck(cudaMemset(d.dresid, 0, NC * sizeof(float)));
@@ -4377,7 +4421,7 @@ static void gpu_backward(GPUModel* g) {
         matmul_backward_weight_gpu(pg(g, P_WO, l), d.dresid_x, p.y, N, C, C);
         if (cf->output_norm || cf->output_gate) {
             output_norm_gate_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                d.d_o, d.dog, d.don, d.dy, p.o, p.o_normed,
+                d.d_o, draw[3], W, d.don, d.dy, p.o, p.o_normed,
                 cf->output_gate ? p.og_logit : NULL, cf->output_norm ? pm(g, P_O_NORM, l) : NULL,
                 p.rstd_o, N, H, hd, G);
             launchCheck();
@@ -4398,11 +4442,11 @@ static void gpu_backward(GPUModel* g) {
         if (cf->qk_norm || cf->rope) {
             const float* rope = cf->rope ? g->rope : NULL;
             qk_norm_rope_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                dq_raw, d.dq_normed, d.dq, p.q_raw, cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL, groups_qk,
+                draw[0], W, d.dq_normed, d.dq, p.q_raw, cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL, groups_qk,
                 p.rstd_q, rope, N, T, H, hd, G);
             launchCheck();
             qk_norm_rope_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                dk_shifted, d.dk_normed, d.dk, p.k_shifted, cf->qk_norm ? pm(g, P_K_NORM, l) : NULL,
+                dk_shifted, ld_dk_shifted, d.dk_normed, d.dk, p.k_shifted, cf->qk_norm ? pm(g, P_K_NORM, l) : NULL,
                 groups_qk, p.rstd_k, rope, N, T, H, hd, G);
             launchCheck();
         }
@@ -4412,29 +4456,32 @@ static void gpu_backward(GPUModel* g) {
         }
         if (cf->k_shift) {
             kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                dk_raw, d.dk_alpha, dk_shifted, p.k_raw, p.k_alpha, N, T, H, hd, G);
+                draw[1], W, d.dk_alpha, dk_shifted, p.k_raw, p.k_alpha, N, T, H, hd, G);
             launchCheck();
         }
         if (cf->v_shift) {
             kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                dv_raw, d.dv_alpha, d.dv, p.v_raw, p.v_alpha, N, T, H, hd, G);
+                draw[2], W, d.dv_alpha, d.dv, p.v_raw, p.v_alpha, N, T, H, hd, G);
             launchCheck();
         }
-        // the attention input's gradient: the head projections' terms written, then the C x C
-        // matmuls' added (output gate, q, k, v)
+        // the attention input's gradient: the head projections' terms written, then dqkvg's in one
+        // matmul with the layer's grouped weights, then those of the blocks not in dqkvg
         HeadProj hp = head_proj_layer(g, &p, l);
+        float beta = hp.count > 0 ? 1.0f : 0.0f;
         if (hp.count > 0) { head_proj_backward_gpu(d.dxn, &hp, xa, N, C, H); }
-        else { cudaCheck(cudaMemset(d.dxn, 0, NC * sizeof(float))); }
-        if (cf->output_gate) {
-            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dog, px(g, P_WG, l), N, C, C, 1.0f);
-            matmul_backward_weight_gpu(pg(g, P_WG, l), d.dog, xa, N, C, C);
+        if (F > 0) {
+            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dqkvg, g->wqkvg + (size_t)l * W * C, N, C, W, beta);
+            beta = 1.0f;
         }
-        matmul_backward_input_gpu(d.dxn, CUDA_R_32F, dq_raw, px(g, P_WQ, l), N, C, C, 1.0f);
-        matmul_backward_weight_gpu(pg(g, P_WQ, l), dq_raw, xa, N, C, C);
-        matmul_backward_input_gpu(d.dxn, CUDA_R_32F, dk_raw, px(g, P_WK, l), N, C, C, 1.0f);
-        matmul_backward_weight_gpu(pg(g, P_WK, l), dk_raw, xa, N, C, C);
-        matmul_backward_input_gpu(d.dxn, CUDA_R_32F, dv_raw, px(g, P_WV, l), N, C, C, 1.0f);
-        matmul_backward_weight_gpu(pg(g, P_WV, l), dv_raw, xa, N, C, C);
+        for (int j = 0; j < 4; j++) {
+            if (slot[j] >= 0) {
+                matmul_backward_weight_ld_gpu(pg(g, QKVG_TENSORS[j], l), draw[j], W, xa, N, C, C);
+            } else if (own[j] != NULL) {
+                matmul_backward_input_gpu(d.dxn, CUDA_R_32F, draw[j], px(g, QKVG_TENSORS[j], l), N, C, C, beta);
+                matmul_backward_weight_gpu(pg(g, QKVG_TENSORS[j], l), draw[j], xa, N, C, C);
+                beta = 1.0f;
+            }
+        }
         rmsnorm_backward_gpu(g, pg(g, P_ATTN_NORM, l), p.resid, pm(g, P_ATTN_NORM, l),
                              p.rstd_a, N, C);
     }
@@ -4546,6 +4593,7 @@ static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, do
         to_floatX_kernel<<<elem_blocks(g->num_parameters), 256>>>(g->params_x, g->params, g->num_parameters);
         launchCheck();
     }
+    gpu_group_qkvg(g);
 }
 
 // ----------------------------------------------------------------------------

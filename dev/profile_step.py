@@ -15,6 +15,11 @@ separately by their launch order: everything before the first forward kernel of 
 dropped, found as the first launch of the encoder kernel after the matmul tuning step (-X 1; its
 last launch is a digest kernel). With gradient accumulation a step holds several micro-steps.
 
+Matmul tuning is off (-X 0) unless the flags after -- set -X: under ncu every kernel runs
+alone under the profiler, so the tuning step's timings measure ncu, not the candidates, and its
+picks would be arbitrary. The table shows cuBLASLt's first choices; a tuned run (the default of
+train_fox) is 2-3% faster at T = 2048 (dev/RESULTS.md).
+
 --bandwidth adds each kernel's DRAM traffic (dram__bytes_read.sum + dram__bytes_write.sum) and
 its rate against --peak-tbs (4.8 TB/s, the H200's HBM3e; 3.35 for an H100 SXM): how far a
 memory-bound kernel is from its bound. Data served from L2 (50 MB) does not count as traffic.
@@ -52,6 +57,8 @@ def main():
     ap.add_argument("train_fox_args", nargs=argparse.REMAINDER, help="after --: flags for train_fox")
     args = ap.parse_args()
     extra = [a for a in args.train_fox_args if a != "--"]
+    if "-X" not in extra:
+        extra += ["-X", "0"]
     metrics = "gpu__time_duration.sum" + (",dram__bytes_read.sum,dram__bytes_write.sum" if args.bandwidth else "")
     cmd = [args.ncu, "--csv", "--metrics", metrics, "--clock-control", "none",
            "--cache-control", "none", args.binary, "-x", str(args.steps), "-v", "0", "-s", "0"] + extra
