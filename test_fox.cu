@@ -3472,7 +3472,7 @@ static void attn_gpu(AttnCase* t) {
     cudaCheck(cudaMemset(dv, 0xFF, n * sizeof(floatX))); cudaCheck(cudaMemset(dlogf, 0xFF, nh * sizeof(float)));
     cudaCheck(cudaMemset(scratch, 0xFF, 3 * nh * sizeof(float)));
     attention_forward_gpu(o, lse, q, k, v, c, B, T, H, hd, t->window);
-    attention_backward_gpu(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, t->window);
+    attention_backward_gpu(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, t->window, 0);
     cudaCheck(cudaDeviceSynchronize());
     attn_download(t->o, o, n); attn_download(t->dq, dq, n); attn_download(t->dk, dk, n); attn_download(t->dv, dv, n);
     cudaCheck(cudaMemcpy(t->lse, lse, nh * sizeof(float), cudaMemcpyDeviceToHost));

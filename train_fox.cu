@@ -2909,19 +2909,21 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     launchCheck();
 }
 
-// Delta, the dK/dV and dQ kernels (their tiles by head size: see fox_attention_backward), then the
-// dlogf scan; scratch: 3 * B*H*T floats (as fox_attention_backward's scratch_dc)
+// Delta (unless delta_ready), the dK/dV and dQ kernels (their tiles by head size: see
+// fox_attention_backward), then the dlogf scan; scratch: 3 * B*H*T floats (as fox_attention_backward's scratch_dc)
 static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout,
                          const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
-                         cudaStream_t s) {
+                         int delta_ready, cudaStream_t s) {
     int BHT = B * H * T;
     const int* key_start = tables;
     const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
     float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
     unsigned delta_blocks = (unsigned)ceil_div(BHT, 8); // a warp per row, 8 warps a block
-    if (hd == 64) fox_bwd_delta_kernel<64><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
-    else fox_bwd_delta_kernel<128><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    if (!delta_ready && hd == 64) fox_bwd_delta_kernel<64><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H,
+                                                                                         stride_o);
+    if (!delta_ready && hd == 128) fox_bwd_delta_kernel<128><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H,
+                                                                                           stride_o);
     launchCheck();
     if (hd == 64) {
         if (c) fox_bwd_lean_launch<64, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
@@ -2945,12 +2947,12 @@ static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scra
 // c: fp32 (B, H, T) or NULL (plain causal attention). dlogf: fp32 (B, H, T) gradient of log f,
 // written when c != NULL (may be NULL when c is NULL).
 // scratch_dc: fp32 scratch of 3*B*H*T floats: [0, BHT) column part of dc (gradient of c),
-// [BHT, 2BHT) row part of dc, [2BHT, 3BHT) Delta = rowsum(dO * O).
+// [BHT, 2BHT) row part of dc, [2BHT, 3BHT) Delta = rowsum(dO * O) (computed here unless delta_ready).
 // tables: fox_prune_tables' output for this q, k, c (the forward's tiles), or NULL (dense); needs c.
 void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch_dc, const bf16* dout,
                             const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse,
                             const float* c, int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
-                            const int* tables, cudaStream_t s) {
+                            const int* tables, int delta_ready, cudaStream_t s) {
     fox_check_args("fox_attention_backward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
     if (((uintptr_t)dq | (uintptr_t)dk | (uintptr_t)dv | (uintptr_t)dout | (uintptr_t)o) % 16 || stride_o % 8) {
         fail("fox_attention_backward: dq/dk/dv/dout/o must be 16-byte aligned, stride_o %% 8 == 0\n"
@@ -2973,7 +2975,7 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     // - hd 128: version 14, fox_bwd_dkdv_lean_kernel<128, 64, 2, GATE, false> (64-query tiles) and
     //   fox_bwd_dq_lean_kernel<128, 64, 2, GATE, false> (64-key tiles); the consumers form the terms.
     fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
-                 tables, s);
+                 tables, delta_ready, s);
 }
 #endif // ENABLE_FP32
 
@@ -3110,15 +3112,16 @@ static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const 
 }
 
 // dq, dk, dv (B, T, H, hd) written; dlogf (B, H, T), the gradient of log f, written when
-// c != NULL. scratch: 3 * B * H * T floats (dc column part, dc row part, Delta).
+// c != NULL. scratch: 3 * B * H * T floats (dc column part, dc row part, Delta; with delta_ready
+// the caller wrote Delta = rowsum(dout * o) already: output_norm_gate_backward_kernel).
 static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dlogf, float* scratch,
                                    const floatX* dout, const floatX* q, const floatX* k, const floatX* v,
                                    const floatX* o, const float* lse, const float* c, int B, int T, int H, int hd,
-                                   int window) {
+                                   int window, int delta_ready) {
 #ifndef ENABLE_FP32
     if (attention_fused(hd)) {
         fox_attention_backward(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, H * hd, H * hd,
-                               window, attention_prune_tables(q, k, c, B, T, H, hd), 0);
+                               window, attention_prune_tables(q, k, c, B, T, H, hd), delta_ready, 0);
         return;
     }
 #endif
@@ -3126,8 +3129,10 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
     size_t N = (size_t)B * T, BHT = N * H, smem = attention_backward_smem(hd);
     float *dc_col = scratch, *dc_row = scratch + BHT, *delta = scratch + 2 * BHT;
     float scale = 1.0f / sqrtf((float)hd);
-    attention_delta_kernel<<<warp_blocks(N * H), 32 * WARPS_PER_BLOCK>>>(delta, dout, o, N, T, H, hd);
-    launchCheck();
+    if (!delta_ready) {
+        attention_delta_kernel<<<warp_blocks(N * H), 32 * WARPS_PER_BLOCK>>>(delta, dout, o, N, T, H, hd);
+        launchCheck();
+    }
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
     cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem));
@@ -3193,10 +3198,12 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
 }
 
 // writes do_ (the attention output gradient), dog when the gate is on (rows ld long: a block of
-// dqkvg), and don (the norm's output gradient, for the scale gradient) when the norm is on
-__global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int ld, floatX* don, const floatX* dy,
-                                                 const floatX* o, const floatX* o_normed, const floatX* og,
-                                                 const float* w, const float* rstd, size_t N, int H, int hd, int G) {
+// dqkvg), don (the norm's output gradient, for the scale gradient) when the norm is on, and, when
+// delta is given, the attention backward's Delta = rowsum(do_ * o) (B, H, T) from the rounded do_
+__global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int ld, floatX* don, float* delta,
+                                                 const floatX* dy, const floatX* o, const floatX* o_normed,
+                                                 const floatX* og, const float* w, const float* rstd, size_t N, int T,
+                                                 int H, int hd, int G) {
     // forward: on = o s w (per head), y = on sigmoid(g)
     // don = dy sigmoid(g), dg = dy on sigmoid(g) (1 - sigmoid(g))
     // do_i = s w_i don_i - o_i s^3 / hd * sum_j w_j don_j o_j
@@ -3204,15 +3211,16 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
     int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
     int active = row < N * H && i0 < half; // the others still join group_sum
     const float* wr = w != NULL ? w + (row % H) * hd : NULL;
-    float dn[2][XPACK], x[2][XPACK], dot = 0.0f;
+    float dn[2][XPACK], x[2][XPACK], dot = 0.0f, dd = 0.0f; // x: o
     if (active) {
         for (int p = 0; p < 2; p++) {
             size_t off = row * hd + p * half + i0;
-            PackX dp = *(const PackX*)(dy + off);
+            PackX dp = *(const PackX*)(dy + off), op = *(const PackX*)(o + off);
             #pragma unroll
-            for (int k = 0; k < XPACK; k++) { dn[p][k] = to_float(dp.v[k]); }
+            for (int k = 0; k < XPACK; k++) { dn[p][k] = to_float(dp.v[k]); x[p][k] = to_float(op.v[k]); }
             if (og != NULL) {
-                PackX gp = *(const PackX*)(og + off), xp = *(const PackX*)((wr != NULL ? o_normed : o) + off), dgp;
+                PackX gp = *(const PackX*)(og + off), dgp;
+                PackX xp = wr != NULL ? *(const PackX*)(o_normed + off) : op; // the gate's input
                 #pragma unroll
                 for (int k = 0; k < XPACK; k++) {
                     float sg = sigmoid_gpu(to_float(gp.v[k]));
@@ -3222,38 +3230,35 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
                 *(PackX*)(dog + (row / H) * ld + (row % H) * hd + p * half + i0) = dgp;
             }
             if (wr != NULL) {
-                PackX op = *(const PackX*)(o + off);
                 #pragma unroll
-                for (int k = 0; k < XPACK; k++) {
-                    x[p][k] = to_float(op.v[k]);
-                    dot += wr[p * half + i0 + k] * dn[p][k] * x[p][k];
-                }
+                for (int k = 0; k < XPACK; k++) { dot += wr[p * half + i0 + k] * dn[p][k] * x[p][k]; }
             }
         }
     }
-    if (wr == NULL) { // w is the same for the whole grid: no lane is left in group_sum
-        if (!active) { return; }
-        for (int p = 0; p < 2; p++) {
-            PackX rp;
-            #pragma unroll
-            for (int k = 0; k < XPACK; k++) { rp.v[k] = to_floatX(dn[p][k]); }
-            *(PackX*)(do_ + row * hd + p * half + i0) = rp;
-        }
-        return;
+    // w is the same for the whole grid: with it off no lane is left in group_sum
+    float s = 1.0f, c = 0.0f;
+    if (wr != NULL) {
+        dot = group_sum(dot, G);
+        if (active) { s = rstd[row]; c = dot * s * s * s / (float)hd; }
     }
-    dot = group_sum(dot, G);
-    if (!active) { return; }
-    float s = rstd[row], c = dot * s * s * s / (float)hd;
-    for (int p = 0; p < 2; p++) {
-        size_t off = row * hd + p * half + i0;
-        PackX np, rp;
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) {
-            np.v[k] = to_floatX(dn[p][k]);
-            rp.v[k] = to_floatX(s * wr[p * half + i0 + k] * dn[p][k] - x[p][k] * c);
+    if (active) {
+        for (int p = 0; p < 2; p++) {
+            size_t off = row * hd + p * half + i0;
+            PackX np, rp;
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) {
+                np.v[k] = to_floatX(dn[p][k]);
+                rp.v[k] = wr != NULL ? to_floatX(s * wr[p * half + i0 + k] * dn[p][k] - x[p][k] * c) : np.v[k];
+                dd += to_float(rp.v[k]) * x[p][k];
+            }
+            if (wr != NULL) { *(PackX*)(don + off) = np; }
+            *(PackX*)(do_ + off) = rp;
         }
-        *(PackX*)(don + off) = np;
-        *(PackX*)(do_ + off) = rp;
+    }
+    if (delta != NULL) {
+        dd = group_sum(dd, G);
+        size_t n = row / H;
+        if (active && j == 0) { delta[((n / T) * H + row % H) * T + n % T] = dd; }
     }
 }
 
@@ -4421,17 +4426,17 @@ static void gpu_backward(GPUModel* g) {
         matmul_backward_weight_gpu(pg(g, P_WO, l), d.dresid_x, p.y, N, C, C);
         if (cf->output_norm || cf->output_gate) {
             output_norm_gate_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                d.d_o, draw[3], W, d.don, d.dy, p.o, p.o_normed,
+                d.d_o, draw[3], W, d.don, d.attn_scratch + 2 * NH, d.dy, p.o, p.o_normed,
                 cf->output_gate ? p.og_logit : NULL, cf->output_norm ? pm(g, P_O_NORM, l) : NULL,
-                p.rstd_o, N, H, hd, G);
+                p.rstd_o, N, T, H, hd, G);
             launchCheck();
         }
         if (cf->output_norm) {
             colsum_scale_gpu(pg(g, P_O_NORM, l), d.partial, d.don, p.o, p.rstd_o, N, C, hd, 1);
         }
-        attention_backward_gpu(d.dq, d.dk, d.dv, d.dlogf, d.attn_scratch, d_o, p.q, p.k,
-                               p.v, p.o, p.lse,
-                               cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window);
+        attention_backward_gpu(d.dq, d.dk, d.dv, d.dlogf, d.attn_scratch, d_o, p.q, p.k, p.v, p.o, p.lse,
+                               cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window,
+                               cf->output_norm || cf->output_gate);
         if (cf->gate != GATE_NONE) {
             forget_gate_backward_kernel<<<elem_blocks(NH), 256>>>(d.dgl, d.dgl_x, d.dlogf, p.gate_logit, B, T, H);
             launchCheck();
