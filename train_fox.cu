@@ -574,6 +574,24 @@ typedef struct __align__(16) { floatX v[XPACK]; } PackX;
 // four floatX, the store unit of the RMSNorm kernels' float4 columns
 typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
 
+// n consecutive floats from p (n a multiple of 4): 16-byte loads when p is 16-byte aligned, else
+// one at a time (a weight tensor's offset in the flat buffer need not be a multiple of 4). The
+// per-channel scales of the norms are read this way: scalar loads of them made the kernels
+// bound by L1 requests, not by DRAM.
+template <int n>
+__device__ static inline void load_floats(float* out, const float* p) {
+    if (((uintptr_t)p & 15) == 0) {
+        #pragma unroll
+        for (int k = 0; k < n; k += 4) {
+            float4 v = *(const float4*)(p + k);
+            out[k] = v.x; out[k + 1] = v.y; out[k + 2] = v.z; out[k + 3] = v.w;
+        }
+    } else {
+        #pragma unroll
+        for (int k = 0; k < n; k++) { out[k] = p[k]; }
+    }
+}
+
 // RMSNorm of the fp32 residual stream, one warp per row, lane the float4 columns 4 lane + 128 i
 // (C % 4 == 0): out = x / sqrt(mean(x^2) + eps) * w
 __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x, const float* w, size_t rows,
@@ -591,8 +609,10 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x,
     float s = 1.0f / sqrtf(ss / (float)C + eps);
     for (int i = lane * 4; i < C; i += 128) {
         float4 v = *(const float4*)(xr + i);
-        Pack4X o = {{to_floatX(v.x * s * w[i]), to_floatX(v.y * s * w[i + 1]), to_floatX(v.z * s * w[i + 2]),
-                     to_floatX(v.w * s * w[i + 3])}};
+        float wi[4];
+        load_floats<4>(wi, w + i);
+        Pack4X o = {{to_floatX(v.x * s * wi[0]), to_floatX(v.y * s * wi[1]), to_floatX(v.z * s * wi[2]),
+                     to_floatX(v.w * s * wi[3])}};
         *(Pack4X*)(out + row * C + i) = o;
     }
     if (lane == 0) { rstd[row] = s; }
@@ -620,17 +640,21 @@ __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* 
         float s = rstd[row], dot = 0.0f;
         for (int i = lane * 4; i < C; i += 128) {
             float4 xv = *(const float4*)(xr + i), dv = *(const float4*)(dr + i);
-            dot += w[i] * dv.x * xv.x + w[i + 1] * dv.y * xv.y + w[i + 2] * dv.z * xv.z + w[i + 3] * dv.w * xv.w;
+            float wi[4];
+            load_floats<4>(wi, w + i);
+            dot += wi[0] * dv.x * xv.x + wi[1] * dv.y * xv.y + wi[2] * dv.z * xv.z + wi[3] * dv.w * xv.w;
         }
         dot = warp_sum(dot);
         float k = dot * s * s * s / (float)C;
         for (int i = lane * 4; i < C; i += 128) {
             float4 xv = *(const float4*)(xr + i), dv = *(const float4*)(dr + i);
             float4 g = *(const float4*)(dresid + row * C + i);
-            g.x += s * w[i] * dv.x - xv.x * k;
-            g.y += s * w[i + 1] * dv.y - xv.y * k;
-            g.z += s * w[i + 2] * dv.z - xv.z * k;
-            g.w += s * w[i + 3] * dv.w - xv.w * k;
+            float wi[4];
+            load_floats<4>(wi, w + i);
+            g.x += s * wi[0] * dv.x - xv.x * k;
+            g.y += s * wi[1] * dv.y - xv.y * k;
+            g.z += s * wi[2] * dv.z - xv.z * k;
+            g.w += s * wi[3] * dv.w - xv.w * k;
             *(float4*)(dresid + row * C + i) = g;
             Pack4X gx = {{to_floatX(g.x), to_floatX(g.y), to_floatX(g.z), to_floatX(g.w)}};
             *(Pack4X*)(dresid_x + row * C + i) = gx;
@@ -824,8 +848,11 @@ __global__ void qk_norm_rope_forward_kernel(floatX* out, float* rstd, const floa
     int h = (int)(row % H), t = (int)((row / H) % T);
     if (w != NULL) {
         const float* wr = w + (size_t)(h % groups) * hd;
+        float wlo[XPACK], whi[XPACK];
+        load_floats<XPACK>(wlo, wr + i0);
+        load_floats<XPACK>(whi, wr + half + i0);
         #pragma unroll
-        for (int k = 0; k < XPACK; k++) { lo[k] = lo[k] * s * wr[i0 + k]; hi[k] = hi[k] * s * wr[half + i0 + k]; }
+        for (int k = 0; k < XPACK; k++) { lo[k] = lo[k] * s * wlo[k]; hi[k] = hi[k] * s * whi[k]; }
     }
     PackX olo, ohi;
     #pragma unroll
@@ -857,7 +884,7 @@ __global__ void qk_norm_rope_backward_kernel(floatX* dinp, int ld, floatX* dnorm
     int h = (int)(row % H), t = (int)((row / H) % T);
     const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
     floatX* dr = dinp + (row / H) * ld + (size_t)h * hd; // this row of dinp
-    float dlo[XPACK], dhi[XPACK], xlo[XPACK], xhi[XPACK], dot = 0.0f;
+    float dlo[XPACK], dhi[XPACK], xlo[XPACK], xhi[XPACK], wlo[XPACK], whi[XPACK], dot = 0.0f;
     if (active) {
         PackX plo = *(const PackX*)(dout + row * hd + i0), phi = *(const PackX*)(dout + row * hd + half + i0);
         #pragma unroll
@@ -873,11 +900,13 @@ __global__ void qk_norm_rope_backward_kernel(floatX* dinp, int ld, floatX* dnorm
         }
         if (wr != NULL) {
             PackX qlo = *(const PackX*)(inp + row * hd + i0), qhi = *(const PackX*)(inp + row * hd + half + i0);
+            load_floats<XPACK>(wlo, wr + i0);
+            load_floats<XPACK>(whi, wr + half + i0);
             #pragma unroll
             for (int k = 0; k < XPACK; k++) {
                 xlo[k] = to_float(qlo.v[k]);
                 xhi[k] = to_float(qhi.v[k]);
-                dot += wr[i0 + k] * dlo[k] * xlo[k] + wr[half + i0 + k] * dhi[k] * xhi[k];
+                dot += wlo[k] * dlo[k] * xlo[k] + whi[k] * dhi[k] * xhi[k];
             }
         }
     }
@@ -898,8 +927,8 @@ __global__ void qk_norm_rope_backward_kernel(floatX* dinp, int ld, floatX* dnorm
     for (int k = 0; k < XPACK; k++) {
         nlo.v[k] = to_floatX(dlo[k]);
         nhi.v[k] = to_floatX(dhi[k]);
-        olo.v[k] = to_floatX(s * wr[i0 + k] * dlo[k] - xlo[k] * c);
-        ohi.v[k] = to_floatX(s * wr[half + i0 + k] * dhi[k] - xhi[k] * c);
+        olo.v[k] = to_floatX(s * wlo[k] * dlo[k] - xlo[k] * c);
+        ohi.v[k] = to_floatX(s * whi[k] * dhi[k] - xhi[k] * c);
     }
     *(PackX*)(dnormed + row * hd + i0) = nlo;
     *(PackX*)(dnormed + row * hd + half + i0) = nhi;
@@ -3181,12 +3210,14 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
     for (int p = 0; p < 2; p++) {
         size_t off = row * hd + p * half + i0;
         PackX gp, np, yp;
+        float wp[XPACK];
         if (og != NULL) { gp = *(const PackX*)(og + off); }
+        if (wr != NULL) { load_floats<XPACK>(wp, wr + p * half + i0); }
         #pragma unroll
         for (int k = 0; k < XPACK; k++) {
             float v = x[p][k];
             if (wr != NULL) {
-                v = v * s * wr[p * half + i0 + k];
+                v = v * s * wp[k];
                 np.v[k] = to_floatX(v);
             }
             if (og != NULL) { v = v * sigmoid_gpu(to_float(gp.v[k])); }
@@ -3211,7 +3242,7 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
     int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
     int active = row < N * H && i0 < half; // the others still join group_sum
     const float* wr = w != NULL ? w + (row % H) * hd : NULL;
-    float dn[2][XPACK], x[2][XPACK], dot = 0.0f, dd = 0.0f; // x: o
+    float dn[2][XPACK], x[2][XPACK], wp[2][XPACK], dot = 0.0f, dd = 0.0f; // x: o
     if (active) {
         for (int p = 0; p < 2; p++) {
             size_t off = row * hd + p * half + i0;
@@ -3230,8 +3261,9 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
                 *(PackX*)(dog + (row / H) * ld + (row % H) * hd + p * half + i0) = dgp;
             }
             if (wr != NULL) {
+                load_floats<XPACK>(wp[p], wr + p * half + i0);
                 #pragma unroll
-                for (int k = 0; k < XPACK; k++) { dot += wr[p * half + i0 + k] * dn[p][k] * x[p][k]; }
+                for (int k = 0; k < XPACK; k++) { dot += wp[p][k] * dn[p][k] * x[p][k]; }
             }
         }
     }
@@ -3248,7 +3280,7 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
             #pragma unroll
             for (int k = 0; k < XPACK; k++) {
                 np.v[k] = to_floatX(dn[p][k]);
-                rp.v[k] = wr != NULL ? to_floatX(s * wr[p * half + i0 + k] * dn[p][k] - x[p][k] * c) : np.v[k];
+                rp.v[k] = wr != NULL ? to_floatX(s * wp[p][k] * dn[p][k] - x[p][k] * c) : np.v[k];
                 dd += to_float(rp.v[k]) * x[p][k];
             }
             if (wr != NULL) { *(PackX*)(don + off) = np; }
