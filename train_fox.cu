@@ -37,8 +37,9 @@ The sections, in file order (each opens with a // ---- line and this title):
   output norm and gate, SwiGLU, cross-entropy: the layer's other element-wise kernels and the loss
   optimiser kernels: the gradient norm's fp64 partial sums, AdamW, the bf16 copy of the weights
   data parallel: NCCL collectives, ZeRO stage 0 / 1, host sums in rank order
-  the GPU model: device buffers (parameters, activations, gradients, AdamW state), the memory
-      estimate, gpu_config_problem (what the kernels cannot take), gpu_build
+  the GPU model: device buffers (parameters, activations, gradients, AdamW state), the grouped
+      attention weights (qkvg_slots, gpu_group_qkvg), the memory estimate, gpu_config_problem
+      (what the kernels cannot take), gpu_build
   layer launchers used by the forward and backward: RMSNorm and column-sum launches
   forward and backward of the whole model: gpu_forward, gpu_backward, the activation recompute
   optimiser: the gradients' reduction and norm, clipping, the AdamW step (gpu_update)
