@@ -3881,6 +3881,10 @@ static void gpu_test_head_proj(void) {
         HeadProj hp;
         memset(&hp, 0, sizeof(hp));
         hp.count = P;
+        size_t J = (size_t)P * H;
+        float* dout_all = attn_buf(N * J); // the P douts side by side, as gpu_backward lays them out
+        cudaCheck(cudaMalloc(&hp.dw_all, J * C * sizeof(float)));
+        cudaCheck(cudaMemset(hp.dw_all, 0xFF, J * C * sizeof(float)));
         for (int p = 0; p < P; p++) {
             w[p] = attn_buf(H * C); dout[p] = attn_buf(N * H); dw_ref[p] = attn_buf(H * C);
             out_ref[p] = attn_buf(N * H); out[p] = attn_buf(N * H); dw[p] = attn_buf(H * C);
@@ -3889,13 +3893,14 @@ static void gpu_test_head_proj(void) {
             for (size_t k = 0; k < H * C; k++) { dw_ref[p][k] = (float)rng_normal(&s); }
             matmul_forward(out_ref[p], x, w[p], NULL, N, (int)C, (int)H);
             hp.w[p] = attn_upload(w[p], H * C);
-            hp.dout[p] = attn_upload(dout[p], N * H);
+            for (size_t n = 0; n < N; n++) { memcpy(dout_all + n * J + p * H, dout[p] + n * H, H * sizeof(float)); }
             cudaCheck(cudaMalloc(&hp.out[p], N * H * sizeof(float)));
             cudaCheck(cudaMemset(hp.out[p], 0xFF, N * H * sizeof(float)));
             cudaCheck(cudaMalloc(&hp.dw[p], H * C * sizeof(float)));
             cudaCheck(cudaMemcpy(hp.dw[p], dw_ref[p], H * C * sizeof(float), cudaMemcpyHostToDevice));
             matmul_backward(dx_ref, dw_ref[p], NULL, dout[p], x, w[p], N, (int)C, (int)H);
         }
+        hp.dout = attn_upload(dout_all, N * J);
         head_proj_forward_gpu(&hp, x_d, N, (int)C, (int)H);
         head_proj_backward_gpu(dx_d, &hp, x_d, N, (int)C, (int)H);
         cudaCheck(cudaDeviceSynchronize());
@@ -3906,15 +3911,15 @@ static void gpu_test_head_proj(void) {
             cudaCheck(cudaMemcpy(dw[p], hp.dw[p], H * C * sizeof(float), cudaMemcpyDeviceToHost));
             e_out = fmax(e_out, rel_max_error(out[p], out_ref[p], N * H));
             e_dw = fmax(e_dw, rel_max_error(dw[p], dw_ref[p], H * C));
-            cudaCheck(cudaFree((void*)hp.w[p])); cudaCheck(cudaFree((void*)hp.dout[p]));
-            cudaCheck(cudaFree(hp.out[p])); cudaCheck(cudaFree(hp.dw[p]));
+            cudaCheck(cudaFree((void*)hp.w[p])); cudaCheck(cudaFree(hp.out[p])); cudaCheck(cudaFree(hp.dw[p]));
             free(w[p]); free(dout[p]); free(out_ref[p]); free(dw_ref[p]); free(out[p]); free(dw[p]);
         }
         check(e_out <= 1e-4 && e_dx <= 1e-4 && e_dw <= 1e-4,
               "gpu head projections N=%d C=%d H=%d P=%d against the twin's matmuls: out %.1e, dx %.1e, dw %.1e "
               "(max |err| / max |twin|, tolerance 1e-4)", cases[i].N, cases[i].C, cases[i].H, P, e_out, e_dx, e_dw);
         cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(dx_d));
-        free(x); free(dx_ref); free(dx);
+        cudaCheck(cudaFree((void*)hp.dout)); cudaCheck(cudaFree(hp.dw_all));
+        free(x); free(dx_ref); free(dx); free(dout_all);
     }
 }
 

@@ -785,8 +785,9 @@ __global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const fl
     *(PackX*)(out + idx) = res;
 }
 
-// G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg)
-__global__ void kv_shift_backward_kernel(floatX* draw, int ld, floatX* dalpha_logit, const floatX* dout,
+// G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg),
+// dalpha_logit's ld_a (a block of the head projections' dhp)
+__global__ void kv_shift_backward_kernel(floatX* draw, int ld, floatX* dalpha_logit, int ld_a, const floatX* dout,
                                          const floatX* raw, const float* alpha_logit, size_t N, int T, int H, int hd,
                                          int G) {
     // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
@@ -817,7 +818,7 @@ __global__ void kv_shift_backward_kernel(floatX* draw, int ld, floatX* dalpha_lo
         }
     }
     da = group_sum(da, G);
-    if (active && j == 0) { dalpha_logit[row] = to_floatX(da * a * (1.0f - a)); }
+    if (active && j == 0) { dalpha_logit[n * ld_a + row % H] = to_floatX(da * a * (1.0f - a)); }
 }
 
 // QK-norm then RoPE on one (token, head) row of hd values, G lanes per row (see head_lanes);
@@ -971,16 +972,17 @@ __global__ void forget_gate_forward_kernel(float* c, float* gate_logit, const fl
 }
 
 // dlogf (B, H, T) comes from the attention backward, which does the reverse cumulative sum
-__global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_logit_x, const float* dlogf,
+__global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_logit_x, int ld_x, const float* dlogf,
                                             const float* gate_logit, int B, int T, int H) {
     // forward: log f_t = logsigmoid(z_t)  =>  dz_t = dlogf_t * sigmoid(-z_t), (B, H, T) -> (B, T, H)
+    // dgate_logit_x: the matmul copy for the full gate's projection (rows ld_x long), or NULL
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)B * T * H) { return; }
     size_t n = i / H;
     int h = (int)(i % H);
     float g = dlogf[((n / T) * H + h) * T + n % T] * sigmoid_gpu(-gate_logit[i]);
     dgate_logit[i] = g;
-    dgate_logit_x[i] = to_floatX(g);
+    if (dgate_logit_x != NULL) { dgate_logit_x[n * ld_x + h] = to_floatX(g); }
 }
 
 // ----------------------------------------------------------------------------
@@ -1266,9 +1268,10 @@ static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, in
 // weight without bias. The bf16 build computes all P in one pass on tensor cores (mma.sync
 // m16n8k16, fp32 accumulation) instead of P thin cuBLASLt matmuls; the fp32 build keeps the
 // cuBLASLt matmuls. The weight gradients stay on cuBLASLt (a long reduction over N, which it
-// splits well). Output j = p * H + h of the concatenation is head h of projection p; the kernels
-// are compiled for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP with zero
-// weights).
+// splits well), all P in one matmul that reads x once. Output j = p * H + h of the concatenation
+// is head h of projection p (the backward's dout holds them side by side in that order); the
+// kernels are compiled for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP
+// with zero weights).
 
 #define HP_MAX 3
 #define HP_MAX_J 96   // P * H (gpu_config_problem): NP <= 6
@@ -1276,16 +1279,32 @@ typedef struct {
     int count;                    // P
     const floatX* w[HP_MAX];      // (H, C) each
     float* out[HP_MAX];           // (N, H) fp32 logits (forward)
-    const floatX* dout[HP_MAX];   // (N, H) their gradients (backward)
+    const floatX* dout;           // (N, P H) their gradients side by side (backward)
     float* dw[HP_MAX];            // (H, C) fp32 weight gradients (accumulated)
+    float* dw_all;                // (P H, C) scratch: the P weight gradients of one step, then added to dw
 } HeadProj;
 
-#ifndef ENABLE_FP32
 // element p < 3 of a by-value HeadProj array by selects (an indexed load copies the struct to
 // local memory)
 template <typename Ptr> __device__ static inline Ptr head_proj_pick(const Ptr (&a)[HP_MAX], int p) {
     return p == 0 ? a[0] : p == 1 ? a[1] : a[2];
 }
+
+// The head projections that are on, in the order k shift, v shift, forget gate: slot[i] is
+// projection i's place among them (-1: off); returns P.
+static int head_proj_slots(const FoxConfig* cf, int slot[HP_MAX]) {
+    int on[HP_MAX] = {cf->k_shift, cf->v_shift, cf->gate == GATE_FULL}, P = 0;
+    for (int i = 0; i < HP_MAX; i++) { slot[i] = on[i] ? P++ : -1; }
+    return P;
+}
+
+// dw_p += rows p H .. p H + H - 1 of dw_all, one element per thread
+__global__ void head_proj_add_kernel(HeadProj hp, size_t HC) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)hp.count * HC) { head_proj_pick(hp.dw, (int)(i / HC))[i % HC] += hp.dw_all[i]; }
+}
+
+#ifndef ENABLE_FP32
 
 // out_p (N, H) = x (N, C) @ w_p (H, C)^T for every p < P. A block takes HPF_ROWS rows of x and all
 // J outputs and walks C in stages of 64 columns: cp.async copies the stage's x (HPF_ROWS, 64) and
@@ -1447,11 +1466,11 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
     for (int q = 0; q < (16 * NP + 31) / 32; q++) {
         int j = 32 * q + lane;
         if (j >= 16 * NP) { break; }
-        const floatX* src = j < J ? head_proj_pick(hp.dout, j / H) + j % H : NULL;
+        const floatX* src = j < J ? hp.dout + j : NULL;
         #pragma unroll
         for (int i = 0; i < HPB_ROWS / HPB_WARPS; i++) {
             int r = warp + HPB_WARPS * i;
-            ds[r * LDD + j] = src != NULL && m0 + r < N ? src[(m0 + r) * H] : to_floatX(0.0f);
+            ds[r * LDD + j] = src != NULL && m0 + r < N ? src[(m0 + r) * J] : to_floatX(0.0f);
         }
     }
     cp_async_wait<0>();
@@ -3756,13 +3775,12 @@ typedef struct {
     float* dlogf;       // (B, H, T) gradient of log f
     float* attn_scratch; // (3, B, H, T) attention backward: dc column part, dc row part, Delta
     float* dgl;         // (N, H)
-    floatX* dgl_x;      // (N, H)
     floatX* dq_normed;  // (N, C)
     floatX* dk_normed;  // (N, C)
     floatX* dk_shifted; // (N, C)
     floatX* dqkvg;      // (N, F C) the gradients of W_q x, W_k x, W_v x, W_g x that stage kernels write (qkvg_slots)
-    floatX* dk_alpha;   // (N, H)
-    floatX* dv_alpha;   // (N, H)
+    floatX* dhp;        // (N, P H) gradients of the head projections' outputs side by side (head_proj_slots)
+    float* dw_hp;       // (P H, C) their weight gradients before they are added (HeadProj's dw_all)
     float* partial;     // column-sum partials, (N / min(COLSUM_ROWS, RMS_BWD_ROWS), C)
     int* enc_tokens;    // encoder backward: distinct tokens (N), CSR offsets (N+1), positions (N)
     int* enc_offsets;
@@ -3926,14 +3944,14 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     d->dlogf = (float*)arena_take(base, &off, N * H * f);
     d->attn_scratch = (float*)arena_take(base, &off, 3 * N * H * f);
     d->dgl = (float*)arena_take(base, &off, N * H * f);
-    d->dgl_x = (floatX*)arena_take(base, &off, N * H * fx);
     d->dq_normed = (floatX*)arena_take(base, &off, N * C * fx);
     d->dk_normed = (floatX*)arena_take(base, &off, N * C * fx);
     d->dk_shifted = (floatX*)arena_take(base, &off, N * C * fx);
     int slot[4];
     d->dqkvg = (floatX*)arena_take(base, &off, N * qkvg_slots(cf, slot) * C * fx);
-    d->dk_alpha = (floatX*)arena_take(base, &off, N * H * fx);
-    d->dv_alpha = (floatX*)arena_take(base, &off, N * H * fx);
+    int hp_slot[HP_MAX], P = head_proj_slots(cf, hp_slot);
+    d->dhp = (floatX*)arena_take(base, &off, N * P * H * fx);
+    d->dw_hp = (float*)arena_take(base, &off, (size_t)P * H * C * f);
     d->partial = (float*)arena_take(base, &off,
                                     ceil_div(N, COLSUM_ROWS < RMS_BWD_ROWS ? COLSUM_ROWS : RMS_BWD_ROWS) * C * f);
     d->enc_tokens = (int*)arena_take(base, &off, N * sizeof(int));
@@ -4186,18 +4204,18 @@ static HeadProj head_proj_layer(GPUModel* g, const LayerActs* p, int l) {
     const FoxConfig* cf = &g->config;
     HeadProj hp;
     memset(&hp, 0, sizeof(hp));
-    int on[HP_MAX] = {cf->k_shift, cf->v_shift, cf->gate == GATE_FULL};
+    int slot[HP_MAX];
+    hp.count = head_proj_slots(cf, slot);
     int tensor[HP_MAX] = {P_WK_SHIFT, P_WV_SHIFT, P_WF};
     float* out[HP_MAX] = {p->k_alpha, p->v_alpha, p->gate_logit};
-    const floatX* dout[HP_MAX] = {g->gb.dk_alpha, g->gb.dv_alpha, g->gb.dgl_x};
     for (int i = 0; i < HP_MAX; i++) {
-        if (!on[i]) { continue; }
-        hp.w[hp.count] = px(g, tensor[i], l);
-        hp.out[hp.count] = out[i];
-        hp.dout[hp.count] = dout[i];
-        hp.dw[hp.count] = pg(g, tensor[i], l);
-        hp.count++;
+        if (slot[i] < 0) { continue; }
+        hp.w[slot[i]] = px(g, tensor[i], l);
+        hp.out[slot[i]] = out[i];
+        hp.dw[slot[i]] = pg(g, tensor[i], l);
     }
+    hp.dout = g->gb.dhp;
+    hp.dw_all = g->gb.dw_hp;
     return hp;
 }
 
@@ -4250,16 +4268,21 @@ static void head_proj_forward_gpu(const HeadProj* hp, const floatX* x, size_t N,
 #endif
 }
 
-// dx (N, C) = sum_p dout_p @ w_p, overwriting dx (count > 0); dw_p += dout_p^T @ x
+// dx (N, C) = sum_p dout_p @ w_p, overwriting dx (count > 0); dw_p += dout_p^T @ x, the P of them
+// as one matmul (dw_all (P H, C) = dout^T x) and an add
 static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
+    int J = hp->count * H;
 #ifdef ENABLE_FP32
-    for (int i = 0; i < hp->count; i++) {
-        matmul_backward_input_gpu(dx, CUDA_R_32F, hp->dout[i], hp->w[i], N, C, H, i == 0 ? 0.0f : 1.0f);
+    for (int i = 0; i < hp->count; i++) { // dx (+)= dout's columns i H .. (rows J long) @ w_i
+        matmul_lt(dx, CUDA_R_32F, NULL, hp->w[i], hp->dout + i * H, C, (int)N, H, 0, 0, J, i == 0 ? 0.0f : 1.0f);
     }
 #else
     head_proj_launch_np(dx, hp, x, N, C, H);
 #endif
-    for (int i = 0; i < hp->count; i++) { matmul_backward_weight_gpu(hp->dw[i], hp->dout[i], x, N, C, H); }
+    matmul_lt(hp->dw_all, CUDA_R_32F, NULL, x, hp->dout, C, J, (int)N, 0, 1, 0, 0.0f);
+    size_t HC = (size_t)H * C;
+    head_proj_add_kernel<<<elem_blocks((size_t)J * C), 256>>>(*hp, HC);
+    launchCheck();
 }
 
 // out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head; out, raw (B, T, H, hd), alpha (B, T, H)
@@ -4437,6 +4460,10 @@ static void gpu_backward(GPUModel* g) {
     for (int j = 0; j < 4; j++) { draw[j] = slot[j] >= 0 ? d.dqkvg + (size_t)slot[j] * C : own[j]; }
     floatX* dk_shifted = !cf->qk_norm && !cf->rope ? d.dk : cf->k_shift ? d.dk_shifted : draw[1];
     int ld_dk_shifted = dk_shifted == draw[1] ? W : C;
+    // the gradients of the k-shift, v-shift and forget-gate logits: blocks of dhp (rows PH long)
+    int hp_slot[HP_MAX], PH = head_proj_slots(cf, hp_slot) * H;
+    floatX* dhp[HP_MAX];
+    for (int i = 0; i < HP_MAX; i++) { dhp[i] = hp_slot[i] >= 0 ? d.dhp + (size_t)hp_slot[i] * H : NULL; }
     matmul_backward_input_gpu(d.dxn, CUDA_R_32F, a.logits, px(g, P_LM_HEAD, 0), N, C, Vp, 0.0f);
     matmul_backward_weight_gpu(pg(g, P_LM_HEAD, 0), a.logits, a.xf, N, C, Vp);
     cudaCheck(cudaMemset(d.dresid, 0, NC * sizeof(float)));
@@ -4471,7 +4498,7 @@ static void gpu_backward(GPUModel* g) {
                                cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window,
                                cf->output_norm || cf->output_gate);
         if (cf->gate != GATE_NONE) {
-            forget_gate_backward_kernel<<<elem_blocks(NH), 256>>>(d.dgl, d.dgl_x, d.dlogf, p.gate_logit, B, T, H);
+            forget_gate_backward_kernel<<<elem_blocks(NH), 256>>>(d.dgl, dhp[2], PH, d.dlogf, p.gate_logit, B, T, H);
             launchCheck();
             if (cf->gate != GATE_FIXED) { // the fixed gate's bias is frozen
                 colsum_gpu(pg(g, P_BF, l), d.partial, d.dgl, N, H);
@@ -4494,12 +4521,12 @@ static void gpu_backward(GPUModel* g) {
         }
         if (cf->k_shift) {
             kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                draw[1], W, d.dk_alpha, dk_shifted, p.k_raw, p.k_alpha, N, T, H, hd, G);
+                draw[1], W, dhp[0], PH, dk_shifted, p.k_raw, p.k_alpha, N, T, H, hd, G);
             launchCheck();
         }
         if (cf->v_shift) {
             kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                draw[2], W, d.dv_alpha, d.dv, p.v_raw, p.v_alpha, N, T, H, hd, G);
+                draw[2], W, dhp[1], PH, d.dv, p.v_raw, p.v_alpha, N, T, H, hd, G);
             launchCheck();
         }
         // the attention input's gradient: the head projections' terms written, then dqkvg's in one
