@@ -1,16 +1,17 @@
 /*
 dev/bench_matmul_algos.cu: how much does a timed search over cuBLASLt's candidates gain over
 the heuristic's first choice (train_fox.cu's matmul tuning, -X 1, searches the first 8 in a
-training step; with -X 0 it takes the first)? For every distinct matmul of one training step of a fox-pro preset (the calls
-of gpu_forward and gpu_backward in the bf16 build, with matmul_plan's descriptors and the
-pointer alignments the trainer's buffers have), asks the heuristic for up to 16 algorithms and
-times each one that runs: CUDA events, the median of 20 runs after 3 warm-ups, L2 flushed
-before each timed run, inputs of random non-zero values. Each candidate also runs twice from
-the same inputs and the same starting output, with the call's own beta (beta 0: two different
-stale outputs), and the two results are compared bit for bit: the trainer promises same seed,
-same bits. Prints per matmul the first choice and the fastest with their configurations, and
-the step's matmul milliseconds (each matmul times its calls per step) for first, fastest and
-fastest deterministic. A benchmark, not a test: numbers for deciding on an autotuner.
+training step; with -X 0 it takes the first)? For every distinct matmul of one training step of
+a fox-pro preset (the calls of gpu_forward and gpu_backward in the bf16 build, see build_calls,
+with matmul_plan's descriptors, B's leading dimension and the pointer alignments the trainer's
+buffers have), asks the heuristic for up to 16 algorithms and times each one that runs: CUDA
+events, the median of 20 runs after 3 warm-ups, L2 flushed before each timed run, inputs of
+random non-zero values. Each candidate also runs twice from the same inputs and the same
+starting output, with the call's own beta (beta 0: two different stale outputs), and the two
+results are compared bit for bit: the trainer promises same seed, same bits. Prints per matmul
+the first choice and the fastest with their configurations, and the step's matmul milliseconds
+(each matmul times its calls per step) for first, fastest and fastest deterministic. A
+benchmark, not a test: numbers for deciding on an autotuner.
 
   mkdir -p build && nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler "-O3 -march=x86-64-v3" \
       dev/bench_matmul_algos.cu -lcublasLt -lcublas -o build/bench_matmul_algos
@@ -95,7 +96,7 @@ static unsigned param_alignment(const Config* c, int t, size_t elem_bytes) {
 // one distinct matmul: D (m, n) = op(A) op(B) + beta C, column-major, as matmul_lt issues it
 typedef struct {
     char name[40];
-    int m, n, k, trans_a, trans_b;
+    int m, n, k, trans_a, trans_b, ldb; // ldb: B's leading dimension (a column block of a wider matrix)
     cudaDataType_t d_type;
     float beta;
     int sep_c;         // C is another buffer than D (the residual add)
@@ -106,16 +107,18 @@ typedef struct {
 static Call g_calls[MAX_CALLS];
 static int g_num_calls;
 
-// merges calls that the trainer's plan cache would share (same shape, type and alignments) and
-// that do the same thing (beta, separate C)
-static void add_call(const char* name, int m, int n, int k, int ta, int tb, cudaDataType_t dt, float beta, int sep_c,
-                     unsigned aa, unsigned ab, unsigned ac, unsigned ad, int calls) {
+// merges calls that the trainer's plan cache would share (same shape, ldb, type and alignments) and
+// that do the same thing (beta, separate C); ldb 0: B is dense, as in matmul_lt
+static void add_call(const char* name, int m, int n, int k, int ta, int tb, int ldb, cudaDataType_t dt, float beta,
+                     int sep_c, unsigned aa, unsigned ab, unsigned ac, unsigned ad, int calls) {
     if (getenv("ALIGN256") != NULL) { aa = ab = ac = ad = 256; } // what the calls would take with aligned tensors
-    Call c = {"", m, n, k, ta, tb, dt, beta, sep_c, {aa, ab, ac, ad}, calls};
+    if (ldb == 0) { ldb = tb ? n : k; }
+    Call c = {"", m, n, k, ta, tb, ldb, dt, beta, sep_c, {aa, ab, ac, ad}, calls};
     for (int i = 0; i < g_num_calls; i++) {
         Call* p = &g_calls[i];
-        if (p->m == m && p->n == n && p->k == k && p->trans_a == ta && p->trans_b == tb && p->d_type == dt &&
-            p->beta == beta && p->sep_c == sep_c && memcmp(p->align, c.align, sizeof(c.align)) == 0) {
+        if (p->m == m && p->n == n && p->k == k && p->trans_a == ta && p->trans_b == tb && p->ldb == ldb &&
+            p->d_type == dt && p->beta == beta && p->sep_c == sep_c &&
+            memcmp(p->align, c.align, sizeof(c.align)) == 0) {
             p->calls += calls;
             size_t len = strlen(p->name);
             snprintf(p->name + len, sizeof(p->name) - len, ",%s", strchr(name, ' ') + 1);
@@ -127,22 +130,41 @@ static void add_call(const char* name, int m, int n, int k, int ta, int tb, cuda
     g_calls[g_num_calls++] = c;
 }
 
-// the trainer's three wrappers (activations are 256-aligned: arena_take)
-static void fwd(const char* name, cudaDataType_t t, int add, unsigned w_al, size_t N, int IC, int OC, int calls) {
-    add_call(name, OC, (int)N, IC, 1, 0, t, add ? 1.0f : 0.0f, add, w_al, 256, 256, 256, calls);
-}
-static void bwd_in(const char* name, cudaDataType_t t, unsigned w_al, size_t N, int IC, int OC, float beta, int calls) {
-    add_call(name, IC, (int)N, OC, 0, 0, t, beta, 0, w_al, 256, 256, 256, calls);
-}
-static void bwd_w(const char* name, unsigned dw_al, size_t N, int IC, int OC, int calls) {
-    add_call(name, IC, OC, (int)N, 0, 1, CUDA_R_32F, 1.0f, 0, 256, 256, dw_al, dw_al, calls);
+// smallest alignment over the layer slices (4C, C) of the grouped attention weights wqkvg, a
+// buffer of its own (train_fox.cu: gpu_group_qkvg)
+static unsigned qkvg_alignment(const Config* c) {
+    unsigned a = 256;
+    for (int l = 0; l < c->L; l++) {
+        unsigned al = byte_alignment((size_t)l * 4 * c->C * c->C * 2);
+        if (al < a) { a = al; }
+    }
+    return a;
 }
 
-// gpu_forward and gpu_backward of a fox-pro model (k/v shift, full forget gate, output gate);
-// the head projections' forward and input gradient are train_fox.cu's own kernels, not listed
+// the trainer's wrappers (activations and gradient buffers are 256-aligned: arena_take); dout_al,
+// ld: dout's alignment and row length (a column block of dqkvg: ld 4C; 0: dense)
+static void fwd(const char* name, cudaDataType_t t, int add, unsigned w_al, size_t N, int IC, int OC, int calls) {
+    add_call(name, OC, (int)N, IC, 1, 0, 0, t, add ? 1.0f : 0.0f, add, w_al, 256, 256, 256, calls);
+}
+static void bwd_in(const char* name, cudaDataType_t t, unsigned w_al, size_t N, int IC, int OC, float beta, int calls) {
+    add_call(name, IC, (int)N, OC, 0, 0, 0, t, beta, 0, w_al, 256, 256, 256, calls);
+}
+static void bwd_w_ld(const char* name, unsigned dw_al, unsigned dout_al, int ld, size_t N, int IC, int OC, int calls) {
+    add_call(name, IC, OC, (int)N, 0, 1, ld, CUDA_R_32F, 1.0f, 0, 256, dout_al, dw_al, dw_al, calls);
+}
+static void bwd_w(const char* name, unsigned dw_al, size_t N, int IC, int OC, int calls) {
+    bwd_w_ld(name, dw_al, 256, 0, N, IC, OC, calls);
+}
+
+// gpu_forward and gpu_backward of a fox-pro model (QK-norm, k/v shift, full forget gate, output
+// gate: q, k, v, g all have stage kernels). The attention input's gradient is one matmul, dqkvg
+// (N, 4C) @ wqkvg_l (4C, C), beta 1 onto the head projections' term; the weight gradients of q, k,
+// v, g read column blocks of dqkvg (ldb 4C); those of the head projections are one matmul,
+// dw_all (3H, C) = dhp (N, 3H)^T x, beta 0. The head projections' forward, input gradient and
+// dw_all's add are train_fox.cu's own kernels, not listed.
 static void build_calls(const Config* c) {
     size_t N = c->N;
-    int L = c->L, C = c->C, H = c->H, I = c->I, Vp = c->Vp;
+    int L = c->L, C = c->C, H = c->H, I = c->I, Vp = c->Vp, W = 4 * C;
     const cudaDataType_t X = CUDA_R_16BF, F = CUDA_R_32F;
 #define WX(t) param_alignment(c, t, 2)
 #define WG(t) param_alignment(c, t, 4)
@@ -163,17 +185,13 @@ static void build_calls(const Config* c) {
     bwd_w("bw gu", WG(P_WGU), N, C, 2 * I, L);
     bwd_in("bin o", X, WX(P_WO), N, C, C, 0.0f, L);
     bwd_w("bw o", WG(P_WO), N, C, C, L);
-    bwd_w("bw kshift", WG(P_WK_SHIFT), N, C, H, L);
-    bwd_w("bw vshift", WG(P_WV_SHIFT), N, C, H, L);
-    bwd_w("bw fgate", WG(P_WF), N, C, H, L);
-    bwd_in("bin g", F, WX(P_WG), N, C, C, 1.0f, L);
-    bwd_w("bw g", WG(P_WG), N, C, C, L);
-    bwd_in("bin q", F, WX(P_WQ), N, C, C, 1.0f, L);
-    bwd_w("bw q", WG(P_WQ), N, C, C, L);
-    bwd_in("bin k", F, WX(P_WK), N, C, C, 1.0f, L);
-    bwd_w("bw k", WG(P_WK), N, C, C, L);
-    bwd_in("bin v", F, WX(P_WV), N, C, C, 1.0f, L);
-    bwd_w("bw v", WG(P_WV), N, C, C, L);
+    add_call("bw hp", C, 3 * H, (int)N, 0, 1, 0, F, 0.0f, 0, 256, 256, 256, 256, L); // x, dhp, dw_all: arena_take
+    bwd_in("bin qkvg", F, qkvg_alignment(c), N, C, W, 1.0f, L);
+    static const char* qkvg_names[4] = {"bw q", "bw k", "bw v", "bw g"};
+    static const int qkvg_tensors[4] = {P_WQ, P_WK, P_WV, P_WG};
+    for (int i = 0; i < 4; i++) { // block i of dqkvg: i C elements past its start
+        bwd_w_ld(qkvg_names[i], WG(qkvg_tensors[i]), byte_alignment((size_t)i * C * 2), W, N, C, C, L);
+    }
 #undef WX
 #undef WG
 }
@@ -302,7 +320,7 @@ static Result bench_call(int index, const Call* call) {
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     cublasCheck(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, ta ? k : m, ta ? m : k, ta ? k : m));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, tb ? n : k, tb ? k : n, tb ? n : k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, tb ? n : k, tb ? k : n, call->ldb));
     cublasCheck(cublasLtMatrixLayoutCreate(&p.c, call->d_type, m, n, m));
     cublasCheck(cublasLtMatrixLayoutCreate(&p.d, call->d_type, m, n, m));
     cublasLtMatmulPreference_t pref;
@@ -322,14 +340,15 @@ static Result bench_call(int index, const Call* call) {
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
 
     size_t d_elem = call->d_type == CUDA_R_32F ? 4 : 2, nd = (size_t)m * n;
+    size_t nb = (size_t)call->ldb * (tb ? k : n); // B as stored: its columns ldb apart (those of a wider matrix)
     void *base_a, *base_b, *base_c = NULL, *base_d0, *base_d1;
     p.A = alloc_aligned(&base_a, (size_t)m * k * 2, call->align[0]);
-    p.B = alloc_aligned(&base_b, (size_t)k * n * 2, call->align[1]);
+    p.B = alloc_aligned(&base_b, nb * 2, call->align[1]);
     if (call->sep_c) { p.Cin = alloc_aligned(&base_c, nd * d_elem, call->align[2]); }
     void* D0 = alloc_aligned(&base_d0, nd * d_elem, call->align[3]);
     void* D1 = alloc_aligned(&base_d1, nd * d_elem, call->align[3]);
     fill((void*)p.A, (size_t)m * k, CUDA_R_16BF, 1);
-    fill((void*)p.B, (size_t)k * n, CUDA_R_16BF, 2);
+    fill((void*)p.B, nb, CUDA_R_16BF, 2);
     if (call->sep_c) { fill((void*)p.Cin, nd, call->d_type, 3); }
 
     float ms[MAX_ALGOS];
