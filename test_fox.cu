@@ -2938,8 +2938,9 @@ static void gpu_test_fixture(const char* path) {
 }
 
 // Configurations the fixtures do not reach: head sizes 64 and 128, several key tiles
-// (T = 100, not a multiple of the tile), sliding windows, RoPE with QK-norm, and gradient
-// accumulation over two micro-batches. Random initialisation, random tokens, V = 500
+// (T = 100, not a multiple of the tile), sliding windows, RoPE with QK-norm, norm scales not
+// 16-byte aligned in the flat buffer (load_floats' scalar path), and gradient accumulation over
+// two micro-batches. Random initialisation, random tokens, V = 500
 // (padded to 512, so pad logits are masked).
 static void gpu_test_larger_heads(void) {
     struct { const char* preset; int n_embd, n_head, T; const char* key; const char* value; } cases[] = {
@@ -2948,6 +2949,7 @@ static void gpu_test_larger_heads(void) {
         {"fox-llama-tiny", 128, 1, 100, "rope", "1"},
         {"transformer-pro-tiny", 128, 2, 100, "window", "40"},
         {"fox-pro-tiny", 256, 2, 70, "qk_norm_shared", "1"},
+        {"fox-pro-tiny", 128, 2, 100, "n_layer", "3"}, // L H = 6 biases: the norm scales after them unaligned
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         FoxConfig c;
@@ -2972,6 +2974,26 @@ static void gpu_test_larger_heads(void) {
         free(inputs); free(targets);
         fox_free(&twin);
     }
+}
+
+// whether wqkvg holds every layer's matmul copies of the grouped projections, in qkvg_slots's
+// order: a step that updated params_x without gpu_group_qkvg would leave it behind
+static int gpu_wqkvg_current(GPUModel* g) {
+    const FoxConfig* cf = &g->config;
+    int slot[4], F = qkvg_slots(cf, slot), same = 1;
+    size_t CC = (size_t)cf->n_embd * cf->n_embd, n = qkvg_numel(cf);
+    floatX* grouped = (floatX*)malloc_check(n * sizeof(floatX), "grouped weights");
+    floatX* w = (floatX*)malloc_check(CC * sizeof(floatX), "grouped weights");
+    cudaCheck(cudaMemcpy(grouped, g->wqkvg, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (int l = 0; l < cf->n_layer; l++) {
+        for (int j = 0; j < 4; j++) {
+            if (slot[j] < 0) { continue; }
+            cudaCheck(cudaMemcpy(w, px(g, QKVG_TENSORS[j], l), CC * sizeof(floatX), cudaMemcpyDeviceToHost));
+            same &= memcmp(w, grouped + ((size_t)l * F + slot[j]) * CC, CC * sizeof(floatX)) == 0;
+        }
+    }
+    free(grouped); free(w);
+    return same && F > 0;
 }
 
 // a few GPU AdamW steps on one fixed batch; returns the losses in `losses`
@@ -3141,6 +3163,8 @@ static void gpu_test_checkpoints_and_determinism(void) {
               gpu_same_device_buffer(g1.params, h2.params_memory, h1.num_parameters),
           "gpu: two runs with the same seed give bit-identical losses and weights (last loss %.6f, first %.6f)",
           run1[5], run1[0]);
+    check(gpu_wqkvg_current(&g1), "gpu: after 6 AdamW steps the grouped attention weights (wqkvg) are the matmul "
+          "copies of W_q, W_k, W_v, W_g (gpu_group_qkvg after every update)");
     gpu_free(&g2);
     fox_free(&h2);
 

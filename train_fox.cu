@@ -340,8 +340,8 @@ static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, in
                                                &found));
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     if (found == 0) {
-        fail("cuBLASLt has no algorithm for a %dx%dx%d matmul (transa %d, transb %d)\nHINT: unusual "
-             "model sizes can trip cuBLASLt; try n_embd and mlp_hidden multiples of 8", m, n, k, trans_a, trans_b);
+        fail("cuBLASLt has no algorithm for a %dx%dx%d matmul (transa %d, transb %d, ldb %d)\nHINT: unusual "
+             "model sizes can trip cuBLASLt; try n_embd and mlp_hidden multiples of 8", m, n, k, trans_a, trans_b, ldb);
     }
     for (int i = 0; i < found; i++) { p->cand[i] = result[i].algo; }
     p->num_cand = found;
@@ -482,7 +482,8 @@ static void matmul_backward_input_gpu(void* dinp, cudaDataType_t dinp_type, cons
     matmul_lt(dinp, dinp_type, NULL, w, dout, IC, (int)N, OC, 0, 0, 0, beta);
 }
 
-// (dout with row length ld: a column block of a wider matrix; ld 0: dense)
+// dw (OC, IC) += dout^T @ inp where dout (N, OC) is a column block of a wider matrix with rows
+// ld long (ld 0: dout is dense)
 static void matmul_backward_weight_ld_gpu(float* dw, const floatX* dout, int ld, const floatX* inp, size_t N, int IC,
                                           int OC) {
     matmul_lt(dw, CUDA_R_32F, NULL, inp, dout, IC, OC, (int)N, 0, 1, ld, 1.0f);
@@ -1426,8 +1427,8 @@ __global__ void __launch_bounds__(32 * HPF_WARPS) head_proj_forward_kernel(HeadP
 
 // dx (N, C) = sum_p dout_p (N, H) @ w_p (H, C), written (=); the mma's k is j. A block takes
 // HPB_ROWS rows and HPB_COLS columns of dx and fills shared memory once: the weights' (16 NP,
-// HPB_COLS) slice as it lies (cp.async, 16 bytes) and the rows' dout (HPB_ROWS, 16 NP), gathered
-// from the P arrays (a lane per j, a warp per row: coalesced, one division per j). Each warp
+// HPB_COLS) slice as it lies (cp.async, 16 bytes) and the rows' dout (HPB_ROWS, 16 NP), read from
+// dout's rows of J (a lane per j, a warp per row: coalesced). Each warp
 // loads its 16 rows' A fragments of every k16 step once with ldmatrix, then walks the columns 16
 // at a time: the weights' B fragments by ldmatrix.trans (two j at one column), 2 NP mma, fp32
 // pairs stored. Both tiles' rows are padded by 16 bytes to an odd number of 16-byte chunks, so the
@@ -2969,11 +2970,11 @@ static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scra
     const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
     float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
     unsigned delta_blocks = (unsigned)ceil_div(BHT, 8); // a warp per row, 8 warps a block
-    if (!delta_ready && hd == 64) fox_bwd_delta_kernel<64><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H,
-                                                                                         stride_o);
-    if (!delta_ready && hd == 128) fox_bwd_delta_kernel<128><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H,
-                                                                                           stride_o);
-    launchCheck();
+    if (!delta_ready) {
+        if (hd == 64) fox_bwd_delta_kernel<64><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+        else fox_bwd_delta_kernel<128><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+        launchCheck();
+    }
     if (hd == 64) {
         if (c) fox_bwd_lean_launch<64, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
                                                       stride_qkv, stride_o, window, key_start, query_end, s);
@@ -3014,9 +3015,9 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL");
     }
     // The kernels that run, versions of dev/cuda/fox_attention_backward.cu (their history: dev/cuda/LOG.md):
-    // fox_bwd_delta_kernel, then fox_bwd_dkdv_lean_kernel and fox_bwd_dq_lean_kernel (384 threads: a
-    // producer warpgroup (TMA, setmaxnreg 24) and two consumer warpgroups of 64 rows (setmaxnreg 240),
-    // 2-stage rings), then fox_bwd_dlogf_kernel:
+    // fox_bwd_delta_kernel (unless delta_ready), then fox_bwd_dkdv_lean_kernel and fox_bwd_dq_lean_kernel
+    // (384 threads: a producer warpgroup (TMA, setmaxnreg 24) and two consumer warpgroups of 64 rows
+    // (setmaxnreg 240), 2-stage rings), then fox_bwd_dlogf_kernel:
     // - hd 64: version 15 (the ladder's fox_bwd_*_pre_kernel pair; here the lean kernels with PRE = true: the
     //   producer forms the per-column logit terms), fox_bwd_dkdv_lean_kernel<64, 64, 2, GATE, true> (a
     //   128-key tile, 64-query tiles streamed) and fox_bwd_dq_lean_kernel<64, 128, 2, GATE, true> (a
@@ -3822,13 +3823,14 @@ typedef struct {
     int* enc_host;      // (3N + 1 + V) counting-sort workspace
 } GPUModel;
 
-// The (C, C) projections of the attention input: q, k, v and the output gate. The gradients of
-// their outputs that a stage kernel writes (QK-norm/RoPE for q; the k shift, else QK-norm/RoPE for
-// k; the v shift for v; the output gate's backward) land side by side in dqkvg, so the input's
-// gradient takes one matmul for all of them; one whose stage is off is the attention's own
-// output and gets its own matmul. slot[j]: tensor j's block in dqkvg, -1 if none; returns F, the
-// number of blocks.
+// The (C, C) projections of the attention input: q, k, v and the output gate
 static const int QKVG_TENSORS[4] = {P_WQ, P_WK, P_WV, P_WG};
+
+// The gradients of their outputs that a stage kernel writes (QK-norm/RoPE for q; the k shift,
+// else QK-norm/RoPE for k; the v shift for v; the output gate's backward) land side by side in
+// dqkvg, so the input's gradient takes one matmul for all of them; one whose stage is off is the
+// attention's own output and gets its own matmul. slot[j]: tensor j's block in dqkvg, -1 if none;
+// returns F, the number of blocks.
 static int qkvg_slots(const FoxConfig* cf, int slot[4]) {
     int staged[4] = {cf->qk_norm || cf->rope, cf->k_shift || cf->qk_norm || cf->rope, cf->v_shift, cf->output_gate};
     int F = 0;
@@ -4459,7 +4461,7 @@ static void gpu_backward(GPUModel* g) {
     floatX* draw[4]; // the gradients of W_q x, W_k x, W_v x, W_g x
     for (int j = 0; j < 4; j++) { draw[j] = slot[j] >= 0 ? d.dqkvg + (size_t)slot[j] * C : own[j]; }
     floatX* dk_shifted = !cf->qk_norm && !cf->rope ? d.dk : cf->k_shift ? d.dk_shifted : draw[1];
-    int ld_dk_shifted = dk_shifted == draw[1] ? W : C;
+    int ld_dk_shifted = (cf->qk_norm || cf->rope) && !cf->k_shift ? W : C;
     // the gradients of the k-shift, v-shift and forget-gate logits: blocks of dhp (rows PH long)
     int hp_slot[HP_MAX], PH = head_proj_slots(cf, hp_slot) * H;
     floatX* dhp[HP_MAX];
@@ -4618,7 +4620,7 @@ static double gpu_grad_norm(GPUModel* g) {
 
 // one AdamW step (step is 1-based) on this rank's optimizer slice, the gradients clipped first
 // to global norm o->grad_clip when it is > 0 (the twin's rule: scale by grad_clip / (norm +
-// 1e-6) when that is below 1)
+// 1e-6) when that is below 1). Leaves wqkvg behind params_x: gpu_update, the step, refreshes it.
 static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
     float grad_scale = 1.0f;
     if (o->grad_clip > 0) {
