@@ -874,10 +874,11 @@ __global__ void qk_norm_rope_forward_kernel(floatX* out, float* rstd, const floa
 }
 
 // Writes dinp (rows ld long: C, or a block of dqkvg) and, with the norm on, dnormed (the gradient
-// at the norm's output, for the scale gradient).
-__global__ void qk_norm_rope_backward_kernel(floatX* dinp, int ld, floatX* dnormed, const floatX* dout,
-                                             const floatX* inp, const float* w, int groups, const float* rstd,
-                                             const float* rope, size_t N, int T, int H, int hd, int G) {
+// at the norm's output, for the scale gradient). At most 64 registers, so four blocks share an SM.
+__global__ void __launch_bounds__(HEAD_THREADS, 4)
+qk_norm_rope_backward_kernel(floatX* dinp, int ld, floatX* dnormed, const floatX* dout, const floatX* inp,
+                             const float* w, int groups, const float* rstd, const float* rope, size_t N, int T, int H,
+                             int hd, int G) {
     // forward: n = x s w (per head), out = R_t n (rotation of the pairs (i, i + hd/2))
     // dn = R_t^T dout: dn_i = d_i cos + d_{i+half} sin, dn_{i+half} = d_{i+half} cos - d_i sin
     // dx_i = s w_i dn_i - x_i s^3 / hd * sum_j w_j dn_j x_j
