@@ -542,6 +542,14 @@ __device__ static inline float logsigmoid_gpu(float x) { return fminf(x, 0.0f) -
 
 static unsigned warp_blocks(size_t rows) { return (unsigned)ceil_div(rows, WARPS_PER_BLOCK); }
 
+#define LOG2E 1.4426950408889634f
+// 2^x in one MUFU.EX2 (ex2.approx: relative error < 2^-22); denormal results flush to zero
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte, size_t N, int C) {
     // out (N, C) = wte[tokens], from the fp32 master embedding: the residual stream is fp32
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1043,13 +1051,6 @@ __device__ static inline void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// ---- 2^x ----
-// 2^x in one MUFU.EX2; denormal results flush to zero
-__device__ __forceinline__ float ex2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 // ---- warpgroup mma (wgmma) ----
 // d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N), issued
@@ -1825,7 +1826,6 @@ __global__ void __launch_bounds__(FOX_SCAN_THREADS) fox_bwd_dlogf_kernel(float* 
 // warpgroup's accumulator fragment holds, per thread, rows g and g + 8 (g = lane / 4) of its warp's
 // 16 and columns 2 tq, 2 tq + 1 (tq = lane % 4) of every 8-column block.
 #ifndef ENABLE_FP32
-#define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
 // two floats as a bf16 pair in one register (lo in the low half)
@@ -3354,9 +3354,12 @@ __global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const fl
 // threads' (m, s) in a fixed order. With GRAD (a training forward) the row then becomes, in place,
 // the gradient of dloss * loss, the probabilities never stored; the pass keeps the row in shared
 // memory for it when `staged` (the launch gives Vp logits of room), else reads it again. Both
-// variants form the same lse. Precision: m, s, lse and each exp in fp32 (lse's error ~1e-7
-// relative for any row length, s carries at most Vp / CE_THREADS terms a thread); the gradient
-// is then rounded to floatX (2^-8 relative in bf16), as every bf16 activation gradient is.
+// variants form the same lse. Precision: m, s, lse in fp32; each exponential as 2^((x - m) log2 e)
+// by ex2.approx (relative error < 2^-22; x - m is exact, the product rounded at 2^-24 relative:
+// ~2e-6 for the terms that matter, |x - m| < 30), so lse is off by ~1e-7 relative for any row length
+// (s carries at most Vp / CE_THREADS terms a thread); the gradient, 2^(x log2 e - lse log2 e) by
+// one FFMA and ex2.approx, is then rounded to floatX (2^-8 relative in bf16), as every bf16
+// activation gradient is. Denormal results become 0 (ex2.approx.ftz).
 #define CE_THREADS 1024
 
 // folds one pack (logits j0 .. j0 + XPACK - 1) into the running (m, s)
@@ -3369,17 +3372,18 @@ __device__ static inline void ce_accumulate(const PackX& p, int j0, int V, float
     }
     if (pm > *m) { *s *= expf(*m - pm); *m = pm; } // m = -inf at first: s is 0 then
     #pragma unroll
-    for (int k = 0; k < XPACK; k++) { *s += expf(x[k] - *m); }
+    for (int k = 0; k < XPACK; k++) { *s += ex2_ftz((x[k] - *m) * LOG2E); } // x - m exact: both bf16 values
 }
 
 // forward: loss = lse - logit_target  =>  dlogit_j = (exp(logit_j - lse) - [j = target]) dloss, pads 0
 __device__ static inline PackX ce_gradient(const PackX& p, int j0, int V, int target, float lse, float dloss) {
     PackX d;
+    float lse_l2 = lse * LOG2E;
     #pragma unroll
     for (int k = 0; k < XPACK; k++) {
         int j = j0 + k;
         float g = 0.0f;
-        if (j < V) { g = expf(to_float(p.v[k]) - lse) * dloss - (j == target ? dloss : 0.0f); }
+        if (j < V) { g = ex2_ftz(fmaf(to_float(p.v[k]), LOG2E, -lse_l2)) * dloss - (j == target ? dloss : 0.0f); }
         d.v[k] = to_floatX(g);
     }
     return d;
