@@ -3334,6 +3334,7 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 }
 
 int main(int argc, char** argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);  // line by line into a log too: a hung version shows where
     int only = argc > 1 ? atoi(argv[1]) : 0;
     int first = only ? only : 1, last = only ? only : 17;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last

@@ -2143,6 +2143,7 @@ __global__ void ex2_poly_check_kernel(unsigned* err_bits, int* bad, uint32_t n_n
 #define TOL_EX2_POLY 1e-4  // ex2_poly's largest relative error (8.57e-5 measured on the host)
 
 int main(int argc, char** argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);  // line by line into a log too: a hung version shows where
     int only = argc > 1 ? atoi(argv[1]) : 0;
     int first = only ? only : 1, last = only ? only : FWD_VERSIONS;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
