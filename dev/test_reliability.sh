@@ -84,6 +84,12 @@ kills=0 in_write=0 resumes=0 rounds=0 diverged=0 start=$SECONDS
 # rounds of one training run each, killed again and again until it completes
 while [ $kills -lt 60 ] && [ $((SECONDS - start)) -lt 30 ]; do
     check_dir "$dir"
+    if [ "$newest" -eq $N ]; then  # killed after its final checkpoint: that run is complete (a resume refuses)
+        rounds=$((rounds + 1))
+        same_as_straight || diverged=$((diverged + 1))
+        rm -rf "$dir" && mkdir "$dir"
+        continue
+    fi
     # keep the disk small: only the newest complete checkpoint stays (leftover .tmp files stay too)
     for f in "$dir"/model_*.bin "$dir"/state_*.bin; do
         [ -e "$f" ] || continue
@@ -107,12 +113,13 @@ while [ $kills -lt 60 ] && [ $((SECONDS - start)) -lt 30 ]; do
         same_as_straight || diverged=$((diverged + 1))
         rm -rf "$dir" && mkdir "$dir"
     else
-        bad "crash: a resumed run failed:"; tail -3 "$WORK/crash.out"; break
+        bad "crash: a resumed run failed:"; cat "$WORK/crash.out"; break
     fi
 done
 check_dir "$dir"
-if ! "$BIN" "${FLAGS[@]}" -n 1 -o "$dir" -y $([ "$newest" -ge 0 ] && echo 1 || echo 0) > "$WORK/crash.out" 2>&1; then
-    bad "crash: the final resume failed"; tail -3 "$WORK/crash.out"
+if [ "$newest" -lt $N ] &&
+   ! "$BIN" "${FLAGS[@]}" -n 1 -o "$dir" -y $([ "$newest" -ge 0 ] && echo 1 || echo 0) > "$WORK/crash.out" 2>&1; then
+    bad "crash: the final resume failed"; cat "$WORK/crash.out"
 fi
 rounds=$((rounds + 1))
 same_as_straight || diverged=$((diverged + 1))
