@@ -6,7 +6,9 @@
 #include <string.h>
 #include <math.h>
 #include <algorithm>
+#include <chrono>
 #include <vector>
+#include <unistd.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
@@ -24,6 +26,27 @@ static void cuda_check(cudaError_t err, const char* file, int line) {
 #define cudaCheckLaunch() (cuda_check(cudaGetLastError(), __FILE__, __LINE__))
 
 __host__ __device__ static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// cudaDeviceSynchronize that gives up after `seconds`: a version that hangs ends the process with a
+// message (the exit tears its context down) instead of holding the GPU until an outer timeout
+static void sync_or_exit(const char* what, double seconds) {
+    cudaEvent_t done;
+    cudaCheck(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    cudaCheck(cudaEventRecord(done, 0));
+    auto t0 = std::chrono::steady_clock::now();
+    for (cudaError_t r; (r = cudaEventQuery(done)) != cudaSuccess; usleep(1000)) {
+        if (r != cudaErrorNotReady) cudaCheck(r);
+        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) {
+            fprintf(stderr, "%s: not finished after %.0f s\nHINT: a kernel that hangs (a barrier or an mbarrier "
+                    "that never completes): run that version alone under compute-sanitizer --tool synccheck.\n",
+                    what, seconds);
+            fflush(stdout);
+            _exit(EXIT_FAILURE);
+        }
+    }
+    cudaCheck(cudaEventDestroy(done));
+    cudaCheck(cudaDeviceSynchronize());
+}
 
 // ----------------------------------------------------------------------------
 // host-side random data (xorshift, reproducible, never zeros)

@@ -3383,9 +3383,9 @@ int main(int argc, char** argv) {
                p.gate ? "yes" : "none");
         for (int ver = first; ver <= last; ver++) {
             poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
+            printf("  version %d\n", ver);  // before the run: a version that hangs is named
             run_backward(ver, p, d);
-            cudaCheck(cudaDeviceSynchronize());
-            printf("  version %d\n", ver);
+            sync_or_exit("the version above", 120);
             vok[ver] &= check_backward(p, d, dq.data(), dk.data(), dv.data(), dlogf.data());
         }
         release_bwd(d);
@@ -3419,10 +3419,10 @@ int main(int argc, char** argv) {
             const bf16 *q = d.qkv + p.q_off, *k = d.qkv + p.k_off, *v = d.qkv + p.v_off;
             fox_fwd_ws<128, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables_d, 0);
             poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
-            run_backward(ver, p, d, tables_d);
-            cudaCheck(cudaDeviceSynchronize());
             printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start, query_end)\n  version %d\n", p.B,
                    p.T, p.H, p.hd, p.window, ver);
+            run_backward(ver, p, d, tables_d);
+            sync_or_exit("the version above", 120);
             vok[ver] &= check_backward(p, d, dq.data(), dk.data(), dv.data(), dlogf.data());
             cudaCheck(cudaFree(tables_d));
             release_bwd(d);
@@ -3472,9 +3472,9 @@ int main(int argc, char** argv) {
             run_fwd(p, d);
             for (int ver = std::max(first, 2); ver <= last; ver++) {  // v1 in fp32 is the reference's twin, and slow
                 poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
-                run_backward(ver, p, d);
-                cudaCheck(cudaDeviceSynchronize());
                 printf("  version %d\n", ver);
+                run_backward(ver, p, d);
+                sync_or_exit("the version above", 120);
                 vok[ver] &= check_backward(p, d, ref.data(), ref.data() + n, ref.data() + 2 * n, ref.data() + 3 * n, L.tol_dqdk);
             }
         }
