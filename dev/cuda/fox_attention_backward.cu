@@ -2793,12 +2793,7 @@ __device__ __forceinline__ void bulk_add(float* g, const float* sm, uint32_t byt
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 template<int N> __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory"); }
-template<int N> __device__ __forceinline__ void bulk_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
-}
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
-// named barrier of one consumer warpgroup (128 threads)
-__device__ __forceinline__ void bar_sync128(int id) { asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory"); }
 
 // the 16 column sums of a warp's 16 x 64 accumulator tile (v[nt][c]: rows g and g + 8 added) reduced
 // over the 8 lanes of a column: lane (g, tq) returns those of columns 8 g + 2 tq, + 1. Fixed order.
