@@ -2735,7 +2735,7 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
 }
 // ---- end: lean backward with the producer's per-column terms (versions 15 and 16) ----
 
-// ---- begin: one-kernel backward with an ordered dQ reduction (version 17) ----
+// ---- begin: one-kernel backward with an ordered dQ reduction (versions 17 and 18) ----
 // Forward line differentiated (as above): dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij.
 //
 // Versions 2-16 compute dQ in a kernel of their own that recomputes S, P, dP and dS for every
@@ -2794,6 +2794,8 @@ __device__ __forceinline__ void bulk_add(float* g, const float* sm, uint32_t byt
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 template<int N> __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory"); }
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+// named barrier of one consumer warpgroup (128 threads)
+__device__ __forceinline__ void bar_sync128(int id) { asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory"); }
 
 // the 16 column sums of a warp's 16 x 64 accumulator tile (v[nt][c]: rows g and g + 8 added) reduced
 // over the 8 lanes of a column: lane (g, tq) returns those of columns 8 g + 2 tq, + 1. Fixed order.
@@ -3111,6 +3113,319 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_fused_kernel(bf16* dk, bf16* d
     }
 }
 
+// Version 18: version 17 with the dQ matmul in the producer warpgroup, so that the two consumers
+// carry no dQ tail and no barrier between them. The producer warpgroup (setmaxnreg 72; consumers
+// 216) runs per tile n: wait until both consumers stored their dS^T and row-sum partials (mbarrier
+// dsFull), dQ = dS K (its 4 warps, one wgmma chain), meanwhile warp 0 loads tile n + ST's Q, dO and
+// terms (version 15's producer, now interleaved), the row sums, frees sDS (dsEmpty), stages the
+// tile, and lane 0 of warp 1 serves the reductions without blocking where it can: it releases the
+// flags of the reductions it issued the tile before (their bulk groups complete by then), issues
+// those of the staged tiles whose flags are ready, and blocks only when a staging buffer is needed
+// again (tile n - FOX17_STAGES not yet reduced) or at the end.
+template<int HD, int BQ, int ST, bool GATE>
+__global__ void __launch_bounds__(384, 1) fox_bwd_fused3_kernel(bf16* dk, bf16* dv, float* dc, float* dq_acc,
+                                                                float* rs_acc, int* sync,
+                                                                const __grid_constant__ CUtensorMap tmQ,
+                                                                const __grid_constant__ CUtensorMap tmG,
+                                                                const __grid_constant__ CUtensorMap tmK,
+                                                                const __grid_constant__ CUtensorMap tmV,
+                                                                const float* lse, const float* delta, const float* c,
+                                                                int T, int H, int stride_qkv, int window,
+                                                                float scale_log2, float scale, const int* query_end) {
+    constexpr int BK = 128, SW = 1, TILE = BQ * HD;
+    constexpr int NSTG = FOX17_STAGES;
+    static_assert(HD == 64 && BQ == 64, "version 18: hd 64, query tiles of 64");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = (bf16*)smem_1k(smem_raw);     // (BK, HD) swizzled tiles
+    bf16* sV = sK + BK * HD;                 // (BK, HD)
+    bf16* sQ = sV + BK * HD;                 // (ST, BQ, HD)
+    bf16* sG = sQ + ST * BQ * HD;            // (ST, BQ, HD) dO
+    bf16* sDS = sG + ST * BQ * HD;           // (2, BK, BQ) dS^T, swizzled as a (BK, 64) tile
+    float* sDQ = (float*)(sDS + 2 * BK * BQ); // (NSTG, TILE) staged dQ tiles, fragment order
+    float* sRQ = sDQ + NSTG * TILE;          // (NSTG, BQ) their row sums of dS
+    float* sRS = sRQ + NSTG * BQ;            // (2, 8 warps, BQ) partial row sums of dS
+    float* sA = sRS + 2 * 8 * BQ;            // (ST, BQ) the queries' terms A_i (fox_lean_qterm)
+    float* sD = sA + ST * BQ;                // (ST, BQ) Delta
+    uint64_t* bar = (uint64_t*)(sD + ST * BQ);
+    uint64_t *barKV = bar, *full = bar + 1, *empty = full + ST, *dsFull = empty + ST, *dsEmpty = dsFull + 2;
+    __shared__ int s_ticket;
+
+    int nkt = gridDim.x, nq = ceil_div(T, BQ), Tp = nq * BQ;
+    if (threadIdx.x == 0) {
+        s_ticket = atomicAdd(sync, 1);
+        mbar_init(barKV, 1);
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&full[st], 1 + 32);  // the copy engine's arrival + the 32 lanes' A, Delta
+            mbar_init(&empty[st], 8);      // a warp of the consumers each
+        }
+        for (int x = 0; x < 2; x++) {
+            mbar_init(&dsFull[x], 8);      // the consumers' 8 warps stored their dS^T rows
+            mbar_init(&dsEmpty[x], 4);     // the producer warpgroup's dQ matmul read them
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    int ticket = s_ticket;
+    int bh = ticket / nkt, kt = nkt - 1 - ticket % nkt, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    const float *lb = lse + (size_t)bh * T, *db = delta + (size_t)bh * T;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int j0 = kt * BK;
+    int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;
+    int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
+    if (query_end) it_end = min(it_end, query_end[(size_t)bh * nkt + kt] * (PRUNE_BLOCK / BQ));
+    int ntiles = it_end - it_begin;
+    int* flags = sync + 1 + (size_t)bh * nq;
+
+    if (wg == 0) {
+        setmaxnreg_dec<72>();  // 72 + 2 x 216 = 3 x 168, the launch's registers
+        const float cb_l2 = GATE ? __fmul_rn(cb[j0], LOG2E) : 0.f;
+        auto produce = [&](int n) {  // warp 0: tile n's Q, dO and terms into stage n % ST (version 15's)
+            int st = n % ST, i1 = (it_begin + n) * BQ;
+            float fl[BQ / 32], fd[BQ / 32], fc[BQ / 32];
+            #pragma unroll
+            for (int r = 0; r < BQ / 32; r++) {
+                int e = lane + 32 * r, i = min(i1 + e, T - 1);
+                bool ok = i1 + e < T;
+                float l = lb[i], d = db[i], ci = GATE ? cb[i] : 0.f;
+                fl[r] = ok ? l : 0.f;
+                fd[r] = ok ? d : 0.f;
+                fc[r] = ok ? ci : 0.f;
+            }
+            mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(&full[st], 2 * BQ * HD * sizeof(bf16));
+                tma_load_tile<BQ, HD>(sQ + st * BQ * HD, &tmQ, i1, h, b, &full[st]);
+                tma_load_tile<BQ, HD>(sG + st * BQ * HD, &tmG, i1, h, b, &full[st]);
+            }
+            #pragma unroll
+            for (int r = 0; r < BQ / 32; r++) {
+                int e = lane + 32 * r;
+                sA[st * BQ + e] = fox_lean_qterm(fc[r], fl[r], cb_l2, GATE);
+                sD[st * BQ + e] = fd[r];
+            }
+            mbar_arrive_release(&full[st]);
+        };
+        if (warp == 0) {
+            if (lane == 0) {
+                mbar_expect_tx(barKV, 2 * BK * HD * sizeof(bf16));
+                tma_load_tile<BK, HD>(sK, &tmK, j0, h, b, barKV);
+                tma_load_tile<BK, HD>(sV, &tmV, j0, h, b, barKV);
+            }
+            for (int n = 0; n < ST && n < ntiles; n++) produce(n);
+        }
+        // the reductions (warp 1, lane 0): tiles [rel, iss) issued, not yet passed on; iss: next to issue
+        int rel = 0, iss = 0;
+        auto issue = [&](int m) {
+            int i0 = (it_begin + m) * BQ, sb = m % NSTG;
+            float *gd = dq_acc + ((size_t)bh * Tp + i0) * HD, *gr = rs_acc + (size_t)bh * Tp + i0;
+            fence_proxy_async_global();  // after the acquire that saw the flag
+            if (it_begin + m == 2 * kt || it_begin + m == 2 * kt + 1) {  // the diagonal block stores
+                bulk_store(gd, sDQ + sb * TILE, TILE * sizeof(float));
+                if (GATE) bulk_store(gr, sRQ + sb * BQ, BQ * sizeof(float));
+            } else {
+                bulk_add(gd, sDQ + sb * TILE, TILE * sizeof(float));
+                if (GATE) bulk_add(gr, sRQ + sb * BQ, BQ * sizeof(float));
+            }
+            bulk_commit();
+        };
+        auto ready = [&](int m) { int qt = it_begin + m; return ld_acquire_gpu(flags + qt) == qt / 2 - kt; };
+        auto pass_on = [&]() {  // complete the issued reductions and pass their flags on, in order
+            if (rel == iss) return;
+            bulk_wait<0>();
+            fence_proxy_async_global();
+            for (; rel < iss; rel++) { int qt = it_begin + rel; st_release_gpu(flags + qt, qt / 2 - kt + 1); }
+        };
+        bool reducer = warp == 1 && lane == 0;
+        int wt = threadIdx.x;
+        float dqa[HD / 2];
+        const uint64_t dKn0 = desc_mn<HD, BK, SW>(sK, 0), dS0 = desc_mn<BQ, BK, SW>(sDS, 0);
+        constexpr uint32_t DSBUF = BK * BQ * sizeof(bf16);
+        mbar_wait(barKV, 0);
+        for (int n = 0; n < ntiles; n++) {
+            int buf = n & 1, sb = n % NSTG;
+            mbar_wait(&dsFull[buf], (n >> 1) & 1);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++)
+                wgmma_ss_tt_n64(dqa, desc_add(dS0, buf * DSBUF + mnstep_bytes(kk)), desc_add(dKn0, mnstep_bytes(kk)), kk);
+            wgmma_commit();
+            if (warp == 0 && n + ST < ntiles) produce(n + ST);  // its stage is free once the consumers finish tile n
+            float rsum = 0.f;
+            if (GATE && wt < BQ) {
+                #pragma unroll
+                for (int w = 0; w < 8; w++) rsum += sRS[(buf * 8 + w) * BQ + wt];
+            }
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(dqa);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&dsEmpty[buf]);  // sDS[buf], sRS[buf] may be rewritten
+            if (reducer && n - NSTG >= rel) {  // staging buffer sb still holds tile n - NSTG: reduce up to it
+                pass_on();
+                for (; iss <= n - NSTG; iss++) {
+                    while (!ready(iss)) {}
+                    issue(iss);
+                }
+                pass_on();
+            }
+            __syncwarp();    // bar.sync is .aligned: warp 1 reconverges after its reducer lane
+            bar_sync128(1);  // buffer sb is free
+            float* t = sDQ + sb * TILE + warp * (HD / 8) * 2 * 64 + 2 * lane;
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++) {
+                #pragma unroll
+                for (int r = 0; r < 2; r++)
+                    *(float2*)(t + (dt * 2 + r) * 64) = make_float2(dqa[dt * 4 + 2 * r], dqa[dt * 4 + 2 * r + 1]);
+            }
+            if (GATE && wt < BQ) sRQ[sb * BQ + wt] = rsum;
+            fence_proxy_async();  // the st.shared above, before the copy engine reads them
+            bar_sync128(1);       // tile n is staged
+            if (reducer) {
+                pass_on();  // the reductions issued at the tile before
+                for (; iss <= n && ready(iss); iss++) issue(iss);
+            }
+            __syncwarp();  // and before the next wgmma (.aligned as well)
+        }
+        if (reducer) {  // the rest, in order
+            pass_on();
+            while (iss < ntiles) {
+                while (!ready(iss)) {}
+                issue(iss++);
+                pass_on();  // up to and including the tile just issued
+            }
+        }
+        return;
+    }
+
+    // consumers
+    setmaxnreg_inc<216>();
+    int cw = __shfl_sync(0xffffffff, wg - 1, 0);
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;  // cwarp: 0..7 over both consumers
+    int j0w = j0 + 64 * cw;
+    int keys[2], lo0[2], hi0[2];
+    float cj[2], dcs[2] = {0.f, 0.f};
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        keys[r] = j0 + cwarp * 16 + g + 8 * r;
+        cj[r] = (GATE && keys[r] < T) ? cb[keys[r]] : 0.f;
+        lo0[r] = keys[r] - 2 * tq;
+        hi0[r] = (window > 0 ? min(T - 1, keys[r] + window - 1) : T - 1) - 2 * tq;
+    }
+    float cb_l2 = GATE ? __fmul_rn(cb[j0], LOG2E) : 0.f;
+    float B[2] = {fox_lean_kterm(cj[0], cb_l2), fox_lean_kterm(cj[1], cb_l2)};
+    float dka[HD / 2], dva[HD / 2];
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
+    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
+    const uint64_t dK0 = desc_k<HD, BK, SW>(sK, cw * 8, 0), dV0 = desc_k<HD, BK, SW>(sV, cw * 8, 0);
+    const uint64_t dQ0 = desc_k<HD, BQ, SW>(sQ, 0, 0), dG0 = desc_k<HD, BQ, SW>(sG, 0, 0);
+    const uint64_t dQn0 = desc_mn<HD, BQ, SW>(sQ, 0), dGn0 = desc_mn<HD, BQ, SW>(sG, 0);
+    constexpr uint32_t STAGE = BQ * HD * sizeof(bf16);
+    mbar_wait(barKV, 0);
+
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, i0 = (it_begin + n) * BQ, buf = n & 1;
+        mbar_wait(&full[st], (n / ST) & 1);
+        bool seen = i0 + BQ > j0w && !(window > 0 && i0 - (j0w + 63) >= window);
+        float rv[BQ / 8][2];
+        if (seen) {
+            const float2 *sAb = (const float2*)(sA + st * BQ) + tq, *sDb = (const float2*)(sD + st * BQ) + tq;
+            uint32_t so = st * STAGE;
+            float s[BQ / 2], dp[BQ / 2];
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BQ, 0>(s, desc_add(dK0, kstep_bytes<BK>(kk)), desc_add(dQ0, so + kstep_bytes<BQ>(kk)), kk);
+            wgmma_commit();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BQ, 0>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
+            wgmma_commit();
+            float2 a[BQ / 8];
+            #pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++) a[nt] = sAb[nt * 4];
+            wgmma_wait<1>();
+            wgmma_pin<BQ / 2>(s);
+            if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
+                int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
+                fox_bwd_pre_pt<BQ, GATE, true>(s, a, B, scale_log2, lo, hi);
+            } else {
+                fox_bwd_pre_pt<BQ, GATE, false>(s, a, B, scale_log2, nullptr, nullptr);
+            }
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+            wgmma_commit();
+            float2 d[BQ / 8];
+            #pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++) d[nt] = sDb[nt * 4];
+            wgmma_wait<1>();
+            wgmma_pin<BQ / 2>(dp);
+            fox_bwd_pre_dst<BQ>(dp, s, d, dcs);
+            #pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++) {
+                rv[nt][0] = dp[nt * 4] + dp[nt * 4 + 2];
+                rv[nt][1] = dp[nt * 4 + 1] + dp[nt * 4 + 3];
+            }
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+            wgmma_commit();
+        } else {
+            #pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++) rv[nt][0] = rv[nt][1] = 0.f;
+        }
+        float2 rs = colsum_butterfly(rv, g);
+        mbar_wait(&dsEmpty[buf], ((n >> 1) & 1) ^ 1);  // the dQ matmul of tile n - 2 read the buffer
+        {
+            bf16* t = sDS + buf * BK * BQ;
+            int r0 = cwarp * 16 + g;
+            #pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) {
+                #pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    int r = r0 + 8 * (x & 1), ch = 2 * kk + (x >> 1);
+                    *(uint32_t*)(t + r * 64 + ((ch ^ (r & 7)) << 3) + 2 * tq) = seen ? sa[kk][x] : 0u;
+                }
+            }
+            *(float2*)(sRS + (buf * 8 + cwarp) * BQ + 8 * g + 2 * tq) = rs;
+        }
+        fence_proxy_async();  // the st.shared above, before the producer warpgroup's wgmma reads them
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&dsFull[buf]);
+        // dV, dK (unconditional: a wait under `if (seen)` again lets ptxas assume a path that skips it, C7514)
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+        wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+    }
+
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = keys[r];
+        if (GATE) {
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
+            if (tq == 0 && key < T) dc[(size_t)bh * T + key] = -dcs[r];
+        }
+        if (key >= T) continue;
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            int col = dt * 8 + 2 * tq;
+            *(__nv_bfloat162*)(dkb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dka[dt * 4 + 2 * r] * scale, dka[dt * 4 + 2 * r + 1] * scale);
+            *(__nv_bfloat162*)(dvb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dva[dt * 4 + 2 * r], dva[dt * 4 + 2 * r + 1]);
+        }
+    }
+}
+
 // dq (B, T, H, HD) = bf16(scale * acc) from the buffer (B*H, Tp / 64 tiles of 64 x HD, each in the
 // consumers' fragment order: float2 ((w * HD / 8 + dt) * 2 + r) * 32 + lane holds row 16 w + 8 r +
 // lane / 4, columns 8 dt + 2 (lane % 4), + 1) and dc_row (B*H, T) from the row sums (B*H, Tp), if
@@ -3146,6 +3461,7 @@ template<int HD, int BQ, int ST> constexpr size_t fox_fused_smem() {
 // version 17: Delta, the fused kernel, the dq pass, the dlogf scan (hd 64; at hd 128 version 14).
 // The buffer and the flags live in a scratch of its own, grown on demand (the ladder's; train_fox
 // would carve it from its scratch).
+template<bool V18>
 static void fox_bwd_fused(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
                           const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
                           int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
@@ -3167,16 +3483,25 @@ static void fox_bwd_fused(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
     if (!configured) {
         cudaCheck(cudaFuncSetAttribute(fox_bwd_fused_kernel<HD, BQ, ST, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         cudaCheck(cudaFuncSetAttribute(fox_bwd_fused_kernel<HD, BQ, ST, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_fused3_kernel<HD, BQ, ST, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_fused3_kernel<HD, BQ, ST, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
                 tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
     float* rs_acc = acc + (size_t)BH * Tp * HD;
-    if (c) fox_bwd_fused_kernel<HD, BQ, ST, true><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync, tq, tg,
-        tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
-    else fox_bwd_fused_kernel<HD, BQ, ST, false><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync, tq, tg,
-        tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, nullptr);
+    if (V18) {
+        if (c) fox_bwd_fused3_kernel<HD, BQ, ST, true><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync,
+            tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
+        else fox_bwd_fused3_kernel<HD, BQ, ST, false><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync,
+            tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, nullptr);
+    } else {
+        if (c) fox_bwd_fused_kernel<HD, BQ, ST, true><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync, tq, tg,
+            tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
+        else fox_bwd_fused_kernel<HD, BQ, ST, false><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync, tq, tg,
+            tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, nullptr);
+    }
     cudaCheckLaunch();
     size_t nconv = (size_t)BHT * (HD / 8);
     fox_bwd_dq_convert_kernel<HD><<<(unsigned)((nconv + 255) / 256), 256, 0, s>>>(dq, c ? dc_row : nullptr, acc, acc + (size_t)BH * Tp * HD,
@@ -3187,7 +3512,7 @@ static void fox_bwd_fused(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
         cudaCheckLaunch();
     }
 }
-// ---- end: one-kernel backward with an ordered dQ reduction (version 17) ----
+// ---- end: one-kernel backward with an ordered dQ reduction (versions 17 and 18) ----
 
 // ---- begin: fused backward API for train_fox.cu ----
 // dq, dk, dv: bf16 (B, T, H, hd), token stride stride_qkv (like q, k, v; may be a packed dqkv).
@@ -3284,9 +3609,11 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d, const int*
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 16: fox_bwd_pre<1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
-        case 17: fox_bwd_fused(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+        case 17: fox_bwd_fused<false>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..17\n", version); exit(EXIT_FAILURE);
+        case 18: fox_bwd_fused<true>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..18\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -3331,13 +3658,13 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // line by line into a log too: a hung version shows where
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 17;
+    int first = only ? only : 1, last = only ? only : 18;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[18];  // per version: only those that pass are timed
+    bool vok[19];  // per version: only those that pass are timed
     for (bool& ok : vok) ok = true;
 
     if (argc > 3 && strcmp(argv[3], "profile") == 0) {  // one backward per version and timing shape, for ncu
@@ -3386,10 +3713,10 @@ int main(int argc, char** argv) {
         release_bwd(d);
     }
 
-    // 1b. the pruning tables of versions 9 and 11-17: per (b, h) a random non-decreasing key_start (up to
+    // 1b. the pruning tables of versions 9 and 11-18: per (b, h) a random non-decreasing key_start (up to
     // the diagonal tile, as the real tables: c is non-increasing), query_end derived from it, the
     // forward (version 8) with the same key_start, against the CPU reference that skips the same tiles
-    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17}) {
+    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18}) {
         if (ver < first || ver > last) continue;
         for (int hd : {64, 128}) {
             FoxProblem p = make_problem(2, 600, 2, hd, hd == 64 ? 0 : 300, true, -1);
