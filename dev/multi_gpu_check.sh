@@ -5,7 +5,7 @@
 #
 #   dev/multi_gpu_check.sh [log dir]          (default log_multi_gpu; about 5-8 min on 4 H200s)
 #
-# Environment: NGPU (default: the GPUs nvidia-smi lists, at most 4), LOSS_TOL (default 0.02),
+# Environment: NGPU (default: the GPUs nvidia-smi lists, at most 4), LOSS_TOL (default 0.05),
 # TRAIN / VAL (shard patterns, default the Gutenberg shards of make data), BENCH=0 skips the
 # benchmark, CHECK=0 skips the correctness part, RUN_TIMEOUT (seconds per run, default 300).
 # Exit status: non-zero when a comparison fails or a run fails.
@@ -14,7 +14,14 @@ cd "$(dirname "$0")/.." || exit 1
 LOGDIR=${1:-log_multi_gpu}
 NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 if [ "$NGPU" -gt 4 ]; then NGPU=4; fi
-LOSS_TOL=${LOSS_TOL:-0.02}
+# Tolerances of a comparison between GPU counts (the same sequences in the same micro-batches,
+# only the order of the gradient sums differs): the first step's loss to 1e-6 and its gradient
+# norm to the printed digits, the next four steps to EARLY_TOL (rounding differences before
+# training amplifies them: <= 3e-5 measured), every step and validation to LOSS_TOL (20 bf16 steps
+# whose sums are only reordered drift apart by up to 3.4e-2, measured on one GPU: dev/RESULTS.md,
+# "Why ZeRO-0 and ZeRO-1 drift apart").
+LOSS_TOL=${LOSS_TOL:-0.05}
+EARLY_TOL=${EARLY_TOL:-1e-3}
 TRAIN=${TRAIN:-data/gutenberg/gutenberg_train_*.bin}
 VAL=${VAL:-data/gutenberg/gutenberg_val_*.bin}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
@@ -62,21 +69,27 @@ launch() {
 }
 
 # compare NAME REF TEST TOL FIRST LAST: the train losses of steps FIRST..LAST (and the
-# validation losses logged at those steps) of TEST against REF, within TOL absolute; the first
-# step must match to 1e-6 (the same sequences in the same micro-batches: only sums reorder later)
+# validation losses logged at those steps) of TEST against REF, within TOL absolute; with TOL > 0
+# also the first step (loss 1e-6, norm 2e-4: printed to 4 decimals) and the next four (EARLY_TOL)
 compare() {
     local name=$1 ref=$2 test=$3 tol=$4 first=$5 last=$6 out
-    out=$(awk -v tol="$tol" -v first="$first" -v last="$last" '
+    out=$(awk -v tol="$tol" -v early="$EARLY_TOL" -v first="$first" -v last="$last" '
         function absd(x) { return x < 0 ? -x : x }
-        /^step +[0-9]+\/[0-9]+ \| loss / { split($2, s, "/"); k = s[1] + 0; if (FNR == NR) r[k] = $5; else t[k] = $5 }
+        /^step +[0-9]+\/[0-9]+ \| loss / {
+            split($2, s, "/"); k = s[1] + 0
+            if (FNR == NR) { r[k] = $5; rn[k] = $8 } else { t[k] = $5; tn[k] = $8 }
+        }
         /^step [0-9]+: val loss / { k = $2 + 0; if (FNR == NR) rv[k] = $5; else tv[k] = $5 }
         END {
-            n = 0; bad = 0; mx = 0; mxv = 0; nv = 0
+            n = 0; bad = 0; mx = 0; mxv = 0; nv = 0; mxe = 0
             for (k = first; k <= last; k++) {
                 if (!(k in r) || !(k in t)) { bad = 1; missing = k; continue }
                 d = absd(r[k] - t[k]); n++
                 if (d > mx) mx = d
-                if (d > tol || (k == first && d > 1e-6 && tol > 0)) bad = 1
+                if (k < first + 5 && d > mxe) mxe = d
+                if (d > tol) bad = 1
+                if (tol > 0 && k == first && (d > 1e-6 || absd(rn[k] - tn[k]) > 2e-4)) bad = 1
+                if (tol > 0 && k < first + 5 && d > early) bad = 1
             }
             for (k in tv) if (k in rv && k + 0 >= first - 1 && k + 0 <= last) {
                 d = absd(rv[k] - tv[k]); nv++
@@ -84,9 +97,9 @@ compare() {
                 if (d > tol) bad = 1
             }
             verdict = bad ? "FAIL" : "PASS"
-            first_rule = tol > 0 ? ", first step 1e-6" : ""
+            rules = tol > 0 ? sprintf(", first step 1e-6 and same norm, steps %d-%d %g: max %.2e", first + 1, first + 4, early, mxe) : ""
             gap = missing ? sprintf("; step %d missing", missing) : ""
-            printf "%s %d steps, max |dloss| %.2e; %d val losses, max |dval| %.2e (tol %g%s)%s\n", verdict, n, mx, nv, mxv, tol, first_rule, gap
+            printf "%s %d steps, max |dloss| %.2e; %d val losses, max |dval| %.2e (tol %g%s)%s\n", verdict, n, mx, nv, mxv, tol, rules, gap
         }' "$LOGDIR/$ref.log" "$LOGDIR/$test.log")
     case $out in
         PASS*) say "$out: $name" ;;
