@@ -3458,7 +3458,8 @@ template<int HD, int BQ, int ST> constexpr size_t fox_fused_smem() {
            (1 + 2 * ST + 2 * FOX17_STAGES) * sizeof(uint64_t);
 }
 
-// version 17: Delta, the fused kernel, the dq pass, the dlogf scan (hd 64; at hd 128 version 14).
+// versions 17 and 18 (V18: fox_bwd_fused3_kernel): Delta, the fused kernel, the dq pass, the dlogf scan (hd 64;
+// at hd 128 version 14).
 // The buffer and the flags live in a scratch of its own, grown on demand (the ladder's; train_fox
 // would carve it from its scratch).
 template<bool V18>
