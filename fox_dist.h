@@ -75,12 +75,7 @@ static void resolve_topology(Topology* t, int flag_world, int flag_rank) {
 }
 
 // ----------------------------------------------------------------------------
-// ZeRO-1 shards: the flat buffers are padded to a multiple of the world size and rank r owns
-// the contiguous slice [r * shard, (r + 1) * shard); the padding is zeros and stays zeros
-
-static size_t padded_count(size_t n, int world) { return (n + (size_t)world - 1) / (size_t)world * (size_t)world; }
-static size_t shard_count(size_t n, int world) { return padded_count(n, world) / (size_t)world; }
-static size_t shard_offset(size_t n, int world, int rank) { return (size_t)rank * shard_count(n, world); }
+// ZeRO-1 shards (train_fox.cu's layout_params says which ranges a rank owns)
 
 // the part of [lo, lo + n) that falls in [s_lo, s_lo + s_n); returns its length (0: none)
 static size_t range_overlap(size_t lo, size_t n, size_t s_lo, size_t s_n, size_t* out_lo) {

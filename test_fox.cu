@@ -1906,26 +1906,106 @@ static void test_topology(void) {
     expect_failure(parse_args_child, bad_stage, "-Q 2");
 }
 
-static void test_shards(void) {
-    check(padded_count(10, 3) == 12 && shard_count(10, 3) == 4 && shard_offset(10, 3, 2) == 8,
-          "shards: 10 parameters over 3 ranks are padded to 12, slices of 4, the last at 8");
-    check(padded_count(12, 4) == 12 && shard_count(12, 4) == 3 && padded_count(7, 1) == 7,
-          "shards: divisible sizes are not padded");
-    int covered_once = 1;
-    for (size_t n = 1; n <= 70; n++) {
+// The GPU's parameter layout (layout_params) and AdamW's segments, on the host: for models whose
+// layers hold different tensors (frozen gate bias, grouped projections with and without v) and
+// worlds of 1 to 9 ranks, every slice aligned and inside its bucket, no two overlapping, the
+// grouped projections side by side, buckets padded to the world and tiled by the ranks' shares,
+// and every trainable parameter of a rank's share in exactly one AdamW segment of its decay group
+// (frozen ones in none), its moment at the share's place.
+static void test_param_layout(void) {
+    const char* models[][3] = {{"fox-pro-tiny", "", ""}, {"fox-pro-tiny", "gate", "fixed"},
+                               {"fox-pro-tiny", "v_shift", "0"}, {"fox-llama-tiny", "", ""},
+                               {"transformer-llama-tiny", "", ""}};
+    int aligned = 1, inside = 1, disjoint = 1, grouped = 1, padded = 1, tiled = 1, segments = 1, cases = 0;
+    for (size_t k = 0; k < sizeof(models) / sizeof(models[0]); k++) {
+        FoxConfig c;
+        config_from_preset(&c, models[k][0]);
+        config_set(&c, "vocab_size", "500");
+        if (models[k][1][0] != '\0') { config_set(&c, models[k][1], models[k][2]); }
+        ParamSpec spec[NUM_PARAM_TENSORS];
+        param_table(&c, spec);
+        int L = c.n_layer, slot[4], hp_slot[HP_MAX];
+        qkvg_slots(&c, slot);
+        head_proj_slots(&c, hp_slot);
+        size_t CC = (size_t)c.n_embd * c.n_embd, HC = (size_t)c.n_head * c.n_embd;
         for (int world = 1; world <= 9; world++) {
-            int hits[70] = {0};
-            for (int r = 0; r < world; r++) {
-                size_t lo, k = range_overlap(0, n, shard_offset(n, world, r), shard_count(n, world), &lo);
-                for (size_t i = lo; i < lo + k; i++) { hits[i]++; }
+            cases++;
+            ParamLayout lay;
+            layout_params(&lay, &c, world);
+            size_t end = 0, unit = (size_t)LAYOUT_ALIGN * world;
+            for (int b = 0; b < lay.n_buckets; b++) {
+                padded &= lay.bucket[b].lo == end && lay.bucket[b].n % unit == 0 &&
+                          (b == 0 || b == lay.n_buckets - 1 || lay.bucket[b].n == lay.layer_stride);
+                end = lay.bucket[b].lo + lay.bucket[b].n;
             }
-            for (size_t i = 0; i < n; i++) { covered_once &= hits[i] == 1; }
+            padded &= end == lay.size;
+            unsigned char* owner = (unsigned char*)calloc_check(lay.size, 1, "layout map");
+            for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+                for (int l = 0; l < (spec[t].per_layer ? L : 1); l++) {
+                    size_t lo = lay.slice[(size_t)t * L + l], n = param_slice_numel(&spec[t]);
+                    int b = t == P_WTE ? 0 : spec[t].per_layer ? l + 1 : lay.n_buckets - 1;
+                    aligned &= lo % LAYOUT_ALIGN == 0;
+                    inside &= lo >= lay.bucket[b].lo && lo + n <= lay.bucket[b].lo + lay.bucket[b].n;
+                    for (size_t i = lo; i < lo + n && inside; i++) { disjoint &= owner[i] == 0; owner[i] = 1 + t; }
+                }
+            }
+            for (int l = 0; l < L; l++) {
+                int first = -1, hp_first = -1;
+                for (int q = 0; q < 4; q++) { first = slot[q] == 0 ? QKVG_TENSORS[q] : first; }
+                for (int q = 0; q < HP_MAX; q++) { hp_first = hp_slot[q] == 0 ? HP_TENSORS[q] : hp_first; }
+                for (int j = 0; j < 4; j++) {
+                    grouped &= slot[j] <= 0 || lay.slice[(size_t)QKVG_TENSORS[j] * L + l] ==
+                                               lay.slice[(size_t)first * L + l] + (size_t)slot[j] * CC;
+                }
+                for (int j = 0; j < HP_MAX; j++) {
+                    grouped &= hp_slot[j] <= 0 || lay.slice[(size_t)HP_TENSORS[j] * L + l] ==
+                                                  lay.slice[(size_t)hp_first * L + l] + (size_t)hp_slot[j] * HC;
+                }
+            }
+            int* hits = (int*)calloc_check(lay.size, sizeof(int), "layout map");
+            for (int r = 0; r < world; r++) {
+                Dist d = g_single_process;
+                d.world = world;
+                d.rank = r;
+                d.zero_stage = 1;
+                RangeList share;
+                range_list_host(&share, &lay, &d, world > 1);
+                for (int b = 0; b < share.count && world > 1; b++) {
+                    tiled &= share.host[b].lo == lay.bucket[b].lo + (size_t)r * (lay.bucket[b].n / world) &&
+                              share.host[b].n == lay.bucket[b].n / world;
+                }
+                int count;
+                unsigned blocks;
+                AdamWSegment* sg = adamw_segment_table(&lay, spec, L, &share, &count, &blocks);
+                for (int i = 0; i < count; i++) {
+                    int in_range = 0;
+                    for (int q = 0; q < share.count; q++) {
+                        Range rg = share.host[q];
+                        in_range |= sg[i].lo >= rg.lo && sg[i].lo + sg[i].n <= rg.lo + rg.n &&
+                                    sg[i].m_lo == rg.v + (sg[i].lo - rg.lo);
+                    }
+                    segments &= in_range && sg[i].first_block ==
+                                 (i == 0 ? 0u : sg[i - 1].first_block + (unsigned)ceil_div(sg[i - 1].n, 1024));
+                    for (size_t e = sg[i].lo; e < sg[i].lo + sg[i].n; e++) {
+                        hits[e]++;
+                        segments &= owner[e] == 0 || spec[owner[e] - 1].decay == sg[i].decay;
+                    }
+                }
+                free(sg);
+                free(share.host);
+            }
+            for (size_t e = 0; e < lay.size; e++) {
+                segments &= owner[e] == 0 ? hits[e] <= 1 : hits[e] == (spec[owner[e] - 1].trainable ? 1 : 0);
+            }
+            free(hits);
+            free(owner);
+            layout_free(&lay);
         }
     }
-    check(covered_once, "shards: every parameter lies in exactly one shard (n = 1..70, world = 1..9)");
-    size_t lo;
-    check(range_overlap(5, 10, 8, 4, &lo) == 4 && lo == 8 && range_overlap(5, 10, 0, 6, &lo) == 1 && lo == 5 &&
-          range_overlap(0, 3, 8, 4, &lo) == 0, "shards: a tensor's part in a slice");
+    check(aligned && inside && disjoint && grouped, "parameter layout: %d models x worlds 1-9: slices aligned to %d, "
+          "inside their buckets, disjoint; grouped and head projections side by side", cases / 9, LAYOUT_ALIGN);
+    check(padded && tiled && segments, "parameter layout: buckets contiguous and padded to the world, tiled by the "
+          "ranks' shares; each trainable parameter in one AdamW segment of its decay group, frozen ones in none");
     check(translate_batch_pos(3, 16, 16) == 3 && translate_batch_pos(3, 16, 8) == 6 &&
               translate_batch_pos(4, 16, 32) == 2 && translate_batch_pos(3, 16, 32) == -1 &&
               translate_batch_pos(5, 0, 8) == -1,
@@ -2767,7 +2847,7 @@ static double abs_error_f32(const float* a, const float* b, size_t n, double sca
 // against its own small value.
 static void compare_gradients(GPUModel* g, FoxModel* twin, FoxModel* probe, double bf_scale, const char* name) {
     float* grads = (float*)malloc_check(g->num_parameters * sizeof(float), "GPU gradients");
-    cudaCheck(cudaMemcpy(grads, g->grads, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+    gpu_download(g, g->grads, grads);
     char detail[4096] = "";
     size_t used = 0;
     double worst_ratio = 0.0, worst_err = 0.0, worst_tol = 0.0;
@@ -2779,10 +2859,10 @@ static void compare_gradients(GPUModel* g, FoxModel* twin, FoxModel* probe, doub
         if (n == 0 || !s->trainable) { continue; }
         const float* ref = param_tensor(&twin->grads, t);
         double sens = rel_error_f32(param_tensor(&probe->grads, t), ref, n, n, n, n);
-        double err = rel_error_f32(grads + g->offsets[t], ref, n, n, n, n);
+        double err = rel_error_f32(grads + (ref - twin->grads_memory), ref, n, n, n, n);
         if (t == P_BF) {
             sens = abs_error_f32(param_tensor(&probe->grads, t), ref, n, bf_scale);
-            err = abs_error_f32(grads + g->offsets[t], ref, n, bf_scale);
+            err = abs_error_f32(grads + (ref - twin->grads_memory), ref, n, bf_scale);
         }
         double tol = tolerance(s->cols == 1 ? GTOL_GRAD_VECTOR : GTOL_GRAD_MATRIX, sens);
         tensors++;
@@ -2976,26 +3056,6 @@ static void gpu_test_larger_heads(void) {
     }
 }
 
-// whether wqkvg holds every layer's matmul copies of the grouped projections, in qkvg_slots's
-// order: a step that updated params_x without gpu_group_qkvg would leave it behind
-static int gpu_wqkvg_current(GPUModel* g) {
-    const FoxConfig* cf = &g->config;
-    int slot[4], F = qkvg_slots(cf, slot), same = 1;
-    size_t CC = (size_t)cf->n_embd * cf->n_embd, n = qkvg_numel(cf);
-    floatX* grouped = (floatX*)malloc_check(n * sizeof(floatX), "grouped weights");
-    floatX* w = (floatX*)malloc_check(CC * sizeof(floatX), "grouped weights");
-    cudaCheck(cudaMemcpy(grouped, g->wqkvg, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    for (int l = 0; l < cf->n_layer; l++) {
-        for (int j = 0; j < 4; j++) {
-            if (slot[j] < 0) { continue; }
-            cudaCheck(cudaMemcpy(w, px(g, QKVG_TENSORS[j], l), CC * sizeof(floatX), cudaMemcpyDeviceToHost));
-            same &= memcmp(w, grouped + ((size_t)l * F + slot[j]) * CC, CC * sizeof(floatX)) == 0;
-        }
-    }
-    free(grouped); free(w);
-    return same && F > 0;
-}
-
 // a few GPU AdamW steps on one fixed batch; returns the losses in `losses`
 static void gpu_train_steps(GPUModel* g, const int* inputs, const int* targets, int B, int T, int first, int n,
                             float* losses) {
@@ -3010,9 +3070,11 @@ static void gpu_train_steps(GPUModel* g, const int* inputs, const int* targets, 
     }
 }
 
-static int gpu_same_device_buffer(const float* d, const float* h, size_t n) {
+// whether a flat buffer of g (the GPU's layout) holds the twin-layout host buffer h, bit for bit
+static int gpu_same_as_twin(GPUModel* g, const float* d, const float* h) {
+    size_t n = g->num_parameters;
     float* tmp = (float*)malloc_check(n * sizeof(float), "device copy");
-    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    gpu_download(g, d, tmp);
     int same = memcmp(tmp, h, n * sizeof(float)) == 0;
     free(tmp);
     return same;
@@ -3050,7 +3112,7 @@ static void gpu_test_recompute(void) {
             gpu_forward_train(&g, inputs, targets, B, T, 1.0f);
             gpu_backward(&g);
             grads[r] = (float*)malloc_check(n * sizeof(float), "gradients");
-            cudaCheck(cudaMemcpy(grads[r], g.grads, n * sizeof(float), cudaMemcpyDeviceToHost));
+            gpu_download(&g, g.grads, grads[r]);
             loss[r] = g.mean_loss;
             bytes[r] = g.acts_bytes;
             gpu_free(&g);
@@ -3115,7 +3177,7 @@ static void gpu_test_matmul_tuning(void) {
     }
     gpu_params_to_host(&g[1]);
     int same = memcmp(loss[0], loss[1], sizeof(loss[0])) == 0 &&
-               gpu_same_device_buffer(g[0].params, h[1].params_memory, h[0].num_parameters);
+               gpu_same_as_twin(&g[0], g[0].params, h[1].params_memory);
     check(same && changed > 0, "gpu matmul tuning: %d plans on another cuBLASLt algorithm, the same losses and weights "
           "bit for bit as untuned over 3 steps of 2 micro-batches: %s (last loss %.6f)", changed, same ? "yes" : "no",
           loss[1][2]);
@@ -3160,11 +3222,9 @@ static void gpu_test_checkpoints_and_determinism(void) {
     gpu_train_steps(&g2, inputs, targets, B, T, 0, 6, run2);
     gpu_params_to_host(&g2);
     check(memcmp(run1, run2, sizeof(run1)) == 0 &&
-              gpu_same_device_buffer(g1.params, h2.params_memory, h1.num_parameters),
+              gpu_same_as_twin(&g1, g1.params, h2.params_memory),
           "gpu: two runs with the same seed give bit-identical losses and weights (last loss %.6f, first %.6f)",
           run1[5], run1[0]);
-    check(gpu_wqkvg_current(&g1), "gpu: after 6 AdamW steps the grouped attention weights (wqkvg) are the matmul "
-          "copies of W_q, W_k, W_v, W_g (gpu_group_qkvg after every update)");
     gpu_free(&g2);
     fox_free(&h2);
 
@@ -3184,9 +3244,9 @@ static void gpu_test_checkpoints_and_determinism(void) {
     TrainState st;
     load_state(&cpu, &st, state_path);
     check(st.step == 3 && cpu.num_parameters == g3.num_parameters &&
-          gpu_same_device_buffer(g3.params, cpu.params_memory, cpu.num_parameters) &&
-          gpu_same_device_buffer(g3.adam_m, cpu.m_memory, cpu.num_parameters) &&
-          gpu_same_device_buffer(g3.adam_v, cpu.v_memory, cpu.num_parameters),
+          gpu_same_as_twin(&g3, g3.params, cpu.params_memory) &&
+          gpu_same_as_twin(&g3, g3.adam_m, cpu.m_memory) &&
+          gpu_same_as_twin(&g3, g3.adam_v, cpu.v_memory),
           "gpu checkpoint -> twin: %zu weights and both AdamW moments load bit-identical", cpu.num_parameters);
 
     // resume on the GPU from that checkpoint: steps 4..6 equal the uninterrupted run's
@@ -3219,9 +3279,9 @@ static void gpu_test_checkpoints_and_determinism(void) {
     GPUModel g5;
     gpu_build(&g5, &loaded, B, T);
     gpu_state_from_host(&g5);
-    int same = gpu_same_device_buffer(g5.params, cpu.params_memory, cpu.num_parameters) &&
-               gpu_same_device_buffer(g5.adam_m, cpu.m_memory, cpu.num_parameters) &&
-               gpu_same_device_buffer(g5.adam_v, cpu.v_memory, cpu.num_parameters);
+    int same = gpu_same_as_twin(&g5, g5.params, cpu.params_memory) &&
+               gpu_same_as_twin(&g5, g5.adam_m, cpu.m_memory) &&
+               gpu_same_as_twin(&g5, g5.adam_v, cpu.v_memory);
     fox_forward(&cpu, inputs, targets, B, T);
     gpu_forward(&g5, inputs, targets, B, T);
     double el = fabs((double)g5.mean_loss - cpu.mean_loss) / cpu.mean_loss;
@@ -3238,15 +3298,32 @@ static void gpu_test_checkpoints_and_determinism(void) {
     if (system(cmd) != 0) { printf("      (could not remove %s)\n", dir); }
 }
 
+// whether the device buffer `by_range` (opt's ranges one after another, as the moments; or, with
+// in_layout, a flat buffer) equals the flat buffer `ref` on g's optimizer ranges
+static int gpu_opt_ranges_match(GPUModel* g, const float* by_range, int in_layout, const float* ref) {
+    int same = 1;
+    for (int r = 0; r < g->opt.count; r++) {
+        Range rg = g->opt.host[r];
+        float* a = (float*)malloc_check(rg.n * sizeof(float), "range");
+        float* b = (float*)malloc_check(rg.n * sizeof(float), "range");
+        cudaCheck(cudaMemcpy(a, by_range + (in_layout ? rg.lo : rg.v), rg.n * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(b, ref + rg.lo, rg.n * sizeof(float), cudaMemcpyDeviceToHost));
+        same &= memcmp(a, b, rg.n * sizeof(float)) == 0;
+        free(a); free(b);
+    }
+    return same;
+}
+
 // ZeRO-1 slices without a communicator: "ranks" of fake worlds of 2 and 3 run AdamW on their
-// slices of one process's gradients; over 3 steps their slices of the weights and moments must
-// equal the one process's bit for bit (the all-gather is a copy), and a checkpoint's moments
-// must load into each slice
+// shares of one process's gradients (copied into their own layouts, whose buckets are padded
+// for their world); over 3 steps their shares of the weights and moments must equal the one
+// process's bit for bit (the all-gather is a copy), and a checkpoint's moments must load into
+// each share
 static void gpu_test_zero_slices(void) {
     FoxConfig c;
     config_from_preset(&c, "fox-pro-tiny");
     config_set(&c, "vocab_size", "500");
-    c.n_layer = 3; c.n_embd = 160; c.n_head = 5; // 1,294,895 parameters: padded on 2 and on 3 ranks
+    c.n_layer = 3; c.n_embd = 160; c.n_head = 5;
     c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
     int B = 2, T = 64;
     size_t N = (size_t)B * T;
@@ -3271,8 +3348,10 @@ static void gpu_test_zero_slices(void) {
         twin_from_config(&hosts[i], &c, 9);
         gpu_build_dist(&part[i], &hosts[i], B, T, &fake[i]);
     }
-    float* a = (float*)malloc_check(np * sizeof(float), "weights");
-    float* b = (float*)malloc_check(np * sizeof(float), "weights");
+    float* grads = (float*)malloc_check(np * sizeof(float), "gradients");
+    float* weights = (float*)malloc_check(np * sizeof(float), "weights");
+    float* m = (float*)malloc_check(np * sizeof(float), "moments");
+    float* v = (float*)malloc_check(np * sizeof(float), "moments");
     AdamWConfig opt = {1e-2f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
     int same = 1;
     for (int s = 0; s < 3; s++) {
@@ -3280,42 +3359,46 @@ static void gpu_test_zero_slices(void) {
         gpu_forward_train(&full, inputs, targets, B, T, 1.0f);
         gpu_backward(&full);
         double norm = gpu_grad_norm(&full);
+        gpu_download(&full, full.grads, grads);
         for (int i = 0; i < RANKS; i++) {
-            cudaCheck(cudaMemcpy(part[i].grads, full.grads, np * sizeof(float), cudaMemcpyDeviceToDevice));
+            gpu_upload(&part[i], grads, part[i].grads);
             gpu_adamw(&part[i], &opt, 1e-2f, s + 1, norm);
         }
         gpu_update(&full, &opt, 1e-2f, s + 1, norm);
-        for (int i = 0; i < RANKS; i++) {
-            size_t lo, n = range_overlap(0, np, part[i].shard_offset, part[i].shard_size, &lo);
-            float* dev_full[3] = {full.params, full.adam_m, full.adam_v};
-            float* dev_part[3] = {part[i].params + lo, part[i].adam_m, part[i].adam_v};
-            for (int k = 0; k < 3; k++) {
-                cudaCheck(cudaMemcpy(a, dev_full[k] + lo, n * sizeof(float), cudaMemcpyDeviceToHost));
-                cudaCheck(cudaMemcpy(b, dev_part[k], n * sizeof(float), cudaMemcpyDeviceToHost));
-                same &= memcmp(a, b, n * sizeof(float)) == 0;
-            }
-            cudaCheck(cudaMemcpy(part[i].params, full.params, np * sizeof(float), cudaMemcpyDeviceToDevice));
+        gpu_download(&full, full.params, weights);
+        gpu_download(&full, full.adam_m, m);
+        gpu_download(&full, full.adam_v, v);
+        for (int i = 0; i < RANKS; i++) { // the one process's values into the share's layout (its gradient buffer)
+            gpu_upload(&part[i], weights, part[i].grads);
+            same &= gpu_opt_ranges_match(&part[i], part[i].params, 1, part[i].grads);
+            gpu_upload(&part[i], m, part[i].grads);
+            same &= gpu_opt_ranges_match(&part[i], part[i].adam_m, 0, part[i].grads);
+            gpu_upload(&part[i], v, part[i].grads);
+            same &= gpu_opt_ranges_match(&part[i], part[i].adam_v, 0, part[i].grads);
+            gpu_upload(&part[i], weights, part[i].params);
         }
     }
-    check(same, "gpu ZeRO-1 slices: worlds of 2 and 3 (%zu parameters, padded to %zu and %zu) update their slices "
-          "bit-identical to one process over 3 steps", np, part[0].padded_parameters, part[2].padded_parameters);
+    check(same && part[0].opt.count == c.n_layer + 2, "gpu ZeRO-1 slices: worlds of 2 and 3 (%zu parameters, padded "
+          "to %zu and %zu) update their shares of %d buckets bit-identical to one process over 3 steps", np,
+          part[0].layout.size, part[2].layout.size, part[0].opt.count);
     gpu_state_to_host(&full); // host now holds the weights and moments after 3 steps
     int loads = 1;
     for (int i = 2; i < RANKS; i++) {
         GPUModel resumed;
         gpu_build_dist(&resumed, &host, B, T, &fake[i]);
         gpu_state_from_host(&resumed);
-        size_t lo, n = range_overlap(0, np, resumed.shard_offset, resumed.shard_size, &lo);
-        loads &= gpu_same_device_buffer(resumed.adam_m, host.m_memory + lo, n) &&
-                 gpu_same_device_buffer(resumed.adam_v, host.v_memory + lo, n) &&
-                 gpu_same_device_buffer(resumed.params, host.params_memory, np);
+        loads &= gpu_same_as_twin(&resumed, resumed.params, host.params_memory);
+        gpu_upload(&resumed, host.m_memory, resumed.grads);
+        loads &= gpu_opt_ranges_match(&resumed, resumed.adam_m, 0, resumed.grads);
+        gpu_upload(&resumed, host.v_memory, resumed.grads);
+        loads &= gpu_opt_ranges_match(&resumed, resumed.adam_v, 0, resumed.grads);
         gpu_free(&resumed);
     }
-    check(loads, "gpu ZeRO-1 slices: a checkpoint's moments load into each rank's slice of a world of 3");
+    check(loads, "gpu ZeRO-1 slices: a checkpoint's moments load into each rank's share of a world of 3");
     for (int i = 0; i < RANKS; i++) { gpu_free(&part[i]); fox_free(&hosts[i]); }
     gpu_free(&full);
     fox_free(&host);
-    free(a); free(b); free(inputs); free(targets);
+    free(grads); free(weights); free(m); free(v); free(inputs); free(targets);
 }
 
 // ----------------------------------------------------------------------------
@@ -3907,8 +3990,7 @@ static void gpu_test_head_proj(void) {
         hp.count = P;
         size_t J = (size_t)P * H;
         float* dout_all = attn_buf(N * J); // the P douts side by side, as gpu_backward lays them out
-        cudaCheck(cudaMalloc(&hp.dw_all, J * C * sizeof(float)));
-        cudaCheck(cudaMemset(hp.dw_all, 0xFF, J * C * sizeof(float)));
+        cudaCheck(cudaMalloc(&hp.dw, J * C * sizeof(float))); // the P weight gradients side by side
         for (int p = 0; p < P; p++) {
             w[p] = attn_buf(H * C); dout[p] = attn_buf(N * H); dw_ref[p] = attn_buf(H * C);
             out_ref[p] = attn_buf(N * H); out[p] = attn_buf(N * H); dw[p] = attn_buf(H * C);
@@ -3920,8 +4002,7 @@ static void gpu_test_head_proj(void) {
             for (size_t n = 0; n < N; n++) { memcpy(dout_all + n * J + p * H, dout[p] + n * H, H * sizeof(float)); }
             cudaCheck(cudaMalloc(&hp.out[p], N * H * sizeof(float)));
             cudaCheck(cudaMemset(hp.out[p], 0xFF, N * H * sizeof(float)));
-            cudaCheck(cudaMalloc(&hp.dw[p], H * C * sizeof(float)));
-            cudaCheck(cudaMemcpy(hp.dw[p], dw_ref[p], H * C * sizeof(float), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(hp.dw + p * H * C, dw_ref[p], H * C * sizeof(float), cudaMemcpyHostToDevice));
             matmul_backward(dx_ref, dw_ref[p], NULL, dout[p], x, w[p], N, (int)C, (int)H);
         }
         hp.dout = attn_upload(dout_all, N * J);
@@ -3932,17 +4013,17 @@ static void gpu_test_head_proj(void) {
         double e_out = 0.0, e_dw = 0.0, e_dx = rel_max_error(dx, dx_ref, N * C);
         for (int p = 0; p < P; p++) {
             cudaCheck(cudaMemcpy(out[p], hp.out[p], N * H * sizeof(float), cudaMemcpyDeviceToHost));
-            cudaCheck(cudaMemcpy(dw[p], hp.dw[p], H * C * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(dw[p], hp.dw + p * H * C, H * C * sizeof(float), cudaMemcpyDeviceToHost));
             e_out = fmax(e_out, rel_max_error(out[p], out_ref[p], N * H));
             e_dw = fmax(e_dw, rel_max_error(dw[p], dw_ref[p], H * C));
-            cudaCheck(cudaFree((void*)hp.w[p])); cudaCheck(cudaFree(hp.out[p])); cudaCheck(cudaFree(hp.dw[p]));
+            cudaCheck(cudaFree((void*)hp.w[p])); cudaCheck(cudaFree(hp.out[p]));
             free(w[p]); free(dout[p]); free(out_ref[p]); free(dw_ref[p]); free(out[p]); free(dw[p]);
         }
         check(e_out <= 1e-4 && e_dx <= 1e-4 && e_dw <= 1e-4,
               "gpu head projections N=%d C=%d H=%d P=%d against the twin's matmuls: out %.1e, dx %.1e, dw %.1e "
               "(max |err| / max |twin|, tolerance 1e-4)", cases[i].N, cases[i].C, cases[i].H, P, e_out, e_dx, e_dw);
         cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(dx_d));
-        cudaCheck(cudaFree((void*)hp.dout)); cudaCheck(cudaFree(hp.dw_all));
+        cudaCheck(cudaFree((void*)hp.dout)); cudaCheck(cudaFree(hp.dw));
         free(x); free(dx_ref); free(dx); free(dout_all);
     }
 }
@@ -4020,7 +4101,7 @@ static void gpu_memory_child(const void* arg) {
     if (!config_from_preset(&c, "fox-pro-760m")) { return; }
     c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
     size_t pages = decoder_worst_pages(&c, 32, 32832);
-    size_t need = gpu_generate_bytes(&c, 1000000000, 32, 32768, 32, 32832, pages);
+    size_t need = gpu_generate_bytes(&c, 32, 32768, 32, 32832, pages);
     gpu_generate_check_memory(need, (size_t)80 << 30, 32, 32832, pages * decoder_page_bytes(&c));
 }
 #endif
@@ -4518,7 +4599,7 @@ int main(int argc, char** argv) {
     test_bad_decode_table();
     printf("# data parallel (plain C part)\n");
     test_topology();
-    test_shards();
+    test_param_layout();
     test_rendezvous();
     printf("# HuggingFace export and import\n");
     test_hf();

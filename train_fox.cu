@@ -37,12 +37,13 @@ The sections, in file order (each opens with a // ---- line and this title):
   output norm and gate, SwiGLU, cross-entropy: the layer's other element-wise kernels and the loss
   optimiser kernels: the gradient norm's fp64 partial sums, AdamW, the bf16 copy of the weights
   data parallel: NCCL collectives, ZeRO stage 0 / 1, host sums in rank order
-  the GPU model: device buffers (parameters, activations, gradients, AdamW state), the grouped
-      attention weights (qkvg_slots, gpu_group_qkvg), the memory estimate, gpu_config_problem
-      (what the kernels cannot take), gpu_build
+  the GPU model: device buffers (parameters, activations, gradients, AdamW state), the parameter
+      layout (layer-major buckets, layout_params; copies to and from the twin's), the memory
+      estimate, gpu_config_problem (what the kernels cannot take), gpu_build
   layer launchers used by the forward and backward: RMSNorm and column-sum launches
   forward and backward of the whole model: gpu_forward, gpu_backward, the activation recompute
-  optimiser: the gradients' reduction and norm, clipping, the AdamW step (gpu_update)
+  optimiser: the gradients' reduction (by bucket, from inside the backward), norm, clipping, the
+      AdamW step (gpu_update)
   checkpoints: the twin's files, written and resumed on any number of GPUs
   generation on the GPU: the decoder's matvecs (gemv_kernel), flash-decoding attention over a
       paged KV cache, the split combine, sampling, the cache's upkeep (eviction, pages), the prefill
@@ -83,6 +84,8 @@ static const char* ncclGetLastError(ncclComm_t) { return ""; }
 #define ncclAllReduce nccl_absent
 #define ncclReduceScatter nccl_absent
 #define ncclAllGather nccl_absent
+#define ncclGroupStart nccl_absent
+#define ncclGroupEnd nccl_absent
 #endif
 #ifdef USE_MPI
 #include <mpi.h>
@@ -482,15 +485,8 @@ static void matmul_backward_input_gpu(void* dinp, cudaDataType_t dinp_type, cons
     matmul_lt(dinp, dinp_type, NULL, w, dout, IC, (int)N, OC, 0, 0, 0, beta);
 }
 
-// dw (OC, IC) += dout^T @ inp where dout (N, OC) is a column block of a wider matrix with rows
-// ld long (ld 0: dout is dense)
-static void matmul_backward_weight_ld_gpu(float* dw, const floatX* dout, int ld, const floatX* inp, size_t N, int IC,
-                                          int OC) {
-    matmul_lt(dw, CUDA_R_32F, NULL, inp, dout, IC, OC, (int)N, 0, 1, ld, 1.0f);
-}
-
 static void matmul_backward_weight_gpu(float* dw, const floatX* dout, const floatX* inp, size_t N, int IC, int OC) {
-    matmul_backward_weight_ld_gpu(dw, dout, 0, inp, N, IC, OC);
+    matmul_lt(dw, CUDA_R_32F, NULL, inp, dout, IC, OC, (int)N, 0, 1, 0, 1.0f);
 }
 
 // ----------------------------------------------------------------------------
@@ -1271,7 +1267,7 @@ static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, in
 // weight without bias. The bf16 build computes all P in one pass on tensor cores (mma.sync
 // m16n8k16, fp32 accumulation) instead of P thin cuBLASLt matmuls; the fp32 build keeps the
 // cuBLASLt matmuls. The weight gradients stay on cuBLASLt (a long reduction over N, which it
-// splits well), all P in one matmul that reads x once. Output j = p * H + h of the concatenation
+// splits well), all P in one matmul that reads x once (the layout keeps the P weights side by side). Output j = p * H + h of the concatenation
 // is head h of projection p (the backward's dout holds them side by side in that order); the
 // kernels are compiled for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP
 // with zero weights).
@@ -1283,8 +1279,7 @@ typedef struct {
     const floatX* w[HP_MAX];      // (H, C) each
     float* out[HP_MAX];           // (N, H) fp32 logits (forward)
     const floatX* dout;           // (N, P H) their gradients side by side (backward)
-    float* dw[HP_MAX];            // (H, C) fp32 weight gradients (accumulated)
-    float* dw_all;                // (P H, C) scratch: the P weight gradients of one step, then added to dw
+    float* dw;                    // (P H, C) fp32 weight gradients, the P side by side (accumulated)
 } HeadProj;
 
 // element p < 3 of a by-value HeadProj array by selects (an indexed load copies the struct to
@@ -1295,17 +1290,13 @@ template <typename Ptr> __device__ static inline Ptr head_proj_pick(const Ptr (&
 
 // The head projections that are on, in the order k shift, v shift, forget gate: slot[i] is
 // projection i's place among them (-1: off); returns P.
+static const int HP_TENSORS[HP_MAX] = {P_WK_SHIFT, P_WV_SHIFT, P_WF};
 static int head_proj_slots(const FoxConfig* cf, int slot[HP_MAX]) {
     int on[HP_MAX] = {cf->k_shift, cf->v_shift, cf->gate == GATE_FULL}, P = 0;
     for (int i = 0; i < HP_MAX; i++) { slot[i] = on[i] ? P++ : -1; }
     return P;
 }
 
-// dw_p += rows p H .. p H + H - 1 of dw_all, one element per thread
-__global__ void head_proj_add_kernel(HeadProj hp, size_t HC) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (size_t)hp.count * HC) { head_proj_pick(hp.dw, (int)(i / HC))[i % HC] += hp.dw_all[i]; }
-}
 
 #ifndef ENABLE_FP32
 
@@ -3440,22 +3431,33 @@ static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, 
 // ----------------------------------------------------------------------------
 // optimiser kernels
 
-// stage 1 of the gradient norm: fixed grid, fixed order, fp64 partial sums of squares
+// [lo, lo + n) of a flat buffer; v: where it starts in the concatenation of its list's ranges
+typedef struct { size_t lo, n, v; } Range;
+
+// stage 1 of the gradient norm: fixed grid, fixed order, fp64 partial sums of squares over a
+// list of ranges (their concatenation, `total` long, cut into one equal chunk per block)
 #define NORM_BLOCKS 512
 // (a thread loads four of its strided elements at once, so four loads are in flight, and adds
 // them in the same order as one at a time)
-__global__ void sumsq_partial_kernel(double* partial, const float* g, size_t n) {
+__global__ void sumsq_partial_kernel(double* partial, const float* g, const Range* ranges, int count, size_t total) {
     __shared__ double red[256];
     double acc = 0.0;
-    size_t stride = (size_t)gridDim.x * blockDim.x, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < n; i += 4 * stride) {
-        float a = g[i], b = g[i + stride], c = g[i + 2 * stride], d = g[i + 3 * stride];
-        acc += (double)a * a;
-        acc += (double)b * b;
-        acc += (double)c * c;
-        acc += (double)d * d;
+    size_t chunk = (total + gridDim.x - 1) / gridDim.x, v0 = (size_t)blockIdx.x * chunk, v1 = v0 + chunk;
+    for (int r = 0; r < count; r++) {
+        Range rg = ranges[r];
+        size_t a = v0 > rg.v ? v0 : rg.v, b = v1 < rg.v + rg.n ? v1 : rg.v + rg.n;
+        if (a >= b) { continue; }
+        const float* x = g + rg.lo + (a - rg.v);
+        size_t n = b - a, stride = blockDim.x, i = threadIdx.x;
+        for (; i + 3 * stride < n; i += 4 * stride) {
+            float p = x[i], q = x[i + stride], u = x[i + 2 * stride], w = x[i + 3 * stride];
+            acc += (double)p * p;
+            acc += (double)q * q;
+            acc += (double)u * u;
+            acc += (double)w * w;
+        }
+        for (; i < n; i += stride) { acc += (double)x[i] * x[i]; }
     }
-    for (; i < n; i += stride) { acc += (double)g[i] * g[i]; }
     red[threadIdx.x] = acc;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s /= 2) {
@@ -3465,32 +3467,39 @@ __global__ void sumsq_partial_kernel(double* partial, const float* g, size_t n) 
     if (threadIdx.x == 0) { partial[blockIdx.x] = red[0]; }
 }
 
-// AdamW on every trainable tensor of this rank's optimizer slice in one launch, the twin's
+// AdamW on every trainable parameter of this rank's optimizer ranges in one launch, the twin's
 // arithmetic; grad_scale applies the clipping; the matmul copy of the weight is refreshed.
-// The host lists the tensors' parts in the slice (segments); each block updates
+// A table of segments (adamw_segments) lists the ranges' trainable parts; each block updates
 // ADAMW_THREADS * ADAMW_PER_THREAD elements of one segment, a thread ADAMW_PER_THREAD of them
 // ADAMW_THREADS apart, all loaded before any is updated (loads in flight, coalesced).
 #define ADAMW_THREADS 256
 #define ADAMW_PER_THREAD 4
+
+// One AdamW segment: n parameters from lo, their moments from m_lo; decayed or not
 typedef struct {
-    size_t lo[NUM_PARAM_TENSORS], n[NUM_PARAM_TENSORS]; // index into params, length
-    float wd[NUM_PARAM_TENSORS];
-    unsigned first_block[NUM_PARAM_TENSORS + 1];        // segment s has blocks [first_block[s], first_block[s + 1])
-    int count;
-} AdamWSegments;
+    size_t lo, n, m_lo;
+    unsigned first_block; // its thread blocks: [first_block, the next segment's)
+    int decay;
+} AdamWSegment;
 
 __global__ void adamw_kernel(float* __restrict__ p, floatX* __restrict__ p_x, const float* __restrict__ g,
-                             float* __restrict__ m, float* __restrict__ v, size_t opt_offset, AdamWSegments segs,
-                             float lr, float beta1, float beta2, float c1, float c2, float eps, float grad_scale) {
-    int sg = 0;
-    while (sg + 1 < segs.count && blockIdx.x >= segs.first_block[sg + 1]) { sg++; }
-    size_t j0 = (size_t)(blockIdx.x - segs.first_block[sg]) * ADAMW_THREADS * ADAMW_PER_THREAD + threadIdx.x;
-    size_t lo = segs.lo[sg], n = segs.n[sg];
-    float wd = segs.wd[sg], pp[ADAMW_PER_THREAD], gg[ADAMW_PER_THREAD], mm[ADAMW_PER_THREAD], vv[ADAMW_PER_THREAD];
+                             float* __restrict__ m, float* __restrict__ v, const AdamWSegment* segs, int count,
+                             float lr, float weight_decay, float beta1, float beta2, float c1, float c2, float eps,
+                             float grad_scale) {
+    int a = 0, b = count - 1; // the last segment whose first block is <= this one
+    while (a < b) {
+        int mid = (a + b + 1) / 2;
+        if (segs[mid].first_block <= blockIdx.x) { a = mid; } else { b = mid - 1; }
+    }
+    AdamWSegment sg = segs[a];
+    size_t j0 = (size_t)(blockIdx.x - sg.first_block) * ADAMW_THREADS * ADAMW_PER_THREAD + threadIdx.x;
+    size_t lo = sg.lo, n = sg.n, m_lo = sg.m_lo;
+    float wd = sg.decay ? weight_decay : 0.0f;
+    float pp[ADAMW_PER_THREAD], gg[ADAMW_PER_THREAD], mm[ADAMW_PER_THREAD], vv[ADAMW_PER_THREAD];
     #pragma unroll
     for (int u = 0; u < ADAMW_PER_THREAD; u++) {
         size_t j = j0 + (size_t)u * ADAMW_THREADS, i = lo + j;
-        if (j < n) { pp[u] = p[i]; gg[u] = g[i]; mm[u] = m[i - opt_offset]; vv[u] = v[i - opt_offset]; }
+        if (j < n) { pp[u] = p[i]; gg[u] = g[i]; mm[u] = m[m_lo + j]; vv[u] = v[m_lo + j]; }
     }
     #pragma unroll
     for (int u = 0; u < ADAMW_PER_THREAD; u++) {
@@ -3501,8 +3510,8 @@ __global__ void adamw_kernel(float* __restrict__ p, floatX* __restrict__ p_x, co
         float vi = beta2 * vv[u] + (1.0f - beta2) * gr * gr;
         float mhat = mi / c1, vhat = vi / c2;
         float pi = pp[u] - lr * (mhat / (sqrtf(vhat) + eps) + wd * pp[u]);
-        m[i - opt_offset] = mi;
-        v[i - opt_offset] = vi;
+        m[m_lo + j] = mi;
+        v[m_lo + j] = vi;
         p[i] = pi;
         p_x[i] = to_floatX(pi);
     }
@@ -3786,27 +3795,46 @@ typedef struct {
     floatX* dk_shifted; // (N, C)
     floatX* dqkvg;      // (N, F C) the gradients of W_q x, W_k x, W_v x, W_g x that stage kernels write (qkvg_slots)
     floatX* dhp;        // (N, P H) gradients of the head projections' outputs side by side (head_proj_slots)
-    float* dw_hp;       // (P H, C) their weight gradients before they are added (HeadProj's dw_all)
     float* partial;     // column-sum partials, (N / min(COLSUM_ROWS, RMS_BWD_ROWS), C)
     int* enc_tokens;    // encoder backward: distinct tokens (N), CSR offsets (N+1), positions (N)
     int* enc_offsets;
     int* enc_positions;
 } GPUGradBuffers;
 
+// A list of ranges, in increasing lo, on the host and the device; total: the sum of their n
+typedef struct {
+    Range* host;
+    Range* dev;
+    int count;
+    size_t total;
+} RangeList;
+
+// Where the GPU's flat buffers keep each tensor (layout_params): layer-major, unlike the twin
+typedef struct {
+    size_t* slice;       // (NUM_PARAM_TENSORS, L) offset of tensor t's layer-l slice (layer 0 if not per layer)
+    Range* bucket;       // (L + 2) the embedding, layers 0 .. L - 1, the head; v unused
+    int n_buckets;
+    size_t size;         // elements of a flat buffer, padding included
+    size_t layer_stride; // from a tensor's slice in layer l to layer l + 1
+} ParamLayout;
+
 typedef struct {
     FoxModel* host;
     FoxConfig config;
     size_t num_parameters;
-    size_t offsets[NUM_PARAM_TENSORS]; // of each tensor in the flat buffers
+    ParamLayout layout;
     const Dist* dist;
-    size_t padded_parameters; // num_parameters rounded up to a multiple of the world size
-    size_t shard_offset, shard_size; // this rank's ZeRO-1 slice of the flat buffers
-    size_t opt_offset, opt_size;     // the slice whose AdamW state this rank holds and updates
-    float* params;      // (padded) fp32 master weights, the twin's flat layout
-    floatX* params_x;   // (padded) their matmul copy
-    floatX* wqkvg;      // (L, F C, C) matmul copies of those tensors, each layer's stacked (gpu_group_qkvg)
-    float* grads;       // (padded) fp32, same layout
-    float* adam_m;      // (opt_size) fp32 AdamW moments of the slice at opt_offset
+    RangeList shard;    // this rank's share of every bucket (everything in one process)
+    RangeList opt;      // the ranges whose AdamW state this rank holds and updates (the shard under ZeRO-1)
+    AdamWSegment* adamw_segs; // (adamw_count) on the device: opt's trainable parts (adamw_segments)
+    int adamw_count;
+    unsigned adamw_blocks;
+    int reduce_in_backward; // gpu_backward starts each bucket's gradient collective when its backward is done
+    int buckets_reduced;    // buckets whose collective is queued (gpu_reduce_bucket)
+    float* params;      // (layout.size) fp32 master weights
+    floatX* params_x;   // (layout.size) their matmul copy
+    float* grads;       // (layout.size) fp32
+    float* adam_m;      // (opt.total) fp32 AdamW moments of opt's ranges, one after another
     float* adam_v;
     int max_B, max_T;
     char* acts_memory;
@@ -3842,33 +3870,189 @@ static int qkvg_slots(const FoxConfig* cf, int slot[4]) {
     for (int j = 0; j < 4; j++) { slot[j] = staged[j] ? F++ : -1; }
     return F;
 }
-static size_t qkvg_numel(const FoxConfig* cf) {
-    int slot[4];
-    return (size_t)cf->n_layer * qkvg_slots(cf, slot) * cf->n_embd * cf->n_embd;
+// ----------------------------------------------------------------------------
+// the GPU's parameter layout: the twin and the files keep each tensor for all layers together;
+// the GPU's flat buffers (weights, matmul copy, gradients) are layer-major. One bucket holds the
+// embedding, one each layer (its tensors in layer_tensor_order), one the head (final norm, lm_head),
+// in that order, so a layer's gradients are one contiguous range as soon as its backward has run
+// (the data-parallel collectives start there), and the projections of qkvg_slots and those of
+// head_proj_slots lie side by side in their slots' order (one weight-gradient matmul each). Every slice starts at a
+// multiple of LAYOUT_ALIGN elements, every bucket is padded to a multiple of world *
+// LAYOUT_ALIGN, and rank r's share (ZeRO-1 shard) of a bucket is its r-th of world equal parts.
+// The padding is zeros and stays zeros (no kernel writes it; AdamW keeps zeros zero).
+#define LAYOUT_ALIGN 64
+
+static size_t round_up(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
+
+// a layer's tensors in bucket order: the grouped projections (qkvg_slots's order), the head
+// projections (head_proj_slots's), the other matrices, the trainable vectors, the frozen gate
+// bias; returns their count
+static int layer_tensor_order(const FoxConfig* cf, const ParamSpec* spec, int order[NUM_PARAM_TENSORS]) {
+    int slot[4], F = qkvg_slots(cf, slot), hp_slot[HP_MAX], P = head_proj_slots(cf, hp_slot), n = 0;
+    int placed[NUM_PARAM_TENSORS] = {0};
+    for (int s = 0; s < F; s++) {
+        for (int j = 0; j < 4; j++) {
+            if (slot[j] == s) { order[n++] = QKVG_TENSORS[j]; placed[QKVG_TENSORS[j]] = 1; }
+        }
+    }
+    for (int s = 0; s < P; s++) {
+        for (int i = 0; i < HP_MAX; i++) {
+            if (hp_slot[i] == s) { order[n++] = HP_TENSORS[i]; placed[HP_TENSORS[i]] = 1; }
+        }
+    }
+    for (int pass = 0; pass < 3; pass++) { // decayed, trainable without decay, frozen
+        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+            const ParamSpec* s = &spec[t];
+            int cls = !s->trainable ? 2 : s->decay ? 0 : 1;
+            if (s->per_layer && !placed[t] && cls == pass) { order[n++] = t; placed[t] = 1; }
+        }
+    }
+    return n;
 }
+
+static void layout_params(ParamLayout* lay, const FoxConfig* cf, int world) {
+    ParamSpec spec[NUM_PARAM_TENSORS];
+    param_table(cf, spec);
+    size_t L = (size_t)cf->n_layer, unit = (size_t)LAYOUT_ALIGN * (size_t)world, off = 0;
+    lay->slice = (size_t*)calloc_check(NUM_PARAM_TENSORS * L, sizeof(size_t), "parameter layout");
+    lay->n_buckets = (int)L + 2;
+    lay->bucket = (Range*)calloc_check((size_t)lay->n_buckets, sizeof(Range), "parameter layout");
+    int order[NUM_PARAM_TENSORS], n_order = layer_tensor_order(cf, spec, order);
+    int head[2] = {P_NORM_F, P_LM_HEAD};
+    for (int b = 0; b < lay->n_buckets; b++) {
+        Range* r = &lay->bucket[b];
+        r->lo = off;
+        int count = b == 0 ? 1 : b == lay->n_buckets - 1 ? 2 : n_order;
+        for (int i = 0; i < count; i++) {
+            int t = b == 0 ? P_WTE : b == lay->n_buckets - 1 ? head[i] : order[i];
+            lay->slice[(size_t)t * L + (b == 0 || b == lay->n_buckets - 1 ? 0 : (size_t)b - 1)] = off;
+            off += round_up(param_slice_numel(&spec[t]), LAYOUT_ALIGN);
+        }
+        off = r->lo + round_up(off - r->lo, unit);
+        r->n = off - r->lo;
+    }
+    lay->size = off;
+    lay->layer_stride = lay->bucket[1].n; // every layer's bucket has the same size
+}
+
+static void layout_free(ParamLayout* lay) { free(lay->slice); free(lay->bucket); }
 
 // layer l's slice of a tensor in a flat buffer
-static float* pm(GPUModel* g, int tensor, int l) {
-    return g->params + g->offsets[tensor] + (size_t)l * param_slice_numel(&g->host->spec[tensor]);
+static size_t slice_offset(const GPUModel* g, int tensor, int l) {
+    return g->layout.slice[(size_t)tensor * g->config.n_layer + l];
 }
-static floatX* px(GPUModel* g, int tensor, int l) {
-    return g->params_x + g->offsets[tensor] + (size_t)l * param_slice_numel(&g->host->spec[tensor]);
+static float* pm(GPUModel* g, int tensor, int l) { return g->params + slice_offset(g, tensor, l); }
+static floatX* px(GPUModel* g, int tensor, int l) { return g->params_x + slice_offset(g, tensor, l); }
+static float* pg(GPUModel* g, int tensor, int l) { return g->grads + slice_offset(g, tensor, l); }
+
+// Copies one flat buffer between the device, in the GPU's layout, and the host, in the twin's,
+// one memcpy per tensor slice.
+static void gpu_layout_copy(const GPUModel* g, float* dev, float* host, cudaMemcpyKind kind) {
+    const ParamSpec* spec = g->host->spec;
+    size_t twin = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        size_t n = param_slice_numel(&spec[t]);
+        for (int l = 0; l < (spec[t].per_layer ? g->config.n_layer : 1); l++, twin += n) {
+            float* d = dev + slice_offset(g, t, l);
+            if (n == 0) { continue; }
+            if (kind == cudaMemcpyHostToDevice) {
+                cudaCheck(cudaMemcpy(d, host + twin, n * sizeof(float), kind));
+            } else {
+                cudaCheck(cudaMemcpy(host + twin, d, n * sizeof(float), kind));
+            }
+        }
+    }
 }
-static float* pg(GPUModel* g, int tensor, int l) {
-    return g->grads + g->offsets[tensor] + (size_t)l * param_slice_numel(&g->host->spec[tensor]);
+static void gpu_download(const GPUModel* g, const float* dev, float* host) {
+    gpu_layout_copy(g, (float*)dev, host, cudaMemcpyDeviceToHost);
+}
+static void gpu_upload(const GPUModel* g, const float* host, float* dev) {
+    gpu_layout_copy(g, dev, (float*)host, cudaMemcpyHostToDevice);
 }
 
-// Refreshes wqkvg from params_x after every change of the weights: layer l's (F C, C) matrix
-// holds the weights of qkvg_slots's blocks in their order, one strided copy per tensor
-// (2 L F C^2 bytes, ~0.03 ms a step at 125m).
-static void gpu_group_qkvg(GPUModel* g) {
-    size_t CC = (size_t)g->config.n_embd * g->config.n_embd, X = sizeof(floatX);
-    int slot[4], F = qkvg_slots(&g->config, slot);
-    for (int j = 0; j < 4; j++) {
-        if (slot[j] < 0) { continue; }
-        cudaCheck(cudaMemcpy2DAsync(g->wqkvg + slot[j] * CC, F * CC * X, px(g, QKVG_TENSORS[j], 0), CC * X, CC * X,
-                                    (size_t)g->config.n_layer, cudaMemcpyDeviceToDevice, 0));
+// this rank's share of every bucket (rank_share) or the whole buffer as one range, on the host
+static void range_list_host(RangeList* list, const ParamLayout* lay, const Dist* d, int rank_share) {
+    memset(list, 0, sizeof(*list));
+    list->count = rank_share ? lay->n_buckets : 1;
+    list->host = (Range*)calloc_check((size_t)list->count, sizeof(Range), "ranges");
+    list->total = 0;
+    for (int i = 0; i < list->count; i++) {
+        Range r = rank_share ? lay->bucket[i] : (Range){0, lay->size, 0};
+        if (rank_share) { r.n /= (size_t)d->world; r.lo += (size_t)d->rank * r.n; }
+        r.v = list->total;
+        list->total += r.n;
+        list->host[i] = r;
     }
+}
+
+// the same on both sides
+static void range_list_build(RangeList* list, const ParamLayout* lay, const Dist* d, int rank_share) {
+    range_list_host(list, lay, d, rank_share);
+    list->dev = (Range*)gpu_malloc((size_t)list->count * sizeof(Range), "ranges");
+    cudaCheck(cudaMemcpy(list->dev, list->host, (size_t)list->count * sizeof(Range), cudaMemcpyHostToDevice));
+}
+
+static void range_list_free(RangeList* list) {
+    free(list->host);
+    cudaCheck(cudaFree(list->dev));
+    memset(list, 0, sizeof(*list));
+}
+
+typedef struct { size_t lo, n; int tensor; } SliceAt;
+static int slice_at_cmp(const void* a, const void* b) {
+    size_t x = ((const SliceAt*)a)->lo, y = ((const SliceAt*)b)->lo;
+    return x < y ? -1 : x > y;
+}
+
+// AdamW's segment table for the ranges `opt`: each range's trainable parts, with neighbouring
+// slices of the same decay group (and the padding between them) in one segment; *count
+// segments, *blocks thread blocks in all
+static AdamWSegment* adamw_segment_table(const ParamLayout* lay, const ParamSpec* spec, int L, const RangeList* opt,
+                                         int* count_out, unsigned* blocks_out) {
+    int n_slices = 0;
+    SliceAt* slices = (SliceAt*)malloc_check((size_t)NUM_PARAM_TENSORS * L * sizeof(SliceAt), "slices");
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        for (int l = 0; l < (spec[t].per_layer ? L : 1); l++) {
+            slices[n_slices++] = (SliceAt){lay->slice[(size_t)t * L + l], param_slice_numel(&spec[t]), t};
+        }
+    }
+    qsort(slices, (size_t)n_slices, sizeof(SliceAt), slice_at_cmp);
+    AdamWSegment* segs = (AdamWSegment*)malloc_check((size_t)n_slices * opt->count * sizeof(AdamWSegment), "segs");
+    int count = 0;
+    unsigned blocks = 0;
+    for (int r = 0; r < opt->count; r++) {
+        Range rg = opt->host[r];
+        int open = 0; // the last segment may grow
+        for (int i = 0; i < n_slices; i++) {
+            size_t lo, n = range_overlap(slices[i].lo, slices[i].n, rg.lo, rg.n, &lo);
+            const ParamSpec* s = &spec[slices[i].tensor];
+            if (n == 0) { continue; }
+            if (!s->trainable) { open = 0; continue; }
+            if (open && segs[count - 1].decay == s->decay) {
+                segs[count - 1].n = lo + n - segs[count - 1].lo;
+            } else {
+                segs[count++] = (AdamWSegment){lo, n, rg.v + (lo - rg.lo), 0, s->decay};
+                open = 1;
+            }
+        }
+    }
+    for (int i = 0; i < count; i++) {
+        segs[i].first_block = blocks;
+        blocks += (unsigned)ceil_div(segs[i].n, (size_t)ADAMW_THREADS * ADAMW_PER_THREAD);
+    }
+    free(slices);
+    *count_out = count;
+    *blocks_out = blocks;
+    return segs;
+}
+
+static void adamw_segments(GPUModel* g) {
+    AdamWSegment* segs = adamw_segment_table(&g->layout, g->host->spec, g->config.n_layer, &g->opt, &g->adamw_count,
+                                             &g->adamw_blocks);
+    size_t bytes = (size_t)(g->adamw_count > 0 ? g->adamw_count : 1) * sizeof(AdamWSegment);
+    g->adamw_segs = (AdamWSegment*)gpu_malloc(bytes, "AdamW segments");
+    cudaCheck(cudaMemcpy(g->adamw_segs, segs, (size_t)g->adamw_count * sizeof(AdamWSegment), cudaMemcpyHostToDevice));
+    free(segs);
 }
 
 // Places buffers in one allocation at 256-byte boundaries; with base == NULL it only counts.
@@ -3958,7 +4142,6 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     d->dqkvg = (floatX*)arena_take(base, &off, N * qkvg_slots(cf, slot) * C * fx);
     int hp_slot[HP_MAX], P = head_proj_slots(cf, hp_slot);
     d->dhp = (floatX*)arena_take(base, &off, N * P * H * fx);
-    d->dw_hp = (float*)arena_take(base, &off, (size_t)P * H * C * f);
     d->partial = (float*)arena_take(base, &off,
                                     ceil_div(N, COLSUM_ROWS < RMS_BWD_ROWS ? COLSUM_ROWS : RMS_BWD_ROWS) * C * f);
     d->enc_tokens = (int*)arena_take(base, &off, N * sizeof(int));
@@ -3967,23 +4150,15 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     return off;
 }
 
-// the slice of the flat buffers whose AdamW moments this rank holds: all of them, except
-// under ZeRO-1 with several processes
-static void optimizer_slice(size_t n, const Dist* d, size_t* offset, size_t* count) {
-    int sharded = d->world > 1 && d->zero_stage == 1;
-    *offset = sharded ? shard_offset(n, d->world, d->rank) : 0;
-    *count = sharded ? shard_count(n, d->world) : padded_count(n, d->world);
-}
-
-// bytes of device memory for a model of n parameters trained on (B, T) batches
-static size_t gpu_memory_needed(const FoxConfig* cf, size_t n, int B, int T, const Dist* dist) {
+// bytes of device memory for a model trained on (B, T) batches
+static size_t gpu_memory_needed(const FoxConfig* cf, int B, int T, const Dist* dist) {
     GPUActivations a;
     GPUGradBuffers d;
-    size_t opt_offset, opt_count;
-    optimizer_slice(n, dist, &opt_offset, &opt_count);
-    size_t params = padded_count(n, dist->world) * (2 * sizeof(float) + sizeof(floatX)) + // master, grads, copy
-                    opt_count * 2 * sizeof(float) +                                    // m, v
-                    qkvg_numel(cf) * sizeof(floatX);                                   // wqkvg
+    ParamLayout lay;
+    layout_params(&lay, cf, dist->world);
+    size_t opt = dist->world > 1 && dist->zero_stage == 1 ? lay.size / (size_t)dist->world : lay.size;
+    size_t params = lay.size * (2 * sizeof(float) + sizeof(floatX)) + opt * 2 * sizeof(float); // + m, v
+    layout_free(&lay);
     size_t rope = cf->rope ? (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float) : 0;
     return params + layout_activations(&a, cf, B, T, g_recompute, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) +
            rope + 2 * (size_t)B * T * sizeof(int) + WORKSPACE_BYTES;
@@ -3991,15 +4166,12 @@ static size_t gpu_memory_needed(const FoxConfig* cf, size_t n, int B, int T, con
 
 // uploads the host copy of the weights (master and matmul copy)
 static void gpu_params_from_host(GPUModel* g) {
-    cudaCheck(cudaMemcpy(g->params, g->host->params_memory, g->num_parameters * sizeof(float), cudaMemcpyHostToDevice));
-    to_floatX_kernel<<<elem_blocks(g->num_parameters), 256>>>(g->params_x, g->params, g->num_parameters);
+    gpu_upload(g, g->host->params_memory, g->params);
+    to_floatX_kernel<<<elem_blocks(g->layout.size), 256>>>(g->params_x, g->params, g->layout.size);
     launchCheck();
-    gpu_group_qkvg(g);
 }
 
-static void gpu_params_to_host(GPUModel* g) {
-    cudaCheck(cudaMemcpy(g->host->params_memory, g->params, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
-}
+static void gpu_params_to_host(GPUModel* g) { gpu_download(g, g->params, g->host->params_memory); }
 
 // what the GPU kernels cannot run in this configuration (a message ending in a HINT), or NULL
 static const char* gpu_config_problem(const FoxConfig* cf) {
@@ -4051,26 +4223,21 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     g->config = *cf;
     g->num_parameters = host->num_parameters;
     g->dist = dist;
-    g->padded_parameters = padded_count(g->num_parameters, dist->world);
-    g->shard_offset = shard_offset(g->num_parameters, dist->world, dist->rank);
-    g->shard_size = shard_count(g->num_parameters, dist->world);
-    optimizer_slice(g->num_parameters, dist, &g->opt_offset, &g->opt_size);
+    layout_params(&g->layout, cf, dist->world);
+    range_list_build(&g->shard, &g->layout, dist, dist->world > 1);
+    range_list_build(&g->opt, &g->layout, dist, dist->world > 1 && dist->zero_stage == 1);
+    adamw_segments(g);
     g->max_B = B;
     g->max_T = T;
-    size_t offset = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        g->offsets[t] = offset;
-        offset += param_numel(&host->spec[t], cf->n_layer);
-    }
-    g_memory_estimate = gpu_memory_needed(cf, g->num_parameters, B, T, dist);
-    size_t np = g->padded_parameters, no = g->opt_size;
+    g_memory_estimate = gpu_memory_needed(cf, B, T, dist);
+    size_t np = g->layout.size, no = g->opt.total;
     g->params = (float*)gpu_malloc(np * sizeof(float), "master weights");
     g->params_x = (floatX*)gpu_malloc(np * sizeof(floatX), "matmul weights");
-    g->wqkvg = (floatX*)gpu_malloc(qkvg_numel(cf) * sizeof(floatX), "grouped attention weights");
     g->grads = (float*)gpu_malloc(np * sizeof(float), "gradients");
     g->adam_m = (float*)gpu_malloc(no * sizeof(float), "AdamW m");
     g->adam_v = (float*)gpu_malloc(no * sizeof(float), "AdamW v");
     cudaCheck(cudaMemset(g->params, 0, np * sizeof(float))); // the padding stays zero
+    cudaCheck(cudaMemset(g->params_x, 0, np * sizeof(floatX)));
     cudaCheck(cudaMemset(g->grads, 0, np * sizeof(float)));
     cudaCheck(cudaMemset(g->adam_m, 0, no * sizeof(float)));
     cudaCheck(cudaMemset(g->adam_v, 0, no * sizeof(float)));
@@ -4107,7 +4274,8 @@ static void gpu_build(GPUModel* g, FoxModel* host, int B, int T) { gpu_build_dis
 
 static void gpu_free(GPUModel* g) {
     cudaCheck(cudaFree(g->params)); cudaCheck(cudaFree(g->params_x)); cudaCheck(cudaFree(g->grads));
-    cudaCheck(cudaFree(g->wqkvg));
+    cudaCheck(cudaFree(g->adamw_segs));
+    range_list_free(&g->shard); range_list_free(&g->opt); layout_free(&g->layout);
     cudaCheck(cudaFree(g->adam_m)); cudaCheck(cudaFree(g->adam_v)); cudaCheck(cudaFree(g->acts_memory));
     cudaCheck(cudaFree(g->grad_memory)); cudaCheck(cudaFree(g->inputs)); cudaCheck(cudaFree(g->targets));
     cudaCheck(cudaFree(g->norm_partial)); cudaCheck(cudaFree(g->rope));
@@ -4213,16 +4381,14 @@ static HeadProj head_proj_layer(GPUModel* g, const LayerActs* p, int l) {
     memset(&hp, 0, sizeof(hp));
     int slot[HP_MAX];
     hp.count = head_proj_slots(cf, slot);
-    int tensor[HP_MAX] = {P_WK_SHIFT, P_WV_SHIFT, P_WF};
     float* out[HP_MAX] = {p->k_alpha, p->v_alpha, p->gate_logit};
     for (int i = 0; i < HP_MAX; i++) {
         if (slot[i] < 0) { continue; }
-        hp.w[slot[i]] = px(g, tensor[i], l);
+        hp.w[slot[i]] = px(g, HP_TENSORS[i], l);
         hp.out[slot[i]] = out[i];
-        hp.dw[slot[i]] = pg(g, tensor[i], l);
+        if (slot[i] == 0) { hp.dw = pg(g, HP_TENSORS[i], l); }
     }
     hp.dout = g->gb.dhp;
-    hp.dw_all = g->gb.dw_hp;
     return hp;
 }
 
@@ -4276,7 +4442,7 @@ static void head_proj_forward_gpu(const HeadProj* hp, const floatX* x, size_t N,
 }
 
 // dx (N, C) = sum_p dout_p @ w_p, overwriting dx (count > 0); dw_p += dout_p^T @ x, the P of them
-// as one matmul (dw_all (P H, C) = dout^T x) and an add
+// as one matmul (dw (P H, C) += dout^T x)
 static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
     int J = hp->count * H;
 #ifdef ENABLE_FP32
@@ -4286,10 +4452,7 @@ static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* 
 #else
     head_proj_launch_np(dx, hp, x, N, C, H);
 #endif
-    matmul_lt(hp->dw_all, CUDA_R_32F, NULL, x, hp->dout, C, J, (int)N, 0, 1, 0, 0.0f);
-    size_t HC = (size_t)H * C;
-    head_proj_add_kernel<<<elem_blocks((size_t)J * C), 256>>>(*hp, HC);
-    launchCheck();
+    matmul_backward_weight_gpu(hp->dw, hp->dout, x, N, C, J);
 }
 
 // out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head; out, raw (B, T, H, hd), alpha (B, T, H)
@@ -4420,7 +4583,7 @@ static void gpu_forward_train(GPUModel* g, const int* inputs, const int* targets
     gpu_forward_pass(g, inputs, targets, B, T, 1, loss_scale);
 }
 
-static void gpu_zero_grad(GPUModel* g) { cudaCheck(cudaMemset(g->grads, 0, g->padded_parameters * sizeof(float))); }
+static void gpu_zero_grad(GPUModel* g) { cudaCheck(cudaMemset(g->grads, 0, g->layout.size * sizeof(float))); }
 
 // the encoder backward's lists: distinct tokens, and for each its positions in increasing
 // order (a counting sort on the host, uploaded)
@@ -4447,6 +4610,30 @@ static int encoder_lists(GPUModel* g, size_t N) {
     return u;
 }
 
+// Sums bucket b's gradients over all ranks (the backward scaled each rank's share by
+// 1/(accum*world), so the sum is the mean over the global batch) once the work queued so far is
+// done: stage 0 the whole bucket (all-reduce), stage 1 only this rank's share (reduce-scatter, in
+// place). Every rank queues the buckets in the same order.
+static void gpu_reduce_bucket(GPUModel* g, int b) {
+    const Dist* d = g->dist;
+    Range r = g->layout.bucket[b];
+    size_t share = r.n / (size_t)d->world;
+    dist_stream_begin(d);
+    if (d->zero_stage == 0) {
+        ncclCheck(ncclAllReduce(g->grads + r.lo, g->grads + r.lo, r.n, ncclFloat, ncclSum, d->comm, d->stream));
+    } else {
+        ncclCheck(ncclReduceScatter(g->grads + r.lo, g->grads + r.lo + (size_t)d->rank * share, share, ncclFloat,
+                                    ncclSum, d->comm, d->stream));
+    }
+    g->buckets_reduced++;
+}
+
+// in gpu_backward: bucket b's gradients are final; starts its collective when the backward runs
+// with reduce_in_backward (the last micro-step of a step with several processes)
+static void gpu_bucket_done(GPUModel* g, int b) {
+    if (g->reduce_in_backward && g->dist->world > 1) { gpu_reduce_bucket(g, b); }
+}
+
 // Accumulates into the gradients the gradient of loss_scale * mean_loss of the last forward
 // (gpu_forward_train's: its logits are that loss's gradient already).
 static void gpu_backward(GPUModel* g) {
@@ -4461,7 +4648,8 @@ static void gpu_backward(GPUModel* g) {
     // the gradient buffers of stages that are off alias the gradient of their output; those of
     // W_q x, W_k x, W_v x, W_g x that stage kernels write are blocks of dqkvg (rows W long)
     floatX* d_o = cf->output_norm || cf->output_gate ? d.d_o : d.dy;
-    int slot[4], F = qkvg_slots(cf, slot), W = F * C;
+    int slot[4], F = qkvg_slots(cf, slot), W = F * C, first = -1;
+    for (int j = 0; j < 4; j++) { first = slot[j] == 0 ? QKVG_TENSORS[j] : first; } // the grouped weights' first
     floatX* own[4] = {d.dq, d.dk, d.dv, NULL}; // the attention's outputs, for blocks not in dqkvg
     floatX* draw[4]; // the gradients of W_q x, W_k x, W_v x, W_g x
     for (int j = 0; j < 4; j++) { draw[j] = slot[j] >= 0 ? d.dqkvg + (size_t)slot[j] * C : own[j]; }
@@ -4475,6 +4663,7 @@ static void gpu_backward(GPUModel* g) {
     matmul_backward_weight_gpu(pg(g, P_LM_HEAD, 0), a.logits, a.xf, N, C, Vp);
     cudaCheck(cudaMemset(d.dresid, 0, NC * sizeof(float)));
     rmsnorm_backward_gpu(g, pg(g, P_NORM_F, 0), LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), a.rstd_f, N, C);
+    gpu_bucket_done(g, L + 1);
     for (int l = L - 1; l >= 0; l--) {
         LayerActs p = layer_acts(g, l);
         if (a.recompute) { gpu_recompute_layer(g, &p, l); }
@@ -4537,18 +4726,18 @@ static void gpu_backward(GPUModel* g) {
             launchCheck();
         }
         // the attention input's gradient: the head projections' terms written, then dqkvg's in one
-        // matmul with the layer's grouped weights, then those of the blocks not in dqkvg
+        // matmul with the layer's grouped weights (side by side in the layout), then those of the
+        // blocks not in dqkvg; the grouped weights' gradients in one matmul too
         HeadProj hp = head_proj_layer(g, &p, l);
         float beta = hp.count > 0 ? 1.0f : 0.0f;
         if (hp.count > 0) { head_proj_backward_gpu(d.dxn, &hp, xa, N, C, H); }
         if (F > 0) {
-            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dqkvg, g->wqkvg + (size_t)l * W * C, N, C, W, beta);
+            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dqkvg, px(g, first, l), N, C, W, beta);
+            matmul_backward_weight_gpu(pg(g, first, l), d.dqkvg, xa, N, C, W);
             beta = 1.0f;
         }
         for (int j = 0; j < 4; j++) {
-            if (slot[j] >= 0) {
-                matmul_backward_weight_ld_gpu(pg(g, QKVG_TENSORS[j], l), draw[j], W, xa, N, C, C);
-            } else if (own[j] != NULL) {
+            if (slot[j] < 0 && own[j] != NULL) {
                 matmul_backward_input_gpu(d.dxn, CUDA_R_32F, draw[j], px(g, QKVG_TENSORS[j], l), N, C, C, beta);
                 matmul_backward_weight_gpu(pg(g, QKVG_TENSORS[j], l), draw[j], xa, N, C, C);
                 beta = 1.0f;
@@ -4556,11 +4745,13 @@ static void gpu_backward(GPUModel* g) {
         }
         rmsnorm_backward_gpu(g, pg(g, P_ATTN_NORM, l), p.resid, pm(g, P_ATTN_NORM, l),
                              p.rstd_a, N, C);
+        gpu_bucket_done(g, l + 1);
     }
     int distinct = encoder_lists(g, N);
     encoder_backward_kernel<<<dim3((unsigned)distinct, (unsigned)ceil_div(C, ENC_BWD_COLS)), ENC_BWD_COLS>>>(
         pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, C);
     launchCheck();
+    gpu_bucket_done(g, 0);
 }
 
 // -X 1: one training forward and backward on random tokens with g_tuning set, so each matmul
@@ -4596,36 +4787,30 @@ static void gpu_tune_matmuls(GPUModel* g, int B, int T) {
 // ----------------------------------------------------------------------------
 // optimiser
 
-// Sums the gradients of all ranks (the backward scaled each rank's share by 1/(accum*world), so
-// the sum is the mean over the global batch): stage 0 everywhere, stage 1 only this rank's
-// shard (reduce-scatter, in place).
+// Sums the gradients of all ranks: the buckets gpu_backward has not started yet, then the
+// default stream waits for all of them.
 static void gpu_reduce_grads(GPUModel* g) {
     const Dist* d = g->dist;
     if (d->world == 1) { return; }
-    dist_stream_begin(d);
-    if (d->zero_stage == 0) {
-        ncclCheck(ncclAllReduce(g->grads, g->grads, g->padded_parameters, ncclFloat, ncclSum, d->comm, d->stream));
-    } else {
-        ncclCheck(ncclReduceScatter(g->grads, g->grads + g->shard_offset, g->shard_size, ncclFloat, ncclSum, d->comm,
-                                    d->stream));
-    }
+    int b = g->layout.n_buckets - 1 - g->buckets_reduced; // the backward's order: head, layers L-1 .. 0, embedding
+    for (; b >= 0; b--) { gpu_reduce_bucket(g, b); }
     dist_stream_end(d);
+    g->buckets_reduced = 0;
 }
 
 // global gradient norm (after gpu_reduce_grads): fixed-grid fp64 partials over this rank's
 // shard (everything in one process), gathered and summed on the host in order (frozen tensors
 // have zero gradients and add nothing)
 static double gpu_grad_norm(GPUModel* g) {
-    int one = g->dist->world == 1;
-    size_t lo = one ? 0 : g->shard_offset, n = one ? g->num_parameters : g->shard_size;
-    sumsq_partial_kernel<<<NORM_BLOCKS, 256>>>(g->norm_partial, g->grads + lo, n);
+    sumsq_partial_kernel<<<NORM_BLOCKS, 256>>>(g->norm_partial, g->grads, g->shard.dev, g->shard.count,
+                                               g->shard.total);
     launchCheck();
     return sqrt(dist_sum(g->dist, g->norm_partial, NORM_BLOCKS));
 }
 
-// one AdamW step (step is 1-based) on this rank's optimizer slice, the gradients clipped first
+// one AdamW step (step is 1-based) on this rank's optimizer ranges, the gradients clipped first
 // to global norm o->grad_clip when it is > 0 (the twin's rule: scale by grad_clip / (norm +
-// 1e-6) when that is below 1). Leaves wqkvg behind params_x: gpu_update, the step, refreshes it.
+// 1e-6) when that is below 1)
 static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
     float grad_scale = 1.0f;
     if (o->grad_clip > 0) {
@@ -4633,39 +4818,37 @@ static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, dou
         if (coef < 1.0) { grad_scale = (float)coef; }
     }
     float c1 = 1.0f - powf(o->beta1, (float)step), c2 = 1.0f - powf(o->beta2, (float)step);
-    AdamWSegments segs;
-    memset(&segs, 0, sizeof(segs));
-    unsigned blocks = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        const ParamSpec* s = &g->host->spec[t];
-        size_t lo, n = range_overlap(g->offsets[t], param_numel(s, g->config.n_layer), g->opt_offset, g->opt_size, &lo);
-        if (!s->trainable || n == 0) { continue; }
-        segs.lo[segs.count] = lo;
-        segs.n[segs.count] = n;
-        segs.wd[segs.count] = s->decay ? o->weight_decay : 0.0f;
-        segs.first_block[segs.count] = blocks;
-        blocks += (unsigned)ceil_div(n, (size_t)ADAMW_THREADS * ADAMW_PER_THREAD);
-        segs.count++;
-    }
-    if (segs.count == 0) { return; }
-    segs.first_block[segs.count] = blocks;
-    adamw_kernel<<<blocks, ADAMW_THREADS>>>(g->params, g->params_x, g->grads, g->adam_m, g->adam_v, g->opt_offset, segs,
-                                            lr, o->beta1, o->beta2, c1, c2, o->eps, grad_scale);
+    if (g->adamw_count == 0) { return; }
+    adamw_kernel<<<g->adamw_blocks, ADAMW_THREADS>>>(g->params, g->params_x, g->grads, g->adam_m, g->adam_v,
+                                                     g->adamw_segs, g->adamw_count, lr, o->weight_decay, o->beta1,
+                                                     o->beta2, c1, c2, o->eps, grad_scale);
     launchCheck();
 }
 
-// the optimizer step; under ZeRO-1 the updated shards are then all-gathered
+// all-gathers every bucket of `buf` from each rank's share, which is in `shares` (one after
+// another, as the moments) or, when that is NULL, in buf (in place); a collective
+static void gpu_gather_buckets(GPUModel* g, float* buf, const float* shares) {
+    const Dist* d = g->dist;
+    dist_stream_begin(d);
+    ncclCheck(ncclGroupStart());
+    for (int b = 0; b < g->layout.n_buckets; b++) {
+        Range r = g->layout.bucket[b], mine = g->shard.host[b];
+        const float* send = shares != NULL ? shares + mine.v : buf + mine.lo;
+        ncclCheck(ncclAllGather(send, buf + r.lo, mine.n, ncclFloat, d->comm, d->stream));
+    }
+    ncclCheck(ncclGroupEnd());
+    dist_stream_end(d);
+}
+
+// the optimizer step; under ZeRO-1 the updated shares are then all-gathered
 static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
     gpu_adamw(g, o, lr, step, norm);
     const Dist* d = g->dist;
     if (d->world > 1 && d->zero_stage == 1) {
-        dist_stream_begin(d);
-        ncclCheck(ncclAllGather(g->params + g->shard_offset, g->params, g->shard_size, ncclFloat, d->comm, d->stream));
-        dist_stream_end(d);
-        to_floatX_kernel<<<elem_blocks(g->num_parameters), 256>>>(g->params_x, g->params, g->num_parameters);
+        gpu_gather_buckets(g, g->params, NULL);
+        to_floatX_kernel<<<elem_blocks(g->layout.size), 256>>>(g->params_x, g->params, g->layout.size);
         launchCheck();
     }
-    gpu_group_qkvg(g);
 }
 
 // ----------------------------------------------------------------------------
@@ -4676,14 +4859,9 @@ static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, do
 // all-gathers one ZeRO-1 moment buffer into the gradient buffer (free between steps) and
 // copies it to `host` on rank 0; a collective
 static void gpu_gather_moments(GPUModel* g, const float* shard, float* host) {
-    const Dist* d = g->dist;
-    dist_stream_begin(d);
-    ncclCheck(ncclAllGather(shard, g->grads, g->shard_size, ncclFloat, d->comm, d->stream));
-    dist_stream_end(d);
-    dist_wait(d);
-    if (host != NULL) {
-        cudaCheck(cudaMemcpy(host, g->grads, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
-    }
+    gpu_gather_buckets(g, g->grads, shard);
+    dist_wait(g->dist);
+    if (host != NULL) { gpu_download(g, g->grads, host); }
 }
 
 // the weights and moments into the host model, on rank 0 (the others only join the collectives)
@@ -4697,10 +4875,10 @@ static void gpu_state_to_host(GPUModel* g) {
             m->v_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW v");
         }
     }
-    if (g->opt_offset == 0 && g->opt_size >= g->num_parameters) {
+    if (g->opt.total == g->layout.size) {
         if (writer) {
-            cudaCheck(cudaMemcpy(m->m_memory, g->adam_m, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
-            cudaCheck(cudaMemcpy(m->v_memory, g->adam_v, g->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+            gpu_download(g, g->adam_m, m->m_memory);
+            gpu_download(g, g->adam_v, m->v_memory);
         }
     } else {
         gpu_gather_moments(g, g->adam_m, writer ? m->m_memory : NULL);
@@ -4708,18 +4886,26 @@ static void gpu_state_to_host(GPUModel* g) {
     }
 }
 
-// uploads the host weights and, when the host has them, this rank's slice of the AdamW
+// uploads the host weights and, when the host has them, this rank's ranges of the AdamW
 // moments (else zeros)
 static void gpu_state_from_host(GPUModel* g) {
     FoxModel* m = g->host;
     gpu_params_from_host(g);
-    cudaCheck(cudaMemset(g->adam_m, 0, g->opt_size * sizeof(float)));
-    cudaCheck(cudaMemset(g->adam_v, 0, g->opt_size * sizeof(float)));
-    size_t lo, n = range_overlap(0, g->num_parameters, g->opt_offset, g->opt_size, &lo);
-    if (m->m_memory != NULL && n > 0) {
-        cudaCheck(cudaMemcpy(g->adam_m, m->m_memory + lo, n * sizeof(float), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(g->adam_v, m->v_memory + lo, n * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemset(g->adam_m, 0, g->opt.total * sizeof(float)));
+    cudaCheck(cudaMemset(g->adam_v, 0, g->opt.total * sizeof(float)));
+    if (m->m_memory == NULL) { return; }
+    float* moments[2] = {g->adam_m, g->adam_v};
+    const float* host[2] = {m->m_memory, m->v_memory};
+    for (int k = 0; k < 2; k++) {
+        if (g->opt.total == g->layout.size) { gpu_upload(g, host[k], moments[k]); continue; }
+        cudaCheck(cudaMemset(g->grads, 0, g->layout.size * sizeof(float))); // the whole buffer, then the ranges
+        gpu_upload(g, host[k], g->grads);
+        for (int r = 0; r < g->opt.count; r++) {
+            Range rg = g->opt.host[r];
+            cudaCheck(cudaMemcpy(moments[k] + rg.v, g->grads + rg.lo, rg.n * sizeof(float), cudaMemcpyDeviceToDevice));
+        }
     }
+    cudaCheck(cudaMemset(g->grads, 0, g->layout.size * sizeof(float)));
 }
 
 // a collective with several processes: every rank calls it, rank 0 writes
@@ -5720,8 +5906,6 @@ typedef struct {
     int splits;              // key splits per (sequence, head) of the current batch
     int part_rows;           // (sequence, head, split) rows the partial buffers hold
     cudaStream_t stream;
-    const floatX* w[NUM_PARAM_TENSORS]; // the matvecs' weights: params_x, or a 16-byte aligned copy
-    floatX* w_copy[NUM_PARAM_TENSORS];
     int proj_cols, ks_off, vs_off, gate_off, og_off; // the attention projections' columns (-1: absent)
     // the cache
     floatX* pool_k;          // (pool_pages, KV_PAGE, hd)
@@ -5864,17 +6048,6 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     d->use_mma = 1;
     size_t L = (size_t)d->L, C = (size_t)d->C, H = (size_t)d->H, B = (size_t)max_B, heads = L * B * H;
     cudaCheck(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
-    int used[] = {P_WQ, P_WK, P_WV, P_WK_SHIFT, P_WV_SHIFT, P_WF, P_WG, P_WO, P_WGU, P_WDOWN, P_LM_HEAD};
-    for (size_t i = 0; i < sizeof(used) / sizeof(used[0]); i++) {
-        int t = used[i];
-        size_t n = param_numel(&g->host->spec[t], d->L);
-        d->w[t] = px(g, t, 0);
-        if (n > 0 && (uintptr_t)d->w[t] % 16 != 0) { // the 16-byte loads need it (tensors after b_f may be off)
-            d->w_copy[t] = (floatX*)gpu_malloc(n * sizeof(floatX), "decoder weights (aligned copy)");
-            decoder_copy(d, d->w_copy[t], d->w[t], n * sizeof(floatX), cudaMemcpyDeviceToDevice);
-            d->w[t] = d->w_copy[t];
-        }
-    }
     int col = 3 * d->C;
     d->og_off = cf->output_gate ? col : -1; col += cf->output_gate ? d->C : 0;
     d->ks_off = cf->k_shift ? col : -1; col += cf->k_shift ? d->H : 0;
@@ -6055,12 +6228,11 @@ static GemvSegments decoder_attn_segments(const GpuDecoder* d, int l) {
     const FoxConfig* cf = &d->g->config;
     GemvSegments s;
     memset(&s, 0, sizeof(s));
-    size_t CC = (size_t)d->C * d->C, HC = (size_t)d->H * d->C;
     int rows = 0;
-    const floatX* w[7] = {d->w[P_WQ] + l * CC, d->w[P_WK] + l * CC, d->w[P_WV] + l * CC,
-                          cf->output_gate ? d->w[P_WG] + l * CC : NULL, cf->k_shift ? d->w[P_WK_SHIFT] + l * HC : NULL,
-                          cf->v_shift ? d->w[P_WV_SHIFT] + l * HC : NULL,
-                          cf->gate == GATE_FULL ? d->w[P_WF] + l * HC : NULL};
+    GPUModel* g = d->g;
+    const floatX* w[7] = {px(g, P_WQ, l), px(g, P_WK, l), px(g, P_WV, l), cf->output_gate ? px(g, P_WG, l) : NULL,
+                          cf->k_shift ? px(g, P_WK_SHIFT, l) : NULL, cf->v_shift ? px(g, P_WV_SHIFT, l) : NULL,
+                          cf->gate == GATE_FULL ? px(g, P_WF, l) : NULL};
     int n[7] = {d->C, d->C, d->C, d->C, d->H, d->H, d->H};
     for (int i = 0; i < 7; i++) {
         if (w[i] == NULL) { continue; }
@@ -6196,7 +6368,7 @@ static void decode_attention_gpu(GpuDecoder* d, int l) {
 
 // the head on d->resid: final RMSNorm, lm_head (the first V rows) into fp32 logits, then sampling
 static void decode_logits_gpu(GpuDecoder* d) {
-    GemvSegments head = gemv_one(d->w[P_LM_HEAD], d->V);
+    GemvSegments head = gemv_one(px(d->g, P_LM_HEAD, 0), d->V);
     gemv_gpu(d, GEMV_X_RMSNORM, d->logits, d->Vp, 0, &head, d->V, d->C, d->resid, pm(d->g, P_NORM_F, 0));
 }
 
@@ -6233,12 +6405,12 @@ static void decode_combine_gpu(GpuDecoder* d, int l) {
 }
 
 static void decode_out_gpu(GpuDecoder* d, int l) { // resid += W_o y
-    GemvSegments wo = gemv_one(d->w[P_WO] + (size_t)l * d->C * d->C, d->C);
+    GemvSegments wo = gemv_one(px(d->g, P_WO, l), d->C);
     gemv_gpu(d, GEMV_X_PLAIN, d->resid, d->C, 1, &wo, d->C, d->C, d->y, NULL);
 }
 
 static void decode_mlp_up_gpu(GpuDecoder* d, int l) {
-    GemvSegments wgu = gemv_one(d->w[P_WGU] + (size_t)l * 2 * d->I * d->C, 2 * d->I);
+    GemvSegments wgu = gemv_one(px(d->g, P_WGU, l), 2 * d->I);
     gemv_gpu(d, GEMV_X_RMSNORM, d->gu, 2 * d->I, 0, &wgu, 2 * d->I, d->C, d->resid, pm(d->g, P_MLP_NORM, l));
 }
 
@@ -6247,7 +6419,7 @@ static void decode_mlp_up_gpu(GpuDecoder* d, int l) {
 // operations, the same bits), since every block redoing it for the whole batch costs more than a launch
 #define DEC_SWIGLU_APART 8
 static void decode_mlp_down_gpu(GpuDecoder* d, int l) {
-    GemvSegments wd = gemv_one(d->w[P_WDOWN] + (size_t)l * d->C * d->I, d->C);
+    GemvSegments wd = gemv_one(px(d->g, P_WDOWN, l), d->C);
     if (d->B < DEC_SWIGLU_APART) {
         gemv_gpu(d, GEMV_X_SWIGLU, d->resid, d->C, 1, &wd, d->C, d->I, d->gu, NULL);
         return;
@@ -6455,7 +6627,6 @@ static void gpu_decoder_free(GpuDecoder* d) {
                     d->pos, d->tokens, d->rng, d->c_last, d->kv_last, d->resid, d->proj, d->part_m, d->part_l,
                     d->part_o, d->y, d->gu, d->act, d->logits, d->rope};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cudaCheck(cudaFree(bufs[i])); }
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) { cudaCheck(cudaFree(d->w_copy[t])); }
     cudaCheck(cudaFreeHost(d->host_tokens));
     cudaCheck(cudaFreeHost(d->host_status));
     free(d->host_pos); free(d->table_host);
@@ -6535,9 +6706,8 @@ static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
 
 // the device memory -M generate needs: the prefill's model for Bp sequences of Tp tokens (gpu_build's
 // buffers) and a decoder for B sequences of up to max_len tokens whose pool starts at `pages`
-static size_t gpu_generate_bytes(const FoxConfig* cf, size_t num_params, int Bp, int Tp, int B, int max_len,
-                                 size_t pages) {
-    return gpu_memory_needed(cf, num_params, Bp, Tp, &g_single_process) + gpu_decoder_bytes(cf, B, max_len, pages);
+static size_t gpu_generate_bytes(const FoxConfig* cf, int Bp, int Tp, int B, int max_len, size_t pages) {
+    return gpu_memory_needed(cf, Bp, Tp, &g_single_process) + gpu_decoder_bytes(cf, B, max_len, pages);
 }
 
 #define GENERATE_MEMORY_HINT "pass fewer or shorter prompts (-D), a smaller -g, or -A 1 on a model with a forget " \
@@ -6581,15 +6751,15 @@ static void gpu_backend_generate(void* ctx, GenerateJob* job) {
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
     int Bp = B; // the prefill's batch: all prompts, or halves until it fits
     size_t cache = pages * decoder_page_bytes(cf);
-    while (Bp > 1 && gpu_generate_bytes(cf, gb->host->num_parameters, Bp, Tp, B, max_len, pages) > free_b) {
+    while (Bp > 1 && gpu_generate_bytes(cf, Bp, Tp, B, max_len, pages) > free_b) {
         Bp = (Bp + 1) / 2;
     }
-    gpu_generate_check_memory(gpu_generate_bytes(cf, gb->host->num_parameters, Bp, Tp, B, max_len, pages), free_b, B,
+    gpu_generate_check_memory(gpu_generate_bytes(cf, Bp, Tp, B, max_len, pages), free_b, B,
                               max_len, cache);
     double t0 = now_seconds();
     g_memory_hint = GENERATE_MEMORY_HINT; // the prefill's model, the decoder's buffers, the pool's growth
     gpu_backend_build(gb, Bp, Tp);
-    g_memory_estimate = gpu_generate_bytes(cf, gb->host->num_parameters, Bp, Tp, B, max_len, pages);
+    g_memory_estimate = gpu_generate_bytes(cf, Bp, Tp, B, max_len, pages);
     GpuDecoder* d = &gb->dec;
     gpu_decoder_init(d, gb->g, B, max_len, evict, gb->host->prune_ln_eps, gb->max_T);
     uint64_t* seeds = (uint64_t*)malloc_check((size_t)B * sizeof(uint64_t), "seeds");
@@ -6770,7 +6940,7 @@ int main(int argc, char** argv) {
     double peak = gpu_peak_flops();
     g_recompute = a.recompute;
     attention_set_pruning(a.prune, a.prune_ln_eps);
-    size_t need = gpu_memory_needed(cf, model.num_parameters, a.B, a.T, &dist);
+    size_t need = gpu_memory_needed(cf, a.B, a.T, &dist);
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
     printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), "
@@ -6829,22 +6999,23 @@ int main(int argc, char** argv) {
         for (int micro = 0; micro < accum; micro++) {
             dataloader_next_batch(&train);
             gpu_forward_train(&gm, train.inputs, train.targets, a.B, a.T, loss_scale);
+            gm.reduce_in_backward = micro == accum - 1; // the gradients' collectives overlap the last backward
             gpu_backward(&gm);
             loss += gm.mean_loss / (accum * dist.world);
         }
         double t_local = 0.0; // with several processes: when this one's forwards and backwards were done
         if (dist.world > 1) {
-            cudaCheck(cudaDeviceSynchronize()); // no loss of overlap: the loss's sum below waits for it anyway
+            cudaCheck(cudaStreamSynchronize(0)); // no loss of overlap: the loss's sum below waits for it anyway
             t_local = now_seconds() - t0;
+            dist_wait(&dist); // the gradients' collectives of the backward (the loss's upload below blocks)
         }
-        loss = dist_sum_scalar(&dist, loss); // before the gradients' collective: its upload blocks
+        loss = dist_sum_scalar(&dist, loss);
         gpu_reduce_grads(&gm);
         double norm = gpu_grad_norm(&gm);
         char why[256], grad[320] = "";
         int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
         if (verdict != STEP_UPDATE && !isfinite(norm)) { // name the tensor from this process's gradients
-            cudaCheck(cudaMemcpy(model.grads_memory, gm.grads, model.num_parameters * sizeof(float),
-                                 cudaMemcpyDeviceToHost));
+            gpu_download(&gm, gm.grads, model.grads_memory);
             nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
         }
         if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
