@@ -1908,8 +1908,9 @@ static void test_topology(void) {
 
 // The GPU's parameter layout (layout_params) and AdamW's segments, on the host: for models whose
 // layers hold different tensors (frozen gate bias, grouped projections with and without v) and
-// worlds of 1 to 9 ranks, every slice aligned and inside its bucket, no two overlapping, the
-// grouped projections side by side, buckets padded to the world and tiled by the ranks' shares,
+// worlds of 1 to 9 ranks, every slice aligned and inside its bucket (BUCKET_FP32 for what the
+// forward reads in fp32, else BUCKET_MATMUL), no two overlapping, the grouped and the head
+// projections side by side, buckets padded to the world and tiled by the ranks' shares,
 // and every trainable parameter of a rank's share in exactly one AdamW segment of its decay group
 // (frozen ones in none), its moment at the share's place.
 static void test_param_layout(void) {
@@ -1933,9 +1934,8 @@ static void test_param_layout(void) {
             ParamLayout lay;
             layout_params(&lay, &c, world);
             size_t end = 0, unit = (size_t)LAYOUT_ALIGN * world;
-            for (int b = 0; b < lay.n_buckets; b++) {
-                padded &= lay.bucket[b].lo == end && lay.bucket[b].n % unit == 0 &&
-                          (b == 0 || b == lay.n_buckets - 1 || lay.bucket[b].n == lay.layer_stride);
+            for (int b = 0; b < NUM_BUCKETS; b++) {
+                padded &= lay.bucket[b].lo == end && lay.bucket[b].n % unit == 0;
                 end = lay.bucket[b].lo + lay.bucket[b].n;
             }
             padded &= end == lay.size;
@@ -1943,7 +1943,7 @@ static void test_param_layout(void) {
             for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
                 for (int l = 0; l < (spec[t].per_layer ? L : 1); l++) {
                     size_t lo = lay.slice[(size_t)t * L + l], n = param_slice_numel(&spec[t]);
-                    int b = t == P_WTE ? 0 : spec[t].per_layer ? l + 1 : lay.n_buckets - 1;
+                    int b = t == P_WTE || spec[t].cols == 1 ? BUCKET_FP32 : BUCKET_MATMUL;
                     aligned &= lo % LAYOUT_ALIGN == 0;
                     inside &= lo >= lay.bucket[b].lo && lo + n <= lay.bucket[b].lo + lay.bucket[b].n;
                     for (size_t i = lo; i < lo + n && inside; i++) { disjoint &= owner[i] == 0; owner[i] = 1 + t; }
@@ -3378,7 +3378,7 @@ static void gpu_test_zero_slices(void) {
             gpu_upload(&part[i], weights, part[i].params);
         }
     }
-    check(same && part[0].opt.count == c.n_layer + 2, "gpu ZeRO-1 slices: worlds of 2 and 3 (%zu parameters, padded "
+    check(same && part[0].opt.count == NUM_BUCKETS, "gpu ZeRO-1 slices: worlds of 2 and 3 (%zu parameters, padded "
           "to %zu and %zu) update their shares of %d buckets bit-identical to one process over 3 steps", np,
           part[0].layout.size, part[2].layout.size, part[0].opt.count);
     gpu_state_to_host(&full); // host now holds the weights and moments after 3 steps

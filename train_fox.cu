@@ -72,7 +72,8 @@ The sections, in file order (each opens with a // ---- line and this title):
 typedef struct ncclComm* ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef enum { ncclSuccess, ncclInProgress, ncclUnavailable } ncclResult_t;
-enum { ncclFloat, ncclDouble, ncclSum };
+typedef enum { ncclFloat, ncclDouble, ncclBfloat16 } ncclDataType_t;
+enum { ncclSum };
 template <typename... Args> static ncclResult_t nccl_absent(Args...) { return ncclUnavailable; }
 static const char* ncclGetErrorString(ncclResult_t) { return "this train_fox was built without NCCL"; }
 static const char* ncclGetLastError(ncclComm_t) { return ""; }
@@ -3809,13 +3810,13 @@ typedef struct {
     size_t total;
 } RangeList;
 
-// Where the GPU's flat buffers keep each tensor (layout_params): layer-major, unlike the twin
+enum { BUCKET_FP32, BUCKET_MATMUL, NUM_BUCKETS };
+
+// Where the GPU's flat buffers keep each tensor (layout_params), unlike the twin
 typedef struct {
     size_t* slice;       // (NUM_PARAM_TENSORS, L) offset of tensor t's layer-l slice (layer 0 if not per layer)
-    Range* bucket;       // (L + 2) the embedding, layers 0 .. L - 1, the head; v unused
-    int n_buckets;
+    Range bucket[NUM_BUCKETS]; // see layout_params; v unused
     size_t size;         // elements of a flat buffer, padding included
-    size_t layer_stride; // from a tensor's slice in layer l to layer l + 1
 } ParamLayout;
 
 typedef struct {
@@ -3829,8 +3830,6 @@ typedef struct {
     AdamWSegment* adamw_segs; // (adamw_count) on the device: opt's trainable parts (adamw_segments)
     int adamw_count;
     unsigned adamw_blocks;
-    int reduce_in_backward; // gpu_backward starts each bucket's gradient collective when its backward is done
-    int buckets_reduced;    // buckets whose collective is queued (gpu_reduce_bucket)
     float* params;      // (layout.size) fp32 master weights
     floatX* params_x;   // (layout.size) their matmul copy
     float* grads;       // (layout.size) fp32
@@ -3872,22 +3871,27 @@ static int qkvg_slots(const FoxConfig* cf, int slot[4]) {
 }
 // ----------------------------------------------------------------------------
 // the GPU's parameter layout: the twin and the files keep each tensor for all layers together;
-// the GPU's flat buffers (weights, matmul copy, gradients) are layer-major. One bucket holds the
-// embedding, one each layer (its tensors in layer_tensor_order), one the head (final norm, lm_head),
-// in that order, so a layer's gradients are one contiguous range as soon as its backward has run
-// (the data-parallel collectives start there), and the projections of qkvg_slots and those of
-// head_proj_slots lie side by side in their slots' order (one weight-gradient matmul each). Every slice starts at a
-// multiple of LAYOUT_ALIGN elements, every bucket is padded to a multiple of world *
+// the GPU's flat buffers (weights, matmul copy, gradients) hold two buckets. BUCKET_FP32: the
+// tensors the forward reads in fp32 (the embedding, every layer's norm weights and gate bias,
+// the final norm). BUCKET_MATMUL: the matmul weights, layer by layer (layer_matrix_order: the
+// projections of qkvg_slots and those of head_proj_slots side by side in their slots' order, one
+// matmul each for their input's and their weights' gradients), then lm_head. ZeRO-1 all-gathers
+// BUCKET_MATMUL in bf16 (params_x, half the bytes, no conversion after it); the fp32 master of
+// its other ranks' shares is gathered only for checkpoints (gpu_gather_master), and the matmul
+// copy of BUCKET_FP32 is never read. Every slice
+// starts at a multiple of LAYOUT_ALIGN elements, every bucket is padded to a multiple of world *
 // LAYOUT_ALIGN, and rank r's share (ZeRO-1 shard) of a bucket is its r-th of world equal parts.
 // The padding is zeros and stays zeros (no kernel writes it; AdamW keeps zeros zero).
 #define LAYOUT_ALIGN 64
 
 static size_t round_up(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
 
-// a layer's tensors in bucket order: the grouped projections (qkvg_slots's order), the head
-// projections (head_proj_slots's), the other matrices, the trainable vectors, the frozen gate
-// bias; returns their count
-static int layer_tensor_order(const FoxConfig* cf, const ParamSpec* spec, int order[NUM_PARAM_TENSORS]) {
+// whether the forward reads tensor t in fp32 (BUCKET_FP32) rather than as a matmul weight
+static int param_read_fp32(const ParamSpec* spec, int t) { return t == P_WTE || spec[t].cols == 1; }
+
+// a layer's matmul weights in bucket order: the grouped projections (qkvg_slots's order), the head
+// projections (head_proj_slots's), the others; returns their count
+static int layer_matrix_order(const FoxConfig* cf, const ParamSpec* spec, int order[NUM_PARAM_TENSORS]) {
     int slot[4], F = qkvg_slots(cf, slot), hp_slot[HP_MAX], P = head_proj_slots(cf, hp_slot), n = 0;
     int placed[NUM_PARAM_TENSORS] = {0};
     for (int s = 0; s < F; s++) {
@@ -3900,14 +3904,16 @@ static int layer_tensor_order(const FoxConfig* cf, const ParamSpec* spec, int or
             if (hp_slot[i] == s) { order[n++] = HP_TENSORS[i]; placed[HP_TENSORS[i]] = 1; }
         }
     }
-    for (int pass = 0; pass < 3; pass++) { // decayed, trainable without decay, frozen
-        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-            const ParamSpec* s = &spec[t];
-            int cls = !s->trainable ? 2 : s->decay ? 0 : 1;
-            if (s->per_layer && !placed[t] && cls == pass) { order[n++] = t; placed[t] = 1; }
-        }
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (spec[t].per_layer && !placed[t] && !param_read_fp32(spec, t)) { order[n++] = t; }
     }
     return n;
+}
+
+// tensor t's layer-l slice at *off, which moves past it
+static void layout_place(ParamLayout* lay, const ParamSpec* spec, size_t L, int t, size_t l, size_t* off) {
+    lay->slice[(size_t)t * L + l] = *off;
+    *off += round_up(param_slice_numel(&spec[t]), LAYOUT_ALIGN);
 }
 
 static void layout_params(ParamLayout* lay, const FoxConfig* cf, int world) {
@@ -3915,27 +3921,25 @@ static void layout_params(ParamLayout* lay, const FoxConfig* cf, int world) {
     param_table(cf, spec);
     size_t L = (size_t)cf->n_layer, unit = (size_t)LAYOUT_ALIGN * (size_t)world, off = 0;
     lay->slice = (size_t*)calloc_check(NUM_PARAM_TENSORS * L, sizeof(size_t), "parameter layout");
-    lay->n_buckets = (int)L + 2;
-    lay->bucket = (Range*)calloc_check((size_t)lay->n_buckets, sizeof(Range), "parameter layout");
-    int order[NUM_PARAM_TENSORS], n_order = layer_tensor_order(cf, spec, order);
-    int head[2] = {P_NORM_F, P_LM_HEAD};
-    for (int b = 0; b < lay->n_buckets; b++) {
-        Range* r = &lay->bucket[b];
-        r->lo = off;
-        int count = b == 0 ? 1 : b == lay->n_buckets - 1 ? 2 : n_order;
-        for (int i = 0; i < count; i++) {
-            int t = b == 0 ? P_WTE : b == lay->n_buckets - 1 ? head[i] : order[i];
-            lay->slice[(size_t)t * L + (b == 0 || b == lay->n_buckets - 1 ? 0 : (size_t)b - 1)] = off;
-            off += round_up(param_slice_numel(&spec[t]), LAYOUT_ALIGN);
+    int order[NUM_PARAM_TENSORS], n_order = layer_matrix_order(cf, spec, order);
+    layout_place(lay, spec, L, P_WTE, 0, &off); // BUCKET_FP32
+    for (size_t l = 0; l < L; l++) {
+        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+            if (spec[t].per_layer && param_read_fp32(spec, t)) { layout_place(lay, spec, L, t, l, &off); }
         }
-        off = r->lo + round_up(off - r->lo, unit);
-        r->n = off - r->lo;
     }
-    lay->size = off;
-    lay->layer_stride = lay->bucket[1].n; // every layer's bucket has the same size
+    layout_place(lay, spec, L, P_NORM_F, 0, &off);
+    lay->bucket[BUCKET_FP32] = (Range){0, round_up(off, unit), 0};
+    off = lay->bucket[BUCKET_FP32].n; // BUCKET_MATMUL
+    for (size_t l = 0; l < L; l++) {
+        for (int i = 0; i < n_order; i++) { layout_place(lay, spec, L, order[i], l, &off); }
+    }
+    layout_place(lay, spec, L, P_LM_HEAD, 0, &off);
+    lay->size = lay->bucket[BUCKET_FP32].n + round_up(off - lay->bucket[BUCKET_FP32].n, unit);
+    lay->bucket[BUCKET_MATMUL] = (Range){lay->bucket[BUCKET_FP32].n, lay->size - lay->bucket[BUCKET_FP32].n, 0};
 }
 
-static void layout_free(ParamLayout* lay) { free(lay->slice); free(lay->bucket); }
+static void layout_free(ParamLayout* lay) { free(lay->slice); }
 
 // layer l's slice of a tensor in a flat buffer
 static size_t slice_offset(const GPUModel* g, int tensor, int l) {
@@ -3973,7 +3977,7 @@ static void gpu_upload(const GPUModel* g, const float* host, float* dev) {
 // this rank's share of every bucket (rank_share) or the whole buffer as one range, on the host
 static void range_list_host(RangeList* list, const ParamLayout* lay, const Dist* d, int rank_share) {
     memset(list, 0, sizeof(*list));
-    list->count = rank_share ? lay->n_buckets : 1;
+    list->count = rank_share ? NUM_BUCKETS : 1;
     list->host = (Range*)calloc_check((size_t)list->count, sizeof(Range), "ranges");
     list->total = 0;
     for (int i = 0; i < list->count; i++) {
@@ -4610,30 +4614,6 @@ static int encoder_lists(GPUModel* g, size_t N) {
     return u;
 }
 
-// Sums bucket b's gradients over all ranks (the backward scaled each rank's share by
-// 1/(accum*world), so the sum is the mean over the global batch) once the work queued so far is
-// done: stage 0 the whole bucket (all-reduce), stage 1 only this rank's share (reduce-scatter, in
-// place). Every rank queues the buckets in the same order.
-static void gpu_reduce_bucket(GPUModel* g, int b) {
-    const Dist* d = g->dist;
-    Range r = g->layout.bucket[b];
-    size_t share = r.n / (size_t)d->world;
-    dist_stream_begin(d);
-    if (d->zero_stage == 0) {
-        ncclCheck(ncclAllReduce(g->grads + r.lo, g->grads + r.lo, r.n, ncclFloat, ncclSum, d->comm, d->stream));
-    } else {
-        ncclCheck(ncclReduceScatter(g->grads + r.lo, g->grads + r.lo + (size_t)d->rank * share, share, ncclFloat,
-                                    ncclSum, d->comm, d->stream));
-    }
-    g->buckets_reduced++;
-}
-
-// in gpu_backward: bucket b's gradients are final; starts its collective when the backward runs
-// with reduce_in_backward (the last micro-step of a step with several processes)
-static void gpu_bucket_done(GPUModel* g, int b) {
-    if (g->reduce_in_backward && g->dist->world > 1) { gpu_reduce_bucket(g, b); }
-}
-
 // Accumulates into the gradients the gradient of loss_scale * mean_loss of the last forward
 // (gpu_forward_train's: its logits are that loss's gradient already).
 static void gpu_backward(GPUModel* g) {
@@ -4663,7 +4643,6 @@ static void gpu_backward(GPUModel* g) {
     matmul_backward_weight_gpu(pg(g, P_LM_HEAD, 0), a.logits, a.xf, N, C, Vp);
     cudaCheck(cudaMemset(d.dresid, 0, NC * sizeof(float)));
     rmsnorm_backward_gpu(g, pg(g, P_NORM_F, 0), LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), a.rstd_f, N, C);
-    gpu_bucket_done(g, L + 1);
     for (int l = L - 1; l >= 0; l--) {
         LayerActs p = layer_acts(g, l);
         if (a.recompute) { gpu_recompute_layer(g, &p, l); }
@@ -4745,13 +4724,11 @@ static void gpu_backward(GPUModel* g) {
         }
         rmsnorm_backward_gpu(g, pg(g, P_ATTN_NORM, l), p.resid, pm(g, P_ATTN_NORM, l),
                              p.rstd_a, N, C);
-        gpu_bucket_done(g, l + 1);
     }
     int distinct = encoder_lists(g, N);
     encoder_backward_kernel<<<dim3((unsigned)distinct, (unsigned)ceil_div(C, ENC_BWD_COLS)), ENC_BWD_COLS>>>(
         pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, C);
     launchCheck();
-    gpu_bucket_done(g, 0);
 }
 
 // -X 1: one training forward and backward on random tokens with g_tuning set, so each matmul
@@ -4787,15 +4764,26 @@ static void gpu_tune_matmuls(GPUModel* g, int B, int T) {
 // ----------------------------------------------------------------------------
 // optimiser
 
-// Sums the gradients of all ranks: the buckets gpu_backward has not started yet, then the
-// default stream waits for all of them.
+// Sums the gradients of all ranks (the backward scaled each rank's share by 1/(accum*world), so
+// the sum is the mean over the global batch): stage 0 everywhere (all-reduce), stage 1 only this
+// rank's share of each bucket (reduce-scatter, in place). (Started bucket by bucket from inside
+// the backward, the collectives slowed the backward's kernels by as much as they hid: dev/RESULTS.md.)
 static void gpu_reduce_grads(GPUModel* g) {
     const Dist* d = g->dist;
     if (d->world == 1) { return; }
-    int b = g->layout.n_buckets - 1 - g->buckets_reduced; // the backward's order: head, layers L-1 .. 0, embedding
-    for (; b >= 0; b--) { gpu_reduce_bucket(g, b); }
+    dist_stream_begin(d);
+    ncclCheck(ncclGroupStart());
+    for (int b = 0; b < NUM_BUCKETS; b++) {
+        Range r = g->layout.bucket[b], mine = g->shard.host[b];
+        if (d->zero_stage == 0) {
+            ncclCheck(ncclAllReduce(g->grads + r.lo, g->grads + r.lo, r.n, ncclFloat, ncclSum, d->comm, d->stream));
+        } else {
+            ncclCheck(ncclReduceScatter(g->grads + r.lo, g->grads + mine.lo, mine.n, ncclFloat, ncclSum, d->comm,
+                                        d->stream));
+        }
+    }
+    ncclCheck(ncclGroupEnd());
     dist_stream_end(d);
-    g->buckets_reduced = 0;
 }
 
 // global gradient norm (after gpu_reduce_grads): fixed-grid fp64 partials over this rank's
@@ -4825,29 +4813,40 @@ static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, dou
     launchCheck();
 }
 
-// all-gathers every bucket of `buf` from each rank's share, which is in `shares` (one after
+// all-gathers buckets [b0, b1) of `buf` from each rank's share, which is in `shares` (one after
 // another, as the moments) or, when that is NULL, in buf (in place); a collective
-static void gpu_gather_buckets(GPUModel* g, float* buf, const float* shares) {
+template <typename T>
+static void gpu_gather_buckets(GPUModel* g, T* buf, const T* shares, int b0, int b1) {
     const Dist* d = g->dist;
+    ncclDataType_t type = sizeof(T) == sizeof(float) ? ncclFloat : ncclBfloat16;
     dist_stream_begin(d);
     ncclCheck(ncclGroupStart());
-    for (int b = 0; b < g->layout.n_buckets; b++) {
-        Range r = g->layout.bucket[b], mine = g->shard.host[b];
-        const float* send = shares != NULL ? shares + mine.v : buf + mine.lo;
-        ncclCheck(ncclAllGather(send, buf + r.lo, mine.n, ncclFloat, d->comm, d->stream));
+    for (int b = b0; b < b1; b++) {
+        Range mine = g->shard.host[b];
+        const T* send = shares != NULL ? shares + mine.v : buf + mine.lo;
+        ncclCheck(ncclAllGather(send, buf + g->layout.bucket[b].lo, mine.n, type, d->comm, d->stream));
     }
     ncclCheck(ncclGroupEnd());
     dist_stream_end(d);
 }
 
-// the optimizer step; under ZeRO-1 the updated shares are then all-gathered
+// the optimizer step; under ZeRO-1 each rank's updated share is then all-gathered: BUCKET_FP32's
+// master weights, BUCKET_MATMUL's matmul copy (AdamW wrote it; the fp32 master there is this rank's
+// share only, until gpu_gather_master)
 static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
     gpu_adamw(g, o, lr, step, norm);
     const Dist* d = g->dist;
     if (d->world > 1 && d->zero_stage == 1) {
-        gpu_gather_buckets(g, g->params, NULL);
-        to_floatX_kernel<<<elem_blocks(g->layout.size), 256>>>(g->params_x, g->params, g->layout.size);
-        launchCheck();
+        gpu_gather_buckets(g, g->params, (const float*)NULL, BUCKET_FP32, BUCKET_FP32 + 1);
+        gpu_gather_buckets(g, g->params_x, (const floatX*)NULL, BUCKET_MATMUL, BUCKET_MATMUL + 1);
+    }
+}
+
+// every rank's fp32 master weights of BUCKET_MATMUL (ZeRO-1, for a checkpoint); a collective
+static void gpu_gather_master(GPUModel* g) {
+    if (g->dist->world > 1 && g->dist->zero_stage == 1) {
+        gpu_gather_buckets(g, g->params, (const float*)NULL, BUCKET_MATMUL, BUCKET_MATMUL + 1);
+        dist_wait(g->dist);
     }
 }
 
@@ -4859,7 +4858,7 @@ static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, do
 // all-gathers one ZeRO-1 moment buffer into the gradient buffer (free between steps) and
 // copies it to `host` on rank 0; a collective
 static void gpu_gather_moments(GPUModel* g, const float* shard, float* host) {
-    gpu_gather_buckets(g, g->grads, shard);
+    gpu_gather_buckets(g, g->grads, shard, 0, NUM_BUCKETS);
     dist_wait(g->dist);
     if (host != NULL) { gpu_download(g, g->grads, host); }
 }
@@ -4868,6 +4867,7 @@ static void gpu_gather_moments(GPUModel* g, const float* shard, float* host) {
 static void gpu_state_to_host(GPUModel* g) {
     FoxModel* m = g->host;
     int writer = g->dist->rank == 0;
+    gpu_gather_master(g);
     if (writer) {
         gpu_params_to_host(g);
         if (m->m_memory == NULL) {
@@ -6999,17 +6999,15 @@ int main(int argc, char** argv) {
         for (int micro = 0; micro < accum; micro++) {
             dataloader_next_batch(&train);
             gpu_forward_train(&gm, train.inputs, train.targets, a.B, a.T, loss_scale);
-            gm.reduce_in_backward = micro == accum - 1; // the gradients' collectives overlap the last backward
             gpu_backward(&gm);
             loss += gm.mean_loss / (accum * dist.world);
         }
         double t_local = 0.0; // with several processes: when this one's forwards and backwards were done
         if (dist.world > 1) {
-            cudaCheck(cudaStreamSynchronize(0)); // no loss of overlap: the loss's sum below waits for it anyway
+            cudaCheck(cudaDeviceSynchronize()); // no loss of overlap: the loss's sum below waits for it anyway
             t_local = now_seconds() - t0;
-            dist_wait(&dist); // the gradients' collectives of the backward (the loss's upload below blocks)
         }
-        loss = dist_sum_scalar(&dist, loss);
+        loss = dist_sum_scalar(&dist, loss); // before the gradients' collective: its upload blocks
         gpu_reduce_grads(&gm);
         double norm = gpu_grad_norm(&gm);
         char why[256], grad[320] = "";
