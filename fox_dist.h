@@ -1,8 +1,7 @@
 /*
 fox_dist.h: the plain-C side of data-parallel training (one process per GPU), shared by
 train_fox.cu and the tests: the process's rank, world size and local rank (from flags or the
-launcher's environment), the slice of the flat parameter buffer each rank owns under ZeRO-1,
-and the exchange of the NCCL unique id through a shared file or a TCP rendezvous (a saved data
+launcher's environment) and the exchange of the NCCL unique id through a shared file or a TCP rendezvous (a saved data
 position is translated to another process count by train_fox.c's resume_data_position). No CUDA
 or NCCL here.
 Included after train_fox.c, whose fail() and now_seconds() it uses.
@@ -72,17 +71,6 @@ static void resolve_topology(Topology* t, int flag_world, int flag_rank) {
     t->world = (int)world;
     t->rank = (int)rank;
     t->local_rank = local >= 0 ? (int)local : (int)rank;
-}
-
-// ----------------------------------------------------------------------------
-// ZeRO-1 shards (train_fox.cu's layout_params says which ranges a rank owns)
-
-// the part of [lo, lo + n) that falls in [s_lo, s_lo + s_n); returns its length (0: none)
-static size_t range_overlap(size_t lo, size_t n, size_t s_lo, size_t s_n, size_t* out_lo) {
-    size_t a = lo > s_lo ? lo : s_lo;
-    size_t b = lo + n < s_lo + s_n ? lo + n : s_lo + s_n;
-    *out_lo = a;
-    return b > a ? b - a : 0;
 }
 
 // ----------------------------------------------------------------------------

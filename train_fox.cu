@@ -1268,10 +1268,10 @@ static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, in
 // weight without bias. The bf16 build computes all P in one pass on tensor cores (mma.sync
 // m16n8k16, fp32 accumulation) instead of P thin cuBLASLt matmuls; the fp32 build keeps the
 // cuBLASLt matmuls. The weight gradients stay on cuBLASLt (a long reduction over N, which it
-// splits well), all P in one matmul that reads x once (the layout keeps the P weights side by side). Output j = p * H + h of the concatenation
-// is head h of projection p (the backward's dout holds them side by side in that order); the
-// kernels are compiled for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP
-// with zero weights).
+// splits well), all P in one matmul that reads x once (layout_params keeps the P weights side by
+// side). Output j = p * H + h of the concatenation is head h of projection p (the backward's dout
+// holds them side by side in that order); the kernels are compiled for NP = ceil(J / 16) pairs of
+// n8 tiles (J = P * H outputs padded to 16 NP with zero weights).
 
 #define HP_MAX 3
 #define HP_MAX_J 96   // P * H (gpu_config_problem): NP <= 6
@@ -3805,7 +3805,7 @@ typedef struct {
 // A list of ranges, in increasing lo, on the host and the device; total: the sum of their n
 typedef struct {
     Range* host;
-    Range* dev;
+    Range* dev;   // NULL when only the host's is needed
     int count;
     size_t total;
 } RangeList;
@@ -4000,6 +4000,14 @@ static void range_list_free(RangeList* list) {
     free(list->host);
     cudaCheck(cudaFree(list->dev));
     memset(list, 0, sizeof(*list));
+}
+
+// the part of [lo, lo + n) that falls in [s_lo, s_lo + s_n); returns its length (0: none)
+static size_t range_overlap(size_t lo, size_t n, size_t s_lo, size_t s_n, size_t* out_lo) {
+    size_t a = lo > s_lo ? lo : s_lo;
+    size_t b = lo + n < s_lo + s_n ? lo + n : s_lo + s_n;
+    *out_lo = a;
+    return b > a ? b - a : 0;
 }
 
 typedef struct { size_t lo, n; int tensor; } SliceAt;
@@ -4229,7 +4237,7 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     g->dist = dist;
     layout_params(&g->layout, cf, dist->world);
     range_list_build(&g->shard, &g->layout, dist, dist->world > 1);
-    range_list_build(&g->opt, &g->layout, dist, dist->world > 1 && dist->zero_stage == 1);
+    range_list_host(&g->opt, &g->layout, dist, dist->world > 1 && dist->zero_stage == 1);
     adamw_segments(g);
     g->max_B = B;
     g->max_T = T;
