@@ -3526,11 +3526,11 @@ __global__ void to_floatX_kernel(floatX* out, const float* in, size_t n) {
 static unsigned elem_blocks(size_t n) { return (unsigned)ceil_div(n, 256); }
 
 // ----------------------------------------------------------------------------
-// data parallel: one process per GPU, NCCL between them. Every rank holds the full fp32
-// master weights, their matmul copy and full gradients. ZeRO stage 0 all-reduces the
-// gradients and every rank runs AdamW on everything; stage 1 reduce-scatters them, each rank
-// runs AdamW on its shard (and holds only that shard's moments), then the weights are
-// all-gathered. Results that the host needs (losses, the gradient norm) are gathered from
+// data parallel: one process per GPU, NCCL between them. Every rank holds buffers for all
+// weights (fp32 master and matmul copy) and gradients. ZeRO stage 0 all-reduces the gradients
+// and every rank runs AdamW on everything; stage 1 reduce-scatters them, each rank runs AdamW
+// on its shard (and holds only that shard's moments), then the weights are all-gathered (the
+// matmul weights as their bf16 copy: layout_params). Results that the host needs (losses, the gradient norm) are gathered from
 // every rank and summed on the host in rank order: the same bits on every rank, every run.
 
 #define DIST_TIMEOUT_S 900 // longest wait for a collective; a rank that died never arrives
