@@ -3530,8 +3530,9 @@ static unsigned elem_blocks(size_t n) { return (unsigned)ceil_div(n, 256); }
 // weights (fp32 master and matmul copy) and gradients. ZeRO stage 0 all-reduces the gradients
 // and every rank runs AdamW on everything; stage 1 reduce-scatters them, each rank runs AdamW
 // on its shard (and holds only that shard's moments), then the weights are all-gathered (the
-// matmul weights as their bf16 copy: layout_params). Results that the host needs (losses, the gradient norm) are gathered from
-// every rank and summed on the host in rank order: the same bits on every rank, every run.
+// matmul weights as their bf16 copy: layout_params). Results that the host needs (losses, the
+// gradient norm) are gathered from every rank and summed on the host in rank order: the same bits
+// on every rank, every run.
 
 #define DIST_TIMEOUT_S 900 // longest wait for a collective; a rank that died never arrives
 #define GATHER_MAX NORM_BLOCKS
