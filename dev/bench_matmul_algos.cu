@@ -17,7 +17,9 @@ benchmark, not a test: numbers for deciding on an autotuner.
       dev/bench_matmul_algos.cu -lcublasLt -lcublas -o build/bench_matmul_algos
   ./build/bench_matmul_algos                    # fox-pro-125m at N=32768, then fox-pro-760m at N=16384
   ./build/bench_matmul_algos fox-pro-360m 16384 # one preset (fox-pro-{tiny,125m,360m,760m}), N = B*T
-  ALIGN256=1 ./build/bench_matmul_algos        # every operand 256-byte aligned (what padded tensors would get)
+  ALIGN256=1 ./build/bench_matmul_algos        # every operand 256-byte aligned
+  FUSED_QKVG=1 ./build/bench_matmul_algos      # what if q, k, v and the gate were one forward matmul
+                                               # (N, 4C) (the trainer has four): compare the step sums
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -65,11 +67,11 @@ static int config_from_preset(Config* c, const char* preset, size_t N) {
     return 0;
 }
 
-// The trainer's parameters lie packed in train_fox.c's param_table order in one 256-aligned
-// buffer (bf16 copy and fp32 gradients at the same element offsets); the small bf slice shifts
-// everything after it, so W_g, W_o, W_gu, W_down and lm_head are less aligned than 256 bytes.
-enum { P_WTE, P_ATTN_NORM, P_WQ, P_WK, P_WK_SHIFT, P_WV, P_WV_SHIFT, P_WF, P_BF, P_Q_NORM, P_K_NORM,
-       P_WG, P_O_NORM, P_WO, P_MLP_NORM, P_WGU, P_WDOWN, P_NORM_F, P_LM_HEAD, NUM_P };
+// The trainer's parameter layout (train_fox.cu's layout_params for a fox-pro model, one process):
+// BUCKET_FP32 (wte, each layer's six vectors, norm_f), then BUCKET_MATMUL: each layer's wq, wk,
+// wv, wg, wk_shift, wv_shift, wf, wo, wgu, wdown, then lm_head; every slice at a multiple of 64
+// elements of a 256-aligned buffer (bf16 copy and fp32 gradients at the same element offsets).
+enum { P_WQ, P_WK, P_WV, P_WG, P_WK_SHIFT, P_WV_SHIFT, P_WF, P_WO, P_WGU, P_WDOWN, P_LM_HEAD, NUM_P };
 
 static unsigned byte_alignment(size_t offset) { // train_fox.cu's ptr_alignment of base + offset
     unsigned a = 256;
@@ -77,17 +79,25 @@ static unsigned byte_alignment(size_t offset) { // train_fox.cu's ptr_alignment 
     return a;
 }
 
+static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
+
+// element offset of tensor t's layer-l slice (lm_head: l = 0)
+static size_t param_offset(const Config* c, int t, int l) {
+    size_t C = c->C, H = c->H, I = c->I, Vp = c->Vp;
+    size_t slice[NUM_P] = {C * C, C * C, C * C, C * C, H * C, H * C, H * C, C * C, 2 * I * C, C * I, Vp * C};
+    size_t fp32 = round64(round64(Vp * C) + (size_t)c->L * (5 * round64(C) + round64(H)) + round64(C));
+    size_t layer = 0;
+    for (int i = 0; i < P_LM_HEAD; i++) { layer += round64(slice[i]); }
+    size_t off = fp32 + (t == P_LM_HEAD ? (size_t)c->L * layer : (size_t)l * layer);
+    for (int i = 0; i < t && t != P_LM_HEAD; i++) { off += round64(slice[i]); }
+    return off;
+}
+
 // smallest alignment over the layer slices of tensor t, elements of elem_bytes
 static unsigned param_alignment(const Config* c, int t, size_t elem_bytes) {
-    size_t C = c->C, H = c->H, I = c->I, Vp = c->Vp;
-    size_t slice[NUM_P] = {Vp * C, C, C * C, C * C, H * C, C * C, H * C, H * C, H, C, C,
-                           C * C, C, C * C, C, 2 * I * C, C * I, C, Vp * C};
-    size_t off = 0;
-    for (int i = 0; i < t; i++) { off += slice[i] * (i == P_WTE || i >= P_NORM_F ? 1 : (size_t)c->L); }
-    int layers = t == P_WTE || t >= P_NORM_F ? 1 : c->L;
     unsigned a = 256;
-    for (int l = 0; l < layers; l++) {
-        unsigned al = byte_alignment((off + (size_t)l * slice[t]) * elem_bytes);
+    for (int l = 0; l < (t == P_LM_HEAD ? 1 : c->L); l++) {
+        unsigned al = byte_alignment(param_offset(c, t, l) * elem_bytes);
         if (al < a) { a = al; }
     }
     return a;
@@ -130,38 +140,23 @@ static void add_call(const char* name, int m, int n, int k, int ta, int tb, int 
     g_calls[g_num_calls++] = c;
 }
 
-// smallest alignment over the layer slices (4C, C) of the grouped attention weights wqkvg, a
-// buffer of its own (train_fox.cu: gpu_group_qkvg)
-static unsigned qkvg_alignment(const Config* c) {
-    unsigned a = 256;
-    for (int l = 0; l < c->L; l++) {
-        unsigned al = byte_alignment((size_t)l * 4 * c->C * c->C * 2);
-        if (al < a) { a = al; }
-    }
-    return a;
-}
-
-// the trainer's wrappers (activations and gradient buffers are 256-aligned: arena_take); dout_al,
-// ld: dout's alignment and row length (a column block of dqkvg: ld 4C; 0: dense)
+// the trainer's wrappers (activations and gradient buffers are 256-aligned: arena_take)
 static void fwd(const char* name, cudaDataType_t t, int add, unsigned w_al, size_t N, int IC, int OC, int calls) {
     add_call(name, OC, (int)N, IC, 1, 0, 0, t, add ? 1.0f : 0.0f, add, w_al, 256, 256, 256, calls);
 }
 static void bwd_in(const char* name, cudaDataType_t t, unsigned w_al, size_t N, int IC, int OC, float beta, int calls) {
     add_call(name, IC, (int)N, OC, 0, 0, 0, t, beta, 0, w_al, 256, 256, 256, calls);
 }
-static void bwd_w_ld(const char* name, unsigned dw_al, unsigned dout_al, int ld, size_t N, int IC, int OC, int calls) {
-    add_call(name, IC, OC, (int)N, 0, 1, ld, CUDA_R_32F, 1.0f, 0, 256, dout_al, dw_al, dw_al, calls);
-}
 static void bwd_w(const char* name, unsigned dw_al, size_t N, int IC, int OC, int calls) {
-    bwd_w_ld(name, dw_al, 256, 0, N, IC, OC, calls);
+    add_call(name, IC, OC, (int)N, 0, 1, 0, CUDA_R_32F, 1.0f, 0, 256, 256, dw_al, dw_al, calls);
 }
 
 // gpu_forward and gpu_backward of a fox-pro model (QK-norm, k/v shift, full forget gate, output
 // gate: q, k, v, g all have stage kernels). The attention input's gradient is one matmul, dqkvg
-// (N, 4C) @ wqkvg_l (4C, C), beta 1 onto the head projections' term; the weight gradients of q, k,
-// v, g read column blocks of dqkvg (ldb 4C); those of the head projections are one matmul,
-// dw_all (3H, C) = dhp (N, 3H)^T x, beta 0. The head projections' forward, input gradient and
-// dw_all's add are train_fox.cu's own kernels, not listed.
+// (N, 4C) @ [W_q; W_k; W_v; W_g] (4C, C) (side by side in the layout), beta 1 onto the head
+// projections' term, and their weights' gradient one matmul too; the head projections' weight
+// gradients are one matmul, (3H, C) += dhp (N, 3H)^T x. The head projections' forward and input
+// gradient are train_fox.cu's own kernels, not listed.
 static void build_calls(const Config* c) {
     size_t N = c->N;
     int L = c->L, C = c->C, H = c->H, I = c->I, Vp = c->Vp, W = 4 * C;
@@ -169,10 +164,14 @@ static void build_calls(const Config* c) {
 #define WX(t) param_alignment(c, t, 2)
 #define WG(t) param_alignment(c, t, 4)
     g_num_calls = 0;
-    fwd("fwd q", X, 0, WX(P_WQ), N, C, C, L);
-    fwd("fwd k", X, 0, WX(P_WK), N, C, C, L);
-    fwd("fwd v", X, 0, WX(P_WV), N, C, C, L);
-    fwd("fwd g", X, 0, WX(P_WG), N, C, C, L);
+    if (getenv("FUSED_QKVG") != NULL) {
+        fwd("fwd qkvg", X, 0, WX(P_WQ), N, C, W, L);
+    } else {
+        fwd("fwd q", X, 0, WX(P_WQ), N, C, C, L);
+        fwd("fwd k", X, 0, WX(P_WK), N, C, C, L);
+        fwd("fwd v", X, 0, WX(P_WV), N, C, C, L);
+        fwd("fwd g", X, 0, WX(P_WG), N, C, C, L);
+    }
     fwd("fwd o+res", F, 1, WX(P_WO), N, C, C, L);
     fwd("fwd gu", X, 0, WX(P_WGU), N, C, 2 * I, L);
     fwd("fwd down+res", F, 1, WX(P_WDOWN), N, I, C, L);
@@ -185,13 +184,9 @@ static void build_calls(const Config* c) {
     bwd_w("bw gu", WG(P_WGU), N, C, 2 * I, L);
     bwd_in("bin o", X, WX(P_WO), N, C, C, 0.0f, L);
     bwd_w("bw o", WG(P_WO), N, C, C, L);
-    add_call("bw hp", C, 3 * H, (int)N, 0, 1, 0, F, 0.0f, 0, 256, 256, 256, 256, L); // x, dhp, dw_all: arena_take
-    bwd_in("bin qkvg", F, qkvg_alignment(c), N, C, W, 1.0f, L);
-    static const char* qkvg_names[4] = {"bw q", "bw k", "bw v", "bw g"};
-    static const int qkvg_tensors[4] = {P_WQ, P_WK, P_WV, P_WG};
-    for (int i = 0; i < 4; i++) { // block i of dqkvg: i C elements past its start
-        bwd_w_ld(qkvg_names[i], WG(qkvg_tensors[i]), byte_alignment((size_t)i * C * 2), W, N, C, C, L);
-    }
+    bwd_w("bw hp", WG(P_WK_SHIFT), N, C, 3 * H, L);
+    bwd_in("bin qkvg", F, WX(P_WQ), N, C, W, 1.0f, L);
+    bwd_w("bw qkvg", WG(P_WQ), N, C, W, L);
 #undef WX
 #undef WG
 }
