@@ -42,8 +42,7 @@ The sections, in file order (each opens with a // ---- line and this title):
       estimate, gpu_config_problem (what the kernels cannot take), gpu_build
   layer launchers used by the forward and backward: RMSNorm and column-sum launches
   forward and backward of the whole model: gpu_forward, gpu_backward, the activation recompute
-  optimiser: the gradients' reduction (by bucket, from inside the backward), norm, clipping, the
-      AdamW step (gpu_update)
+  optimiser: the gradients' reduction (by bucket), norm, clipping, the AdamW step (gpu_update)
   checkpoints: the twin's files, written and resumed on any number of GPUs
   generation on the GPU: the decoder's matvecs (gemv_kernel), flash-decoding attention over a
       paged KV cache, the split combine, sampling, the cache's upkeep (eviction, pages), the prefill
@@ -3879,10 +3878,11 @@ static int qkvg_slots(const FoxConfig* cf, int slot[4]) {
 // matmul each for their input's and their weights' gradients), then lm_head. ZeRO-1 all-gathers
 // BUCKET_MATMUL in bf16 (params_x, half the bytes, no conversion after it); the fp32 master of
 // its other ranks' shares is gathered only for checkpoints (gpu_gather_master), and the matmul
-// copy of BUCKET_FP32 is never read. Every slice
-// starts at a multiple of LAYOUT_ALIGN elements, every bucket is padded to a multiple of world *
-// LAYOUT_ALIGN, and rank r's share (ZeRO-1 shard) of a bucket is its r-th of world equal parts.
-// The padding is zeros and stays zeros (no kernel writes it; AdamW keeps zeros zero).
+// copy of BUCKET_FP32 is never read. Every slice starts at a multiple of LAYOUT_ALIGN elements,
+// except that the members of a group one matmul reads follow each other with no gap (C x C and H x C
+// slices: at least 16 bytes aligned); every bucket is padded to a multiple of world * LAYOUT_ALIGN,
+// and rank r's share (ZeRO-1 shard) of a bucket is its r-th of world equal parts. The padding is
+// zeros and stays zeros (no kernel writes it; AdamW keeps zeros zero).
 #define LAYOUT_ALIGN 64
 
 static size_t round_up(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
@@ -3891,9 +3891,12 @@ static size_t round_up(size_t n, size_t unit) { return (n + unit - 1) / unit * u
 static int param_read_fp32(const ParamSpec* spec, int t) { return t == P_WTE || spec[t].cols == 1; }
 
 // a layer's matmul weights in bucket order: the grouped projections (qkvg_slots's order), the head
-// projections (head_proj_slots's), the others; returns their count
-static int layer_matrix_order(const FoxConfig* cf, const ParamSpec* spec, int order[NUM_PARAM_TENSORS]) {
+// projections (head_proj_slots's), the others; returns their count. packed[i]: order[i + 1] is the
+// next member of order[i]'s group, so it follows with no padding between (one matmul reads both).
+static int layer_matrix_order(const FoxConfig* cf, const ParamSpec* spec, int order[NUM_PARAM_TENSORS],
+                              int packed[NUM_PARAM_TENSORS]) {
     int slot[4], F = qkvg_slots(cf, slot), hp_slot[HP_MAX], P = head_proj_slots(cf, hp_slot), n = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { packed[i] = i + 1 < F || (i >= F && i + 1 < F + P); }
     int placed[NUM_PARAM_TENSORS] = {0};
     for (int s = 0; s < F; s++) {
         for (int j = 0; j < 4; j++) {
@@ -3911,10 +3914,12 @@ static int layer_matrix_order(const FoxConfig* cf, const ParamSpec* spec, int or
     return n;
 }
 
-// tensor t's layer-l slice at *off, which moves past it
-static void layout_place(ParamLayout* lay, const ParamSpec* spec, size_t L, int t, size_t l, size_t* off) {
+// tensor t's layer-l slice at *off, which moves past it (and the padding after it unless packed)
+static void layout_place(ParamLayout* lay, const ParamSpec* spec, size_t L, int t, size_t l, size_t* off,
+                         int packed) {
     lay->slice[(size_t)t * L + l] = *off;
-    *off += round_up(param_slice_numel(&spec[t]), LAYOUT_ALIGN);
+    *off += param_slice_numel(&spec[t]);
+    if (!packed) { *off = round_up(*off, LAYOUT_ALIGN); }
 }
 
 static void layout_params(ParamLayout* lay, const FoxConfig* cf, int world) {
@@ -3922,20 +3927,20 @@ static void layout_params(ParamLayout* lay, const FoxConfig* cf, int world) {
     param_table(cf, spec);
     size_t L = (size_t)cf->n_layer, unit = (size_t)LAYOUT_ALIGN * (size_t)world, off = 0;
     lay->slice = (size_t*)calloc_check(NUM_PARAM_TENSORS * L, sizeof(size_t), "parameter layout");
-    int order[NUM_PARAM_TENSORS], n_order = layer_matrix_order(cf, spec, order);
-    layout_place(lay, spec, L, P_WTE, 0, &off); // BUCKET_FP32
+    int order[NUM_PARAM_TENSORS], packed[NUM_PARAM_TENSORS], n_order = layer_matrix_order(cf, spec, order, packed);
+    layout_place(lay, spec, L, P_WTE, 0, &off, 0); // BUCKET_FP32
     for (size_t l = 0; l < L; l++) {
         for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-            if (spec[t].per_layer && param_read_fp32(spec, t)) { layout_place(lay, spec, L, t, l, &off); }
+            if (spec[t].per_layer && param_read_fp32(spec, t)) { layout_place(lay, spec, L, t, l, &off, 0); }
         }
     }
-    layout_place(lay, spec, L, P_NORM_F, 0, &off);
+    layout_place(lay, spec, L, P_NORM_F, 0, &off, 0);
     lay->bucket[BUCKET_FP32] = (Range){0, round_up(off, unit), 0};
     off = lay->bucket[BUCKET_FP32].n; // BUCKET_MATMUL
     for (size_t l = 0; l < L; l++) {
-        for (int i = 0; i < n_order; i++) { layout_place(lay, spec, L, order[i], l, &off); }
+        for (int i = 0; i < n_order; i++) { layout_place(lay, spec, L, order[i], l, &off, packed[i]); }
     }
-    layout_place(lay, spec, L, P_LM_HEAD, 0, &off);
+    layout_place(lay, spec, L, P_LM_HEAD, 0, &off, 0);
     lay->size = lay->bucket[BUCKET_FP32].n + round_up(off - lay->bucket[BUCKET_FP32].n, unit);
     lay->bucket[BUCKET_MATMUL] = (Range){lay->bucket[BUCKET_FP32].n, lay->size - lay->bucket[BUCKET_FP32].n, 0};
 }
