@@ -2175,14 +2175,16 @@ __device__ __forceinline__ void mbar_arrive_release(uint64_t* bar) {
 
 // dK/dV: P^T in place for one warp's 16 keys x BQ queries, as fox_bwd_lean_pt with the columns'
 // query terms given: a[nt] = (A of column 2 tq, of column 2 tq + 1) of 8-column block nt
-template<int BQ, bool GATE, bool MASK>
+// (AS: a's stride in float2, 4 when a points into the stage: version 19)
+template<int BQ, bool GATE, bool MASK, int AS = 1>
 __device__ __forceinline__ void fox_bwd_pre_pt(float* s, const float2* a, const float B[2], float scale_log2,
                                                const int* lo, const int* hi) {
     #pragma unroll
     for (int nt = 0; nt < BQ / 8; nt++) {
+        float2 an = a[nt * AS];
         #pragma unroll
         for (int e = 0; e < 4; e++) {
-            float ac = (e & 1) ? a[nt].y : a[nt].x;
+            float ac = (e & 1) ? an.y : an.x;
             float t = GATE ? __fadd_rn(ac, B[e / 2]) : ac;
             float p = ex2_ftz(fmaf(s[nt * 4 + e], scale_log2, t));  // one MUFU.EX2; denormals 0
             if (MASK) {
@@ -2194,13 +2196,14 @@ __device__ __forceinline__ void fox_bwd_pre_pt(float* s, const float2* a, const 
     }
 }
 // dK/dV: dS^T = P^T (dP^T - Delta) in place of dP^T, as fox_bwd_lean_dst with the columns' Delta given
-template<int BQ>
+template<int BQ, int AS = 1>
 __device__ __forceinline__ void fox_bwd_pre_dst(float* dp, const float* s, const float2* d, float dcs[2]) {
     #pragma unroll
     for (int nt = 0; nt < BQ / 8; nt++) {
+        float2 dn = d[nt * AS];
         #pragma unroll
         for (int e = 0; e < 4; e++) {
-            float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - ((e & 1) ? d[nt].y : d[nt].x));
+            float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - ((e & 1) ? dn.y : dn.x));
             dcs[e / 2] += ds;
             dp[nt * 4 + e] = ds;
         }
@@ -2369,10 +2372,14 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
             for (int kk = 0; kk < HD / 16; kk++)
                 wgmma_ss<BQ, 0>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
             wgmma_commit();
-            // the columns' query terms, loaded before any wait (their latency runs under it)
-            float2 a[BQ / 8];
+            // the columns' query terms, loaded before any wait (their latency runs under it); with
+            // 128-query steps (version 19) read where used: registers
+            constexpr bool LIVE = BQ > 64;
+            constexpr int AS = LIVE ? 4 : 1;
+            float2 a[LIVE ? 1 : BQ / 8];
             #pragma unroll
-            for (int nt = 0; nt < BQ / 8; nt++) a[nt] = sAb[nt * 4];
+            for (int nt = 0; nt < (LIVE ? 0 : BQ / 8); nt++) a[nt] = sAb[nt * 4];
+            const float2* ap = LIVE ? sAb : a;
             if (OVL && pending) {  // the previous tile's dV, dK
                 wgmma_wait<2>();
                 wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
@@ -2384,9 +2391,9 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
             // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
             if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
                 int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
-                fox_bwd_pre_pt<BQ, GATE, true>(s, a, B, scale_log2, lo, hi);
+                fox_bwd_pre_pt<BQ, GATE, true, AS>(s, ap, B, scale_log2, lo, hi);
             } else {
-                fox_bwd_pre_pt<BQ, GATE, false>(s, a, B, scale_log2, nullptr, nullptr);
+                fox_bwd_pre_pt<BQ, GATE, false, AS>(s, ap, B, scale_log2, nullptr, nullptr);
             }
             // dV += P^T dO
             #pragma unroll
@@ -2396,12 +2403,12 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
             for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
             wgmma_commit();
             // the columns' Delta, loaded before the wait for dP^T
-            float2 d[BQ / 8];
+            float2 d[LIVE ? 1 : BQ / 8];
             #pragma unroll
-            for (int nt = 0; nt < BQ / 8; nt++) d[nt] = sDb[nt * 4];
+            for (int nt = 0; nt < (LIVE ? 0 : BQ / 8); nt++) d[nt] = sDb[nt * 4];
             wgmma_wait<1>();  // dP^T done (dV may still run)
             wgmma_pin<BQ / 2>(dp);
-            fox_bwd_pre_dst<BQ>(dp, s, d, dcs);
+            fox_bwd_pre_dst<BQ, AS>(dp, s, LIVE ? sDb : d, dcs);
             // dK += dS^T Q
             #pragma unroll
             for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
@@ -2707,7 +2714,9 @@ static void fox_bwd_pre_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
 
 // version 15: Delta, the two kernels above, the dlogf scan; tiles, tables and scratch as version 14
 // (the dQ kernel with the cross-tile overlap, the dK/dV kernel without). CFG 0 = version 15; 1 =
-// version 16, version 15 with the dK/dV kernel's overlap at hd 64 (at hd 128 version 15's kernels).
+// version 16, version 15 with the dK/dV kernel's overlap at hd 64 (at hd 128 version 15's kernels);
+// 2 = version 19, version 15 with 128-query steps in the dK/dV kernel at hd 64 (the terms read from
+// shared memory where used; ptxas serialises its wgmmas, C7512: 5-8% slower, LOG.md).
 template<int CFG>
 static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
                         const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
@@ -2721,9 +2730,10 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     else fox_bwd_delta_kernel<128><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     cudaCheckLaunch();
     constexpr bool OVL64 = CFG == 1;
+    constexpr int BQ64 = CFG == 2 ? 128 : 64;
     if (hd == 64) {
-        if (c) fox_bwd_pre_launch<64, 64, 128, 2, true, OVL64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_pre_launch<64, 64, 128, 2, false, OVL64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_pre_launch<64, BQ64, 128, 2, true, OVL64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_pre_launch<64, BQ64, 128, 2, false, OVL64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
         if (c) fox_bwd_pre_launch<128, 64, 64, 2, true, false, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
         else fox_bwd_pre_launch<128, 64, 64, 2, false, false, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
@@ -3610,11 +3620,13 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d, const int*
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 16: fox_bwd_pre<1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 19: fox_bwd_pre<2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 17: fox_bwd_fused<false>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 18: fox_bwd_fused<true>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..18\n", version); exit(EXIT_FAILURE);
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..19\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -3659,13 +3671,13 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // line by line into a log too: a hung version shows where
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 18;
+    int first = only ? only : 1, last = only ? only : 19;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[19];  // per version: only those that pass are timed
+    bool vok[20];  // per version: only those that pass are timed
     for (bool& ok : vok) ok = true;
 
     if (argc > 3 && strcmp(argv[3], "profile") == 0) {  // one backward per version and timing shape, for ncu
@@ -3825,7 +3837,7 @@ int main(int argc, char** argv) {
             printf("determinism of version %d, hd %d (two backward runs, bitwise): %s\n", ver, p.hd, same ? "ok" : "FAIL");
             vok[ver] &= same;
         }
-        if (ver == 15 || ver == 16) {
+        if (ver == 15 || ver == 16 || ver == 19) {
             poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht);
             run_backward(14, p, d);
             std::vector<bf16> g = d2h(d.dqkv, p.n_qkv);
