@@ -4000,6 +4000,102 @@ static void gpu_test_crossentropy(void) {
     }
 }
 
+// The RMSNorm kernels (rmsnorm_forward_nv, rmsnorm_backward_nv) against fp64 on random rows: the
+// trainer's register tile (rms_nv) at widths that take NV 1 and 2 (C = 96, 160: a part-filled tile),
+// 6 (768), 12 (1536) and rows wider than the tile, read in two and three tiles (2176, 3200), and
+// every other tile at C = 768 and 160 (rows of one to six tiles, the last part-filled); N = 200
+// rows (a last chunk of 8 rows). out, rstd, dresid_x and the scale gradient are poisoned or
+// random first; dresid and dw start from random values and accumulate. Errors: out is bf16-rounded
+// (2^-8 relative, twice its rounding); fp32 sums of at most 3200 terms of size ~1 stay within 1e-5
+// of 1 + |ref| (rstd, dresid) and 1e-5 of the sum of |terms| (dw over 200 rows).
+static void gpu_test_rmsnorm(void) {
+    const int cases[][2] = {{96, 0}, {160, 0}, {768, 0}, {1536, 0}, {2176, 0}, {3200, 0}, {768, 1}, {768, 2},
+                            {768, 4}, {768, 8}, {768, 12}, {160, 1}, {160, 4}}; // (C, NV; 0: rms_nv(C))
+    const size_t N = 200;
+    for (int c = 0; c < (int)(sizeof(cases) / sizeof(cases[0])); c++) {
+        int C = cases[c][0], nv = cases[c][1] > 0 ? cases[c][1] : rms_nv(C);
+        size_t NC = N * C, chunks = ceil_div(N, RMS_BWD_ROWS);
+        uint64_t s = 7000 + C;
+        float* x = (float*)malloc_check(NC * sizeof(float), "x");
+        float* dout = (float*)malloc_check(NC * sizeof(float), "dout");
+        float* g0 = (float*)malloc_check(NC * sizeof(float), "dresid");
+        float* g = (float*)malloc_check(NC * sizeof(float), "dresid");
+        float* w = (float*)malloc_check(C * sizeof(float), "w");
+        float* dw0 = (float*)malloc_check(C * sizeof(float), "dw");
+        float* dw = (float*)malloc_check(C * sizeof(float), "dw");
+        float* rstd = (float*)malloc_check(N * sizeof(float), "rstd");
+        floatX* out = (floatX*)malloc_check(NC * sizeof(floatX), "out");
+        floatX* gx = (floatX*)malloc_check(NC * sizeof(floatX), "dresid_x");
+        for (size_t i = 0; i < NC; i++) {
+            x[i] = (float)rng_normal(&s); dout[i] = (float)rng_normal(&s); g0[i] = (float)rng_normal(&s);
+        }
+        for (int i = 0; i < C; i++) { w[i] = 0.5f + (float)rng_uniform(&s); dw0[i] = (float)rng_normal(&s); }
+        GPUModel m;
+        memset(&m, 0, sizeof(m));
+        float *x_d, *w_d, *rstd_d, *dw_d;
+        floatX* out_d;
+        cudaCheck(cudaMalloc(&x_d, NC * sizeof(float))); cudaCheck(cudaMalloc(&m.gb.dxn, NC * sizeof(float)));
+        cudaCheck(cudaMalloc(&m.gb.dresid, NC * sizeof(float))); cudaCheck(cudaMalloc(&w_d, C * sizeof(float)));
+        cudaCheck(cudaMalloc(&m.gb.dresid_x, NC * sizeof(floatX))); cudaCheck(cudaMalloc(&out_d, NC * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&m.gb.partial, chunks * C * sizeof(float))); cudaCheck(cudaMalloc(&rstd_d, N * 4));
+        cudaCheck(cudaMalloc(&dw_d, C * sizeof(float)));
+        cudaCheck(cudaMemcpy(x_d, x, NC * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(m.gb.dxn, dout, NC * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(m.gb.dresid, g0, NC * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(w_d, w, C * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(dw_d, dw0, C * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(out_d, 0xFF, NC * sizeof(floatX))); cudaCheck(cudaMemset(rstd_d, 0xFF, N * 4));
+        cudaCheck(cudaMemset(m.gb.dresid_x, 0xFF, NC * sizeof(floatX)));
+        cudaCheck(cudaMemset(m.gb.partial, 0xFF, chunks * C * sizeof(float)));
+        rmsnorm_forward_nv(nv, out_d, rstd_d, x_d, w_d, N, C);
+        rmsnorm_backward_nv(nv, &m, dw_d, x_d, w_d, rstd_d, N, C);
+        cudaCheck(cudaDeviceSynchronize());
+        cudaCheck(cudaMemcpy(out, out_d, NC * sizeof(floatX), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(rstd, rstd_d, N * 4, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(g, m.gb.dresid, NC * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(gx, m.gb.dresid_x, NC * sizeof(floatX), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(dw, dw_d, C * sizeof(float), cudaMemcpyDeviceToHost));
+        double e_out = 0.0, e_rstd = 0.0, e_g = 0.0, e_dw = 0.0;
+        int copy_ok = 1;
+        for (size_t r = 0; r < N; r++) {
+            const float *xr = x + r * C, *dr = dout + r * C;
+            double ss = 0.0, dot = 0.0;
+            for (int i = 0; i < C; i++) { ss += (double)xr[i] * xr[i]; }
+            double sr = 1.0 / sqrt(ss / C + 1e-6);
+            e_rstd = fmax(e_rstd, fabs(rstd[r] - sr) / sr);
+            for (int i = 0; i < C; i++) {
+                double ref = xr[i] * sr * w[i];
+                e_out = fmax(e_out, fabs(to_float(out[r * C + i]) - ref) / (fabs(ref) * 0x1p-8 + 1e-30));
+                dot += (double)w[i] * dr[i] * xr[i];
+            }
+            double k = dot * sr * sr * sr / C;
+            for (int i = 0; i < C; i++) {
+                double ref = g0[r * C + i] + sr * w[i] * dr[i] - xr[i] * k;
+                e_g = fmax(e_g, fabs(g[r * C + i] - ref) / (1.0 + fabs(ref)));
+                floatX gr = to_floatX(g[r * C + i]);
+                copy_ok = copy_ok && memcmp(&gx[r * C + i], &gr, sizeof(floatX)) == 0;
+            }
+        }
+        for (int i = 0; i < C; i++) {
+            double ref = dw0[i], mag = fabs(dw0[i]);
+            for (size_t r = 0; r < N; r++) {
+                double t = (double)dout[r * C + i] * x[r * C + i] * rstd[r];
+                ref += t;
+                mag += fabs(t);
+            }
+            e_dw = fmax(e_dw, fabs(dw[i] - ref) / mag);
+        }
+        check(e_out <= 1.0 && e_rstd <= 1e-5 && e_g <= 1e-5 && e_dw <= 1e-5 && copy_ok,
+              "gpu rmsnorm C = %d (NV %d%s, %d tile(s)), %zu rows: out %.2f of 2^-8 relative, rstd %.1e, dresid %.1e, "
+              "dw %.1e (<= 1e-5); dresid_x = bf16(dresid): %s", C, nv, nv == rms_nv(C) ? ", the trainer's" : "",
+              (int)ceil_div(C, RMS_TILE(nv)), N, e_out, e_rstd, e_g, e_dw, copy_ok ? "yes" : "no");
+        cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(m.gb.dxn)); cudaCheck(cudaFree(m.gb.dresid));
+        cudaCheck(cudaFree(w_d)); cudaCheck(cudaFree(m.gb.dresid_x)); cudaCheck(cudaFree(out_d));
+        cudaCheck(cudaFree(m.gb.partial)); cudaCheck(cudaFree(rstd_d)); cudaCheck(cudaFree(dw_d));
+        free(x); free(dout); free(g0); free(w); free(dw0); free(g); free(rstd); free(dw); free(out); free(gx);
+    }
+}
+
 // The head projections (k/v-shift and forget-gate logits: head_proj_forward_gpu and
 // head_proj_backward_gpu) against the twin's matmul_forward / matmul_backward on the same
 // floatX-rounded inputs: rows not a multiple of 16 or of a block's (HPF_ROWS, HPB_ROWS), C not a
@@ -4098,6 +4194,7 @@ void run_gpu_tests(void) {
         globfree(&gl);
     }
     gpu_test_head_proj();
+    gpu_test_rmsnorm();
     gpu_test_crossentropy();
     gpu_test_attention();
     gpu_test_attention_rescale();

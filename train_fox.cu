@@ -598,38 +598,69 @@ __device__ static inline void load_floats(float* out, const float* p) {
     }
 }
 
-// RMSNorm of the fp32 residual stream, one warp per row, lane the float4 columns 4 lane + 128 i
-// (C % 4 == 0): out = x / sqrt(mean(x^2) + eps) * w
-__global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x, const float* w, size_t rows,
-                                       int C, float eps) {
+// The RMSNorm kernels take one warp per row, lane the float4 columns 4 lane + 128 v (C % 4 == 0), and
+// read the row in tiles of RMS_TILE(NV) columns (NV float4 per lane): both passes over a row (its sum of
+// squares or dot product, then the outputs) use the tile kept in registers, so a row of up to
+// RMS_TILE(NV) columns is read from memory once, with all its loads in flight together. Wider rows
+// keep their last tile and read the others twice. The sums run in column order either way.
+#define RMS_TILE(NV) (128 * (NV))
+
+// NV float4 of row r (columns c0 + 4 lane + 128 v, those below C) into v4
+template <int NV>
+__device__ static inline void load_row_tile(float4* v4, const float* r, int c0, int lane, int C) {
+    #pragma unroll
+    for (int v = 0; v < NV; v++) {
+        int i = c0 + lane * 4 + 128 * v;
+        if (i < C) { v4[v] = *(const float4*)(r + i); }
+    }
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w for each row of the fp32 residual stream
+template <int NV>
+__global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C,
+                                       float eps) {
     size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= rows) { return; }
     const float* xr = x + row * C;
+    float4 xv[NV];
     float ss = 0.0f;
-    for (int i = lane * 4; i < C; i += 128) {
-        float4 v = *(const float4*)(xr + i);
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    int last = 0; // the tile left in registers
+    for (int c0 = 0; c0 < C; c0 += RMS_TILE(NV)) {
+        load_row_tile<NV>(xv, xr, c0, lane, C);
+        #pragma unroll
+        for (int v = 0; v < NV; v++) {
+            if (c0 + lane * 4 + 128 * v < C) {
+                ss += xv[v].x * xv[v].x + xv[v].y * xv[v].y + xv[v].z * xv[v].z + xv[v].w * xv[v].w;
+            }
+        }
+        last = c0;
     }
     ss = warp_sum(ss);
     float s = 1.0f / sqrtf(ss / (float)C + eps);
-    for (int i = lane * 4; i < C; i += 128) {
-        float4 v = *(const float4*)(xr + i);
-        float wi[4];
-        load_floats<4>(wi, w + i);
-        Pack4X o = {{to_floatX(v.x * s * wi[0]), to_floatX(v.y * s * wi[1]), to_floatX(v.z * s * wi[2]),
-                     to_floatX(v.w * s * wi[3])}};
-        *(Pack4X*)(out + row * C + i) = o;
+    for (int c0 = last; c0 >= 0; c0 -= RMS_TILE(NV)) {
+        if (c0 != last) { load_row_tile<NV>(xv, xr, c0, lane, C); }
+        #pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int i = c0 + lane * 4 + 128 * v;
+            if (i >= C) { continue; }
+            float wi[4];
+            load_floats<4>(wi, w + i);
+            Pack4X o = {{to_floatX(xv[v].x * s * wi[0]), to_floatX(xv[v].y * s * wi[1]),
+                         to_floatX(xv[v].z * s * wi[2]), to_floatX(xv[v].w * s * wi[3])}};
+            *(Pack4X*)(out + row * C + i) = o;
+        }
     }
     if (lane == 0) { rstd[row] = s; }
 }
 
 // RMSNorm backward fused with the first stage of its scale gradient (a column sum, finished by
 // colsum_finish_kernel), so dout and x are read once: one block per chunk of RMS_BWD_ROWS rows,
-// warp w takes rows w, w + 8, ... of the chunk, lane the float4 columns 4 lane + 128 i (C % 4 == 0).
-// Accumulates into the fp32 residual gradient and refreshes its matmul copy.
+// warp w takes rows w, w + 8, ... of the chunk. Accumulates into the fp32 residual gradient and
+// refreshes its matmul copy.
 #define RMS_BWD_ROWS 64
 #define RMS_BWD_MAX_C 7168 // shared memory: WARPS_PER_BLOCK * C floats of column sums
+template <int NV>
 __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* partial, const float* dout,
                                         const float* x, const float* w, const float* rstd, size_t rows, int C) {
     // forward: out_i = x_i s w_i, s = (mean(x^2) + eps)^(-1/2), ds/dx_i = -s^3 x_i / C
@@ -643,30 +674,51 @@ __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* 
     for (size_t row = r0 + warp; row < r1; row += WARPS_PER_BLOCK) {
         const float* xr = x + row * C;
         const float* dr = dout + row * C;
+        float* gr = dresid + row * C;
         float s = rstd[row], dot = 0.0f;
-        for (int i = lane * 4; i < C; i += 128) {
-            float4 xv = *(const float4*)(xr + i), dv = *(const float4*)(dr + i);
-            float wi[4];
-            load_floats<4>(wi, w + i);
-            dot += wi[0] * dv.x * xv.x + wi[1] * dv.y * xv.y + wi[2] * dv.z * xv.z + wi[3] * dv.w * xv.w;
+        float4 xv[NV], dv[NV], g[NV];
+        int last = 0; // the tile left in registers
+        for (int c0 = 0; c0 < C; c0 += RMS_TILE(NV)) {
+            load_row_tile<NV>(xv, xr, c0, lane, C);
+            load_row_tile<NV>(dv, dr, c0, lane, C);
+            #pragma unroll
+            for (int v = 0; v < NV; v++) {
+                int i = c0 + lane * 4 + 128 * v;
+                if (i >= C) { continue; }
+                float wi[4];
+                load_floats<4>(wi, w + i);
+                dot += wi[0] * dv[v].x * xv[v].x + wi[1] * dv[v].y * xv[v].y + wi[2] * dv[v].z * xv[v].z +
+                       wi[3] * dv[v].w * xv[v].w;
+            }
+            last = c0;
         }
+        load_row_tile<NV>(g, gr, last, lane, C); // in flight during the warp's sum
         dot = warp_sum(dot);
         float k = dot * s * s * s / (float)C;
-        for (int i = lane * 4; i < C; i += 128) {
-            float4 xv = *(const float4*)(xr + i), dv = *(const float4*)(dr + i);
-            float4 g = *(const float4*)(dresid + row * C + i);
-            float wi[4];
-            load_floats<4>(wi, w + i);
-            g.x += s * wi[0] * dv.x - xv.x * k;
-            g.y += s * wi[1] * dv.y - xv.y * k;
-            g.z += s * wi[2] * dv.z - xv.z * k;
-            g.w += s * wi[3] * dv.w - xv.w * k;
-            *(float4*)(dresid + row * C + i) = g;
-            Pack4X gx = {{to_floatX(g.x), to_floatX(g.y), to_floatX(g.z), to_floatX(g.w)}};
-            *(Pack4X*)(dresid_x + row * C + i) = gx;
-            float4 a = *(float4*)(acc + i);
-            a.x += dv.x * xv.x * s; a.y += dv.y * xv.y * s; a.z += dv.z * xv.z * s; a.w += dv.w * xv.w * s;
-            *(float4*)(acc + i) = a;
+        for (int c0 = last; c0 >= 0; c0 -= RMS_TILE(NV)) {
+            if (c0 != last) {
+                load_row_tile<NV>(xv, xr, c0, lane, C);
+                load_row_tile<NV>(dv, dr, c0, lane, C);
+                load_row_tile<NV>(g, gr, c0, lane, C);
+            }
+            #pragma unroll
+            for (int v = 0; v < NV; v++) {
+                int i = c0 + lane * 4 + 128 * v;
+                if (i >= C) { continue; }
+                float wi[4];
+                load_floats<4>(wi, w + i);
+                g[v].x += s * wi[0] * dv[v].x - xv[v].x * k;
+                g[v].y += s * wi[1] * dv[v].y - xv[v].y * k;
+                g[v].z += s * wi[2] * dv[v].z - xv[v].z * k;
+                g[v].w += s * wi[3] * dv[v].w - xv[v].w * k;
+                *(float4*)(gr + i) = g[v];
+                Pack4X gx = {{to_floatX(g[v].x), to_floatX(g[v].y), to_floatX(g[v].z), to_floatX(g[v].w)}};
+                *(Pack4X*)(dresid_x + row * C + i) = gx;
+                float4 a = *(float4*)(acc + i);
+                a.x += dv[v].x * xv[v].x * s; a.y += dv[v].y * xv[v].y * s;
+                a.z += dv[v].z * xv[v].z * s; a.w += dv[v].w * xv[v].w * s;
+                *(float4*)(acc + i) = a;
+            }
         }
     }
     __syncthreads();
@@ -771,10 +823,17 @@ __device__ static inline float group_sum(float v, int G) {
     return v;
 }
 
+// The per-head kernels below take the tensors of k and v (KV-shift) or of q and k (QK-norm and RoPE)
+// in one launch: blockIdx.y picks the set (a struct each; grid.y = the number of sets that are on), so
+// the pair shares one launch and its tail, and each thread runs the one-tensor code.
+typedef struct { floatX* out; const floatX* raw; const float* alpha_logit; } KVShiftSet;
+
 // KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z);
 // XPACK consecutive channels of one token per thread (one head's: hd % XPACK == 0, see head_lanes)
-__global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const float* alpha_logit, size_t N, int T,
-                                        int H, int hd) {
+__global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, int T, int H, int hd) {
+    floatX* out = blockIdx.y ? s1.out : s0.out;
+    const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
+    const float* alpha_logit = blockIdx.y ? s1.alpha_logit : s0.alpha_logit;
     size_t C = (size_t)H * hd, idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * C) { return; }
     size_t n = idx / C;
@@ -792,12 +851,21 @@ __global__ void kv_shift_forward_kernel(floatX* out, const floatX* raw, const fl
 
 // G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg),
 // dalpha_logit's ld_a (a block of the head projections' dhp)
-__global__ void kv_shift_backward_kernel(floatX* draw, int ld, floatX* dalpha_logit, int ld_a, const floatX* dout,
-                                         const floatX* raw, const float* alpha_logit, size_t N, int T, int H, int hd,
-                                         int G) {
+typedef struct {
+    floatX *draw, *dalpha_logit;
+    const floatX *dout, *raw;
+    const float* alpha_logit;
+} KVShiftGradSet;
+__global__ void kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a, size_t N, int T,
+                                         int H, int hd, int G) {
     // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
     // draw_t = (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
     // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
+    floatX* draw = blockIdx.y ? s1.draw : s0.draw;
+    floatX* dalpha_logit = blockIdx.y ? s1.dalpha_logit : s0.dalpha_logit;
+    const floatX* dout = blockIdx.y ? s1.dout : s0.dout;
+    const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
+    const float* alpha_logit = blockIdx.y ? s1.alpha_logit : s0.alpha_logit;
     size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
     int j = (int)(threadIdx.x % G), half = hd / 2;
     int active = row < N * H && j * XPACK < half; // the others still join group_sum
@@ -830,8 +898,18 @@ __global__ void kv_shift_backward_kernel(floatX* draw, int ld, floatX* dalpha_lo
 // either stage may be off (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for
 // head h is w + (h % groups) * hd (groups = 1 when the heads share one scale vector). RoPE
 // rotates the non-interleaved pairs (i, i + hd/2) by the angle of table rope[t][i] = (cos, sin).
-__global__ void qk_norm_rope_forward_kernel(floatX* out, float* rstd, const floatX* inp, const float* w, int groups,
-                                            const float* rope, size_t N, int T, int H, int hd, float eps, int G) {
+typedef struct {
+    floatX* out;
+    float* rstd;
+    const floatX* inp;
+    const float* w;
+} QKNormSet;
+__global__ void qk_norm_rope_forward_kernel(QKNormSet s0, QKNormSet s1, int groups, const float* rope, size_t N,
+                                            int T, int H, int hd, float eps, int G) {
+    floatX* out = blockIdx.y ? s1.out : s0.out;
+    float* rstd = blockIdx.y ? s1.rstd : s0.rstd;
+    const floatX* inp = blockIdx.y ? s1.inp : s0.inp;
+    const float* w = blockIdx.y ? s1.w : s0.w;
     size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
     int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
     int active = row < N * H && i0 < half; // the others still join group_sum
@@ -879,13 +957,26 @@ __global__ void qk_norm_rope_forward_kernel(floatX* out, float* rstd, const floa
 
 // Writes dinp (rows ld long: C, or a block of dqkvg) and, with the norm on, dnormed (the gradient
 // at the norm's output, for the scale gradient). At most 64 registers, so four blocks share an SM.
+// The norm is on for both sets or for neither (w), as the forward's.
+typedef struct {
+    floatX *dinp, *dnormed;
+    int ld;
+    const floatX *dout, *inp;
+    const float *w, *rstd;
+} QKNormGradSet;
 __global__ void __launch_bounds__(HEAD_THREADS, 4)
-qk_norm_rope_backward_kernel(floatX* dinp, int ld, floatX* dnormed, const floatX* dout, const floatX* inp,
-                             const float* w, int groups, const float* rstd, const float* rope, size_t N, int T, int H,
-                             int hd, int G) {
+qk_norm_rope_backward_kernel(QKNormGradSet s0, QKNormGradSet s1, int groups, const float* rope, size_t N, int T,
+                             int H, int hd, int G) {
     // forward: n = x s w (per head), out = R_t n (rotation of the pairs (i, i + hd/2))
     // dn = R_t^T dout: dn_i = d_i cos + d_{i+half} sin, dn_{i+half} = d_{i+half} cos - d_i sin
     // dx_i = s w_i dn_i - x_i s^3 / hd * sum_j w_j dn_j x_j
+    floatX* dinp = blockIdx.y ? s1.dinp : s0.dinp;
+    floatX* dnormed = blockIdx.y ? s1.dnormed : s0.dnormed;
+    int ld = blockIdx.y ? s1.ld : s0.ld;
+    const floatX* dout = blockIdx.y ? s1.dout : s0.dout;
+    const floatX* inp = blockIdx.y ? s1.inp : s0.inp;
+    const float* w = blockIdx.y ? s1.w : s0.w;
+    const float* rstd = blockIdx.y ? s1.rstd : s0.rstd;
     size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
     int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
     int active = row < N * H && i0 < half; // the others still join group_sum
@@ -4304,9 +4395,37 @@ static void gpu_free(GPUModel* g) {
 // ----------------------------------------------------------------------------
 // layer launchers used by the forward and backward
 
-static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
-    rmsnorm_forward_kernel<<<warp_blocks(rows), 32 * WARPS_PER_BLOCK>>>(out, rstd, x, w, rows, C, 1e-6f);
+// the RMSNorm kernels' register tile for rows of C: NV = the smallest of 1, 2, 4, 6, 8, 12 with
+// RMS_TILE(NV) >= C, 12 for wider rows
+static int rms_nv(int C) {
+    static const int nvs[] = {1, 2, 4, 6, 8, 12};
+    for (int i = 0; i < 6; i++) {
+        if (RMS_TILE(nvs[i]) >= C) { return nvs[i]; }
+    }
+    return 12;
+}
+
+template <int NV>
+static void rmsnorm_forward_launch(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
+    rmsnorm_forward_kernel<NV><<<warp_blocks(rows), 32 * WARPS_PER_BLOCK>>>(out, rstd, x, w, rows, C, 1e-6f);
+}
+
+// with register tile NV = nv (one of rms_nv's; the trainer passes rms_nv(C), the tests every one)
+static void rmsnorm_forward_nv(int nv, floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
+    switch (nv) {
+    case 1: rmsnorm_forward_launch<1>(out, rstd, x, w, rows, C); break;
+    case 2: rmsnorm_forward_launch<2>(out, rstd, x, w, rows, C); break;
+    case 4: rmsnorm_forward_launch<4>(out, rstd, x, w, rows, C); break;
+    case 6: rmsnorm_forward_launch<6>(out, rstd, x, w, rows, C); break;
+    case 8: rmsnorm_forward_launch<8>(out, rstd, x, w, rows, C); break;
+    case 12: rmsnorm_forward_launch<12>(out, rstd, x, w, rows, C); break;
+    default: fail("internal: RMSNorm register tile %d" BUG_HINT, nv);
+    }
     launchCheck();
+}
+
+static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
+    rmsnorm_forward_nv(rms_nv(C), out, rstd, x, w, rows, C);
 }
 
 // dw[W / fold] += column sums over rows of d (the bias gradients) or, with x, of d * x * rstd
@@ -4328,20 +4447,41 @@ static void colsum_scale_gpu(float* dw, float* partial, const floatX* d, const f
     launchCheck();
 }
 
-static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const float* w, const float* rstd, size_t N,
-                                 int C) {
-    GPUGradBuffers* d = &g->gb;
-    unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
+template <int NV>
+static void rmsnorm_backward_launch(GPUGradBuffers* d, const float* x, const float* w, const float* rstd, size_t N,
+                                    int C, unsigned chunks) {
     size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
     if (smem > 48 * 1024) { // above the default limit (gpu_config_problem: C <= RMS_BWD_MAX_C)
-        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)smem));
     }
-    rmsnorm_backward_kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(d->dresid, d->dresid_x, d->partial, d->dxn, x, w,
-                                                                    rstd, N, C);
+    rmsnorm_backward_kernel<NV><<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(d->dresid, d->dresid_x, d->partial, d->dxn,
+                                                                        x, w, rstd, N, C);
+}
+
+// dx (added to g's dresid, with its matmul copy) and dw (added) from the gradient in g's dxn, with
+// register tile NV = nv (as rmsnorm_forward_nv)
+static void rmsnorm_backward_nv(int nv, GPUModel* g, float* dw, const float* x, const float* w, const float* rstd,
+                                size_t N, int C) {
+    GPUGradBuffers* d = &g->gb;
+    unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
+    switch (nv) {
+    case 1: rmsnorm_backward_launch<1>(d, x, w, rstd, N, C, chunks); break;
+    case 2: rmsnorm_backward_launch<2>(d, x, w, rstd, N, C, chunks); break;
+    case 4: rmsnorm_backward_launch<4>(d, x, w, rstd, N, C, chunks); break;
+    case 6: rmsnorm_backward_launch<6>(d, x, w, rstd, N, C, chunks); break;
+    case 8: rmsnorm_backward_launch<8>(d, x, w, rstd, N, C, chunks); break;
+    case 12: rmsnorm_backward_launch<12>(d, x, w, rstd, N, C, chunks); break;
+    default: fail("internal: RMSNorm register tile %d" BUG_HINT, nv);
+    }
     launchCheck();
     colsum_finish_kernel<<<(unsigned)ceil_div(C, 32), dim3(32, 16)>>>(dw, d->partial, (int)chunks, C, 1);
     launchCheck();
+}
+
+static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const float* w, const float* rstd, size_t N,
+                                 int C) {
+    rmsnorm_backward_nv(rms_nv(C), g, dw, x, w, rstd, N, C);
 }
 
 // ----------------------------------------------------------------------------
@@ -4473,10 +4613,17 @@ static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* 
     matmul_backward_weight_gpu(hp->dw, hp->dout, x, N, C, J);
 }
 
-// out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head; out, raw (B, T, H, hd), alpha (B, T, H)
-static void kv_shift_forward_gpu(floatX* out, const floatX* raw, const float* alpha, int B, int T, int H, int hd) {
+// out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head for layer l's k and v, those whose shift is on;
+// out, raw (B, T, H, hd), alpha (B, T, H)
+static void kv_shift_forward_gpu(GPUModel* g, const LayerActs* p, int B, int T) {
+    const FoxConfig* cf = &g->config;
+    int H = cf->n_head, hd = cf->n_embd / H, n = 0;
+    KVShiftSet set[2];
+    if (cf->k_shift) { set[n++] = (KVShiftSet){p->k_shifted, p->k_raw, p->k_alpha}; }
+    if (cf->v_shift) { set[n++] = (KVShiftSet){p->v, p->v_raw, p->v_alpha}; }
+    if (n == 0) { return; }
     size_t NC = (size_t)B * T * H * hd;
-    kv_shift_forward_kernel<<<elem_blocks(NC / XPACK), 256>>>(out, raw, alpha, (size_t)B * T, T, H, hd);
+    kv_shift_forward_kernel<<<dim3(elem_blocks(NC / XPACK), n), 256>>>(set[0], set[n - 1], (size_t)B * T, T, H, hd);
     launchCheck();
 }
 
@@ -4490,11 +4637,9 @@ static void qk_norm_rope_forward_gpu(GPUModel* g, const LayerActs* p, int l, int
     const float* wk_n = cf->qk_norm ? pm(g, P_K_NORM, l) : NULL;
     const float* rope = cf->rope ? g->rope : NULL;
     int G = head_lanes(hd);
-    qk_norm_rope_forward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-        p->q, p->rstd_q, p->q_raw, wq_n, groups_qk, rope, N, T, H, hd, 1e-5f, G);
-    launchCheck();
-    qk_norm_rope_forward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-        p->k, p->rstd_k, p->k_shifted, wk_n, groups_qk, rope, N, T, H, hd, 1e-5f, G);
+    QKNormSet q = {p->q, p->rstd_q, p->q_raw, wq_n}, k = {p->k, p->rstd_k, p->k_shifted, wk_n};
+    qk_norm_rope_forward_kernel<<<dim3(head_blocks(NH, G), 2), HEAD_THREADS>>>(q, k, groups_qk, rope, N, T, H, hd,
+                                                                               1e-5f, G);
     launchCheck();
 }
 
@@ -4520,11 +4665,10 @@ static void swiglu_forward_gpu(floatX* act, const floatX* gu, size_t N, int I) {
 // not change
 static void gpu_recompute_layer(GPUModel* g, const LayerActs* p, int l) {
     const FoxConfig* cf = &g->config;
-    int B = g->B, T = g->T, C = cf->n_embd, H = cf->n_head, hd = C / H;
+    int B = g->B, T = g->T, C = cf->n_embd;
     size_t N = (size_t)B * T;
     rmsnorm_forward_gpu(p->xa, p->rstd_a, p->resid, pm(g, P_ATTN_NORM, l), N, C);
-    if (cf->k_shift) { kv_shift_forward_gpu(p->k_shifted, p->k_raw, p->k_alpha, B, T, H, hd); }
-    if (cf->v_shift) { kv_shift_forward_gpu(p->v, p->v_raw, p->v_alpha, B, T, H, hd); }
+    kv_shift_forward_gpu(g, p, B, T);
     qk_norm_rope_forward_gpu(g, p, l, B, T);
     output_norm_gate_forward_gpu(g, p, l, N);
     rmsnorm_forward_gpu(p->xm, p->rstd_m, p->resid_mid, pm(g, P_MLP_NORM, l), N, C);
@@ -4561,8 +4705,7 @@ static void gpu_forward_pass(GPUModel* g, const int* inputs, const int* targets,
         matmul_forward_gpu(p.v_raw, CUDA_R_X, NULL, p.xa, px(g, P_WV, l), N, C, C);
         HeadProj hp = head_proj_layer(g, &p, l); // k/v shift and forget-gate logits
         head_proj_forward_gpu(&hp, p.xa, N, C, H);
-        if (cf->k_shift) { kv_shift_forward_gpu(p.k_shifted, p.k_raw, p.k_alpha, B, T, H, hd); }
-        if (cf->v_shift) { kv_shift_forward_gpu(p.v, p.v_raw, p.v_alpha, B, T, H, hd); }
+        kv_shift_forward_gpu(g, &p, B, T);
         qk_norm_rope_forward_gpu(g, &p, l, B, T);
         if (cf->gate != GATE_NONE) {
             forget_gate_forward_kernel<<<B * H, SCAN_THREADS>>>(p.c, p.gate_logit, pm(g, P_BF, l),
@@ -4695,27 +4838,25 @@ static void gpu_backward(GPUModel* g) {
         }
         if (cf->qk_norm || cf->rope) {
             const float* rope = cf->rope ? g->rope : NULL;
-            qk_norm_rope_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                draw[0], W, d.dq_normed, d.dq, p.q_raw, cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL, groups_qk,
-                p.rstd_q, rope, N, T, H, hd, G);
-            launchCheck();
-            qk_norm_rope_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                dk_shifted, ld_dk_shifted, d.dk_normed, d.dk, p.k_shifted, cf->qk_norm ? pm(g, P_K_NORM, l) : NULL,
-                groups_qk, p.rstd_k, rope, N, T, H, hd, G);
+            QKNormGradSet q = {draw[0], d.dq_normed, W, d.dq, p.q_raw, cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL,
+                               p.rstd_q};
+            QKNormGradSet k = {dk_shifted, d.dk_normed, ld_dk_shifted, d.dk, p.k_shifted,
+                               cf->qk_norm ? pm(g, P_K_NORM, l) : NULL, p.rstd_k};
+            qk_norm_rope_backward_kernel<<<dim3(head_blocks(NH, G), 2), HEAD_THREADS>>>(q, k, groups_qk, rope, N, T,
+                                                                                        H, hd, G);
             launchCheck();
         }
         if (cf->qk_norm) {
             colsum_scale_gpu(pg(g, P_Q_NORM, l), d.partial, d.dq_normed, p.q_raw, p.rstd_q, N, C, hd, fold_qk);
             colsum_scale_gpu(pg(g, P_K_NORM, l), d.partial, d.dk_normed, p.k_shifted, p.rstd_k, N, C, hd, fold_qk);
         }
-        if (cf->k_shift) {
-            kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                draw[1], W, dhp[0], PH, dk_shifted, p.k_raw, p.k_alpha, N, T, H, hd, G);
-            launchCheck();
-        }
-        if (cf->v_shift) {
-            kv_shift_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                draw[2], W, dhp[1], PH, d.dv, p.v_raw, p.v_alpha, N, T, H, hd, G);
+        if (cf->k_shift || cf->v_shift) { // k's after the QK-norm backward above (dk_shifted)
+            KVShiftGradSet set[2];
+            int n = 0;
+            if (cf->k_shift) { set[n++] = (KVShiftGradSet){draw[1], dhp[0], dk_shifted, p.k_raw, p.k_alpha}; }
+            if (cf->v_shift) { set[n++] = (KVShiftGradSet){draw[2], dhp[1], d.dv, p.v_raw, p.v_alpha}; }
+            kv_shift_backward_kernel<<<dim3(head_blocks(NH, G), n), HEAD_THREADS>>>(set[0], set[n - 1], W, PH, N, T,
+                                                                                    H, hd, G);
             launchCheck();
         }
         // the attention input's gradient: the head projections' terms written, then dqkvg's in one
