@@ -850,14 +850,16 @@ __global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, 
 }
 
 // G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg),
-// dalpha_logit's ld_a (a block of the head projections' dhp)
+// dalpha_logit's ld_a (a block of the head projections' dhp). At most 48 registers (no spills), so
+// five blocks share an SM.
 typedef struct {
     floatX *draw, *dalpha_logit;
     const floatX *dout, *raw;
     const float* alpha_logit;
 } KVShiftGradSet;
-__global__ void kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a, size_t N, int T,
-                                         int H, int hd, int G) {
+__global__ void __launch_bounds__(HEAD_THREADS, 5)
+kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a, size_t N, int T, int H, int hd,
+                         int G) {
     // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
     // draw_t = (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
     // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
