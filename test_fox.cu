@@ -4003,11 +4003,15 @@ static void gpu_test_crossentropy(void) {
 // The RMSNorm kernels (rmsnorm_forward_nv, rmsnorm_backward_nv) against fp64 on random rows: the
 // trainer's register tile (rms_nv) at widths that take NV 1 and 2 (C = 96, 160: a part-filled tile),
 // 6 (768), 12 (1536) and rows wider than the tile, read in two and three tiles (2176, 3200), and
-// every other tile at C = 768 and 160 (rows of one to six tiles, the last part-filled); N = 200
-// rows (a last chunk of 8 rows). out, rstd, dresid_x and the scale gradient are poisoned or
-// random first; dresid and dw start from random values and accumulate. Errors: out is bf16-rounded
-// (2^-8 relative, twice its rounding); fp32 sums of at most 3200 terms of size ~1 stay within 1e-5
-// of 1 + |ref| (rstd, dresid) and 1e-5 of the sum of |terms| (dw over 200 rows).
+// every other tile at C = 768 and 160 (rows of one to six tiles, at 160 the last part-filled); N =
+// 200 rows (a last chunk of 8 rows). out, rstd, dresid_x and the kernels' partial sums are poisoned
+// (NaN; a NaN anywhere fails); dresid and dw start from random values and accumulate. Errors: out is
+// bf16-rounded (one rounding, at most 2^-8 relative in the bf16 build, which leaves ~1e-5 of margin
+// for the fp32 error in front of it); fp32 sums of at most 3200 terms of size ~1 stay within 1e-5 of
+// rstd, of 1 + |ref| (dresid) and of the sum of |terms| (dw over 200 rows).
+// the larger of a and b, infinity if b is NaN (fmax would drop it)
+static double nan_max(double a, double b) { return isnan(b) ? INFINITY : fmax(a, b); }
+
 static void gpu_test_rmsnorm(void) {
     const int cases[][2] = {{96, 0}, {160, 0}, {768, 0}, {1536, 0}, {2176, 0}, {3200, 0}, {768, 1}, {768, 2},
                             {768, 4}, {768, 8}, {768, 12}, {160, 1}, {160, 4}}; // (C, NV; 0: rms_nv(C))
@@ -4037,21 +4041,22 @@ static void gpu_test_rmsnorm(void) {
         cudaCheck(cudaMalloc(&x_d, NC * sizeof(float))); cudaCheck(cudaMalloc(&m.gb.dxn, NC * sizeof(float)));
         cudaCheck(cudaMalloc(&m.gb.dresid, NC * sizeof(float))); cudaCheck(cudaMalloc(&w_d, C * sizeof(float)));
         cudaCheck(cudaMalloc(&m.gb.dresid_x, NC * sizeof(floatX))); cudaCheck(cudaMalloc(&out_d, NC * sizeof(floatX)));
-        cudaCheck(cudaMalloc(&m.gb.partial, chunks * C * sizeof(float))); cudaCheck(cudaMalloc(&rstd_d, N * 4));
+        cudaCheck(cudaMalloc(&m.gb.partial, chunks * C * sizeof(float)));
+        cudaCheck(cudaMalloc(&rstd_d, N * sizeof(float)));
         cudaCheck(cudaMalloc(&dw_d, C * sizeof(float)));
         cudaCheck(cudaMemcpy(x_d, x, NC * sizeof(float), cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(m.gb.dxn, dout, NC * sizeof(float), cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(m.gb.dresid, g0, NC * sizeof(float), cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(w_d, w, C * sizeof(float), cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(dw_d, dw0, C * sizeof(float), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemset(out_d, 0xFF, NC * sizeof(floatX))); cudaCheck(cudaMemset(rstd_d, 0xFF, N * 4));
+        cudaCheck(cudaMemset(out_d, 0xFF, NC * sizeof(floatX))); cudaCheck(cudaMemset(rstd_d, 0xFF, N * sizeof(float)));
         cudaCheck(cudaMemset(m.gb.dresid_x, 0xFF, NC * sizeof(floatX)));
         cudaCheck(cudaMemset(m.gb.partial, 0xFF, chunks * C * sizeof(float)));
         rmsnorm_forward_nv(nv, out_d, rstd_d, x_d, w_d, N, C);
         rmsnorm_backward_nv(nv, &m, dw_d, x_d, w_d, rstd_d, N, C);
         cudaCheck(cudaDeviceSynchronize());
         cudaCheck(cudaMemcpy(out, out_d, NC * sizeof(floatX), cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(rstd, rstd_d, N * 4, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(rstd, rstd_d, N * sizeof(float), cudaMemcpyDeviceToHost));
         cudaCheck(cudaMemcpy(g, m.gb.dresid, NC * sizeof(float), cudaMemcpyDeviceToHost));
         cudaCheck(cudaMemcpy(gx, m.gb.dresid_x, NC * sizeof(floatX), cudaMemcpyDeviceToHost));
         cudaCheck(cudaMemcpy(dw, dw_d, C * sizeof(float), cudaMemcpyDeviceToHost));
@@ -4062,16 +4067,16 @@ static void gpu_test_rmsnorm(void) {
             double ss = 0.0, dot = 0.0;
             for (int i = 0; i < C; i++) { ss += (double)xr[i] * xr[i]; }
             double sr = 1.0 / sqrt(ss / C + 1e-6);
-            e_rstd = fmax(e_rstd, fabs(rstd[r] - sr) / sr);
+            e_rstd = nan_max(e_rstd, fabs(rstd[r] - sr) / sr);
             for (int i = 0; i < C; i++) {
                 double ref = xr[i] * sr * w[i];
-                e_out = fmax(e_out, fabs(to_float(out[r * C + i]) - ref) / (fabs(ref) * 0x1p-8 + 1e-30));
+                e_out = nan_max(e_out, fabs(to_float(out[r * C + i]) - ref) / (fabs(ref) * 0x1p-8 + 1e-30));
                 dot += (double)w[i] * dr[i] * xr[i];
             }
             double k = dot * sr * sr * sr / C;
             for (int i = 0; i < C; i++) {
                 double ref = g0[r * C + i] + sr * w[i] * dr[i] - xr[i] * k;
-                e_g = fmax(e_g, fabs(g[r * C + i] - ref) / (1.0 + fabs(ref)));
+                e_g = nan_max(e_g, fabs(g[r * C + i] - ref) / (1.0 + fabs(ref)));
                 floatX gr = to_floatX(g[r * C + i]);
                 copy_ok = copy_ok && memcmp(&gx[r * C + i], &gr, sizeof(floatX)) == 0;
             }
@@ -4083,7 +4088,7 @@ static void gpu_test_rmsnorm(void) {
                 ref += t;
                 mag += fabs(t);
             }
-            e_dw = fmax(e_dw, fabs(dw[i] - ref) / mag);
+            e_dw = nan_max(e_dw, fabs(dw[i] - ref) / mag);
         }
         check(e_out <= 1.0 && e_rstd <= 1e-5 && e_g <= 1e-5 && e_dw <= 1e-5 && copy_ok,
               "gpu rmsnorm C = %d (NV %d%s, %d tile(s)), %zu rows: out %.2f of 2^-8 relative, rstd %.1e, dresid %.1e, "

@@ -598,11 +598,12 @@ __device__ static inline void load_floats(float* out, const float* p) {
     }
 }
 
-// The RMSNorm kernels take one warp per row, lane the float4 columns 4 lane + 128 v (C % 4 == 0), and
-// read the row in tiles of RMS_TILE(NV) columns (NV float4 per lane): both passes over a row (its sum of
-// squares or dot product, then the outputs) use the tile kept in registers, so a row of up to
-// RMS_TILE(NV) columns is read from memory once, with all its loads in flight together. Wider rows
-// keep their last tile and read the others twice. The sums run in column order either way.
+// The RMSNorm kernels take one warp per row, lane the float4 columns c0 + 4 lane + 128 v of tile c0
+// (C % 4 == 0), and read the row in tiles of RMS_TILE(NV) columns (NV float4 per lane): both passes
+// over a row (its sum of squares or dot product, then the outputs) use the tile kept in registers,
+// so a row of up to RMS_TILE(NV) columns is read from memory once, with all its loads in flight
+// together. Wider rows keep their last tile and read the others twice. The sums run in column order
+// either way.
 #define RMS_TILE(NV) (128 * (NV))
 
 // NV float4 of row r (columns c0 + 4 lane + 128 v, those below C) into v4
@@ -1012,7 +1013,7 @@ qk_norm_rope_backward_kernel(QKNormGradSet s0, QKNormGradSet s1, int groups, con
         }
     }
     PackX olo, ohi;
-    if (wr == NULL) { // w is the same for the whole grid: no lane is left in group_sum
+    if (wr == NULL) { // w is NULL for both sets or neither (a block has one): no lane is left in group_sum
         if (!active) { return; }
         #pragma unroll
         for (int k = 0; k < XPACK; k++) { olo.v[k] = to_floatX(dlo[k]); ohi.v[k] = to_floatX(dhi[k]); }
@@ -2511,9 +2512,10 @@ __device__ __forceinline__ float fox_lean_kterm(float c_j, float cb_l2) { return
 // the thread's keys, columns 2 tq, 2 tq + 1 of each 8-column block its queries).
 // p = 2^(s scale_log2 + (A_i + B_row)) (above; B: the rows' key terms). MASK: p = 0 where the
 // column offset (less 2 tq) is outside [lo, hi] of the row (selected, never multiplied).
-// PRE: ap[nt] holds the A's of block nt's two columns (loaded from the stage); else they are
-// formed here from the stage's lse and c (sLb, sCb).
-template<int BQ, bool GATE, bool MASK, bool PRE>
+// PRE: ap[nt * AS] holds the A's of block nt's two columns (AS = 1: loaded from the stage into
+// registers; AS = 4: the stage itself, ap = its column 2 tq); else they are formed here from the
+// stage's lse and c (sLb, sCb).
+template<int BQ, bool GATE, bool MASK, bool PRE, int AS>
 __device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float2* ap, const float* sLb, const float* sCb,
                                                 float cb_l2, const float B[2], float scale_log2, int tq,
                                                 const int* lo, const int* hi) {
@@ -2521,8 +2523,8 @@ __device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float2* ap, cons
     for (int nt = 0; nt < BQ / 8; nt++) {
         float a[2];  // [column]
         if (PRE) {
-            a[0] = ap[nt].x;
-            a[1] = ap[nt].y;
+            a[0] = ap[nt * AS].x;
+            a[1] = ap[nt * AS].y;
         } else {
             float2 l = *(const float2*)(sLb + nt * 8 + 2 * tq), ci = make_float2(0.f, 0.f);
             if (GATE) ci = *(const float2*)(sCb + nt * 8 + 2 * tq);
@@ -2542,7 +2544,8 @@ __device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float2* ap, cons
     }
 }
 // dK/dV: dS^T = P^T (dP^T - Delta) in place of dP^T; dcs: the rows' (keys') sums of dS. PRE: dl[nt]
-// holds the Delta's of block nt's two columns (loaded from the stage); else read here from sDb.
+// holds the Delta's of block nt's two columns (loaded from the stage into registers); else they are
+// read here from the stage (sDb).
 template<int BQ, bool PRE>
 __device__ __forceinline__ void fox_bwd_lean_dst(float* dp, const float* s, const float2* dl, const float* sDb,
                                                  float dcs[2], int tq) {
@@ -2597,13 +2600,32 @@ __device__ __forceinline__ void fox_bwd_lean_ds(float* s, const float* dp, const
     }
 }
 
+// dK/dV: a consumer's (64 keys, BQ queries) fp32 accumulator as the bf16 A fragments of its next
+// matmul, and that matmul, D (64 x HD) += A B over the tile's BQ queries (B: N-major, from b0 at
+// stage offset so); the caller fences before and commits after
+template<int BQ>
+__device__ __forceinline__ void fox_bwd_to_a(uint32_t a[][4], const float* acc) {
+    #pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(a[kk], acc + 8 * kk, acc + 8 * kk + 4);
+}
+template<int HD, int BQ>
+__device__ __forceinline__ void fox_bwd_rs(float* d, uint32_t a[][4], uint64_t b0, uint32_t so) {
+    #pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(d, a[kk], desc_add(b0, so + mnstep_bytes(kk)), 1);
+}
+
 // dK/dV: dv_j = sum_i P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (above) for the
 // 128-key tile blockIdx.x (K, V fixed); consumer cw owns keys 64cw..+63 (a warp 16 of them). Query
 // tiles of BQ stream through the ring with their lse, Delta, c (PRE: their A_i, Delta_i). Per tile:
-// S^T = K Q^T and dP^T = V dO^T in two commit groups (P^T's exponentials run under dP^T), dV += P^T
-// dO, dS^T = P^T (dP^T - Delta) under dV, dK += dS^T Q. query_end (B*H, ceil(T / 128)): the query
-// tiles of 128 from query_end on are pruned (NULL: none). Grid (ceil(T / 128), B*H); shared memory
-// as fox_bwd_lean_launch allocates. Where it runs: see fox_attention_backward.
+// S^T = K Q^T and dP^T = V dO^T in two commit groups (P^T's exponentials run under dP^T), then
+// - BQ = 64: dV += P^T dO, dS^T = P^T (dP^T - Delta) under dV, dK += dS^T Q; the A_i and Delta_i
+//   loaded into registers before the waits (their shared-memory latency under the matmuls);
+// - BQ = 128: dS^T first, then dV and dK in one commit group, the A_i and Delta_i read from the
+//   stage where used: S^T, dP^T (64 + 64 floats), the accumulators (32 + 32) and P^T's A fragments
+//   (32, read by an in-flight dV) would not fit the consumers' 240 registers together.
+// query_end (B*H, ceil(T / 128)): the query tiles of 128 from query_end on are pruned (NULL: none).
+// Grid (ceil(T / 128), B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see
+// fox_attention_backward.
 template<int HD, int BQ, int ST, bool GATE, bool PRE>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf16* dv, float* dc,
                                                                    const __grid_constant__ CUtensorMap tmQ,
@@ -2731,41 +2753,53 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
             for (int kk = 0; kk < HD / 16; kk++)
                 wgmma_ss<BQ>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
             wgmma_commit();
-            float2 a[BQ / 8];  // PRE: the columns' A's, loaded before the wait (their latency runs under it)
-            if (PRE) {
+            // PRE: the columns' A's, at BQ = 64 loaded before the wait (their latency runs under it), at
+            // BQ = 128 read from the stage where used (AS: see fox_bwd_lean_pt)
+            constexpr int AS = BQ == 64 ? 1 : 4;
+            float2 a[AS == 1 ? BQ / 8 : 1];
+            if (PRE && AS == 1) {
                 #pragma unroll
                 for (int nt = 0; nt < BQ / 8; nt++) a[nt] = *(const float2*)(sLb + nt * 8 + 2 * tq);
             }
+            const float2* ap = AS == 1 ? a : (const float2*)(sLb + 2 * tq);
             wgmma_wait<1>();
             wgmma_pin<BQ / 2>(s);
             // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
             if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
                 int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
-                fox_bwd_lean_pt<BQ, GATE, true, PRE>(s, a, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
+                fox_bwd_lean_pt<BQ, GATE, true, PRE, AS>(s, ap, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
             } else {
-                fox_bwd_lean_pt<BQ, GATE, false, PRE>(s, a, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr, nullptr);
+                fox_bwd_lean_pt<BQ, GATE, false, PRE, AS>(s, ap, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr,
+                                                          nullptr);
             }
-            // dV += P^T dO
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
-            wgmma_commit();
-            float2 d[BQ / 8];  // PRE: the columns' Delta's, loaded before the wait for dP^T
-            if (PRE) {
-                #pragma unroll
-                for (int nt = 0; nt < BQ / 8; nt++) d[nt] = *(const float2*)(sDb + nt * 8 + 2 * tq);
+            if constexpr (BQ == 128) {  // dS^T, then dV += P^T dO and dK += dS^T Q in one commit group
+                wgmma_wait<0>();
+                wgmma_pin<BQ / 2>(dp);
+                fox_bwd_lean_dst<BQ, false>(dp, s, nullptr, sDb, dcs, tq);  // Delta from the stage
+                fox_bwd_to_a<BQ>(pa, s);
+                fox_bwd_to_a<BQ>(sa, dp);
+                wgmma_fence();
+                fox_bwd_rs<HD, BQ>(dva, pa, dGn0, so);
+                fox_bwd_rs<HD, BQ>(dka, sa, dQn0, so);
+            } else {
+                // dV += P^T dO
+                fox_bwd_to_a<BQ>(pa, s);
+                wgmma_fence();
+                fox_bwd_rs<HD, BQ>(dva, pa, dGn0, so);
+                wgmma_commit();
+                float2 d[BQ / 8];  // PRE: the columns' Delta's, loaded before the wait for dP^T
+                if (PRE) {
+                    #pragma unroll
+                    for (int nt = 0; nt < BQ / 8; nt++) d[nt] = *(const float2*)(sDb + nt * 8 + 2 * tq);
+                }
+                wgmma_wait<1>();  // dP^T done (dV may still run)
+                wgmma_pin<BQ / 2>(dp);
+                fox_bwd_lean_dst<BQ, PRE>(dp, s, d, sDb, dcs, tq);
+                // dK += dS^T Q
+                fox_bwd_to_a<BQ>(sa, dp);
+                wgmma_fence();
+                fox_bwd_rs<HD, BQ>(dka, sa, dQn0, so);
             }
-            wgmma_wait<1>();  // dP^T done (dV may still run)
-            wgmma_pin<BQ / 2>(dp);
-            fox_bwd_lean_dst<BQ, PRE>(dp, s, d, sDb, dcs, tq);
-            // dK += dS^T Q
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
             wgmma_commit();
             wgmma_wait0();
             wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
@@ -3061,10 +3095,10 @@ static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scra
         launchCheck();
     }
     if (hd == 64) {
-        if (c) fox_bwd_lean_launch<64, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                      stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<64, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_lean_launch<64, 128, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                       stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<64, 128, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                      stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
         if (c) fox_bwd_lean_launch<128, 64, 64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
                                                       stride_qkv, stride_o, window, key_start, query_end, s);
@@ -3103,10 +3137,10 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     // fox_bwd_delta_kernel (unless delta_ready), then fox_bwd_dkdv_lean_kernel and fox_bwd_dq_lean_kernel
     // (384 threads: a producer warpgroup (TMA, setmaxnreg 24) and two consumer warpgroups of 64 rows
     // (setmaxnreg 240), 2-stage rings), then fox_bwd_dlogf_kernel:
-    // - hd 64: version 15 (the ladder's fox_bwd_*_pre_kernel pair; here the lean kernels with PRE = true: the
-    //   producer forms the per-column logit terms), fox_bwd_dkdv_lean_kernel<64, 64, 2, GATE, true> (a
-    //   128-key tile, 64-query tiles streamed) and fox_bwd_dq_lean_kernel<64, 128, 2, GATE, true> (a
-    //   128-query tile, 128-key tiles streamed);
+    // - hd 64: version 20 (the ladder's fox_bwd_*_pre_kernel pair with 128-query dK/dV steps, dS^T before
+    //   dV; here the lean kernels with PRE = true: the producer forms the per-column logit terms),
+    //   fox_bwd_dkdv_lean_kernel<64, 128, 2, GATE, true> (a 128-key tile, 128-query tiles streamed) and
+    //   fox_bwd_dq_lean_kernel<64, 128, 2, GATE, true> (a 128-query tile, 128-key tiles streamed);
     // - hd 128: version 14, fox_bwd_dkdv_lean_kernel<128, 64, 2, GATE, false> (64-query tiles) and
     //   fox_bwd_dq_lean_kernel<128, 64, 2, GATE, false> (64-key tiles); the consumers form the terms.
     fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,

@@ -45,19 +45,15 @@ static float median_ms(F launch) {
     return ts[ts.size() / 2];
 }
 
-static void fill_uniform(float* d, size_t n, float lo, float hi, uint64_t seed) {
+// n values of magnitude in [lo, hi) (0 < lo < hi) with random signs: never zero
+static void fill_random(float* d, size_t n, float lo, float hi, uint64_t seed) {
     std::vector<float> h(n);
     for (size_t i = 0; i < n; i++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        h[i] = lo + (hi - lo) * (float)((seed >> 40) + 1) / 16777218.0f; // never exactly lo: no zeros
+        float u = (float)(seed >> 40) / 16777216.0f;
+        h[i] = (seed >> 39 & 1 ? -1.0f : 1.0f) * (lo + (hi - lo) * u);
     }
     cudaCheck(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-}
-
-static std::vector<char> fetch(const void* d, size_t bytes) {
-    std::vector<char> h(bytes);
-    cudaCheck(cudaMemcpy(h.data(), d, bytes, cudaMemcpyDeviceToHost));
-    return h;
 }
 
 typedef struct { float *x, *dout, *dresid0, *dresid, *w, *rstd, *partial; floatX *out, *dresid_x; } Bufs;
@@ -70,7 +66,8 @@ static void forward(const Bufs* b, size_t N, int C) {
 template <int NV>
 static void backward(const Bufs* b, size_t N, int C) {
     size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
-    cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(
+        cudaFuncSetAttribute(rmsnorm_backward_kernel<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     rmsnorm_backward_kernel<NV><<<(unsigned)ceil_div(N, RMS_BWD_ROWS), 32 * WARPS_PER_BLOCK, smem>>>(
         b->dresid, b->dresid_x, b->partial, b->dout, b->x, b->w, b->rstd, N, C);
 }
@@ -116,7 +113,8 @@ int main(int argc, char** argv) {
     printf("%s, N = %zu rows; us per launch (TB/s, %% of 4.8 TB/s); * = the trainer's NV (rms_nv)\n", prop.name, N);
     const int widths[] = {160, 768, 1024, 1536, 2048, 4096};
     const int nvs[] = {1, 2, 4, 6, 8, 12};
-    void (*fwds[])(const Bufs*, size_t, int) = {forward<1>, forward<2>, forward<4>, forward<6>, forward<8>, forward<12>};
+    void (*fwds[])(const Bufs*, size_t, int) = {forward<1>, forward<2>, forward<4>, forward<6>, forward<8>,
+                                                forward<12>};
     void (*bwds[])(const Bufs*, size_t, int) = {backward<1>, backward<2>, backward<4>, backward<6>, backward<8>,
                                                 backward<12>};
     size_t maxNC = N * 4096, chunks = ceil_div(N, RMS_BWD_ROWS);
@@ -131,10 +129,10 @@ int main(int argc, char** argv) {
     cudaCheck(cudaMalloc(&b.partial, chunks * 4096 * sizeof(float)));
     cudaCheck(cudaMalloc(&b.out, maxNC * sizeof(floatX)));
     cudaCheck(cudaMalloc(&b.dresid_x, maxNC * sizeof(floatX)));
-    fill_uniform(b.x, maxNC, -2.0f, 2.0f, 1);
-    fill_uniform(b.dout, maxNC, -1.0f, 1.0f, 2);
-    fill_uniform(b.dresid0, maxNC, -1.0f, 1.0f, 3);
-    fill_uniform(b.w, 4096, 0.5f, 1.5f, 4);
+    fill_random(b.x, maxNC, 0.1f, 2.0f, 1);
+    fill_random(b.dout, maxNC, 0.1f, 1.0f, 2);
+    fill_random(b.dresid0, maxNC, 0.1f, 1.0f, 3);
+    fill_random(b.w, 4096, 0.5f, 1.5f, 4);
     int all_finite = 1;
     for (int C : widths) {
         size_t NC = N * C;

@@ -2234,7 +2234,7 @@ __device__ __forceinline__ void fox_bwd_pre_p(float* s, const float* sBb, const 
 // dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
 // (a warp 16 of them). Query tiles of BQ stream through the ring with their A_i and Delta_i.
 // query_end (B*H, ceil(T / 128)): query tiles of 128 from query_end on are pruned (NULL: none).
-template<int HD, int BQ, int ST, bool GATE, bool OVL>
+template<int HD, int BQ, int ST, bool GATE, bool OVL, bool DSF = false>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16* dv, float* dc,
                                                                   const __grid_constant__ CUtensorMap tmQ,
                                                                   const __grid_constant__ CUtensorMap tmG,
@@ -2395,27 +2395,44 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
             } else {
                 fox_bwd_pre_pt<BQ, GATE, false, AS>(s, ap, B, scale_log2, nullptr, nullptr);
             }
-            // dV += P^T dO
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
-            wgmma_commit();
-            // the columns' Delta, loaded before the wait for dP^T
-            float2 d[LIVE ? 1 : BQ / 8];
-            #pragma unroll
-            for (int nt = 0; nt < (LIVE ? 0 : BQ / 8); nt++) d[nt] = sDb[nt * 4];
-            wgmma_wait<1>();  // dP^T done (dV may still run)
-            wgmma_pin<BQ / 2>(dp);
-            fox_bwd_pre_dst<BQ, AS>(dp, s, LIVE ? sDb : d, dcs);
-            // dK += dS^T Q
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
-            wgmma_commit();
+            if constexpr (DSF) {  // version 20: dS^T before dV and dK are issued, both in one commit group
+                static_assert(BQ > 64 && !OVL, "version 20 is version 19's tile with this order");
+                wgmma_wait<0>();  // dP^T done
+                wgmma_pin<BQ / 2>(dp);
+                fox_bwd_pre_dst<BQ, AS>(dp, s, sDb, dcs);
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+                wgmma_fence();
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+                wgmma_commit();
+            } else {
+                // dV += P^T dO
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+                wgmma_fence();
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+                wgmma_commit();
+                // the columns' Delta, loaded before the wait for dP^T
+                float2 d[LIVE ? 1 : BQ / 8];
+                #pragma unroll
+                for (int nt = 0; nt < (LIVE ? 0 : BQ / 8); nt++) d[nt] = sDb[nt * 4];
+                wgmma_wait<1>();  // dP^T done (dV may still run)
+                wgmma_pin<BQ / 2>(dp);
+                fox_bwd_pre_dst<BQ, AS>(dp, s, LIVE ? sDb : d, dcs);
+                // dK += dS^T Q
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+                wgmma_fence();
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+                wgmma_commit();
+            }
             if (OVL) {
                 pending = true;
                 pst = st;
@@ -2685,7 +2702,7 @@ template<int HD, int BC, int ST> constexpr size_t fox_pre_smem_q() {
 }
 
 // the two kernels for one head size; OVL, OVLQ: the cross-tile overlap in the dK/dV kernel, in the dQ kernel
-template<int HD, int BQ, int BC, int ST, bool GATE, bool OVL, bool OVLQ>
+template<int HD, int BQ, int BC, int ST, bool GATE, bool OVL, bool OVLQ, bool DSF = false>
 static void fox_bwd_pre_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
                                const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
@@ -2693,7 +2710,7 @@ static void fox_bwd_pre_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
     constexpr size_t smem_kv = fox_pre_smem_kv<HD, BQ, ST>(), smem_q = fox_pre_smem_q<HD, BC, ST>();
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_pre_kernel<HD, BQ, ST, GATE, OVL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_pre_kernel<HD, BQ, ST, GATE, OVL, DSF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
         cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, OVLQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
         configured = true;
     }
@@ -2702,7 +2719,7 @@ static void fox_bwd_pre_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
                 tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
-    fox_bwd_dkdv_pre_kernel<HD, BQ, ST, GATE, OVL><<<dim3(nt, B * H), 384, smem_kv, s>>>(
+    fox_bwd_dkdv_pre_kernel<HD, BQ, ST, GATE, OVL, DSF><<<dim3(nt, B * H), 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     cudaCheckLaunch();
     tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
@@ -2716,7 +2733,8 @@ static void fox_bwd_pre_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
 // (the dQ kernel with the cross-tile overlap, the dK/dV kernel without). CFG 0 = version 15; 1 =
 // version 16, version 15 with the dK/dV kernel's overlap at hd 64 (at hd 128 version 15's kernels);
 // 2 = version 19, version 15 with 128-query steps in the dK/dV kernel at hd 64 (the terms read from
-// shared memory where used; ptxas serialises its wgmmas, C7512: 5-8% slower, LOG.md).
+// shared memory where used; ptxas serialises its wgmmas, C7512: 5-8% slower, LOG.md); 3 = version
+// 20, version 19 with dS^T formed before dV is issued (P^T's A fragments not live during dS^T).
 template<int CFG>
 static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
                         const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
@@ -2730,10 +2748,11 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     else fox_bwd_delta_kernel<128><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     cudaCheckLaunch();
     constexpr bool OVL64 = CFG == 1;
-    constexpr int BQ64 = CFG == 2 ? 128 : 64;
+    constexpr int BQ64 = CFG >= 2 ? 128 : 64;
+    constexpr bool DSF = CFG == 3;
     if (hd == 64) {
-        if (c) fox_bwd_pre_launch<64, BQ64, 128, 2, true, OVL64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_pre_launch<64, BQ64, 128, 2, false, OVL64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_pre_launch<64, BQ64, 128, 2, true, OVL64, true, DSF>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_pre_launch<64, BQ64, 128, 2, false, OVL64, true, DSF>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
         if (c) fox_bwd_pre_launch<128, 64, 64, 2, true, false, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
         else fox_bwd_pre_launch<128, 64, 64, 2, false, false, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
@@ -3547,11 +3566,11 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         exit(EXIT_FAILURE);
     }
     // sm_90a only. Warp-specialised (TMA producer warp, two consumer warpgroups, 128-row tiles) with
-    // lean consumers and the dQ kernel's cross-tile overlap: version 15 at hd 64 (version 14 with the
-    // producer's per-column terms, +3-8%), version 14 at hd 128 (+20-26% over version 11; version 15
-    // is 4-8% slower there)
+    // lean consumers and the dQ kernel's cross-tile overlap: version 20 at hd 64 (version 14 with the
+    // producer's per-column terms and 128-query dK/dV steps, dS^T before dV; +3-5% over version 15),
+    // version 14 at hd 128 (+20-26% over version 11; version 15 is 4-8% slower there)
     if (hd == 64)
-        fox_bwd_pre<0>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
+        fox_bwd_pre<3>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
                        nullptr, s);
     else
         fox_bwd_lean<2>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
@@ -3622,11 +3641,13 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d, const int*
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 19: fox_bwd_pre<2>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 20: fox_bwd_pre<3>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 17: fox_bwd_fused<false>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 18: fox_bwd_fused<true>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..19\n", version); exit(EXIT_FAILURE);
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..20\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -3671,13 +3692,13 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // line by line into a log too: a hung version shows where
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 19;
+    int first = only ? only : 1, last = only ? only : 20;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[20];  // per version: only those that pass are timed
+    bool vok[21];  // per version: only those that pass are timed
     for (bool& ok : vok) ok = true;
 
     if (argc > 3 && strcmp(argv[3], "profile") == 0) {  // one backward per version and timing shape, for ncu
@@ -3837,7 +3858,7 @@ int main(int argc, char** argv) {
             printf("determinism of version %d, hd %d (two backward runs, bitwise): %s\n", ver, p.hd, same ? "ok" : "FAIL");
             vok[ver] &= same;
         }
-        if (ver == 15 || ver == 16 || ver == 19) {
+        if (ver == 15 || ver == 16 || ver >= 19) {
             poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht);
             run_backward(14, p, d);
             std::vector<bf16> g = d2h(d.dqkv, p.n_qkv);
