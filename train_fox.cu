@@ -2512,19 +2512,19 @@ __device__ __forceinline__ float fox_lean_kterm(float c_j, float cb_l2) { return
 // the thread's keys, columns 2 tq, 2 tq + 1 of each 8-column block its queries).
 // p = 2^(s scale_log2 + (A_i + B_row)) (above; B: the rows' key terms). MASK: p = 0 where the
 // column offset (less 2 tq) is outside [lo, hi] of the row (selected, never multiplied).
-// PRE: ap[nt * AS] holds the A's of block nt's two columns (AS = 1: loaded from the stage into
-// registers; AS = 4: the stage itself, ap = its column 2 tq); else they are formed here from the
+// PRE: the stage holds the columns' A's (sLb, the producer's); else they are formed here from the
 // stage's lse and c (sLb, sCb).
-template<int BQ, bool GATE, bool MASK, bool PRE, int AS>
-__device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float2* ap, const float* sLb, const float* sCb,
-                                                float cb_l2, const float B[2], float scale_log2, int tq,
-                                                const int* lo, const int* hi) {
+template<int BQ, bool GATE, bool MASK, bool PRE>
+__device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float* sLb, const float* sCb, float cb_l2,
+                                                const float B[2], float scale_log2, int tq, const int* lo,
+                                                const int* hi) {
     #pragma unroll
     for (int nt = 0; nt < BQ / 8; nt++) {
         float a[2];  // [column]
         if (PRE) {
-            a[0] = ap[nt * AS].x;
-            a[1] = ap[nt * AS].y;
+            float2 ap = *(const float2*)(sLb + nt * 8 + 2 * tq);
+            a[0] = ap.x;
+            a[1] = ap.y;
         } else {
             float2 l = *(const float2*)(sLb + nt * 8 + 2 * tq), ci = make_float2(0.f, 0.f);
             if (GATE) ci = *(const float2*)(sCb + nt * 8 + 2 * tq);
@@ -2543,15 +2543,13 @@ __device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float2* ap, cons
         }
     }
 }
-// dK/dV: dS^T = P^T (dP^T - Delta) in place of dP^T; dcs: the rows' (keys') sums of dS. PRE: dl[nt]
-// holds the Delta's of block nt's two columns (loaded from the stage into registers); else they are
-// read here from the stage (sDb).
-template<int BQ, bool PRE>
-__device__ __forceinline__ void fox_bwd_lean_dst(float* dp, const float* s, const float2* dl, const float* sDb,
-                                                 float dcs[2], int tq) {
+// dK/dV: dS^T = P^T (dP^T - Delta) in place of dP^T, the columns' Delta's read from the stage (sDb);
+// dcs: the rows' (keys') sums of dS
+template<int BQ>
+__device__ __forceinline__ void fox_bwd_lean_dst(float* dp, const float* s, const float* sDb, float dcs[2], int tq) {
     #pragma unroll
     for (int nt = 0; nt < BQ / 8; nt++) {
-        float2 d = PRE ? dl[nt] : *(const float2*)(sDb + nt * 8 + 2 * tq);
+        float2 d = *(const float2*)(sDb + nt * 8 + 2 * tq);
         #pragma unroll
         for (int e = 0; e < 4; e++) {
             float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - ((e & 1) ? d.y : d.x));
@@ -2618,11 +2616,12 @@ __device__ __forceinline__ void fox_bwd_rs(float* d, uint32_t a[][4], uint64_t b
 // 128-key tile blockIdx.x (K, V fixed); consumer cw owns keys 64cw..+63 (a warp 16 of them). Query
 // tiles of BQ stream through the ring with their lse, Delta, c (PRE: their A_i, Delta_i). Per tile:
 // S^T = K Q^T and dP^T = V dO^T in two commit groups (P^T's exponentials run under dP^T), then
-// - BQ = 64: dV += P^T dO, dS^T = P^T (dP^T - Delta) under dV, dK += dS^T Q; the A_i and Delta_i
-//   loaded into registers before the waits (their shared-memory latency under the matmuls);
-// - BQ = 128: dS^T first, then dV and dK in one commit group, the A_i and Delta_i read from the
-//   stage where used: S^T, dP^T (64 + 64 floats), the accumulators (32 + 32) and P^T's A fragments
-//   (32, read by an in-flight dV) would not fit the consumers' 240 registers together.
+// - BQ = 64 (hd 128; the consumers form the A_i): dV += P^T dO, dS^T = P^T (dP^T - Delta) under dV,
+//   dK += dS^T Q;
+// - BQ = 128 (hd 64, PRE): dS^T first, then dV and dK in one commit group: S^T, dP^T (64 + 64
+//   floats), the accumulators (32 + 32) and P^T's A fragments (32, read by an in-flight dV) would
+//   not fit the consumers' 240 registers together.
+// The A_i and Delta_i are read from the stage where they are used.
 // query_end (B*H, ceil(T / 128)): the query tiles of 128 from query_end on are pruned (NULL: none).
 // Grid (ceil(T / 128), B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see
 // fox_attention_backward.
@@ -2638,6 +2637,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
                                                                    const int* query_end) {
     constexpr int BK = 128;
     static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
+    static_assert(PRE == (BQ == 128), "the two configurations that run: BQ 128 with PRE (hd 64), 64 without");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sK = (bf16*)smem_1k(smem_raw);     // (BK, HD) swizzled tiles
     bf16* sV = sK + BK * HD;                 // (BK, HD)
@@ -2753,29 +2753,19 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
             for (int kk = 0; kk < HD / 16; kk++)
                 wgmma_ss<BQ>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
             wgmma_commit();
-            // PRE: the columns' A's, at BQ = 64 loaded before the wait (their latency runs under it), at
-            // BQ = 128 read from the stage where used (AS: see fox_bwd_lean_pt)
-            constexpr int AS = BQ == 64 ? 1 : 4;
-            float2 a[AS == 1 ? BQ / 8 : 1];
-            if (PRE && AS == 1) {
-                #pragma unroll
-                for (int nt = 0; nt < BQ / 8; nt++) a[nt] = *(const float2*)(sLb + nt * 8 + 2 * tq);
-            }
-            const float2* ap = AS == 1 ? a : (const float2*)(sLb + 2 * tq);
             wgmma_wait<1>();
             wgmma_pin<BQ / 2>(s);
             // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
             if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
                 int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
-                fox_bwd_lean_pt<BQ, GATE, true, PRE, AS>(s, ap, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
+                fox_bwd_lean_pt<BQ, GATE, true, PRE>(s, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
             } else {
-                fox_bwd_lean_pt<BQ, GATE, false, PRE, AS>(s, ap, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr,
-                                                          nullptr);
+                fox_bwd_lean_pt<BQ, GATE, false, PRE>(s, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr, nullptr);
             }
             if constexpr (BQ == 128) {  // dS^T, then dV += P^T dO and dK += dS^T Q in one commit group
                 wgmma_wait<0>();
                 wgmma_pin<BQ / 2>(dp);
-                fox_bwd_lean_dst<BQ, false>(dp, s, nullptr, sDb, dcs, tq);  // Delta from the stage
+                fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
                 fox_bwd_to_a<BQ>(pa, s);
                 fox_bwd_to_a<BQ>(sa, dp);
                 wgmma_fence();
@@ -2787,14 +2777,9 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
                 wgmma_fence();
                 fox_bwd_rs<HD, BQ>(dva, pa, dGn0, so);
                 wgmma_commit();
-                float2 d[BQ / 8];  // PRE: the columns' Delta's, loaded before the wait for dP^T
-                if (PRE) {
-                    #pragma unroll
-                    for (int nt = 0; nt < BQ / 8; nt++) d[nt] = *(const float2*)(sDb + nt * 8 + 2 * tq);
-                }
                 wgmma_wait<1>();  // dP^T done (dV may still run)
                 wgmma_pin<BQ / 2>(dp);
-                fox_bwd_lean_dst<BQ, PRE>(dp, s, d, sDb, dcs, tq);
+                fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
                 // dK += dS^T Q
                 fox_bwd_to_a<BQ>(sa, dp);
                 wgmma_fence();

@@ -81,7 +81,12 @@ version 16: version 15 with the dK/dV kernel's cross-tile overlap (version 13's)
 stage floats loaded before the wait for the previous tile's matmuls (at hd 128: version 15); no
 gain over version 15 (-0.4% to -1.8% at hd 64)
 ./fox_attention_backward 16
-The API (fox_attention_backward) runs version 15 at hd 64 and version 14 at hd 128.
+versions 17 and 18: one kernel with an ordered dQ reduction (at parity with version 15; 18 slower)
+version 19: version 15 with 128-query steps in the dK/dV kernel at hd 64 (wgmmas serialised for
+registers, 5-8% slower); version 20: version 19 with dS^T formed before dV and dK are issued (+3-5%
+over version 15 at hd 64)
+./fox_attention_backward 20
+The API (fox_attention_backward) runs version 20 at hd 64 and version 14 at hd 128.
 A range: ./fox_attention_backward 2 16
 For Nsight Compute: ./fox_attention_backward 12 12 profile runs no checks and no timing, only one
 backward of each version on each timing shape (ncu -k regex:"fox_bwd_(dkdv|dq)_" --launch-skip 4
@@ -2133,7 +2138,7 @@ static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scra
 // ---- end: lean warp-specialised backward (version 12) ----
 
 // ----------------------------------------------------------------------------
-// ---- begin: lean backward with the producer's per-column terms (versions 15 and 16) ----
+// ---- begin: lean backward with the producer's per-column terms (versions 15, 16, 19, 20) ----
 // Forward line differentiated (as above): o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
 // S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i);
 // dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij k_j; dc_t = sum_j dS_tj - sum_i dS_it.
@@ -2373,7 +2378,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
                 wgmma_ss<BQ, 0>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
             wgmma_commit();
             // the columns' query terms, loaded before any wait (their latency runs under it); with
-            // 128-query steps (version 19) read where used: registers
+            // 128-query steps (versions 19, 20) read from shared memory where used (registers)
             constexpr bool LIVE = BQ > 64;
             constexpr int AS = LIVE ? 4 : 1;
             float2 a[LIVE ? 1 : BQ / 8];
@@ -2762,7 +2767,7 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
         cudaCheckLaunch();
     }
 }
-// ---- end: lean backward with the producer's per-column terms (versions 15 and 16) ----
+// ---- end: lean backward with the producer's per-column terms (versions 15, 16, 19, 20) ----
 
 // ---- begin: one-kernel backward with an ordered dQ reduction (versions 17 and 18) ----
 // Forward line differentiated (as above): dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij.
