@@ -2819,11 +2819,13 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
 // dQ: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (above) for the 128-query tile
 // gridDim.x - 1 - blockIdx.x (Q, dO fixed; longest rows first); consumer cw owns queries 64cw..+63.
 // Key tiles of BC stream through the ring with the keys' c (PRE: their B_j and c_b log2 e). Per
-// tile: S = Q K^T and dP = dO V^T, P, dS = P (dP - Delta), dQ += dS K; tile n + 1's S and dP are
-// issued before the wait for tile n's dQ, whose stage is released after it. key_start (B*H,
+// tile: S = Q K^T and dP = dO V^T, P, dS = P (dP - Delta), dQ += dS K. OVL (the cross-tile overlap):
+// tile n + 1's S and dP are issued before the wait for tile n's dQ, whose stage is released after it;
+// without, each tile waits for its dQ (at hd 128 with BC = 128, dQ's 64 floats, the next S and dP
+// (128) and dS's fragments (32) would not fit the consumers' 240 registers together). key_start (B*H,
 // ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none). Grid (ceil(T / 128),
 // B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see fox_attention_backward.
-template<int HD, int BC, int ST, bool GATE, bool PRE>
+template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float* dc_row,
                                                                  const __grid_constant__ CUtensorMap tmQ,
                                                                  const __grid_constant__ CUtensorMap tmG,
@@ -2923,7 +2925,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[st]);
     };
-    bool pending = false;  // the last seen tile's dQ still runs on stage pst
+    bool pending = false;  // OVL: the last seen tile's dQ still runs on stage pst
     int pst = 0;
     mbar_wait(barQ, 0);
 
@@ -2985,8 +2987,14 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
             #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(dqa, sa[kk], desc_add(dKn0, so + mnstep_bytes(kk)), 1);
             wgmma_commit();
-            pending = true;  // waited for at the next tile, under its S and dP
-            pst = st;
+            if (OVL) {  // waited for at the next tile, under its S and dP
+                pending = true;
+                pst = st;
+            } else {
+                wgmma_wait0();
+                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+                release(st);
+            }
         } else {  // nothing seen: release the stage (after the previous tile's)
             if (pending) {
                 wgmma_wait0();
@@ -3034,6 +3042,7 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
                                 const int* key_start, const int* query_end, cudaStream_t s) {
     constexpr int ST = 2;
     constexpr bool PRE = HD == 64;  // the producer's per-column terms: at hd 64 only
+    constexpr bool OVL = HD == 64;  // the dQ kernel's cross-tile overlap: at hd 64 only (its registers)
     // the fixed 128-row tiles, ST stages of the streamed tiles and of their floats (dK/dV: lse,
     // Delta, c, PRE: A, Delta; dQ: c, PRE: B and c_b in 2 ST floats), the barriers, + 1 KB to align
     // the tiles to the swizzle pattern
@@ -3044,7 +3053,7 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
     cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE>,
+    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE, OVL>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
@@ -3058,7 +3067,7 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     launchCheck();
     tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
     tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
-    fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE><<<grid, 384, smem_q, s>>>(
+    fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE, OVL><<<grid, 384, smem_q, s>>>(
         dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
     launchCheck();
 }
@@ -3085,9 +3094,9 @@ static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scra
         else fox_bwd_lean_launch<64, 128, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
                                                       stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
-        if (c) fox_bwd_lean_launch<128, 64, 64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+        if (c) fox_bwd_lean_launch<128, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
                                                       stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<128, 64, 64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+        else fox_bwd_lean_launch<128, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
                                                      stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
@@ -3125,9 +3134,10 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     // - hd 64: version 20 (the ladder's fox_bwd_*_pre_kernel pair with 128-query dK/dV steps, dS^T before
     //   dV; here the lean kernels with PRE = true: the producer forms the per-column logit terms),
     //   fox_bwd_dkdv_lean_kernel<64, 128, 2, GATE, true> (a 128-key tile, 128-query tiles streamed) and
-    //   fox_bwd_dq_lean_kernel<64, 128, 2, GATE, true> (a 128-query tile, 128-key tiles streamed);
-    // - hd 128: version 14, fox_bwd_dkdv_lean_kernel<128, 64, 2, GATE, false> (64-query tiles) and
-    //   fox_bwd_dq_lean_kernel<128, 64, 2, GATE, false> (64-key tiles); the consumers form the terms.
+    //   fox_bwd_dq_lean_kernel<64, 128, 2, GATE, true, true> (a 128-query tile, 128-key tiles streamed);
+    // - hd 128: version 22, fox_bwd_dkdv_lean_kernel<128, 64, 2, GATE, false> (64-query tiles) and
+    //   fox_bwd_dq_lean_kernel<128, 128, 2, GATE, false, false> (128-key tiles, each waiting for its
+    //   dQ); the consumers form the terms.
     fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
                  tables, delta_ready, s);
 }

@@ -2108,7 +2108,9 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
 // version 12: Delta, the two lean kernels, the dlogf scan; tables as version 9 (NULL: dense; needs c).
 // 64-query steps in dK/dV at both head sizes; 128-key tiles in dQ at hd 64, 64-key at hd 128; no turns
 // (measured: at hd 128 turns cost 3-7% here, +0-1% in version 11). CFG 0 = version 12; 1 = version
-// 13, version 12 with the cross-tile overlap (OVL) in both kernels; 2 = version 14, in the dQ kernel only.
+// 13, version 12 with the cross-tile overlap (OVL) in both kernels; 2 = version 14, in the dQ kernel only;
+// 3 = version 22, version 12 with 128-key tiles in the dQ kernel at hd 128; 4 = version 23, version 22
+// with the dQ kernel's cross-tile overlap (version 14 at hd 128 with 128-key dQ tiles).
 // scratch: 3 * B*H*T floats, as version 2.
 template<int CFG>
 static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
@@ -2122,13 +2124,14 @@ static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scra
     if (hd == 64) fox_bwd_delta_kernel<64><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     else fox_bwd_delta_kernel<128><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     cudaCheckLaunch();
-    constexpr bool OVL = CFG == 1, OVLQ = CFG == 1 || CFG == 2;
+    constexpr bool OVL = CFG == 1, OVLQ = CFG == 1 || CFG == 2 || CFG == 4;
+    constexpr int BC128 = CFG >= 3 ? 128 : 64;  // the dQ kernel's key tile at hd 128
     if (hd == 64) {
         if (c) fox_bwd_lean_launch<64, 64, 128, 2, true, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
         else fox_bwd_lean_launch<64, 64, 128, 2, false, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
-        if (c) fox_bwd_lean_launch<128, 64, 64, 2, true, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<128, 64, 64, 2, false, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_lean_launch<128, 64, BC128, 2, true, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<128, 64, BC128, 2, false, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -2754,10 +2757,11 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     cudaCheckLaunch();
     constexpr bool OVL64 = CFG == 1;
     constexpr int BQ64 = CFG >= 2 ? 128 : 64;
-    constexpr bool DSF = CFG == 3;
+    constexpr bool DSF = CFG >= 3;
+    constexpr int ST64 = CFG == 4 ? 3 : 2;  // version 21: version 20 with three stages
     if (hd == 64) {
-        if (c) fox_bwd_pre_launch<64, BQ64, 128, 2, true, OVL64, true, DSF>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_pre_launch<64, BQ64, 128, 2, false, OVL64, true, DSF>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_pre_launch<64, BQ64, 128, ST64, true, OVL64, true, DSF>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_pre_launch<64, BQ64, 128, ST64, false, OVL64, true, DSF>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
         if (c) fox_bwd_pre_launch<128, 64, 64, 2, true, false, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
         else fox_bwd_pre_launch<128, 64, 64, 2, false, false, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
@@ -3573,12 +3577,13 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     // sm_90a only. Warp-specialised (TMA producer warp, two consumer warpgroups, 128-row tiles) with
     // lean consumers and the dQ kernel's cross-tile overlap: version 20 at hd 64 (version 14 with the
     // producer's per-column terms and 128-query dK/dV steps, dS^T before dV; +3-5% over version 15),
-    // version 14 at hd 128 (+20-26% over version 11; version 15 is 4-8% slower there)
+    // version 22 at hd 128 (version 14 with 128-key tiles in the dQ kernel, each waiting for its dQ;
+    // version 15 is 4-8% slower there)
     if (hd == 64)
         fox_bwd_pre<3>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
                        nullptr, s);
     else
-        fox_bwd_lean<2>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
+        fox_bwd_lean<3>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
                         nullptr, s);
 }
 // ---- end: fused backward API ----
@@ -3648,11 +3653,17 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d, const int*
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 20: fox_bwd_pre<3>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 21: fox_bwd_pre<4>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 22: fox_bwd_lean<3>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 23: fox_bwd_lean<4>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 17: fox_bwd_fused<false>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 18: fox_bwd_fused<true>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..20\n", version); exit(EXIT_FAILURE);
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..23\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -3697,13 +3708,13 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // line by line into a log too: a hung version shows where
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 20;
+    int first = only ? only : 1, last = only ? only : 23;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[21];  // per version: only those that pass are timed
+    bool vok[24];  // per version: only those that pass are timed
     for (bool& ok : vok) ok = true;
 
     if (argc > 3 && strcmp(argv[3], "profile") == 0) {  // one backward per version and timing shape, for ncu
@@ -3752,10 +3763,10 @@ int main(int argc, char** argv) {
         release_bwd(d);
     }
 
-    // 1b. the pruning tables of versions 9 and 11-18: per (b, h) a random non-decreasing key_start (up to
+    // 1b. the pruning tables of versions 9 and 11-23: per (b, h) a random non-decreasing key_start (up to
     // the diagonal tile, as the real tables: c is non-increasing), query_end derived from it, the
     // forward (version 8) with the same key_start, against the CPU reference that skips the same tiles
-    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18}) {
+    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}) {
         if (ver < first || ver > last) continue;
         for (int hd : {64, 128}) {
             FoxProblem p = make_problem(2, 600, 2, hd, hd == 64 ? 0 : 300, true, -1);
