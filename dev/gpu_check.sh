@@ -7,7 +7,7 @@
 #   3. bit-exact resume: 12 steps straight against 6 steps, stop, resume, 6 steps: the losses and
 #      the final checkpoints must be equal bit for bit.
 #
-#   dev/gpu_check.sh [log dir]        (default log_gpu_check; about 4 minutes on one H200)
+#   dev/gpu_check.sh [log dir]        (default log_gpu_check; about 12 minutes on one H200)
 #
 # Exit status: non-zero when a step fails. Environment: SKIP_FP32=1 skips the fp32 build.
 set -u
