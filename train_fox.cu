@@ -2453,8 +2453,8 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
 // floats through a ring of ST stages. The consumers are not kept in lockstep: each waits only for
 // its stage and releases it after its last matmul on it, so one's element-wise work runs under the
 // other's matmuls. No accumulator of an in-flight wgmma is defined by other code (ptxas would say
-// C7515 and serialise the wgmmas); the dQ kernel's cross-tile overlap makes ptxas inject one wait after
-// its loop (its info C7517, expected). Masks are
+// C7515 and serialise the wgmmas); the dQ kernel's cross-tile overlap (OVL, hd 64) makes ptxas inject
+// one wait after its loop (its info C7517, expected). Masks are
 // selects against two integer bounds per row; descriptors are computed once (warp-uniform) and
 // advanced by constants (desc_add). PRE: the producer's lanes form the per-column logit terms once
 // per stage (plain loads before the wait for the stage, st.shared, an arrival with release
@@ -2822,7 +2822,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
 // tile: S = Q K^T and dP = dO V^T, P, dS = P (dP - Delta), dQ += dS K. OVL (the cross-tile overlap):
 // tile n + 1's S and dP are issued before the wait for tile n's dQ, whose stage is released after it;
 // without, each tile waits for its dQ (at hd 128 with BC = 128, dQ's 64 floats, the next S and dP
-// (128) and dS's fragments (32) would not fit the consumers' 240 registers together). key_start (B*H,
+// (128) and dS's fragments (32) would take 224 of the consumers' 240 registers, and ptxas serialises
+// the wgmmas). key_start (B*H,
 // ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none). Grid (ceil(T / 128),
 // B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see fox_attention_backward.
 template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL>
@@ -3095,9 +3096,9 @@ static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scra
                                                       stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
         if (c) fox_bwd_lean_launch<128, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                      stride_qkv, stride_o, window, key_start, query_end, s);
+                                                       stride_qkv, stride_o, window, key_start, query_end, s);
         else fox_bwd_lean_launch<128, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
+                                                      stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);

@@ -86,7 +86,7 @@ version 19: version 15 with 128-query steps in the dK/dV kernel at hd 64 (wgmmas
 registers, 5-8% slower); version 20: version 19 with dS^T formed before dV and dK are issued (+3-5%
 over version 15 at hd 64)
 ./fox_attention_backward 20
-The API (fox_attention_backward) runs version 20 at hd 64 and version 14 at hd 128.
+The API (fox_attention_backward) runs version 20 at hd 64 and version 22 at hd 128.
 A range: ./fox_attention_backward 2 16
 For Nsight Compute: ./fox_attention_backward 12 12 profile runs no checks and no timing, only one
 backward of each version on each timing shape (ncu -k regex:"fox_bwd_(dkdv|dq)_" --launch-skip 4
@@ -1673,8 +1673,9 @@ __device__ __forceinline__ void fox_bwd_lean_ds(float* s, const float* dp, const
 
 // dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
 // (a warp 16 of them). Query tiles of BQ stream through the ring. query_end (B*H, ceil(T / 128)):
-// query tiles of 128 from query_end on are pruned (NULL: none).
-template<int HD, int BQ, int ST, bool GATE, bool OVL>
+// query tiles of 128 from query_end on are pruned (NULL: none). DSF (version 24, not with OVL): dS^T
+// formed before dV is issued, then dV and dK in one commit group (version 20's order).
+template<int HD, int BQ, int ST, bool GATE, bool OVL, bool DSF = false>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf16* dv, float* dc,
                                                                    const __grid_constant__ CUtensorMap tmQ,
                                                                    const __grid_constant__ CUtensorMap tmG,
@@ -1815,22 +1816,39 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
             } else {
                 fox_bwd_lean_pt<BQ, GATE, false>(s, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr, nullptr);
             }
-            // dV += P^T dO
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
-            wgmma_commit();
-            wgmma_wait<1>();  // dP^T done (dV may still run)
-            wgmma_pin<BQ / 2>(dp);
-            fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
-            // dK += dS^T Q
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+            if constexpr (DSF) {  // dS^T first, then dV += P^T dO and dK += dS^T Q in one commit group
+                static_assert(!OVL, "DSF waits for its own dV, dK");
+                wgmma_wait0();
+                wgmma_pin<BQ / 2>(dp);
+                fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) {
+                    acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+                    acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+                }
+                wgmma_fence();
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+            } else {
+                // dV += P^T dO
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+                wgmma_fence();
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+                wgmma_commit();
+                wgmma_wait<1>();  // dP^T done (dV may still run)
+                wgmma_pin<BQ / 2>(dp);
+                fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
+                // dK += dS^T Q
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+                wgmma_fence();
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+            }
             wgmma_commit();
             if (OVL) {
                 pending = true;
@@ -2077,8 +2095,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
 }
 
 // the two kernels for one head size (shared memory as version 9's: fox_ws_smem_kv / fox_ws_smem_q);
-// OVL, OVLQ: the cross-tile overlap in the dK/dV kernel, in the dQ kernel
-template<int HD, int BQ, int BC, int ST, bool GATE, bool OVL, bool OVLQ>
+// OVL, OVLQ: the cross-tile overlap in the dK/dV kernel, in the dQ kernel; DSF: the dK/dV kernel's order
+template<int HD, int BQ, int BC, int ST, bool GATE, bool OVL, bool OVLQ, bool DSF = false>
 static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
                                 const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
                                 int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
@@ -2086,7 +2104,7 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     constexpr size_t smem_kv = fox_ws_smem_kv<HD, BQ, ST>(), smem_q = fox_ws_smem_q<HD, BC, ST>();
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, OVL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, OVL, DSF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
         cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, OVLQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
         configured = true;
     }
@@ -2095,7 +2113,7 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
                 tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
-    fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, OVL><<<dim3(nt, B * H), 384, smem_kv, s>>>(
+    fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, OVL, DSF><<<dim3(nt, B * H), 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     cudaCheckLaunch();
     tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
@@ -2110,7 +2128,8 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
 // (measured: at hd 128 turns cost 3-7% here, +0-1% in version 11). CFG 0 = version 12; 1 = version
 // 13, version 12 with the cross-tile overlap (OVL) in both kernels; 2 = version 14, in the dQ kernel only;
 // 3 = version 22, version 12 with 128-key tiles in the dQ kernel at hd 128; 4 = version 23, version 22
-// with the dQ kernel's cross-tile overlap (version 14 at hd 128 with 128-key dQ tiles).
+// with the dQ kernel's cross-tile overlap (version 14 at hd 128 with 128-key dQ tiles); 5 = version 24,
+// version 22 with the dK/dV kernel's dS^T formed before dV (version 20's order) at hd 128.
 // scratch: 3 * B*H*T floats, as version 2.
 template<int CFG>
 static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
@@ -2126,12 +2145,13 @@ static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scra
     cudaCheckLaunch();
     constexpr bool OVL = CFG == 1, OVLQ = CFG == 1 || CFG == 2 || CFG == 4;
     constexpr int BC128 = CFG >= 3 ? 128 : 64;  // the dQ kernel's key tile at hd 128
+    constexpr bool DSF128 = CFG == 5;
     if (hd == 64) {
         if (c) fox_bwd_lean_launch<64, 64, 128, 2, true, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
         else fox_bwd_lean_launch<64, 64, 128, 2, false, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
-        if (c) fox_bwd_lean_launch<128, 64, BC128, 2, true, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<128, 64, BC128, 2, false, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_lean_launch<128, 64, BC128, 2, true, OVL, OVLQ, DSF128>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<128, 64, BC128, 2, false, OVL, OVLQ, DSF128>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -3575,7 +3595,7 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         exit(EXIT_FAILURE);
     }
     // sm_90a only. Warp-specialised (TMA producer warp, two consumer warpgroups, 128-row tiles) with
-    // lean consumers and the dQ kernel's cross-tile overlap: version 20 at hd 64 (version 14 with the
+    // lean consumers: version 20 at hd 64 (version 14 with the dQ kernel's cross-tile overlap, the
     // producer's per-column terms and 128-query dK/dV steps, dS^T before dV; +3-5% over version 15),
     // version 22 at hd 128 (version 14 with 128-key tiles in the dQ kernel, each waiting for its dQ;
     // version 15 is 4-8% slower there)
@@ -3659,11 +3679,13 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d, const int*
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 23: fox_bwd_lean<4>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 24: fox_bwd_lean<5>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 17: fox_bwd_fused<false>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 18: fox_bwd_fused<true>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..23\n", version); exit(EXIT_FAILURE);
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..24\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -3708,13 +3730,13 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // line by line into a log too: a hung version shows where
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 23;
+    int first = only ? only : 1, last = only ? only : 24;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[24];  // per version: only those that pass are timed
+    bool vok[25];  // per version: only those that pass are timed
     for (bool& ok : vok) ok = true;
 
     if (argc > 3 && strcmp(argv[3], "profile") == 0) {  // one backward per version and timing shape, for ncu
@@ -3763,10 +3785,10 @@ int main(int argc, char** argv) {
         release_bwd(d);
     }
 
-    // 1b. the pruning tables of versions 9 and 11-23: per (b, h) a random non-decreasing key_start (up to
+    // 1b. the pruning tables of versions 9 and 11-24: per (b, h) a random non-decreasing key_start (up to
     // the diagonal tile, as the real tables: c is non-increasing), query_end derived from it, the
     // forward (version 8) with the same key_start, against the CPU reference that skips the same tiles
-    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}) {
+    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24}) {
         if (ver < first || ver > last) continue;
         for (int hd : {64, 128}) {
             FoxProblem p = make_problem(2, 600, 2, hd, hd == 64 ? 0 : 300, true, -1);
