@@ -9,13 +9,17 @@
 #
 #   dev/gpu_check.sh [log dir]        (default log_gpu_check; about 12 minutes on one H200)
 #
-# Exit status: non-zero when a step fails. Environment: SKIP_FP32=1 skips the fp32 build.
+# Exit status: non-zero when a step fails. Environment: SKIP_FP32=1 skips the fp32 build; PARTS
+# (default "tests memcheck racecheck resume") runs some of them, e.g. PARTS="racecheck resume"
+# (the racechecks take about 2.5 minutes each).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 LOG=${1:-log_gpu_check}
 mkdir -p "$LOG"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 FAILURES=0
+PARTS=" ${PARTS:-tests memcheck racecheck resume} "
+part() { [[ $PARTS == *" $1 "* ]]; }
 say() { echo "$@" | tee -a "$LOG/summary.txt"; }
 : > "$LOG/summary.txt"
 say "gpu_check: $(nvidia-smi -L 2>/dev/null | head -n 1), $(date -u +%Y-%m-%dT%H:%MZ)"
@@ -33,8 +37,10 @@ run_tests() { # name, make flags
     grep '^FAIL' "$LOG/test_fox_$name.txt" | head -n 20 | tee -a "$LOG/summary.txt"
     [ $rc -eq 0 ] || FAILURES=$((FAILURES + 1))
 }
-if [ "${SKIP_FP32:-0}" != 1 ]; then run_tests fp32 PRECISION=FP32; fi
-run_tests bf16
+if part tests; then
+    if [ "${SKIP_FP32:-0}" != 1 ]; then run_tests fp32 PRECISION=FP32; fi
+    run_tests bf16
+fi
 
 # --- 2. compute-sanitizer over a short training run ----------------------------------------
 make train_fox > "$LOG/build_train_fox.txt" 2>&1 || { say "FAIL build train_fox"; exit 1; }
@@ -44,6 +50,7 @@ make train_fox > "$LOG/build_train_fox.txt" 2>&1 || { say "FAIL build train_fox"
 SHORT="-e fox-pro-tiny -b 2 -t 300 -x 2 -v 2 -m 1 -s 0"
 RUNS=("$SHORT" "$SHORT -A 1" "$SHORT --n_head 1 -A 1")
 for i in "${!RUNS[@]}"; do
+    part memcheck || break
     run=${RUNS[$i]}
     compute-sanitizer --tool memcheck --error-exitcode 99 ./train_fox $run > "$LOG/sanitizer_memcheck_$i.txt" 2>&1
     rc=$?
@@ -56,6 +63,7 @@ done
 # warp-specialised kernels; dev/racecheck_triage.py
 # sorts the reports (checking the instructions of the second kind) and fails on any other
 for i in "${!RUNS[@]}"; do
+    part racecheck || break
     run=${RUNS[$i]}
     compute-sanitizer --tool racecheck --print-limit 0 ./train_fox $run > "$LOG/sanitizer_racecheck_$i.txt" 2>&1
     rc=$?
@@ -66,21 +74,24 @@ for i in "${!RUNS[@]}"; do
 done
 
 # --- 3. bit-exact resume: a new process continues from the straight run's step-6 checkpoint ---
-RUN="-e fox-pro-tiny -b 8 -t 512 -x 12 -n 6 -v 0 -s 0"
-rm -rf "$LOG/straight" "$LOG/resumed"
-mkdir -p "$LOG/resumed"
-./train_fox $RUN -o "$LOG/straight" > "$LOG/straight.txt" 2>&1 &&
-    cp "$LOG/straight/model_00000006.bin" "$LOG/straight/state_00000006.bin" "$LOG/resumed/" &&
-    ./train_fox $RUN -o "$LOG/resumed" -y 1 > "$LOG/resumed.txt" 2>&1
-rc=$?
-tail_of() { grep -E '^s:([7-9]|1[0-2]) ' "$1/main.log" | sed 's/ tokps:[0-9]*//'; } # tokps: a timing
-if [ $rc -eq 0 ] && [ "$(tail_of "$LOG/resumed" | wc -l)" -eq 6 ] &&
-    diff <(tail_of "$LOG/straight") <(tail_of "$LOG/resumed") > /dev/null &&
-    cmp -s "$LOG/straight/model_00000012.bin" "$LOG/resumed/model_00000012.bin" &&
-    cmp -s "$LOG/straight/state_00000012.bin" "$LOG/resumed/state_00000012.bin"; then
-    say "PASS bit-exact resume: 12 steps straight = 6 + resume + 6 (losses, weights, AdamW state)"
-else
-    say "FAIL bit-exact resume (exit $rc)"; FAILURES=$((FAILURES + 1))
-fi
+resume_check() {
+    local RUN="-e fox-pro-tiny -b 8 -t 512 -x 12 -n 6 -v 0 -s 0" rc
+    rm -rf "$LOG/straight" "$LOG/resumed"
+    mkdir -p "$LOG/resumed"
+    ./train_fox $RUN -o "$LOG/straight" > "$LOG/straight.txt" 2>&1 &&
+        cp "$LOG/straight/model_00000006.bin" "$LOG/straight/state_00000006.bin" "$LOG/resumed/" &&
+        ./train_fox $RUN -o "$LOG/resumed" -y 1 > "$LOG/resumed.txt" 2>&1
+    rc=$?
+    tail_of() { grep -E '^s:([7-9]|1[0-2]) ' "$1/main.log" | sed 's/ tokps:[0-9]*//'; } # tokps: a timing
+    if [ $rc -eq 0 ] && [ "$(tail_of "$LOG/resumed" | wc -l)" -eq 6 ] &&
+        diff <(tail_of "$LOG/straight") <(tail_of "$LOG/resumed") > /dev/null &&
+        cmp -s "$LOG/straight/model_00000012.bin" "$LOG/resumed/model_00000012.bin" &&
+        cmp -s "$LOG/straight/state_00000012.bin" "$LOG/resumed/state_00000012.bin"; then
+        say "PASS bit-exact resume: 12 steps straight = 6 + resume + 6 (losses, weights, AdamW state)"
+    else
+        say "FAIL bit-exact resume (exit $rc)"; FAILURES=$((FAILURES + 1))
+    fi
+}
+if part resume; then resume_check; fi
 say "gpu_check: $FAILURES failure(s)"
 [ $FAILURES -eq 0 ]
