@@ -3928,11 +3928,26 @@ int main(int argc, char** argv) {
         char name[64]; snprintf(name, sizeof(name), "%d x %d x %d x %d", B, H, T, hd);
         printf("%-22s", name);
         double f = attn_fwd_flops(B, T, H, hd);
+        // every version but 1 (seconds: 3 runs at the first shape only) timed in turns, backward and
+        // forward+backward, 30 rounds
+        std::vector<std::function<void()>> fs;
+        for (int ver = std::max(first, 2); ver <= last; ver++) {
+            if (!vok[ver]) continue;
+            fs.push_back([&, ver]() { run_backward(ver, p, d); });
+            fs.push_back([&, ver]() { run_fwd(p, d); run_backward(ver, p, d); });
+        }
+        std::vector<float> med = time_medians_interleaved(fs, 1, 30);
+        size_t k = 0;
         for (int ver = first; ver <= last; ver++) {
-            if (!vok[ver] || (ver == 1 && &sh != &shapes[0])) { printf("   %-19s%-19s", "-", "-"); continue; }  // v1: seconds there
-            int reps = ver == 1 ? 3 : 30;
-            float mb = time_median_ms([&]() { run_backward(ver, p, d); }, 1, reps);
-            float mfb = time_median_ms([&]() { run_fwd(p, d); run_backward(ver, p, d); }, 1, reps);
+            if (!vok[ver] || (ver == 1 && &sh != &shapes[0])) { printf("   %-19s%-19s", "-", "-"); continue; }
+            float mb, mfb;
+            if (ver == 1) {
+                mb = time_median_ms([&]() { run_backward(1, p, d); }, 1, 3);
+                mfb = time_median_ms([&]() { run_fwd(p, d); run_backward(1, p, d); }, 1, 3);
+            } else {
+                mb = med[k++];
+                mfb = med[k++];
+            }
             printf("   %6.1f (%8.3f)  %6.1f (%8.3f)", 2.5 * f / (mb * 1e-3) / 1e12, mb, 3.5 * f / (mfb * 1e-3) / 1e12, mfb);
         }
         printf("\n");

@@ -2574,14 +2574,17 @@ int main(int argc, char** argv) {
         FwdDev d = upload(p);
         char name[64]; snprintf(name, sizeof(name), "%d x %d x %d x %d", B, H, T, hd);
         printf("%-22s", name);
+        auto launch = [&](int ver) {
+            run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
+                        B, T, H, hd, p.stride_qkv, p.stride_o, 0);
+        };
+        // every version but 1 (seconds: 3 runs at the first shape only) timed in turns, 30 rounds
+        std::vector<std::function<void()>> fs;
+        for (int ver = std::max(first, 2); ver <= last; ver++) fs.push_back([&, ver]() { launch(ver); });
+        std::vector<float> med = time_medians_interleaved(fs, 1, 30);
         for (int ver = first; ver <= last; ver++) {
-            if (ver == 1 && &sh != &shapes[0]) { printf("   %19s", "-"); continue; }  // v1 takes seconds there
-            auto launch = [&]() {
-                run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
-                            B, T, H, hd, p.stride_qkv, p.stride_o, 0);
-            };
-            int reps = ver == 1 ? 3 : 30;
-            float ms = time_median_ms(launch, 1, reps);
+            if (ver == 1 && &sh != &shapes[0]) { printf("   %19s", "-"); continue; }
+            float ms = ver == 1 ? time_median_ms([&]() { launch(1); }, 1, 3) : med[ver - std::max(first, 2)];
             printf("   %7.1f (%8.3f)", attn_fwd_flops(B, T, H, hd) / (ms * 1e-3) / 1e12, ms);
         }
         printf("\n");
