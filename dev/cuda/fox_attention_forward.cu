@@ -2256,11 +2256,12 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
         o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start);
     cudaCheckLaunch();
 }
+template<int ST128 = FOX_V14_ST>  // a template: instantiated only where the forward ladder calls it
 static void fox_fwd_wsp(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
                         cudaStream_t s) {
     if (hd != 64) {
-        fox_fwd_wsl_all<FOX_V14_ST>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, key_start, s);
+        fox_fwd_wsl_all<ST128>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, key_start, s);
     } else if (c) {
         fox_fwd_wsp_launch<true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
     } else {
@@ -2360,7 +2361,7 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         // version 10's kernel at hd 128 (two consumer warpgroups, 2 stages); hd 64: version 10
         case 14: fox_fwd_wsl_all<FOX_V14_ST>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         // version 10 persistent (a block per SM walking the pairs, longest first); hd 128: version 14
-        case 15: fox_fwd_wsp(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        case 15: fox_fwd_wsp<>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         default:
             fprintf(stderr, "invalid version %d\nHINT: versions are 1..%d\n", version, FWD_VERSIONS);
             exit(EXIT_FAILURE);
@@ -2521,7 +2522,7 @@ int main(int argc, char** argv) {
                 case 11: fox_fwd_wsl<3, 2>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 12: fox_fwd_wsl<3, 3, 2>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 13: fox_fwd_wsl<3, 3, 4>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
-                case 15: fox_fwd_wsp(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                case 15: fox_fwd_wsp<>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 default: fox_fwd_wsl_all<FOX_V14_ST>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
             }
             cudaCheck(cudaDeviceSynchronize());
