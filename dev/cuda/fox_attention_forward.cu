@@ -2002,9 +2002,9 @@ static void fox_fwd_wsl_all(bf16* o, float* lse, const bf16* q, const bf16* k, c
 // Version 15: version 10's kernel made persistent. A grid of one block per SM walks the (query
 // tile, head) pairs, the longest query tiles of every head first (pair t: query tile NT - 1 - t / BH,
 // head t % BH; block x takes t = x, x + gridDim.x, ...). The K and V rings run on across a block's
-// tiles (their stage counter `it` is the block's), and Q is reloaded per tile once every consumer
-// warp has arrived at emptyQ after its tile's last S, so the next tile's Q, K and V load while the
-// consumers finish the last P V and store O: the per-block start (barriers, Q's latency, the ring's
+// pairs (their stage counter `it` is the block's), and Q is reloaded per pair, after the pair's first
+// K and V, once every consumer warp has arrived at emptyQ after its pair's last S, so the next
+// pair's Q, K and V load while the consumers finish the last P V and store O: the per-block start (barriers, Q's latency, the ring's
 // fill) of version 10, which at T = 2048 is a tenth of a block's work, is paid once per SM. The
 // softmax, masks, precision and register budget are version 10's (hd 64, three consumers).
 template<int HD, int BC, int ST, int NWG, bool GATE>
@@ -2071,11 +2071,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
             Pair pr = pair_at(t);
             int b = pr.bh / H, h = pr.bh % H;
             const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
-            mbar_wait(emptyQ, (k & 1) ^ 1);  // every consumer warp is past the previous pair's last S
-            if (lane == 0) {
-                mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
-                tma_load_tile<BR, HD>(sQ, &tmQ, pr.i0, h, b, barQ);
-            }
+            // ntiles >= 1 (the diagonal tile is never pruned); Q after the first K and V, whose stages
+            // are free before the consumers finish the previous pair
             for (int n = 0; n < pr.jt_end - pr.jt_begin; n++, it++) {
                 int st = it % ST, parity = ((it / ST) & 1) ^ 1, j0 = (pr.jt_end - 1 - n) * BC;
                 mbar_wait(&emptyK[st], parity);
@@ -2092,6 +2089,13 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
                 if (lane == 0) {
                     mbar_expect_tx(&fullV[st], BC * HD * sizeof(bf16));
                     tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j0, h, b, &fullV[st]);
+                }
+                if (n == 0) {
+                    mbar_wait(emptyQ, (k & 1) ^ 1);  // every consumer warp is past the previous pair's last S
+                    if (lane == 0) {
+                        mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
+                        tma_load_tile<BR, HD>(sQ, &tmQ, pr.i0, h, b, barQ);
+                    }
                 }
             }
         }
@@ -2231,7 +2235,11 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
     }
 }
 
-// version 15 at hd 64 (a block per SM, at most one per pair); hd 128 runs version 14
+// version 15's grid: a block per SM (at most one per pair), or at most g_wsp_blocks when > 0 (the
+// checks run 1 and 5 blocks too, so that one block's rings cross pairs at every shape)
+static int g_wsp_blocks = 0;
+
+// version 15 at hd 64; hd 128 runs version 14
 template<bool GATE>
 static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
@@ -2252,7 +2260,8 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
                 tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     float scale_log2 = LOG2E / sqrtf((float)HD);
     int npairs = ceil_div(T, BR) * B * H;
-    fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE><<<min(npairs, sms), 128 * (NWG + 1), smem, s>>>(
+    int grid = min(npairs, g_wsp_blocks > 0 ? g_wsp_blocks : sms);
+    fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(
         o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start);
     cudaCheckLaunch();
 }
@@ -2474,12 +2483,18 @@ int main(int argc, char** argv) {
         printf("B=%d T=%d H=%d hd=%d window=%d packed=%d gate=%s\n", p.B, p.T, p.H, p.hd, p.window, (int)p.packed,
                p.gate ? "yes" : "none");
         for (int ver = first; ver <= last; ver++) {
-            poison(d.o, p.n_o); poison(d.lse, p.n_bht);
-            run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
-                        p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window);
-            cudaCheck(cudaDeviceSynchronize());
-            printf("  version %d\n", ver);
-            all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
+            for (int cap : {0, 1, 5}) {  // version 15 also on 1 and 5 blocks (see g_wsp_blocks)
+                if (cap && ver != 15) continue;
+                g_wsp_blocks = cap;
+                poison(d.o, p.n_o); poison(d.lse, p.n_bht);
+                run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
+                            p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window);
+                cudaCheck(cudaDeviceSynchronize());
+                if (cap) printf("  version %d on %d block(s)\n", ver, cap);
+                else printf("  version %d\n", ver);
+                all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
+            }
+            g_wsp_blocks = 0;
         }
         // the fp64 GPU kernel used as the long-T reference must itself match the CPU
         double *o64 = dmalloc<double>(o_ref.size()), *lse64 = dmalloc<double>(p.n_bht);
@@ -2501,7 +2516,10 @@ int main(int argc, char** argv) {
     // 10-13), versions 14 and 15 also at hd 128 without a window (version 14's kernel there)
     for (int ver : {8, 9, 10, 11, 12, 13, 14, 15}) {
         if (ver < first || ver > last) continue;
-        for (int pc = 0; pc < (ver >= 14 ? 4 : ver >= 10 ? 3 : 2); pc++) {
+        for (int pc = 0; pc < (ver >= 14 ? 4 : ver >= 10 ? 3 : 2); pc++)
+        for (int cap : {0, 1, 5}) {  // version 15 also on 1 and 5 blocks (see g_wsp_blocks)
+            if (cap && ver != 15) continue;
+            g_wsp_blocks = cap;
             int hd = pc == 1 || pc == 3 ? 128 : 64;
             FoxProblem p = make_problem(2, 600, 2, hd, pc == 0 || pc == 3 ? 0 : 300, true, -1);
             int nt = ceil_div(p.T, 128);
@@ -2526,11 +2544,14 @@ int main(int argc, char** argv) {
                 default: fox_fwd_wsl_all<FOX_V14_ST>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
             }
             cudaCheck(cudaDeviceSynchronize());
-            printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start)\n  version %d\n", p.B, p.T, p.H,
+            printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start)\n  version %d", p.B, p.T, p.H,
                    p.hd, p.window, ver);
+            if (cap) printf(" on %d block(s)", cap);
+            printf("\n");
             all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
             cudaCheck(cudaFree(ks_d));
             release(d);
+            g_wsp_blocks = 0;
         }
     }
 
