@@ -86,6 +86,11 @@ version 19: version 15 with 128-query steps in the dK/dV kernel at hd 64 (wgmmas
 registers, 5-8% slower); version 20: version 19 with dS^T formed before dV and dK are issued (+3-5%
 over version 15 at hd 64)
 ./fox_attention_backward 20
+versions 21-24: version 20 with 3 stages; 128-key dQ tiles at hd 128 (22, runs there), with the dQ
+overlap (23), with version 20's order in the hd-128 dK/dV kernel (24)
+version 25: version 20 with a persistent dK/dV kernel (a block per SM walking the (key tile, head)
+pairs, the Q/dO ring running on across pairs, K and V reloaded behind an emptyKV barrier)
+./fox_attention_backward 25
 The API (fox_attention_backward) runs version 20 at hd 64 and version 22 at hd 128.
 A range: ./fox_attention_backward 2 16
 For Nsight Compute: ./fox_attention_backward 12 12 profile runs no checks and no timing, only one
@@ -2793,6 +2798,277 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
 }
 // ---- end: lean backward with the producer's per-column terms (versions 15, 16, 19, 20) ----
 
+// ---- begin: persistent dK/dV kernel (version 25) ----
+// Version 25: version 20 with its dK/dV kernel made persistent, as forward version 15. A grid of one
+// block per SM walks the (key tile, head) pairs, the first key tiles of every head first (they see
+// the most queries; pair t: key tile t / BH, head t % BH; block x takes t = x, x + gridDim.x, ...).
+// The Q/dO ring runs on across a block's pairs (its counter `it` is the block's); K and V are
+// reloaded per pair, after the pair's first Q/dO stage, once every consumer warp has arrived at
+// emptyKV after its pair's last S^T and dP^T, so the next pair's loads run under the consumers'
+// last dV, dK and their stores. Everything else (128-query steps, dS^T before dV, the producer's
+// terms) is version 20's dK/dV kernel; the dQ kernel is version 20's.
+static int g_prp_blocks = 0;  // version 25's grid: a block per SM, or at most this many when > 0 (checks)
+
+template<int HD, int BQ, int ST, bool GATE>
+__global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16* dv, float* dc,
+                                                                  const __grid_constant__ CUtensorMap tmQ,
+                                                                  const __grid_constant__ CUtensorMap tmG,
+                                                                  const __grid_constant__ CUtensorMap tmK,
+                                                                  const __grid_constant__ CUtensorMap tmV,
+                                                                  const float* lse, const float* delta, const float* c,
+                                                                  int T, int H, int BH, int stride_qkv, int window,
+                                                                  float scale_log2, float scale, const int* query_end) {
+    constexpr int BK = 128, SW = 1, AS = 4;
+    static_assert(HD == 64 && BQ == 128, "version 25: version 20's dK/dV tile (hd 64, 128-query steps)");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = (bf16*)smem_1k(smem_raw);     // (BK, HD) swizzled tiles
+    bf16* sV = sK + BK * HD;                 // (BK, HD)
+    bf16* sQ = sV + BK * HD;                 // (ST, BQ, HD)
+    bf16* sG = sQ + ST * BQ * HD;            // (ST, BQ, HD) dO
+    float* sA = (float*)(sG + ST * BQ * HD); // (ST, BQ) the queries' terms A_i (fox_lean_qterm)
+    float* sD = sA + ST * BQ;                // (ST, BQ) Delta
+    uint64_t* bar = (uint64_t*)(sD + ST * BQ);
+    uint64_t *barKV = bar, *emptyKV = bar + 1, *full = bar + 2, *empty = full + ST;
+
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    int NK = ceil_div(T, BK), npairs = NK * BH;
+    // pair t's key tile, head and query tiles [it_begin, it_end) (the same arithmetic in every warp)
+    struct Pair { int kt, bh, it_begin, it_end; };
+    auto pair_at = [&](int t) {
+        Pair pr;
+        pr.kt = t / BH;
+        pr.bh = t % BH;
+        int j0 = pr.kt * BK;
+        int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
+        pr.it_begin = j0 / BQ;
+        pr.it_end = ceil_div(i_end, BQ);
+        // pruned query tiles are never loaded (the diagonal one is kept, so it_begin < it_end)
+        if (query_end) pr.it_end = min(pr.it_end, query_end[(size_t)pr.bh * NK + pr.kt] * (PRUNE_BLOCK / BQ));
+        return pr;
+    };
+
+    if (threadIdx.x == 0) {
+        mbar_init(barKV, 1);
+        mbar_init(emptyKV, 8);  // a warp of the consumers each, after its pair's last S^T and dP^T
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&full[st], 1 + 32);  // the copy engine's arrival + the 32 lanes' A, Delta
+            mbar_init(&empty[st], 8);      // a warp of the consumers each
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        int it = 0;  // Q/dO tiles this block has loaded: the ring's counter
+        for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+            Pair pr = pair_at(t);
+            int b = pr.bh / H, h = pr.bh % H, j0 = pr.kt * BK;
+            const float *lb = lse + (size_t)pr.bh * T, *db = delta + (size_t)pr.bh * T;
+            const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
+            // c of the pair's first key in log2 units: the consumers' cb_l2, the same operation
+            const float cb_l2 = GATE ? __fmul_rn(cb[j0], LOG2E) : 0.f;
+            for (int n = 0; n < pr.it_end - pr.it_begin; n++, it++) {
+                int st = it % ST, i1 = (pr.it_begin + n) * BQ;
+                float fl[BQ / 32], fd[BQ / 32], fc[BQ / 32];  // past T: zeros (those columns are masked)
+                #pragma unroll
+                for (int r = 0; r < BQ / 32; r++) {
+                    int e = lane + 32 * r, i = min(i1 + e, T - 1);
+                    bool ok = i1 + e < T;
+                    float l = lb[i], d = db[i], ci = GATE ? cb[i] : 0.f;
+                    fl[r] = ok ? l : 0.f;
+                    fd[r] = ok ? d : 0.f;
+                    fc[r] = ok ? ci : 0.f;
+                }
+                mbar_wait(&empty[st], ((it / ST) & 1) ^ 1);
+                if (lane == 0) {
+                    mbar_expect_tx(&full[st], 2 * BQ * HD * sizeof(bf16));
+                    tma_load_tile<BQ, HD>(sQ + st * BQ * HD, &tmQ, i1, h, b, &full[st]);
+                    tma_load_tile<BQ, HD>(sG + st * BQ * HD, &tmG, i1, h, b, &full[st]);
+                }
+                #pragma unroll
+                for (int r = 0; r < BQ / 32; r++) {
+                    int e = lane + 32 * r;
+                    sA[st * BQ + e] = fox_lean_qterm(fc[r], fl[r], cb_l2, GATE);
+                    sD[st * BQ + e] = fd[r];
+                }
+                mbar_arrive_release(&full[st]);  // after this lane's stores
+                if (n == 0) {  // K, V after the pair's first stage (it_end > it_begin: the diagonal is kept)
+                    mbar_wait(emptyKV, (k & 1) ^ 1);  // every consumer warp is past the previous pair's last S^T, dP^T
+                    if (lane == 0) {
+                        mbar_expect_tx(barKV, 2 * BK * HD * sizeof(bf16));
+                        tma_load_tile<BK, HD>(sK, &tmK, j0, h, b, barKV);
+                        tma_load_tile<BK, HD>(sV, &tmV, j0, h, b, barKV);
+                    }
+                }
+            }
+        }
+        return;
+    }
+
+    // consumers
+    setmaxnreg_inc<240>();
+    int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    const uint64_t dK0 = desc_k<HD, BK, SW>(sK, cw * 8, 0), dV0 = desc_k<HD, BK, SW>(sV, cw * 8, 0);
+    const uint64_t dQ0 = desc_k<HD, BQ, SW>(sQ, 0, 0), dG0 = desc_k<HD, BQ, SW>(sG, 0, 0);
+    const uint64_t dQn0 = desc_mn<HD, BQ, SW>(sQ, 0), dGn0 = desc_mn<HD, BQ, SW>(sG, 0);
+    constexpr uint32_t STAGE = BQ * HD * sizeof(bf16);
+    auto release = [&](int st) {  // this warp is done with the stage's Q, dO and floats
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+    };
+    int it = 0;  // the ring's counter at the pair's first tile, as the producer's
+    for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+        Pair pr = pair_at(t);
+        int b = pr.bh / H, h = pr.bh % H, j0 = pr.kt * BK, ntiles = pr.it_end - pr.it_begin;
+        const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
+        int j0w = j0 + 64 * cw;  // this consumer's first key
+        int keys[2], lo0[2], hi0[2];  // mask bounds: visible query offsets (less 2 tq) from query 0
+        float cj[2], dcs[2] = {0.f, 0.f};
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            keys[r] = j0 + cwarp * 16 + g + 8 * r;
+            cj[r] = (GATE && keys[r] < T) ? cb[keys[r]] : 0.f;
+            lo0[r] = keys[r] - 2 * tq;
+            hi0[r] = (window > 0 ? min(T - 1, keys[r] + window - 1) : T - 1) - 2 * tq;
+        }
+        float cb_l2 = GATE ? __fmul_rn(cb[j0], LOG2E) : 0.f;  // c of the pair's first key, log2 units
+        float B[2] = {fox_lean_kterm(cj[0], cb_l2), fox_lean_kterm(cj[1], cb_l2)};  // the rows' key terms
+        float dka[HD / 2], dva[HD / 2];
+        #pragma unroll
+        for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
+        uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T
+        mbar_wait(barKV, k & 1);
+
+        for (int n = 0; n < ntiles; n++) {
+            int x = it + n, st = x % ST, i0 = (pr.it_begin + n) * BQ;
+            mbar_wait(&full[st], (x / ST) & 1);
+            // every query of the tile before this consumer's first key, or past the window of its last one: P = 0
+            bool seen = i0 + BQ > j0w && !(window > 0 && i0 - (j0w + 63) >= window);
+            if (seen) {
+                // this thread's columns 2 tq, 2 tq + 1 of 8-column block nt: float2 nt * 4 + tq
+                const float2 *sAb = (const float2*)(sA + st * BQ) + tq, *sDb = (const float2*)(sD + st * BQ) + tq;
+                uint32_t so = st * STAGE;
+                // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries), two commit groups
+                float s[BQ / 2], dp[BQ / 2];
+                wgmma_fence();
+                #pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++)
+                    wgmma_ss<BQ, 0>(s, desc_add(dK0, kstep_bytes<BK>(kk)), desc_add(dQ0, so + kstep_bytes<BQ>(kk)), kk);
+                wgmma_commit();
+                #pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++)
+                    wgmma_ss<BQ, 0>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
+                wgmma_commit();
+                wgmma_wait<1>();
+                wgmma_pin<BQ / 2>(s);
+                // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
+                if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
+                    int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
+                    fox_bwd_pre_pt<BQ, GATE, true, AS>(s, sAb, B, scale_log2, lo, hi);
+                } else {
+                    fox_bwd_pre_pt<BQ, GATE, false, AS>(s, sAb, B, scale_log2, nullptr, nullptr);
+                }
+                // dS^T before dV and dK are issued, both in one commit group (version 20)
+                wgmma_wait<0>();  // dP^T done
+                wgmma_pin<BQ / 2>(dp);
+                fox_bwd_pre_dst<BQ, AS>(dp, s, sDb, dcs);
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+                wgmma_fence();
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+                wgmma_commit();
+                wgmma_wait0();
+                wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+                wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+            }
+            release(st);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(emptyKV);  // this warp's last S^T, dP^T of the pair are done: K, V may be reloaded
+        it += ntiles;
+
+        bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int key = keys[r];
+            if (GATE) {  // fixed shuffle order: deterministic
+                dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
+                dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
+                if (tq == 0 && key < T) dc[(size_t)pr.bh * T + key] = -dcs[r];
+            }
+            if (key >= T) continue;
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++) {
+                int col = dt * 8 + 2 * tq;
+                *(__nv_bfloat162*)(dkb + (size_t)key * stride_qkv + col) =
+                    __floats2bfloat162_rn(dka[dt * 4 + 2 * r] * scale, dka[dt * 4 + 2 * r + 1] * scale);
+                *(__nv_bfloat162*)(dvb + (size_t)key * stride_qkv + col) =
+                    __floats2bfloat162_rn(dva[dt * 4 + 2 * r], dva[dt * 4 + 2 * r + 1]);
+            }
+        }
+    }
+}
+
+// version 25: Delta, the persistent dK/dV kernel above, version 20's dQ kernel, the dlogf scan at
+// hd 64; version 22 at hd 128
+template<bool GATE>
+static void fox_bwd_prp_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
+                               const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
+                               int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                               const int* query_end, cudaStream_t s) {
+    constexpr int HD = 64, BQ = 128, BC = 128, ST = 2;
+    // version 20's layout + one barrier (emptyKV)
+    constexpr size_t smem_kv = fox_pre_smem_kv<HD, BQ, ST>() + sizeof(uint64_t), smem_q = fox_pre_smem_q<HD, BC, ST>();
+    static int sms = 0;
+    if (!sms) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_prp_kernel<HD, BQ, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    }
+    float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
+    int nt = ceil_div(T, 128), npairs = nt * B * H;
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+    int grid = min(npairs, g_prp_blocks > 0 ? g_prp_blocks : sms);
+    fox_bwd_dkdv_prp_kernel<HD, BQ, ST, GATE><<<grid, 384, smem_kv, s>>>(
+        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, B * H, stride_qkv, window, scale_log2, scale, query_end);
+    cudaCheckLaunch();
+    tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
+    tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
+    fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, true><<<dim3(nt, B * H), 384, smem_q, s>>>(
+        dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
+    cudaCheckLaunch();
+}
+static void fox_bwd_prp(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
+                        const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
+                        int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
+                        cudaStream_t s) {
+    if (hd != 64) { fox_bwd_lean<3>(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window, tables, s); return; }
+    int BHT = B * H * T;
+    const int* key_start = tables;
+    const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
+    float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
+    fox_bwd_delta_kernel<64><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+    cudaCheckLaunch();
+    if (c) fox_bwd_prp_launch<true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+    else fox_bwd_prp_launch<false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    if (c) {
+        fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
+        cudaCheckLaunch();
+    }
+}
+// ---- end: persistent dK/dV kernel (version 25) ----
+
 // ---- begin: one-kernel backward with an ordered dQ reduction (versions 17 and 18) ----
 // Forward line differentiated (as above): dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij.
 //
@@ -3681,11 +3957,13 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d, const int*
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 24: fox_bwd_lean<5>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 25: fox_bwd_prp(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 17: fox_bwd_fused<false>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 18: fox_bwd_fused<true>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..24\n", version); exit(EXIT_FAILURE);
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..25\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -3730,13 +4008,13 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // line by line into a log too: a hung version shows where
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 24;
+    int first = only ? only : 1, last = only ? only : 25;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[25];  // per version: only those that pass are timed
+    bool vok[26];  // per version: only those that pass are timed
     for (bool& ok : vok) ok = true;
 
     if (argc > 3 && strcmp(argv[3], "profile") == 0) {  // one backward per version and timing shape, for ncu
@@ -3776,21 +4054,30 @@ int main(int argc, char** argv) {
         printf("B=%d T=%d H=%d hd=%d window=%d packed=%d gate=%s\n", p.B, p.T, p.H, p.hd, p.window, (int)p.packed,
                p.gate ? "yes" : "none");
         for (int ver = first; ver <= last; ver++) {
-            poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
-            printf("  version %d\n", ver);  // before the run: a version that hangs is named
-            run_backward(ver, p, d);
-            sync_or_exit("the version above", 120);
-            vok[ver] &= check_backward(p, d, dq.data(), dk.data(), dv.data(), dlogf.data());
+            for (int cap : {0, 1, 5}) {  // version 25 also on 1 and 5 blocks (see g_prp_blocks)
+                if (cap && ver != 25) continue;
+                g_prp_blocks = cap;
+                poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
+                if (cap) printf("  version %d on %d block(s)\n", ver, cap);  // before the run: a hang is named
+                else printf("  version %d\n", ver);
+                run_backward(ver, p, d);
+                sync_or_exit("the version above", 120);
+                vok[ver] &= check_backward(p, d, dq.data(), dk.data(), dv.data(), dlogf.data());
+            }
+            g_prp_blocks = 0;
         }
         release_bwd(d);
     }
 
-    // 1b. the pruning tables of versions 9 and 11-24: per (b, h) a random non-decreasing key_start (up to
+    // 1b. the pruning tables of versions 9 and 11-25: per (b, h) a random non-decreasing key_start (up to
     // the diagonal tile, as the real tables: c is non-increasing), query_end derived from it, the
     // forward (version 8) with the same key_start, against the CPU reference that skips the same tiles
-    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24}) {
+    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25}) {
         if (ver < first || ver > last) continue;
-        for (int hd : {64, 128}) {
+        for (int hd : {64, 128})
+        for (int cap : {0, 1, 5}) {  // version 25 also on 1 and 5 blocks (see g_prp_blocks)
+            if (cap && ver != 25) continue;
+            g_prp_blocks = cap;
             FoxProblem p = make_problem(2, 600, 2, hd, hd == 64 ? 0 : 300, true, -1);
             int nt = ceil_div(p.T, 128), BH = p.B * p.H;
             std::vector<int> tables(2 * (size_t)BH * nt);
@@ -3813,13 +4100,16 @@ int main(int argc, char** argv) {
             const bf16 *q = d.qkv + p.q_off, *k = d.qkv + p.k_off, *v = d.qkv + p.v_off;
             fox_fwd_ws<128, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables_d, 0);
             poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
-            printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start, query_end)\n  version %d\n", p.B,
+            printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start, query_end)\n  version %d", p.B,
                    p.T, p.H, p.hd, p.window, ver);
+            if (cap) printf(" on %d block(s)", cap);
+            printf("\n");
             run_backward(ver, p, d, tables_d);
             sync_or_exit("the version above", 120);
             vok[ver] &= check_backward(p, d, dq.data(), dk.data(), dv.data(), dlogf.data());
             cudaCheck(cudaFree(tables_d));
             release_bwd(d);
+            g_prp_blocks = 0;
         }
     }
 
