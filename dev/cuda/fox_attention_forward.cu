@@ -72,9 +72,9 @@ warpgroups (128 query rows, 240 registers each by setmaxnreg), 128-key K/V tiles
 (162 KB of shared memory), the same intra-warpgroup overlap of softmax and P V; hd 64 runs version 10
 ./fox_attention_forward 14
 
-version 15 is version 10 made persistent: one block per SM walks the (query tile, head) pairs, the
-longest first, its K/V rings running on across pairs and the next pair's Q loading while the
-consumers finish the last P V and store O; hd 128 runs version 14
+version 15 is versions 10 (hd 64) and 14 (hd 128) made persistent: one block per SM walks the
+(query tile, head) pairs, the longest first, its K/V rings running on across pairs and the next
+pair's Q loading while the consumers finish the last P V and store O
 ./fox_attention_forward 15
 
 A range: ./fox_attention_forward 3 11
@@ -2006,7 +2006,8 @@ static void fox_fwd_wsl_all(bf16* o, float* lse, const bf16* q, const bf16* k, c
 // K and V, once every consumer warp has arrived at emptyQ after its pair's last S, so the next
 // pair's Q, K and V load while the consumers finish the last P V and store O: the per-block start (barriers, Q's latency, the ring's
 // fill) of version 10, which at T = 2048 is a tenth of a block's work, is paid once per SM. The
-// softmax, masks, precision and register budget are version 10's (hd 64, three consumers).
+// softmax, masks, precision and register budgets are version 10's at hd 64 (three consumers) and
+// version 14's at hd 128 (two).
 template<int HD, int BC, int ST, int NWG, bool GATE>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o, float* lse,
                                                                          const __grid_constant__ CUtensorMap tmQ,
@@ -2015,8 +2016,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
                                                                          const float* c, int T, int H, int BH,
                                                                          int stride_o, int window, float scale_log2,
                                                                          const int* key_start) {
-    constexpr int BR = 64 * NWG, SW = 1, CREG = 160;
-    static_assert(HD == 64 && BC == 128 && NWG == 3, "version 15: version 10's shape (hd 64, three consumers)");
+    constexpr int BR = 64 * NWG, SW = 1, CREG = NWG == 3 ? 160 : 240;  // as versions 10 and 14
+    static_assert(BC == 128 && ((HD == 64 && NWG == 3) || (HD == 128 && NWG == 2)), "versions 10 and 14's shapes");
     static_assert(ST >= 2, "the producer loads K(n+1) before V(n)'s stage is free");
     static_assert(PRUNE_BLOCK % BC == 0 && PRUNE_BLOCK % 64 == 0, "a warpgroup's rows lie in one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -2239,12 +2240,12 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
 // checks run 1 and 5 blocks too, so that one block's rings cross pairs at every shape)
 static int g_wsp_blocks = 0;
 
-// version 15 at hd 64; hd 128 runs version 14
-template<bool GATE>
+// version 15: at hd 64 version 10's tiles (three consumers, 3 stages), at hd 128 version 14's (two, ST128)
+template<int HD, int ST128, bool GATE>
 static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                cudaStream_t s) {
-    constexpr int HD = 64, BC = 128, ST = 3, NWG = 3, BR = 64 * NWG;
+    constexpr int BC = 128, NWG = HD == 64 ? 3 : 2, ST = HD == 64 ? 3 : ST128, BR = 64 * NWG;
     // Q, ST stages of K, V and c, the barriers (barQ, emptyQ, 4 per stage), + 1 KB for the swizzle's alignment
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
                             (2 + 4 * ST) * sizeof(uint64_t);
@@ -2269,12 +2270,12 @@ template<int ST128 = FOX_V14_ST>  // a template: instantiated only where the for
 static void fox_fwd_wsp(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
                         cudaStream_t s) {
-    if (hd != 64) {
-        fox_fwd_wsl_all<ST128>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, key_start, s);
-    } else if (c) {
-        fox_fwd_wsp_launch<true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+    if (hd == 64) {
+        if (c) fox_fwd_wsp_launch<64, ST128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsp_launch<64, ST128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     } else {
-        fox_fwd_wsp_launch<false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_wsp_launch<128, ST128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsp_launch<128, ST128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     }
 }
 // ---- end: persistent warp-specialised forward (version 15) ----
@@ -2369,7 +2370,7 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         case 13: fox_fwd_wsl<3, 3, 4>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         // version 10's kernel at hd 128 (two consumer warpgroups, 2 stages); hd 64: version 10
         case 14: fox_fwd_wsl_all<FOX_V14_ST>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
-        // version 10 persistent (a block per SM walking the pairs, longest first); hd 128: version 14
+        // versions 10 and 14 persistent (a block per SM walking the pairs, longest first)
         case 15: fox_fwd_wsp<>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         default:
             fprintf(stderr, "invalid version %d\nHINT: versions are 1..%d\n", version, FWD_VERSIONS);
@@ -2513,7 +2514,7 @@ int main(int argc, char** argv) {
     // 1b. the key_start pruning of versions 8-15: random first key tiles (up to the diagonal one)
     // against the CPU reference that skips the same keys. Versions 10-15 also at hd 64 with a
     // window (version 10's 192-row blocks span two pruning tiles; hd 128 runs version 9 there in
-    // 10-13), versions 14 and 15 also at hd 128 without a window (version 14's kernel there)
+    // 10-13), versions 14 and 15 also at hd 128 without a window (their own kernels there)
     for (int ver : {8, 9, 10, 11, 12, 13, 14, 15}) {
         if (ver < first || ver > last) continue;
         for (int pc = 0; pc < (ver >= 14 ? 4 : ver >= 10 ? 3 : 2); pc++)
