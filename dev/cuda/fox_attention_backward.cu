@@ -89,8 +89,9 @@ over version 15 at hd 64)
 versions 21-24: version 20 with 3 stages; 128-key dQ tiles at hd 128 (22, runs there), with the dQ
 overlap (23), with version 20's order in the hd-128 dK/dV kernel (24)
 version 25: version 20 with a persistent dK/dV kernel (a block per SM walking the (key tile, head)
-pairs, the Q/dO ring running on across pairs, K and V reloaded behind an emptyKV barrier)
-./fox_attention_backward 25
+pairs, the Q/dO ring running on across pairs, K and V reloaded behind an emptyKV barrier); version
+26: version 25 with the dQ kernel persistent too
+./fox_attention_backward 25 26
 The API (fox_attention_backward) runs version 20 at hd 64 and version 22 at hd 128.
 A range: ./fox_attention_backward 2 16
 For Nsight Compute: ./fox_attention_backward 12 12 profile runs no checks and no timing, only one
@@ -2807,7 +2808,7 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
 // emptyKV after its pair's last S^T and dP^T, so the next pair's loads run under the consumers'
 // last dV, dK and their stores. Everything else (128-query steps, dS^T before dV, the producer's
 // terms) is version 20's dK/dV kernel; the dQ kernel is version 20's.
-static int g_prp_blocks = 0;  // version 25's grid: a block per SM, or at most this many when > 0 (checks)
+static int g_prp_blocks = 0;  // versions 25-26's grids: a block per SM, or at most this many when > 0 (checks)
 
 template<int HD, int BQ, int ST, bool GATE>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16* dv, float* dc,
@@ -3017,23 +3018,254 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16
     }
 }
 
-// version 25: Delta, the persistent dK/dV kernel above, version 20's dQ kernel, the dlogf scan at
-// hd 64; version 22 at hd 128
-template<bool GATE>
+// Version 26: version 25 with version 20's dQ kernel made persistent the same way: a block per SM
+// walks the (query tile, head) pairs, the longest rows of every head first (pair t: query tile
+// NT - 1 - t / BH, head t % BH); the K/V ring runs on across pairs, Q and dO are reloaded per pair,
+// after its first K/V stage, once every consumer warp has arrived at emptyQ after its pair's last S
+// and dP (the pair's last dQ, which reads the K stage and registers, may still run then).
+template<int HD, int BC, int ST, bool GATE>
+__global__ void __launch_bounds__(384, 1) fox_bwd_dq_prp_kernel(bf16* dq, float* dc_row,
+                                                                const __grid_constant__ CUtensorMap tmQ,
+                                                                const __grid_constant__ CUtensorMap tmG,
+                                                                const __grid_constant__ CUtensorMap tmK,
+                                                                const __grid_constant__ CUtensorMap tmV,
+                                                                const float* lse, const float* delta, const float* c,
+                                                                int T, int H, int BH, int stride_qkv, int window,
+                                                                float scale_log2, float scale, const int* key_start) {
+    constexpr int BR = 128, SW = 1;
+    static_assert(HD == 64 && BC == 128, "version 26: version 20's dQ tile (hd 64, 128-key steps)");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
+    bf16* sG = sQ + BR * HD;                 // (BR, HD) dO
+    bf16* sK = sG + BR * HD;                 // (ST, BC, HD)
+    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
+    float* sB = (float*)(sV + ST * BC * HD); // (ST, BC) the keys' terms B_j (fox_lean_kterm)
+    float* sCL = sB + ST * BC;               // (ST) c_b log2 e of the stage's 128-key block (2 ST floats)
+    uint64_t* bar = (uint64_t*)(sCL + 2 * ST);
+    uint64_t *barQ = bar, *emptyQ = bar + 1, *full = bar + 2, *empty = full + ST;
+
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    int NT = ceil_div(T, BR), npairs = NT * BH;
+    // pair t's query tile, head and key tiles [jt_begin, jt_end) (the same arithmetic in every warp)
+    struct Pair { int qt, bh, jt_begin, jt_end; };
+    auto pair_at = [&](int t) {
+        Pair pr;
+        pr.qt = NT - 1 - t / BH;
+        pr.bh = t % BH;
+        int i0 = pr.qt * BR;
+        int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+        pr.jt_begin = j_begin / BC;
+        pr.jt_end = ceil_div(min(T, i0 + BR), BC);
+        // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
+        if (key_start) pr.jt_begin = max(pr.jt_begin, key_start[(size_t)pr.bh * NT + pr.qt] * (PRUNE_BLOCK / BC));
+        return pr;
+    };
+
+    if (threadIdx.x == 0) {
+        mbar_init(barQ, 1);
+        mbar_init(emptyQ, 8);  // a warp of the consumers each, after its pair's last S and dP
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&full[st], 1 + (GATE ? 32 : 0));  // the copy engine's arrival + the 32 lanes' B, c_b
+            mbar_init(&empty[st], 8);                   // a warp of the consumers each
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        int it = 0;  // K/V tiles this block has loaded: the ring's counter
+        for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+            Pair pr = pair_at(t);
+            int b = pr.bh / H, h = pr.bh % H, i0 = pr.qt * BR;
+            const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
+            for (int n = 0; n < pr.jt_end - pr.jt_begin; n++, it++) {
+                int st = it % ST, j1 = (pr.jt_begin + n) * BC;
+                // the keys' c and c_b (read-only inputs), loaded before the wait for the stage; past T: zeros
+                float fc[BC / 32], fcb = 0.f;
+                if (GATE) {
+                    fcb = cb[j1 - j1 % PRUNE_BLOCK];  // c of the first key of the tile's 128-key block
+                    #pragma unroll
+                    for (int r = 0; r < BC / 32; r++) {
+                        int e = lane + 32 * r;
+                        float cj = cb[min(j1 + e, T - 1)];
+                        fc[r] = j1 + e < T ? cj : 0.f;
+                    }
+                }
+                mbar_wait(&empty[st], ((it / ST) & 1) ^ 1);
+                if (lane == 0) {
+                    mbar_expect_tx(&full[st], 2 * BC * HD * sizeof(bf16));
+                    tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j1, h, b, &full[st]);
+                    tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j1, h, b, &full[st]);
+                }
+                if (GATE) {
+                    float cb_l2 = __fmul_rn(fcb, LOG2E);  // as the dK/dV kernel's (and version 14's)
+                    #pragma unroll
+                    for (int r = 0; r < BC / 32; r++) sB[st * BC + lane + 32 * r] = fox_lean_kterm(fc[r], cb_l2);
+                    if (lane == 0) sCL[st] = cb_l2;
+                    mbar_arrive_release(&full[st]);  // after this lane's stores
+                }
+                if (n == 0) {  // Q, dO after the pair's first stage (jt_end > jt_begin: the diagonal is kept)
+                    mbar_wait(emptyQ, (k & 1) ^ 1);  // every consumer warp is past the previous pair's last S, dP
+                    if (lane == 0) {
+                        mbar_expect_tx(barQ, 2 * BR * HD * sizeof(bf16));
+                        tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
+                        tma_load_tile<BR, HD>(sG, &tmG, i0, h, b, barQ);
+                    }
+                }
+            }
+        }
+        return;
+    }
+
+    // consumers
+    setmaxnreg_inc<240>();
+    int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    const uint64_t dQ0 = desc_k<HD, BR, SW>(sQ, cw * 8, 0), dG0 = desc_k<HD, BR, SW>(sG, cw * 8, 0);
+    const uint64_t dK0 = desc_k<HD, BC, SW>(sK, 0, 0), dV0 = desc_k<HD, BC, SW>(sV, 0, 0);
+    const uint64_t dKn0 = desc_mn<HD, BC, SW>(sK, 0);
+    constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
+    auto release = [&](int st) {  // this warp is done with the stage's K, V and floats
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+    };
+    int it = 0;  // the ring's counter at the pair's first tile, as the producer's
+    for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+        Pair pr = pair_at(t);
+        int b = pr.bh / H, h = pr.bh % H, i0 = pr.qt * BR, ntiles = pr.jt_end - pr.jt_begin;
+        const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
+        int i0w = i0 + 64 * cw;  // this consumer's first query
+        int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
+        float rl[2], rd[2], rc[2];  // lse, Delta, c of this thread's rows
+        int lo0[2], hi0[2];  // mask bounds: visible key offsets (less 2 tq) from key 0
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = rows[r];
+            bool ok = row < T;
+            rl[r] = ok ? lse[(size_t)pr.bh * T + row] : 0.f;
+            rd[r] = ok ? delta[(size_t)pr.bh * T + row] : 0.f;
+            rc[r] = GATE ? cb[min(row, T - 1)] : 0.f;  // past T: a finite logit (its Q, dO rows are 0)
+            hi0[r] = min(row, T - 1) - 2 * tq;
+            lo0[r] = (window > 0 ? row - window + 1 : -BC) - 2 * tq;  // -BC: below every tile offset
+        }
+        float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
+        #pragma unroll
+        for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
+        uint32_t sa[BC / 16][4];  // A fragments of dS
+        bool pending = false;  // the last seen tile's dQ still runs on stage pst
+        int pst = 0;
+        mbar_wait(barQ, k & 1);
+
+        for (int n = 0; n < ntiles; n++) {
+            int x = it + n, st = x % ST, j0 = (pr.jt_begin + n) * BC;
+            mbar_wait(&full[st], (x / ST) & 1);
+            // all of this consumer's queries past T, every key of the tile after its last query, or before
+            // the window of its first one: P = 0
+            bool seen = i0w < T && j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
+            if (seen) {
+                const float* sBb = sB + st * BC;
+                uint32_t so = st * STAGE;
+                float s[BC / 2], dp[BC / 2];
+                wgmma_fence();
+                #pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++)
+                    wgmma_ss<BC, 0>(s, desc_add(dQ0, kstep_bytes<BR>(kk)), desc_add(dK0, so + kstep_bytes<BC>(kk)), kk);
+                wgmma_commit();
+                #pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++)
+                    wgmma_ss<BC, 0>(dp, desc_add(dG0, kstep_bytes<BR>(kk)), desc_add(dV0, so + kstep_bytes<BC>(kk)), kk);
+                wgmma_commit();
+                // the rows' query terms for the tile's key block (c_b log2 e from the stage), under the matmuls
+                float cb_l2 = GATE ? sCL[st] : 0.f;
+                float A[2] = {fox_lean_qterm(rc[0], rl[0], cb_l2, GATE), fox_lean_qterm(rc[1], rl[1], cb_l2, GATE)};
+                if (pending) {  // the previous tile's dQ
+                    wgmma_wait<2>();
+                    wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+                    release(pst);
+                }
+                wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
+                wgmma_pin<BC / 2>(s);
+                if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+                    int lo[2] = {lo0[0] - j0, lo0[1] - j0}, hi[2] = {hi0[0] - j0, hi0[1] - j0};
+                    fox_bwd_pre_p<BC, GATE, true>(s, sBb, A, scale_log2, tq, lo, hi);
+                } else {
+                    fox_bwd_pre_p<BC, GATE, false>(s, sBb, A, scale_log2, tq, nullptr, nullptr);
+                }
+                wgmma_wait0();
+                wgmma_pin<BC / 2>(dp);
+                fox_bwd_lean_ds<BC>(s, dp, rd, rs);
+                // dQ += dS K
+                #pragma unroll
+                for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
+                wgmma_fence();
+                #pragma unroll
+                for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(dqa, sa[kk], desc_add(dKn0, so + mnstep_bytes(kk)), 1);
+                wgmma_commit();
+                pending = true;
+                pst = st;
+            } else {  // nothing seen: release the stage (after the previous tile's stage)
+                if (pending) {
+                    wgmma_wait0();
+                    wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+                    release(pst);
+                    pending = false;
+                }
+                release(st);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(emptyQ);  // this warp's last S, dP of the pair are done: Q, dO may be reloaded
+        if (pending) {
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+            release(pst);
+        }
+        it += ntiles;
+
+        bf16* dqb = dq + (size_t)b * T * stride_qkv + (size_t)h * HD;
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (rows[r] >= T) continue;
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++)
+                *(__nv_bfloat162*)(dqb + (size_t)rows[r] * stride_qkv + dt * 8 + 2 * tq) =
+                    __floats2bfloat162_rn(dqa[dt * 4 + 2 * r] * scale, dqa[dt * 4 + 2 * r + 1] * scale);
+        }
+        if (GATE) {
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {  // fixed shuffle order: deterministic
+                rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 1);
+                rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 2);
+            }
+            if (tq == 0) {
+                if (rows[0] < T) dc_row[(size_t)pr.bh * T + rows[0]] = rs[0];
+                if (rows[1] < T) dc_row[(size_t)pr.bh * T + rows[1]] = rs[1];
+            }
+        }
+    }
+}
+
+// version 25 (PQ false): Delta, the persistent dK/dV kernel above, version 20's dQ kernel, the dlogf
+// scan at hd 64; version 26 (PQ true): with the persistent dQ kernel; version 22 at hd 128
+template<bool GATE, bool PQ>
 static void fox_bwd_prp_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
                                const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                const int* query_end, cudaStream_t s) {
     constexpr int HD = 64, BQ = 128, BC = 128, ST = 2;
     // version 20's layout + one barrier (emptyKV)
-    constexpr size_t smem_kv = fox_pre_smem_kv<HD, BQ, ST>() + sizeof(uint64_t), smem_q = fox_pre_smem_q<HD, BC, ST>();
+    constexpr size_t smem_kv = fox_pre_smem_kv<HD, BQ, ST>() + sizeof(uint64_t);
+    constexpr size_t smem_q = fox_pre_smem_q<HD, BC, ST>() + (PQ ? sizeof(uint64_t) : 0);  // PQ: + emptyQ
     static int sms = 0;
     if (!sms) {
         int dev;
         cudaCheck(cudaGetDevice(&dev));
         cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_prp_kernel<HD, BQ, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        if (PQ) cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_prp_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        else cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     int nt = ceil_div(T, 128), npairs = nt * B * H;
@@ -3045,10 +3277,15 @@ static void fox_bwd_prp_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
     cudaCheckLaunch();
     tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
     tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
-    fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, true><<<dim3(nt, B * H), 384, smem_q, s>>>(
-        dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
+    if (PQ)
+        fox_bwd_dq_prp_kernel<HD, BC, ST, GATE><<<grid, 384, smem_q, s>>>(
+            dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, B * H, stride_qkv, window, scale_log2, scale, key_start);
+    else
+        fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, true><<<dim3(nt, B * H), 384, smem_q, s>>>(
+            dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
     cudaCheckLaunch();
 }
+template<bool PQ>
 static void fox_bwd_prp(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
                         const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
@@ -3060,8 +3297,8 @@ static void fox_bwd_prp(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
     fox_bwd_delta_kernel<64><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     cudaCheckLaunch();
-    if (c) fox_bwd_prp_launch<true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-    else fox_bwd_prp_launch<false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    if (c) fox_bwd_prp_launch<true, PQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+    else fox_bwd_prp_launch<false, PQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
         cudaCheckLaunch();
@@ -3957,13 +4194,15 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d, const int*
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 24: fox_bwd_lean<5>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
-        case 25: fox_bwd_prp(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+        case 25: fox_bwd_prp<false>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 26: fox_bwd_prp<true>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 17: fox_bwd_fused<false>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 18: fox_bwd_fused<true>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..25\n", version); exit(EXIT_FAILURE);
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..26\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -4008,13 +4247,13 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // line by line into a log too: a hung version shows where
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 25;
+    int first = only ? only : 1, last = only ? only : 26;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[26];  // per version: only those that pass are timed
+    bool vok[27];  // per version: only those that pass are timed
     for (bool& ok : vok) ok = true;
 
     if (argc > 3 && strcmp(argv[3], "profile") == 0) {  // one backward per version and timing shape, for ncu
@@ -4054,8 +4293,8 @@ int main(int argc, char** argv) {
         printf("B=%d T=%d H=%d hd=%d window=%d packed=%d gate=%s\n", p.B, p.T, p.H, p.hd, p.window, (int)p.packed,
                p.gate ? "yes" : "none");
         for (int ver = first; ver <= last; ver++) {
-            for (int cap : {0, 1, 5}) {  // version 25 also on 1 and 5 blocks (see g_prp_blocks)
-                if (cap && ver != 25) continue;
+            for (int cap : {0, 1, 5}) {  // versions 25, 26 also on 1 and 5 blocks (see g_prp_blocks)
+                if (cap && ver < 25) continue;
                 g_prp_blocks = cap;
                 poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
                 if (cap) printf("  version %d on %d block(s)\n", ver, cap);  // before the run: a hang is named
@@ -4069,14 +4308,14 @@ int main(int argc, char** argv) {
         release_bwd(d);
     }
 
-    // 1b. the pruning tables of versions 9 and 11-25: per (b, h) a random non-decreasing key_start (up to
+    // 1b. the pruning tables of versions 9 and 11-26: per (b, h) a random non-decreasing key_start (up to
     // the diagonal tile, as the real tables: c is non-increasing), query_end derived from it, the
     // forward (version 8) with the same key_start, against the CPU reference that skips the same tiles
-    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25}) {
+    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26}) {
         if (ver < first || ver > last) continue;
         for (int hd : {64, 128})
-        for (int cap : {0, 1, 5}) {  // version 25 also on 1 and 5 blocks (see g_prp_blocks)
-            if (cap && ver != 25) continue;
+        for (int cap : {0, 1, 5}) {  // versions 25, 26 also on 1 and 5 blocks (see g_prp_blocks)
+            if (cap && ver < 25) continue;
             g_prp_blocks = cap;
             FoxProblem p = make_problem(2, 600, 2, hd, hd == 64 ? 0 : 300, true, -1);
             int nt = ceil_div(p.T, 128), BH = p.B * p.H;
