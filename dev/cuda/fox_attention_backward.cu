@@ -2805,8 +2805,8 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
 // the most queries; pair t: key tile t / BH, head t % BH; block x takes t = x, x + gridDim.x, ...).
 // The Q/dO ring runs on across a block's pairs (its counter `it` is the block's); K and V are
 // reloaded per pair, after the pair's first Q/dO stage, once every consumer warp has arrived at
-// emptyKV after its pair's last S^T and dP^T, so the next pair's loads run under the consumers'
-// last dV, dK and their stores. Everything else (128-query steps, dS^T before dV, the producer's
+// emptyKV after its pair's last tile (its S^T, dP^T, dV and dK are waited for in the tile), so the
+// next pair's loads run under the consumers' stores of dK, dV and dc. Everything else (128-query steps, dS^T before dV, the producer's
 // terms) is version 20's dK/dV kernel; the dQ kernel is version 20's.
 static int g_prp_blocks = 0;  // versions 25-26's grids: a block per SM, or at most this many when > 0 (checks)
 
@@ -2870,7 +2870,17 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16
             const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
             // c of the pair's first key in log2 units: the consumers' cb_l2, the same operation
             const float cb_l2 = GATE ? __fmul_rn(cb[j0], LOG2E) : 0.f;
-            for (int n = 0; n < pr.it_end - pr.it_begin; n++, it++) {
+            auto load_kv = [&] {  // once every consumer warp is past the previous pair's last S^T, dP^T
+                mbar_wait(emptyKV, (k & 1) ^ 1);
+                if (lane == 0) {
+                    mbar_expect_tx(barKV, 2 * BK * HD * sizeof(bf16));
+                    tma_load_tile<BK, HD>(sK, &tmK, j0, h, b, barKV);
+                    tma_load_tile<BK, HD>(sV, &tmV, j0, h, b, barKV);
+                }
+            };
+            int ntiles = pr.it_end - pr.it_begin;  // >= 1 (the diagonal is kept); 0 would still load K, V
+            if (ntiles == 0) load_kv();
+            for (int n = 0; n < ntiles; n++, it++) {
                 int st = it % ST, i1 = (pr.it_begin + n) * BQ;
                 float fl[BQ / 32], fd[BQ / 32], fc[BQ / 32];  // past T: zeros (those columns are masked)
                 #pragma unroll
@@ -2895,14 +2905,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16
                     sD[st * BQ + e] = fd[r];
                 }
                 mbar_arrive_release(&full[st]);  // after this lane's stores
-                if (n == 0) {  // K, V after the pair's first stage (it_end > it_begin: the diagonal is kept)
-                    mbar_wait(emptyKV, (k & 1) ^ 1);  // every consumer warp is past the previous pair's last S^T, dP^T
-                    if (lane == 0) {
-                        mbar_expect_tx(barKV, 2 * BK * HD * sizeof(bf16));
-                        tma_load_tile<BK, HD>(sK, &tmK, j0, h, b, barKV);
-                        tma_load_tile<BK, HD>(sV, &tmV, j0, h, b, barKV);
-                    }
-                }
+                if (n == 0) load_kv();  // K, V after the pair's first stage
             }
         }
         return;
@@ -3080,7 +3083,17 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_prp_kernel(bf16* dq, float*
             Pair pr = pair_at(t);
             int b = pr.bh / H, h = pr.bh % H, i0 = pr.qt * BR;
             const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
-            for (int n = 0; n < pr.jt_end - pr.jt_begin; n++, it++) {
+            auto load_q = [&] {  // once every consumer warp is past the previous pair's last S, dP
+                mbar_wait(emptyQ, (k & 1) ^ 1);
+                if (lane == 0) {
+                    mbar_expect_tx(barQ, 2 * BR * HD * sizeof(bf16));
+                    tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
+                    tma_load_tile<BR, HD>(sG, &tmG, i0, h, b, barQ);
+                }
+            };
+            int ntiles = pr.jt_end - pr.jt_begin;  // >= 1 (the diagonal is kept); 0 would still load Q, dO
+            if (ntiles == 0) load_q();
+            for (int n = 0; n < ntiles; n++, it++) {
                 int st = it % ST, j1 = (pr.jt_begin + n) * BC;
                 // the keys' c and c_b (read-only inputs), loaded before the wait for the stage; past T: zeros
                 float fc[BC / 32], fcb = 0.f;
@@ -3106,14 +3119,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_prp_kernel(bf16* dq, float*
                     if (lane == 0) sCL[st] = cb_l2;
                     mbar_arrive_release(&full[st]);  // after this lane's stores
                 }
-                if (n == 0) {  // Q, dO after the pair's first stage (jt_end > jt_begin: the diagonal is kept)
-                    mbar_wait(emptyQ, (k & 1) ^ 1);  // every consumer warp is past the previous pair's last S, dP
-                    if (lane == 0) {
-                        mbar_expect_tx(barQ, 2 * BR * HD * sizeof(bf16));
-                        tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
-                        tma_load_tile<BR, HD>(sG, &tmG, i0, h, b, barQ);
-                    }
-                }
+                if (n == 0) load_q();  // Q, dO after the pair's first stage
             }
         }
         return;
@@ -4313,11 +4319,12 @@ int main(int argc, char** argv) {
     // forward (version 8) with the same key_start, against the CPU reference that skips the same tiles
     for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26}) {
         if (ver < first || ver > last) continue;
-        for (int hd : {64, 128})
+        for (int pc = 0; pc < (ver >= 25 ? 3 : 2); pc++)  // hd 64, hd 128 with a window; 25, 26: hd 64 with one
         for (int cap : {0, 1, 5}) {  // versions 25, 26 also on 1 and 5 blocks (see g_prp_blocks)
             if (cap && ver < 25) continue;
             g_prp_blocks = cap;
-            FoxProblem p = make_problem(2, 600, 2, hd, hd == 64 ? 0 : 300, true, -1);
+            int hd = pc == 1 ? 128 : 64;
+            FoxProblem p = make_problem(2, 600, 2, hd, pc == 0 ? 0 : 300, true, -1);
             int nt = ceil_div(p.T, 128), BH = p.B * p.H;
             std::vector<int> tables(2 * (size_t)BH * nt);
             for (int bh = 0; bh < BH; bh++) {
@@ -4432,8 +4439,10 @@ int main(int argc, char** argv) {
             std::vector<float> l = d2h(d.dlogf, p.n_bht);
             bool same = memcmp(g.data(), g1.data(), g.size() * sizeof(bf16)) == 0 &&
                         memcmp(l.data(), l1.data(), l.size() * sizeof(float)) == 0;
+            // versions 25 and 26 are version 20's arithmetic on another schedule: there a difference fails
             printf("version %d against version 14, hd %d (dq, dk, dv, dlogf bitwise; expected the same): %s\n", ver,
-                   p.hd, same ? "same" : "DIFFERENT (not counted as a failure)");
+                   p.hd, same ? "same" : ver >= 25 ? "DIFFERENT (FAIL)" : "DIFFERENT (not counted as a failure)");
+            if (ver >= 25) vok[ver] &= same;
         }
         release_bwd(d);
     }

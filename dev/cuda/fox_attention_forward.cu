@@ -2072,9 +2072,18 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
             Pair pr = pair_at(t);
             int b = pr.bh / H, h = pr.bh % H;
             const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
-            // ntiles >= 1 (the diagonal tile is never pruned); Q after the first K and V, whose stages
-            // are free before the consumers finish the previous pair
-            for (int n = 0; n < pr.jt_end - pr.jt_begin; n++, it++) {
+            auto load_q = [&] {  // once every consumer warp is past the previous pair's last S
+                mbar_wait(emptyQ, (k & 1) ^ 1);
+                if (lane == 0) {
+                    mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
+                    tma_load_tile<BR, HD>(sQ, &tmQ, pr.i0, h, b, barQ);
+                }
+            };
+            // Q after the first K and V, whose stages are free before the consumers finish the previous
+            // pair; ntiles >= 1 (the diagonal tile is never pruned), 0 would still load Q
+            int ntiles = pr.jt_end - pr.jt_begin;
+            if (ntiles == 0) load_q();
+            for (int n = 0; n < ntiles; n++, it++) {
                 int st = it % ST, parity = ((it / ST) & 1) ^ 1, j0 = (pr.jt_end - 1 - n) * BC;
                 mbar_wait(&emptyK[st], parity);
                 if (lane == 0) {
@@ -2091,13 +2100,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
                     mbar_expect_tx(&fullV[st], BC * HD * sizeof(bf16));
                     tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j0, h, b, &fullV[st]);
                 }
-                if (n == 0) {
-                    mbar_wait(emptyQ, (k & 1) ^ 1);  // every consumer warp is past the previous pair's last S
-                    if (lane == 0) {
-                        mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
-                        tma_load_tile<BR, HD>(sQ, &tmQ, pr.i0, h, b, barQ);
-                    }
-                }
+                if (n == 0) load_q();
             }
         }
         return;
