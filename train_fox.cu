@@ -2423,6 +2423,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
     }
 }
 
+// tests only: at most this many blocks for fox_fwd_wsp_kernel when > 0, so that few pairs still
+// cross a block's rings (test_fox runs 1 and 5)
+static int g_fwd_max_blocks = 0;
+
 // fox_fwd_wsp_kernel with its tiles and stages (where it runs: see fox_attention_forward): hd 64
 // three consumers and 3 stages, hd 128 two consumers and 2 stages; a block per SM, at most one per pair
 template<int HD, bool GATE>
@@ -2445,7 +2449,8 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
     CUtensorMap tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     int npairs = ceil_div(T, BR) * B * H;
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE><<<min(npairs, sms), 128 * (NWG + 1), smem, s>>>(
+    int grid = min(npairs, g_fwd_max_blocks > 0 ? g_fwd_max_blocks : sms);
+    fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(
         o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start);
     launchCheck();
 }
