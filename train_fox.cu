@@ -2176,11 +2176,19 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
     }
 }
 
+// A persistent block's k-th (tile, head) pair t, with the pairs sorted longest first: round k deals
+// pairs k G .. k G + G - 1 to a grid of G blocks, block x taking the x-th in even rounds and the
+// (G - 1 - x)-th in odd ones (snake order), so that no block takes the longest pair of every round.
+__device__ __forceinline__ int fox_pair(int k) {
+    int x = (k & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    return k * gridDim.x + x;
+}
+
 // The warp-specialised forward, the softmax above in FlashAttention-3's structure, persistent. Block
 // of 128 (NWG + 1) threads, one per SM, walking the (query tile, head) pairs, the longest query tiles
-// of every head first (pair t: query tile NT - 1 - t / BH, head t % BH; block x takes t = x,
-// x + gridDim.x, ...): a producer warpgroup (setmaxnreg 24; one warp loads K and V tiles of BC keys
-// by TMA into separate K and V rings of ST stages that run on across the block's pairs, c_j by
+// of every head first (pair t: query tile NT - 1 - t / BH, head t % BH; dealt by fox_pair): a
+// producer warpgroup (setmaxnreg 24; one warp loads K and V tiles of BC keys by TMA into separate K
+// and V rings of ST stages that run on across the block's pairs, c_j by
 // cp.async arriving on K's full barrier, and each pair's Q after its first K and V, once every
 // consumer warp has arrived at emptyQ after its last S of the previous pair) and NWG consumer
 // warpgroups of 64 query rows (BR = 64 NWG): at hd 64 three (setmaxnreg 160: 24 * 128 + 160 * 384 <=
@@ -2251,7 +2259,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
         setmaxnreg_dec<24>();
         if (warp != 0) return;
         int it = 0;  // K/V tiles this block has loaded: the rings' counter
-        for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+        for (int k = 0, t = blockIdx.x; t < npairs; t = fox_pair(++k)) {
             Pair pr = pair_at(t);
             int b = pr.bh / H, h = pr.bh % H, ntiles = pr.jt_end - pr.jt_begin;
             const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
@@ -2303,7 +2311,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
         if (lane == 0) { mbar_arrive(&emptyK[st]); mbar_arrive(&emptyV[st]); }
     };
     int it = 0;  // the rings' counter at the pair's first tile, as the producer's
-    for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+    for (int k = 0, t = blockIdx.x; t < npairs; t = fox_pair(++k)) {
         Pair pr = pair_at(t);
         int b = pr.bh / H, h = pr.bh % H, ntiles = pr.jt_end - pr.jt_begin, jt_end = pr.jt_end;
         const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;

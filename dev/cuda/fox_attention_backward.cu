@@ -90,8 +90,9 @@ versions 21-24: version 20 with 3 stages; 128-key dQ tiles at hd 128 (22, runs t
 overlap (23), with version 20's order in the hd-128 dK/dV kernel (24)
 version 25: version 20 with a persistent dK/dV kernel (a block per SM walking the (key tile, head)
 pairs, the Q/dO ring running on across pairs, K and V reloaded behind an emptyKV barrier); version
-26: version 25 with the dQ kernel persistent too
-./fox_attention_backward 25 26
+26: version 25 with the dQ kernel persistent too; versions 27 and 28: versions 25 and 26 with the pairs
+dealt in snake order (odd rounds reversed, so that no block takes the longest pair of every round)
+./fox_attention_backward 25 28
 The API (fox_attention_backward) runs version 20 at hd 64 and version 22 at hd 128.
 A range: ./fox_attention_backward 2 16
 For Nsight Compute: ./fox_attention_backward 12 12 profile runs no checks and no timing, only one
@@ -2808,7 +2809,15 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
 // emptyKV after its pair's last tile (its S^T, dP^T, dV and dK are waited for in the tile), so the
 // next pair's loads run under the consumers' stores of dK, dV and dc. Everything else (128-query steps, dS^T before dV, the producer's
 // terms) is version 20's dK/dV kernel; the dQ kernel is version 20's.
-static int g_prp_blocks = 0;  // versions 25-26's grids: a block per SM, or at most this many when > 0 (checks)
+static int g_prp_blocks = 0;  // versions 25-28's grids: a block per SM, or at most this many when > 0 (checks)
+
+// the block's k-th pair: round k covers pairs k G .. k G + G - 1 of a grid of G blocks; block x takes
+// the x-th of them (versions 25, 26), or in odd rounds the (G - 1 - x)-th (versions 27, 28's snake
+// order, so that no block takes the longest pair of every round)
+__device__ __forceinline__ int prp_pair(int k, int snake) {
+    int x = (snake && (k & 1)) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    return k * gridDim.x + x;
+}
 
 template<int HD, int BQ, int ST, bool GATE>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16* dv, float* dc,
@@ -2818,7 +2827,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16
                                                                   const __grid_constant__ CUtensorMap tmV,
                                                                   const float* lse, const float* delta, const float* c,
                                                                   int T, int H, int BH, int stride_qkv, int window,
-                                                                  float scale_log2, float scale, const int* query_end) {
+                                                                  float scale_log2, float scale, const int* query_end,
+                                                                  int snake) {
     constexpr int BK = 128, SW = 1, AS = 4;
     static_assert(HD == 64 && BQ == 128, "version 25: version 20's dK/dV tile (hd 64, 128-query steps)");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -2863,7 +2873,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16
         setmaxnreg_dec<24>();
         if (warp != 0) return;
         int it = 0;  // Q/dO tiles this block has loaded: the ring's counter
-        for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+        for (int k = 0, t = blockIdx.x; t < npairs; t = prp_pair(++k, snake)) {
             Pair pr = pair_at(t);
             int b = pr.bh / H, h = pr.bh % H, j0 = pr.kt * BK;
             const float *lb = lse + (size_t)pr.bh * T, *db = delta + (size_t)pr.bh * T;
@@ -2924,7 +2934,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16
         if (lane == 0) mbar_arrive(&empty[st]);
     };
     int it = 0;  // the ring's counter at the pair's first tile, as the producer's
-    for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+    for (int k = 0, t = blockIdx.x; t < npairs; t = prp_pair(++k, snake)) {
         Pair pr = pair_at(t);
         int b = pr.bh / H, h = pr.bh % H, j0 = pr.kt * BK, ntiles = pr.it_end - pr.it_begin;
         const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
@@ -3034,7 +3044,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_prp_kernel(bf16* dq, float*
                                                                 const __grid_constant__ CUtensorMap tmV,
                                                                 const float* lse, const float* delta, const float* c,
                                                                 int T, int H, int BH, int stride_qkv, int window,
-                                                                float scale_log2, float scale, const int* key_start) {
+                                                                float scale_log2, float scale, const int* key_start, int snake) {
     constexpr int BR = 128, SW = 1;
     static_assert(HD == 64 && BC == 128, "version 26: version 20's dQ tile (hd 64, 128-key steps)");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -3079,7 +3089,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_prp_kernel(bf16* dq, float*
         setmaxnreg_dec<24>();
         if (warp != 0) return;
         int it = 0;  // K/V tiles this block has loaded: the ring's counter
-        for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+        for (int k = 0, t = blockIdx.x; t < npairs; t = prp_pair(++k, snake)) {
             Pair pr = pair_at(t);
             int b = pr.bh / H, h = pr.bh % H, i0 = pr.qt * BR;
             const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
@@ -3138,7 +3148,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_prp_kernel(bf16* dq, float*
         if (lane == 0) mbar_arrive(&empty[st]);
     };
     int it = 0;  // the ring's counter at the pair's first tile, as the producer's
-    for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+    for (int k = 0, t = blockIdx.x; t < npairs; t = prp_pair(++k, snake)) {
         Pair pr = pair_at(t);
         int b = pr.bh / H, h = pr.bh % H, i0 = pr.qt * BR, ntiles = pr.jt_end - pr.jt_begin;
         const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
@@ -3255,7 +3265,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_prp_kernel(bf16* dq, float*
 
 // version 25 (PQ false): Delta, the persistent dK/dV kernel above, version 20's dQ kernel, the dlogf
 // scan at hd 64; version 26 (PQ true): with the persistent dQ kernel; version 22 at hd 128
-template<bool GATE, bool PQ>
+template<bool GATE, bool PQ, int SNAKE>
 static void fox_bwd_prp_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
                                const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
@@ -3279,19 +3289,20 @@ static void fox_bwd_prp_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
                 tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
     int grid = min(npairs, g_prp_blocks > 0 ? g_prp_blocks : sms);
     fox_bwd_dkdv_prp_kernel<HD, BQ, ST, GATE><<<grid, 384, smem_kv, s>>>(
-        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, B * H, stride_qkv, window, scale_log2, scale, query_end);
+        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, B * H, stride_qkv, window, scale_log2, scale, query_end, SNAKE);
     cudaCheckLaunch();
     tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
     tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     if (PQ)
         fox_bwd_dq_prp_kernel<HD, BC, ST, GATE><<<grid, 384, smem_q, s>>>(
-            dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, B * H, stride_qkv, window, scale_log2, scale, key_start);
+            dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, B * H, stride_qkv, window, scale_log2, scale, key_start,
+            SNAKE);
     else
         fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, true><<<dim3(nt, B * H), 384, smem_q, s>>>(
             dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
     cudaCheckLaunch();
 }
-template<bool PQ>
+template<bool PQ, int SNAKE = 0>
 static void fox_bwd_prp(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
                         const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
@@ -3303,8 +3314,8 @@ static void fox_bwd_prp(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
     fox_bwd_delta_kernel<64><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     cudaCheckLaunch();
-    if (c) fox_bwd_prp_launch<true, PQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-    else fox_bwd_prp_launch<false, PQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    if (c) fox_bwd_prp_launch<true, PQ, SNAKE>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
+    else fox_bwd_prp_launch<false, PQ, SNAKE>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
         cudaCheckLaunch();
@@ -4204,11 +4215,15 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d, const int*
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 26: fox_bwd_prp<true>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 27: fox_bwd_prp<false, 1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 28: fox_bwd_prp<true, 1>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                    p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 17: fox_bwd_fused<false>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 18: fox_bwd_fused<true>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..26\n", version); exit(EXIT_FAILURE);
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..28\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -4253,13 +4268,13 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // line by line into a log too: a hung version shows where
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 26;
+    int first = only ? only : 1, last = only ? only : 28;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[27];  // per version: only those that pass are timed
+    bool vok[29];  // per version: only those that pass are timed
     for (bool& ok : vok) ok = true;
 
     if (argc > 3 && strcmp(argv[3], "profile") == 0) {  // one backward per version and timing shape, for ncu
@@ -4299,7 +4314,7 @@ int main(int argc, char** argv) {
         printf("B=%d T=%d H=%d hd=%d window=%d packed=%d gate=%s\n", p.B, p.T, p.H, p.hd, p.window, (int)p.packed,
                p.gate ? "yes" : "none");
         for (int ver = first; ver <= last; ver++) {
-            for (int cap : {0, 1, 5}) {  // versions 25, 26 also on 1 and 5 blocks (see g_prp_blocks)
+            for (int cap : {0, 1, 5}) {  // versions 25-28 also on 1 and 5 blocks (see g_prp_blocks)
                 if (cap && ver < 25) continue;
                 g_prp_blocks = cap;
                 poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
@@ -4314,13 +4329,13 @@ int main(int argc, char** argv) {
         release_bwd(d);
     }
 
-    // 1b. the pruning tables of versions 9 and 11-26: per (b, h) a random non-decreasing key_start (up to
+    // 1b. the pruning tables of versions 9 and 11-28: per (b, h) a random non-decreasing key_start (up to
     // the diagonal tile, as the real tables: c is non-increasing), query_end derived from it, the
     // forward (version 8) with the same key_start, against the CPU reference that skips the same tiles
-    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26}) {
+    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28}) {
         if (ver < first || ver > last) continue;
-        for (int pc = 0; pc < (ver >= 25 ? 3 : 2); pc++)  // hd 64, hd 128 with a window; 25, 26: hd 64 with one
-        for (int cap : {0, 1, 5}) {  // versions 25, 26 also on 1 and 5 blocks (see g_prp_blocks)
+        for (int pc = 0; pc < (ver >= 25 ? 3 : 2); pc++)  // hd 64, hd 128 with a window; 25-28: hd 64 with one
+        for (int cap : {0, 1, 5}) {  // versions 25-28 also on 1 and 5 blocks (see g_prp_blocks)
             if (cap && ver < 25) continue;
             g_prp_blocks = cap;
             int hd = pc == 1 ? 128 : 64;
@@ -4439,7 +4454,7 @@ int main(int argc, char** argv) {
             std::vector<float> l = d2h(d.dlogf, p.n_bht);
             bool same = memcmp(g.data(), g1.data(), g.size() * sizeof(bf16)) == 0 &&
                         memcmp(l.data(), l1.data(), l.size() * sizeof(float)) == 0;
-            // versions 25 and 26 are version 20's arithmetic on another schedule: there a difference fails
+            // versions 25-28 are version 20's arithmetic on another schedule: there a difference fails
             printf("version %d against version 14, hd %d (dq, dk, dv, dlogf bitwise; expected the same): %s\n", ver,
                    p.hd, same ? "same" : ver >= 25 ? "DIFFERENT (FAIL)" : "DIFFERENT (not counted as a failure)");
             if (ver >= 25) vok[ver] &= same;

@@ -77,6 +77,14 @@ version 15 is versions 10 (hd 64) and 14 (hd 128) made persistent: one block per
 pair's Q loading while the consumers finish the last P V and store O
 ./fox_attention_forward 15
 
+version 16 is version 15 with the pairs dealt in snake order (block x takes the x-th pair of even
+rounds and the (G - 1 - x)-th of odd ones): in version 15 block 0 takes the longest pair of every round
+./fox_attention_forward 16
+
+version 17 is version 15's kernel on a grid of one block per pair (not persistent), to tell its code
+from its schedule
+./fox_attention_forward 17
+
 A range: ./fox_attention_forward 3 11
 
 With no argument every version runs. Each version is validated against an fp64 CPU reference on
@@ -2008,6 +2016,13 @@ static void fox_fwd_wsl_all(bf16* o, float* lse, const bf16* q, const bf16* k, c
 // fill) of version 10, which at T = 2048 is a tenth of a block's work, is paid once per SM. The
 // softmax, masks, precision and register budgets are version 10's at hd 64 (three consumers) and
 // version 14's at hd 128 (two).
+// the block's k-th pair: round k covers pairs k G .. k G + G - 1 of a grid of G blocks; block x takes
+// the x-th of them (version 15), or in odd rounds the (G - 1 - x)-th (version 16's snake order, so
+// that no block takes the longest pair of every round)
+__device__ __forceinline__ int wsp_pair(int k, int snake) {
+    int x = (snake && (k & 1)) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    return k * gridDim.x + x;
+}
 template<int HD, int BC, int ST, int NWG, bool GATE>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o, float* lse,
                                                                          const __grid_constant__ CUtensorMap tmQ,
@@ -2015,7 +2030,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
                                                                          const __grid_constant__ CUtensorMap tmV,
                                                                          const float* c, int T, int H, int BH,
                                                                          int stride_o, int window, float scale_log2,
-                                                                         const int* key_start) {
+                                                                         const int* key_start, int snake) {
     constexpr int BR = 64 * NWG, SW = 1, CREG = NWG == 3 ? 160 : 240;  // as versions 10 and 14
     static_assert(BC == 128 && ((HD == 64 && NWG == 3) || (HD == 128 && NWG == 2)), "versions 10 and 14's shapes");
     static_assert(ST >= 2, "the producer loads K(n+1) before V(n)'s stage is free");
@@ -2068,7 +2083,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
         setmaxnreg_dec<24>();
         if (warp != 0) return;
         int it = 0;  // K/V tiles this block has loaded: the rings' counter
-        for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+        for (int k = 0, t = blockIdx.x; t < npairs; t = wsp_pair(++k, snake)) {
             Pair pr = pair_at(t);
             int b = pr.bh / H, h = pr.bh % H;
             const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
@@ -2122,7 +2137,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
         if (lane == 0) { mbar_arrive(&emptyK[st]); mbar_arrive(&emptyV[st]); }
     };
     int it = 0;  // the rings' counter at the pair's first tile, as the producer's
-    for (int t = blockIdx.x, k = 0; t < npairs; t += gridDim.x, k++) {
+    for (int k = 0, t = blockIdx.x; t < npairs; t = wsp_pair(++k, snake)) {
         Pair pr = pair_at(t);
         int b = pr.bh / H, h = pr.bh % H, ntiles = pr.jt_end - pr.jt_begin, jt_end = pr.jt_end;
         const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
@@ -2244,7 +2259,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
 static int g_wsp_blocks = 0;
 
 // version 15: at hd 64 version 10's tiles (three consumers, 3 stages), at hd 128 version 14's (two, ST128)
-template<int HD, int ST128, bool GATE>
+template<int HD, int ST128, bool GATE, int SNAKE>
 static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                cudaStream_t s) {
@@ -2266,19 +2281,19 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
     int npairs = ceil_div(T, BR) * B * H;
     int grid = min(npairs, g_wsp_blocks > 0 ? g_wsp_blocks : sms);
     fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(
-        o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start);
+        o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start, SNAKE);
     cudaCheckLaunch();
 }
-template<int ST128 = FOX_V14_ST>  // a template: instantiated only where the forward ladder calls it
+template<int ST128 = FOX_V14_ST, int SNAKE = 0>  // a template: instantiated only where the forward ladder calls it
 static void fox_fwd_wsp(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
                         cudaStream_t s) {
     if (hd == 64) {
-        if (c) fox_fwd_wsp_launch<64, ST128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsp_launch<64, ST128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_wsp_launch<64, ST128, true, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsp_launch<64, ST128, false, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     } else {
-        if (c) fox_fwd_wsp_launch<128, ST128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsp_launch<128, ST128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_wsp_launch<128, ST128, true, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsp_launch<128, ST128, false, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     }
 }
 // ---- end: persistent warp-specialised forward (version 15) ----
@@ -2352,7 +2367,7 @@ static double attn_fwd_flops(int B, int T, int H, int hd) { return 4.0 * B * H *
 // ----------------------------------------------------------------------------
 #ifndef FOX_SKIP_FORWARD_MAIN
 
-#define FWD_VERSIONS 15  // the ladder's versions are 1..FWD_VERSIONS
+#define FWD_VERSIONS 17  // the ladder's versions are 1..FWD_VERSIONS
 
 static void run_forward(int version, bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int sq, int so, int w) {
@@ -2375,6 +2390,14 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         case 14: fox_fwd_wsl_all<FOX_V14_ST>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         // versions 10 and 14 persistent (a block per SM walking the pairs, longest first)
         case 15: fox_fwd_wsp<>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        case 16: fox_fwd_wsp<FOX_V14_ST, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        case 17: {  // the checks' caps (g_wsp_blocks) still apply
+            int cap = g_wsp_blocks;
+            if (!cap) g_wsp_blocks = 1 << 30;
+            fox_fwd_wsp<>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0);
+            g_wsp_blocks = cap;
+            break;
+        }
         default:
             fprintf(stderr, "invalid version %d\nHINT: versions are 1..%d\n", version, FWD_VERSIONS);
             exit(EXIT_FAILURE);
@@ -2487,8 +2510,8 @@ int main(int argc, char** argv) {
         printf("B=%d T=%d H=%d hd=%d window=%d packed=%d gate=%s\n", p.B, p.T, p.H, p.hd, p.window, (int)p.packed,
                p.gate ? "yes" : "none");
         for (int ver = first; ver <= last; ver++) {
-            for (int cap : {0, 1, 5}) {  // version 15 also on 1 and 5 blocks (see g_wsp_blocks)
-                if (cap && ver != 15) continue;
+            for (int cap : {0, 1, 5}) {  // versions 15-17 also on 1 and 5 blocks (see g_wsp_blocks)
+                if (cap && ver < 15) continue;
                 g_wsp_blocks = cap;
                 poison(d.o, p.n_o); poison(d.lse, p.n_bht);
                 run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
@@ -2514,15 +2537,15 @@ int main(int argc, char** argv) {
         release(d);
     }
 
-    // 1b. the key_start pruning of versions 8-15: random first key tiles (up to the diagonal one)
-    // against the CPU reference that skips the same keys. Versions 10-15 also at hd 64 with a
+    // 1b. the key_start pruning of versions 8-16: random first key tiles (up to the diagonal one)
+    // against the CPU reference that skips the same keys. Versions 10-16 also at hd 64 with a
     // window (version 10's 192-row blocks span two pruning tiles; hd 128 runs version 9 there in
-    // 10-13), versions 14 and 15 also at hd 128 without a window (their own kernels there)
-    for (int ver : {8, 9, 10, 11, 12, 13, 14, 15}) {
+    // 10-13), versions 14-16 also at hd 128 without a window (their own kernels there)
+    for (int ver : {8, 9, 10, 11, 12, 13, 14, 15, 16}) {
         if (ver < first || ver > last) continue;
         for (int pc = 0; pc < (ver >= 14 ? 4 : ver >= 10 ? 3 : 2); pc++)
-        for (int cap : {0, 1, 5}) {  // version 15 also on 1 and 5 blocks (see g_wsp_blocks)
-            if (cap && ver != 15) continue;
+        for (int cap : {0, 1, 5}) {  // versions 15, 16 also on 1 and 5 blocks (see g_wsp_blocks)
+            if (cap && ver < 15) continue;
             g_wsp_blocks = cap;
             int hd = pc == 1 || pc == 3 ? 128 : 64;
             FoxProblem p = make_problem(2, 600, 2, hd, pc == 0 || pc == 3 ? 0 : 300, true, -1);
@@ -2545,6 +2568,7 @@ int main(int argc, char** argv) {
                 case 12: fox_fwd_wsl<3, 3, 2>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 13: fox_fwd_wsl<3, 3, 4>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 15: fox_fwd_wsp<>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                case 16: fox_fwd_wsp<FOX_V14_ST, 1>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 default: fox_fwd_wsl_all<FOX_V14_ST>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
             }
             cudaCheck(cudaDeviceSynchronize());
