@@ -2284,7 +2284,7 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
         o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start, SNAKE);
     cudaCheckLaunch();
 }
-template<int ST128 = FOX_V14_ST, int SNAKE = 0>  // a template: instantiated only where the forward ladder calls it
+template<int ST128 = FOX_V14_ST, int SNAKE = 0>
 static void fox_fwd_wsp(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
                         cudaStream_t s) {
@@ -2306,9 +2306,9 @@ static void fox_fwd_wsp(bf16* o, float* lse, const bf16* q, const bf16* k, const
 void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
-    // sm_90a only. Version 10 at hd 64 (+7-9% over version 9), version 14 at hd 128 (+41% over
-    // version 9): fox_fwd_wsl_all dispatches by head size (dev/cuda/LOG.md)
-    fox_fwd_wsl_all<FOX_V14_ST>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
+    // sm_90a only. Version 16: versions 10 (hd 64) and 14 (hd 128) persistent, pairs in snake order
+    // (+9-12% over version 10 at hd 64, +5-12% over version 14 at hd 128; dev/cuda/LOG.md)
+    fox_fwd_wsp<FOX_V14_ST, 1>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
 }
 // ---- end: fused forward API ----
 
