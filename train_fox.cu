@@ -2497,63 +2497,48 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
 // The forward differentiated: o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
 // S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i);
 // dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij k_j; dc_t = sum_j dS_tj - sum_i dS_it.
-// Two warp-specialised persistent kernels of 384 threads: dK/dV (a 128-key tile fixed, query tiles
-// streamed) and dQ (a 128-query tile fixed, key tiles streamed); a 128-row tile is one pruning tile.
-// A block walks (tile, head) pairs, dealt by fox_pair, the longest tiles of every head first (pair
-// t: head t % BH and key tile t / BH, or query tile NT - 1 - t / BH); the launch picks the grid: a
-// block per SM at hd 64, a block per pair at hd 128. Warpgroup 0 is the producer (fox_bwd_producer,
-// setmaxnreg 24); warpgroups 1 and 2 consume 64 rows each (setmaxnreg 240). The streamed pairs of
-// tiles and their per-row floats come through a ring of ST stages that runs on across the block's
-// pairs (its counter `it` is the block's); a pair's fixed tiles come after its first stage, once
-// every consumer warp has arrived at the fixed tiles' empty barrier after its last matmul of the
-// previous pair on them (parities: the pair's count k). The consumers are not kept in lockstep:
-// each waits only for its stage and releases it after its last matmul on it, so one's element-wise
-// work runs under the other's matmuls, and the next pair's loads under the stores of the last one.
-// No accumulator of an in-flight wgmma is defined by other code (ptxas would say C7515 and
-// serialise the wgmmas); the dQ kernel's cross-tile overlap (OVL, hd 64) makes ptxas inject one
-// wait after its loop (its info C7517, expected). Masks are selects against two integer bounds per
-// row; descriptors are computed once (warp-uniform) and advanced by constants (desc_add). PRE: the
-// producer's lanes form the per-column logit terms once per stage (plain loads before the wait for
-// the stage, st.shared, an arrival with release semantics), the same operations on the same values
-// as the consumers' (P and dS keep their bits).
+// Two warp-specialised kernels of 384 threads, each block owning one 128-row tile (one pruning
+// tile): dK/dV (a key tile; query tiles streamed) and dQ (a query tile; key tiles streamed).
+// Warpgroup 0 is the producer (fox_bwd_producer, setmaxnreg 24); warpgroups 1 and 2 consume 64 rows
+// each (setmaxnreg 240). The fixed pair of tiles comes once, the streamed pairs and their per-row
+// floats through a ring of ST stages. The consumers are not kept in lockstep: each waits only for
+// its stage and releases it after its last matmul on it, so one's element-wise work runs under the
+// other's matmuls. No accumulator of an in-flight wgmma is defined by other code (ptxas would say
+// C7515 and serialise the wgmmas); the dQ kernel's cross-tile overlap (OVL, hd 64) makes ptxas inject
+// one wait after its loop (its info C7517, expected). Masks are
+// selects against two integer bounds per row; descriptors are computed once (warp-uniform) and
+// advanced by constants (desc_add). PRE: the producer's lanes form the per-column logit terms once
+// per stage (plain loads before the wait for the stage, st.shared, an arrival with release
+// semantics), the same operations on the same values as the consumers' (P and dS keep their bits).
 
-// The producer warp of both backward kernels for the block's k-th pair (lane 0 issues the copies;
-// the whole warp runs the per-row loads): for each of ntiles streamed pairs of ROWS-row tiles from
-// first_row on (Q, dO or K, V), ring tile it (the block's counter, advanced here) into stage it % ST
-// once the consumers have freed it (empty), arriving on full[st] with the copy engine's bytes;
-// row_loads(st, row0) adds the per-row vectors (arriving there too), and row_fetch(row0) runs before
-// the wait for the stage (PRE: the plain loads of those vectors, read-only inputs, so that their
-// latency runs under the wait). After the first stage (which so need not wait for the consumers
-// to finish the previous pair), the pair's own tiles (K, V of the key tile, or Q, dO of the query
-// tile) on fixed_bar, once every consumer warp has arrived at fixed_empty after its last matmul of
-// the previous pair on them; also for a pair without streamed tiles (none: a tile always keeps its
-// diagonal), whose consumers would otherwise wait for them forever.
+// The producer warp of both backward kernels (lane 0 issues the copies; the whole warp runs the
+// per-row loads): the block's own pair of tiles (K, V of the key tile, or Q, dO of the query tile)
+// on fixed_bar, then for each of ntiles streamed pairs of ROWS-row tiles from first_row on (Q, dO
+// or K, V), stage n % ST once the consumers have freed it (empty), arriving on full[st] with the
+// copy engine's bytes; row_loads(st, row0) adds the per-row vectors (arriving there too), and
+// row_fetch(row0) runs before the wait for the stage (PRE: the plain loads of those vectors,
+// read-only inputs, so that their latency runs under the wait).
 template<int FIXED_ROWS, int ROWS, int HD, int ST, typename RowFetch, typename RowLoads>
 __device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUtensorMap* tFa, const CUtensorMap* tFb,
-                                                 int fixed_row, uint64_t* fixed_bar, uint64_t* fixed_empty, int k,
-                                                 bf16* sA, bf16* sB, const CUtensorMap* tA, const CUtensorMap* tB,
-                                                 int first_row, int ntiles, int& it, uint64_t* full, uint64_t* empty,
-                                                 int h, int b, int lane, RowFetch row_fetch, RowLoads row_loads) {
-    auto load_fixed = [&] {
-        mbar_wait(fixed_empty, (k & 1) ^ 1);
-        if (lane == 0) {
-            mbar_expect_tx(fixed_bar, 2 * FIXED_ROWS * HD * sizeof(bf16));
-            tma_load_tile<FIXED_ROWS, HD>(sFa, tFa, fixed_row, h, b, fixed_bar);
-            tma_load_tile<FIXED_ROWS, HD>(sFb, tFb, fixed_row, h, b, fixed_bar);
-        }
-    };
-    if (ntiles == 0) load_fixed();
-    for (int n = 0; n < ntiles; n++, it++) {
-        int st = it % ST, r1 = first_row + n * ROWS;
+                                                 int fixed_row, uint64_t* fixed_bar, bf16* sA, bf16* sB,
+                                                 const CUtensorMap* tA, const CUtensorMap* tB, int first_row,
+                                                 int ntiles, uint64_t* full, uint64_t* empty, int h, int b, int lane,
+                                                 RowFetch row_fetch, RowLoads row_loads) {
+    if (lane == 0) {
+        mbar_expect_tx(fixed_bar, 2 * FIXED_ROWS * HD * sizeof(bf16));
+        tma_load_tile<FIXED_ROWS, HD>(sFa, tFa, fixed_row, h, b, fixed_bar);
+        tma_load_tile<FIXED_ROWS, HD>(sFb, tFb, fixed_row, h, b, fixed_bar);
+    }
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, r1 = first_row + n * ROWS;
         row_fetch(r1);
-        mbar_wait(&empty[st], ((it / ST) & 1) ^ 1);
+        mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
         if (lane == 0) {
             mbar_expect_tx(&full[st], 2 * ROWS * HD * sizeof(bf16));
             tma_load_tile<ROWS, HD>(sA + st * ROWS * HD, tA, r1, h, b, &full[st]);
             tma_load_tile<ROWS, HD>(sB + st * ROWS * HD, tB, r1, h, b, &full[st]);
         }
         row_loads(st, r1);
-        if (n == 0) load_fixed();
     }
 }
 
@@ -2678,23 +2663,19 @@ __device__ __forceinline__ void fox_bwd_rs(float* d, uint32_t a[][4], uint64_t b
     for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(d, a[kk], desc_add(b0, so + mnstep_bytes(kk)), 1);
 }
 
-// dK/dV: dv_j = sum_i P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (above),
-// persistent: a block walks the (key tile, head) pairs, the first key tiles of every head first (they
-// see the most queries; pair t: key tile t / BH, head t % BH; dealt by fox_pair). Per pair the
-// 128-key tile's K, V are fixed (reloaded behind emptyKV: see fox_bwd_producer); consumer cw owns
-// keys 64cw..+63 (a warp 16 of them). Query tiles of BQ stream through the ring with their lse,
-// Delta, c (PRE: their A_i, Delta_i). Per tile: S^T = K Q^T and dP^T = V dO^T in two commit groups
-// (P^T's exponentials run under dP^T), then
+// dK/dV: dv_j = sum_i P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (above) for the
+// 128-key tile blockIdx.x (K, V fixed); consumer cw owns keys 64cw..+63 (a warp 16 of them). Query
+// tiles of BQ stream through the ring with their lse, Delta, c (PRE: their A_i, Delta_i). Per tile:
+// S^T = K Q^T and dP^T = V dO^T in two commit groups (P^T's exponentials run under dP^T), then
 // - BQ = 64 (hd 128; the consumers form the A_i): dV += P^T dO, dS^T = P^T (dP^T - Delta) under dV,
 //   dK += dS^T Q;
 // - BQ = 128 (hd 64, PRE): dS^T first, then dV and dK in one commit group: S^T, dP^T (64 + 64
 //   floats), the accumulators (32 + 32) and P^T's A fragments (32, read by an in-flight dV) would
 //   not fit the consumers' 240 registers together.
-// Every matmul of a tile is waited for in the tile: a consumer warp arrives at emptyKV after its
-// pair's last tile, then stores dK, dV and dc (fp32 sums in a fixed order: deterministic).
 // The A_i and Delta_i are read from the stage where they are used.
 // query_end (B*H, ceil(T / 128)): the query tiles of 128 from query_end on are pruned (NULL: none).
-// Shared memory as fox_bwd_lean_launch allocates. Where it runs: see fox_attention_backward.
+// Grid (ceil(T / 128), B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see
+// fox_attention_backward.
 template<int HD, int BQ, int ST, bool GATE, bool PRE>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf16* dv, float* dc,
                                                                    const __grid_constant__ CUtensorMap tmQ,
@@ -2702,9 +2683,9 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
                                                                    const __grid_constant__ CUtensorMap tmK,
                                                                    const __grid_constant__ CUtensorMap tmV,
                                                                    const float* lse, const float* delta,
-                                                                   const float* c, int T, int H, int BH,
-                                                                   int stride_qkv, int window, float scale_log2,
-                                                                   float scale, const int* query_end) {
+                                                                   const float* c, int T, int H, int stride_qkv,
+                                                                   int window, float scale_log2, float scale,
+                                                                   const int* query_end) {
     constexpr int BK = 128;
     static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
     static_assert(PRE == (BQ == 128), "the two configurations that run: BQ 128 with PRE (hd 64), 64 without");
@@ -2717,78 +2698,62 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
     float* sD = sL + ST * BQ;                // (ST, BQ) Delta
     float* sC = sD + ST * BQ;                // (ST, BQ) c of the queries (not with PRE)
     uint64_t* bar = (uint64_t*)(PRE ? sC : sC + ST * BQ);
-    uint64_t *barKV = bar, *emptyKV = bar + 1, *full = bar + 2, *empty = full + ST;
+    uint64_t *barKV = bar, *full = bar + 1, *empty = full + ST;
 
+    int kt = blockIdx.x;  // the first key tiles see the most queries and are scheduled first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
-    int NK = ceil_div(T, BK), npairs = NK * BH;
-    // pair t's key tile, head and query tiles [it_begin, it_end) (the same arithmetic in every warp)
-    struct Pair { int kt, bh, it_begin, it_end; };
-    auto pair_at = [&](int t) {
-        Pair pr;
-        pr.kt = t / BH;  // the first key tiles see the most queries and are dealt first
-        pr.bh = t % BH;
-        int j0 = pr.kt * BK;
-        int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
-        pr.it_begin = j0 / BQ;
-        pr.it_end = ceil_div(i_end, BQ);
-        // pruned query tiles are never loaded (the diagonal one is kept, so it_begin < it_end)
-        if (query_end) pr.it_end = min(pr.it_end, query_end[(size_t)pr.bh * NK + pr.kt] * (PRUNE_BLOCK / BQ));
-        return pr;
-    };
+    const float *lb = lse + (size_t)bh * T, *db = delta + (size_t)bh * T;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int j0 = kt * BK;
+    int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
+    int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
+    // pruned query tiles are never loaded (the diagonal one is kept, so it_begin < it_end)
+    if (query_end) it_end = min(it_end, query_end[(size_t)bh * gridDim.x + kt] * (PRUNE_BLOCK / BQ));
+    int ntiles = it_end - it_begin;
 
-    // full: the copy engine's arrival + the 32 lanes' lse, Delta, c (PRE: A, Delta); emptyKV, empty: a
-    // warp of the consumers each
-    if (threadIdx.x == 0) mbar_init(emptyKV, 8);  // fenced by fox_ring_init
+    // full: the copy engine's arrival + the 32 lanes' lse, Delta, c (PRE: A, Delta)
     fox_ring_init<ST>(barKV, full, empty, 1 + 32, 8);
 
     if (wg == 0) {  // producer
         setmaxnreg_dec<24>();
         if (warp != 0) return;
-        int it = 0;  // Q/dO tiles this block has loaded: the ring's counter
-        for (int k = 0, t = blockIdx.x; t < npairs; t = fox_pair(++k)) {
-            Pair pr = pair_at(t);
-            int b = pr.bh / H, h = pr.bh % H, j0 = pr.kt * BK;
-            const float *lb = lse + (size_t)pr.bh * T, *db = delta + (size_t)pr.bh * T;
-            const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
-            float fl[BQ / 32], fd[BQ / 32], fc[BQ / 32];  // PRE: the stage's lse, Delta, c (lane + 32 r)
-            // the consumers' cb_l2, the same operation
-            const float cb_l2 = (PRE && GATE) ? __fmul_rn(cb[j0], LOG2E) : 0.f;
-            fox_bwd_producer<BK, BQ, HD, ST>(sK, sV, &tmK, &tmV, j0, barKV, emptyKV, k, sQ, sG, &tmQ, &tmG,
-                                             pr.it_begin * BQ, pr.it_end - pr.it_begin, it, full, empty, h, b, lane,
-                                             [&](int i1) {
-                if (PRE) {
-                    #pragma unroll
-                    for (int r = 0; r < BQ / 32; r++) {  // past T: zeros, as the cp.async's (those columns are masked)
-                        int e = lane + 32 * r, i = min(i1 + e, T - 1);
-                        bool ok = i1 + e < T;
-                        float l = lb[i], d = db[i], ci = GATE ? cb[i] : 0.f;
-                        fl[r] = ok ? l : 0.f;
-                        fd[r] = ok ? d : 0.f;
-                        fc[r] = ok ? ci : 0.f;
-                    }
+        float fl[BQ / 32], fd[BQ / 32], fc[BQ / 32];  // PRE: the stage's lse, Delta, c (lane + 32 r)
+        const float cb_l2 = (PRE && GATE) ? __fmul_rn(cb[j0], LOG2E) : 0.f;  // the consumers' cb_l2, the same operation
+        fox_bwd_producer<BK, BQ, HD, ST>(sK, sV, &tmK, &tmV, j0, barKV, sQ, sG, &tmQ, &tmG, it_begin * BQ, ntiles, full,
+                                         empty, h, b, lane, [&](int i1) {
+            if (PRE) {
+                #pragma unroll
+                for (int r = 0; r < BQ / 32; r++) {  // past T: zeros, as the cp.async's (those columns are masked)
+                    int e = lane + 32 * r, i = min(i1 + e, T - 1);
+                    bool ok = i1 + e < T;
+                    float l = lb[i], d = db[i], ci = GATE ? cb[i] : 0.f;
+                    fl[r] = ok ? l : 0.f;
+                    fd[r] = ok ? d : 0.f;
+                    fc[r] = ok ? ci : 0.f;
                 }
-            }, [&](int st, int i1) {
-                if (PRE) {
-                    #pragma unroll
-                    for (int r = 0; r < BQ / 32; r++) {
-                        int e = lane + 32 * r;
-                        sL[st * BQ + e] = fox_lean_qterm(fc[r], fl[r], cb_l2, GATE);
-                        sD[st * BQ + e] = fd[r];
-                    }
-                    mbar_arrive_release(&full[st]);  // after this lane's stores
-                } else {
-                    #pragma unroll
-                    for (int e = lane; e < BQ; e += 32) {  // past T: zeros
-                        int i = min(i1 + e, T - 1);
-                        bool ok = i1 + e < T;
-                        cp_async4(sL + st * BQ + e, lb + i, ok);
-                        cp_async4(sD + st * BQ + e, db + i, ok);
-                        if (GATE) cp_async4(sC + st * BQ + e, cb + i, ok);
-                    }
-                    mbar_arrive_cp_async(&full[st]);
+            }
+        }, [&](int st, int i1) {
+            if (PRE) {
+                #pragma unroll
+                for (int r = 0; r < BQ / 32; r++) {
+                    int e = lane + 32 * r;
+                    sL[st * BQ + e] = fox_lean_qterm(fc[r], fl[r], cb_l2, GATE);
+                    sD[st * BQ + e] = fd[r];
                 }
-            });
-        }
+                mbar_arrive_release(&full[st]);  // after this lane's stores
+            } else {
+                #pragma unroll
+                for (int e = lane; e < BQ; e += 32) {  // past T: zeros
+                    int i = min(i1 + e, T - 1);
+                    bool ok = i1 + e < T;
+                    cp_async4(sL + st * BQ + e, lb + i, ok);
+                    cp_async4(sD + st * BQ + e, db + i, ok);
+                    if (GATE) cp_async4(sC + st * BQ + e, cb + i, ok);
+                }
+                mbar_arrive_cp_async(&full[st]);
+            }
+        });
         return;
     }
 
@@ -2796,135 +2761,122 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
     setmaxnreg_inc<240>();
     int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
     int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int j0w = j0 + 64 * cw;  // this consumer's first key
+    int keys[2], lo0[2], hi0[2];  // mask bounds: visible query offsets (less 2 tq) from query 0
+    float cj[2], dcs[2] = {0.f, 0.f};
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        keys[r] = j0 + cwarp * 16 + g + 8 * r;
+        cj[r] = (GATE && keys[r] < T) ? cb[keys[r]] : 0.f;
+        lo0[r] = keys[r] - 2 * tq;
+        hi0[r] = (window > 0 ? min(T - 1, keys[r] + window - 1) : T - 1) - 2 * tq;
+    }
+    float cb_l2 = GATE ? __fmul_rn(cb[j0], LOG2E) : 0.f;  // c of the block's first key, log2 units
+    float B[2] = {fox_lean_kterm(cj[0], cb_l2), fox_lean_kterm(cj[1], cb_l2)};  // the rows' key terms
+    float dka[HD / 2], dva[HD / 2];
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
+    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T
     // descriptors of k step 0: K, V (this consumer's 64 rows); Q, dO of stage 0 as K-major (S^T, dP^T)
     // and N-major (dK, dV) operands; a stage is BQ * HD * 2 bytes further
     const uint64_t dK0 = desc_k<BK>(sK, cw * 8, 0), dV0 = desc_k<BK>(sV, cw * 8, 0);
     const uint64_t dQ0 = desc_k<BQ>(sQ, 0, 0), dG0 = desc_k<BQ>(sG, 0, 0);
     const uint64_t dQn0 = desc_mn<BQ>(sQ, 0), dGn0 = desc_mn<BQ>(sG, 0);
     constexpr uint32_t STAGE = BQ * HD * sizeof(bf16);
-    int it = 0;  // the ring's counter at the pair's first tile, as the producer's
-    for (int k = 0, t = blockIdx.x; t < npairs; t = fox_pair(++k)) {
-        Pair pr = pair_at(t);
-        int b = pr.bh / H, h = pr.bh % H, j0 = pr.kt * BK, ntiles = pr.it_end - pr.it_begin;
-        const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
-        int j0w = j0 + 64 * cw;  // this consumer's first key
-        int keys[2], lo0[2], hi0[2];  // mask bounds: visible query offsets (less 2 tq) from query 0
-        float cj[2], dcs[2] = {0.f, 0.f};
-        #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            keys[r] = j0 + cwarp * 16 + g + 8 * r;
-            cj[r] = (GATE && keys[r] < T) ? cb[keys[r]] : 0.f;
-            lo0[r] = keys[r] - 2 * tq;
-            hi0[r] = (window > 0 ? min(T - 1, keys[r] + window - 1) : T - 1) - 2 * tq;
-        }
-        float cb_l2 = GATE ? __fmul_rn(cb[j0], LOG2E) : 0.f;  // c of the pair's first key, log2 units
-        float B[2] = {fox_lean_kterm(cj[0], cb_l2), fox_lean_kterm(cj[1], cb_l2)};  // the rows' key terms
-        float dka[HD / 2], dva[HD / 2];
-        #pragma unroll
-        for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
-        uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T
-        mbar_wait(barKV, k & 1);
+    mbar_wait(barKV, 0);
 
-        for (int n = 0; n < ntiles; n++) {
-            int x = it + n, st = x % ST, i0 = (pr.it_begin + n) * BQ;
-            mbar_wait(&full[st], (x / ST) & 1);
-            // every query of the tile before this consumer's first key, or past the window of its last one: P = 0
-            bool seen = i0 + BQ > j0w && !(window > 0 && i0 - (j0w + 63) >= window);
-            if (seen) {
-                const float *sLb = sL + st * BQ, *sDb = sD + st * BQ, *sCb = sC + st * BQ;
-                uint32_t so = st * STAGE;
-                // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries), two commit groups
-                float s[BQ / 2], dp[BQ / 2];
-                wgmma_fence();
-                #pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++)
-                    wgmma_ss<BQ>(s, desc_add(dK0, kstep_bytes<BK>(kk)), desc_add(dQ0, so + kstep_bytes<BQ>(kk)), kk);
-                wgmma_commit();
-                #pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++)
-                    wgmma_ss<BQ>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
-                wgmma_commit();
-                wgmma_wait<1>();
-                wgmma_pin<BQ / 2>(s);
-                // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
-                if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
-                    int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
-                    fox_bwd_lean_pt<BQ, GATE, true, PRE>(s, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
-                } else {
-                    fox_bwd_lean_pt<BQ, GATE, false, PRE>(s, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr, nullptr);
-                }
-                if constexpr (BQ == 128) {  // dS^T, then dV += P^T dO and dK += dS^T Q in one commit group
-                    wgmma_wait<0>();
-                    wgmma_pin<BQ / 2>(dp);
-                    fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
-                    fox_bwd_to_a<BQ>(pa, s);
-                    fox_bwd_to_a<BQ>(sa, dp);
-                    wgmma_fence();
-                    fox_bwd_rs<HD, BQ>(dva, pa, dGn0, so);
-                    fox_bwd_rs<HD, BQ>(dka, sa, dQn0, so);
-                } else {
-                    // dV += P^T dO
-                    fox_bwd_to_a<BQ>(pa, s);
-                    wgmma_fence();
-                    fox_bwd_rs<HD, BQ>(dva, pa, dGn0, so);
-                    wgmma_commit();
-                    wgmma_wait<1>();  // dP^T done (dV may still run)
-                    wgmma_pin<BQ / 2>(dp);
-                    fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
-                    // dK += dS^T Q
-                    fox_bwd_to_a<BQ>(sa, dp);
-                    wgmma_fence();
-                    fox_bwd_rs<HD, BQ>(dka, sa, dQn0, so);
-                }
-                wgmma_commit();
-                wgmma_wait0();
-                wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
-                wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, i0 = (it_begin + n) * BQ;
+        mbar_wait(&full[st], (n / ST) & 1);
+        // every query of the tile before this consumer's first key, or past the window of its last one: P = 0
+        bool seen = i0 + BQ > j0w && !(window > 0 && i0 - (j0w + 63) >= window);
+        if (seen) {
+            const float *sLb = sL + st * BQ, *sDb = sD + st * BQ, *sCb = sC + st * BQ;
+            uint32_t so = st * STAGE;
+            // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries), two commit groups
+            float s[BQ / 2], dp[BQ / 2];
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BQ>(s, desc_add(dK0, kstep_bytes<BK>(kk)), desc_add(dQ0, so + kstep_bytes<BQ>(kk)), kk);
+            wgmma_commit();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BQ>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
+            wgmma_commit();
+            wgmma_wait<1>();
+            wgmma_pin<BQ / 2>(s);
+            // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
+            if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
+                int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
+                fox_bwd_lean_pt<BQ, GATE, true, PRE>(s, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
+            } else {
+                fox_bwd_lean_pt<BQ, GATE, false, PRE>(s, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr, nullptr);
             }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's Q, dO and floats
+            if constexpr (BQ == 128) {  // dS^T, then dV += P^T dO and dK += dS^T Q in one commit group
+                wgmma_wait<0>();
+                wgmma_pin<BQ / 2>(dp);
+                fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
+                fox_bwd_to_a<BQ>(pa, s);
+                fox_bwd_to_a<BQ>(sa, dp);
+                wgmma_fence();
+                fox_bwd_rs<HD, BQ>(dva, pa, dGn0, so);
+                fox_bwd_rs<HD, BQ>(dka, sa, dQn0, so);
+            } else {
+                // dV += P^T dO
+                fox_bwd_to_a<BQ>(pa, s);
+                wgmma_fence();
+                fox_bwd_rs<HD, BQ>(dva, pa, dGn0, so);
+                wgmma_commit();
+                wgmma_wait<1>();  // dP^T done (dV may still run)
+                wgmma_pin<BQ / 2>(dp);
+                fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
+                // dK += dS^T Q
+                fox_bwd_to_a<BQ>(sa, dp);
+                wgmma_fence();
+                fox_bwd_rs<HD, BQ>(dka, sa, dQn0, so);
+            }
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+            wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
         }
         __syncwarp();
-        if (lane == 0) mbar_arrive(emptyKV);  // this warp's last matmul on K, V of the pair is done
-        it += ntiles;
+        if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's Q, dO and floats
+    }
 
-        bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD;
-        bf16 *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16 *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = keys[r];
+        if (GATE) {  // fixed shuffle order: deterministic
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
+            if (tq == 0 && key < T) dc[(size_t)bh * T + key] = -dcs[r];
+        }
+        if (key >= T) continue;
         #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int key = keys[r];
-            if (GATE) {  // fixed shuffle order: deterministic
-                dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
-                dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
-                if (tq == 0 && key < T) dc[(size_t)pr.bh * T + key] = -dcs[r];
-            }
-            if (key >= T) continue;
-            #pragma unroll
-            for (int dt = 0; dt < HD / 8; dt++) {
-                int col = dt * 8 + 2 * tq;
-                *(__nv_bfloat162*)(dkb + (size_t)key * stride_qkv + col) =
-                    __floats2bfloat162_rn(dka[dt * 4 + 2 * r] * scale, dka[dt * 4 + 2 * r + 1] * scale);
-                *(__nv_bfloat162*)(dvb + (size_t)key * stride_qkv + col) =
-                    __floats2bfloat162_rn(dva[dt * 4 + 2 * r], dva[dt * 4 + 2 * r + 1]);
-            }
+        for (int dt = 0; dt < HD / 8; dt++) {
+            int col = dt * 8 + 2 * tq;
+            *(__nv_bfloat162*)(dkb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dka[dt * 4 + 2 * r] * scale, dka[dt * 4 + 2 * r + 1] * scale);
+            *(__nv_bfloat162*)(dvb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dva[dt * 4 + 2 * r], dva[dt * 4 + 2 * r + 1]);
         }
     }
 }
 
-// dQ: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (above), persistent: a block walks the
-// (query tile, head) pairs, the last (longest) query tiles of every head first (pair t: query tile
-// NT - 1 - t / BH, head t % BH; dealt by fox_pair). Per pair the 128-query tile's Q, dO are fixed
-// (reloaded behind emptyQ: see fox_bwd_producer); consumer cw owns queries 64cw..+63. Key tiles of
-// BC stream through the ring with the keys' c (PRE: their B_j and c_b log2 e). Per tile: S = Q K^T
-// and dP = dO V^T, P, dS = P (dP - Delta), dQ += dS K. OVL (the cross-tile overlap): tile n + 1's S
-// and dP are issued before the wait for tile n's dQ, whose stage is released after it; without, each
-// tile waits for its dQ (at hd 128 with BC = 128, dQ's 64 floats, the next S and dP (128) and dS's
-// fragments (32) would take 224 of the consumers' 240 registers, and ptxas serialises the wgmmas).
-// A consumer warp arrives at emptyQ after its pair's last S and dP (the last dQ reads only K and
-// registers: with OVL it may still run), then waits for that dQ and stores dQ and dc's row sums
-// (fp32 sums in a fixed order: deterministic). key_start (B*H, ceil(T / 128)): the key tiles of 128
-// before key_start are pruned (NULL: none). Shared memory as fox_bwd_lean_launch allocates. Where it
-// runs: see fox_attention_backward.
+// dQ: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (above) for the 128-query tile
+// gridDim.x - 1 - blockIdx.x (Q, dO fixed; longest rows first); consumer cw owns queries 64cw..+63.
+// Key tiles of BC stream through the ring with the keys' c (PRE: their B_j and c_b log2 e). Per
+// tile: S = Q K^T and dP = dO V^T, P, dS = P (dP - Delta), dQ += dS K. OVL (the cross-tile overlap):
+// tile n + 1's S and dP are issued before the wait for tile n's dQ, whose stage is released after it;
+// without, each tile waits for its dQ (at hd 128 with BC = 128, dQ's 64 floats, the next S and dP
+// (128) and dS's fragments (32) would take 224 of the consumers' 240 registers, and ptxas serialises
+// the wgmmas). key_start (B*H,
+// ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none). Grid (ceil(T / 128),
+// B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see fox_attention_backward.
 template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float* dc_row,
                                                                  const __grid_constant__ CUtensorMap tmQ,
@@ -2932,9 +2884,9 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
                                                                  const __grid_constant__ CUtensorMap tmK,
                                                                  const __grid_constant__ CUtensorMap tmV,
                                                                  const float* lse, const float* delta,
-                                                                 const float* c, int T, int H, int BH,
-                                                                 int stride_qkv, int window, float scale_log2,
-                                                                 float scale, const int* key_start) {
+                                                                 const float* c, int T, int H, int stride_qkv,
+                                                                 int window, float scale_log2, float scale,
+                                                                 const int* key_start) {
     constexpr int BR = 128;
     static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -2946,66 +2898,50 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     float* sCL = sC + ST * BC;               // PRE: (ST) c_b log2 e of the stage's 128-key block (2 ST floats:
                                              // alignment)
     uint64_t* bar = (uint64_t*)(PRE ? sCL + 2 * ST : sCL);
-    uint64_t *barQ = bar, *emptyQ = bar + 1, *full = bar + 2, *empty = full + ST;
+    uint64_t *barQ = bar, *full = bar + 1, *empty = full + ST;
 
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
-    int NT = ceil_div(T, BR), npairs = NT * BH;
-    // pair t's query tile, head and key tiles [jt_begin, jt_end) (the same arithmetic in every warp)
-    struct Pair { int qt, bh, jt_begin, jt_end; };
-    auto pair_at = [&](int t) {
-        Pair pr;
-        pr.qt = NT - 1 - t / BH;  // longest rows first
-        pr.bh = t % BH;
-        int i0 = pr.qt * BR;
-        int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
-        pr.jt_begin = j_begin / BC;
-        pr.jt_end = ceil_div(min(T, i0 + BR), BC);
-        // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
-        if (key_start) pr.jt_begin = max(pr.jt_begin, key_start[(size_t)pr.bh * NT + pr.qt] * (PRUNE_BLOCK / BC));
-        return pr;
-    };
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+    // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
+    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
+    int ntiles = jt_end - jt_begin;
 
-    // full: the copy engine's arrival + the 32 lanes' c (PRE: B, c_b); emptyQ, empty: a warp of the
-    // consumers each
-    if (threadIdx.x == 0) mbar_init(emptyQ, 8);  // fenced by fox_ring_init
+    // full: the copy engine's arrival + the 32 lanes' c (PRE: B, c_b)
     fox_ring_init<ST>(barQ, full, empty, 1 + (GATE ? 32 : 0), 8);
 
     if (wg == 0) {  // producer
         setmaxnreg_dec<24>();
         if (warp != 0) return;
-        int it = 0;  // K/V tiles this block has loaded: the ring's counter
-        for (int k = 0, t = blockIdx.x; t < npairs; t = fox_pair(++k)) {
-            Pair pr = pair_at(t);
-            int b = pr.bh / H, h = pr.bh % H, i0 = pr.qt * BR;
-            const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
-            float fc[BC / 32], fcb = 0.f;  // PRE: c of the stage's keys (lane + 32 r) and of its block's first key
-            fox_bwd_producer<BR, BC, HD, ST>(sQ, sG, &tmQ, &tmG, i0, barQ, emptyQ, k, sK, sV, &tmK, &tmV,
-                                             pr.jt_begin * BC, pr.jt_end - pr.jt_begin, it, full, empty, h, b, lane,
-                                             [&](int j1) {
-                if (PRE && GATE) {
-                    fcb = cb[j1 - j1 % PRUNE_BLOCK];
-                    #pragma unroll
-                    for (int r = 0; r < BC / 32; r++) {  // past T: zeros, as the cp.async's
-                        int e = lane + 32 * r;
-                        float cj = cb[min(j1 + e, T - 1)];
-                        fc[r] = j1 + e < T ? cj : 0.f;
-                    }
+        float fc[BC / 32], fcb = 0.f;  // PRE: c of the stage's keys (lane + 32 r) and of its block's first key
+        fox_bwd_producer<BR, BC, HD, ST>(sQ, sG, &tmQ, &tmG, i0, barQ, sK, sV, &tmK, &tmV, jt_begin * BC, ntiles, full,
+                                         empty, h, b, lane, [&](int j1) {
+            if (PRE && GATE) {
+                fcb = cb[j1 - j1 % PRUNE_BLOCK];
+                #pragma unroll
+                for (int r = 0; r < BC / 32; r++) {  // past T: zeros, as the cp.async's
+                    int e = lane + 32 * r;
+                    float cj = cb[min(j1 + e, T - 1)];
+                    fc[r] = j1 + e < T ? cj : 0.f;
                 }
-            }, [&](int st, int j1) {
-                if (PRE && GATE) {
-                    float cb_l2 = __fmul_rn(fcb, LOG2E);  // as the consumers' and the dK/dV kernel's
-                    #pragma unroll
-                    for (int r = 0; r < BC / 32; r++) sC[st * BC + lane + 32 * r] = fox_lean_kterm(fc[r], cb_l2);
-                    if (lane == 0) sCL[st] = cb_l2;
-                    mbar_arrive_release(&full[st]);  // after this lane's stores
-                } else if (GATE) {
-                    #pragma unroll
-                    for (int e = lane; e < BC; e += 32)
-                        cp_async4(sC + st * BC + e, cb + min(j1 + e, T - 1), j1 + e < T);
-                    mbar_arrive_cp_async(&full[st]);
-                }
-            });
-        }
+            }
+        }, [&](int st, int j1) {
+            if (PRE && GATE) {
+                float cb_l2 = __fmul_rn(fcb, LOG2E);  // as the consumers' and the dK/dV kernel's
+                #pragma unroll
+                for (int r = 0; r < BC / 32; r++) sC[st * BC + lane + 32 * r] = fox_lean_kterm(fc[r], cb_l2);
+                if (lane == 0) sCL[st] = cb_l2;
+                mbar_arrive_release(&full[st]);  // after this lane's stores
+            } else if (GATE) {
+                #pragma unroll
+                for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j1 + e, T - 1), j1 + e < T);
+                mbar_arrive_cp_async(&full[st]);
+            }
+        });
         return;
     }
 
@@ -3013,6 +2949,24 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
     setmaxnreg_inc<240>();
     int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
     int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int i0w = i0 + 64 * cw;  // this consumer's first query
+    int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
+    float rl[2], rd[2], rc[2];  // lse, Delta, c of this thread's rows
+    int lo0[2], hi0[2];  // mask bounds: visible key offsets (less 2 tq) from key 0
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = rows[r];
+        bool ok = row < T;
+        rl[r] = ok ? lse[(size_t)bh * T + row] : 0.f;
+        rd[r] = ok ? delta[(size_t)bh * T + row] : 0.f;
+        rc[r] = GATE ? cb[min(row, T - 1)] : 0.f;  // past T: a finite logit (its Q, dO rows are 0)
+        hi0[r] = min(row, T - 1) - 2 * tq;
+        lo0[r] = (window > 0 ? row - window + 1 : -BC) - 2 * tq;  // -BC: below every tile offset
+    }
+    float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
+    uint32_t sa[BC / 16][4];  // A fragments of dS
     // descriptors of k step 0: Q, dO (this consumer's 64 rows); K, V of stage 0 as K-major (S, dP)
     // and K as N-major (dQ) operands; a stage is BC * HD * 2 bytes further
     const uint64_t dQ0 = desc_k<BR>(sQ, cw * 8, 0), dG0 = desc_k<BR>(sG, cw * 8, 0);
@@ -3023,149 +2977,116 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[st]);
     };
-    int it = 0;  // the ring's counter at the pair's first tile, as the producer's
-    for (int k = 0, t = blockIdx.x; t < npairs; t = fox_pair(++k)) {
-        Pair pr = pair_at(t);
-        int b = pr.bh / H, h = pr.bh % H, i0 = pr.qt * BR, ntiles = pr.jt_end - pr.jt_begin;
-        const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
-        int i0w = i0 + 64 * cw;  // this consumer's first query
-        int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
-        float rl[2], rd[2], rc[2];  // lse, Delta, c of this thread's rows
-        int lo0[2], hi0[2];  // mask bounds: visible key offsets (less 2 tq) from key 0
-        #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int row = rows[r];
-            bool ok = row < T;
-            rl[r] = ok ? lse[(size_t)pr.bh * T + row] : 0.f;
-            rd[r] = ok ? delta[(size_t)pr.bh * T + row] : 0.f;
-            rc[r] = GATE ? cb[min(row, T - 1)] : 0.f;  // past T: a finite logit (its Q, dO rows are 0)
-            hi0[r] = min(row, T - 1) - 2 * tq;
-            lo0[r] = (window > 0 ? row - window + 1 : -BC) - 2 * tq;  // -BC: below every tile offset
-        }
-        float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
-        #pragma unroll
-        for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
-        uint32_t sa[BC / 16][4];  // A fragments of dS
-        bool pending = false;  // OVL: the last seen tile's dQ still runs on stage pst
-        int pst = 0;
-        mbar_wait(barQ, k & 1);
+    bool pending = false;  // OVL: the last seen tile's dQ still runs on stage pst
+    int pst = 0;
+    mbar_wait(barQ, 0);
 
-        for (int n = 0; n < ntiles; n++) {
-            int x = it + n, st = x % ST, j0 = (pr.jt_begin + n) * BC;
-            mbar_wait(&full[st], (x / ST) & 1);
-            // all of this consumer's queries past T, every key of the tile after its last query, or before
-            // the window of its first one: P = 0
-            bool seen = i0w < T && j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
-            if (seen) {
-                const float* sCb = sC + st * BC;
-                uint32_t so = st * STAGE;
-                // the rows' query terms for the tile's key block, with cb_l2 = c_b log2 e (c_b: c of the
-                // block's first key, the tile's own first key at BC = 128); PRE: cb_l2 from the stage, the
-                // terms formed after the matmuls' issue (under them)
-                float cb_l2 = 0.f, A[2];
-                auto row_terms = [&] {
-                    A[0] = fox_lean_qterm(rc[0], rl[0], cb_l2, GATE);
-                    A[1] = fox_lean_qterm(rc[1], rl[1], cb_l2, GATE);
-                };
-                if (!PRE) {
-                    if (GATE) cb_l2 = __fmul_rn((j0 % PRUNE_BLOCK) ? cb[j0 - j0 % PRUNE_BLOCK] : sCb[0], LOG2E);
-                    row_terms();
-                }
-                float s[BC / 2], dp[BC / 2];
-                wgmma_fence();
-                #pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++)
-                    wgmma_ss<BC>(s, desc_add(dQ0, kstep_bytes<BR>(kk)), desc_add(dK0, so + kstep_bytes<BC>(kk)), kk);
-                wgmma_commit();
-                #pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++)
-                    wgmma_ss<BC>(dp, desc_add(dG0, kstep_bytes<BR>(kk)), desc_add(dV0, so + kstep_bytes<BC>(kk)), kk);
-                wgmma_commit();
-                if (PRE) {
-                    if (GATE) cb_l2 = sCL[st];
-                    row_terms();
-                }
-                if (pending) {  // the previous tile's dQ (cross-tile overlap: issued before this wait)
-                    wgmma_wait<2>();
-                    wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
-                    release(pst);
-                }
-                wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
-                wgmma_pin<BC / 2>(s);
-                if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
-                    int lo[2] = {lo0[0] - j0, lo0[1] - j0}, hi[2] = {hi0[0] - j0, hi0[1] - j0};
-                    fox_bwd_lean_p<BC, GATE, true, PRE>(s, sCb, cb_l2, A, scale_log2, tq, lo, hi);
-                } else {
-                    fox_bwd_lean_p<BC, GATE, false, PRE>(s, sCb, cb_l2, A, scale_log2, tq, nullptr, nullptr);
-                }
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, j0 = (jt_begin + n) * BC;
+        mbar_wait(&full[st], (n / ST) & 1);
+        // all of this consumer's queries past T, every key of the tile after its last query, or before
+        // the window of its first one: P = 0
+        bool seen = i0w < T && j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
+        if (seen) {
+            const float* sCb = sC + st * BC;
+            uint32_t so = st * STAGE;
+            // the rows' query terms for the tile's key block, with cb_l2 = c_b log2 e (c_b: c of the
+            // block's first key, the tile's own first key at BC = 128); PRE: cb_l2 from the stage, the
+            // terms formed after the matmuls' issue (under them)
+            float cb_l2 = 0.f, A[2];
+            auto row_terms = [&] {
+                A[0] = fox_lean_qterm(rc[0], rl[0], cb_l2, GATE);
+                A[1] = fox_lean_qterm(rc[1], rl[1], cb_l2, GATE);
+            };
+            if (!PRE) {
+                if (GATE) cb_l2 = __fmul_rn((j0 % PRUNE_BLOCK) ? cb[j0 - j0 % PRUNE_BLOCK] : sCb[0], LOG2E);
+                row_terms();
+            }
+            float s[BC / 2], dp[BC / 2];
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BC>(s, desc_add(dQ0, kstep_bytes<BR>(kk)), desc_add(dK0, so + kstep_bytes<BC>(kk)), kk);
+            wgmma_commit();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BC>(dp, desc_add(dG0, kstep_bytes<BR>(kk)), desc_add(dV0, so + kstep_bytes<BC>(kk)), kk);
+            wgmma_commit();
+            if (PRE) {
+                if (GATE) cb_l2 = sCL[st];
+                row_terms();
+            }
+            if (pending) {  // the previous tile's dQ (cross-tile overlap: issued before this wait)
+                wgmma_wait<2>();
+                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+                release(pst);
+            }
+            wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
+            wgmma_pin<BC / 2>(s);
+            if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+                int lo[2] = {lo0[0] - j0, lo0[1] - j0}, hi[2] = {hi0[0] - j0, hi0[1] - j0};
+                fox_bwd_lean_p<BC, GATE, true, PRE>(s, sCb, cb_l2, A, scale_log2, tq, lo, hi);
+            } else {
+                fox_bwd_lean_p<BC, GATE, false, PRE>(s, sCb, cb_l2, A, scale_log2, tq, nullptr, nullptr);
+            }
+            wgmma_wait0();
+            wgmma_pin<BC / 2>(dp);
+            fox_bwd_lean_ds<BC>(s, dp, rd, rs);
+            // dQ += dS K
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(dqa, sa[kk], desc_add(dKn0, so + mnstep_bytes(kk)), 1);
+            wgmma_commit();
+            if (OVL) {  // waited for at the next tile, under its S and dP
+                pending = true;
+                pst = st;
+            } else {
                 wgmma_wait0();
-                wgmma_pin<BC / 2>(dp);
-                fox_bwd_lean_ds<BC>(s, dp, rd, rs);
-                // dQ += dS K
-                #pragma unroll
-                for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
-                wgmma_fence();
-                #pragma unroll
-                for (int kk = 0; kk < BC / 16; kk++)
-                    wgmma_rs<HD>(dqa, sa[kk], desc_add(dKn0, so + mnstep_bytes(kk)), 1);
-                wgmma_commit();
-                if (OVL) {  // waited for at the next tile, under its S and dP
-                    pending = true;
-                    pst = st;
-                } else {
-                    wgmma_wait0();
-                    wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
-                    release(st);
-                }
-            } else {  // nothing seen: release the stage (after the previous tile's)
-                if (pending) {
-                    wgmma_wait0();
-                    wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
-                    release(pst);
-                    pending = false;
-                }
+                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
                 release(st);
             }
+        } else {  // nothing seen: release the stage (after the previous tile's)
+            if (pending) {
+                wgmma_wait0();
+                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+                release(pst);
+                pending = false;
+            }
+            release(st);
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(emptyQ);  // this warp's last S and dP of the pair are done: Q, dO may be reloaded
-        if (pending) {
-            wgmma_wait0();
-            wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
-            release(pst);
-        }
-        it += ntiles;
+    }
+    if (pending) {
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+        release(pst);
+    }
 
-        bf16* dqb = dq + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16* dqb = dq + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= T) continue;
         #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            if (rows[r] >= T) continue;
-            #pragma unroll
-            for (int dt = 0; dt < HD / 8; dt++)
-                *(__nv_bfloat162*)(dqb + (size_t)rows[r] * stride_qkv + dt * 8 + 2 * tq) =
-                    __floats2bfloat162_rn(dqa[dt * 4 + 2 * r] * scale, dqa[dt * 4 + 2 * r + 1] * scale);
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162*)(dqb + (size_t)rows[r] * stride_qkv + dt * 8 + 2 * tq) =
+                __floats2bfloat162_rn(dqa[dt * 4 + 2 * r] * scale, dqa[dt * 4 + 2 * r + 1] * scale);
+    }
+    if (GATE) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {  // fixed shuffle order: deterministic
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 1);
+            rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 2);
         }
-        if (GATE) {
-            #pragma unroll
-            for (int r = 0; r < 2; r++) {  // fixed shuffle order: deterministic
-                rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 1);
-                rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 2);
-            }
-            if (tq == 0) {
-                if (rows[0] < T) dc_row[(size_t)pr.bh * T + rows[0]] = rs[0];
-                if (rows[1] < T) dc_row[(size_t)pr.bh * T + rows[1]] = rs[1];
-            }
+        if (tq == 0) {
+            if (rows[0] < T) dc_row[(size_t)bh * T + rows[0]] = rs[0];
+            if (rows[1] < T) dc_row[(size_t)bh * T + rows[1]] = rs[1];
         }
     }
 }
 
-// tests only: at most this many blocks for the backward kernels when > 0, so that few pairs still
-// cross a block's rings and reload its fixed tiles (test_fox runs 1 and 5)
-static int g_bwd_max_blocks = 0;
-
 // the dK/dV kernel (query tiles of BQ) and the dQ kernel (key tiles of BC) with their stages and PRE
-// (where they run: see fox_attention_backward); grids of a block per SM at hd 64, at most one per
-// pair, and of a block per pair at hd 128
+// (where they run: see fox_attention_backward)
 template<int HD, int BQ, int BC, bool GATE>
 static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout,
                                 const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
@@ -3175,38 +3096,31 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     constexpr bool PRE = HD == 64;  // the producer's per-column terms: at hd 64 only
     constexpr bool OVL = HD == 64;  // the dQ kernel's cross-tile overlap: at hd 64 only (its registers)
     // the fixed 128-row tiles, ST stages of the streamed tiles and of their floats (dK/dV: lse,
-    // Delta, c, PRE: A, Delta; dQ: c, PRE: B and c_b in 2 ST floats), the barriers (the fixed tiles'
-    // full and empty, 2 a stage), + 1 KB to align the tiles to the swizzle pattern
+    // Delta, c, PRE: A, Delta; dQ: c, PRE: B and c_b in 2 ST floats), the barriers, + 1 KB to align
+    // the tiles to the swizzle pattern
     constexpr size_t smem_kv = 1024 + (size_t)(2 * 128 + 2 * ST * BQ) * HD * sizeof(bf16) +
-                               (PRE ? 2 : 3) * ST * BQ * sizeof(float) + (2 + 2 * ST) * sizeof(uint64_t);
+                               (PRE ? 2 : 3) * ST * BQ * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
     constexpr size_t smem_q = 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) +
-                              (ST * BC + (PRE ? 2 * ST : 0)) * sizeof(float) + (2 + 2 * ST) * sizeof(uint64_t);
+                              (ST * BC + (PRE ? 2 * ST : 0)) * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
     cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
     cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE, OVL>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
-    int npairs = ceil_div(T, 128) * B * H, grid = npairs;  // (128-row tile, head) pairs of either kernel
-    if (HD == 64) {
-        int dev, sms;
-        cudaCheck(cudaGetDevice(&dev));
-        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        grid = min(npairs, sms);
-    }
-    if (g_bwd_max_blocks > 0) grid = min(grid, g_bwd_max_blocks);
+    dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ);
     CUtensorMap tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ);
     CUtensorMap tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128);
     CUtensorMap tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
     fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE><<<grid, 384, smem_kv, s>>>(
-        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, B * H, stride_qkv, window, scale_log2, scale, query_end);
+        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     launchCheck();
     tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
     tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE, OVL><<<grid, 384, smem_q, s>>>(
-        dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, B * H, stride_qkv, window, scale_log2, scale, key_start);
+        dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
     launchCheck();
 }
 
@@ -3266,17 +3180,14 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL");
     }
     // The kernels that run, versions of dev/cuda/fox_attention_backward.cu (their history: dev/cuda/LOG.md):
-    // fox_bwd_delta_kernel (unless delta_ready), then the persistent fox_bwd_dkdv_lean_kernel and
-    // fox_bwd_dq_lean_kernel (384 threads: a producer warpgroup (TMA, setmaxnreg 24) and two consumer
-    // warpgroups of 64 rows (setmaxnreg 240), 2-stage rings running on across a block's (128-row
-    // tile, head) pairs, dealt in snake order), then fox_bwd_dlogf_kernel:
-    // - hd 64: version 28 (version 20's tiles, 128-query dK/dV steps, dS^T before dV, on persistent
-    //   kernels: the ladder's fox_bwd_*_prp_kernel pair; here the lean kernels with PRE = true: the
-    //   producer forms the per-column logit terms), a block per SM:
+    // fox_bwd_delta_kernel (unless delta_ready), then fox_bwd_dkdv_lean_kernel and fox_bwd_dq_lean_kernel
+    // (384 threads: a producer warpgroup (TMA, setmaxnreg 24) and two consumer warpgroups of 64 rows
+    // (setmaxnreg 240), 2-stage rings), then fox_bwd_dlogf_kernel:
+    // - hd 64: version 20 (the ladder's fox_bwd_*_pre_kernel pair with 128-query dK/dV steps, dS^T before
+    //   dV; here the lean kernels with PRE = true: the producer forms the per-column logit terms),
     //   fox_bwd_dkdv_lean_kernel<64, 128, 2, GATE, true> (a 128-key tile, 128-query tiles streamed) and
     //   fox_bwd_dq_lean_kernel<64, 128, 2, GATE, true, true> (a 128-query tile, 128-key tiles streamed);
-    // - hd 128: version 22's tiles on the same persistent kernels with a block per pair (each block
-    //   takes one pair): fox_bwd_dkdv_lean_kernel<128, 64, 2, GATE, false> (64-query tiles) and
+    // - hd 128: version 22, fox_bwd_dkdv_lean_kernel<128, 64, 2, GATE, false> (64-query tiles) and
     //   fox_bwd_dq_lean_kernel<128, 128, 2, GATE, false, false> (128-key tiles, each waiting for its
     //   dQ); the consumers form the terms.
     fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,

@@ -4125,12 +4125,16 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         exit(EXIT_FAILURE);
     }
     // sm_90a only. Warp-specialised (TMA producer warp, two consumer warpgroups, 128-row tiles) with
-    // lean consumers: version 28 at hd 64 (version 20's kernels persistent, pairs in snake order; version
-    // 20 is version 14 with the dQ kernel's cross-tile overlap, the producer's per-column terms and
-    // 128-query dK/dV steps, dS^T before dV), version 22 at hd 128 (version 14 with 128-key tiles in
-    // the dQ kernel, each waiting for its dQ); fox_bwd_prp dispatches by head size
-    fox_bwd_prp<true, 1>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
-                         window, nullptr, s);
+    // lean consumers: version 20 at hd 64 (version 14 with the dQ kernel's cross-tile overlap, the
+    // producer's per-column terms and 128-query dK/dV steps, dS^T before dV; +3-5% over version 15),
+    // version 22 at hd 128 (version 14 with 128-key tiles in the dQ kernel, each waiting for its dQ;
+    // version 15 is 4-8% slower there)
+    if (hd == 64)
+        fox_bwd_pre<3>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
+                       nullptr, s);
+    else
+        fox_bwd_lean<3>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
+                        nullptr, s);
 }
 // ---- end: fused backward API ----
 
