@@ -3717,14 +3717,30 @@ static void gpu_test_attention(void) {
     };
     char line[512];
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        AttnCase t;
-        attn_case_init(&t, cases[i].B, cases[i].T, cases[i].H, cases[i].hd, cases[i].window, cases[i].gate, 31 + i);
-        attn_gpu(&t);
-        attn_reference(&t, t.window, NULL);
-        int ok = attn_compare(&t, line, sizeof(line));
-        check(ok, "gpu attention B=%d T=%d H=%d hd=%d window=%d gate %s (%s): %s", t.B, t.T, t.H, t.hd, t.window,
-              t.gate ? "on" : "none", attention_kernel_name(t.hd), line);
-        attn_case_free(&t);
+#ifndef ENABLE_FP32
+        // the persistent forward also on 1 and 5 blocks: a block's rings and Q then cross pairs
+        int caps[] = {0, 1, 5}, ncaps = attention_fused(cases[i].hd) ? 3 : 1;
+#else
+        int caps[] = {0}, ncaps = 1;
+#endif
+        for (int ci = 0; ci < ncaps; ci++) {
+#ifndef ENABLE_FP32
+            g_fwd_max_blocks = caps[ci];
+#endif
+            AttnCase t;
+            attn_case_init(&t, cases[i].B, cases[i].T, cases[i].H, cases[i].hd, cases[i].window, cases[i].gate, 31 + i);
+            attn_gpu(&t);
+            attn_reference(&t, t.window, NULL);
+            int ok = attn_compare(&t, line, sizeof(line));
+            char grid[32] = "";
+            if (caps[ci]) snprintf(grid, sizeof(grid), ", forward on %d block(s)", caps[ci]);
+            check(ok, "gpu attention B=%d T=%d H=%d hd=%d window=%d gate %s (%s%s): %s", t.B, t.T, t.H, t.hd, t.window,
+                  t.gate ? "on" : "none", attention_kernel_name(t.hd), grid, line);
+            attn_case_free(&t);
+        }
+#ifndef ENABLE_FP32
+        g_fwd_max_blocks = 0;
+#endif
     }
     // negative controls: the comparison must catch a wrong output
     AttnCase t;
@@ -3848,6 +3864,9 @@ static void gpu_test_attention_pruning(void) {
     gpu_prune_case(2, 1000, 4, 64, 0, -10.0f, 91, 0, 0);   // several tiles, T not a multiple of 128
     gpu_prune_case(1, 1100, 4, 128, 0, -10.0f, 92, 0, 0);
     gpu_prune_case(2, 900, 4, 64, 300, -10.0f, 93, 0, 0);  // sliding window
+    g_fwd_max_blocks = 5;  // the same on 5 blocks: a block's forward crosses pairs with pruning and a window
+    gpu_prune_case(2, 900, 4, 64, 300, -10.0f, 98, 0, 0);
+    g_fwd_max_blocks = 0;
     // control: delta > 0 skips every off-diagonal tile, dropping real weight in the slow heads
     gpu_prune_case(1, 1024, 4, 64, 0, 60.0f, 94, 1, 0);
     gpu_prune_case(1, 1024, 4, 128, 0, 60.0f, 95, 1, 0);

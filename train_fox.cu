@@ -1925,7 +1925,7 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const
     a[2] = pack_bf16(hi[0], hi[1]); a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// The warp-specialised kernels (FlashAttention-3's structure: fox_fwd_wsl_kernel and both backward
+// The warp-specialised kernels (FlashAttention-3's structure: fox_fwd_wsp_kernel and both backward
 // kernels): a producer warp fills rings of shared-memory stages, signalled by mbarriers (a full
 // barrier per stage completes when the copy engine's bytes and any cp.async lanes have landed, an
 // empty one when the consumer warps are done with it); setmaxnreg moves registers from the
@@ -2176,26 +2176,39 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
     }
 }
 
-// The warp-specialised forward, the softmax above in FlashAttention-3's structure. Block of
-// 128 (NWG + 1) threads: a producer warpgroup (setmaxnreg 24; one warp loads Q, then K and V tiles
-// of BC keys by TMA into separate K and V rings of ST stages, c_j by cp.async arriving on K's full
-// barrier) and NWG consumer warpgroups of 64 query rows (BR = 64 NWG), one block per SM: at hd 64
-// three (setmaxnreg 160: 24 * 128 + 160 * 384 <= 65536 registers), at hd 128 two (240 each: O of
-// 64 x 128 fp32, S of 64 x 128 and the previous P live together, ~190 registers). A consumer issues
-// tile n's S = Q K^T and tile n-1's O += P V back to back, waits only for S, runs tile n's softmax
-// under P V, then waits for it, rescales O (alpha from before the wait) and refills P. K(n) is released after
-// tile n's logits, V(n-1) after its P V; no block-wide barrier. A warpgroup computes only the tiles
-// [na, nb) its rows see (its diagonal, window and pruning tile's key_start; the block loads from the
-// smallest start) and releases the others once landed. Where it runs: see fox_attention_forward.
+// A persistent block's k-th (tile, head) pair t, with the pairs sorted longest first: round k deals
+// pairs k G .. k G + G - 1 to a grid of G blocks, block x taking the x-th in even rounds and the
+// (G - 1 - x)-th in odd ones (snake order), so that no block takes the longest pair of every round.
+__device__ __forceinline__ int fox_pair(int k) {
+    int x = (k & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    return k * gridDim.x + x;
+}
+
+// The warp-specialised forward, the softmax above in FlashAttention-3's structure, persistent. Block
+// of 128 (NWG + 1) threads, one per SM, walking the (query tile, head) pairs, the longest query tiles
+// of every head first (pair t: query tile NT - 1 - t / BH, head t % BH; dealt by fox_pair): a
+// producer warpgroup (setmaxnreg 24; one warp loads K and V tiles of BC keys by TMA into separate K
+// and V rings of ST stages that run on across the block's pairs, c_j by
+// cp.async arriving on K's full barrier, and each pair's Q after its first K and V, once every
+// consumer warp has arrived at emptyQ after its last S of the previous pair) and NWG consumer
+// warpgroups of 64 query rows (BR = 64 NWG): at hd 64 three (setmaxnreg 160: 24 * 128 + 160 * 384 <=
+// 65536 registers), at hd 128 two (240 each: O of 64 x 128 fp32, S of 64 x 128 and the previous P
+// live together, ~190 registers). A consumer issues tile n's S = Q K^T and tile n-1's O += P V back
+// to back, waits only for S, runs tile n's softmax under P V, then waits for it, rescales O (alpha
+// from before the wait) and refills P. K(n) is released after tile n's logits, V(n-1) after its P V;
+// no block-wide barrier. A warpgroup computes only the tiles [na, nb) its rows see (its diagonal,
+// window and pruning tile's key_start; the pair loads from the smallest start) and releases the
+// others once landed. The next pair's loads run under the last P V and the stores of O. Where it
+// runs: see fox_attention_forward.
 template<int HD, int BC, int ST, int NWG, bool GATE>
-__global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o, float* lse,
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o, float* lse,
                                                                          const __grid_constant__ CUtensorMap tmQ,
                                                                          const __grid_constant__ CUtensorMap tmK,
                                                                          const __grid_constant__ CUtensorMap tmV,
-                                                                         const float* c, int T, int H, int stride_o,
-                                                                         int window, float scale_log2,
+                                                                         const float* c, int T, int H, int BH,
+                                                                         int stride_o, int window, float scale_log2,
                                                                          const int* key_start) {
-    constexpr int BR = 64 * NWG;                // query rows per block
+    constexpr int BR = 64 * NWG;                // query rows per pair
     constexpr int CREG = NWG == 3 ? 160 : 240;  // consumer registers: (65536 - 24 * 128) / (128 NWG), rounded to 8
     static_assert(BC == 128 && ((HD == 64 && NWG == 3) || (HD == 128 && NWG == 2)),
                   "the register budgets argued: hd 64 with three consumers, hd 128 with two; 128-key tiles");
@@ -2207,209 +2220,246 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o
     bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
     float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c of the keys
     uint64_t* bar = (uint64_t*)(sC + ST * BC);
-    uint64_t *barQ = bar, *fullK = bar + 1, *emptyK = fullK + ST, *fullV = emptyK + ST, *emptyV = fullV + ST;
+    uint64_t *barQ = bar, *emptyQ = bar + 1, *fullK = bar + 2, *emptyK = fullK + ST, *fullV = emptyK + ST,
+             *emptyV = fullV + ST;
 
-    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first: causal tiles are uneven
-    int bh = blockIdx.y, b = bh / H, h = bh % H;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
-    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
-    int i0 = qt * BR;
-    int jt_end = ceil_div(min(T, i0 + BR), BC);
-    // first key tile the rows i0w .. i0w + 63 see: their window, the key_start of their pruning tile
-    auto first_tile = [&](int i0w) {
+    int NT = ceil_div(T, BR), npairs = NT * BH;
+    // first key tile the rows i0w .. i0w + 63 of head bh see: their window, the key_start of their pruning tile
+    auto first_tile = [&](int bh, int i0w) {
         int jt = window > 0 ? max(0, i0w - window + 1) / BC : 0;
         if (key_start) {
             jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
         }
         return jt;
     };
-    int jt_begin = first_tile(i0);  // the block's: the smallest over its warpgroups with rows below T
-    #pragma unroll
-    for (int w = 1; w < NWG; w++)
-        if (i0 + 64 * w < T) jt_begin = min(jt_begin, first_tile(i0 + 64 * w));
-    int ntiles = jt_end - jt_begin;  // tile n is key tile jt_end - 1 - n: from the diagonal backwards
+    // pair t's head, first row and key tiles [jt_begin, jt_end) (the same arithmetic in every warp);
+    // tile n is key tile jt_end - 1 - n: from the diagonal backwards
+    struct Pair { int bh, i0, jt_begin, jt_end; };
+    auto pair_at = [&](int t) {
+        Pair pr;
+        pr.bh = t % BH;
+        pr.i0 = (NT - 1 - t / BH) * BR;  // longest rows first: causal tiles are uneven
+        pr.jt_end = ceil_div(min(T, pr.i0 + BR), BC);
+        pr.jt_begin = first_tile(pr.bh, pr.i0);  // the pair's: the smallest over its warpgroups with rows below T
+        #pragma unroll
+        for (int w = 1; w < NWG; w++)
+            if (pr.i0 + 64 * w < T) pr.jt_begin = min(pr.jt_begin, first_tile(pr.bh, pr.i0 + 64 * w));
+        return pr;
+    };
 
-    // K's full barrier: the copy engine's arrival + the 32 c lanes; empty: a warp of the consumers each
-    if (threadIdx.x == 0) fox_ring_barriers<ST>(fullV, emptyV, 1, 4 * NWG);  // fenced by fox_ring_init
+    // K's full barrier: the copy engine's arrival + the 32 c lanes; empty and emptyQ: a warp of the consumers each
+    if (threadIdx.x == 0) {
+        mbar_init(emptyQ, 4 * NWG);
+        fox_ring_barriers<ST>(fullV, emptyV, 1, 4 * NWG);  // fenced by fox_ring_init
+    }
     fox_ring_init<ST>(barQ, fullK, emptyK, 1 + (GATE ? 32 : 0), 4 * NWG);
 
-    if (wg == 0) {  // producer: one warp issues every load, in tile order; K(n) before V(n)
+    if (wg == 0) {  // producer: one warp issues every load, in pair and tile order; K(n) before V(n)
         setmaxnreg_dec<24>();
         if (warp != 0) return;
-        if (lane == 0) {
-            mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
-            tma_load_tile<BR, HD>(sQ, &tmQ, i0, h, b, barQ);
-        }
-        for (int n = 0; n < ntiles; n++) {
-            int st = n % ST, parity = ((n / ST) & 1) ^ 1, j0 = (jt_end - 1 - n) * BC;
-            mbar_wait(&emptyK[st], parity);
-            if (lane == 0) {
-                mbar_expect_tx(&fullK[st], BC * HD * sizeof(bf16));
-                tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j0, h, b, &fullK[st]);
-            }
-            if (GATE) {
-                #pragma unroll
-                for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
-                mbar_arrive_cp_async(&fullK[st]);
-            }
-            mbar_wait(&emptyV[st], parity);
-            if (lane == 0) {
-                mbar_expect_tx(&fullV[st], BC * HD * sizeof(bf16));
-                tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j0, h, b, &fullV[st]);
+        int it = 0;  // K/V tiles this block has loaded: the rings' counter
+        for (int k = 0, t = blockIdx.x; t < npairs; t = fox_pair(++k)) {
+            Pair pr = pair_at(t);
+            int b = pr.bh / H, h = pr.bh % H, ntiles = pr.jt_end - pr.jt_begin;
+            const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
+            auto load_q = [&] {  // once every consumer warp is past the previous pair's last S
+                mbar_wait(emptyQ, (k & 1) ^ 1);
+                if (lane == 0) {
+                    mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
+                    tma_load_tile<BR, HD>(sQ, &tmQ, pr.i0, h, b, barQ);
+                }
+            };
+            if (ntiles == 0) load_q();  // never (the diagonal tile is kept), but Q must come
+            for (int n = 0; n < ntiles; n++, it++) {
+                int st = it % ST, parity = ((it / ST) & 1) ^ 1, j0 = (pr.jt_end - 1 - n) * BC;
+                mbar_wait(&emptyK[st], parity);
+                if (lane == 0) {
+                    mbar_expect_tx(&fullK[st], BC * HD * sizeof(bf16));
+                    tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j0, h, b, &fullK[st]);
+                }
+                if (GATE) {
+                    #pragma unroll
+                    for (int e = lane; e < BC; e += 32)
+                        cp_async4(sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
+                    mbar_arrive_cp_async(&fullK[st]);
+                }
+                mbar_wait(&emptyV[st], parity);
+                if (lane == 0) {
+                    mbar_expect_tx(&fullV[st], BC * HD * sizeof(bf16));
+                    tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j0, h, b, &fullV[st]);
+                }
+                if (n == 0) load_q();  // after the first K and V, whose stages free up earlier
             }
         }
         return;
     }
 
-    // consumers: warpgroup cw owns rows i0 + 64 cw ..; a warp 16 of them (rows g, g + 8 per thread)
+    // consumers: warpgroup cw owns rows i0 + 64 cw .. of each pair; a warp 16 of them (rows g, g + 8 per thread)
     setmaxnreg_inc<CREG>();
     int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
     int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
-    int i0w = i0 + 64 * cw;
-    int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
-    // visible tiles [na, nb): from the one holding the last row's diagonal to the first tile seen
-    int na = ntiles, nb = ntiles;  // none when every row is past T
-    if (i0w < T) {
-        na = jt_end - 1 - min(i0w + 63, T - 1) / BC;
-        nb = jt_end - first_tile(i0w);
-    }
     // descriptors of k step 0: Q (this warpgroup's 64 rows); K, V of stage 0 as K-major (S) and
     // N-major (P V) operands; a stage is BC * HD * 2 bytes further
     const uint64_t dQ = desc_k<BR>(sQ, cw * 8, 0), dK0 = desc_k<BC>(sK, 0, 0), dV0 = desc_mn<BC>(sV, 0);
     constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
-    auto skip = [&](int n) {  // a tile none of this warpgroup's rows sees: released once landed
-        int st = n % ST, par = (n / ST) & 1;
+    auto skip = [&](int x) {  // ring tile x, which none of this warpgroup's rows sees: released once landed
+        int st = x % ST, par = (x / ST) & 1;
         mbar_wait(&fullK[st], par);
         mbar_wait(&fullV[st], par);
         __syncwarp();
         if (lane == 0) { mbar_arrive(&emptyK[st]); mbar_arrive(&emptyV[st]); }
     };
-
-    float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
-    // m: row maxima of x so far (lazy); below any logit until the first visible key
-    float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.f, 0.f}, acc[HD / 2];
-    #pragma unroll
-    for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
-    uint32_t pa[BC / 16][4];  // P of the previous tile, read by its P V matmul under this tile's softmax
-    for (int n = 0; n < na; n++) skip(n);
-    mbar_wait(barQ, 0);
-    for (int n = na; n < nb; n++) {
-        int st = n % ST, pst = (n + ST - 1) % ST;  // this tile's stage, the previous tile's
-        mbar_wait(&fullK[st], (n / ST) & 1);
-        if (n > na) mbar_wait(&fullV[pst], ((n - 1) / ST) & 1);
-        const float* sCb = sC + st * BC;
-
-        // S = Q K^T of this tile, then O += P V of the previous one: the softmax below runs under it
-        float s[BC / 2];
-        wgmma_fence();
+    int it = 0;  // the rings' counter at the pair's first tile, as the producer's
+    for (int k = 0, t = blockIdx.x; t < npairs; t = fox_pair(++k)) {
+        Pair pr = pair_at(t);
+        int b = pr.bh / H, h = pr.bh % H, ntiles = pr.jt_end - pr.jt_begin, jt_end = pr.jt_end;
+        const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
+        int i0w = pr.i0 + 64 * cw;
+        int rows[2] = {pr.i0 + cwarp * 16 + g, pr.i0 + cwarp * 16 + g + 8};
+        // visible tiles [na, nb): from the one holding the last row's diagonal to the first tile seen
+        int na = ntiles, nb = ntiles;  // none when every row is past T
+        if (i0w < T) {
+            na = jt_end - 1 - min(i0w + 63, T - 1) / BC;
+            nb = jt_end - first_tile(pr.bh, i0w);
+        }
+        float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
+        // m: row maxima of x so far (lazy); below any logit until the first visible key
+        float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.f, 0.f}, acc[HD / 2];
         #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            wgmma_ss<BC>(s, desc_add(dQ, kstep_bytes<BR>(kk)), desc_add(dK0, st * STAGE + kstep_bytes<BC>(kk)), kk);
-        wgmma_commit();
-        if (n > na) {
+        for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
+        uint32_t pa[BC / 16][4];  // P of the previous tile, read by its P V matmul under this tile's softmax
+        for (int n = 0; n < na; n++) skip(it + n);
+        mbar_wait(barQ, k & 1);
+        for (int n = na; n < nb; n++) {
+            int x = it + n, st = x % ST, pst = (x + ST - 1) % ST;  // this tile's stage, the previous tile's
+            mbar_wait(&fullK[st], (x / ST) & 1);
+            if (n > na) mbar_wait(&fullV[pst], ((x - 1) / ST) & 1);
+            const float* sCb = sC + st * BC;
+
+            // S = Q K^T of this tile, then O += P V of the previous one: the softmax below runs under it
+            float s[BC / 2];
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BC>(s, desc_add(dQ, kstep_bytes<BR>(kk)), desc_add(dK0, st * STAGE + kstep_bytes<BC>(kk)), kk);
+            wgmma_commit();
+            if (n > na) {
+                #pragma unroll
+                for (int kk = 0; kk < BC / 16; kk++) {
+                    wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+                }
+                wgmma_commit();
+                // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait0();
+            }
+            wgmma_pin<BC / 2>(s);
+
+            int j0 = (jt_end - 1 - n) * BC;
+            float mx[2];
+            if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+                int hi[2], lo[2];  // visible column offsets of each row, less this thread's 2 tq
+                #pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    hi[r] = min(rows[r], T - 1) - j0 - 2 * tq;
+                    lo[r] = (window > 0 ? rows[r] - window + 1 - j0 : -BC) - 2 * tq;
+                }
+                fox_lean_logits<BC, GATE, true>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
+            } else {
+                fox_lean_logits<BC, GATE, false>(s, mx, sCb, cref_l2, tq, scale_log2, nullptr, nullptr);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&emptyK[st]);  // K(n) read by S, c_j read above: the stage is free
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+            }
+            // lazy maximum: O is scaled by alpha after the P V wait (P V adds P of the old maximum)
+            bool resc = __any_sync(0xffffffff, mx[0] > m[0] + FOX_RESCALE_LOG2 || mx[1] > m[1] + FOX_RESCALE_LOG2);
+            float alpha[2] = {1.f, 1.f};
+            if (resc) {
+                #pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float m_new = fmaxf(m[r], mx[r]);
+                    alpha[r] = ex2_ftz(m[r] - m_new);  // 0 from the -FLT_MAX start
+                    l[r] *= alpha[r];
+                    m[r] = m_new;
+                }
+            }
+            fox_lean_exp<BC>(s, l, m);
+            wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
+            wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+            if (n > na && lane == 0) mbar_arrive(&emptyV[pst]);
+            if (resc) {
+                #pragma unroll
+                for (int dt = 0; dt < HD / 8; dt++) {
+                    acc[dt * 4] *= alpha[0]; acc[dt * 4 + 1] *= alpha[0];
+                    acc[dt * 4 + 2] *= alpha[1]; acc[dt * 4 + 3] *= alpha[1];
+                }
+            }
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(emptyQ);  // this warp's last S of the pair is done: Q may be reloaded
+        if (na < nb) {  // the last tile's P V
+            int x = it + nb - 1, pst = x % ST;
+            mbar_wait(&fullV[pst], (x / ST) & 1);
+            wgmma_fence();
             #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) {
                 wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
             }
             wgmma_commit();
-            // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
-            wgmma_wait<1>();
-        } else {
             wgmma_wait0();
+            wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&emptyV[pst]);
         }
-        wgmma_pin<BC / 2>(s);
-
-        int j0 = (jt_end - 1 - n) * BC;
-        float mx[2];
-        if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
-            int hi[2], lo[2];  // visible column offsets of each row, less this thread's 2 tq
-            #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                hi[r] = min(rows[r], T - 1) - j0 - 2 * tq;
-                lo[r] = (window > 0 ? rows[r] - window + 1 - j0 : -BC) - 2 * tq;
-            }
-            fox_lean_logits<BC, GATE, true>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
-        } else {
-            fox_lean_logits<BC, GATE, false>(s, mx, sCb, cref_l2, tq, scale_log2, nullptr, nullptr);
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&emptyK[st]);  // K(n) read by S, c_j read above: the stage is free
+        for (int n = nb; n < ntiles; n++) skip(it + n);
+        it += ntiles;
+        if (i0w >= T) continue;
+        float m_abs[2];  // m + r_i: the maximum in absolute log2 units
         #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
-        }
-        // lazy maximum: O is scaled by alpha after the P V wait (P V adds P of the old maximum)
-        bool resc = __any_sync(0xffffffff, mx[0] > m[0] + FOX_RESCALE_LOG2 || mx[1] > m[1] + FOX_RESCALE_LOG2);
-        float alpha[2] = {1.f, 1.f};
-        if (resc) {
-            #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float m_new = fmaxf(m[r], mx[r]);
-                alpha[r] = ex2_ftz(m[r] - m_new);  // 0 from the -FLT_MAX start
-                l[r] *= alpha[r];
-                m[r] = m_new;
-            }
-        }
-        fox_lean_exp<BC>(s, l, m);
-        wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
-        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
-        if (n > na && lane == 0) mbar_arrive(&emptyV[pst]);
-        if (resc) {
-            #pragma unroll
-            for (int dt = 0; dt < HD / 8; dt++) {
-                acc[dt * 4] *= alpha[0]; acc[dt * 4 + 1] *= alpha[0];
-                acc[dt * 4 + 2] *= alpha[1]; acc[dt * 4 + 3] *= alpha[1];
-            }
-        }
-        #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+        for (int r = 0; r < 2; r++)
+            m_abs[r] = m[r] + ((GATE && rows[r] < T) ? fmaf(cb[rows[r]], LOG2E, -cref_l2) : 0.f);
+        fox_store_rows<HD>(o + (size_t)b * T * stride_o + (size_t)h * HD, lse + (size_t)pr.bh * T, acc, l, m_abs, rows,
+                           tq, T, stride_o);
     }
-    if (na < nb) {  // the last tile's P V
-        int pst = (nb - 1) % ST;
-        mbar_wait(&fullV[pst], ((nb - 1) / ST) & 1);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) {
-            wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
-        }
-        wgmma_commit();
-        wgmma_wait0();
-        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&emptyV[pst]);
-    }
-    for (int n = nb; n < ntiles; n++) skip(n);
-    if (i0w >= T) return;
-    float m_abs[2];  // m + r_i: the maximum in absolute log2 units
-    #pragma unroll
-    for (int r = 0; r < 2; r++) m_abs[r] = m[r] + ((GATE && rows[r] < T) ? fmaf(cb[rows[r]], LOG2E, -cref_l2) : 0.f);
-    fox_store_rows<HD>(o + (size_t)b * T * stride_o + (size_t)h * HD, lse + (size_t)bh * T, acc, l, m_abs, rows, tq, T,
-                       stride_o);
 }
 
-// fox_fwd_wsl_kernel with its tiles and stages (where it runs: see fox_attention_forward): hd 64
-// three consumers and 3 stages, hd 128 two consumers and 2 stages
+// tests only: at most this many blocks for fox_fwd_wsp_kernel when > 0, so that few pairs still
+// cross a block's rings (test_fox runs 1 and 5)
+static int g_fwd_max_blocks = 0;
+
+// fox_fwd_wsp_kernel with its tiles and stages (where it runs: see fox_attention_forward): hd 64
+// three consumers and 3 stages, hd 128 two consumers and 2 stages; a block per SM, at most one per pair
 template<int HD, bool GATE>
-static void fox_fwd_wsl_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                cudaStream_t s) {
     constexpr int BC = 128, NWG = HD == 64 ? 3 : 2, ST = HD == 64 ? 3 : 2, BR = 64 * NWG;
-    // Q, ST stages of K, V and c, the barriers, + 1 KB to align the tiles to the swizzle pattern
-    // (122.6 KB at hd 64, 162.1 KB at hd 128)
+    // Q, ST stages of K, V and c, the barriers (barQ, emptyQ, 4 a stage), + 1 KB to align the tiles to
+    // the swizzle pattern (122.6 KB at hd 64, 162.1 KB at hd 128)
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
-                            (1 + 4 * ST) * sizeof(uint64_t);
+                            (2 + 4 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_wsl_kernel<HD, BC, ST, NWG, GATE>,
+    cudaCheck(cudaFuncSetAttribute(fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int dev, sms;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR);
     CUtensorMap tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC);
     CUtensorMap tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
-    dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
+    int npairs = ceil_div(T, BR) * B * H;
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_wsl_kernel<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(o, lse, tq, tk, tv, c, T, H,
-                                                                                  stride_o, window, scale_log2,
-                                                                                  key_start);
+    int grid = min(npairs, g_fwd_max_blocks > 0 ? g_fwd_max_blocks : sms);
+    fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(
+        o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start);
     launchCheck();
 }
 
@@ -2426,19 +2476,20 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
         fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL");
     }
     // The kernels that run, versions of dev/cuda/fox_attention_forward.cu (their history: dev/cuda/LOG.md):
-    // - hd 64: version 10, fox_fwd_wsl_kernel<64, 128, 3, 3, GATE>: 512 threads, a producer warpgroup
-    //   (TMA) and three consumer warpgroups of 64 query rows (192 a block), 128-key tiles through K and V
-    //   rings of 3 stages, setmaxnreg 24 / 160, 122.6 KB of shared memory, one block per SM;
-    // - hd 128: version 14, fox_fwd_wsl_kernel<128, 128, 2, 2, GATE>: 384 threads, the producer and two
-    //   consumer warpgroups (128 query rows a block), K and V rings of 2 stages, setmaxnreg 24 / 240,
-    //   162.1 KB of shared memory, one block per SM.
+    // version 16, persistent (a block per SM walking the (query tile, head) pairs, longest first, in snake order):
+    // - hd 64: fox_fwd_wsp_kernel<64, 128, 3, 3, GATE>: 512 threads, a producer warpgroup (TMA) and
+    //   three consumer warpgroups of 64 query rows (192 a pair), 128-key tiles through K and V rings of
+    //   3 stages, setmaxnreg 24 / 160, 122.6 KB of shared memory (version 10's tiles);
+    // - hd 128: fox_fwd_wsp_kernel<128, 128, 2, 2, GATE>: 384 threads, the producer and two consumer
+    //   warpgroups (128 query rows a pair), K and V rings of 2 stages, setmaxnreg 24 / 240, 162.1 KB of
+    //   shared memory (version 14's tiles).
     // Both run the softmax of fox_lean_logits / fox_lean_exp; without c, GATE = false and no pruning.
     if (hd == 64) {
-        if (c) fox_fwd_wsl_launch<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsl_launch<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_wsp_launch<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsp_launch<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     } else {
-        if (c) fox_fwd_wsl_launch<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsl_launch<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_wsp_launch<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsp_launch<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     }
 }
 

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <vector>
 #include <unistd.h>
 #include <cuda_runtime.h>
@@ -121,7 +122,7 @@ static bool report(const char* what, ErrStat st, double tol) {
 }
 
 // ----------------------------------------------------------------------------
-// timing: median of `reps` launches, each bracketed by events, after warm-up
+// timing: median of `reps` launches, each bracketed by events, after warm-up; or of several launches in turns
 
 template<class F>
 static float time_median_ms(F launch, int warmup, int reps) {
@@ -140,4 +141,33 @@ static float time_median_ms(F launch, int warmup, int reps) {
     cudaCheck(cudaEventDestroy(a)); cudaCheck(cudaEventDestroy(b));
     std::sort(ms.begin(), ms.end());
     return ms[reps / 2];
+}
+
+// the median ms of each launch in fs, timed in turns: repetition r runs fs[0], fs[1], ... once each,
+// so a drift of the GPU's clocks during the run reaches every launch alike (timed one after another,
+// a version timed later read a few percent slower than alone: dev/cuda/LOG.md, versions 21-24)
+static std::vector<float> time_medians_interleaved(const std::vector<std::function<void()>>& fs, int warmup,
+                                                   int reps) {
+    for (int i = 0; i < warmup; i++)
+        for (const auto& f : fs) f();
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<std::vector<float>> ms(fs.size(), std::vector<float>(reps));
+    cudaEvent_t a, b;
+    cudaCheck(cudaEventCreate(&a)); cudaCheck(cudaEventCreate(&b));
+    for (int i = 0; i < reps; i++) {
+        for (size_t k = 0; k < fs.size(); k++) {
+            cudaCheck(cudaEventRecord(a));
+            fs[k]();
+            cudaCheck(cudaEventRecord(b));
+            cudaCheck(cudaEventSynchronize(b));
+            cudaCheck(cudaEventElapsedTime(&ms[k][i], a, b));
+        }
+    }
+    cudaCheck(cudaEventDestroy(a)); cudaCheck(cudaEventDestroy(b));
+    std::vector<float> med(fs.size());
+    for (size_t k = 0; k < fs.size(); k++) {
+        std::sort(ms[k].begin(), ms[k].end());
+        med[k] = ms[k][reps / 2];
+    }
+    return med;
 }

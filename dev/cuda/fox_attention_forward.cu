@@ -72,6 +72,19 @@ warpgroups (128 query rows, 240 registers each by setmaxnreg), 128-key K/V tiles
 (162 KB of shared memory), the same intra-warpgroup overlap of softmax and P V; hd 64 runs version 10
 ./fox_attention_forward 14
 
+version 15 is versions 10 (hd 64) and 14 (hd 128) made persistent: one block per SM walks the
+(query tile, head) pairs, the longest first, its K/V rings running on across pairs and the next
+pair's Q loading while the consumers finish the last P V and store O
+./fox_attention_forward 15
+
+version 16 is version 15 with the pairs dealt in snake order (block x takes the x-th pair of even
+rounds and the (G - 1 - x)-th of odd ones): in version 15 block 0 takes the longest pair of every round
+./fox_attention_forward 16
+
+version 17 is version 15's kernel on a grid of one block per pair (not persistent), to tell its code
+from its schedule
+./fox_attention_forward 17
+
 A range: ./fox_attention_forward 3 11
 
 With no argument every version runs. Each version is validated against an fp64 CPU reference on
@@ -1993,6 +2006,298 @@ static void fox_fwd_wsl_all(bf16* o, float* lse, const bf16* q, const bf16* k, c
 }
 // ---- end: warp-specialised lean forward (versions 10-14) ----
 
+// ---- begin: persistent warp-specialised forward (version 15) ----
+// Version 15: version 10's kernel made persistent. A grid of one block per SM walks the (query
+// tile, head) pairs, the longest query tiles of every head first (pair t: query tile NT - 1 - t / BH,
+// head t % BH; block x takes t = x, x + gridDim.x, ...). The K and V rings run on across a block's
+// pairs (their stage counter `it` is the block's), and Q is reloaded per pair, after the pair's first
+// K and V, once every consumer warp has arrived at emptyQ after its pair's last S, so the next
+// pair's Q, K and V load while the consumers finish the last P V and store O: the per-block start (barriers, Q's latency, the ring's
+// fill) of version 10, which at T = 2048 is a tenth of a block's work, is paid once per SM. The
+// softmax, masks, precision and register budgets are version 10's at hd 64 (three consumers) and
+// version 14's at hd 128 (two).
+// the block's k-th pair: round k covers pairs k G .. k G + G - 1 of a grid of G blocks; block x takes
+// the x-th of them (version 15), or in odd rounds the (G - 1 - x)-th (version 16's snake order, so
+// that no block takes the longest pair of every round)
+__device__ __forceinline__ int wsp_pair(int k, int snake) {
+    int x = (snake && (k & 1)) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    return k * gridDim.x + x;
+}
+template<int HD, int BC, int ST, int NWG, bool GATE>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o, float* lse,
+                                                                         const __grid_constant__ CUtensorMap tmQ,
+                                                                         const __grid_constant__ CUtensorMap tmK,
+                                                                         const __grid_constant__ CUtensorMap tmV,
+                                                                         const float* c, int T, int H, int BH,
+                                                                         int stride_o, int window, float scale_log2,
+                                                                         const int* key_start, int snake) {
+    constexpr int BR = 64 * NWG, SW = 1, CREG = NWG == 3 ? 160 : 240;  // as versions 10 and 14
+    static_assert(BC == 128 && ((HD == 64 && NWG == 3) || (HD == 128 && NWG == 2)), "versions 10 and 14's shapes");
+    static_assert(ST >= 2, "the producer loads K(n+1) before V(n)'s stage is free");
+    static_assert(PRUNE_BLOCK % BC == 0 && PRUNE_BLOCK % 64 == 0, "a warpgroup's rows lie in one pruning tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
+    bf16* sK = sQ + BR * HD;                 // (ST, BC, HD)
+    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
+    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC)
+    uint64_t* bar = (uint64_t*)(sC + ST * BC);
+    uint64_t *barQ = bar, *emptyQ = bar + 1, *fullK = bar + 2, *emptyK = fullK + ST, *fullV = emptyK + ST,
+             *emptyV = fullV + ST;
+
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    int NT = ceil_div(T, BR), npairs = NT * BH;
+    // the first key tile that rows i0w .. i0w + 63 of head bh see: their window, their pruning tile's key_start
+    auto first_tile = [&](int bh, int i0w) {
+        int jt = window > 0 ? max(0, i0w - window + 1) / BC : 0;
+        if (key_start) jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
+        return jt;
+    };
+    // pair t's head, first row and key tiles [jt_begin, jt_end): the same arithmetic in every warp
+    struct Pair { int bh, i0, jt_begin, jt_end; };
+    auto pair_at = [&](int t) {
+        Pair pr;
+        pr.bh = t % BH;
+        pr.i0 = (NT - 1 - t / BH) * BR;
+        pr.jt_end = ceil_div(min(T, pr.i0 + BR), BC);
+        pr.jt_begin = first_tile(pr.bh, pr.i0);  // the block's: the smallest over its warpgroups with rows below T
+        #pragma unroll
+        for (int w = 1; w < NWG; w++)
+            if (pr.i0 + 64 * w < T) pr.jt_begin = min(pr.jt_begin, first_tile(pr.bh, pr.i0 + 64 * w));
+        return pr;
+    };
+
+    if (threadIdx.x == 0) {
+        mbar_init(barQ, 1);
+        mbar_init(emptyQ, 4 * NWG);  // a warp of the consumers each, after its tile's last S
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&fullK[st], 1 + (GATE ? 32 : 0));  // the copy engine's arrival + the 32 c lanes
+            mbar_init(&emptyK[st], 4 * NWG);
+            mbar_init(&fullV[st], 1);
+            mbar_init(&emptyV[st], 4 * NWG);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer: one warp issues every load, in pair and tile order; K(n) before V(n)
+        setmaxnreg_dec<24>();
+        if (warp != 0) return;
+        int it = 0;  // K/V tiles this block has loaded: the rings' counter
+        for (int k = 0, t = blockIdx.x; t < npairs; t = wsp_pair(++k, snake)) {
+            Pair pr = pair_at(t);
+            int b = pr.bh / H, h = pr.bh % H;
+            const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
+            auto load_q = [&] {  // once every consumer warp is past the previous pair's last S
+                mbar_wait(emptyQ, (k & 1) ^ 1);
+                if (lane == 0) {
+                    mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
+                    tma_load_tile<BR, HD>(sQ, &tmQ, pr.i0, h, b, barQ);
+                }
+            };
+            // Q after the first K and V, whose stages are free before the consumers finish the previous
+            // pair; ntiles >= 1 (the diagonal tile is never pruned), 0 would still load Q
+            int ntiles = pr.jt_end - pr.jt_begin;
+            if (ntiles == 0) load_q();
+            for (int n = 0; n < ntiles; n++, it++) {
+                int st = it % ST, parity = ((it / ST) & 1) ^ 1, j0 = (pr.jt_end - 1 - n) * BC;
+                mbar_wait(&emptyK[st], parity);
+                if (lane == 0) {
+                    mbar_expect_tx(&fullK[st], BC * HD * sizeof(bf16));
+                    tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j0, h, b, &fullK[st]);
+                }
+                if (GATE) {
+                    #pragma unroll
+                    for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
+                    mbar_arrive_cp_async(&fullK[st]);
+                }
+                mbar_wait(&emptyV[st], parity);
+                if (lane == 0) {
+                    mbar_expect_tx(&fullV[st], BC * HD * sizeof(bf16));
+                    tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j0, h, b, &fullV[st]);
+                }
+                if (n == 0) load_q();
+            }
+        }
+        return;
+    }
+
+    // consumers: warpgroup cw owns rows i0 + 64 cw .. of each pair; a warp 16 of them (rows g, g + 8 per thread)
+    setmaxnreg_inc<CREG>();
+    int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform for the compiler: descriptors in uniform registers
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    constexpr uint64_t VSTEP = 16 * 64 * 2 / 16, STAGE = BC * HD * 2 / 16;  // as version 10
+    const uint64_t dQ = desc_k<HD, BR, SW>(sQ, cw * 8, 0), dK0 = desc_k<HD, BC, SW>(sK, 0, 0),
+                   dV0 = desc_mn<HD, BC, SW>(sV, 0);
+    // tile it + n of the rings, none of this warpgroup's rows sees: released once loaded
+    auto skip = [&](int x) {
+        int st = x % ST, par = (x / ST) & 1;
+        mbar_wait(&fullK[st], par);
+        mbar_wait(&fullV[st], par);
+        __syncwarp();
+        if (lane == 0) { mbar_arrive(&emptyK[st]); mbar_arrive(&emptyV[st]); }
+    };
+    int it = 0;  // the rings' counter at the pair's first tile, as the producer's
+    for (int k = 0, t = blockIdx.x; t < npairs; t = wsp_pair(++k, snake)) {
+        Pair pr = pair_at(t);
+        int b = pr.bh / H, h = pr.bh % H, ntiles = pr.jt_end - pr.jt_begin, jt_end = pr.jt_end;
+        const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
+        int i0w = pr.i0 + 64 * cw;
+        int rows[2] = {pr.i0 + cwarp * 16 + g, pr.i0 + cwarp * 16 + g + 8};
+        // visible tiles [na, nb): from the one holding the last row's diagonal to the first tile seen
+        int na = ntiles, nb = ntiles;  // none when every row is past T
+        if (i0w < T) {
+            na = jt_end - 1 - min(i0w + 63, T - 1) / BC;
+            nb = jt_end - first_tile(pr.bh, i0w);
+        }
+        float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
+        float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.f, 0.f}, acc[HD / 2];
+        #pragma unroll
+        for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
+        uint32_t pa[BC / 16][4];  // P of the previous tile, read by its P V matmul under this tile's softmax
+        for (int n = 0; n < na; n++) skip(it + n);
+        mbar_wait(barQ, k & 1);
+        for (int n = na; n < nb; n++) {
+            int x = it + n, st = x % ST, pst = (x + ST - 1) % ST;  // this tile's stage, the previous tile's
+            mbar_wait(&fullK[st], (x / ST) & 1);
+            if (n > na) mbar_wait(&fullV[pst], ((x - 1) / ST) & 1);
+            const float* sCb = sC + st * BC;
+            const uint64_t dK = dK0 + st * STAGE;
+
+            // S = Q K^T of this tile, then O += P V of the previous one: the softmax below runs under it
+            float s[BC / 2];
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_ss<BC, 0>(s, dQ + desc_k_step<BR>(kk), dK + desc_k_step<BC>(kk), kk);
+            wgmma_commit();
+            if (n > na) {
+                const uint64_t dV = dV0 + pst * STAGE;
+                #pragma unroll
+                for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], dV + kk * VSTEP, 1);
+                wgmma_commit();
+                wgmma_wait<1>();  // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+            } else {
+                wgmma_wait0();
+            }
+            wgmma_pin<BC / 2>(s);
+
+            int j0 = (jt_end - 1 - n) * BC;
+            float mx[2];
+            if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+                int hi[2], lo[2];  // visible column offsets of each row, less this thread's 2 tq
+                #pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    hi[r] = min(rows[r], T - 1) - j0 - 2 * tq;
+                    lo[r] = (window > 0 ? rows[r] - window + 1 - j0 : -BC) - 2 * tq;
+                }
+                fox_lean_logits<BC, GATE, true>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
+            } else {
+                fox_lean_logits<BC, GATE, false>(s, mx, sCb, cref_l2, tq, scale_log2, nullptr, nullptr);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&emptyK[st]);  // K(n) read by S, c_j read above: the stage is free
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+            }
+            bool resc = __any_sync(0xffffffff, mx[0] > m[0] + FOX_RESCALE_LOG2 || mx[1] > m[1] + FOX_RESCALE_LOG2);
+            float alpha[2] = {1.f, 1.f};
+            if (resc) {
+                #pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float m_new = fmaxf(m[r], mx[r]);
+                    alpha[r] = ex2_ftz(m[r] - m_new);  // 0 from the -FLT_MAX start
+                    l[r] *= alpha[r];
+                    m[r] = m_new;
+                }
+            }
+            fox_lean_exp<BC, 0>(s, l, m);
+            wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
+            wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+            if (n > na && lane == 0) mbar_arrive(&emptyV[pst]);
+            if (resc) {
+                #pragma unroll
+                for (int dt = 0; dt < HD / 8; dt++) {
+                    acc[dt * 4] *= alpha[0]; acc[dt * 4 + 1] *= alpha[0];
+                    acc[dt * 4 + 2] *= alpha[1]; acc[dt * 4 + 3] *= alpha[1];
+                }
+            }
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(emptyQ);  // this warp's last S of the pair is done: Q may be reloaded
+        if (na < nb) {  // the last tile's P V
+            int x = it + nb - 1, pst = x % ST;
+            mbar_wait(&fullV[pst], (x / ST) & 1);
+            const uint64_t dV = dV0 + pst * STAGE;
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], dV + kk * VSTEP, 1);
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&emptyV[pst]);
+        }
+        for (int n = nb; n < ntiles; n++) skip(it + n);
+        it += ntiles;
+        if (i0w < T) {
+            float m_abs[2];  // m + r_i: the maximum in absolute log2 units
+            #pragma unroll
+            for (int r = 0; r < 2; r++)
+                m_abs[r] = m[r] + ((GATE && rows[r] < T) ? fmaf(cb[rows[r]], LOG2E, -cref_l2) : 0.f);
+            fox_store_rows<HD>(o + (size_t)b * T * stride_o + (size_t)h * HD, lse + (size_t)pr.bh * T, acc, l, m_abs,
+                               rows, tq, T, stride_o);
+        }
+    }
+}
+
+// version 15's grid: a block per SM (at most one per pair), or at most g_wsp_blocks when > 0 (the
+// checks run 1 and 5 blocks too, so that one block's rings cross pairs at every shape)
+static int g_wsp_blocks = 0;
+
+// version 15: at hd 64 version 10's tiles (three consumers, 3 stages), at hd 128 version 14's (two, ST128)
+template<int HD, int ST128, bool GATE, int SNAKE>
+static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                               int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                               cudaStream_t s) {
+    constexpr int BC = 128, NWG = HD == 64 ? 3 : 2, ST = HD == 64 ? 3 : ST128, BR = 64 * NWG;
+    // Q, ST stages of K, V and c, the barriers (barQ, emptyQ, 4 per stage), + 1 KB for the swizzle's alignment
+    constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
+                            (2 + 4 * ST) * sizeof(uint64_t);
+    static int sms = 0;
+    if (!sms) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        cudaCheck(cudaFuncSetAttribute(fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
+                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
+    float scale_log2 = LOG2E / sqrtf((float)HD);
+    int npairs = ceil_div(T, BR) * B * H;
+    int grid = min(npairs, g_wsp_blocks > 0 ? g_wsp_blocks : sms);
+    fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(
+        o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start, SNAKE);
+    cudaCheckLaunch();
+}
+template<int ST128 = FOX_V14_ST, int SNAKE = 0>
+static void fox_fwd_wsp(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                        int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
+                        cudaStream_t s) {
+    if (hd == 64) {
+        if (c) fox_fwd_wsp_launch<64, ST128, true, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsp_launch<64, ST128, false, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+    } else {
+        if (c) fox_fwd_wsp_launch<128, ST128, true, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsp_launch<128, ST128, false, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+    }
+}
+// ---- end: persistent warp-specialised forward (version 15) ----
+
 // ---- begin: fused forward API for train_fox.cu ----
 // o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
 // q, k, v: bf16 (B, T, H, hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv).
@@ -2001,9 +2306,9 @@ static void fox_fwd_wsl_all(bf16* o, float* lse, const bf16* q, const bf16* k, c
 void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
-    // sm_90a only. Version 10 at hd 64 (+7-9% over version 9), version 14 at hd 128 (+41% over
-    // version 9): fox_fwd_wsl_all dispatches by head size (dev/cuda/LOG.md)
-    fox_fwd_wsl_all<FOX_V14_ST>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
+    // sm_90a only. Version 16: versions 10 (hd 64) and 14 (hd 128) persistent, pairs in snake order
+    // (+9-12% over version 10 at hd 64, +5-12% over version 14 at hd 128; dev/cuda/LOG.md)
+    fox_fwd_wsp<FOX_V14_ST, 1>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
 }
 // ---- end: fused forward API ----
 
@@ -2062,7 +2367,7 @@ static double attn_fwd_flops(int B, int T, int H, int hd) { return 4.0 * B * H *
 // ----------------------------------------------------------------------------
 #ifndef FOX_SKIP_FORWARD_MAIN
 
-#define FWD_VERSIONS 14  // the ladder's versions are 1..FWD_VERSIONS
+#define FWD_VERSIONS 17  // the ladder's versions are 1..FWD_VERSIONS
 
 static void run_forward(int version, bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int sq, int so, int w) {
@@ -2083,6 +2388,16 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         case 13: fox_fwd_wsl<3, 3, 4>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         // version 10's kernel at hd 128 (two consumer warpgroups, 2 stages); hd 64: version 10
         case 14: fox_fwd_wsl_all<FOX_V14_ST>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        // versions 10 and 14 persistent (a block per SM walking the pairs, longest first)
+        case 15: fox_fwd_wsp<>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        case 16: fox_fwd_wsp<FOX_V14_ST, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        case 17: {  // the checks' caps (g_wsp_blocks) still apply
+            int cap = g_wsp_blocks;
+            if (!cap) g_wsp_blocks = 1 << 30;
+            fox_fwd_wsp<>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0);
+            g_wsp_blocks = cap;
+            break;
+        }
         default:
             fprintf(stderr, "invalid version %d\nHINT: versions are 1..%d\n", version, FWD_VERSIONS);
             exit(EXIT_FAILURE);
@@ -2195,12 +2510,18 @@ int main(int argc, char** argv) {
         printf("B=%d T=%d H=%d hd=%d window=%d packed=%d gate=%s\n", p.B, p.T, p.H, p.hd, p.window, (int)p.packed,
                p.gate ? "yes" : "none");
         for (int ver = first; ver <= last; ver++) {
-            poison(d.o, p.n_o); poison(d.lse, p.n_bht);
-            run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
-                        p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window);
-            cudaCheck(cudaDeviceSynchronize());
-            printf("  version %d\n", ver);
-            all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
+            for (int cap : {0, 1, 5}) {  // versions 15-17 also on 1 and 5 blocks (see g_wsp_blocks)
+                if (cap && ver < 15) continue;
+                g_wsp_blocks = cap;
+                poison(d.o, p.n_o); poison(d.lse, p.n_bht);
+                run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
+                            p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window);
+                cudaCheck(cudaDeviceSynchronize());
+                if (cap) printf("  version %d on %d block(s)\n", ver, cap);
+                else printf("  version %d\n", ver);
+                all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
+            }
+            g_wsp_blocks = 0;
         }
         // the fp64 GPU kernel used as the long-T reference must itself match the CPU
         double *o64 = dmalloc<double>(o_ref.size()), *lse64 = dmalloc<double>(p.n_bht);
@@ -2216,13 +2537,16 @@ int main(int argc, char** argv) {
         release(d);
     }
 
-    // 1b. the key_start pruning of versions 8-14: random first key tiles (up to the diagonal one)
-    // against the CPU reference that skips the same keys. Versions 10-14 also at hd 64 with a
+    // 1b. the key_start pruning of versions 8-16: random first key tiles (up to the diagonal one)
+    // against the CPU reference that skips the same keys. Versions 10-16 also at hd 64 with a
     // window (version 10's 192-row blocks span two pruning tiles; hd 128 runs version 9 there in
-    // 10-13), version 14 also at hd 128 without a window (its own kernel there)
-    for (int ver : {8, 9, 10, 11, 12, 13, 14}) {
+    // 10-13), versions 14-16 also at hd 128 without a window (their own kernels there)
+    for (int ver : {8, 9, 10, 11, 12, 13, 14, 15, 16}) {
         if (ver < first || ver > last) continue;
-        for (int pc = 0; pc < (ver == 14 ? 4 : ver >= 10 ? 3 : 2); pc++) {
+        for (int pc = 0; pc < (ver >= 14 ? 4 : ver >= 10 ? 3 : 2); pc++)
+        for (int cap : {0, 1, 5}) {  // versions 15, 16 also on 1 and 5 blocks (see g_wsp_blocks)
+            if (cap && ver < 15) continue;
+            g_wsp_blocks = cap;
             int hd = pc == 1 || pc == 3 ? 128 : 64;
             FoxProblem p = make_problem(2, 600, 2, hd, pc == 0 || pc == 3 ? 0 : 300, true, -1);
             int nt = ceil_div(p.T, 128);
@@ -2243,14 +2567,19 @@ int main(int argc, char** argv) {
                 case 11: fox_fwd_wsl<3, 2>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 12: fox_fwd_wsl<3, 3, 2>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 13: fox_fwd_wsl<3, 3, 4>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                case 15: fox_fwd_wsp<>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                case 16: fox_fwd_wsp<FOX_V14_ST, 1>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 default: fox_fwd_wsl_all<FOX_V14_ST>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
             }
             cudaCheck(cudaDeviceSynchronize());
-            printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start)\n  version %d\n", p.B, p.T, p.H,
+            printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start)\n  version %d", p.B, p.T, p.H,
                    p.hd, p.window, ver);
+            if (cap) printf(" on %d block(s)", cap);
+            printf("\n");
             all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
             cudaCheck(cudaFree(ks_d));
             release(d);
+            g_wsp_blocks = 0;
         }
     }
 
@@ -2295,14 +2624,17 @@ int main(int argc, char** argv) {
         FwdDev d = upload(p);
         char name[64]; snprintf(name, sizeof(name), "%d x %d x %d x %d", B, H, T, hd);
         printf("%-22s", name);
+        auto launch = [&](int ver) {
+            run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
+                        B, T, H, hd, p.stride_qkv, p.stride_o, 0);
+        };
+        // every version but 1 (seconds: 3 runs at the first shape only) timed in turns, 30 rounds
+        std::vector<std::function<void()>> fs;
+        for (int ver = std::max(first, 2); ver <= last; ver++) fs.push_back([&, ver]() { launch(ver); });
+        std::vector<float> med = time_medians_interleaved(fs, 1, 30);
         for (int ver = first; ver <= last; ver++) {
-            if (ver == 1 && &sh != &shapes[0]) { printf("   %19s", "-"); continue; }  // v1 takes seconds there
-            auto launch = [&]() {
-                run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
-                            B, T, H, hd, p.stride_qkv, p.stride_o, 0);
-            };
-            int reps = ver == 1 ? 3 : 30;
-            float ms = time_median_ms(launch, 1, reps);
+            if (ver == 1 && &sh != &shapes[0]) { printf("   %19s", "-"); continue; }
+            float ms = ver == 1 ? time_median_ms([&]() { launch(1); }, 1, 3) : med[ver - std::max(first, 2)];
             printf("   %7.1f (%8.3f)", attn_fwd_flops(B, T, H, hd) / (ms * 1e-3) / 1e12, ms);
         }
         printf("\n");

@@ -1,4 +1,4 @@
-// Shared library of the fused FoX attention (the API: forward version 10 at hd 64, 14 at hd 128;
+// Shared library of the fused FoX attention (the API: forward version 16;
 // backward version 20 at hd 64, 22 at hd 128) for dev/bench_attention.py, which calls it through ctypes on torch tensors' data pointers.
 // nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC,-fopenmp -shared fox_attention_lib.cu -o libfox_attention.so
 #define FOX_SKIP_BACKWARD_MAIN
