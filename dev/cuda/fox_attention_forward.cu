@@ -48,14 +48,14 @@ as the matmuls: the gate enters as one FFMA per score (per-column terms d_j = (c
 computed once per tile, the row term only in lse), a lazy running maximum (O is rescaled only when a
 row maximum grows by more than a factor 2^8, FlashAttention-4's trick), key tiles from the diagonal backwards,
 one ex2.approx.ftz per score, cheaper masks, 128-key tiles (two blocks per SM still fit at hd 64),
-one barrier per tile; takes key_start as version 8. The API runs it at hd 128 (at hd 64 before version 10)
+one barrier per tile; takes key_start as version 8. The API ran it at hd 128 until version 14 (at hd 64 until 10)
 ./fox_attention_forward 9
 
 version 10 is version 9's softmax in version 8's structure, FlashAttention-3's
 hd-64 shape: one block per SM of three consumer warpgroups (192 query rows, 160 registers each by
 setmaxnreg) and a producer warp loading 128-key K/V tiles by TMA into mbarrier rings (no block-wide
 barrier), each consumer overlapping its softmax of tile n with its own P V of tile n-1; hd 64 only
-(hd 128 runs version 9). The API runs it at hd 64 (+7-9% over version 9 on the H200)
+(hd 128 runs version 9). The API ran it at hd 64 until version 16 (+7-9% over version 9 on the H200)
 ./fox_attention_forward 10
 
 version 11 is version 10 with two consumer warpgroups (128 rows, 240 registers): slower than version 10
@@ -78,7 +78,8 @@ pair's Q loading while the consumers finish the last P V and store O
 ./fox_attention_forward 15
 
 version 16 is version 15 with the pairs dealt in snake order (block x takes the x-th pair of even
-rounds and the (G - 1 - x)-th of odd ones): in version 15 block 0 takes the longest pair of every round
+rounds and the (G - 1 - x)-th of odd ones): in version 15 block 0 takes the longest pair of every round.
+The API runs it at both head sizes
 ./fox_attention_forward 16
 
 version 17 is version 15's kernel on a grid of one block per pair (not persistent), to tell its code
