@@ -2403,7 +2403,7 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
     // sm_90a only. Version 16: versions 10 (hd 64) and 14 (hd 128) persistent, pairs in snake order
-    // (+9-12% over version 10 at hd 64, +5-12% over version 14 at hd 128; dev/cuda/LOG.md)
+    // (+9-13% over version 10 at hd 64, no gain shown over version 14 at hd 128; dev/cuda/LOG.md)
     fox_fwd_wsp<FOX_V14_ST, 1>(o, lse, q, k, v, c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, s);
 }
 // ---- end: fused forward API ----
