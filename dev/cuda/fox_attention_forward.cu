@@ -86,6 +86,10 @@ version 17 is version 15's kernel on a grid of one block per pair (not persisten
 from its schedule
 ./fox_attention_forward 17
 
+version 18 is version 16 with the pairs in sections of heads whose K and V take 24 MB (half the L2),
+each section's longest tiles first, so that the blocks in flight share a few heads' K and V in L2
+./fox_attention_forward 18
+
 A range: ./fox_attention_forward 3 11
 
 With no argument every version runs. Each version is validated against an fp64 CPU reference on
@@ -2031,7 +2035,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
                                                                          const __grid_constant__ CUtensorMap tmV,
                                                                          const float* c, int T, int H, int BH,
                                                                          int stride_o, int window, float scale_log2,
-                                                                         const int* key_start, int snake) {
+                                                                         const int* key_start, int snake, int group) {
     constexpr int BR = 64 * NWG, SW = 1, CREG = NWG == 3 ? 160 : 240;  // as versions 10 and 14
     static_assert(BC == 128 && ((HD == 64 && NWG == 3) || (HD == 128 && NWG == 2)), "versions 10 and 14's shapes");
     static_assert(ST >= 2, "the producer loads K(n+1) before V(n)'s stage is free");
@@ -2053,12 +2057,15 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
         if (key_start) jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
         return jt;
     };
-    // pair t's head, first row and key tiles [jt_begin, jt_end): the same arithmetic in every warp
+    // pair t's head, first row and key tiles [jt_begin, jt_end): the same arithmetic in every warp.
+    // The pairs come in sections of `group` heads (version 18; one section when group >= BH), each
+    // section's longest tiles first: pair r of a section of gh heads is query tile NT - 1 - r / gh
     struct Pair { int bh, i0, jt_begin, jt_end; };
     auto pair_at = [&](int t) {
         Pair pr;
-        pr.bh = t % BH;
-        pr.i0 = (NT - 1 - t / BH) * BR;
+        int sec = t / (group * NT), r = t - sec * group * NT, gh = min(group, BH - sec * group);
+        pr.bh = sec * group + r % gh;
+        pr.i0 = (NT - 1 - r / gh) * BR;
         pr.jt_end = ceil_div(min(T, pr.i0 + BR), BC);
         pr.jt_begin = first_tile(pr.bh, pr.i0);  // the block's: the smallest over its warpgroups with rows below T
         #pragma unroll
@@ -2258,9 +2265,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
 // version 15's grid: a block per SM (at most one per pair), or at most g_wsp_blocks when > 0 (the
 // checks run 1 and 5 blocks too, so that one block's rings cross pairs at every shape)
 static int g_wsp_blocks = 0;
+// version 18's heads per section: K and V of GROUP_MB megabytes (or g_wsp_group heads when > 0: checks)
+static int g_wsp_group = 0;
+#define FOX_V18_MB 24  // version 18's section: K and V of this many megabytes (half the H100's / H200's L2)
+// the checks' variants of versions 15-18: grid caps (g_wsp_blocks) and section sizes (g_wsp_group)
+static const int WSP_CAPS[5] = {0, 1, 5, 0, 5}, WSP_GROUPS[5] = {0, 0, 0, 1, 3};
 
 // version 15: at hd 64 version 10's tiles (three consumers, 3 stages), at hd 128 version 14's (two, ST128)
-template<int HD, int ST128, bool GATE, int SNAKE>
+template<int HD, int ST128, bool GATE, int SNAKE, int GROUP_MB>
 static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                cudaStream_t s) {
@@ -2281,20 +2293,22 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
     float scale_log2 = LOG2E / sqrtf((float)HD);
     int npairs = ceil_div(T, BR) * B * H;
     int grid = min(npairs, g_wsp_blocks > 0 ? g_wsp_blocks : sms);
+    int group = B * H;  // one section
+    if (GROUP_MB) group = g_wsp_group > 0 ? g_wsp_group : max(1, (int)(((size_t)GROUP_MB << 20) / ((size_t)T * HD * 4)));
     fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(
-        o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start, SNAKE);
+        o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start, SNAKE, min(group, B * H));
     cudaCheckLaunch();
 }
-template<int ST128 = FOX_V14_ST, int SNAKE = 0>
+template<int ST128 = FOX_V14_ST, int SNAKE = 0, int GROUP_MB = 0>
 static void fox_fwd_wsp(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
                         cudaStream_t s) {
     if (hd == 64) {
-        if (c) fox_fwd_wsp_launch<64, ST128, true, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsp_launch<64, ST128, false, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_wsp_launch<64, ST128, true, SNAKE, GROUP_MB>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsp_launch<64, ST128, false, SNAKE, GROUP_MB>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     } else {
-        if (c) fox_fwd_wsp_launch<128, ST128, true, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsp_launch<128, ST128, false, SNAKE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_wsp_launch<128, ST128, true, SNAKE, GROUP_MB>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_wsp_launch<128, ST128, false, SNAKE, GROUP_MB>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     }
 }
 // ---- end: persistent warp-specialised forward (version 15) ----
@@ -2368,7 +2382,7 @@ static double attn_fwd_flops(int B, int T, int H, int hd) { return 4.0 * B * H *
 // ----------------------------------------------------------------------------
 #ifndef FOX_SKIP_FORWARD_MAIN
 
-#define FWD_VERSIONS 17  // the ladder's versions are 1..FWD_VERSIONS
+#define FWD_VERSIONS 18  // the ladder's versions are 1..FWD_VERSIONS
 
 static void run_forward(int version, bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int sq, int so, int w) {
@@ -2392,6 +2406,7 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         // versions 10 and 14 persistent (a block per SM walking the pairs, longest first)
         case 15: fox_fwd_wsp<>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         case 16: fox_fwd_wsp<FOX_V14_ST, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        case 18: fox_fwd_wsp<FOX_V14_ST, 1, FOX_V18_MB>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         case 17: {  // the checks' caps (g_wsp_blocks) still apply
             int cap = g_wsp_blocks;
             if (!cap) g_wsp_blocks = 1 << 30;
@@ -2511,18 +2526,21 @@ int main(int argc, char** argv) {
         printf("B=%d T=%d H=%d hd=%d window=%d packed=%d gate=%s\n", p.B, p.T, p.H, p.hd, p.window, (int)p.packed,
                p.gate ? "yes" : "none");
         for (int ver = first; ver <= last; ver++) {
-            for (int cap : {0, 1, 5}) {  // versions 15-17 also on 1 and 5 blocks (see g_wsp_blocks)
-                if (cap && ver < 15) continue;
-                g_wsp_blocks = cap;
+            for (int vi = 0; vi < 5; vi++) {  // versions 15-18 also on 1 and 5 blocks, 18 in sections of 1 and 3 heads
+                if ((vi && ver < 15) || (vi >= 3 && ver != 18)) continue;
+                int cap = WSP_CAPS[vi];
+                g_wsp_blocks = cap; g_wsp_group = WSP_GROUPS[vi];
                 poison(d.o, p.n_o); poison(d.lse, p.n_bht);
                 run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
                             p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window);
                 cudaCheck(cudaDeviceSynchronize());
-                if (cap) printf("  version %d on %d block(s)\n", ver, cap);
-                else printf("  version %d\n", ver);
+                printf("  version %d", ver);
+                if (cap) printf(" on %d block(s)", cap);
+                if (g_wsp_group) printf(", sections of %d head(s)", g_wsp_group);
+                printf("\n");
                 all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
             }
-            g_wsp_blocks = 0;
+            g_wsp_blocks = 0; g_wsp_group = 0;
         }
         // the fp64 GPU kernel used as the long-T reference must itself match the CPU
         double *o64 = dmalloc<double>(o_ref.size()), *lse64 = dmalloc<double>(p.n_bht);
@@ -2538,16 +2556,17 @@ int main(int argc, char** argv) {
         release(d);
     }
 
-    // 1b. the key_start pruning of versions 8-16: random first key tiles (up to the diagonal one)
+    // 1b. the key_start pruning of versions 8-16 and 18: random first key tiles (up to the diagonal one)
     // against the CPU reference that skips the same keys. Versions 10-16 also at hd 64 with a
     // window (version 10's 192-row blocks span two pruning tiles; hd 128 runs version 9 there in
-    // 10-13), versions 14-16 also at hd 128 without a window (their own kernels there)
-    for (int ver : {8, 9, 10, 11, 12, 13, 14, 15, 16}) {
+    // 10-13), versions 14-16 and 18 also at hd 128 without a window (their own kernels there)
+    for (int ver : {8, 9, 10, 11, 12, 13, 14, 15, 16, 18}) {
         if (ver < first || ver > last) continue;
         for (int pc = 0; pc < (ver >= 14 ? 4 : ver >= 10 ? 3 : 2); pc++)
-        for (int cap : {0, 1, 5}) {  // versions 15, 16 also on 1 and 5 blocks (see g_wsp_blocks)
-            if (cap && ver < 15) continue;
-            g_wsp_blocks = cap;
+        for (int vi = 0; vi < 5; vi++) {  // versions 15, 16, 18 also on 1 and 5 blocks, 18 in sections of 1 and 3 heads
+            if ((vi && ver < 15) || (vi >= 3 && ver != 18)) continue;
+            int cap = WSP_CAPS[vi];
+            g_wsp_blocks = cap; g_wsp_group = WSP_GROUPS[vi];
             int hd = pc == 1 || pc == 3 ? 128 : 64;
             FoxProblem p = make_problem(2, 600, 2, hd, pc == 0 || pc == 3 ? 0 : 300, true, -1);
             int nt = ceil_div(p.T, 128);
@@ -2570,17 +2589,20 @@ int main(int argc, char** argv) {
                 case 13: fox_fwd_wsl<3, 3, 4>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 15: fox_fwd_wsp<>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 16: fox_fwd_wsp<FOX_V14_ST, 1>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                case 18: fox_fwd_wsp<FOX_V14_ST, 1, FOX_V18_MB>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d,
+                                                                0); break;
                 default: fox_fwd_wsl_all<FOX_V14_ST>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
             }
             cudaCheck(cudaDeviceSynchronize());
             printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start)\n  version %d", p.B, p.T, p.H,
                    p.hd, p.window, ver);
             if (cap) printf(" on %d block(s)", cap);
+            if (g_wsp_group) printf(", sections of %d head(s)", g_wsp_group);
             printf("\n");
             all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
             cudaCheck(cudaFree(ks_d));
             release(d);
-            g_wsp_blocks = 0;
+            g_wsp_blocks = 0; g_wsp_group = 0;
         }
     }
 
