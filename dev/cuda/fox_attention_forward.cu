@@ -87,14 +87,17 @@ from its schedule
 ./fox_attention_forward 17
 
 version 18 is version 16 with the pairs in sections of heads whose K and V take 24 MB (half the L2),
-each section's longest tiles first, so that the blocks in flight share a few heads' K and V in L2
+even sections longest tiles first, odd ones shortest first (so the static deal stays even), so that
+the blocks in flight share a few heads' K and V in L2
 ./fox_attention_forward 18
 
 version 19 is version 16 with the producer's per-column terms (backward version 15's idea): the
 producer lanes load c_j before the wait for the stage and store d_j = (c_ref - c_j) log2(e) with the
 pair's first row as c_ref, so the consumers' logit is one FFMA with a loaded d_j (version 16 forms
 each d_j in every consumer thread: 2 FFMA per 8 columns). Rows are up to 191 tokens from c_ref, so x
-carries a per-row offset (c_i - c_ref) log2(e), removed again in lse as before
+carries a per-row offset (c_i - c_ref) log2(e) (about 1400 at log f ~ -5), removed again in lse: an
+absolute error of ~1e-4 in x and lse there (version 16's reference is the thread's own row), growing
+linearly with |log f|
 ./fox_attention_forward 19
 
 A range: ./fox_attention_forward 3 11
@@ -2070,14 +2073,15 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
         return jt;
     };
     // pair t's head, first row and key tiles [jt_begin, jt_end): the same arithmetic in every warp.
-    // The pairs come in sections of `group` heads (version 18; one section when group >= BH), each
-    // section's longest tiles first: pair r of a section of gh heads is query tile NT - 1 - r / gh
+    // The pairs come in sections of `group` heads (version 18; one section when group >= BH): pair r
+    // of a section of gh heads is query tile NT - 1 - r / gh (longest first) in even sections and r / gh
+    // in odd ones, so that the static deal's rounds stay even across a section's end
     struct Pair { int bh, i0, jt_begin, jt_end; };
     auto pair_at = [&](int t) {
         Pair pr;
         int sec = t / (group * NT), r = t - sec * group * NT, gh = min(group, BH - sec * group);
         pr.bh = sec * group + r % gh;
-        pr.i0 = (NT - 1 - r / gh) * BR;
+        pr.i0 = ((sec & 1) ? r / gh : NT - 1 - r / gh) * BR;  // odd sections shortest first: the deal stays even
         pr.jt_end = ceil_div(min(T, pr.i0 + BR), BC);
         pr.jt_begin = first_tile(pr.bh, pr.i0);  // the block's: the smallest over its warpgroups with rows below T
         #pragma unroll
@@ -2118,14 +2122,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
             // pair; ntiles >= 1 (the diagonal tile is never pruned), 0 would still load Q
             int ntiles = pr.jt_end - pr.jt_begin;
             // PRE: the pair's reference c_ref log2(e), the consumers' same expression (the same bits)
-            float cref_l2 = GATE && PRE ? cb[pr.i0] * LOG2E : 0.f;
+            float cref_l2 = GATE && PRE ? __fmul_rn(cb[pr.i0], LOG2E) : 0.f;
             if (ntiles == 0) load_q();
             for (int n = 0; n < ntiles; n++, it++) {
                 int st = it % ST, parity = ((it / ST) & 1) ^ 1, j0 = (pr.jt_end - 1 - n) * BC;
                 float cj[BC / 32];  // PRE: this lane's c_j, loaded before the wait so that their latency runs under it
                 if (GATE && PRE) {
                     #pragma unroll
-                    for (int e = 0; e < BC / 32; e++) cj[e] = j0 + lane + 32 * e < T ? cb[j0 + lane + 32 * e] : 0.f;
+                    for (int e = 0; e < BC / 32; e++) cj[e] = cb[min(j0 + lane + 32 * e, T - 1)];  // past T: masked
                 }
                 mbar_wait(&emptyK[st], parity);
                 if (lane == 0) {
@@ -2181,7 +2185,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
             nb = jt_end - first_tile(pr.bh, i0w);
         }
         // c_ref log2(e), rounded once: the thread's first row, or with PRE the pair's (the producer's d_j)
-        float cref_l2 = GATE ? cb[PRE ? pr.i0 : min(rows[0], T - 1)] * LOG2E : 0.f;
+        float cref_l2 = !GATE ? 0.f : PRE ? __fmul_rn(cb[pr.i0], LOG2E) : cb[min(rows[0], T - 1)] * LOG2E;
         float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.f, 0.f}, acc[HD / 2];
         #pragma unroll
         for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
@@ -2292,7 +2296,7 @@ static int g_wsp_blocks = 0;
 // version 18's heads per section: K and V of GROUP_MB megabytes (or g_wsp_group heads when > 0: checks)
 static int g_wsp_group = 0;
 #define FOX_V18_MB 24  // version 18's section: K and V of this many megabytes (half the H100's / H200's L2)
-// the checks' variants of versions 15-18: grid caps (g_wsp_blocks) and section sizes (g_wsp_group)
+// the checks' variants of versions 15-19: grid caps (g_wsp_blocks) and section sizes (g_wsp_group)
 static const int WSP_CAPS[5] = {0, 1, 5, 0, 5}, WSP_GROUPS[5] = {0, 0, 0, 1, 3};
 
 // version 15: at hd 64 version 10's tiles (three consumers, 3 stages), at hd 128 version 14's (two, ST128)
