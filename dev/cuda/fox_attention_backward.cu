@@ -191,9 +191,9 @@ __device__ void fox_naive_pds(acc_t* p, acc_t* ds, const bf16* qi, const bf16* k
 }
 
 template<class acc_t, class lse_t, class g_t, int HD>
-__global__ void fox_bwd_naive_dq_kernel(g_t* dq, acc_t* dc_row, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                                        const lse_t* lse, const acc_t* delta, const float* c, int B, int T, int H,
-                                        int stride_qkv, int stride_do, int stride_g, int window) {
+__global__ void fox_bwd_naive_dq_kernel(g_t* dq, acc_t* dc_row, const bf16* dout, const bf16* q, const bf16* k,
+                                        const bf16* v, const lse_t* lse, const acc_t* delta, const float* c,
+                                        int B, int T, int H, int stride_qkv, int stride_do, int stride_g, int window) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // (b, h, i)
     if (idx >= (size_t)B * H * T) return;
     int i = idx % T; size_t bh = idx / T; int h = bh % H, b = bh / H;
@@ -219,7 +219,8 @@ __global__ void fox_bwd_naive_dq_kernel(g_t* dq, acc_t* dc_row, const bf16* dout
 template<class acc_t, class lse_t, class g_t, int HD>
 __global__ void fox_bwd_naive_dkdv_kernel(g_t* dk, g_t* dv, acc_t* dc, const bf16* dout, const bf16* q, const bf16* k,
                                           const bf16* v, const lse_t* lse, const acc_t* delta, const float* c,
-                                          int B, int T, int H, int stride_qkv, int stride_do, int stride_g, int window) {
+                                          int B, int T, int H, int stride_qkv, int stride_do, int stride_g,
+                                          int window) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // (b, h, j)
     if (idx >= (size_t)B * H * T) return;
     int j = idx % T; size_t bh = idx / T; int h = bh % H, b = bh / H;
@@ -268,13 +269,17 @@ static void fox_backward1(g_t* dq, g_t* dk, g_t* dv, acc_t* dlogf, acc_t* scratc
     fox_bwd_naive_delta_kernel<<<grid, block>>>(delta, dout, o, B, T, H, hd, stride_do, stride_oo);
     cudaCheckLaunch();
     if (hd == 64) {
-        fox_bwd_naive_dq_kernel<acc_t, lse_t, g_t, 64><<<grid, block>>>(dq, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_do, stride_g, window);
+        fox_bwd_naive_dq_kernel<acc_t, lse_t, g_t, 64><<<grid, block>>>(
+            dq, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_do, stride_g, window);
         cudaCheckLaunch();
-        fox_bwd_naive_dkdv_kernel<acc_t, lse_t, g_t, 64><<<grid, block>>>(dk, dv, dc, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_do, stride_g, window);
+        fox_bwd_naive_dkdv_kernel<acc_t, lse_t, g_t, 64><<<grid, block>>>(
+            dk, dv, dc, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_do, stride_g, window);
     } else {
-        fox_bwd_naive_dq_kernel<acc_t, lse_t, g_t, 128><<<grid, block>>>(dq, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_do, stride_g, window);
+        fox_bwd_naive_dq_kernel<acc_t, lse_t, g_t, 128><<<grid, block>>>(
+            dq, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_do, stride_g, window);
         cudaCheckLaunch();
-        fox_bwd_naive_dkdv_kernel<acc_t, lse_t, g_t, 128><<<grid, block>>>(dk, dv, dc, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_do, stride_g, window);
+        fox_bwd_naive_dkdv_kernel<acc_t, lse_t, g_t, 128><<<grid, block>>>(
+            dk, dv, dc, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_do, stride_g, window);
     }
     cudaCheckLaunch();
     if (c && dlogf) {
@@ -289,7 +294,8 @@ static void fox_backward1(g_t* dq, g_t* dk, g_t* dv, acc_t* dlogf, acc_t* scratc
 
 // Delta_i = dO_i . O_i in fp32, a warp per row
 template<int HD>
-__global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* o, int BHT, int T, int H, int stride_o) {
+__global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* o,
+                                     int BHT, int T, int H, int stride_o) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= BHT) return;
     int i = row % T, bh = row / T, h = bh % H, b = bh / H;
@@ -389,7 +395,8 @@ __global__ void __launch_bounds__(128) fox_bwd_dkdv_mma_kernel(bf16* dk, bf16* d
             uint32_t ka[WM][4], va[WM][4];
             #pragma unroll
             for (int mt = 0; mt < WM; mt++) {
-                int arow = (warp * 16 * WM + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + kk * 16 + (lane / 16) * 8;
+                int arow = (warp * 16 * WM + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + kk * 16 +
+                           (lane / 16) * 8;
                 ldmatrix_x4(ka[mt], sK + arow);
                 ldmatrix_x4(va[mt], sV + arow);
             }
@@ -484,10 +491,11 @@ __global__ void __launch_bounds__(128) fox_bwd_dkdv_mma_kernel(bf16* dk, bf16* d
 
 // dq of one 64-query tile: a warp owns 16 queries, key tiles stream through shared memory
 template<int HD, bool GATE>
-__global__ void __launch_bounds__(128) fox_bwd_dq_mma_kernel(bf16* dq, float* dc_row, const bf16* dout, const bf16* q, const bf16* k,
-                                                              const bf16* v, const float* lse, const float* delta,
-                                                              const float* c, int T, int H, int stride_qkv, int stride_o,
-                                                              int window, float scale_log2, float scale) {
+__global__ void __launch_bounds__(128) fox_bwd_dq_mma_kernel(bf16* dq, float* dc_row, const bf16* dout, const bf16* q,
+                                                              const bf16* k, const bf16* v, const float* lse,
+                                                              const float* delta, const float* c, int T, int H,
+                                                              int stride_qkv, int stride_o, int window,
+                                                              float scale_log2, float scale) {
     constexpr int LD = HD + 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sQ = (bf16*)smem_raw;                  // (BR, LD)
@@ -590,7 +598,8 @@ __global__ void __launch_bounds__(128) fox_bwd_dq_mma_kernel(bf16* dq, float* dc
             #pragma unroll
             for (int dp2 = 0; dp2 < HD / 16; dp2++) {
                 uint32_t bk[4];
-                ldmatrix_x4_trans(bk, sKb + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp2 * 16 + (lane / 16) * 8);
+                ldmatrix_x4_trans(bk, sKb + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp2 * 16 +
+                                      (lane / 16) * 8);
                 mma_bf16(dqa[2 * dp2], sa, bk[0], bk[1]);
                 mma_bf16(dqa[2 * dp2 + 1], sa, bk[2], bk[3]);
             }
@@ -601,8 +610,10 @@ __global__ void __launch_bounds__(128) fox_bwd_dq_mma_kernel(bf16* dq, float* dc
     #pragma unroll
     for (int dt = 0; dt < HD / 8; dt++) {
         int col = dt * 8 + 2 * tq;
-        if (r0 < T) *(__nv_bfloat162*)(dqb + (size_t)r0 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt][0] * scale, dqa[dt][1] * scale);
-        if (r1 < T) *(__nv_bfloat162*)(dqb + (size_t)r1 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt][2] * scale, dqa[dt][3] * scale);
+        if (r0 < T) *(__nv_bfloat162*)(dqb + (size_t)r0 * stride_qkv + col) =
+            __floats2bfloat162_rn(dqa[dt][0] * scale, dqa[dt][1] * scale);
+        if (r1 < T) *(__nv_bfloat162*)(dqb + (size_t)r1 * stride_qkv + col) =
+            __floats2bfloat162_rn(dqa[dt][2] * scale, dqa[dt][3] * scale);
     }
     if (GATE) {
         #pragma unroll
@@ -652,8 +663,10 @@ static void fox_bwd_mma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
     size_t smem_q = (size_t)(2 * FOX_BR + 4 * FOX_BC) * LD * sizeof(bf16) + 2 * FOX_BC * sizeof(float);
     static bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_mma_kernel<HD, BQ, WM, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_mma_kernel<HD, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_mma_kernel<HD, BQ, WM, GATE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_mma_kernel<HD, GATE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
         configured = true;
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
@@ -677,11 +690,15 @@ static void fox_bwd_mma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     else fox_bwd_delta_kernel<128><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     cudaCheckLaunch();
     if (hd == 64) {
-        if (c) fox_bwd_mma_launch<64, BQ64, WM64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_mma_launch<64, BQ64, WM64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_mma_launch<64, BQ64, WM64, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                        stride_qkv, stride_o, window, s);
+        else fox_bwd_mma_launch<64, BQ64, WM64, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                       stride_qkv, stride_o, window, s);
     } else {  // hd 128: 32 keys per warp would need 256 accumulator registers
-        if (c) fox_bwd_mma_launch<128, 64, 1, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_mma_launch<128, 64, 1, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_mma_launch<128, 64, 1, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                    stride_qkv, stride_o, window, s);
+        else fox_bwd_mma_launch<128, 64, 1, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                   stride_qkv, stride_o, window, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -712,10 +729,11 @@ static void fox_bwd_mma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
 // S^T = K Q^T, dP^T = V dO^T (SS wgmma, K-major), then P^T, dS^T in registers, then
 // dV += P^T dO, dK += dS^T Q (RS wgmma, dO and Q N-major).
 template<int HD, int BQ, int NWG, bool GATE, int SW, int MINB, bool OVL>
-__global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf16* dk, bf16* dv, float* dc, const bf16* dout,
-                                                                       const bf16* q, const bf16* k, const bf16* v,
-                                                                       const float* lse, const float* delta, const float* c,
-                                                                       int T, int H, int stride_qkv, int stride_o, int window,
+__global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf16* dk, bf16* dv, float* dc,
+                                                                       const bf16* dout, const bf16* q,
+                                                                       const bf16* k, const bf16* v, const float* lse,
+                                                                       const float* delta, const float* c, int T, int H,
+                                                                       int stride_qkv, int stride_o, int window,
                                                                        float scale_log2, float scale) {
     constexpr int BK = 64 * NWG, NT = 128 * NWG;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -876,9 +894,10 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dkdv_wgmma_kernel(bf1
 // key tiles of BC stream through shared memory. S = Q K^T, dP = dO V^T (SS, K-major), dS in
 // registers, dQ += dS K (RS, K N-major).
 template<int HD, int BC, int NWG, bool GATE, int SW, int MINB, bool OVL>
-__global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16* dq, float* dc_row, const bf16* dout, const bf16* q,
-                                                                     const bf16* k, const bf16* v, const float* lse,
-                                                                     const float* delta, const float* c, int T, int H,
+__global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16* dq, float* dc_row, const bf16* dout,
+                                                                     const bf16* q, const bf16* k, const bf16* v,
+                                                                     const float* lse, const float* delta,
+                                                                     const float* c, int T, int H,
                                                                      int stride_qkv, int stride_o, int window,
                                                                      float scale_log2, float scale) {
     constexpr int BR = 64 * NWG, NT = 128 * NWG;
@@ -998,8 +1017,10 @@ __global__ void __launch_bounds__(128 * NWG, MINB) fox_bwd_dq_wgmma_kernel(bf16*
     #pragma unroll
     for (int dt = 0; dt < HD / 8; dt++) {
         int col = dt * 8 + 2 * tq;
-        if (r0 < T) *(__nv_bfloat162*)(dqb + (size_t)r0 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4] * scale, dqa[dt * 4 + 1] * scale);
-        if (r1 < T) *(__nv_bfloat162*)(dqb + (size_t)r1 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4 + 2] * scale, dqa[dt * 4 + 3] * scale);
+        if (r0 < T) *(__nv_bfloat162*)(dqb + (size_t)r0 * stride_qkv + col) =
+            __floats2bfloat162_rn(dqa[dt * 4] * scale, dqa[dt * 4 + 1] * scale);
+        if (r1 < T) *(__nv_bfloat162*)(dqb + (size_t)r1 * stride_qkv + col) =
+            __floats2bfloat162_rn(dqa[dt * 4 + 2] * scale, dqa[dt * 4 + 3] * scale);
     }
     if (GATE) {
         #pragma unroll
@@ -1024,21 +1045,26 @@ template<int HD, int BC, int NWG> constexpr size_t fox_wg_smem_q() {
 }
 
 template<int HD, int BQ, int NWGK, int BC, int NWGQ, bool GATE, int SW, int MINBK, int MINBQ, bool OVL>
-static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
-                                 const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
-                                 int B, int T, int H, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+static void fox_bwd_wgmma_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout,
+                                 const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
+                                 const float* c, int B, int T, int H, int stride_qkv, int stride_o, int window,
+                                 cudaStream_t s) {
     constexpr size_t smem_kv = fox_wg_smem_kv<HD, BQ, NWGK>(), smem_q = fox_wg_smem_q<HD, BC, NWGQ>();
     static bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK, OVL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ, OVL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK, OVL>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ, OVL>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
         configured = true;
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
-    fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK, OVL><<<dim3(ceil_div(T, 64 * NWGK), B * H), 128 * NWGK, smem_kv, s>>>(
+    fox_bwd_dkdv_wgmma_kernel<HD, BQ, NWGK, GATE, SW, MINBK, OVL><<<dim3(ceil_div(T, 64 * NWGK), B * H),
+                                                                    128 * NWGK, smem_kv, s>>>(
         dk, dv, dc, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
     cudaCheckLaunch();
-    fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ, OVL><<<dim3(ceil_div(T, 64 * NWGQ), B * H), 128 * NWGQ, smem_q, s>>>(
+    fox_bwd_dq_wgmma_kernel<HD, BC, NWGQ, GATE, SW, MINBQ, OVL><<<dim3(ceil_div(T, 64 * NWGQ), B * H),
+                                                                  128 * NWGQ, smem_q, s>>>(
         dq, dc_row, dout, q, k, v, lse, delta, c, T, H, stride_qkv, stride_o, window, scale_log2, scale);
     cudaCheckLaunch();
 }
@@ -1061,11 +1087,15 @@ static void fox_bwd_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
     constexpr int NWGK = CFG == 1 || CFG == 3 ? 2 : 1, MINB = CFG == 2 ? 3 : 1;
     constexpr bool OVL = CFG == 3;
     if (hd == 64) {
-        if (c) fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, true, SW, MINB, 1, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, false, SW, MINB, 1, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, true, SW, MINB, 1, OVL>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<64, 64, NWGK, 64, 1, false, SW, MINB, 1, OVL>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
     } else {  // hd 128: dK, dV take 128 accumulator registers; 32-query steps keep S^T, dP^T at 32
-        if (c) fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, true, SW, 1, MINB, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, false, SW, 1, MINB, OVL>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, true, SW, 1, MINB, OVL>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
+        else fox_bwd_wgmma_launch<128, 32, NWGK, 64, 1, false, SW, 1, MINB, OVL>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -1270,7 +1300,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_ws_kernel(bf16* dk, bf16*
     }
     if (PP && cw == 0) bar_sync256(1);  // consume consumer 1's last pass of the turn: every arrive is matched
 
-    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD,
+         *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int key = keys[r];
@@ -1451,8 +1482,10 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_ws_kernel(bf16* dq, float* 
     #pragma unroll
     for (int dt = 0; dt < HD / 8; dt++) {
         int col = dt * 8 + 2 * tq;
-        if (r0 < T) *(__nv_bfloat162*)(dqb + (size_t)r0 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4] * scale, dqa[dt * 4 + 1] * scale);
-        if (r1 < T) *(__nv_bfloat162*)(dqb + (size_t)r1 * stride_qkv + col) = __floats2bfloat162_rn(dqa[dt * 4 + 2] * scale, dqa[dt * 4 + 3] * scale);
+        if (r0 < T) *(__nv_bfloat162*)(dqb + (size_t)r0 * stride_qkv + col) =
+            __floats2bfloat162_rn(dqa[dt * 4] * scale, dqa[dt * 4 + 1] * scale);
+        if (r1 < T) *(__nv_bfloat162*)(dqb + (size_t)r1 * stride_qkv + col) =
+            __floats2bfloat162_rn(dqa[dt * 4 + 2] * scale, dqa[dt * 4 + 3] * scale);
     }
     if (GATE) {
         #pragma unroll
@@ -1470,10 +1503,12 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_ws_kernel(bf16* dq, float* 
 // Shared memory of the two kernels: the fixed 128-row tiles, ST stages of the streamed tiles and
 // their floats, the barriers, + 1 KB to align the tiles to the swizzle pattern
 template<int HD, int BQ, int ST> constexpr size_t fox_ws_smem_kv() {
-    return 1024 + (size_t)(2 * 128 + 2 * ST * BQ) * HD * sizeof(bf16) + 3 * ST * BQ * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
+    return 1024 + (size_t)(2 * 128 + 2 * ST * BQ) * HD * sizeof(bf16) + 3 * ST * BQ * sizeof(float) +
+           (1 + 2 * ST) * sizeof(uint64_t);
 }
 template<int HD, int BC, int ST> constexpr size_t fox_ws_smem_q() {
-    return 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
+    return 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
+           (1 + 2 * ST) * sizeof(uint64_t);
 }
 
 // the two kernels for one head size; WSQ = false: version 6's dq kernel instead; PP: ping-pong turns
@@ -1486,16 +1521,21 @@ static void fox_bwd_ws_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc
     constexpr size_t smem_q6 = fox_wg_smem_q<HD, 64, 1>();
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_ws_kernel<HD, BQ, ST, GATE, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-        if (WSQ) cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_ws_kernel<HD, BC, ST, GATE, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
-        else cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, 64, 1, GATE, 1, 1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q6));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_ws_kernel<HD, BQ, ST, GATE, PP>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        if (WSQ) cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_ws_kernel<HD, BC, ST, GATE, PP>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        else cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_wgmma_kernel<HD, 64, 1, GATE, 1, 1, false>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q6));
         configured = true;
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     int nt = ceil_div(T, 128);
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
-                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ),
+                tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128),
+                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
     fox_bwd_dkdv_ws_kernel<HD, BQ, ST, GATE, PP><<<dim3(nt, B * H), 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     cudaCheckLaunch();
@@ -1531,11 +1571,19 @@ static void fox_bwd_ws(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratc
     cudaCheckLaunch();
     constexpr bool WSQ = CFG != 1, PP = CFG == 2;
     if (hd == 64) {
-        if (c) fox_bwd_ws_launch<64, 64, 128, 2, true, WSQ, PP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_ws_launch<64, 64, 128, 2, false, WSQ, PP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_ws_launch<64, 64, 128, 2, true, WSQ, PP>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_ws_launch<64, 64, 128, 2, false, WSQ, PP>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {  // 64-query steps fit at hd 128 too: 240 registers, no spills
-        if (c) fox_bwd_ws_launch<128, 64, 64, 2, true, WSQ, PP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_ws_launch<128, 64, 64, 2, false, WSQ, PP>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_ws_launch<128, 64, 64, 2, true, WSQ, PP>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_ws_launch<128, 64, 64, 2, false, WSQ, PP>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -1693,7 +1741,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
                                                                    const __grid_constant__ CUtensorMap tmV,
                                                                    const float* lse, const float* delta, const float* c,
                                                                    int T, int H, int stride_qkv, int window,
-                                                                   float scale_log2, float scale, const int* query_end) {
+                                                                   float scale_log2, float scale,
+                                                                   const int* query_end) {
     constexpr int BK = 128, SW = 1;
     static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1838,16 +1887,19 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
                 }
                 wgmma_fence();
                 #pragma unroll
-                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+                for (int kk = 0; kk < BQ / 16; kk++)
+                    wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
                 #pragma unroll
-                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+                for (int kk = 0; kk < BQ / 16; kk++)
+                    wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
             } else {
                 // dV += P^T dO
                 #pragma unroll
                 for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
                 wgmma_fence();
                 #pragma unroll
-                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+                for (int kk = 0; kk < BQ / 16; kk++)
+                    wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
                 wgmma_commit();
                 wgmma_wait<1>();  // dP^T done (dV may still run)
                 wgmma_pin<BQ / 2>(dp);
@@ -1857,7 +1909,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
                 for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
                 wgmma_fence();
                 #pragma unroll
-                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+                for (int kk = 0; kk < BQ / 16; kk++)
+                    wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
             }
             wgmma_commit();
             if (OVL) {
@@ -1887,7 +1940,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
         release(pst);
     }
 
-    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD,
+         *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int key = keys[r];
@@ -2114,15 +2168,19 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     constexpr size_t smem_kv = fox_ws_smem_kv<HD, BQ, ST>(), smem_q = fox_ws_smem_q<HD, BC, ST>();
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, OVL, DSF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, OVLQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, OVL, DSF>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, OVLQ>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
         configured = true;
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     int nt = ceil_div(T, 128);
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
-                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ),
+                tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128),
+                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
     fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, OVL, DSF><<<dim3(nt, B * H), 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     cudaCheckLaunch();
@@ -2157,11 +2215,19 @@ static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scra
     constexpr int BC128 = CFG >= 3 ? 128 : 64;  // the dQ kernel's key tile at hd 128
     constexpr bool DSF128 = CFG == 5;
     if (hd == 64) {
-        if (c) fox_bwd_lean_launch<64, 64, 128, 2, true, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<64, 64, 128, 2, false, OVL, OVLQ>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_lean_launch<64, 64, 128, 2, true, OVL, OVLQ>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<64, 64, 128, 2, false, OVL, OVLQ>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
-        if (c) fox_bwd_lean_launch<128, 64, BC128, 2, true, OVL, OVLQ, DSF128>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<128, 64, BC128, 2, false, OVL, OVLQ, DSF128>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_lean_launch<128, 64, BC128, 2, true, OVL, OVLQ, DSF128>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_lean_launch<128, 64, BC128, 2, false, OVL, OVLQ, DSF128>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -2187,10 +2253,10 @@ static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scra
 //   stage to be free (read-only inputs: their latency runs under that wait), compute the terms
 //   with fox_lean_qterm / fox_lean_kterm (the same operations on the same values as versions
 //   12-14, so P and dS keep their bits: the results equal version 14's bitwise, as the ladder
-//   prints: H200, 2026-11-21, both head sizes), store them with st.shared (dK/dV: A_i and Delta_i; dQ: B_j, and c_b log2 e of
-//   the tile's 128-key block, which the dQ consumers need for their rows' A), then arrive on the
-//   stage's full barrier with release semantics (the consumers' try_wait acquires): the arrival
-//   count stays 1 + 32 (dQ without gate: 1, no floats);
+//   prints: H200, 2026-11-21, both head sizes), store them with st.shared (dK/dV: A_i and Delta_i;
+//   dQ: B_j, and c_b log2 e of the tile's 128-key block, which the dQ consumers need for their
+//   rows' A), then arrive on the stage's full barrier with release semantics (the consumers'
+//   try_wait acquires): the arrival count stays 1 + 32 (dQ without gate: 1, no floats);
 // - a dK/dV consumer reads one float2 of A per 4 scores, P = 2^(s scale_log2 + (A_i + B_j)) with
 //   B_j its rows' key terms as before (one FADD, one FFMA, one MUFU per score, nothing per
 //   column); a dQ consumer reads one float2 of B per 4 scores (the FFMA per column is gone) and
@@ -2444,9 +2510,11 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
                 for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
                 wgmma_fence();
                 #pragma unroll
-                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+                for (int kk = 0; kk < BQ / 16; kk++)
+                    wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
                 #pragma unroll
-                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+                for (int kk = 0; kk < BQ / 16; kk++)
+                    wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
                 wgmma_commit();
             } else {
                 // dV += P^T dO
@@ -2454,7 +2522,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
                 for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
                 wgmma_fence();
                 #pragma unroll
-                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+                for (int kk = 0; kk < BQ / 16; kk++)
+                    wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
                 wgmma_commit();
                 // the columns' Delta, loaded before the wait for dP^T
                 float2 d[LIVE ? 1 : BQ / 8];
@@ -2468,7 +2537,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
                 for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
                 wgmma_fence();
                 #pragma unroll
-                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+                for (int kk = 0; kk < BQ / 16; kk++)
+                    wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
                 wgmma_commit();
             }
             if (OVL) {
@@ -2498,7 +2568,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
         release(pst);
     }
 
-    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD,
+         *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int key = keys[r];
@@ -2733,10 +2804,12 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_pre_kernel(bf16* dq, float*
 // their floats (dK/dV: A, Delta; dQ: B and c_b, 2 ST floats for the barriers' alignment), the
 // barriers, + 1 KB to align the tiles to the swizzle pattern
 template<int HD, int BQ, int ST> constexpr size_t fox_pre_smem_kv() {
-    return 1024 + (size_t)(2 * 128 + 2 * ST * BQ) * HD * sizeof(bf16) + 2 * ST * BQ * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
+    return 1024 + (size_t)(2 * 128 + 2 * ST * BQ) * HD * sizeof(bf16) + 2 * ST * BQ * sizeof(float) +
+           (1 + 2 * ST) * sizeof(uint64_t);
 }
 template<int HD, int BC, int ST> constexpr size_t fox_pre_smem_q() {
-    return 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) + (ST * BC + 2 * ST) * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
+    return 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) + (ST * BC + 2 * ST) * sizeof(float) +
+           (1 + 2 * ST) * sizeof(uint64_t);
 }
 
 // the two kernels for one head size; OVL, OVLQ: the cross-tile overlap in the dK/dV kernel, in the dQ kernel
@@ -2748,15 +2821,19 @@ static void fox_bwd_pre_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
     constexpr size_t smem_kv = fox_pre_smem_kv<HD, BQ, ST>(), smem_q = fox_pre_smem_q<HD, BC, ST>();
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_pre_kernel<HD, BQ, ST, GATE, OVL, DSF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, OVLQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_pre_kernel<HD, BQ, ST, GATE, OVL, DSF>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, OVLQ>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
         configured = true;
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     int nt = ceil_div(T, 128);
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
-                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ),
+                tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128),
+                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
     fox_bwd_dkdv_pre_kernel<HD, BQ, ST, GATE, OVL, DSF><<<dim3(nt, B * H), 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     cudaCheckLaunch();
@@ -2790,11 +2867,19 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     constexpr bool DSF = CFG >= 3;
     constexpr int ST64 = CFG == 4 ? 3 : 2;  // version 21: version 20 with three stages
     if (hd == 64) {
-        if (c) fox_bwd_pre_launch<64, BQ64, 128, ST64, true, OVL64, true, DSF>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_pre_launch<64, BQ64, 128, ST64, false, OVL64, true, DSF>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_pre_launch<64, BQ64, 128, ST64, true, OVL64, true, DSF>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_pre_launch<64, BQ64, 128, ST64, false, OVL64, true, DSF>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, nullptr, nullptr, s);
     } else {
-        if (c) fox_bwd_pre_launch<128, 64, 64, 2, true, false, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_pre_launch<128, 64, 64, 2, false, false, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+        if (c) fox_bwd_pre_launch<128, 64, 64, 2, true, false, true>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_bwd_pre_launch<128, 64, 64, 2, false, false, true>(
+            dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+            stride_qkv, stride_o, window, nullptr, nullptr, s);
     }
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -2982,7 +3067,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16
                 wgmma_commit();
                 #pragma unroll
                 for (int kk = 0; kk < HD / 16; kk++)
-                    wgmma_ss<BQ, 0>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
+                    wgmma_ss<BQ, 0>(dp, desc_add(dV0, kstep_bytes<BK>(kk)),
+                                    desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
                 wgmma_commit();
                 wgmma_wait<1>();
                 wgmma_pin<BQ / 2>(s);
@@ -3003,9 +3089,11 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16
                 for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
                 wgmma_fence();
                 #pragma unroll
-                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
+                for (int kk = 0; kk < BQ / 16; kk++)
+                    wgmma_rs<HD, 1>(dva, pa[kk], desc_add(dGn0, so + mnstep_bytes(kk)), 1);
                 #pragma unroll
-                for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+                for (int kk = 0; kk < BQ / 16; kk++)
+                    wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
                 wgmma_commit();
                 wgmma_wait0();
                 wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
@@ -3017,7 +3105,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_prp_kernel(bf16* dk, bf16
         if (lane == 0) mbar_arrive(emptyKV);  // this warp's last S^T, dP^T of the pair are done: K, V may be reloaded
         it += ntiles;
 
-        bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+        bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD,
+             *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
         #pragma unroll
         for (int r = 0; r < 2; r++) {
             int key = keys[r];
@@ -3201,7 +3290,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_prp_kernel(bf16* dq, float*
                 wgmma_commit();
                 #pragma unroll
                 for (int kk = 0; kk < HD / 16; kk++)
-                    wgmma_ss<BC, 0>(dp, desc_add(dG0, kstep_bytes<BR>(kk)), desc_add(dV0, so + kstep_bytes<BC>(kk)), kk);
+                    wgmma_ss<BC, 0>(dp, desc_add(dG0, kstep_bytes<BR>(kk)),
+                                    desc_add(dV0, so + kstep_bytes<BC>(kk)), kk);
                 wgmma_commit();
                 // the rows' query terms for the tile's key block (c_b log2 e from the stage), under the matmuls
                 float cb_l2 = GATE ? sCL[st] : 0.f;
@@ -3227,7 +3317,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_prp_kernel(bf16* dq, float*
                 for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
                 wgmma_fence();
                 #pragma unroll
-                for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(dqa, sa[kk], desc_add(dKn0, so + mnstep_bytes(kk)), 1);
+                for (int kk = 0; kk < BC / 16; kk++)
+                    wgmma_rs<HD, 1>(dqa, sa[kk], desc_add(dKn0, so + mnstep_bytes(kk)), 1);
                 wgmma_commit();
                 pending = true;
                 pst = st;
@@ -3289,14 +3380,19 @@ static void fox_bwd_prp_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
         int dev;
         cudaCheck(cudaGetDevice(&dev));
         cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_prp_kernel<HD, BQ, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-        if (PQ) cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_prp_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
-        else cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_prp_kernel<HD, BQ, ST, GATE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        if (PQ) cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_prp_kernel<HD, BC, ST, GATE>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+        else cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, true>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     int nt = ceil_div(T, 128), npairs = nt * B * H;
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
-                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ),
+                tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128),
+                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
     int grid = min(npairs, g_prp_blocks > 0 ? g_prp_blocks : sms);
     // version 29's heads per section: Q, dO (dK/dV) or K, V (dQ) of GROUP_MB megabytes (g_prp_group when > 0)
     int group = B * H;
@@ -3322,7 +3418,11 @@ static void fox_bwd_prp(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
                         const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
                         cudaStream_t s) {
-    if (hd != 64) { fox_bwd_lean<3>(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window, tables, s); return; }
+    if (hd != 64) {
+        fox_bwd_lean<3>(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
+                        tables, s);
+        return;
+    }
     int BHT = B * H * T;
     const int* key_start = tables;
     const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
@@ -3373,8 +3473,15 @@ static void fox_bwd_prp(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
 // D (64 x 64) += A (64 x 16) B (16 x 64), both from shared memory, both MN-major (transposed)
 __device__ __forceinline__ void wgmma_ss_tt_n64(float* d, uint64_t da, uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
                  : "l"(da), "l"(db), "r"(acc) : "memory");
 }
 __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
@@ -3395,7 +3502,9 @@ __device__ __forceinline__ void bulk_add(float* g, const float* sm, uint32_t byt
                  :: "l"(g), "r"(smem_u32(sm)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-template<int N> __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory"); }
+template<int N> __device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 // named barrier of one consumer warpgroup (128 threads)
 __device__ __forceinline__ void bar_sync128(int id) { asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory"); }
@@ -3664,7 +3773,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_fused_kernel(bf16* dk, bf16* d
             wgmma_fence();
             #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
-                wgmma_ss_tt_n64(dqa, desc_add(dS0, buf * DSBUF + mnstep_bytes(kk)), desc_add(dKn0, mnstep_bytes(kk)), kk);
+                wgmma_ss_tt_n64(dqa, desc_add(dS0, buf * DSBUF + mnstep_bytes(kk)),
+                                desc_add(dKn0, mnstep_bytes(kk)), kk);
             wgmma_commit();
             // the row sums of dS over the block's keys while the matmul runs
             float rsum = 0.f;
@@ -3695,7 +3805,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_fused_kernel(bf16* dk, bf16* d
         if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's Q, dO and floats
     }
 
-    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD,
+         *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int key = keys[r];
@@ -3851,7 +3962,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_fused3_kernel(bf16* dk, bf16* 
             wgmma_fence();
             #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
-                wgmma_ss_tt_n64(dqa, desc_add(dS0, buf * DSBUF + mnstep_bytes(kk)), desc_add(dKn0, mnstep_bytes(kk)), kk);
+                wgmma_ss_tt_n64(dqa, desc_add(dS0, buf * DSBUF + mnstep_bytes(kk)),
+                                desc_add(dKn0, mnstep_bytes(kk)), kk);
             wgmma_commit();
             if (warp == 0 && n + ST < ntiles) produce(n + ST);  // its stage is free once the consumers finish tile n
             float rsum = 0.f;
@@ -4008,7 +4120,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_fused3_kernel(bf16* dk, bf16* 
         if (lane == 0) mbar_arrive(&empty[st]);
     }
 
-    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD, *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD,
+         *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int key = keys[r];
@@ -4070,7 +4183,11 @@ static void fox_bwd_fused(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
                           const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
                           int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
                           cudaStream_t s) {
-    if (hd != 64) { fox_bwd_lean<2>(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window, tables, s); return; }
+    if (hd != 64) {
+        fox_bwd_lean<2>(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
+                        tables, s);
+        return;
+    }
     constexpr int HD = 64, BQ = 64, ST = 2;
     int BHT = B * H * T, BH = B * H, nkt = ceil_div(T, 128), nq = ceil_div(T, BQ), Tp = nq * BQ;
     const int* query_end = tables ? tables + (size_t)BH * nkt : nullptr;
@@ -4085,15 +4202,21 @@ static void fox_bwd_fused(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
     constexpr size_t smem = fox_fused_smem<HD, BQ, ST>();
     static bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_fused_kernel<HD, BQ, ST, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_fused_kernel<HD, BQ, ST, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_fused3_kernel<HD, BQ, ST, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_fused3_kernel<HD, BQ, ST, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_fused_kernel<HD, BQ, ST, true>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_fused_kernel<HD, BQ, ST, false>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_fused3_kernel<HD, BQ, ST, true>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_fused3_kernel<HD, BQ, ST, false>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ), tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
-                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128), tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BQ),
+                tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128),
+                tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
     float* rs_acc = acc + (size_t)BH * Tp * HD;
     if (V18) {
         if (c) fox_bwd_fused3_kernel<HD, BQ, ST, true><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync,
@@ -4101,15 +4224,15 @@ static void fox_bwd_fused(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scr
         else fox_bwd_fused3_kernel<HD, BQ, ST, false><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync,
             tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, nullptr);
     } else {
-        if (c) fox_bwd_fused_kernel<HD, BQ, ST, true><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync, tq, tg,
-            tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
-        else fox_bwd_fused_kernel<HD, BQ, ST, false><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync, tq, tg,
-            tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, nullptr);
+        if (c) fox_bwd_fused_kernel<HD, BQ, ST, true><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync,
+            tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
+        else fox_bwd_fused_kernel<HD, BQ, ST, false><<<dim3(nkt, BH), 384, smem, s>>>(dk, dv, dc, acc, rs_acc, sync,
+            tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, nullptr);
     }
     cudaCheckLaunch();
     size_t nconv = (size_t)BHT * (HD / 8);
-    fox_bwd_dq_convert_kernel<HD><<<(unsigned)((nconv + 255) / 256), 256, 0, s>>>(dq, c ? dc_row : nullptr, acc, acc + (size_t)BH * Tp * HD,
-                                                                               B, T, H, Tp, stride_qkv, scale);
+    fox_bwd_dq_convert_kernel<HD><<<(unsigned)((nconv + 255) / 256), 256, 0, s>>>(
+        dq, c ? dc_row : nullptr, acc, acc + (size_t)BH * Tp * HD, B, T, H, Tp, stride_qkv, scale);
     cudaCheckLaunch();
     if (c) {
         fox_bwd_dlogf_kernel<<<BH, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
@@ -4136,7 +4259,8 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         exit(EXIT_FAILURE);
     }
     if (c && !dlogf) {
-        fprintf(stderr, "fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf.\n");
+        fprintf(stderr, "fox_attention_backward: c is given but dlogf is NULL\n"
+                "HINT: pass a (B, H, T) fp32 buffer for dlogf.\n");
         exit(EXIT_FAILURE);
     }
     // sm_90a only. Warp-specialised (TMA producer warp, two consumer warpgroups, 128-row tiles) with
@@ -4145,11 +4269,11 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     // version 22 at hd 128 (version 14 with 128-key tiles in the dQ kernel, each waiting for its dQ;
     // version 15 is 4-8% slower there)
     if (hd == 64)
-        fox_bwd_pre<3>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
-                       nullptr, s);
+        fox_bwd_pre<3>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
+                       window, nullptr, s);
     else
-        fox_bwd_lean<3>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
-                        nullptr, s);
+        fox_bwd_lean<3>(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o,
+                        window, nullptr, s);
 }
 // ---- end: fused backward API ----
 
@@ -4276,7 +4400,8 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
         for (size_t e = 0; e < p.n_bht; e++) scale = std::max(scale, fabs(dlogf[e]));
         for (int bh = 0; bh < p.B * p.H; bh++) worst = std::max(worst, fabs((double)lf[(size_t)bh * p.T]));
         bool z = worst <= 1e-3 * scale + 1e-6;
-        printf("    dlogf_0 max |.| %.3e vs max |dlogf| %.3e (tol 1e-3 relative) %s\n", worst, scale, z ? "ok" : "FAIL");
+        printf("    dlogf_0 max |.| %.3e vs max |dlogf| %.3e (tol 1e-3 relative) %s\n",
+               worst, scale, z ? "ok" : "FAIL");
         ok &= z;
     }
     return ok;
@@ -4295,7 +4420,8 @@ int main(int argc, char** argv) {
     for (bool& ok : vok) ok = true;
 
     if (argc > 3 && strcmp(argv[3], "profile") == 0) {  // one backward per version and timing shape, for ncu
-        int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64}, {1, 16, 16384, 128}, {4, 16, 4096, 128}};
+        int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64},
+                           {1, 16, 16384, 128}, {4, 16, 4096, 128}};
         for (auto& sh : shapes) {
             FoxProblem p = make_problem(sh[0], sh[2], sh[1], sh[3], 0, false, 0.05);
             BwdDev d = upload_bwd(p);
@@ -4380,7 +4506,8 @@ int main(int argc, char** argv) {
             BwdDev d = upload_bwd(p);
             int* tables_d = dmalloc<int>(tables.size()); h2d(tables_d, tables);
             const bf16 *q = d.qkv + p.q_off, *k = d.qkv + p.k_off, *v = d.qkv + p.v_off;
-            fox_fwd_ws<128, 2>(d.o, d.lse, q, k, v, d.c, p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables_d, 0);
+            fox_fwd_ws<128, 2>(d.o, d.lse, q, k, v, d.c,
+                               p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables_d, 0);
             poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
             printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start, query_end)\n  version %d", p.B,
                    p.T, p.H, p.hd, p.window, ver);
@@ -4425,14 +4552,16 @@ int main(int argc, char** argv) {
         printf("T=%d H=%d hd=%d window=%d %s\n", p.T, p.H, p.hd, p.window, L.what);
         if (L.T <= 256) {  // the reference against the CPU
             std::vector<double> dq(n), dk(n), dv(n), dlogf(p.n_bht);
-            fox_backward_cpu(dq.data(), dk.data(), dv.data(), dlogf.data(), p.doutf.data(), p.stride_o, p.qkvf.data() + p.q_off,
-                             p.qkvf.data() + p.k_off, p.qkvf.data() + p.v_off, p.c.data(), p.B, p.T, p.H, p.hd,
-                             p.stride_qkv, p.window);
+            fox_backward_cpu(dq.data(), dk.data(), dv.data(), dlogf.data(), p.doutf.data(), p.stride_o,
+                             p.qkvf.data() + p.q_off, p.qkvf.data() + p.k_off, p.qkvf.data() + p.v_off, p.c.data(),
+                             p.B, p.T, p.H, p.hd, p.stride_qkv, p.window);
             const double* cpu[4] = {dq.data(), dk.data(), dv.data(), dlogf.data()};
             const char* names[4] = {"dq", "dk", "dv", "dlogf"};
             for (int x = 0; x < 4; x++) {
                 size_t m = x < 3 ? n : p.n_bht;
-                ErrStat st = compare(m, [&](size_t e, double* gg, double* rr) { *gg = ref[x * n + e]; *rr = cpu[x][e]; });
+                ErrStat st = compare(m, [&](size_t e, double* gg, double* rr) {
+                    *gg = ref[x * n + e]; *rr = cpu[x][e];
+                });
                 all_ok &= report(names[x], st, 1e-10);
             }
         } else {
@@ -4442,7 +4571,8 @@ int main(int argc, char** argv) {
                 printf("  version %d\n", ver);
                 run_backward(ver, p, d);
                 sync_or_exit("the version above", 120);
-                vok[ver] &= check_backward(p, d, ref.data(), ref.data() + n, ref.data() + 2 * n, ref.data() + 3 * n, L.tol_dqdk);
+                vok[ver] &= check_backward(p, d, ref.data(), ref.data() + n, ref.data() + 2 * n,
+                                           ref.data() + 3 * n, L.tol_dqdk);
             }
         }
         cudaCheck(cudaFree(o64)); cudaCheck(cudaFree(lse64)); cudaCheck(cudaFree(g64)); cudaCheck(cudaFree(s64));
@@ -4467,7 +4597,8 @@ int main(int argc, char** argv) {
             if (rep == 0) { g1 = g; l1 = l; continue; }
             bool same = memcmp(g.data(), g1.data(), g.size() * sizeof(bf16)) == 0 &&
                         memcmp(l.data(), l1.data(), l.size() * sizeof(float)) == 0;
-            printf("determinism of version %d, hd %d (two backward runs, bitwise): %s\n", ver, p.hd, same ? "ok" : "FAIL");
+            printf("determinism of version %d, hd %d (two backward runs, bitwise): %s\n",
+                   ver, p.hd, same ? "ok" : "FAIL");
             vok[ver] &= same;
         }
         if (ver == 15 || ver == 16 || ver >= 19) {
@@ -4493,8 +4624,10 @@ int main(int argc, char** argv) {
     if (!all_ok || !any_ok) { printf("VALIDATION FAILED: no timing\n"); return EXIT_FAILURE; }
 
     // 4. timing on the benchmark shapes (dev/bench_attention.py), gate on, random data
-    int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64}, {1, 16, 16384, 128}, {4, 16, 4096, 128}};
-    printf("\nbackward and forward+backward (forward = fox_attention_forward), causal, gate on: TFLOP/s (ms)\n%-22s", "B x H x T x hd");
+    int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64},
+                       {1, 16, 16384, 128}, {4, 16, 4096, 128}};
+    printf("\nbackward and forward+backward (forward = fox_attention_forward), causal, gate on: TFLOP/s (ms)\n%-22s",
+           "B x H x T x hd");
     for (int ver = first; ver <= last; ver++) printf("   v%d bwd             v%d fwd+bwd         ", ver, ver);
     printf("\n");
     for (auto& sh : shapes) {
@@ -4525,7 +4658,8 @@ int main(int argc, char** argv) {
                 mb = med[k++];
                 mfb = med[k++];
             }
-            printf("   %6.1f (%8.3f)  %6.1f (%8.3f)", 2.5 * f / (mb * 1e-3) / 1e12, mb, 3.5 * f / (mfb * 1e-3) / 1e12, mfb);
+            printf("   %6.1f (%8.3f)  %6.1f (%8.3f)", 2.5 * f / (mb * 1e-3) / 1e12, mb,
+                   3.5 * f / (mfb * 1e-3) / 1e12, mfb);
         }
         printf("\n");
         release_bwd(d);

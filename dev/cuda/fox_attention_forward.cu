@@ -29,7 +29,8 @@ version 5 is version 4's online softmax on Hopper's warpgroup mma (wgmma, sm_90a
 accumulators as register A fragments, V read N-major from its tile; 128-key tiles at hd 64
 ./fox_attention_forward 5
 
-version 6 is version 5 with two warpgroups (128 rows) per block sharing 64-key K/V tiles (the API at hd 64 before version 9)
+version 6 is version 5 with two warpgroups (128 rows) per block sharing 64-key K/V tiles (the API at
+hd 64 before version 9)
 ./fox_attention_forward 6
 
 version 7 is version 6 with FlashAttention-3's pipeline inside a warpgroup: tile j's S matmul is
@@ -244,38 +245,84 @@ __device__ __forceinline__ void load_vec_async(float* sm, const float* g, int ro
 // per warp). TB = 1: B is N-major (transposed).
 template<int TB> __device__ __forceinline__ void wgmma_ss_n32(float* d, uint64_t da, uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, %19;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                 "%16, %17, p, 1, 1, 0, %19;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                  : "l"(da), "l"(db), "r"(acc), "n"(TB) : "memory");
 }
 template<int TB> __device__ __forceinline__ void wgmma_rs_n32(float* d, const uint32_t a[4], uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                 "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB) : "memory");
 }
 template<int TB> __device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t da, uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, %35;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
                  : "l"(da), "l"(db), "r"(acc), "n"(TB) : "memory");
 }
 template<int TB> __device__ __forceinline__ void wgmma_rs_n64(float* d, const uint32_t a[4], uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB) : "memory");
 }
 template<int TB> __device__ __forceinline__ void wgmma_ss_n128(float* d, uint64_t da, uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "%64, %65, p, 1, 1, 0, %67;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+                   "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+                   "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+                   "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(da), "l"(db), "r"(acc), "n"(TB) : "memory");
 }
 template<int TB> __device__ __forceinline__ void wgmma_rs_n128(float* d, const uint32_t a[4], uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+                   "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+                   "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+                   "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB) : "memory");
 }
 template<int N, int TB> __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int acc) {
@@ -290,7 +337,9 @@ template<int N, int TB> __device__ __forceinline__ void wgmma_rs(float* d, const
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template<int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+template<int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
 __device__ __forceinline__ void wgmma_wait0() { wgmma_wait<0>(); }
 // The compiler sees a wgmma as finished when issued; pinning its accumulators after the wait keeps
 // every read of them below the wait.
@@ -306,7 +355,8 @@ template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
 // the same for A fragments in registers: keeps them alive (unreused) until the wait
 template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
     #pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
+    for (int i = 0; i < R; i++)
+        asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
 }
 // cp.async writes are generic-proxy writes; wgmma reads through the async proxy
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -325,7 +375,8 @@ __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_
 //   at 1024-byte boundaries (the swizzle pattern repeats every 8 rows).
 // The same bytes serve as a K-major operand (K = HD: S = Q K^T, dP = dO V^T) and as an N-major one
 // (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit.
-template<int HD, int ROWS, int SW> __device__ __forceinline__ int tile_off(int r, int ch) {  // 16-byte chunk ch of row r, in elements
+// 16-byte chunk ch of row r, in elements
+template<int HD, int ROWS, int SW> __device__ __forceinline__ int tile_off(int r, int ch) {
     if constexpr (SW == 0) return ((r >> 3) * (HD / 8) + ch) * 64 + (r & 7) * 8;
     else return (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
 }
@@ -417,8 +468,10 @@ template<class acc_t, class o_t>
 static void fox_forward1(o_t* o, acc_t* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window) {
     int block = 128, grid = ceil_div(B * H * T, block);
-    if (hd == 64) fox_fwd_naive_kernel<acc_t, o_t, 64><<<grid, block>>>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window);
-    else fox_fwd_naive_kernel<acc_t, o_t, 128><<<grid, block>>>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window);
+    if (hd == 64) fox_fwd_naive_kernel<acc_t, o_t, 64><<<grid, block>>>(
+        o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window);
+    else fox_fwd_naive_kernel<acc_t, o_t, 128><<<grid, block>>>(
+        o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window);
     cudaCheckLaunch();
 }
 
@@ -496,7 +549,8 @@ static void fox_forward2(bf16* o, float* lse, const bf16* q, const bf16* k, cons
                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window) {
     dim3 grid(ceil_div(T, V2_BR), B * H);
     float scale = 1.0f / sqrtf((float)hd);
-    if (hd == 64) fox_fwd_tiled_kernel<64><<<grid, 128>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale);
+    if (hd == 64) fox_fwd_tiled_kernel<64><<<grid, 128>>>(
+        o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale);
     else fox_fwd_tiled_kernel<128><<<grid, 128>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale);
     cudaCheckLaunch();
 }
@@ -577,7 +631,8 @@ __global__ void __launch_bounds__(128) fox_fwd_mma_kernel(bf16* o, float* lse, c
         }
         __syncthreads();
         auto load_q = [&](uint32_t r[4], int mt, int kk) {
-            ldmatrix_x4(r, sQ + (warp * 16 * WM + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + kk * 16 + (lane / 16) * 8);
+            ldmatrix_x4(r, sQ + (warp * 16 * WM + mt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + kk * 16 +
+                           (lane / 16) * 8);
         };
         if (Q_REGS && jt == jt_begin) {
             #pragma unroll
@@ -664,7 +719,8 @@ __global__ void __launch_bounds__(128) fox_fwd_mma_kernel(bf16* o, float* lse, c
             #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t bv[4];
-                ldmatrix_x4_trans(bv, sVb + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+                ldmatrix_x4_trans(bv, sVb + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 +
+                                      (lane / 16) * 8);
                 #pragma unroll
                 for (int mt = 0; mt < WM; mt++) {
                     mma_bf16(acc[mt][2 * dp], pa[mt], bv[0], bv[1]);
@@ -707,7 +763,8 @@ static void fox_check_args(const char* who, const void* q, const void* k, const 
     }
     if (stride_qkv % 8 || stride_o % 2 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16) {
         fprintf(stderr, "%s: q/k/v must be 16-byte aligned with stride_qkv %% 8 == 0, stride_o even\n"
-                "HINT: q, k, v are read in 16-byte chunks; allocate with cudaMalloc and keep strides multiples of 8.\n", who);
+                "HINT: q, k, v are read in 16-byte chunks; allocate with cudaMalloc and keep strides multiples of 8.\n",
+                who);
         exit(EXIT_FAILURE);
     }
 }
@@ -719,19 +776,22 @@ static void fox_fwd_mma_launch(bf16* o, float* lse, const bf16* q, const bf16* k
     size_t smem = (size_t)(BR + 4 * BC) * LD * sizeof(bf16) + 2 * BC * sizeof(float);
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_fwd_mma_kernel<HD, BC, WM, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(fox_fwd_mma_kernel<HD, BC, WM, GATE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
     dim3 grid(ceil_div(T, BR), B * H);
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    fox_fwd_mma_kernel<HD, BC, WM, GATE><<<grid, 128, smem, s>>>(o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2);
+    fox_fwd_mma_kernel<HD, BC, WM, GATE><<<grid, 128, smem, s>>>(
+        o, lse, q, k, v, c, T, H, stride_qkv, stride_o, window, scale_log2);
     cudaCheckLaunch();
 }
 
 // tile shape (key tile BC, 16-row tiles per warp WM) -> launch, for hd 64/128, gate on/off
 template<int BC64, int BC128, int WM>
 static void fox_fwd_mma_dispatch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
-                                 int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
+                                 int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
+                                 cudaStream_t s) {
     if (hd == 64) {
         if (c) fox_fwd_mma_launch<64, BC64, WM, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
         else fox_fwd_mma_launch<64, BC64, WM, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
@@ -879,10 +939,10 @@ __global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_kernel(bf16* o, float
 // flight; O is rescaled (and P refilled) after it. K/V take three stages: V(j-1) is still read when
 // K/V(j+1) is loaded.
 template<int HD, int BC, int NWG, bool GATE>
-__global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_pipe_kernel(bf16* o, float* lse, const bf16* q, const bf16* k,
-                                                                  const bf16* v, const float* c, int T, int H,
-                                                                  int stride_qkv, int stride_o, int window,
-                                                                  float scale_log2) {
+__global__ void __launch_bounds__(128 * NWG) fox_fwd_wgmma_pipe_kernel(bf16* o, float* lse, const bf16* q,
+                                                                  const bf16* k, const bf16* v, const float* c,
+                                                                  int T, int H, int stride_qkv, int stride_o,
+                                                                  int window, float scale_log2) {
     constexpr int BR = 64 * NWG, NT = 128 * NWG, SW = 1;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sQ = (bf16*)smem_1k(smem_raw);    // (BR, HD) swizzled tiles
@@ -1026,8 +1086,10 @@ static void fox_fwd_wgmma_launch(bf16* o, float* lse, const bf16* q, const bf16*
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float);
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        if (PIPE) cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_pipe_kernel<HD, BC, NWG, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        else cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_kernel<HD, BC, NWG, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        if (PIPE) cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_pipe_kernel<HD, BC, NWG, GATE>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        else cudaCheck(cudaFuncSetAttribute(fox_fwd_wgmma_kernel<HD, BC, NWG, GATE>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
     float scale_log2 = LOG2E / sqrtf((float)HD);
@@ -1043,11 +1105,15 @@ template<int BC64, int BC128, int NWG, bool PIPE = false>
 static void fox_fwd_wgmma(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                           int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, cudaStream_t s) {
     if (hd == 64) {
-        if (c) fox_fwd_wgmma_launch<64, BC64, NWG, true, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_fwd_wgmma_launch<64, BC64, NWG, false, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_fwd_wgmma_launch<64, BC64, NWG, true, PIPE>(o, lse, q, k, v, c, B, T, H,
+                                                               stride_qkv, stride_o, window, s);
+        else fox_fwd_wgmma_launch<64, BC64, NWG, false, PIPE>(o, lse, q, k, v, c, B, T, H,
+                                                              stride_qkv, stride_o, window, s);
     } else {
-        if (c) fox_fwd_wgmma_launch<128, BC128, NWG, true, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
-        else fox_fwd_wgmma_launch<128, BC128, NWG, false, PIPE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, s);
+        if (c) fox_fwd_wgmma_launch<128, BC128, NWG, true, PIPE>(o, lse, q, k, v, c, B, T, H,
+                                                                 stride_qkv, stride_o, window, s);
+        else fox_fwd_wgmma_launch<128, BC128, NWG, false, PIPE>(o, lse, q, k, v, c, B, T, H,
+                                                                stride_qkv, stride_o, window, s);
     }
 }
 // ---- end: wgmma forward (versions 5-7) ----
@@ -1080,7 +1146,8 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
 }
 // one arrival that also announces `bytes` of copy-engine transactions for the current phase
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
@@ -1100,18 +1167,24 @@ template<int ROWS, int HD>
 __device__ __forceinline__ void tma_load_tile(bf16* sm, const CUtensorMap* map, int row0, int h, int b, uint64_t* bar) {
     #pragma unroll
     for (int cb = 0; cb < HD / 64; cb++)
-        asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+        asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                     "[%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                      :: "r"(smem_u32(sm + cb * ROWS * 64)), "l"((uint64_t)map), "r"(cb * 64), "r"(h), "r"(row0), "r"(b),
                         "r"(smem_u32(bar)) : "memory");
 }
 // named barriers of 256 threads (both consumer warpgroups): sync waits, arrive passes on
 __device__ __forceinline__ void bar_sync256(int id) { asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory"); }
 __device__ __forceinline__ void bar_arrive256(int id) { asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory"); }
-template<int R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R)); }
-template<int R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R)); }
+template<int R> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R));
+}
+template<int R> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R));
+}
 
 template<int HD, int BC, int ST, bool GATE>
-__global__ void __launch_bounds__(384, 1) fox_fwd_ws_kernel(bf16* o, float* lse, const __grid_constant__ CUtensorMap tmQ,
+__global__ void __launch_bounds__(384, 1) fox_fwd_ws_kernel(bf16* o, float* lse,
+                                                            const __grid_constant__ CUtensorMap tmQ,
                                                             const __grid_constant__ CUtensorMap tmK,
                                                             const __grid_constant__ CUtensorMap tmV, const float* c,
                                                             int T, int H, int stride_o, int window, float scale_log2,
@@ -1310,7 +1383,8 @@ static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, in
     static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;  // driver entry point, looked up once
     if (!encode) {
         cudaDriverEntryPointQueryResult found;
-        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &found));
+        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode,
+                                                   12000, cudaEnableDefault, &found));
         if (found != cudaDriverEntryPointSuccess) {
             fprintf(stderr, "cuTensorMapEncodeTiled not found\nHINT: forward version 8 needs a CUDA 12+ driver.\n");
             exit(EXIT_FAILURE);
@@ -1342,10 +1416,12 @@ static void fox_fwd_ws_launch(bf16* o, float* lse, const bf16* q, const bf16* k,
                             (1 + 4 * ST) * sizeof(uint64_t);
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_fwd_ws_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(fox_fwd_ws_kernel<HD, BC, ST, GATE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
                 tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     float scale_log2 = LOG2E / sqrtf((float)HD);
     fox_fwd_ws_kernel<HD, BC, ST, GATE><<<dim3(ceil_div(T, BR), B * H), 384, smem, s>>>(
@@ -1358,11 +1434,15 @@ static void fox_fwd_ws(bf16* o, float* lse, const bf16* q, const bf16* k, const 
                        int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
                        cudaStream_t s) {
     if (hd == 64) {
-        if (c) fox_fwd_ws_launch<64, BC, ST, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_ws_launch<64, BC, ST, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_ws_launch<64, BC, ST, true>(o, lse, q, k, v, c, B, T, H,
+                                                   stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_ws_launch<64, BC, ST, false>(o, lse, q, k, v, c, B, T, H,
+                                                  stride_qkv, stride_o, window, nullptr, s);
     } else {
-        if (c) fox_fwd_ws_launch<128, BC, ST, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_ws_launch<128, BC, ST, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_ws_launch<128, BC, ST, true>(o, lse, q, k, v, c, B, T, H,
+                                                    stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_ws_launch<128, BC, ST, false>(o, lse, q, k, v, c, B, T, H,
+                                                   stride_qkv, stride_o, window, nullptr, s);
     }
 }
 // ---- end: warp-specialised forward (version 8) ----
@@ -1537,10 +1617,10 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
 
 template<int HD, int BC, int ST, bool GATE>
 __global__ void __launch_bounds__(256, HD == 64 ? 2 : 1) fox_fwd_lean_kernel(bf16* o, float* lse, const bf16* q,
-                                                                             const bf16* k, const bf16* v, const float* c,
-                                                                             int T, int H, int stride_qkv, int stride_o,
-                                                                             int window, float scale_log2,
-                                                                             const int* key_start) {
+                                                                             const bf16* k, const bf16* v,
+                                                                             const float* c, int T, int H,
+                                                                             int stride_qkv, int stride_o, int window,
+                                                                             float scale_log2, const int* key_start) {
     constexpr int BR = 128, SW = 1;
     constexpr int PD = ST - 1;  // tile n + PD is loaded into the stage of tile n - 1 once all are past it
     static_assert(PD >= 1, "at least one tile in flight");
@@ -1661,7 +1741,8 @@ static void fox_fwd_lean_launch(bf16* o, float* lse, const bf16* q, const bf16* 
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float);
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncSetAttribute(fox_fwd_lean_kernel<HD, BC, ST, GATE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
     float scale_log2 = LOG2E / sqrtf((float)HD);
@@ -1676,11 +1757,15 @@ static void fox_fwd_lean(bf16* o, float* lse, const bf16* q, const bf16* k, cons
                          int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
                          cudaStream_t s) {
     if (hd == 64) {
-        if (c) fox_fwd_lean_launch<64, BC, ST, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_lean_launch<64, BC, ST, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_lean_launch<64, BC, ST, true>(o, lse, q, k, v, c, B, T, H,
+                                                     stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_lean_launch<64, BC, ST, false>(o, lse, q, k, v, c, B, T, H,
+                                                    stride_qkv, stride_o, window, nullptr, s);
     } else {
-        if (c) fox_fwd_lean_launch<128, BC, ST, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_lean_launch<128, BC, ST, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_fwd_lean_launch<128, BC, ST, true>(o, lse, q, k, v, c, B, T, H,
+                                                      stride_qkv, stride_o, window, key_start, s);
+        else fox_fwd_lean_launch<128, BC, ST, false>(o, lse, q, k, v, c, B, T, H,
+                                                     stride_qkv, stride_o, window, nullptr, s);
     }
 }
 // ---- end: lean-softmax forward (version 9) ----
@@ -1772,7 +1857,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsl_kernel(bf16* o
     // first key tile the rows i0w .. i0w + 63 see: their window, the key_start of their pruning tile
     auto first_tile = [&](int i0w) {
         int jt = window > 0 ? max(0, i0w - window + 1) / BC : 0;
-        if (key_start) jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
+        if (key_start) jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] *
+                                    (PRUNE_BLOCK / BC));
         return jt;
     };
     int jt_begin = first_tile(i0);  // the block's: the smallest over its warpgroups with rows below T
@@ -1964,7 +2050,8 @@ static void fox_fwd_wsl_launch(bf16* o, float* lse, const bf16* q, const bf16* k
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
                 tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     float scale_log2 = LOG2E / sqrtf((float)HD);
     fox_fwd_wsl_kernel<HD, BC, ST, NWG, GATE, EMU><<<dim3(ceil_div(T, BR), B * H), 128 * (NWG + 1), smem, s>>>(
@@ -2032,10 +2119,10 @@ static void fox_fwd_wsl_all(bf16* o, float* lse, const bf16* q, const bf16* k, c
 // head t % BH; block x takes t = x, x + gridDim.x, ...). The K and V rings run on across a block's
 // pairs (their stage counter `it` is the block's), and Q is reloaded per pair, after the pair's first
 // K and V, once every consumer warp has arrived at emptyQ after its pair's last S, so the next
-// pair's Q, K and V load while the consumers finish the last P V and store O: the per-block start (barriers, Q's latency, the ring's
-// fill) of version 10, which at T = 2048 is a tenth of a block's work, is paid once per SM. The
-// softmax, masks, precision and register budgets are version 10's at hd 64 (three consumers) and
-// version 14's at hd 128 (two).
+// pair's Q, K and V load while the consumers finish the last P V and store O: the per-block start
+// (barriers, Q's latency, the ring's fill) of version 10, which at T = 2048 is a tenth of a block's
+// work, is paid once per SM. The softmax, masks, precision and register budgets are version 10's at
+// hd 64 (three consumers) and version 14's at hd 128 (two).
 // the block's k-th pair: round k covers pairs k G .. k G + G - 1 of a grid of G blocks; block x takes
 // the x-th of them (version 15), or in odd rounds the (G - 1 - x)-th (version 16's snake order, so
 // that no block takes the longest pair of every round)
@@ -2069,7 +2156,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
     // the first key tile that rows i0w .. i0w + 63 of head bh see: their window, their pruning tile's key_start
     auto first_tile = [&](int bh, int i0w) {
         int jt = window > 0 ? max(0, i0w - window + 1) / BC : 0;
-        if (key_start) jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
+        if (key_start) jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] *
+                                    (PRUNE_BLOCK / BC));
         return jt;
     };
     // pair t's head, first row and key tiles [jt_begin, jt_end): the same arithmetic in every warp.
@@ -2142,7 +2230,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
                     mbar_arrive(&fullK[st]);
                 } else if (GATE) {
                     #pragma unroll
-                    for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
+                    for (int e = lane; e < BC; e += 32)
+                        cp_async4(sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
                     mbar_arrive_cp_async(&fullK[st]);
                 }
                 mbar_wait(&emptyV[st], parity);
@@ -2211,7 +2300,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
                 #pragma unroll
                 for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD, 1>(acc, pa[kk], dV + kk * VSTEP, 1);
                 wgmma_commit();
-                wgmma_wait<1>();  // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+                // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+                wgmma_wait<1>();
             } else {
                 wgmma_wait0();
             }
@@ -2316,7 +2406,8 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
         cudaCheck(cudaFuncSetAttribute(fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE, PRE>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     }
-    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR), tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
+    CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR),
+                tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC),
                 tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     float scale_log2 = LOG2E / sqrtf((float)HD);
     int npairs = ceil_div(T, BR) * B * H;
@@ -2550,7 +2641,8 @@ int main(int argc, char** argv) {
         FoxProblem p = make_problem(cf.B, cf.T, cf.H, cf.hd, cf.window, cf.packed, cf.gate, cf.o_pad);
         std::vector<double> o_ref((size_t)p.B * p.T * p.H * p.hd), lse_ref(p.n_bht);
         fox_forward_cpu(o_ref.data(), lse_ref.data(), p.qkvf.data() + p.q_off, p.qkvf.data() + p.k_off,
-                        p.qkvf.data() + p.v_off, p.gate ? p.c.data() : nullptr, p.B, p.T, p.H, p.hd, p.stride_qkv, p.window);
+                        p.qkvf.data() + p.v_off, p.gate ? p.c.data() : nullptr,
+                        p.B, p.T, p.H, p.hd, p.stride_qkv, p.window);
         FwdDev d = upload(p);
         printf("B=%d T=%d H=%d hd=%d window=%d packed=%d gate=%s\n", p.B, p.T, p.H, p.hd, p.window, (int)p.packed,
                p.gate ? "yes" : "none");
@@ -2603,7 +2695,8 @@ int main(int argc, char** argv) {
             for (size_t e = 0; e < ks.size(); e++) ks[e] = (int)(rng_u32() % (e % nt + 1));
             std::vector<double> o_ref((size_t)p.B * p.T * p.H * p.hd), lse_ref(p.n_bht);
             fox_forward_cpu(o_ref.data(), lse_ref.data(), p.qkvf.data() + p.q_off, p.qkvf.data() + p.k_off,
-                            p.qkvf.data() + p.v_off, p.c.data(), p.B, p.T, p.H, p.hd, p.stride_qkv, p.window, ks.data());
+                            p.qkvf.data() + p.v_off, p.c.data(),
+                            p.B, p.T, p.H, p.hd, p.stride_qkv, p.window, ks.data());
             FwdDev d = upload(p);
             int* ks_d = dmalloc<int>(ks.size()); h2d(ks_d, ks);
             poison(d.o, p.n_o); poison(d.lse, p.n_bht);
@@ -2668,7 +2761,8 @@ int main(int argc, char** argv) {
     if (!all_ok) { printf("VALIDATION FAILED: no timing\n"); return EXIT_FAILURE; }
 
     // 3. timing on the benchmark shapes (dev/bench_attention.py), gate on, random data
-    int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64}, {1, 16, 16384, 128}, {4, 16, 4096, 128}};
+    int shapes[][4] = {{8, 12, 2048, 64}, {2, 12, 8192, 64}, {1, 12, 16384, 64},
+                       {1, 16, 16384, 128}, {4, 16, 4096, 128}};
     printf("\nforward, causal, gate on: TFLOP/s (ms)\n%-22s", "B x H x T x hd");
     for (int ver = first; ver <= last; ver++) printf("   version %d        ", ver);
     printf("\n");
