@@ -2895,8 +2895,9 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
 // The Q/dO ring runs on across a block's pairs (its counter `it` is the block's); K and V are
 // reloaded per pair, after the pair's first Q/dO stage, once every consumer warp has arrived at
 // emptyKV after its pair's last tile (its S^T, dP^T, dV and dK are waited for in the tile), so the
-// next pair's loads run under the consumers' stores of dK, dV and dc. Everything else (128-query steps, dS^T before dV, the producer's
-// terms) is version 20's dK/dV kernel; the dQ kernel is version 20's.
+// next pair's loads run under the consumers' stores of dK, dV and dc. Everything else (128-query
+// steps, dS^T before dV, the producer's terms) is version 20's dK/dV kernel; the dQ kernel is
+// version 20's.
 static int g_prp_blocks = 0;  // versions 25-29's grids: a block per SM, or at most this many when > 0 (checks)
 static int g_prp_group = 0;   // version 29's heads per section when > 0 (checks)
 #define FOX_V29_MB 24      // version 29's section: the streamed tiles of this many megabytes (half the L2)
@@ -3141,8 +3142,8 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_prp_kernel(bf16* dq, float*
                                                                 const __grid_constant__ CUtensorMap tmV,
                                                                 const float* lse, const float* delta, const float* c,
                                                                 int T, int H, int BH, int stride_qkv, int window,
-                                                                float scale_log2, float scale, const int* key_start, int snake,
-                                                                int group) {
+                                                                float scale_log2, float scale, const int* key_start,
+                                                                int snake, int group) {
     constexpr int BR = 128, SW = 1;
     static_assert(HD == 64 && BC == 128, "version 26: version 20's dQ tile (hd 64, 128-key steps)");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -3396,7 +3397,8 @@ static void fox_bwd_prp_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
     int grid = min(npairs, g_prp_blocks > 0 ? g_prp_blocks : sms);
     // version 29's heads per section: Q, dO (dK/dV) or K, V (dQ) of GROUP_MB megabytes (g_prp_group when > 0)
     int group = B * H;
-    if (GROUP_MB) group = g_prp_group > 0 ? g_prp_group : max(1, (int)(((size_t)GROUP_MB << 20) / ((size_t)T * HD * 4)));
+    if (GROUP_MB)
+        group = g_prp_group > 0 ? g_prp_group : max(1, (int)(((size_t)GROUP_MB << 20) / ((size_t)T * HD * 4)));
     group = min(group, B * H);
     fox_bwd_dkdv_prp_kernel<HD, BQ, ST, GATE><<<grid, 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, B * H, stride_qkv, window, scale_log2, scale, query_end, SNAKE,
@@ -3429,8 +3431,12 @@ static void fox_bwd_prp(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
     fox_bwd_delta_kernel<64><<<ceil_div(BHT, 8), 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
     cudaCheckLaunch();
-    if (c) fox_bwd_prp_launch<true, PQ, SNAKE, GROUP_MB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start, query_end, s);
-    else fox_bwd_prp_launch<false, PQ, SNAKE, GROUP_MB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, nullptr, nullptr, s);
+    if (c)
+        fox_bwd_prp_launch<true, PQ, SNAKE, GROUP_MB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                      stride_qkv, stride_o, window, key_start, query_end, s);
+    else
+        fox_bwd_prp_launch<false, PQ, SNAKE, GROUP_MB>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                       stride_qkv, stride_o, window, nullptr, nullptr, s);
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
         cudaCheckLaunch();

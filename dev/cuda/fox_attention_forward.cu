@@ -2413,7 +2413,8 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
     int npairs = ceil_div(T, BR) * B * H;
     int grid = min(npairs, g_wsp_blocks > 0 ? g_wsp_blocks : sms);
     int group = B * H;  // one section
-    if (GROUP_MB) group = g_wsp_group > 0 ? g_wsp_group : max(1, (int)(((size_t)GROUP_MB << 20) / ((size_t)T * HD * 4)));
+    if (GROUP_MB)
+        group = g_wsp_group > 0 ? g_wsp_group : max(1, (int)(((size_t)GROUP_MB << 20) / ((size_t)T * HD * 4)));
     fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE, PRE><<<grid, 128 * (NWG + 1), smem, s>>>(
         o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start, SNAKE, min(group, B * H));
     cudaCheckLaunch();
@@ -2422,13 +2423,18 @@ template<int ST128 = FOX_V14_ST, int SNAKE = 0, int GROUP_MB = 0, bool PRE = fal
 static void fox_fwd_wsp(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
                         cudaStream_t s) {
-    if (hd == 64) {
-        if (c) fox_fwd_wsp_launch<64, ST128, true, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsp_launch<64, ST128, false, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
-    } else {
-        if (c) fox_fwd_wsp_launch<128, ST128, true, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsp_launch<128, ST128, false, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
-    }
+    if (hd == 64 && c)
+        fox_fwd_wsp_launch<64, ST128, true, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                                  window, key_start, s);
+    else if (hd == 64)
+        fox_fwd_wsp_launch<64, ST128, false, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                                   window, nullptr, s);
+    else if (c)
+        fox_fwd_wsp_launch<128, ST128, true, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                                   window, key_start, s);
+    else
+        fox_fwd_wsp_launch<128, ST128, false, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                                    window, nullptr, s);
 }
 // ---- end: persistent warp-specialised forward (version 15) ----
 
@@ -2684,7 +2690,8 @@ int main(int argc, char** argv) {
     for (int ver : {8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19}) {
         if (ver < first || ver > last) continue;
         for (int pc = 0; pc < (ver >= 14 ? 4 : ver >= 10 ? 3 : 2); pc++)
-        for (int vi = 0; vi < 5; vi++) {  // versions 15, 16, 18, 19 also on 1 and 5 blocks, 18 in sections of 1 and 3 heads
+        // versions 15, 16, 18, 19 also on 1 and 5 blocks, 18 in sections of 1 and 3 heads
+        for (int vi = 0; vi < 5; vi++) {
             if ((vi && ver < 15) || (vi >= 3 && ver != 18)) continue;
             int cap = WSP_CAPS[vi];
             g_wsp_blocks = cap; g_wsp_group = WSP_GROUPS[vi];
