@@ -87,6 +87,20 @@ version 17 is version 15's kernel on a grid of one block per pair (not persisten
 from its schedule
 ./fox_attention_forward 17
 
+version 18 is version 16 with the pairs in sections of heads whose K and V take 24 MB (half the L2),
+even sections longest tiles first, odd ones shortest first (so the static deal stays even), so that
+the blocks in flight share a few heads' K and V in L2
+./fox_attention_forward 18
+
+version 19 is version 16 with the producer's per-column terms (backward version 15's idea): the
+producer lanes load c_j before the wait for the stage and store d_j = (c_ref - c_j) log2(e) with the
+pair's first row as c_ref, so the consumers' logit is one FFMA with a loaded d_j (version 16 forms
+each d_j in every consumer thread: 2 FFMA per 8 columns). Rows are up to 191 tokens from c_ref, so x
+carries a per-row offset (c_i - c_ref) log2(e) (about 1400 at log f ~ -5), removed again in lse: an
+absolute error of ~1e-4 in x and lse there (version 16's reference is the thread's own row), growing
+linearly with |log f|
+./fox_attention_forward 19
+
 A range: ./fox_attention_forward 3 11
 
 With no argument every version runs. Each version is validated against an fp64 CPU reference on
@@ -1508,15 +1522,20 @@ __device__ __forceinline__ float ex2_poly(float x) {
 // Logits of one warp's 16 rows of a BC-key tile in the accumulator layout (thread: rows g, g + 8;
 // columns 2 tq, 2 tq + 1 of each 8-column block): x = s * scale_log2 + d_j (d_j as above, from the
 // tile's c_j in sCb; 0 without gate), -inf where MASK and the column offset k (0..BC-1, less 2 tq)
-// is outside [lo_r, hi_r]; mx: each row's maximum over the thread's entries.
-template<int BC, bool GATE, bool MASK>
+// is outside [lo_r, hi_r]; mx: each row's maximum over the thread's entries. PRE (version 19): sCb
+// holds the d_j themselves, formed by the producer (cref_l2 unused).
+template<int BC, bool GATE, bool MASK, bool PRE = false>
 __device__ __forceinline__ void fox_lean_logits(float* s, float mx[2], const float* sCb, float cref_l2, int tq,
                                                 float scale_log2, const int hi[2], const int lo[2]) {
     mx[0] = mx[1] = -INFINITY;
     #pragma unroll
     for (int nt = 0; nt < BC / 8; nt++) {
         float d[2] = {0.f, 0.f};
-        if (GATE) {
+        if (GATE && PRE) {
+            float2 dj = *(const float2*)(sCb + nt * 8 + 2 * tq);
+            d[0] = dj.x;
+            d[1] = dj.y;
+        } else if (GATE) {
             float2 cj = *(const float2*)(sCb + nt * 8 + 2 * tq);
             d[0] = fmaf(-cj.x, LOG2E, cref_l2);
             d[1] = fmaf(-cj.y, LOG2E, cref_l2);
@@ -2111,14 +2130,14 @@ __device__ __forceinline__ int wsp_pair(int k, int snake) {
     int x = (snake && (k & 1)) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     return k * gridDim.x + x;
 }
-template<int HD, int BC, int ST, int NWG, bool GATE>
+template<int HD, int BC, int ST, int NWG, bool GATE, bool PRE>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o, float* lse,
                                                                          const __grid_constant__ CUtensorMap tmQ,
                                                                          const __grid_constant__ CUtensorMap tmK,
                                                                          const __grid_constant__ CUtensorMap tmV,
                                                                          const float* c, int T, int H, int BH,
                                                                          int stride_o, int window, float scale_log2,
-                                                                         const int* key_start, int snake) {
+                                                                         const int* key_start, int snake, int group) {
     constexpr int BR = 64 * NWG, SW = 1, CREG = NWG == 3 ? 160 : 240;  // as versions 10 and 14
     static_assert(BC == 128 && ((HD == 64 && NWG == 3) || (HD == 128 && NWG == 2)), "versions 10 and 14's shapes");
     static_assert(ST >= 2, "the producer loads K(n+1) before V(n)'s stage is free");
@@ -2127,7 +2146,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
     bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
     bf16* sK = sQ + BR * HD;                 // (ST, BC, HD)
     bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
-    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC)
+    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c_j, or with PRE the d_j = (c_ref - c_j) log2(e)
     uint64_t* bar = (uint64_t*)(sC + ST * BC);
     uint64_t *barQ = bar, *emptyQ = bar + 1, *fullK = bar + 2, *emptyK = fullK + ST, *fullV = emptyK + ST,
              *emptyV = fullV + ST;
@@ -2141,12 +2160,16 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
                                     (PRUNE_BLOCK / BC));
         return jt;
     };
-    // pair t's head, first row and key tiles [jt_begin, jt_end): the same arithmetic in every warp
+    // pair t's head, first row and key tiles [jt_begin, jt_end): the same arithmetic in every warp.
+    // The pairs come in sections of `group` heads (version 18; one section when group >= BH): pair r
+    // of a section of gh heads is query tile NT - 1 - r / gh (longest first) in even sections and r / gh
+    // in odd ones, so that the static deal's rounds stay even across a section's end
     struct Pair { int bh, i0, jt_begin, jt_end; };
     auto pair_at = [&](int t) {
         Pair pr;
-        pr.bh = t % BH;
-        pr.i0 = (NT - 1 - t / BH) * BR;
+        int sec = t / (group * NT), r = t - sec * group * NT, gh = min(group, BH - sec * group);
+        pr.bh = sec * group + r % gh;
+        pr.i0 = ((sec & 1) ? r / gh : NT - 1 - r / gh) * BR;  // odd sections shortest first: the deal stays even
         pr.jt_end = ceil_div(min(T, pr.i0 + BR), BC);
         pr.jt_begin = first_tile(pr.bh, pr.i0);  // the block's: the smallest over its warpgroups with rows below T
         #pragma unroll
@@ -2186,15 +2209,26 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
             // Q after the first K and V, whose stages are free before the consumers finish the previous
             // pair; ntiles >= 1 (the diagonal tile is never pruned), 0 would still load Q
             int ntiles = pr.jt_end - pr.jt_begin;
+            // PRE: the pair's reference c_ref log2(e), the consumers' same expression (the same bits)
+            float cref_l2 = GATE && PRE ? __fmul_rn(cb[pr.i0], LOG2E) : 0.f;
             if (ntiles == 0) load_q();
             for (int n = 0; n < ntiles; n++, it++) {
                 int st = it % ST, parity = ((it / ST) & 1) ^ 1, j0 = (pr.jt_end - 1 - n) * BC;
+                float cj[BC / 32];  // PRE: this lane's c_j, loaded before the wait so that their latency runs under it
+                if (GATE && PRE) {
+                    #pragma unroll
+                    for (int e = 0; e < BC / 32; e++) cj[e] = cb[min(j0 + lane + 32 * e, T - 1)];  // past T: masked
+                }
                 mbar_wait(&emptyK[st], parity);
                 if (lane == 0) {
                     mbar_expect_tx(&fullK[st], BC * HD * sizeof(bf16));
                     tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j0, h, b, &fullK[st]);
                 }
-                if (GATE) {
+                if (GATE && PRE) {  // d_j to shared memory, then an arrival (release: the stores are seen)
+                    #pragma unroll
+                    for (int e = 0; e < BC / 32; e++) sC[st * BC + lane + 32 * e] = fmaf(-cj[e], LOG2E, cref_l2);
+                    mbar_arrive(&fullK[st]);
+                } else if (GATE) {
                     #pragma unroll
                     for (int e = lane; e < BC; e += 32)
                         cp_async4(sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
@@ -2239,7 +2273,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
             na = jt_end - 1 - min(i0w + 63, T - 1) / BC;
             nb = jt_end - first_tile(pr.bh, i0w);
         }
-        float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
+        // c_ref log2(e), rounded once: the thread's first row, or with PRE the pair's (the producer's d_j)
+        float cref_l2 = !GATE ? 0.f : PRE ? __fmul_rn(cb[pr.i0], LOG2E) : cb[min(rows[0], T - 1)] * LOG2E;
         float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.f, 0.f}, acc[HD / 2];
         #pragma unroll
         for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
@@ -2281,9 +2316,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
                     hi[r] = min(rows[r], T - 1) - j0 - 2 * tq;
                     lo[r] = (window > 0 ? rows[r] - window + 1 - j0 : -BC) - 2 * tq;
                 }
-                fox_lean_logits<BC, GATE, true>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
+                fox_lean_logits<BC, GATE, true, PRE>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
             } else {
-                fox_lean_logits<BC, GATE, false>(s, mx, sCb, cref_l2, tq, scale_log2, nullptr, nullptr);
+                fox_lean_logits<BC, GATE, false, PRE>(s, mx, sCb, cref_l2, tq, scale_log2, nullptr, nullptr);
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(&emptyK[st]);  // K(n) read by S, c_j read above: the stage is free
@@ -2348,9 +2383,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
 // version 15's grid: a block per SM (at most one per pair), or at most g_wsp_blocks when > 0 (the
 // checks run 1 and 5 blocks too, so that one block's rings cross pairs at every shape)
 static int g_wsp_blocks = 0;
+// version 18's heads per section: K and V of GROUP_MB megabytes (or g_wsp_group heads when > 0: checks)
+static int g_wsp_group = 0;
+#define FOX_V18_MB 24  // version 18's section: K and V of this many megabytes (half the H100's / H200's L2)
+// the checks' variants of versions 15-19: grid caps (g_wsp_blocks) and section sizes (g_wsp_group)
+static const int WSP_CAPS[5] = {0, 1, 5, 0, 5}, WSP_GROUPS[5] = {0, 0, 0, 1, 3};
 
 // version 15: at hd 64 version 10's tiles (three consumers, 3 stages), at hd 128 version 14's (two, ST128)
-template<int HD, int ST128, bool GATE, int SNAKE>
+template<int HD, int ST128, bool GATE, int SNAKE, int GROUP_MB, bool PRE>
 static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                                cudaStream_t s) {
@@ -2363,7 +2403,7 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
         int dev;
         cudaCheck(cudaGetDevice(&dev));
         cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        cudaCheck(cudaFuncSetAttribute(fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE>,
+        cudaCheck(cudaFuncSetAttribute(fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE, PRE>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     }
     CUtensorMap tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, BR),
@@ -2372,25 +2412,29 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
     float scale_log2 = LOG2E / sqrtf((float)HD);
     int npairs = ceil_div(T, BR) * B * H;
     int grid = min(npairs, g_wsp_blocks > 0 ? g_wsp_blocks : sms);
-    fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(
-        o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start, SNAKE);
+    int group = B * H;  // one section
+    if (GROUP_MB)
+        group = g_wsp_group > 0 ? g_wsp_group : max(1, (int)(((size_t)GROUP_MB << 20) / ((size_t)T * HD * 4)));
+    fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE, PRE><<<grid, 128 * (NWG + 1), smem, s>>>(
+        o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start, SNAKE, min(group, B * H));
     cudaCheckLaunch();
 }
-template<int ST128 = FOX_V14_ST, int SNAKE = 0>
+template<int ST128 = FOX_V14_ST, int SNAKE = 0, int GROUP_MB = 0, bool PRE = false>
 static void fox_fwd_wsp(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* key_start,
                         cudaStream_t s) {
-    if (hd == 64) {
-        if (c) fox_fwd_wsp_launch<64, ST128, true, SNAKE>(o, lse, q, k, v, c, B, T, H,
-                                                          stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsp_launch<64, ST128, false, SNAKE>(o, lse, q, k, v, c, B, T, H,
-                                                         stride_qkv, stride_o, window, nullptr, s);
-    } else {
-        if (c) fox_fwd_wsp_launch<128, ST128, true, SNAKE>(o, lse, q, k, v, c, B, T, H,
-                                                           stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsp_launch<128, ST128, false, SNAKE>(o, lse, q, k, v, c, B, T, H,
-                                                          stride_qkv, stride_o, window, nullptr, s);
-    }
+    if (hd == 64 && c)
+        fox_fwd_wsp_launch<64, ST128, true, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                                  window, key_start, s);
+    else if (hd == 64)
+        fox_fwd_wsp_launch<64, ST128, false, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                                   window, nullptr, s);
+    else if (c)
+        fox_fwd_wsp_launch<128, ST128, true, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                                   window, key_start, s);
+    else
+        fox_fwd_wsp_launch<128, ST128, false, SNAKE, GROUP_MB, PRE>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o,
+                                                                    window, nullptr, s);
 }
 // ---- end: persistent warp-specialised forward (version 15) ----
 
@@ -2463,7 +2507,7 @@ static double attn_fwd_flops(int B, int T, int H, int hd) { return 4.0 * B * H *
 // ----------------------------------------------------------------------------
 #ifndef FOX_SKIP_FORWARD_MAIN
 
-#define FWD_VERSIONS 17  // the ladder's versions are 1..FWD_VERSIONS
+#define FWD_VERSIONS 19  // the ladder's versions are 1..FWD_VERSIONS
 
 static void run_forward(int version, bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                         int B, int T, int H, int hd, int sq, int so, int w) {
@@ -2487,6 +2531,8 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         // versions 10 and 14 persistent (a block per SM walking the pairs, longest first)
         case 15: fox_fwd_wsp<>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         case 16: fox_fwd_wsp<FOX_V14_ST, 1>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        case 18: fox_fwd_wsp<FOX_V14_ST, 1, FOX_V18_MB>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
+        case 19: fox_fwd_wsp<FOX_V14_ST, 1, 0, true>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, nullptr, 0); break;
         case 17: {  // the checks' caps (g_wsp_blocks) still apply
             int cap = g_wsp_blocks;
             if (!cap) g_wsp_blocks = 1 << 30;
@@ -2607,18 +2653,21 @@ int main(int argc, char** argv) {
         printf("B=%d T=%d H=%d hd=%d window=%d packed=%d gate=%s\n", p.B, p.T, p.H, p.hd, p.window, (int)p.packed,
                p.gate ? "yes" : "none");
         for (int ver = first; ver <= last; ver++) {
-            for (int cap : {0, 1, 5}) {  // versions 15-17 also on 1 and 5 blocks (see g_wsp_blocks)
-                if (cap && ver < 15) continue;
-                g_wsp_blocks = cap;
+            for (int vi = 0; vi < 5; vi++) {  // versions 15-19 also on 1 and 5 blocks, 18 in sections of 1 and 3 heads
+                if ((vi && ver < 15) || (vi >= 3 && ver != 18)) continue;
+                int cap = WSP_CAPS[vi];
+                g_wsp_blocks = cap; g_wsp_group = WSP_GROUPS[vi];
                 poison(d.o, p.n_o); poison(d.lse, p.n_bht);
                 run_forward(ver, d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
                             p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window);
                 cudaCheck(cudaDeviceSynchronize());
-                if (cap) printf("  version %d on %d block(s)\n", ver, cap);
-                else printf("  version %d\n", ver);
+                printf("  version %d", ver);
+                if (cap) printf(" on %d block(s)", cap);
+                if (g_wsp_group) printf(", sections of %d head(s)", g_wsp_group);
+                printf("\n");
                 all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
             }
-            g_wsp_blocks = 0;
+            g_wsp_blocks = 0; g_wsp_group = 0;
         }
         // the fp64 GPU kernel used as the long-T reference must itself match the CPU
         double *o64 = dmalloc<double>(o_ref.size()), *lse64 = dmalloc<double>(p.n_bht);
@@ -2634,16 +2683,18 @@ int main(int argc, char** argv) {
         release(d);
     }
 
-    // 1b. the key_start pruning of versions 8-16: random first key tiles (up to the diagonal one)
-    // against the CPU reference that skips the same keys. Versions 10-16 also at hd 64 with a
+    // 1b. the key_start pruning of versions 8-16, 18 and 19: random first key tiles (up to the diagonal one)
+    // against the CPU reference that skips the same keys. Versions 10-16, 18, 19 also at hd 64 with a
     // window (version 10's 192-row blocks span two pruning tiles; hd 128 runs version 9 there in
-    // 10-13), versions 14-16 also at hd 128 without a window (their own kernels there)
-    for (int ver : {8, 9, 10, 11, 12, 13, 14, 15, 16}) {
+    // 10-13), versions 14-16, 18, 19 also at hd 128 without a window (their own kernels there)
+    for (int ver : {8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19}) {
         if (ver < first || ver > last) continue;
         for (int pc = 0; pc < (ver >= 14 ? 4 : ver >= 10 ? 3 : 2); pc++)
-        for (int cap : {0, 1, 5}) {  // versions 15, 16 also on 1 and 5 blocks (see g_wsp_blocks)
-            if (cap && ver < 15) continue;
-            g_wsp_blocks = cap;
+        // versions 15, 16, 18, 19 also on 1 and 5 blocks, 18 in sections of 1 and 3 heads
+        for (int vi = 0; vi < 5; vi++) {
+            if ((vi && ver < 15) || (vi >= 3 && ver != 18)) continue;
+            int cap = WSP_CAPS[vi];
+            g_wsp_blocks = cap; g_wsp_group = WSP_GROUPS[vi];
             int hd = pc == 1 || pc == 3 ? 128 : 64;
             FoxProblem p = make_problem(2, 600, 2, hd, pc == 0 || pc == 3 ? 0 : 300, true, -1);
             int nt = ceil_div(p.T, 128);
@@ -2667,17 +2718,22 @@ int main(int argc, char** argv) {
                 case 13: fox_fwd_wsl<3, 3, 4>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 15: fox_fwd_wsp<>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
                 case 16: fox_fwd_wsp<FOX_V14_ST, 1>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
+                case 18: fox_fwd_wsp<FOX_V14_ST, 1, FOX_V18_MB>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d,
+                                                                0); break;
+                case 19: fox_fwd_wsp<FOX_V14_ST, 1, 0, true>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0);
+                    break;
                 default: fox_fwd_wsl_all<FOX_V14_ST>(d.o, d.lse, q, k, v, d.c, B, T, H, hd, sq, so, w, ks_d, 0); break;
             }
             cudaCheck(cudaDeviceSynchronize());
             printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start)\n  version %d", p.B, p.T, p.H,
                    p.hd, p.window, ver);
             if (cap) printf(" on %d block(s)", cap);
+            if (g_wsp_group) printf(", sections of %d head(s)", g_wsp_group);
             printf("\n");
             all_ok &= check_forward(p, d, o_ref.data(), lse_ref.data());
             cudaCheck(cudaFree(ks_d));
             release(d);
-            g_wsp_blocks = 0;
+            g_wsp_blocks = 0; g_wsp_group = 0;
         }
     }
 
