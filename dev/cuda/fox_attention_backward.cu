@@ -96,6 +96,13 @@ version 29: version 28 with the pairs in sections of heads whose streamed tiles 
 L2), even sections longest tiles first, odd ones shortest first, so that the blocks in flight share a
 few heads' data in L2
 ./fox_attention_backward 25 29
+version 30: version 20's dK/dV kernel also storing dS^T (bf16, B*H*nt(nt+1)/2 tiles of 32 KB of
+scratch) and a dQ kernel that is one matmul over it (no S, dP or P recomputed: memory-bound); the dc
+sums of rows and columns both from the stored bf16 values (hd 64; at hd 128 version 22); version 31:
+version 30 with the dQ kernel on version 20's block (a producer streaming dS^T by bulk copies and K by
+TMA, ST = 4 stages; wgmma); version 32: version 31 with the dK/dV kernel's stores before its matmuls
+and its dc sums on the tensor cores (against ones)
+./fox_attention_backward 20 32
 The API (fox_attention_backward) runs version 20 at hd 64 and version 22 at hd 128.
 A range: ./fox_attention_backward 2 16
 For Nsight Compute: ./fox_attention_backward 12 12 profile runs no checks and no timing, only one
@@ -2300,7 +2307,8 @@ __device__ __forceinline__ void fox_bwd_pre_pt(float* s, const float2* a, const 
     }
 }
 // dK/dV: dS^T = P^T (dP^T - Delta) in place of dP^T, as fox_bwd_lean_dst with the columns' Delta given
-template<int BQ, int AS = 1>
+// (SUM false, version 30: the row sums are taken from the bf16 dS^T instead, fox_dsg_store)
+template<int BQ, int AS = 1, bool SUM = true>
 __device__ __forceinline__ void fox_bwd_pre_dst(float* dp, const float* s, const float2* d, float dcs[2]) {
     #pragma unroll
     for (int nt = 0; nt < BQ / 8; nt++) {
@@ -2308,10 +2316,50 @@ __device__ __forceinline__ void fox_bwd_pre_dst(float* dp, const float* s, const
         #pragma unroll
         for (int e = 0; e < 4; e++) {
             float ds = s[nt * 4 + e] * (dp[nt * 4 + e] - ((e & 1) ? dn.y : dn.x));
-            dcs[e / 2] += ds;
+            if (SUM) dcs[e / 2] += ds;
             dp[nt * 4 + e] = ds;
         }
     }
+}
+// Version 30: a dK/dV warp's dS^T of one 128-query step (16 keys x 128 queries, the bf16 A fragments
+// sa of dK += dS^T Q) to the scratch, and the keys' dc sums from the same bf16 values, so that the dQ
+// kernel's query sums (of the same values) cancel them as in version 14. Layout of the scratch, per
+// (b, h) the tiles (key tile j, query tile i >= j) at j nt - j (j - 1) / 2 + (i - j), 32 KB each:
+// block (key group kw, query group qw) of 16 x 16 at (kw * 8 + qw) * 512 bytes, lane l's fragment
+// {a0, a1, a2, a3} (acc_to_a's order) at l * 16: one coalesced 512-byte store per warp and block.
+// m64n8k16 with A from registers (version 32's dc sums against a B of ones)
+template<int TB> __device__ __forceinline__ void wgmma_rs_n8(float* d, const uint32_t a[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, %10;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB) : "memory");
+}
+// bytes (a multiple of 16) of contiguous global memory into shared memory by the copy engine, completing
+// as transactions on bar
+__device__ __forceinline__ void bulk_load(void* sm, const void* g, uint32_t bytes, uint64_t* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :: "r"(smem_u32(sm)), "l"(g), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+template<int BQ>
+__device__ __forceinline__ void fox_dsg_store(uint4* dst, uint32_t (*sa)[4], float dcs[2]) {
+    #pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) dst[kk * 32] = make_uint4(sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3]);
+    #pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) {
+        dcs[0] += bf16_lo(sa[kk][0]); dcs[0] += bf16_hi(sa[kk][0]);
+        dcs[0] += bf16_lo(sa[kk][2]); dcs[0] += bf16_hi(sa[kk][2]);
+        dcs[1] += bf16_lo(sa[kk][1]); dcs[1] += bf16_hi(sa[kk][1]);
+        dcs[1] += bf16_lo(sa[kk][3]); dcs[1] += bf16_hi(sa[kk][3]);
+    }
+}
+// the scratch's first fragment of key group kw (a dK/dV warp; with kw = 0 and 8 blocks apart per
+// key group, query group qw's: the dQ kernel) in tile (kt, it) of head bh
+__device__ __forceinline__ size_t fox_dsg_off(int bh, int nt, int kt, int it, int kw, int lane) {
+    size_t tile = (size_t)bh * ((size_t)nt * (nt + 1) / 2) + (size_t)kt * nt - (size_t)kt * (kt - 1) / 2 + (it - kt);
+    return (tile * 64 + (size_t)kw * 8) * 32 + lane;
 }
 // dQ: P in place for one warp's 16 queries x BC keys, as fox_bwd_lean_p with the key terms read
 // from the stage (sBb: the stage's B_j, this thread's columns at nt * 8 + 2 tq)
@@ -2338,7 +2386,7 @@ __device__ __forceinline__ void fox_bwd_pre_p(float* s, const float* sBb, const 
 // dk, dv and the dc column sums of the 128-key tile blockIdx.x; consumer cw owns keys 64cw..+63
 // (a warp 16 of them). Query tiles of BQ stream through the ring with their A_i and Delta_i.
 // query_end (B*H, ceil(T / 128)): query tiles of 128 from query_end on are pruned (NULL: none).
-template<int HD, int BQ, int ST, bool GATE, bool OVL, bool DSF = false>
+template<int HD, int BQ, int ST, bool GATE, bool OVL, bool DSF = false, int DSW = 0>
 __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16* dv, float* dc,
                                                                   const __grid_constant__ CUtensorMap tmQ,
                                                                   const __grid_constant__ CUtensorMap tmG,
@@ -2346,9 +2394,11 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
                                                                   const __grid_constant__ CUtensorMap tmV,
                                                                   const float* lse, const float* delta, const float* c,
                                                                   int T, int H, int stride_qkv, int window,
-                                                                  float scale_log2, float scale, const int* query_end) {
+                                                                  float scale_log2, float scale, const int* query_end,
+                                                                  uint4* dsg) {
     constexpr int BK = 128, SW = 1;
     static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
+    static_assert(!DSW || (DSF && BQ == 128), "version 30 stores version 20's 128 x 128 dS^T steps");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sK = (bf16*)smem_1k(smem_raw);     // (BK, HD) swizzled tiles
     bf16* sV = sK + BK * HD;                 // (BK, HD)
@@ -2358,6 +2408,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
     float* sD = sA + ST * BQ;                // (ST, BQ) Delta
     uint64_t* bar = (uint64_t*)(sD + ST * BQ);
     uint64_t *barKV = bar, *full = bar + 1, *empty = full + ST;
+    uint32_t* sOnes = (uint32_t*)(((uintptr_t)(empty + ST) + 15) & ~(uintptr_t)15);  // (DSW 2) 256 bytes of ones
 
     int kt = blockIdx.x;  // the first key tiles see the most queries and are scheduled first
     int bh = blockIdx.y, b = bh / H, h = bh % H;
@@ -2442,6 +2493,16 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
     uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T
+    // version 32: the keys' dc sums by the tensor cores, dS^T times a B of ones (k16 x n8, K-major,
+    // no swizzle: two 128-byte core matrices, both ones, so one descriptor serves every k step)
+    float dcw[4] = {0.f, 0.f, 0.f, 0.f};
+    uint64_t dOnes = 0;
+    if constexpr (DSW == 2) {
+        if (threadIdx.x < 128 + 64) sOnes[threadIdx.x - 128] = 0x3f803f80u;  // 64 words by the first consumer
+        fence_proxy_async();  // generic stores, read by wgmma through the async proxy
+        bar_sync256(1);
+        dOnes = wg_desc(sOnes, 128, 256, 0);
+    }
     // descriptors of k step 0: K, V (this consumer's 64 rows); Q, dO of stage 0 as K-major (S^T, dP^T)
     // and N-major (dK, dV) operands; a stage is BQ * HD * 2 bytes further
     const uint64_t dK0 = desc_k<HD, BK, SW>(sK, cw * 8, 0), dV0 = desc_k<HD, BK, SW>(sV, cw * 8, 0);
@@ -2503,11 +2564,17 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
                 static_assert(BQ > 64 && !OVL, "version 20 is version 19's tile with this order");
                 wgmma_wait<0>();  // dP^T done
                 wgmma_pin<BQ / 2>(dp);
-                fox_bwd_pre_dst<BQ, AS>(dp, s, sDb, dcs);
+                fox_bwd_pre_dst<BQ, AS, !DSW>(dp, s, sDb, dcs);
                 #pragma unroll
                 for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
                 #pragma unroll
                 for (int kk = 0; kk < BQ / 16; kk++) acc_to_a(sa[kk], dp + 8 * kk, dp + 8 * kk + 4);
+                if constexpr (DSW == 2) {  // version 32: dS^T to the scratch before the matmuls are issued
+                    uint4* dst = dsg + fox_dsg_off(bh, gridDim.x, kt, it_begin + n, cwarp, lane);
+                    #pragma unroll
+                    for (int kk = 0; kk < BQ / 16; kk++)
+                        dst[kk * 32] = make_uint4(sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3]);
+                }
                 wgmma_fence();
                 #pragma unroll
                 for (int kk = 0; kk < BQ / 16; kk++)
@@ -2515,7 +2582,13 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
                 #pragma unroll
                 for (int kk = 0; kk < BQ / 16; kk++)
                     wgmma_rs<HD, 1>(dka, sa[kk], desc_add(dQn0, so + mnstep_bytes(kk)), 1);
+                if constexpr (DSW == 2) {
+                    #pragma unroll
+                    for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs_n8<0>(dcw, sa[kk], dOnes, 1);
+                }
                 wgmma_commit();
+                if constexpr (DSW == 1)  // versions 30, 31: dS^T to the scratch and its row sums, under the matmuls
+                    fox_dsg_store<BQ>(dsg + fox_dsg_off(bh, gridDim.x, kt, it_begin + n, cwarp, lane), sa, dcs);
             } else {
                 // dV += P^T dO
                 #pragma unroll
@@ -2548,9 +2621,15 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
                 wgmma_wait0();
                 wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
                 wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+                if constexpr (DSW == 2) wgmma_pin<4>(dcw);
                 release(st);
             }
         } else {  // nothing seen: release the stage (after the previous tile's stage, with OVL)
+            if constexpr (DSW > 0) {  // version 30: the tile's dS^T is zero here (the dQ kernel reads it)
+                uint4* dst = dsg + fox_dsg_off(bh, gridDim.x, kt, it_begin + n, cwarp, lane);
+                #pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) dst[kk * 32] = make_uint4(0, 0, 0, 0);
+            }
             if (OVL && pending) {
                 wgmma_wait0();
                 wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
@@ -2573,9 +2652,12 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_pre_kernel(bf16* dk, bf16
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         int key = keys[r];
-        if (GATE) {  // fixed shuffle order: deterministic
-            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
-            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
+        if (GATE) {  // fixed shuffle order: deterministic (version 32: every lane of the quad has the sum)
+            if constexpr (DSW == 2) dcs[r] = dcw[2 * r];
+            else {
+                dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
+                dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
+            }
             if (tq == 0 && key < T) dc[(size_t)bh * T + key] = -dcs[r];
         }
         if (key >= T) continue;
@@ -2800,12 +2882,195 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dq_pre_kernel(bf16* dq, float*
     }
 }
 
+// Version 30's dQ kernel: dq = scale dS K and the dc row sums of the 128-query tile gridDim.x - 1 -
+// blockIdx.x from the bf16 dS^T that the dK/dV kernel stored (fox_dsg_store), with no S, dP or P
+// recomputed: 2 bytes read per score against version 20's three matmuls and an exponential, so the
+// kernel is memory-bound. Warp w owns queries 16w..16w+15; the key tiles the dK/dV kernel visited
+// (from the window's and key_start's first to the diagonal) are taken in ascending order (fixed:
+// deterministic). Per 16-key step a warp loads its 16 x 16 block (16 bytes a lane, coalesced, one
+// tile ahead), transposes its four 8 x 8 parts with movmatrix into dS's A fragment, and runs 8
+// mma.sync over K (double-buffered in shared memory by cp.async, zero past T, read by ldmatrix.trans)
+// and one over a B of ones: the rows' sums of the same bf16 values as the dK/dV kernel's column sums,
+// accumulated in fp32 by the tensor cores.
+__device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+template<int HD, bool GATE>
+__global__ void __launch_bounds__(256, 2) fox_bwd_dq_dsg_kernel(bf16* dq, float* dc_row, const uint4* dsg,
+                                                                const bf16* k, int T, int H, int stride_qkv,
+                                                                int window, float scale, const int* key_start) {
+    constexpr int BR = 128, BK = 128, LD = HD + 8;
+    static_assert(BR == PRUNE_BLOCK && BK == PRUNE_BLOCK, "tiles are pruning tiles");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = (bf16*)smem_raw;  // (2, BK, LD) K tiles, double-buffered
+    int nt = gridDim.x, qt = nt - 1 - blockIdx.x;  // longest rows first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    int i0 = qt * BR;
+    int jt_begin = (window > 0 ? max(0, i0 - window + 1) : 0) / BK, jt_end = qt + 1;  // as the dK/dV kernel visits
+    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * nt + qt]);
+    const bf16* kb = k + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    constexpr uint32_t ONES = 0x3f803f80u;  // two bf16 1.0
+    float acc[HD / 8][4], rs[4] = {0.f, 0.f, 0.f, 0.f};
+    #pragma unroll
+    for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    uint4 f[8], fn[8];
+    load_tile_async<BK, HD, LD, 256>(sK, kb, jt_begin * BK, T, stride_qkv);
+    cp_async_commit();
+    {
+        const uint4* p = dsg + fox_dsg_off(bh, nt, jt_begin, qt, 0, lane) + warp * 32;
+        #pragma unroll
+        for (int kw = 0; kw < 8; kw++) f[kw] = __ldcs(p + kw * 256);
+    }
+    for (int jt = jt_begin; jt < jt_end; jt++) {
+        const bf16* sKb = sK + ((jt - jt_begin) & 1) * BK * LD;
+        if (jt + 1 < jt_end) {  // the next tile's K and dS^T, under this tile's matmuls
+            load_tile_async<BK, HD, LD, 256>(sK + ((jt + 1 - jt_begin) & 1) * BK * LD, kb, (jt + 1) * BK, T,
+                                             stride_qkv);
+            cp_async_commit();
+            const uint4* p = dsg + fox_dsg_off(bh, nt, jt + 1, qt, 0, lane) + warp * 32;
+            #pragma unroll
+            for (int kw = 0; kw < 8; kw++) fn[kw] = __ldcs(p + kw * 256);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // this tile's K is in
+        #pragma unroll
+        for (int kw = 0; kw < 8; kw++) {
+            // dS^T's parts (keys 0-7 | 8-15) x (queries 0-7 | 8-15) are f.x, f.y (keys 8-15), f.z, f.w;
+            // transposed, f.x, f.z, f.y, f.w are dS's a0 (queries 0-7, keys 0-7), a1, a2, a3
+            uint32_t a[4] = {movmatrix_t(f[kw].x), movmatrix_t(f[kw].z), movmatrix_t(f[kw].y), movmatrix_t(f[kw].w)};
+            #pragma unroll
+            for (int np = 0; np < HD / 16; np++) {
+                uint32_t r[4];  // B of hd columns 16np..16np+15: (keys 0-7 | 8-15) x (cols 0-7), then cols 8-15
+                ldmatrix_x4_trans(r, sKb + (16 * kw + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 16 * np +
+                                         8 * (lane >> 4));
+                mma_bf16(acc[2 * np], a, r[0], r[1]);
+                mma_bf16(acc[2 * np + 1], a, r[2], r[3]);
+            }
+            if (GATE) mma_bf16(rs, a, ONES, ONES);
+        }
+        __syncthreads();  // every warp is done with this buffer before the next tile's loads refill it
+        #pragma unroll
+        for (int kw = 0; kw < 8; kw++) f[kw] = fn[kw];
+    }
+
+    bf16* dqb = dq + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = i0 + 16 * warp + g + 8 * r;
+        if (row >= T) continue;
+        #pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            *(__nv_bfloat162*)(dqb + (size_t)row * stride_qkv + n * 8 + 2 * tq) =
+                __floats2bfloat162_rn(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
+        if (GATE && tq == 0) dc_row[(size_t)bh * T + row] = rs[2 * r];
+    }
+}
+
+// Versions 31 and 32's dQ kernel: fox_bwd_dq_dsg_kernel's work on version 20's block structure. A
+// producer thread streams each key tile's stored dS^T (32 contiguous KB: one bulk copy) and its K tile
+// (TMA, 128-byte swizzle, zero past T) into ST stages of full/empty barriers, running up to ST tiles
+// ahead; consumer warp w (of 8, two warpgroups of 64 queries) reads its 16 x 16 blocks from shared
+// memory (512 contiguous bytes a warp), transposes them to dS's A fragments with movmatrix, takes the
+// row sums against a B of ones (mma.sync) and dq += dS K on wgmma (A from registers, K as the N-major
+// B), and releases the stage.
+template<int HD, int ST, bool GATE>
+__global__ void __launch_bounds__(384, 1) fox_bwd_dq_dsgw_kernel(bf16* dq, float* dc_row, const uint4* dsg,
+                                                                 const __grid_constant__ CUtensorMap tmK, int T,
+                                                                 int H, int stride_qkv, int window, float scale,
+                                                                 const int* key_start) {
+    constexpr int BR = 128, BK = 128, SW = 1;
+    constexpr uint32_t DS_BYTES = BR * BK * sizeof(bf16), K_BYTES = BK * HD * sizeof(bf16);
+    static_assert(BR == PRUNE_BLOCK && BK == PRUNE_BLOCK, "tiles are pruning tiles");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = (bf16*)smem_1k(smem_raw);      // (ST, BK, HD) swizzled
+    uint4* sS = (uint4*)(sK + ST * BK * HD);  // (ST, 2048) the stored dS^T tiles
+    uint64_t* bar = (uint64_t*)(sS + ST * 2048);
+    uint64_t *full = bar, *empty = bar + ST;
+    int nt = gridDim.x, qt = nt - 1 - blockIdx.x;  // longest rows first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int i0 = qt * BR;
+    int jt_begin = (window > 0 ? max(0, i0 - window + 1) : 0) / BK, jt_end = qt + 1;  // as the dK/dV kernel visits
+    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * nt + qt]);
+    int ntiles = jt_end - jt_begin;
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < ST; st++) {
+            mbar_init(&full[st], 1);   // the producer's arrival with the copies' bytes
+            mbar_init(&empty[st], 8);  // a warp of the consumers each
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp < 4) {  // producer: one thread
+        setmaxnreg_dec<24>();
+        if (threadIdx.x != 0) return;
+        for (int n = 0; n < ntiles; n++) {
+            int st = n % ST, jt = jt_begin + n;
+            mbar_wait(&empty[st], ((n / ST) & 1) ^ 1);
+            mbar_expect_tx(&full[st], DS_BYTES + K_BYTES);
+            bulk_load(sS + st * 2048, dsg + fox_dsg_off(bh, nt, jt, qt, 0, 0), DS_BYTES, &full[st]);
+            tma_load_tile<BK, HD>(sK + st * BK * HD, &tmK, jt * BK, h, b, &full[st]);
+        }
+        return;
+    }
+
+    setmaxnreg_inc<240>();
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;  // cwarp: this warp's 16 queries
+    constexpr uint32_t ONES = 0x3f803f80u;              // two bf16 1.0
+    float acc[HD / 2], rs[4] = {0.f, 0.f, 0.f, 0.f};
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
+    const uint64_t dK0 = desc_mn<HD, BK, SW>(sK, 0);
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST;
+        mbar_wait(&full[st], (n / ST) & 1);
+        const uint4* fs = sS + st * 2048 + cwarp * 32 + lane;  // block (kw, cwarp) at (kw * 8 + cwarp) * 32 uint4
+        uint32_t a[8][4];
+        #pragma unroll
+        for (int kw = 0; kw < 8; kw++) {
+            uint4 f = fs[kw * 256];  // dS^T's parts as in fox_bwd_dq_dsg_kernel
+            a[kw][0] = movmatrix_t(f.x); a[kw][1] = movmatrix_t(f.z);
+            a[kw][2] = movmatrix_t(f.y); a[kw][3] = movmatrix_t(f.w);
+        }
+        if (GATE) {
+            #pragma unroll
+            for (int kw = 0; kw < 8; kw++) mma_bf16(rs, a[kw], ONES, ONES);
+        }
+        wgmma_fence();
+        #pragma unroll
+        for (int kw = 0; kw < 8; kw++) wgmma_rs<HD, 1>(acc, a[kw], desc_add(dK0, st * K_BYTES + mnstep_bytes(kw)), 1);
+        wgmma_commit();
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(acc); wgmma_pin_a<8>(a);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+    }
+
+    bf16* dqb = dq + (size_t)b * T * stride_qkv + (size_t)h * HD;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = i0 + 16 * cwarp + g + 8 * r;
+        if (row >= T) continue;
+        #pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            *(__nv_bfloat162*)(dqb + (size_t)row * stride_qkv + n * 8 + 2 * tq) =
+                __floats2bfloat162_rn(acc[n * 4 + 2 * r] * scale, acc[n * 4 + 2 * r + 1] * scale);
+        if (GATE && tq == 0) dc_row[(size_t)bh * T + row] = rs[2 * r];
+    }
+}
+
 // Shared memory of the two kernels: the fixed 128-row tiles, ST stages of the streamed tiles and
 // their floats (dK/dV: A, Delta; dQ: B and c_b, 2 ST floats for the barriers' alignment), the
 // barriers, + 1 KB to align the tiles to the swizzle pattern
 template<int HD, int BQ, int ST> constexpr size_t fox_pre_smem_kv() {
     return 1024 + (size_t)(2 * 128 + 2 * ST * BQ) * HD * sizeof(bf16) + 2 * ST * BQ * sizeof(float) +
-           (1 + 2 * ST) * sizeof(uint64_t);
+           (1 + 2 * ST) * sizeof(uint64_t) + 16 + 256;  // + version 32's ones (16-byte aligned)
 }
 template<int HD, int BC, int ST> constexpr size_t fox_pre_smem_q() {
     return 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) + (ST * BC + 2 * ST) * sizeof(float) +
@@ -2813,16 +3078,25 @@ template<int HD, int BC, int ST> constexpr size_t fox_pre_smem_q() {
 }
 
 // the two kernels for one head size; OVL, OVLQ: the cross-tile overlap in the dK/dV kernel, in the dQ kernel
-template<int HD, int BQ, int BC, int ST, bool GATE, bool OVL, bool OVLQ, bool DSF = false>
+// DSW: the dK/dV kernel stores dS^T in dsg and a dQ kernel forms dq from it: 1 = version 30
+// (fox_bwd_dq_dsg_kernel), 2 = version 31 (fox_bwd_dq_dsgw_kernel), 3 = version 32 (version 31 with the
+// dK/dV kernel's stores before its matmuls and its dc sums on the tensor cores)
+template<int HD, int BQ, int BC, int ST, bool GATE, bool OVL, bool OVLQ, bool DSF = false, int DSW = 0>
 static void fox_bwd_pre_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout, const bf16* q,
                                const bf16* k, const bf16* v, const float* lse, const float* delta, const float* c,
                                int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
-                               const int* query_end, cudaStream_t s) {
+                               const int* query_end, cudaStream_t s, uint4* dsg = nullptr) {
     constexpr size_t smem_kv = fox_pre_smem_kv<HD, BQ, ST>(), smem_q = fox_pre_smem_q<HD, BC, ST>();
+    constexpr int KVW = DSW == 3 ? 2 : DSW > 0 ? 1 : 0, DSG_ST = 4;  // the dK/dV kernel's mode; dsgw's stages
+    constexpr size_t smem_dsgw = 1024 + (size_t)DSG_ST * (128 * HD + 128 * 128) * sizeof(bf16) +
+                                 2 * DSG_ST * sizeof(uint64_t);
     static bool configured = false;  // raise the dynamic shared memory limit once per instantiation
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_pre_kernel<HD, BQ, ST, GATE, OVL, DSF>,
+        cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_pre_kernel<HD, BQ, ST, GATE, OVL, DSF, KVW>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+        if (DSW >= 2)
+            cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_dsgw_kernel<HD, DSG_ST, GATE>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dsgw));
         cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, OVLQ>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
         configured = true;
@@ -2834,9 +3108,21 @@ static void fox_bwd_pre_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
                 tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ),
                 tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128),
                 tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
-    fox_bwd_dkdv_pre_kernel<HD, BQ, ST, GATE, OVL, DSF><<<dim3(nt, B * H), 384, smem_kv, s>>>(
-        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
+    fox_bwd_dkdv_pre_kernel<HD, BQ, ST, GATE, OVL, DSF, KVW><<<dim3(nt, B * H), 384, smem_kv, s>>>(
+        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end, dsg);
     cudaCheckLaunch();
+    if constexpr (DSW >= 2) {
+        fox_bwd_dq_dsgw_kernel<HD, DSG_ST, GATE><<<dim3(nt, B * H), 384, smem_dsgw, s>>>(
+            dq, dc_row, dsg, tk, T, H, stride_qkv, window, scale, key_start);
+        cudaCheckLaunch();
+        return;
+    }
+    if constexpr (DSW == 1) {
+        fox_bwd_dq_dsg_kernel<HD, GATE><<<dim3(nt, B * H), 256, 2 * 128 * (HD + 8) * sizeof(bf16), s>>>(
+            dq, dc_row, dsg, k, T, H, stride_qkv, window, scale, key_start);
+        cudaCheckLaunch();
+        return;
+    }
     tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
     tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     fox_bwd_dq_pre_kernel<HD, BC, ST, GATE, OVLQ><<<dim3(nt, B * H), 384, smem_q, s>>>(
@@ -2849,7 +3135,14 @@ static void fox_bwd_pre_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
 // version 16, version 15 with the dK/dV kernel's overlap at hd 64 (at hd 128 version 15's kernels);
 // 2 = version 19, version 15 with 128-query steps in the dK/dV kernel at hd 64 (the terms read from
 // shared memory where used; ptxas serialises its wgmmas, C7512: 5-8% slower, LOG.md); 3 = version
-// 20, version 19 with dS^T formed before dV is issued (P^T's A fragments not live during dS^T).
+// 20, version 19 with dS^T formed before dV is issued (P^T's A fragments not live during dS^T); 6 =
+// version 30, version 20 with the dK/dV kernel storing dS^T (bf16) and the dQ kernel a matmul over it
+// (fox_bwd_dq_dsg_kernel) at hd 64; its scratch, B*H*nt(nt+1)/2 tiles of 32 KB, grows on demand.
+static uint4* g_dsg;    // version 30's dS^T scratch
+static size_t g_dsg_n;  // its size in uint4
+static void dsg_poison() {  // NaN everywhere (bf16 0xffff): a tile read but not written shows
+    if (g_dsg) cudaCheck(cudaMemset(g_dsg, 0xff, g_dsg_n * sizeof(uint4)));
+}
 template<int CFG>
 static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout, const bf16* q,
                         const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
@@ -2866,13 +3159,23 @@ static void fox_bwd_pre(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scrat
     constexpr int BQ64 = CFG >= 2 ? 128 : 64;
     constexpr bool DSF = CFG >= 3;
     constexpr int ST64 = CFG == 4 ? 3 : 2;  // version 21: version 20 with three stages
+    constexpr int DSW = CFG >= 6 ? CFG - 5 : 0;  // versions 30-32
+    if (DSW && hd == 64) {
+        size_t nt = ceil_div(T, 128), need = (size_t)B * H * (nt * (nt + 1) / 2) * 64 * 32;
+        if (need > g_dsg_n) {
+            if (g_dsg) cudaCheck(cudaFree(g_dsg));
+            g_dsg = dmalloc<uint4>(need);
+            g_dsg_n = need;
+            dsg_poison();
+        }
+    }
     if (hd == 64) {
-        if (c) fox_bwd_pre_launch<64, BQ64, 128, ST64, true, OVL64, true, DSF>(
+        if (c) fox_bwd_pre_launch<64, BQ64, 128, ST64, true, OVL64, true, DSF, DSW>(
             dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-            stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_pre_launch<64, BQ64, 128, ST64, false, OVL64, true, DSF>(
+            stride_qkv, stride_o, window, key_start, query_end, s, g_dsg);
+        else fox_bwd_pre_launch<64, BQ64, 128, ST64, false, OVL64, true, DSF, DSW>(
             dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-            stride_qkv, stride_o, window, nullptr, nullptr, s);
+            stride_qkv, stride_o, window, nullptr, nullptr, s, g_dsg);
     } else {
         if (c) fox_bwd_pre_launch<128, 64, 64, 2, true, false, true>(
             dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
@@ -4366,11 +4669,21 @@ static void run_backward(int version, const FoxProblem& p, BwdDev& d, const int*
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 29: fox_bwd_prp<true, 1, FOX_V29_MB>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
+        case 30: case 31: case 32:  // hd 128: version 22's kernels
+            if (p.hd == 128) fox_bwd_lean<3>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                                             p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0);
+            else if (version == 30) fox_bwd_pre<6>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                                                   p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0);
+            else if (version == 31) fox_bwd_pre<7>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                                                   p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0);
+            else fox_bwd_pre<8>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
+                                p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0);
+            break;
         case 17: fox_bwd_fused<false>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
         case 18: fox_bwd_fused<true>(dq, dk, dv, dlogf, d.scratch, d.dout, q, k, v, d.o, d.lse, d.c,
                     p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables, 0); break;
-        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..29\n", version); exit(EXIT_FAILURE);
+        default: fprintf(stderr, "invalid version %d\nHINT: versions are 1..32\n", version); exit(EXIT_FAILURE);
     }
 }
 static void run_fwd(const FoxProblem& p, BwdDev& d) {
@@ -4416,13 +4729,13 @@ static bool check_backward(const FoxProblem& p, BwdDev& d, const double* dq, con
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // line by line into a log too: a hung version shows where
     int only = argc > 1 ? atoi(argv[1]) : 0;
-    int first = only ? only : 1, last = only ? only : 29;
+    int first = only ? only : 1, last = only ? only : 32;
     if (argc > 2) last = atoi(argv[2]);  // a range: ./prog first last
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     bool all_ok = true;         // the references
-    bool vok[30];  // per version: only those that pass are timed
+    bool vok[33];  // per version: only those that pass are timed
     for (bool& ok : vok) ok = true;
 
     if (argc > 3 && strcmp(argv[3], "profile") == 0) {  // one backward per version and timing shape, for ncu
@@ -4464,10 +4777,10 @@ int main(int argc, char** argv) {
                p.gate ? "yes" : "none");
         for (int ver = first; ver <= last; ver++) {
             for (int vi = 0; vi < 5; vi++) {  // versions 25-29 also on 1 and 5 blocks, 29 in sections of 1 and 3 heads
-                if ((vi && ver < 25) || (vi >= 3 && ver != 29)) continue;
+                if ((vi && (ver < 25 || ver > 29)) || (vi >= 3 && ver != 29)) continue;
                 int cap = PRP_CAPS[vi];
                 g_prp_blocks = cap; g_prp_group = PRP_GROUPS[vi];
-                poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
+                poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht); dsg_poison();
                 printf("  version %d", ver);  // before the run: a hang is named
                 if (cap) printf(" on %d block(s)", cap);
                 if (g_prp_group) printf(", sections of %d head(s)", g_prp_group);
@@ -4484,11 +4797,11 @@ int main(int argc, char** argv) {
     // 1b. the pruning tables of versions 9 and 11-29: per (b, h) a random non-decreasing key_start (up to
     // the diagonal tile, as the real tables: c is non-increasing), query_end derived from it, the
     // forward (version 8) with the same key_start, against the CPU reference that skips the same tiles
-    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29}) {
+    for (int ver : {9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32}) {
         if (ver < first || ver > last) continue;
-        for (int pc = 0; pc < (ver >= 25 ? 3 : 2); pc++)  // hd 64, hd 128 with a window; 25-29: hd 64 with one
+        for (int pc = 0; pc < (ver >= 25 ? 3 : 2); pc++)  // hd 64, hd 128 with a window; 25-32: hd 64 with one
         for (int vi = 0; vi < 5; vi++) {  // versions 25-29 also on 1 and 5 blocks, 29 in sections of 1 and 3 heads
-            if ((vi && ver < 25) || (vi >= 3 && ver != 29)) continue;
+            if ((vi && (ver < 25 || ver > 29)) || (vi >= 3 && ver != 29)) continue;
             int cap = PRP_CAPS[vi];
             g_prp_blocks = cap; g_prp_group = PRP_GROUPS[vi];
             int hd = pc == 1 ? 128 : 64;
@@ -4514,7 +4827,7 @@ int main(int argc, char** argv) {
             const bf16 *q = d.qkv + p.q_off, *k = d.qkv + p.k_off, *v = d.qkv + p.v_off;
             fox_fwd_ws<128, 2>(d.o, d.lse, q, k, v, d.c,
                                p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, tables_d, 0);
-            poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
+            poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht); dsg_poison();
             printf("B=%d T=%d H=%d hd=%d window=%d packed, pruned (random key_start, query_end)\n  version %d", p.B,
                    p.T, p.H, p.hd, p.window, ver);
             if (cap) printf(" on %d block(s)", cap);
@@ -4573,7 +4886,7 @@ int main(int argc, char** argv) {
         } else {
             run_fwd(p, d);
             for (int ver = std::max(first, 2); ver <= last; ver++) {  // v1 in fp32 is the reference's twin, and slow
-                poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht);
+                poison(d.dqkv, p.n_qkv); poison(d.dlogf, p.n_bht); poison(d.scratch, 3 * p.n_bht); dsg_poison();
                 printf("  version %d\n", ver);
                 run_backward(ver, p, d);
                 sync_or_exit("the version above", 120);
@@ -4614,10 +4927,13 @@ int main(int argc, char** argv) {
             std::vector<float> l = d2h(d.dlogf, p.n_bht);
             bool same = memcmp(g.data(), g1.data(), g.size() * sizeof(bf16)) == 0 &&
                         memcmp(l.data(), l1.data(), l.size() * sizeof(float)) == 0;
-            // versions 25-29 are version 20's arithmetic on another schedule: there a difference fails
-            printf("version %d against version 14, hd %d (dq, dk, dv, dlogf bitwise; expected the same): %s\n", ver,
-                   p.hd, same ? "same" : ver >= 25 ? "DIFFERENT (FAIL)" : "DIFFERENT (not counted as a failure)");
-            if (ver >= 25) vok[ver] &= same;
+            // versions 25-29 are version 20's arithmetic on another schedule (and versions 30-32 at hd 128
+            // version 22's kernels): there a difference fails; versions 30-32 at hd 64 sum other values
+            bool must = (ver >= 25 && ver <= 29) || (ver >= 30 && p.hd == 128);
+            printf("version %d against version 14, hd %d (dq, dk, dv, dlogf bitwise; expected %s): %s\n", ver, p.hd,
+                   ver >= 30 && p.hd == 64 ? "different" : "the same",
+                   same ? "same" : must ? "DIFFERENT (FAIL)" : "DIFFERENT (not counted as a failure)");
+            if (must) vok[ver] &= same;
         }
         g_prp_group = 0;
         release_bwd(d);
