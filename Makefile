@@ -20,7 +20,10 @@ ifeq ($(origin NVCC),undefined)
   NVCC := $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
 endif
 GPU_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
+# --default-stream per-thread: the trainer's work goes to the default stream of its thread, which
+# (unlike the legacy default stream) a CUDA graph can capture (gpu_train_micro_step)
 NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -Xcompiler "$(CFLAGS) $(OMP_FLAGS) -Wno-unused-function"
+NVCC_FLAGS += --default-stream per-thread
 NVCC_LIBS = -lcublasLt -lcublas -lm
 # NCCL (multi-GPU): NCCL_HOME=<dir>, else the CUDA toolkit's or the system's, else the pip
 # wheel nvidia-nccl (PyTorch's); with none, train_fox builds for one GPU (-DNO_NCCL)

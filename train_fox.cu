@@ -41,7 +41,8 @@ The sections, in file order (each opens with a // ---- line and this title):
       layout (layer-major buckets, layout_params; copies to and from the twin's), the memory
       estimate, gpu_config_problem (what the kernels cannot take), gpu_build
   layer launchers used by the forward and backward: RMSNorm and column-sum launches
-  forward and backward of the whole model: gpu_forward, gpu_backward, the activation recompute
+  forward and backward of the whole model: gpu_forward, gpu_backward, the activation recompute,
+      gpu_train_micro_step (both as one CUDA graph)
   optimiser: the gradients' reduction (by bucket), norm, clipping, the AdamW step (gpu_update)
   checkpoints: the twin's files, written and resumed on any number of GPUs
   generation on the GPU: the decoder's matvecs (gemv_kernel), flash-decoding attention over a
@@ -395,7 +396,7 @@ static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floa
         if (k == 1 && p->d_type != CUDA_R_32F) { pattern_kernel<floatX><<<blocks, 256>>>((floatX*)d, n); }
         launchCheck();
         if (cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta[k], d, p->c, d, p->d, &p->cand[i],
-                           g_workspace, WORKSPACE_BYTES, 0) != CUBLAS_STATUS_SUCCESS) {
+                           g_workspace, WORKSPACE_BYTES, cudaStreamPerThread) != CUBLAS_STATUS_SUCCESS) {
             cudaGetLastError();
             return 0;
         }
@@ -412,7 +413,7 @@ static float matmul_time_candidate(const MatmulPlan* p, int i, void* d, const fl
     cudaCheck(cudaEventRecord(t0));
     for (int r = 0; r < 5; r++) {
         cublasCheck(cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &zero, d, p->c, d, p->d, &p->cand[i],
-                                   g_workspace, WORKSPACE_BYTES, 0));
+                                   g_workspace, WORKSPACE_BYTES, cudaStreamPerThread));
     }
     cudaCheck(cudaEventRecord(t1));
     cudaCheck(cudaEventSynchronize(t1));
@@ -470,7 +471,7 @@ static void matmul_lt(void* d, cudaDataType_t d_type, const void* c, const float
     }
     float alpha = 1.0f;
     cublasCheck(cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta, c_ptr, p->c, d, p->d, &p->algo,
-                               g_workspace, WORKSPACE_BYTES, 0));
+                               g_workspace, WORKSPACE_BYTES, cudaStreamPerThread));
 }
 
 // out (N, OC) = inp (N, IC) @ w (OC, IC)^T, plus `add` (N, OC) when given (the residual)
@@ -3221,6 +3222,10 @@ static void attention_set_pruning(int on, double ln_eps) {
 #endif
 }
 
+// Counts the moves of buffers that kernels read by a pointer they keep (the pruning tables): a CUDA
+// graph captured before a move must not run after it (gpu_train_micro_step).
+static int g_buffer_epoch = 0;
+
 #ifndef ENABLE_FP32
 // The pruning tiles of one layer's q, k, c (B, T, H, hd; c (B, H, T)), or NULL when pruning is off or
 // there is no forget gate. One buffer for every layer: the backward recomputes a layer's tables
@@ -3239,11 +3244,13 @@ static const int* attention_prune_tables(const floatX* q, const floatX* k, const
         cudaCheck(cudaMalloc(&tables, need * sizeof(int)));
         cudaCheck(cudaMalloc(&U, need / 2 * sizeof(float))); // need / 2 >= B*H
         cap = need;
+        g_buffer_epoch++;
     }
     if (need_partial > cap_partial) {
         cudaCheck(cudaFree(partial));
         cudaCheck(cudaMalloc(&partial, need_partial * sizeof(float2)));
         cap_partial = need_partial;
+        g_buffer_epoch++;
     }
     fox_prune_tables(tables, U, partial, q, k, c, B, T, H, hd, H * hd, g_prune_ln_eps, 0);
     return tables;
@@ -3993,6 +4000,19 @@ typedef struct {
     size_t size;         // elements of a flat buffer, padding included
 } ParamLayout;
 
+// gpu_train_micro_step's CUDA graph of a micro-step's kernels, for one shape
+typedef struct {
+    cudaGraphExec_t exec;
+    int state;          // 0: none; 1: ran eagerly at this shape (the lazy set-up is done); 2: exec captured
+    int B, T, epoch;    // the shape and g_buffer_epoch it was captured for
+    float loss_scale;
+} StepGraph;
+
+static void step_graph_drop(StepGraph* sg) {
+    if (sg->state == 2) { cudaCheck(cudaGraphExecDestroy(sg->exec)); }
+    sg->state = 0;
+}
+
 typedef struct {
     FoxModel* host;
     FoxConfig config;
@@ -4023,8 +4043,10 @@ typedef struct {
     // host side
     int B, T;
     const int* inputs_host;
+    int has_targets;    // the last forward had targets (losses)
     int has_dlogits;    // the logits hold the loss's gradient (gpu_forward_train)
     float mean_loss;    // of the last forward with targets, -1 otherwise
+    StepGraph step_graph; // gpu_train_micro_step's
     float* losses_host; // (N)
     int* enc_host;      // (3N + 1 + V) counting-sort workspace
 } GPUModel;
@@ -4472,6 +4494,7 @@ static void gpu_free(GPUModel* g) {
     cudaCheck(cudaFree(g->grad_memory)); cudaCheck(cudaFree(g->inputs)); cudaCheck(cudaFree(g->targets));
     cudaCheck(cudaFree(g->norm_partial)); cudaCheck(cudaFree(g->rope));
     free(g->losses_host); free(g->enc_host);
+    step_graph_drop(&g->step_graph);
     memset(g, 0, sizeof(*g));
 }
 
@@ -4758,24 +4781,32 @@ static void gpu_recompute_layer(GPUModel* g, const LayerActs* p, int l) {
     swiglu_forward_gpu(p->act, p->gu, N, cf->mlp_hidden);
 }
 
-
-// inputs, targets (B, T) on the host; targets may be NULL (no loss). Fills the logits and, with
-// targets, the losses and mean_loss. With grad (targets needed) the logits are then turned in place
-// into the gradient of loss_scale * mean_loss, the start of gpu_backward: gpu_forward_train.
-static void gpu_forward_pass(GPUModel* g, const int* inputs, const int* targets, int B, int T, int grad,
-                             float loss_scale) {
-    const FoxConfig* cf = &g->config;
-    int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden;
-    int V = cf->vocab_size, Vp = cf->padded_vocab_size;
-    size_t N = (size_t)B * T, NC = N * C;
+// The forward in three parts (gpu_forward_pass runs them in turn): the batch checked and uploaded,
+// the kernels, the mean loss read back. inputs, targets (B, T) on the host; targets may be NULL (no
+// loss). Fills the logits and, with targets, the losses and mean_loss. With grad (targets needed)
+// the logits are then turned in place into the gradient of loss_scale * mean_loss, the start of
+// gpu_backward: gpu_forward_train.
+static void gpu_forward_begin(GPUModel* g, const int* inputs, const int* targets, int B, int T, int grad) {
+    size_t N = (size_t)B * T;
     if (T > g->max_T || N > (size_t)g->max_B * g->max_T) {
         fail("internal: batch %dx%d exceeds the allocated %dx%d" BUG_HINT, B, T, g->max_B, g->max_T);
     }
-    check_tokens(inputs, N, V, "input");
-    if (targets != NULL) { check_tokens(targets, N, V, "target"); }
-    g->B = B; g->T = T; g->inputs_host = inputs; g->has_dlogits = grad && targets != NULL;
+    check_tokens(inputs, N, g->config.vocab_size, "input");
+    if (targets != NULL) { check_tokens(targets, N, g->config.vocab_size, "target"); }
+    g->B = B; g->T = T; g->inputs_host = inputs;
+    g->has_targets = targets != NULL; g->has_dlogits = grad && targets != NULL;
     cudaCheck(cudaMemcpy(g->inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
     if (targets != NULL) { cudaCheck(cudaMemcpy(g->targets, targets, N * sizeof(int), cudaMemcpyHostToDevice)); }
+}
+
+// the forward's kernels on the uploaded batch (gpu_forward_begin), the embedding to the loss: no
+// host work or synchronisation, so a CUDA graph can hold them (gpu_train_micro_step)
+static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
+    const FoxConfig* cf = &g->config;
+    int B = g->B, T = g->T;
+    int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden;
+    int V = cf->vocab_size, Vp = cf->padded_vocab_size;
+    size_t N = (size_t)B * T, NC = N * C;
     GPUActivations a = g->acts;
     encoder_forward_kernel<<<elem_blocks(NC), 256>>>(a.resid, g->inputs, pm(g, P_WTE, 0), N, C);
     launchCheck();
@@ -4807,14 +4838,27 @@ static void gpu_forward_pass(GPUModel* g, const int* inputs, const int* targets,
     }
     rmsnorm_forward_gpu(a.xf, a.rstd_f, LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), N, C);
     matmul_forward_gpu(a.logits, CUDA_R_X, NULL, a.xf, px(g, P_LM_HEAD, 0), N, C, Vp);
-    g->mean_loss = -1.0f;
-    if (targets != NULL) {
-        crossentropy_gpu(a.losses, a.logits, g->targets, N, V, Vp, grad, loss_scale / (float)N);
-        cudaCheck(cudaMemcpy(g->losses_host, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost));
-        double sum = 0.0;
-        for (size_t n = 0; n < N; n++) { sum += g->losses_host[n]; }
-        g->mean_loss = (float)(sum / (double)N);
+    if (g->has_targets) {
+        crossentropy_gpu(a.losses, a.logits, g->targets, N, V, Vp, g->has_dlogits, loss_scale / (float)N);
     }
+}
+
+// mean_loss from the forward's losses (waits for the GPU), -1 without targets
+static void gpu_forward_loss(GPUModel* g) {
+    size_t N = (size_t)g->B * g->T;
+    g->mean_loss = -1.0f;
+    if (!g->has_targets) { return; }
+    cudaCheck(cudaMemcpy(g->losses_host, g->acts.losses, N * sizeof(float), cudaMemcpyDeviceToHost));
+    double sum = 0.0;
+    for (size_t n = 0; n < N; n++) { sum += g->losses_host[n]; }
+    g->mean_loss = (float)(sum / (double)N);
+}
+
+static void gpu_forward_pass(GPUModel* g, const int* inputs, const int* targets, int B, int T, int grad,
+                             float loss_scale) {
+    gpu_forward_begin(g, inputs, targets, B, T, grad);
+    gpu_forward_kernels(g, loss_scale);
+    gpu_forward_loss(g);
 }
 
 static void gpu_forward(GPUModel* g, const int* inputs, const int* targets, int B, int T) {
@@ -4855,9 +4899,10 @@ static int encoder_lists(GPUModel* g, size_t N) {
 }
 
 // Accumulates into the gradients the gradient of loss_scale * mean_loss of the last forward
-// (gpu_forward_train's: its logits are that loss's gradient already).
-static void gpu_backward(GPUModel* g) {
-    if (!g->has_dlogits) { fail("internal: backward needs the logits' gradient of gpu_forward_train" BUG_HINT); }
+// (gpu_forward_train's: its logits are that loss's gradient already): gpu_backward_kernels, every
+// kernel down to layer 0 (no host work or synchronisation, so a CUDA graph can hold them), then
+// gpu_encoder_backward, whose lists the host builds from the batch.
+static void gpu_backward_kernels(GPUModel* g) {
     const FoxConfig* cf = &g->config;
     int B = g->B, T = g->T;
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden, Vp = cf->padded_vocab_size;
@@ -4881,7 +4926,7 @@ static void gpu_backward(GPUModel* g) {
     for (int i = 0; i < HP_MAX; i++) { dhp[i] = hp_slot[i] >= 0 ? d.dhp + (size_t)hp_slot[i] * H : NULL; }
     matmul_backward_input_gpu(d.dxn, CUDA_R_32F, a.logits, px(g, P_LM_HEAD, 0), N, C, Vp, 0.0f);
     matmul_backward_weight_gpu(pg(g, P_LM_HEAD, 0), a.logits, a.xf, N, C, Vp);
-    cudaCheck(cudaMemset(d.dresid, 0, NC * sizeof(float)));
+    cudaCheck(cudaMemsetAsync(d.dresid, 0, NC * sizeof(float), cudaStreamPerThread));
     rmsnorm_backward_gpu(g, pg(g, P_NORM_F, 0), LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), a.rstd_f, N, C);
     for (int l = L - 1; l >= 0; l--) {
         LayerActs p = layer_acts(g, l);
@@ -4963,10 +5008,59 @@ static void gpu_backward(GPUModel* g) {
         rmsnorm_backward_gpu(g, pg(g, P_ATTN_NORM, l), p.resid, pm(g, P_ATTN_NORM, l),
                              p.rstd_a, N, C);
     }
-    int distinct = encoder_lists(g, N);
+}
+
+static void gpu_encoder_backward(GPUModel* g) {
+    size_t N = (size_t)g->B * g->T;
+    int C = g->config.n_embd, distinct = encoder_lists(g, N);
+    GPUGradBuffers d = g->gb;
     encoder_backward_kernel<<<dim3((unsigned)distinct, (unsigned)ceil_div(C, ENC_BWD_COLS)), ENC_BWD_COLS>>>(
         pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, C);
     launchCheck();
+}
+
+static void gpu_backward(GPUModel* g) {
+    if (!g->has_dlogits) { fail("internal: backward needs the logits' gradient of gpu_forward_train" BUG_HINT); }
+    gpu_backward_kernels(g);
+    gpu_encoder_backward(g);
+}
+
+// A training micro-step: gpu_forward_train then gpu_backward, the same work in the same order, the
+// kernels of both launched as one CUDA graph when g_step_graphs is on. One by one, each of a step's
+// 700-1500 launches leaves the GPU idle for a microsecond or two (dev/RESULTS.md). A graph keeps the
+// arguments it was captured with, so it is captured for one (B, T, loss_scale) after an eager
+// micro-step at that shape (which does the lazy set-up: matmul plans, kernel attributes, buffers)
+// and dropped when a buffer it reads moves (g_buffer_epoch). Same kernels, arguments and order:
+// the same bits as without it. The mean loss is read back at the end, not between the passes.
+static int g_step_graphs = 1;
+
+static void gpu_train_micro_step(GPUModel* g, const int* inputs, const int* targets, int B, int T,
+                                 float loss_scale) {
+    StepGraph* sg = &g->step_graph;
+    if (targets == NULL) { fail("internal: a training micro-step needs targets" BUG_HINT); }
+    gpu_forward_begin(g, inputs, targets, B, T, 1);
+    if (!g_step_graphs || sg->B != B || sg->T != T || sg->loss_scale != loss_scale || sg->epoch != g_buffer_epoch) {
+        step_graph_drop(sg);
+    }
+    if (!g_step_graphs || sg->state == 0) {
+        gpu_forward_kernels(g, loss_scale);
+        gpu_backward_kernels(g);
+        sg->state = 1; sg->B = B; sg->T = T; sg->loss_scale = loss_scale; sg->epoch = g_buffer_epoch;
+    } else {
+        if (sg->state == 1) { // relaxed: the launchers' kernel-attribute calls run at capture, as eagerly
+            cudaGraph_t graph;
+            cudaCheck(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeRelaxed));
+            gpu_forward_kernels(g, loss_scale);
+            gpu_backward_kernels(g);
+            cudaCheck(cudaStreamEndCapture(cudaStreamPerThread, &graph));
+            cudaCheck(cudaGraphInstantiate(&sg->exec, graph, 0));
+            cudaCheck(cudaGraphDestroy(graph));
+            sg->state = 2;
+        }
+        cudaCheck(cudaGraphLaunch(sg->exec, cudaStreamPerThread));
+    }
+    gpu_encoder_backward(g);
+    gpu_forward_loss(g);
 }
 
 // -X 1: one training forward and backward on random tokens with g_tuning set, so each matmul
@@ -6190,7 +6284,7 @@ typedef struct {
 } GpuDecoder;
 
 // The decoder's copies, on its stream and finished on return: its kernels run on a non-blocking
-// stream, which does not wait for the legacy stream's copies, and a copy from pinned memory would
+// stream, which does not wait for the default stream's copies, and a copy from pinned memory would
 // otherwise still be in flight when the host writes its source again. Set-up and per-run work only.
 static void decoder_copy(const GpuDecoder* d, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, kind, d->stream));
@@ -6773,7 +6867,7 @@ static void gpu_decoder_prefill(GpuDecoder* d, const int* tokens, int stride, co
             for (int t = 0; t < Tp; t++) { group[(size_t)bg * Tp + t] = src[t < n ? t : n - 1]; }
         }
         gpu_forward(g, group, NULL, Bg, Tp);
-        cudaCheck(cudaDeviceSynchronize()); // gpu_forward runs on the legacy stream
+        cudaCheck(cudaDeviceSynchronize()); // gpu_forward runs on the default stream
         decoder_copy(d, lens_d, lens + b0, (size_t)Bg * sizeof(int), cudaMemcpyHostToDevice);
         const GPUActivations* ac = &g->acts;
         const float* c = g->config.gate != GATE_NONE ? ac->c : NULL;
@@ -7197,6 +7291,7 @@ int main(int argc, char** argv) {
     int64_t tokens_seen = a.resume ? resumed.tokens_seen : 0;
     LRSchedule sched = run_schedule(&a, a.resume ? &resumed : NULL);
     if (a.tune) { gpu_tune_matmuls(&gm, a.B, a.T); }
+    g_step_graphs = a.graphs;
     printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
            "warmup %.0f tokens | %s schedule, peak lr %g\n", a.B, a.T, dist.world, accum, a.total_batch_tokens,
            a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
@@ -7236,8 +7331,7 @@ int main(int argc, char** argv) {
         double loss = 0.0; // this process's share of the global batch's mean loss
         for (int micro = 0; micro < accum; micro++) {
             dataloader_next_batch(&train);
-            gpu_forward_train(&gm, train.inputs, train.targets, a.B, a.T, loss_scale);
-            gpu_backward(&gm);
+            gpu_train_micro_step(&gm, train.inputs, train.targets, a.B, a.T, loss_scale);
             loss += gm.mean_loss / (accum * dist.world);
         }
         double t_local = 0.0; // with several processes: when this one's forwards and backwards were done
