@@ -3098,64 +3098,6 @@ static int gpu_same_as_twin(GPUModel* g, const float* d, const float* h) {
     return same;
 }
 
-// gpu_train_micro_step with its CUDA graph gives the bits of gpu_forward_train + gpu_backward: 3
-// training steps of 2 accumulated micro-batches (the first micro-step runs eagerly, the second is
-// captured, the rest replay the graph) of a 2-layer model at C = 768, the same losses and weights
-// bit for bit, with and without pruning tables (-A 1: the graph reads them by pointer). The graph
-// must have been used, or the test would prove nothing.
-static void gpu_test_step_graphs(void) {
-    FoxConfig c;
-    config_from_preset(&c, "fox-pro-125m");
-    config_set(&c, "n_layer", "2");
-    config_set(&c, "vocab_size", "1000");
-    int B = 4, T = 256, micro = 2;
-    size_t N = (size_t)B * T;
-    int* inputs = (int*)malloc_check(micro * N * sizeof(int), "tokens");
-    int* targets = (int*)malloc_check(micro * N * sizeof(int), "tokens");
-    random_tokens(inputs, micro * N, c.vocab_size, 31);
-    random_tokens(targets, micro * N, c.vocab_size, 32);
-    AdamWConfig opt = {1e-2f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
-#ifndef ENABLE_FP32
-    int prunes = 2; // the pruning tables are a bf16 feature
-#else
-    int prunes = 1;
-#endif
-    for (int prune = 0; prune < prunes; prune++) {
-        g_prune = prune;
-        float loss[2][3];
-        FoxModel h[2];
-        GPUModel g[2];
-        for (int r = 0; r < 2; r++) {
-            twin_from_config(&h[r], &c, 7);
-            gpu_build(&g[r], &h[r], B, T);
-            for (int s = 0; s < 3; s++) {
-                gpu_zero_grad(&g[r]);
-                loss[r][s] = 0.0f;
-                for (int k = 0; k < micro; k++) {
-                    if (r == 0) {
-                        gpu_forward_train(&g[r], inputs + k * N, targets + k * N, B, T, 1.0f / micro);
-                        gpu_backward(&g[r]);
-                    } else {
-                        gpu_train_micro_step(&g[r], inputs + k * N, targets + k * N, B, T, 1.0f / micro);
-                    }
-                    loss[r][s] += g[r].mean_loss / micro;
-                }
-                gpu_update(&g[r], &opt, 1e-2f, s + 1, gpu_grad_norm(&g[r]));
-            }
-        }
-        gpu_params_to_host(&g[1]);
-        int same = memcmp(loss[0], loss[1], sizeof(loss[0])) == 0 &&
-                   gpu_same_as_twin(&g[0], g[0].params, h[1].params_memory);
-        check(same && g[1].step_graph.state == 2 && isfinite(loss[1][2]),
-              "gpu CUDA graph of the micro-step (pruning %d): used %s, the same losses and weights bit for bit as "
-              "without it over 3 steps of 2 micro-batches: %s (last loss %.6f)", prune,
-              g[1].step_graph.state == 2 ? "yes" : "no", same ? "yes" : "no", loss[1][2]);
-        for (int r = 0; r < 2; r++) { gpu_free(&g[r]); fox_free(&h[r]); }
-    }
-    g_prune = 0;
-    free(inputs); free(targets);
-}
-
 // -r 1 recomputes the element-wise and normalisation outputs in the backward with the
 // forward's kernels on the inputs the forward kept, so the loss and every gradient must be
 // bit-identical to -r 0. The presets switch each recomputed stage (k/v shift, QK-norm, RoPE,
@@ -3206,50 +3148,136 @@ static void gpu_test_recompute(void) {
     }
 }
 
-// -X 1 changes the speed, never the bits: 3 training steps of 2 accumulated micro-batches each (so
-// the weight-gradient matmuls add onto non-zero gradients) of a 2-layer model at C = 768, with the
-// heuristic's first algorithms and with tuned plans (each keeping the LAST candidate that qualifies,
-// so as many plans as possible run another algorithm), give the same losses and weights bit for
-// bit; at least one plan must have changed, or the test would prove nothing. The digest that
-// decides "the same bits" must tell a one-bit change apart.
-static void gpu_test_matmul_tuning(void) {
-    FoxConfig c;
-    config_from_preset(&c, "fox-pro-125m");
-    config_set(&c, "n_layer", "2");
-    config_set(&c, "vocab_size", "1000");
-    int B = 4, T = 256, micro = 2;
-    size_t N = (size_t)B * T;
-    int* inputs = (int*)malloc_check(micro * N * sizeof(int), "tokens");
-    int* targets = (int*)malloc_check(micro * N * sizeof(int), "tokens");
-    random_tokens(inputs, micro * N, c.vocab_size, 21);
-    random_tokens(targets, micro * N, c.vocab_size, 22);
+// The bit-for-bit training tests' model and batches: fox-pro-125m with 2 layers (C = 768) and a
+// vocabulary of 1000, 2 micro-batches of 4 x 256 (so the weight-gradient matmuls add onto non-zero
+// gradients). bit_run_micro runs micro-batch k as gpu_forward_train + gpu_backward, or with graph as
+// gpu_train_micro_step; bit_run_train 3 AdamW steps of them (the losses to loss[3]), with eval a
+// forward at another shape after each step, as training's evaluation does.
+typedef struct { FoxConfig c; int B, T, micro; int *inputs, *targets; } BitRun;
+
+static void bit_run_init(BitRun* t) {
+    config_from_preset(&t->c, "fox-pro-125m");
+    config_set(&t->c, "n_layer", "2");
+    config_set(&t->c, "vocab_size", "1000");
+    t->B = 4; t->T = 256; t->micro = 2;
+    size_t n = (size_t)t->micro * t->B * t->T;
+    t->inputs = (int*)malloc_check(n * sizeof(int), "tokens");
+    t->targets = (int*)malloc_check(n * sizeof(int), "tokens");
+    random_tokens(t->inputs, n, t->c.vocab_size, 21);
+    random_tokens(t->targets, n, t->c.vocab_size, 22);
+}
+
+static void bit_run_micro(const BitRun* t, GPUModel* g, int graph, int k, float loss_scale) {
+    size_t N = (size_t)t->B * t->T;
+    const int *in = t->inputs + k * N, *tg = t->targets + k * N;
+    if (graph) {
+        gpu_train_micro_step(g, in, tg, t->B, t->T, loss_scale);
+    } else {
+        gpu_forward_train(g, in, tg, t->B, t->T, loss_scale);
+        gpu_backward(g);
+    }
+}
+
+static void bit_run_train(const BitRun* t, GPUModel* g, int graph, int eval, float loss[3]) {
     AdamWConfig opt = {1e-2f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
+    for (int s = 0; s < 3; s++) {
+        gpu_zero_grad(g);
+        loss[s] = 0.0f;
+        for (int k = 0; k < t->micro; k++) {
+            bit_run_micro(t, g, graph, k, 1.0f / t->micro);
+            loss[s] += g->mean_loss / t->micro;
+        }
+        gpu_update(g, &opt, 1e-2f, s + 1, gpu_grad_norm(g));
+        if (eval) { gpu_forward(g, t->inputs, t->targets, 2, 100); }
+    }
+}
+
+// gpu_train_micro_step with its CUDA graph gives the bits of gpu_forward_train + gpu_backward:
+// bit_run_train's 3 steps with an evaluation forward between them (the first micro-step eager, the
+// second captured, the other 4 replayed: 5 launches), with and without pruning tables (-A 1: the
+// graph reads them by pointer) and activation recompute (-r 1), the same losses and weights. Then
+// a new loss scale must re-key the graph (an eager micro-step, then a new capture), each with the
+// eager path's gradients, and a pruning setting changed must drop it.
+static void gpu_test_step_graphs(void) {
+    BitRun t;
+    bit_run_init(&t);
+#ifndef ENABLE_FP32
+    int prunes = 2; // the pruning tables are a bf16 feature
+#else
+    int prunes = 1;
+#endif
+    for (int prune = 0; prune < prunes; prune++) {
+        for (int recompute = 0; recompute < 2; recompute++) {
+            g_prune = prune;
+            g_recompute = recompute;
+            float loss[2][3];
+            FoxModel h[2];
+            GPUModel g[2];
+            for (int r = 0; r < 2; r++) {
+                twin_from_config(&h[r], &t.c, 7);
+                gpu_build(&g[r], &h[r], t.B, t.T);
+                bit_run_train(&t, &g[r], r, 1, loss[r]);
+            }
+            StepGraph* sg = &g[1].step_graph;
+            long launches = sg->launches;
+            gpu_params_to_host(&g[1]);
+            int same = memcmp(loss[0], loss[1], sizeof(loss[0])) == 0 &&
+                       gpu_same_as_twin(&g[0], g[0].params, h[1].params_memory);
+            check(same && sg->state == 2 && launches == 5 && isfinite(loss[1][2]),
+                  "gpu CUDA graph of the micro-step (pruning %d, recompute %d): %ld launches (5), the same losses "
+                  "and weights bit for bit as without it over 3 steps of 2 micro-batches: %s (last loss %.6f)",
+                  prune, recompute, launches, same ? "yes" : "no", loss[1][2]);
+            size_t n = h[0].num_parameters;
+            float* grads[2] = {(float*)malloc_check(n * sizeof(float), "gradients"),
+                               (float*)malloc_check(n * sizeof(float), "gradients")};
+            int rekeyed = 1;
+            for (int rep = 0; rep < 2; rep++) { // the loss scale 0.25: eager, then captured
+                for (int r = 0; r < 2; r++) {
+                    gpu_zero_grad(&g[r]);
+                    bit_run_micro(&t, &g[r], r, 0, 0.25f);
+                    gpu_download(&g[r], g[r].grads, grads[r]);
+                }
+                rekeyed &= memcmp(grads[0], grads[1], n * sizeof(float)) == 0 && sg->state == 1 + rep;
+            }
+            attention_set_pruning(prune, -10.0);
+            bit_run_micro(&t, &g[1], 1, 0, 0.25f);
+            check(rekeyed && sg->state == 1, "gpu CUDA graph (pruning %d, recompute %d): a new loss scale runs "
+                  "eagerly, then captures, with the gradients of the eager path; a pruning setting drops it", prune,
+                  recompute);
+            free(grads[0]); free(grads[1]);
+            for (int r = 0; r < 2; r++) { gpu_free(&g[r]); fox_free(&h[r]); }
+        }
+    }
+    g_prune = 0;
+    g_recompute = 0;
+    free(t.inputs); free(t.targets);
+}
+
+// -X 1 changes the speed, never the bits: bit_run_train's 3 steps with the heuristic's first
+// algorithms and with tuned plans (each keeping the LAST candidate that qualifies, so as many plans
+// as possible run another algorithm) give the same losses and weights bit for bit; at least one plan
+// must have changed, or the test would prove nothing. The digest that decides "the same bits" must
+// tell a one-bit change apart.
+static void gpu_test_matmul_tuning(void) {
+    BitRun t;
+    bit_run_init(&t);
     float loss[2][3];
     FoxModel h[2];
     GPUModel g[2];
     int changed = 0;
     for (int r = 0; r < 2; r++) {
         matmul_plans_drop(0);
-        twin_from_config(&h[r], &c, 7);
-        gpu_build(&g[r], &h[r], B, T);
+        twin_from_config(&h[r], &t.c, 7);
+        gpu_build(&g[r], &h[r], t.B, t.T);
         if (r == 1) {
             g_tune_last = 1;
-            gpu_tune_matmuls(&g[r], B, T);
+            gpu_tune_matmuls(&g[r], t.B, t.T);
             g_tune_last = 0;
             for (int i = 0; i < g_num_plans; i++) {
                 changed += memcmp(&g_plans[i].algo, &g_plans[i].cand[0], sizeof(g_plans[i].algo)) != 0;
             }
         }
-        for (int s = 0; s < 3; s++) {
-            gpu_zero_grad(&g[r]);
-            loss[r][s] = 0.0f;
-            for (int k = 0; k < micro; k++) {
-                gpu_forward_train(&g[r], inputs + k * N, targets + k * N, B, T, 1.0f / micro);
-                gpu_backward(&g[r]);
-                loss[r][s] += g[r].mean_loss / micro;
-            }
-            gpu_update(&g[r], &opt, 1e-2f, s + 1, gpu_grad_norm(&g[r]));
-        }
+        bit_run_train(&t, &g[r], 0, 0, loss[r]);
     }
     gpu_params_to_host(&g[1]);
     int same = memcmp(loss[0], loss[1], sizeof(loss[0])) == 0 &&
@@ -3268,7 +3296,7 @@ static void gpu_test_matmul_tuning(void) {
           "(%016llx)", d0, d2);
     matmul_plans_drop(0);
     for (int r = 0; r < 2; r++) { gpu_free(&g[r]); fox_free(&h[r]); }
-    free(inputs); free(targets);
+    free(t.inputs); free(t.targets);
 }
 
 // Determinism, checkpoints in both directions, and an exact resume.

@@ -58,6 +58,11 @@ The sections, in file order (each opens with a // ---- line and this title):
 #define TRAIN_FOX_GPU_MAIN
 #endif
 #include "train_fox.c"
+// gpu_train_micro_step's CUDA graph captures the default stream of this thread, which the legacy
+// default stream cannot be: every launch on stream 0 must go there (the Makefile's NVCC_FLAGS)
+#ifndef CUDA_API_PER_THREAD_DEFAULT_STREAM
+#error "build train_fox.cu with nvcc --default-stream per-thread (HINT: make train_fox passes it)"
+#endif
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (the warp-specialised attention)
@@ -3208,12 +3213,18 @@ static int g_attention_any_head = 0;
 static int attention_fused(int hd) { return hd == 64 || hd == 128; }
 #endif
 
+// Counts the moves of buffers that kernels read by a pointer they keep (the pruning tables) and the
+// changes of settings they take as arguments (pruning): a CUDA graph captured before one must not run
+// after it (gpu_train_micro_step).
+static int g_buffer_epoch = 0;
+
 // adaptive computation pruning in the fused kernels (-A, -L), for the models run next
 static int g_prune = 0;
 #ifndef ENABLE_FP32
 static float g_prune_ln_eps = -10.0f;
 #endif
 static void attention_set_pruning(int on, double ln_eps) {
+    g_buffer_epoch++; // a captured graph holds the old setting
     g_prune = on;
 #ifndef ENABLE_FP32
     g_prune_ln_eps = (float)ln_eps;
@@ -3221,10 +3232,6 @@ static void attention_set_pruning(int on, double ln_eps) {
     (void)ln_eps; // the fp32 build has no fused kernels: -A 1 fails at the first attention
 #endif
 }
-
-// Counts the moves of buffers that kernels read by a pointer they keep (the pruning tables): a CUDA
-// graph captured before a move must not run after it (gpu_train_micro_step).
-static int g_buffer_epoch = 0;
 
 #ifndef ENABLE_FP32
 // The pruning tiles of one layer's q, k, c (B, T, H, hd; c (B, H, T)), or NULL when pruning is off or
@@ -4006,6 +4013,7 @@ typedef struct {
     int state;          // 0: none; 1: ran eagerly at this shape (the lazy set-up is done); 2: exec captured
     int B, T, epoch;    // the shape and g_buffer_epoch it was captured for
     float loss_scale;
+    long launches;      // of exec, since its capture
 } StepGraph;
 
 static void step_graph_drop(StepGraph* sg) {
@@ -5030,8 +5038,9 @@ static void gpu_backward(GPUModel* g) {
 // 700-1500 launches leaves the GPU idle for a microsecond or two (dev/RESULTS.md). A graph keeps the
 // arguments it was captured with, so it is captured for one (B, T, loss_scale) after an eager
 // micro-step at that shape (which does the lazy set-up: matmul plans, kernel attributes, buffers)
-// and dropped when a buffer it reads moves (g_buffer_epoch). Same kernels, arguments and order:
-// the same bits as without it. The mean loss is read back at the end, not between the passes.
+// and dropped when a buffer it reads moves or a setting it holds changes (g_buffer_epoch). Same
+// kernels, arguments and order: the same bits as without it. The mean loss is read back at the end,
+// not between the passes.
 static int g_step_graphs = 1;
 
 static void gpu_train_micro_step(GPUModel* g, const int* inputs, const int* targets, int B, int T,
@@ -5055,9 +5064,10 @@ static void gpu_train_micro_step(GPUModel* g, const int* inputs, const int* targ
             cudaCheck(cudaStreamEndCapture(cudaStreamPerThread, &graph));
             cudaCheck(cudaGraphInstantiate(&sg->exec, graph, 0));
             cudaCheck(cudaGraphDestroy(graph));
-            sg->state = 2;
+            sg->state = 2; sg->launches = 0;
         }
         cudaCheck(cudaGraphLaunch(sg->exec, cudaStreamPerThread));
+        sg->launches++;
     }
     gpu_encoder_backward(g);
     gpu_forward_loss(g);

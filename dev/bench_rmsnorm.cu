@@ -10,7 +10,7 @@ of the fp32 outputs (rstd, dresid, partial) over the largest output. Correctness
 each run that is compared; CUDA events, the median of 20 runs after 5, L2 flushed before each. A
 benchmark, not a test.
 
-  mkdir -p build && nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
+  mkdir -p build && nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --default-stream per-thread \
       -Xcompiler "-O3 -march=x86-64-v3 -fopenmp -Wno-unused-function" dev/bench_rmsnorm.cu build/gpt2_bpe.o \
       -o build/bench_rmsnorm -lcublasLt -lcublas -lm -lnccl -lpcre2-8
   ./build/bench_rmsnorm            # N = 32768 rows (16 x 2048)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-kernel digest of the device code in a cubin, to show that an edit left the machine code alone.
 
-    nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -cubin -o a.cubin train_fox.cu
+    nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --default-stream per-thread -cubin -o a.cubin train_fox.cu
     python3 dev/cubin_digest.py a.cubin > before.txt     # edit, build again, then
     python3 dev/cubin_digest.py a.cubin | diff before.txt -
 

@@ -5,8 +5,8 @@ the step as one CUDA graph (with and without the host's wait for each token) and
 launches alone (CUDA events around 20 repetitions, the mean; the attention kernels rewrite the
 same cache slot each time). Not a test: numbers for dev/RESULTS.md.
 
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fopenmp -DNO_GPT2_ENCODER \
-       dev/profile_generate.cu -lcublasLt -lcublas -lnccl -o profile_generate
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --default-stream per-thread -Xcompiler -fopenmp \
+       -DNO_GPT2_ENCODER dev/profile_generate.cu -lcublasLt -lcublas -lnccl -o profile_generate
   ./profile_generate fox-pro-125m 8192 1          # preset, prompt tokens, prompts
 */
 #define TESTING
