@@ -7383,7 +7383,9 @@ int main(int argc, char** argv) {
         if (dist.world > 1) { printf(" | sync+comm %.1f ms", (dt - t_local) * 1e3); } // waits, collectives, update
         printf("%s", progress);
         step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad, fields);
-        if (step == start) { // every buffer is allocated up front and kept: the peak is reached by now
+        // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA
+        // graph when its capture comes later (the second micro-step: with one a step, the next step)
+        if (step == start) {
             size_t used = gpu_memory_used() - g_memory_baseline;
             printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",
                    used / 1048576.0, need / 1048576.0, 100.0 * ((double)need - (double)used) / (double)used);
