@@ -16,7 +16,8 @@ The model, its numerics and the attention's gradient are described in doc/fox.md
 kernels' versions and measurements in dev/cuda/README.md, dev/cuda/LOG.md and dev/RESULTS.md.
 
 Build: make train_fox, which runs
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a ... train_fox.cu -lcublasLt -lcublas -o train_fox
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --default-stream per-thread ... train_fox.cu \
+       -lcublasLt -lcublas -o train_fox
 (plus NCCL when the Makefile finds it, else -DNO_NCCL: one GPU; PRECISION=FP32 adds -DENABLE_FP32).
 Test code includes this file with TESTING defined, which drops main() (and the twin's).
 

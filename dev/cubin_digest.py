@@ -58,7 +58,7 @@ def main(path):
     try:
         data = open(path, 'rb').read()
     except OSError as e:
-        sys.exit(f"error: {e}\nHINT: build one with nvcc ... -cubin -o {path} train_fox.cu")
+        sys.exit(f"error: {e}\nHINT: build one with nvcc ... --default-stream per-thread -cubin -o {path} train_fox.cu")
     secs = read_sections(data)
     symtab = next(s for s in secs if s['name'] == '.symtab')
     strs = secs[symtab['link']]['off']
