@@ -30,15 +30,13 @@ METRICS = ("gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_elapsed.avg
 
 def summarize(path):
     """ncu --csv output of one --profile run -> a line per (kernel set, forward or backward)."""
-    rows = list(csv.reader(line for line in open(path) if line.startswith('"')))
+    from profile_step import ncu_value  # the values in nanoseconds, bytes and hertz
+    rows = list(csv.DictReader(line for line in open(path) if line.startswith('"')))
     if not rows:
         sys.exit(f"{path}: no ncu CSV rows\nHINT: run ncu with --csv and --metrics $(python {sys.argv[0]} --metrics)")
-    hdr = rows[0]
-    col = {name: hdr.index(name) for name in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
     kernels = collections.OrderedDict()
-    for r in rows[1:]:
-        value = float(r[col["Metric Value"]].replace(",", "") or 0)
-        kernels.setdefault((int(r[col["ID"]]), r[col["Kernel Name"]]), {})[r[col["Metric Name"]]] = value
+    for r in rows:
+        kernels.setdefault((int(r["ID"]), r["Kernel Name"]), {})[r["Metric Name"]] = ncu_value(r)
     sets, names = [], ["fox (gate)", "fox (no gate)", "sdpa cudnn (no gate)"]
     for (_, name), m in kernels.items():  # a forward kernel starts the next set
         fwd = "fox_fwd" in name or "fprop" in name

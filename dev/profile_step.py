@@ -34,6 +34,24 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# ncu --csv prints each value in a unit it scales to fit (older versions spell them out): to nanoseconds,
+# bytes and hertz; counts (cycle, inst) stay as they are
+NCU_UNIT = {"nsecond": 1, "usecond": 1e3, "msecond": 1e6, "second": 1e9, "ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9,
+            "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
+            "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+            "hz": 1, "Khz": 1e3, "Mhz": 1e6, "Ghz": 1e9, "cycle/nsecond": 1e9, "cycle/usecond": 1e6, "cycle/second": 1}
+
+
+NCU_COUNTS = ("", "cycle", "inst")
+
+
+def ncu_value(row):
+    """A csv.DictReader row of ncu --csv: its Metric Value in nanoseconds, bytes or hertz."""
+    unit = row["Metric Unit"]
+    if unit not in NCU_UNIT and unit not in NCU_COUNTS:
+        sys.exit(f"error: ncu printed {row['Metric Name']} in '{unit}', a unit this script does not know\n"
+                 "HINT: add it to NCU_UNIT in dev/profile_step.py")
+    return float(row["Metric Value"].replace(",", "") or 0) * NCU_UNIT.get(unit, 1)
 
 
 def short_name(name):
@@ -73,17 +91,12 @@ def main():
         sys.exit("error: no kernel table in ncu's output. HINT: run the ncu command above by hand")
     step_lines = [l for l in lines[:start] if re.match(r"step\s+\d+/", l)]
     launches = {}  # launch ID -> [name, ms, bytes], in launch order
-    time_scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3,  # older ncu
-                  "ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
-    byte_scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
-                  "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
     for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
         launch = launches.setdefault(row["ID"], [short_name(row["Kernel Name"]), 0.0, 0.0])
-        value = float(row["Metric Value"].replace(",", ""))
         if row.get("Metric Name") == "gpu__time_duration.sum":
-            launch[1] = value * time_scale[row["Metric Unit"]]
+            launch[1] = ncu_value(row) * 1e-6
         elif row.get("Metric Name", "").startswith("dram__bytes"):
-            launch[2] += value * byte_scale[row["Metric Unit"]]
+            launch[2] += ncu_value(row)
     ordered = list(launches.values())
     # the first step's first kernel after the matmul tuning step (-X 1: its last launch is a digest)
     tuned = max((i for i, (n, _, _) in enumerate(ordered) if n.startswith("digest_kernel")), default=-1)
