@@ -3778,6 +3778,18 @@ static void dist_wait(const Dist* d) {
     }
 }
 
+// the n <= GATHER_MAX device doubles of every rank on the host, (world, n) in rank order (several
+// processes only)
+static const double* dist_gather(const Dist* d, const double* values_dev, int n) {
+    dist_stream_begin(d);
+    ncclCheck(ncclAllGather(values_dev, d->gather_dev, (size_t)n, ncclDouble, d->comm, d->stream));
+    dist_stream_end(d);
+    dist_wait(d);
+    cudaCheck(cudaMemcpy(d->gather_host, d->gather_dev, (size_t)n * d->world * sizeof(double),
+                         cudaMemcpyDeviceToHost));
+    return d->gather_host;
+}
+
 // sum over ranks and values of n device doubles per rank, in rank order then value order
 static double dist_sum(const Dist* d, const double* values_dev, int n) {
     double local[GATHER_MAX];
@@ -3786,13 +3798,7 @@ static double dist_sum(const Dist* d, const double* values_dev, int n) {
     if (d->world == 1) {
         cudaCheck(cudaMemcpy(local, values_dev, (size_t)n * sizeof(double), cudaMemcpyDeviceToHost));
     } else {
-        dist_stream_begin(d);
-        ncclCheck(ncclAllGather(values_dev, d->gather_dev, (size_t)n, ncclDouble, d->comm, d->stream));
-        dist_stream_end(d);
-        dist_wait(d);
-        cudaCheck(cudaMemcpy(d->gather_host, d->gather_dev, (size_t)n * d->world * sizeof(double),
-                             cudaMemcpyDeviceToHost));
-        all = d->gather_host;
+        all = dist_gather(d, values_dev, n);
     }
     double sum = 0.0;
     for (int i = 0; i < n * d->world; i++) { sum += all[i]; }
@@ -3807,20 +3813,37 @@ static double dist_sum_scalar(const Dist* d, double v) {
     return dist_sum(d, d->scalar_dev, 1);
 }
 
+// A training step's loss, summed over the ranks as dist_sum_scalar does, and in the same
+// all-gather the rank whose forwards and backwards took longest (seconds from each rank's step
+// start): the collectives after them wait for it, so its lead over this rank is time spent waiting.
+// (The upload blocks: call it with no collective in flight.)
+static double dist_sum_loss(const Dist* d, double loss, double t_local, int* slowest, double* t_slowest) {
+    *slowest = d->rank;
+    *t_slowest = t_local;
+    if (d->world == 1) { return loss; }
+    double mine[2] = {loss, t_local};
+    cudaCheck(cudaMemcpy(d->scalar_dev, mine, sizeof(mine), cudaMemcpyHostToDevice));
+    const double* all = dist_gather(d, d->scalar_dev, 2);
+    double sum = 0.0;
+    for (int r = 0; r < d->world; r++) {
+        sum += all[2 * r];
+        if (all[2 * r + 1] > *t_slowest) {
+            *slowest = r;
+            *t_slowest = all[2 * r + 1];
+        }
+    }
+    return sum;
+}
+
 // stops every rank when the ranks disagree on v (they were started with different commands)
 static void dist_check_same(const Dist* d, double v, const char* what) {
     if (d->world == 1) { return; }
     cudaCheck(cudaMemcpy(d->scalar_dev, &v, sizeof(double), cudaMemcpyHostToDevice));
-    dist_stream_begin(d);
-    ncclCheck(ncclAllGather(d->scalar_dev, d->gather_dev, 1, ncclDouble, d->comm, d->stream));
-    dist_stream_end(d);
-    dist_wait(d);
-    cudaCheck(cudaMemcpy(d->gather_host, d->gather_dev, (size_t)d->world * sizeof(double), cudaMemcpyDeviceToHost));
+    const double* all = dist_gather(d, d->scalar_dev, 1);
     for (int r = 1; r < d->world; r++) {
-        if (d->gather_host[r] != d->gather_host[0]) {
+        if (all[r] != all[0]) {
             fail("the processes disagree on %s: rank 0 has %.17g, rank %d has %.17g\n"
-                 "HINT: start every process with the same flags (only -I differs)", what, d->gather_host[0], r,
-                 d->gather_host[r]);
+                 "HINT: start every process with the same flags (only -I differs)", what, all[0], r, all[r]);
         }
     }
 }
@@ -3906,7 +3929,7 @@ static void dist_init(Dist* d, const Args* a, int argc, char** argv) {
     cudaCheck(cudaEventCreateWithFlags(&d->ready, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&d->done, cudaEventDisableTiming));
     d->gather_dev = (double*)gpu_malloc((size_t)d->world * GATHER_MAX * sizeof(double), "gather buffer");
-    d->scalar_dev = (double*)gpu_malloc(sizeof(double), "gather scalar");
+    d->scalar_dev = (double*)gpu_malloc(2 * sizeof(double), "gather scalars");
     d->gather_host = (double*)malloc_check((size_t)d->world * GATHER_MAX * sizeof(double), "gather buffer");
 }
 
@@ -7350,7 +7373,9 @@ int main(int argc, char** argv) {
             cudaCheck(cudaDeviceSynchronize()); // no loss of overlap: the loss's sum below waits for it anyway
             t_local = now_seconds() - t0;
         }
-        loss = dist_sum_scalar(&dist, loss); // before the gradients' collective: its upload blocks
+        int slowest; // the rank the collectives below wait for
+        double t_slowest;
+        loss = dist_sum_loss(&dist, loss, t_local, &slowest, &t_slowest); // before the gradients' collective
         gpu_reduce_grads(&gm);
         double norm = gpu_grad_norm(&gm);
         char why[256], grad[320] = "";
@@ -7381,7 +7406,10 @@ int main(int argc, char** argv) {
         printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a.steps,
                loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
         if (g_prune) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
-        if (dist.world > 1) { printf(" | sync+comm %.1f ms", (dt - t_local) * 1e3); } // waits, collectives, update
+        if (dist.world > 1) { // waits, collectives, update
+            printf(" | sync+comm %.1f ms (slowest rank %d, +%.1f ms)", (dt - t_local) * 1e3, slowest,
+                   (t_slowest - t_local) * 1e3);
+        }
         printf("%s", progress);
         step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad, fields);
         // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA

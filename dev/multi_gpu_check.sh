@@ -166,20 +166,22 @@ bench() {
         ms=$(awk -v warm="$warm" '/^step +[0-9]+\/[0-9]+ \| loss / { split($2, s, "/"); if (s[1] + 0 > warm) for (i = 1; i < NF; i++) if ($(i + 1) == "ms") { print $i; break } }' "$LOGDIR/$name.log" |
              sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print ""; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
         if [ -z "$ms" ]; then say "FAIL bench $name: no step times"; FAILURES=$((FAILURES + 1)); continue; fi
-        local comm
+        local comm wait # medians of sync+comm and of its wait for the slowest rank's backward
         comm=$(awk -v warm="$warm" '/^step +[0-9]+\/[0-9]+ \| loss / { split($2, s, "/"); if (s[1] + 0 > warm) for (i = 1; i < NF; i++) if ($i == "sync+comm") print $(i + 1) }' "$LOGDIR/$name.log" |
+               sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print v[int((NR + 1) / 2)] }')
+        wait=$(awk -v warm="$warm" '/^step +[0-9]+\/[0-9]+ \| loss / { split($2, s, "/"); if (s[1] + 0 > warm) for (i = 1; i < NF; i++) if ($i == "rank" && $(i + 2) ~ /^\+/) print substr($(i + 2), 2) }' "$LOGDIR/$name.log" |
                sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print v[int((NR + 1) / 2)] }')
         local per_gpu
         per_gpu=$(awk -v b="$B" -v t="$T" -v ms="$ms" 'BEGIN { printf "%.0f", b * t / (ms / 1000) }')
         if [ -z "$base" ]; then base=$per_gpu; fi
-        say "$(awk -v m="$model" -v T="$T" -v B="$B" -v w="$world" -v ms="$ms" -v pg="$per_gpu" -v base="$base" -v c="$comm" \
-              'BEGIN { printf "| %s | %5d | %2d | %d | %8.1f | %s | %9.0f | %9.0f | %5.1f%% |", m, T, B, w, ms, c, pg * w, pg, 100 * pg / base }')"
+        say "$(awk -v m="$model" -v T="$T" -v B="$B" -v w="$world" -v ms="$ms" -v pg="$per_gpu" -v base="$base" -v c="$comm" -v wt="$wait" \
+              'BEGIN { printf "| %s | %5d | %2d | %d | %8.1f | %s | %s | %9.0f | %9.0f | %5.1f%% |", m, T, B, w, ms, c, wt, pg * w, pg, 100 * pg / base }')"
     done
 }
 if [ "${BENCH:-1}" = 1 ]; then
     say "--- throughput: ZeRO-1 with 2+ GPUs, median step time after warm-up ---"
-    say "| model |     T | B/GPU | GPUs | step ms | of it after the backward (sync+comm) | tokens/s | tokens/s/GPU | per-GPU efficiency vs 1 GPU |"
-    say "|---|---|---|---|---|---|---|---|---|"
+    say "| model |     T | B/GPU | GPUs | step ms | of it after the backward (sync+comm) | of that, waiting for the slowest rank | tokens/s | tokens/s/GPU | per-GPU efficiency vs 1 GPU |"
+    say "|---|---|---|---|---|---|---|---|---|---|"
     bench fox-pro-125m 2048 16 20 5
     bench fox-pro-125m 16384 2 10 3
     bench fox-pro-760m 16384 1 8 3
