@@ -4206,6 +4206,57 @@ static void gpu_test_rmsnorm(void) {
     }
 }
 
+// The forget gate's forward (forget_gate_forward_kernel) against fp64: z = xw + b must be the fp32
+// sum bit for bit (for the bias-only gate, b whatever gate_logit held: NaN here); c, poisoned with NaN,
+// against the fp64 cumulative sum of logsigmoid(z). Every log f is <= 0, so the terms never cancel and
+// fp32's logsigmoid (a few ulp per term) keeps |c - ref| within ~5e-7 |ref|; the bound is 2e-6 |ref|,
+// while a carry or chunk off by one step is off by a whole |log f_t|, most of |c_t| early on. Shapes:
+// T below the block's 1024 threads (one step a thread, most idle), T = 2048, and chunks of 17 and 69
+// steps (not multiples of the 8-load batch).
+static void gpu_test_forget_gate(void) {
+    struct { int B, T, H, has_proj; } cases[] = {{2, 100, 3, 1}, {1, 1000, 2, 0}, {2, 2048, 12, 1}, {2, 16421, 5, 1},
+                                                 {1, 70000, 2, 1}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int B = cases[k].B, T = cases[k].T, H = cases[k].H, has_proj = cases[k].has_proj;
+        size_t n = (size_t)B * T * H;
+        uint64_t s = 7000 + k;
+        float* xw = (float*)malloc_check(n * sizeof(float), "gate logits");
+        float* out = (float*)malloc_check(2 * n * sizeof(float), "gate outputs"); // z, then c
+        float bias[12];
+        for (size_t i = 0; i < n; i++) { xw[i] = has_proj ? 3.0f * (float)rng_normal(&s) : NAN; }
+        for (int h = 0; h < H; h++) { bias[h] = 2.0f + (float)rng_normal(&s); }
+        float *z_d, *c_d, *bias_d;
+        cudaCheck(cudaMalloc(&z_d, n * sizeof(float)));
+        cudaCheck(cudaMalloc(&c_d, n * sizeof(float)));
+        cudaCheck(cudaMalloc(&bias_d, (size_t)H * sizeof(float)));
+        cudaCheck(cudaMemcpy(z_d, xw, n * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(bias_d, bias, (size_t)H * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(c_d, 0xFF, n * sizeof(float)));
+        forget_gate_forward_kernel<<<B * H, GATE_THREADS>>>(c_d, z_d, bias_d, has_proj, B, T, H);
+        launchCheck();
+        cudaCheck(cudaMemcpy(out, z_d, n * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(out + n, c_d, n * sizeof(float), cudaMemcpyDeviceToHost));
+        int z_same = 1;
+        double e_c = 0.0;
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < H; h++) {
+                double ref = 0.0;
+                for (int t = 0; t < T; t++) {
+                    size_t i = ((size_t)b * T + t) * H + h;
+                    float z = has_proj ? xw[i] + bias[h] : bias[h];
+                    z_same = z_same && memcmp(&z, &out[i], sizeof(float)) == 0;
+                    ref += fmin((double)z, 0.0) - log1p(exp(-fabs((double)z)));
+                    e_c = nan_max(e_c, fabs(out[n + ((size_t)b * H + h) * T + t] - ref) / fabs(ref));
+                }
+            }
+        }
+        check(z_same && e_c <= 2e-6, "gpu forget gate B %d T %d H %d (%s): z = xw + b bit for bit: %s; c rel err %.1e "
+              "<= 2e-6", B, T, H, has_proj ? "projected" : "bias only", z_same ? "yes" : "no", e_c);
+        cudaCheck(cudaFree(z_d)); cudaCheck(cudaFree(c_d)); cudaCheck(cudaFree(bias_d));
+        free(xw); free(out);
+    }
+}
+
 // The head projections (k/v-shift and forget-gate logits: head_proj_forward_gpu and
 // head_proj_backward_gpu) against the twin's matmul_forward / matmul_backward on the same
 // floatX-rounded inputs: rows not a multiple of 16 or of a block's (HPF_ROWS, HPB_ROWS), C not a
@@ -4281,6 +4332,7 @@ void run_gpu_tests(void) {
         printf("skipped: no GPU (%s): attention kernels against the twin's attention\n", why);
         printf("skipped: no GPU (%s): head projections against the twin's matmuls\n", why);
         printf("skipped: no GPU (%s): the cross-entropy kernel against fp64\n", why);
+        printf("skipped: no GPU (%s): the forget gate's cumulative sum against fp64\n", why);
         printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
         printf("skipped: no GPU (%s): matmul tuning: the same bits as untuned\n", why);
         printf("skipped: no GPU (%s): the micro-step's CUDA graph: the same bits as without\n", why);
@@ -4306,6 +4358,7 @@ void run_gpu_tests(void) {
     }
     gpu_test_head_proj();
     gpu_test_rmsnorm();
+    gpu_test_forget_gate();
     gpu_test_crossentropy();
     gpu_test_attention();
     gpu_test_attention_rescale();
