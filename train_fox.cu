@@ -3838,8 +3838,9 @@ static double dist_sum_scalar(const Dist* d, double v) {
 }
 
 // A training step's loss, summed over the ranks as dist_sum_scalar does, and in the same
-// all-gather the rank whose forwards and backwards took longest (seconds from each rank's step
-// start): the collectives after them wait for it, so its lead over this rank is time spent waiting.
+// all-gather the rank whose forwards and backwards took longest (seconds from each rank's own step
+// start): the collectives after them wait for it. When the ranks start a step together (no sample or
+// checkpoint on rank 0 alone before it), how much longer it took is how long this rank waited.
 // (The upload blocks: call it with no collective in flight.)
 static double dist_sum_loss(const Dist* d, double loss, double t_local, int* slowest, double* t_slowest) {
     *slowest = d->rank;
@@ -7437,7 +7438,7 @@ int main(int argc, char** argv) {
         printf("%s", progress);
         step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad, fields);
         // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA
-        // graph, captured later (the second micro-step: with one a step, the next step); it adds under 2 MiB
+        // graph, captured later (the second micro-step: with one a step, the next step); it adds ~2 MiB
         if (step == start) {
             size_t used = gpu_memory_used() - g_memory_baseline;
             printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",
