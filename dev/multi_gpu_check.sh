@@ -155,6 +155,12 @@ if [ "${CHECK:-1}" = 1 ]; then
 fi
 
 # --- (3) throughput per GPU: fixed micro-batch per GPU, median step after warm-up -----------------
+# step_median LOG WARM ACTION: the lower median of what the awk ACTION prints for field i of the
+# step lines after step WARM ("-" when nothing)
+step_median() {
+    awk -v warm="$2" '/^step +[0-9]+\/[0-9]+ \| loss / { split($2, s, "/"); if (s[1] + 0 > warm) for (i = 1; i < NF; i++) '"$3"' }' "$1" |
+        sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print v[int((NR + 1) / 2)] }'
+}
 # bench MODEL T B STEPS WARMUP: prints a row per GPU count
 bench() {
     local model=$1 T=$2 B=$3 steps=$4 warm=$5 base=""
@@ -167,10 +173,8 @@ bench() {
              sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print ""; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
         if [ -z "$ms" ]; then say "FAIL bench $name: no step times"; FAILURES=$((FAILURES + 1)); continue; fi
         local comm wait # medians of sync+comm and of its wait for the slowest rank's backward
-        comm=$(awk -v warm="$warm" '/^step +[0-9]+\/[0-9]+ \| loss / { split($2, s, "/"); if (s[1] + 0 > warm) for (i = 1; i < NF; i++) if ($i == "sync+comm") print $(i + 1) }' "$LOGDIR/$name.log" |
-               sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print v[int((NR + 1) / 2)] }')
-        wait=$(awk -v warm="$warm" '/^step +[0-9]+\/[0-9]+ \| loss / { split($2, s, "/"); if (s[1] + 0 > warm) for (i = 1; i < NF; i++) if ($i == "rank" && $(i + 2) ~ /^\+/) print substr($(i + 2), 2) }' "$LOGDIR/$name.log" |
-               sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else print v[int((NR + 1) / 2)] }')
+        comm=$(step_median "$LOGDIR/$name.log" "$warm" 'if ($i == "sync+comm") print $(i + 1)')
+        wait=$(step_median "$LOGDIR/$name.log" "$warm" 'if ($i == "rank" && $(i + 2) ~ /^\+/) print substr($(i + 2), 2)')
         local per_gpu
         per_gpu=$(awk -v b="$B" -v t="$T" -v ms="$ms" 'BEGIN { printf "%.0f", b * t / (ms / 1000) }')
         if [ -z "$base" ]; then base=$per_gpu; fi
