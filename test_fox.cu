@@ -4860,6 +4860,16 @@ static void run_gpu_gen_tests(void) {
 static void run_gpu_gen_tests(void) { printf("skipped: GPU generation tests (built without nvcc)\n"); }
 #endif
 
+// Starts a group of tests: closes the one before with its wall time (NULL closes the last). The times say where a
+// slow run spends itself (the twin's OpenMP loops on a many-core host, the GPU's start-up).
+static void test_group(const char* title) {
+    static double start = 0.0;
+    double now = now_seconds();
+    if (start > 0.0) { printf("  (%.1f s)\n", now - start); }
+    start = now;
+    if (title != NULL) { printf("# %s\n", title); }
+}
+
 // ./test_fox runs every group; ./test_fox gpu only the GPU part (a short run on a lent GPU); ./test_fox gpu-gen
 // only the GPU generation tests
 int main(int argc, char** argv) {
@@ -4869,43 +4879,46 @@ int main(int argc, char** argv) {
         return tests_failed != 0;
     }
     if (argc > 1 && strcmp(argv[1], "gpu") == 0) {
+        test_group("GPU trainer against the twin");
         run_gpu_tests();
+        test_group("GPU generation");
         run_gpu_gen_tests();
+        test_group(NULL);
         printf("%d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed != 0;
     }
     make_test_dir();
-    printf("# CPU twin against the float64 PyTorch reference (dev/fixtures)\n");
+    test_group("CPU twin against the float64 PyTorch reference (dev/fixtures)");
     test_reference_fixtures();
     test_reference_check_discriminates();
-    printf("# finite differences, gradient accumulation\n");
+    test_group("finite differences, gradient accumulation");
     test_finite_differences();
     test_grad_accumulation();
     test_attention_dlogf();
     test_attention_pruning();
-    printf("# numerical guards, extreme forget gates\n");
+    test_group("numerical guards, extreme forget gates");
     test_step_guard();
     test_nonfinite_grad_name();
     test_extreme_forget_gates();
-    printf("# configuration, schedule, command line\n");
+    test_group("configuration, schedule, command line");
     test_config();
     test_schedule_resume();
     test_progress();
     test_command_line();
-    printf("# data, checkpoints, decode table\n");
+    test_group("data, checkpoints, decode table");
     test_dataloader();
     test_checkpoints();
     test_resume();
     test_decode_table();
     test_bad_decode_table();
-    printf("# data parallel (plain C part)\n");
+    test_group("data parallel (plain C part)");
     test_topology();
     test_param_layout();
     test_batch_translation();
     test_rendezvous();
-    printf("# HuggingFace export and import\n");
+    test_group("HuggingFace export and import");
     test_hf();
-    printf("# evaluation: per-token loss, KV cache, sampling, needle in a haystack, maps\n");
+    test_group("evaluation: per-token loss, KV cache, sampling, needle in a haystack, maps");
     test_eval_per_token();
     test_kv_cache();
     test_kv_eviction();
@@ -4916,9 +4929,11 @@ int main(int argc, char** argv) {
     test_eval_bad_input();
     test_prompt_from_shard();
     test_generate_prompts();
-    printf("# GPU\n");
+    test_group("GPU trainer against the twin");
     run_gpu_tests();
+    test_group("GPU generation");
     run_gpu_gen_tests();
+    test_group(NULL);
     char cleanup[600];
     snprintf(cleanup, sizeof(cleanup), "rm -rf '%s'", test_dir);
     if (system(cleanup) != 0) { printf("note: could not remove %s\n", test_dir); }
