@@ -11,12 +11,12 @@ failure.
 
 Builds with nvcc (as CUDA) or with any C++ compiler (CPU part only).
 */
-#define TESTING
+#define FOX_NO_MAIN
+#define FOX_TEST_HOOKS
 #ifdef __CUDACC__
 #include "train_fox.cu" // the GPU trainer, which includes the CPU twin
 #else
 #include "train_fox.c"
-#include "fox_dist.h"
 #endif
 #include "dev/fox_hf.c" // HF export and import
 #include <fcntl.h>
@@ -1586,7 +1586,7 @@ static int hf_tensor_is(const SafeTensors* st, const char* name, size_t rows, si
     return memcmp(st->data + t->begin, want, rows * (cols > 0 ? cols : 1) * sizeof(float)) == 0;
 }
 
-// the authors' names and shapes (doc/fox.md, "HuggingFace layout"), written out here rather than derived
+// the authors' names and shapes (dev/fox.md, "HuggingFace layout"), written out here rather than derived
 // from param_hf_name
 static void hf_check_contents(const FoxModel* m, const char* dir, const char* what) {
     char path[600];
@@ -1860,7 +1860,7 @@ static void test_hf(void) {
 // ----------------------------------------------------------------------------
 
 // ----------------------------------------------------------------------------
-// data parallel, the plain-C part (fox_dist.h): ranks from flags and the environment, ZeRO-1
+// data parallel, the plain-C part (train_fox.c): ranks from flags and the environment, ZeRO-1
 // shards, data positions across process counts, the NCCL id rendezvous
 
 static void clear_launcher_env(void) {
@@ -3270,9 +3270,9 @@ static void gpu_test_matmul_tuning(void) {
         twin_from_config(&h[r], &t.c, 7);
         gpu_build(&g[r], &h[r], t.B, t.T);
         if (r == 1) {
-            g_tune_last = 1;
+            test_hooks.tune_last = 1;
             gpu_tune_matmuls(&g[r], t.B, t.T);
-            g_tune_last = 0;
+            test_hooks.tune_last = 0;
             for (int i = 0; i < g_num_plans; i++) {
                 changed += memcmp(&g_plans[i].algo, &g_plans[i].cand[0], sizeof(g_plans[i].algo)) != 0;
             }
@@ -3811,7 +3811,7 @@ static void gpu_test_attention(void) {
 #endif
         for (int ci = 0; ci < ncaps; ci++) {
 #ifndef ENABLE_FP32
-            g_fwd_max_blocks = caps[ci];
+            test_hooks.fwd_max_blocks = caps[ci];
 #endif
             AttnCase t;
             attn_case_init(&t, cases[i].B, cases[i].T, cases[i].H, cases[i].hd, cases[i].window, cases[i].gate, 31 + i);
@@ -3825,7 +3825,7 @@ static void gpu_test_attention(void) {
             attn_case_free(&t);
         }
 #ifndef ENABLE_FP32
-        g_fwd_max_blocks = 0;
+        test_hooks.fwd_max_blocks = 0;
 #endif
     }
     // negative controls: the comparison must catch a wrong output
@@ -3950,9 +3950,9 @@ static void gpu_test_attention_pruning(void) {
     gpu_prune_case(2, 1000, 4, 64, 0, -10.0f, 91, 0, 0);   // several tiles, T not a multiple of 128
     gpu_prune_case(1, 1100, 4, 128, 0, -10.0f, 92, 0, 0);
     gpu_prune_case(2, 900, 4, 64, 300, -10.0f, 93, 0, 0);  // sliding window
-    g_fwd_max_blocks = 5;  // the same on 5 blocks: a block's forward crosses pairs with pruning and a window
+    test_hooks.fwd_max_blocks = 5;  // the same on 5 blocks: a block's forward crosses pairs with pruning and a window
     gpu_prune_case(2, 900, 4, 64, 300, -10.0f, 98, 0, 0);
-    g_fwd_max_blocks = 0;
+    test_hooks.fwd_max_blocks = 0;
     // control: delta > 0 skips every off-diagonal tile, dropping real weight in the slow heads
     gpu_prune_case(1, 1024, 4, 64, 0, 60.0f, 94, 1, 0);
     gpu_prune_case(1, 1024, 4, 128, 0, 60.0f, 95, 1, 0);
@@ -4348,11 +4348,11 @@ void run_gpu_tests(void) {
         check(0, "gpu: no reference fixtures in dev/fixtures");
     } else {
 #ifndef ENABLE_FP32
-        g_attention_any_head = 1; // the fixtures' head size 16 runs on the simple attention kernel
+        test_hooks.attention_any_head = 1; // the fixtures' head size 16 runs on the simple attention kernel
 #endif
         for (size_t i = 0; i < gl.gl_pathc; i++) { gpu_test_fixture(gl.gl_pathv[i]); }
 #ifndef ENABLE_FP32
-        g_attention_any_head = 0;
+        test_hooks.attention_any_head = 0;
 #endif
         globfree(&gl);
     }
@@ -4371,11 +4371,11 @@ void run_gpu_tests(void) {
     gpu_test_step_graphs();
     gpu_test_recompute();
 #ifndef ENABLE_FP32
-    g_attention_any_head = 1; // head size 32: the padded parameter count matters here, not the kernel
+    test_hooks.attention_any_head = 1; // head size 32: the padded parameter count matters here, not the kernel
 #endif
     gpu_test_zero_slices();
 #ifndef ENABLE_FP32
-    g_attention_any_head = 0;
+    test_hooks.attention_any_head = 0;
 #endif
     gpu_test_eval_backend();
 }

@@ -12,14 +12,15 @@ matmuls (for tight diffs against the twin).
 Every matmul is cuBLASLt (fp32 accumulation); every other layer is a hand-written kernel,
 mirroring the twin's functions in the same order. Reductions that feed training (weight,
 bias and norm-scale gradients, the gradient norm, dc) never use atomics: same seed, same bits.
-The model, its numerics and the attention's gradient are described in doc/fox.md; the attention
+The model, its numerics and the attention's gradient are described in dev/fox.md; the attention
 kernels' versions and measurements in dev/cuda/README.md, dev/cuda/LOG.md and dev/RESULTS.md.
 
 Build: make train_fox, which runs
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --default-stream per-thread ... train_fox.cu \
        -lcublasLt -lcublas -o train_fox
 (plus NCCL when the Makefile finds it, else -DNO_NCCL: one GPU; PRECISION=FP32 adds -DENABLE_FP32).
-Test code includes this file with TESTING defined, which drops main() (and the twin's).
+A file that includes this one for its code (test_fox.cu, the kernel ladders of dev/cuda) defines
+FOX_NO_MAIN, which drops main() (and the twin's); test hooks: train_fox.c, TEST_HOOK.
 
 The sections, in file order (each opens with a // ---- line and this title):
   checked CUDA and cuBLASLt calls: cudaCheck, launchCheck, cublasCheck, ncclCheck; gpu_malloc
@@ -52,13 +53,15 @@ The sections, in file order (each opens with a // ---- line and this title):
   sampling and evaluation on the GPU: training's samples (gpu_sample), validation loss
   the evaluation modes on the GPU: the twin's eval and niah on GPU logits, generation on the
       GpuDecoder (gpu_backend_generate), gpu_eval_main
-  main: training: resume, the training loop (TRAIN_FOX_GPU_MAIN only)
+  main: training: resume, the training loop (not with FOX_NO_MAIN)
 */
-#ifndef TESTING
-#define TESTING
-#define TRAIN_FOX_GPU_MAIN
-#endif
+#ifdef FOX_NO_MAIN
 #include "train_fox.c"
+#else
+#define FOX_NO_MAIN // the twin's main() is not this program's (main is at the end of this file)
+#include "train_fox.c"
+#undef FOX_NO_MAIN
+#endif
 // gpu_train_micro_step's CUDA graph captures the default stream of this thread, which the legacy
 // default stream cannot be: every launch on stream 0 must go there (the Makefile's NVCC_FLAGS)
 #ifndef CUDA_API_PER_THREAD_DEFAULT_STREAM
@@ -97,7 +100,6 @@ static const char* ncclGetLastError(ncclComm_t) { return ""; }
 #ifdef USE_MPI
 #include <mpi.h>
 #endif
-#include "fox_dist.h"
 
 #ifdef ENABLE_FP32
 typedef float floatX;
@@ -278,7 +280,6 @@ typedef struct {
 } MatmulPlan;
 
 static int g_tuning = 0;    // inside gpu_tune_matmuls: a plan's first call tunes it
-static int g_tune_last = 0; // tests: keep the last candidate with the first's bits, not the fastest
 
 #define MAX_MATMUL_PLANS 512
 static MatmulPlan g_plans[MAX_MATMUL_PLANS];
@@ -456,7 +457,7 @@ static void matmul_tune(MatmulPlan* p, void* d, const floatX* a, const floatX* b
             continue;
         }
         float ms = matmul_time_candidate(p, i, d, a, b);
-        if (g_tune_last || ms < p->tuned_ms) {
+        if (TEST_HOOK(tune_last, 0) || ms < p->tuned_ms) {
             p->tuned_ms = ms;
             p->algo = p->cand[i];
         }
@@ -1627,18 +1628,18 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
 #endif
 
 // ----------------------------------------------------------------------------
-// Forgetting attention (doc/fox.md, "Forgetting attention"). Query i sees keys first_key(i) <= j <= i
+// Forgetting attention (dev/fox.md, "Forgetting attention"). Query i sees keys first_key(i) <= j <= i
 // (causal, or a sliding window of `window` keys), with the forget gate's bias:
 //   s_ij = q_i . k_j / sqrt(hd) + c_i - c_j,   P_ij = exp(s_ij - lse_i),   o_i = sum_j P_ij v_j,
 // lse_i saved for the backward. The backward writes dq, dk, dv and dlogf (B, H, T), the gradient of
-// log f: dc_t = sum_j dS_tj - sum_i dS_it and dlogf_t = sum_{s>=t} dc_s (doc/fox.md, "Attention
+// log f: dc_t = sum_j dS_tj - sum_i dS_it and dlogf_t = sum_{s>=t} dc_s (dev/fox.md, "Attention
 // backward with the forget gate"). Two implementations behind attention_forward_gpu and
 // attention_backward_gpu, read in this order below:
 // - the simple kernel, fp32 on CUDA cores, any head size up to MAX_HD: the fp32 build runs it (the
 //   fused kernels read bf16 only); in the bf16 build it serves the tests' head size 16 fixtures
 //   (gpu_config_problem refuses other head sizes to the trainer);
 // - the fused flash kernels (bf16 build, head sizes 64 and 128) on Hopper tensor cores (wgmma),
-//   with adaptive computation pruning (doc/fox.md, "Adaptive computation pruning"): the
+//   with adaptive computation pruning (dev/fox.md, "Adaptive computation pruning"): the
 //   "train_fox.cu" sections of dev/cuda/fox_attention_forward.cu and _backward.cu, specialised to
 //   the versions that run here (a change there is carried over; see dev/cuda/README.md). Which
 //   kernel runs at which head size, with which tiles: fox_attention_forward, fox_attention_backward.
@@ -2008,7 +2009,7 @@ static void fox_check_args(const char* who, const void* q, const void* k, const 
 }
 
 // ---- adaptive computation pruning: the tile tables (train_fox.c: prune_bound, prune_tiles) ----
-// One cheap pass before each attention call (doc/fox.md, "Adaptive computation pruning"): U per
+// One cheap pass before each attention call (dev/fox.md, "Adaptive computation pruning"): U per
 // (b, h), then the tables. Pruning tiles are PRUNE_BLOCK = 128 queries by 128 keys; every fused
 // kernel's query and key tiles nest in them (static_asserts; a forward warpgroup's 64 rows lie in
 // one and take its key_start), so every kernel skips the same (query, key) pairs as the others and
@@ -2124,7 +2125,7 @@ static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16*
 }
 
 // ---- the fused forward ----
-// The softmax of both forward kernels, in log2 units (doc/fox.md, "Numerics"):
+// The softmax of both forward kernels, in log2 units (dev/fox.md, "Numerics"):
 // - Gate terms per column, not per score. With c_ref = c of the thread's first row (a thread holds
 //   rows g and g + 8 of its warp's 16), d_j = (c_ref - c_j) log2(e) once per key tile for each of
 //   the thread's columns, and x_ij = s_ij scale log2(e) + d_j, one FFMA per score. The row term
@@ -2462,9 +2463,6 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
     }
 }
 
-// tests only: at most this many blocks for fox_fwd_wsp_kernel when > 0, so that few pairs still
-// cross a block's rings (test_fox runs 1 and 5)
-static int g_fwd_max_blocks = 0;
 
 // fox_fwd_wsp_kernel with its tiles and stages (where it runs: see fox_attention_forward): hd 64
 // three consumers and 3 stages, hd 128 two consumers and 2 stages; a block per SM, at most one per pair
@@ -2488,7 +2486,7 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
     CUtensorMap tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
     int npairs = ceil_div(T, BR) * B * H;
     float scale_log2 = LOG2E / sqrtf((float)HD);
-    int grid = min(npairs, g_fwd_max_blocks > 0 ? g_fwd_max_blocks : sms);
+    int grid = min(npairs, TEST_HOOK(fwd_max_blocks, 0) > 0 ? TEST_HOOK(fwd_max_blocks, 0) : sms);
     fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(
         o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start);
     launchCheck();
@@ -3231,8 +3229,6 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
 // or the simple kernel, and run the pruning tables' pass before the fused ones when -A 1 is on.
 
 #ifndef ENABLE_FP32
-// tests only: lets the bf16 build run head sizes other than 64 and 128 on the simple kernel
-static int g_attention_any_head = 0;
 
 // whether this head size runs on the fused kernels
 static int attention_fused(int hd) { return hd == 64 || hd == 128; }
@@ -4474,7 +4470,7 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
                  "forget gate) exceeds the GPU kernels' limit of %d\nHINT: use fewer heads", HP_MAX_J);
         return too_big;
     }
-    if (!attention_fused(hd) && !g_attention_any_head) {
+    if (!attention_fused(hd) && !TEST_HOOK(attention_any_head, 0)) {
         return "head size (n_embd / n_head) must be 64 or 128: the fused attention kernels of the bf16 build "
                "support only these\nHINT: set --n_head to n_embd / 64 or n_embd / 128, or build with "
                "PRECISION=FP32 (slow)";
@@ -5308,7 +5304,7 @@ static void gpu_save_checkpoint(GPUModel* g, const char* dir, const TrainState* 
 // ----------------------------------------------------------------------------
 // generation on the GPU: a paged KV cache, the prompts' prefill through gpu_forward, then one CUDA
 // graph per generated token (embedding, every layer, the head, sampling, the cache's upkeep) for B
-// sequences at once (GpuDecoder). The twin's FoxDecoder (fox_eval.h) is the reference: the same
+// sequences at once (GpuDecoder). The twin's FoxDecoder (train_fox.c) is the reference: the same
 // cache (keys after KV-shift, QK-norm and RoPE at their positions, values, c_j per kept position;
 // the running c and the last raw k and v carried from token to token), the same window and
 // eviction rule, the same sampling rule (sample_token).
@@ -7246,7 +7242,7 @@ static int gpu_eval_main(const Args* a) {
 // ----------------------------------------------------------------------------
 // main: training
 
-#ifdef TRAIN_FOX_GPU_MAIN
+#ifndef FOX_NO_MAIN
 // Loads the newest complete checkpoint of a.out_dir into the host model and the GPU and moves
 // the training data to its position; returns its step. The data position is translated when
 // the number of processes or the micro-batch changed, which works when the sequences consumed

@@ -24,7 +24,7 @@ static const char EOT_TEXT[] = "<|endoftext|>";
 // ----------------------------------------------------------------------------
 // errors and allocation
 
-#ifdef FUZZING
+#ifdef FOX_TEST_HOOKS
 #include <setjmp.h>
 // Under the fuzzers (dev/fuzz) an error returns to the harness instead of ending the process.
 static jmp_buf fuzz_die_jump;
@@ -33,7 +33,7 @@ static jmp_buf fuzz_die_jump;
 static void die(const char *hint, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-#ifdef FUZZING
+#ifdef FOX_TEST_HOOKS
     char msg[1024];
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);

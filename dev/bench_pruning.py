@@ -1,5 +1,5 @@
 """
-Adaptive computation pruning on trained gates (doc/fox.md, "Adaptive computation pruning"), one
+Adaptive computation pruning on trained gates (dev/fox.md, "Adaptive computation pruning"), one
 command on a GPU machine:
 
     make train_fox train_fox_cpu && python3 dev/bench_pruning.py
@@ -129,7 +129,7 @@ def main():
     ap.add_argument("--train-T", type=int, default=16384)
     ap.add_argument("--train-batch", type=int, default=2)
     ap.add_argument("--train-steps", type=int, default=600)
-    ap.add_argument("--lr", type=float, default=2e-3, help="peak LR of the checkpoint's training (doc/fox.md, 125M Pro)")
+    ap.add_argument("--lr", type=float, default=2e-3, help="peak LR of the checkpoint's training (dev/fox.md, 125M Pro)")
     ap.add_argument("--lengths", default="16384,32768,65536")
     ap.add_argument("--tokens", type=int, default=65536, help="tokens per timed training step at every T")
     ap.add_argument("--steps", type=int, default=10, help="timed training steps per run (the first 3 are warm-up)")

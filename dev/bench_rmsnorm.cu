@@ -16,7 +16,7 @@ benchmark, not a test.
   ./build/bench_rmsnorm            # N = 32768 rows (16 x 2048)
   ./build/bench_rmsnorm 16384      # another N
 */
-#define TESTING
+#define FOX_NO_MAIN
 #include "../train_fox.cu"
 #include <algorithm>
 #include <vector>

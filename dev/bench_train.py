@@ -12,7 +12,7 @@ tokens/s, MFU and peak GPU memory of each, and the ratio train_fox / PyTorch.
 
 Timing: the median step time after warm-up steps (the compile of torch.compile and cuBLASLt's
 first plans are excluded). MFU = (6*N + 6*L*C*T) * tokens/s / 989 TFLOP/s, N = parameters that
-take part in matmuls (doc/fox.md, "FLOP and MFU conventions"); the inputs of the formula are printed.
+take part in matmuls (dev/fox.md, "FLOP and MFU conventions"); the inputs of the formula are printed.
 """
 import argparse
 import math

@@ -1,6 +1,6 @@
 /*
 fox_hf: converts between train_fox checkpoints and the HuggingFace layout of the FoX authors'
-PyTorch model (a folder with config.json and model.safetensors; names and shapes in doc/fox.md,
+PyTorch model (a folder with config.json and model.safetensors; names and shapes in dev/fox.md,
 section "HuggingFace layout").
 
   fox_hf export [--bf16] <model.bin> <dir>       train_fox checkpoint -> <dir>/config.json + model.safetensors
@@ -15,11 +15,13 @@ The JSON and safetensors readers work on memory buffers and return an error mess
 exiting, so that dev/fuzz/fuzz_safetensors.c can fuzz them.
 */
 #ifndef MODEL_MAGIC // test_fox.cu includes train_fox.c itself before this file
-#ifndef TESTING
-#define TESTING // train_fox.c without its main()
-#define FOX_HF_MAIN
-#endif
+#ifdef FOX_NO_MAIN
 #include "../train_fox.c"
+#else
+#define FOX_NO_MAIN // train_fox.c's main() is not this program's
+#include "../train_fox.c"
+#undef FOX_NO_MAIN
+#endif
 #endif
 #include <float.h>
 
@@ -735,7 +737,7 @@ static const char* hf_string(const HfConfigReader* r, const char* key, const cha
 }
 
 static void hf_require(const HfConfigReader* r, int ok, const char* what) {
-    if (!ok) { fail("'%s': %s, which train_fox does not implement\nHINT: only the FoX / Transformer variants of doc/fox.md convert", r->path, what); }
+    if (!ok) { fail("'%s': %s, which train_fox does not implement\nHINT: only the FoX / Transformer variants of dev/fox.md convert", r->path, what); }
 }
 
 static void config_from_hf(const Json* j, const char* path, FoxConfig* c) {
@@ -1020,7 +1022,7 @@ static void fox_hf_cli(int argc, char** argv) {
     hf_usage_fail("unknown command or wrong number of arguments");
 }
 
-#ifdef FOX_HF_MAIN
+#ifndef FOX_NO_MAIN
 int main(int argc, char** argv) {
     fox_hf_cli(argc - 1, argv + 1);
     return 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """
-Independent PyTorch reference of the Forgetting Transformer (FoX), written from doc/fox.md
+Independent PyTorch reference of the Forgetting Transformer (FoX), written from dev/fox.md
 independently of the C code, in float64. For a config and a seed it writes a debug-state file (.fxds,
 see compare_debug_states.py): the parameters, a batch, the logits, the loss, every gradient, and N
 AdamW steps on that batch.
@@ -46,7 +46,7 @@ CONFIG_KEYS = [
 ]
 BOOL_KEYS = ["k_shift", "v_shift", "qk_norm", "qk_norm_shared", "output_gate", "output_norm", "rope"]
 
-# None = derived in resolve_config: mlp_hidden from doc/fox.md's formula, warmup 2 steps, total 10
+# None = derived in resolve_config: mlp_hidden from dev/fox.md's formula, warmup 2 steps, total 10
 DEFAULTS = dict(
     n_layer=2, n_embd=32, n_head=2, vocab_size=64, mlp_hidden=None, block="pro", gate="full",
     decay_time_min=2.0, decay_time_max=128.0, k_shift=1, v_shift=1, qk_norm=1, qk_norm_shared=0,
@@ -571,7 +571,7 @@ def check_receptive_field(checks, name, cfg, pos=4):
 
 
 def check_init_facts(checks):
-    # the model document's worked examples (doc/fox.md)
+    # the model document's worked examples (dev/fox.md)
     t = [-1.0 / math.log(1.0 / (1.0 + math.exp(-b))) for b in decay_time_bias(4, 2.0, 128.0)]
     ok = all(abs(a - b) <= 1e-12 * b for a, b in zip(t, [2.0, 8.0, 32.0, 128.0]))
     checks.check(ok, f"decay-time bias, 4 heads (2, 128): T = {', '.join(f'{x:.6f}' for x in t)}")

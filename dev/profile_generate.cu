@@ -9,7 +9,7 @@ same cache slot each time). Not a test: numbers for dev/RESULTS.md.
        -DNO_GPT2_ENCODER dev/profile_generate.cu -lcublasLt -lcublas -lnccl -o profile_generate
   ./profile_generate fox-pro-125m 8192 1          # preset, prompt tokens, prompts
 */
-#define TESTING
+#define FOX_NO_MAIN
 #include "../train_fox.cu"
 
 #define REPS 20

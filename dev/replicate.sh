@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The paper's comparison at a small size, designed so that the 3.2M-token Gutenberg corpus can show
 # its effects: FoX (Pro), Transformer (Pro), FoX (LLaMA) and Transformer (LLaMA), L = 6, C = 384,
-# H = 6 (head size 64), the paper's recipe (doc/fox.md: AdamW 0.9/0.95, weight decay 0.1, clipping
+# H = 6 (head size 64), the paper's recipe (dev/fox.md: AdamW 0.9/0.95, weight decay 0.1, clipping
 # 1.0, linear warmup over 10% of the tokens, cosine to 0), trained at context 256 for 1.48 epochs
 # of the training books and evaluated at 32x that context on six held-out books
 # (data/gutenberg/long/, `sh data/prepare.sh long`: 53 sequences of 8192 tokens).

@@ -19,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BIN=${BIN:-./train_fox_cpu} # BIN=... tests another build
+HOOKS_BIN=${HOOKS_BIN:-build/train_fox_cpu_hooks} # the same with the test hooks (train_fox.c, FOX_TEST_HOOKS)
 export OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive # passive: the CI machine may be shared
 N=12 # steps
 K=6  # resume point
@@ -262,7 +263,7 @@ cmp -s "$WORK/model3.copy" "$(ckpt "$WORK/straight_b4" model 3)" || bad "the ref
 # SIGKILL between the state and the model file of step 4: the resume takes step 2, ends as the straight run
 "$BIN" "${R[@]}" -b 2 -t 32 -x 6 -n 2 -o "$WORK/between_straight" > /dev/null
 killed=0
-TRAIN_FOX_TEST_KILL_BETWEEN=4 "$BIN" "${R[@]}" -b 2 -t 32 -x 6 -n 2 -o "$WORK/between" > /dev/null 2>&1 || killed=$?
+TRAIN_FOX_TEST_KILL_BETWEEN=4 "$HOOKS_BIN" "${R[@]}" -b 2 -t 32 -x 6 -n 2 -o "$WORK/between" > /dev/null 2>&1 || killed=$?
 if [ $killed -ne 0 ] && [ -e "$(ckpt "$WORK/between" state 4)" ] && [ ! -e "$(ckpt "$WORK/between" model 4)" ] &&
    "$BIN" "${R[@]}" -b 2 -t 32 -x 6 -n 2 -o "$WORK/between" -y 1 > "$WORK/between.out" &&
    grep -q "resumed from .*model_00000002.bin at step 2" "$WORK/between.out" &&

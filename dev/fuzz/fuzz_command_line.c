@@ -1,8 +1,8 @@
 // libFuzzer harness: the command line (parse_args, then build_model) with argv made of the
 // input's NUL-separated strings.
 #include "fuzz_common.h"
-#define TESTING 1
-#define FUZZING 1
+#define FOX_NO_MAIN
+#define FOX_TEST_HOOKS
 #include "../../train_fox.c"
 
 #define FUZZ_MAX_ARGS 32
@@ -21,6 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     argv[argc] = NULL;
     Args a;
     FoxModel m;
+    test_hooks.fail_jump = &fuzz_fail_jump;
     if (setjmp(fuzz_fail_jump) == 0) {
         parse_args(&a, argc, argv);
         build_model(&m, &a);

@@ -1,8 +1,8 @@
 /*
 Shared by the fuzz harnesses (dev/fuzz/fuzz_<reader>.c, built by `make fuzz`).
 
-Under FUZZING a reader's error longjmps back to the harness (see fail() in train_fox.c and
-die() in data/gpt2_bpe.c), skipping the frees and fcloses a normal run leaves to exit(). So the
+Under FOX_TEST_HOOKS a reader's error longjmps back to the harness (fail() in train_fox.c jumps to
+fuzz_fail_jump once test_hooks.fail_jump points there; die() in data/gpt2_bpe.c to fuzz_die_jump), skipping the frees and fcloses a normal run leaves to exit(). So the
 harness includes this file before the code under test: it routes that code's allocations and
 fopens through lists, and after each input releases whatever an error left behind. On inputs
 that read fine it checks that the reader's own free function released everything (a leak).
@@ -24,6 +24,9 @@ its macros (at the end) rename only the calls, never a declaration.
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+// where fail() returns to (the harness sets test_hooks.fail_jump to it)
+static jmp_buf fuzz_fail_jump;
 
 // every live allocation of the code under test sits behind one of these links
 typedef struct FuzzBlock {

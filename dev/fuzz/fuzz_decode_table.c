@@ -1,7 +1,7 @@
 // libFuzzer harness: the decode table reader (llm.c's tokenizer format, version 2).
 #include "fuzz_common.h"
-#define TESTING 1
-#define FUZZING 1
+#define FOX_NO_MAIN
+#define FOX_TEST_HOOKS
 #include "../../train_fox.c"
 
 int LLVMFuzzerInitialize(int* argc, char*** argv) {
@@ -13,6 +13,7 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const char* path = fuzz_write_input("decode_table.bin", data, size);
     Tokenizer tk;
+    test_hooks.fail_jump = &fuzz_fail_jump;
     if (setjmp(fuzz_fail_jump) == 0) {
         if (!tokenizer_init(&tk, path)) { abort(); } // the file exists
         for (int t = 0; t < 8; t++) { tokenizer_print(&tk, t); }

@@ -1,12 +1,13 @@
 // libFuzzer harness: the model checkpoint reader (header, configuration, parameters).
 #include "fuzz_common.h"
-#define TESTING 1
-#define FUZZING 1
+#define FOX_NO_MAIN
+#define FOX_TEST_HOOKS
 #include "../../train_fox.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const char* path = fuzz_write_input("model.bin", data, size);
     FoxModel m;
+    test_hooks.fail_jump = &fuzz_fail_jump;
     if (setjmp(fuzz_fail_jump) == 0) {
         load_model(&m, path);
         fox_free(&m);

@@ -4,7 +4,7 @@ fuzz_safetensors.c: libFuzzer harness of fox_hf's safetensors reader and of its 
 message, never crash or read outside the buffer; a parsed file's tensors are read in full so
 that AddressSanitizer sees any offset that escaped the checks.
 
-  clang -g -O1 -fsanitize=fuzzer,address,undefined -DTESTING -DFUZZING -I. \
+  clang -g -O1 -fsanitize=fuzzer,address,undefined -DFOX_NO_MAIN -DFOX_TEST_HOOKS -I. \
       dev/fuzz/fuzz_safetensors.c -o build/fuzz_safetensors -lm
   build/fuzz_safetensors -max_total_time=60 dev/fuzz/seeds/safetensors
 */

@@ -1,8 +1,8 @@
 // libFuzzer harness: the optimizer state reader (step, data position, run settings, AdamW
 // moments), then the data position it holds checked and set on a data loader, as a resume does.
 #include "fuzz_common.h"
-#define TESTING 1
-#define FUZZING 1
+#define FOX_NO_MAIN
+#define FOX_TEST_HOOKS
 #include "../../train_fox.c"
 
 // the model the seeds were written for (dev/fuzz/make_seeds.c)
@@ -31,6 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const char* path = fuzz_write_input("state.bin", data, size);
     FoxModel m;
     DataLoader d;
+    test_hooks.fail_jump = &fuzz_fail_jump;
     if (setjmp(fuzz_fail_jump) == 0) {
         fuzz_state_model(&m);
         dataloader_init(&d, shard_pattern, 2, 4, 0, 1, 1, 0, 7, 16);
