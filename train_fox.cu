@@ -1957,7 +1957,7 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const
     a[2] = pack_bf16(hi[0], hi[1]); a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// The warp-specialised kernels (FlashAttention-3's structure: fox_fwd_wsp_kernel and both backward
+// The warp-specialised kernels (FlashAttention-3's structure: fox_forward_kernel16 and both backward
 // kernels): a producer warp fills rings of shared-memory stages, signalled by mbarriers (a full
 // barrier per stage completes when the copy engine's bytes and any cp.async lanes have landed, an
 // empty one when the consumer warps are done with it); setmaxnreg moves registers from the
@@ -2233,7 +2233,7 @@ __device__ __forceinline__ int fox_pair(int k) {
 // others once landed. The next pair's loads run under the last P V and the stores of O. Where it
 // runs: see fox_attention_forward.
 template<int HD, int BC, int ST, int NWG, bool GATE>
-__global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o, float* lse,
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_forward_kernel16(bf16* o, float* lse,
                                                                          const __grid_constant__ CUtensorMap tmQ,
                                                                          const __grid_constant__ CUtensorMap tmK,
                                                                          const __grid_constant__ CUtensorMap tmV,
@@ -2464,7 +2464,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_fwd_wsp_kernel(bf16* o
 }
 
 
-// fox_fwd_wsp_kernel with its tiles and stages (where it runs: see fox_attention_forward): hd 64
+// fox_forward_kernel16 with its tiles and stages (where it runs: see fox_attention_forward): hd 64
 // three consumers and 3 stages, hd 128 two consumers and 2 stages; a block per SM, at most one per pair
 template<int HD, bool GATE>
 static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
@@ -2476,7 +2476,7 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
     constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
                             (2 + 4 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE>,
+    cudaCheck(cudaFuncSetAttribute(fox_forward_kernel16<HD, BC, ST, NWG, GATE>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int dev, sms;
     cudaCheck(cudaGetDevice(&dev));
@@ -2487,7 +2487,7 @@ static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k
     int npairs = ceil_div(T, BR) * B * H;
     float scale_log2 = LOG2E / sqrtf((float)HD);
     int grid = min(npairs, TEST_HOOK(fwd_max_blocks, 0) > 0 ? TEST_HOOK(fwd_max_blocks, 0) : sms);
-    fox_fwd_wsp_kernel<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(
+    fox_forward_kernel16<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(
         o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start);
     launchCheck();
 }
@@ -2506,10 +2506,10 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
     }
     // The kernels that run, versions of dev/cuda/fox_attention_forward.cu (their history: dev/cuda/LOG.md):
     // version 16, persistent (a block per SM walking the (query tile, head) pairs, longest first, in snake order):
-    // - hd 64: fox_fwd_wsp_kernel<64, 128, 3, 3, GATE>: 512 threads, a producer warpgroup (TMA) and
+    // - hd 64: fox_forward_kernel16<64, 128, 3, 3, GATE>: 512 threads, a producer warpgroup (TMA) and
     //   three consumer warpgroups of 64 query rows (192 a pair), 128-key tiles through K and V rings of
     //   3 stages, setmaxnreg 24 / 160, 122.6 KB of shared memory (version 10's tiles);
-    // - hd 128: fox_fwd_wsp_kernel<128, 128, 2, 2, GATE>: 384 threads, the producer and two consumer
+    // - hd 128: fox_forward_kernel16<128, 128, 2, 2, GATE>: 384 threads, the producer and two consumer
     //   warpgroups (128 query rows a pair), K and V rings of 2 stages, setmaxnreg 24 / 240, 162.1 KB of
     //   shared memory (version 14's tiles).
     // Both run the softmax of fox_lean_logits / fox_lean_exp; without c, GATE = false and no pruning.
@@ -2706,7 +2706,7 @@ __device__ __forceinline__ void fox_bwd_rs(float* d, uint32_t a[][4], uint64_t b
 // Grid (ceil(T / 128), B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see
 // fox_attention_backward.
 template<int HD, int BQ, int ST, bool GATE, bool PRE>
-__global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf16* dv, float* dc,
+__global__ void __launch_bounds__(384, 1) fox_backward_dkdv_kernel20(bf16* dk, bf16* dv, float* dc,
                                                                    const __grid_constant__ CUtensorMap tmQ,
                                                                    const __grid_constant__ CUtensorMap tmG,
                                                                    const __grid_constant__ CUtensorMap tmK,
@@ -2907,7 +2907,7 @@ __global__ void __launch_bounds__(384, 1) fox_bwd_dkdv_lean_kernel(bf16* dk, bf1
 // ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none). Grid (ceil(T / 128),
 // B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see fox_attention_backward.
 template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL>
-__global__ void __launch_bounds__(384, 1) fox_bwd_dq_lean_kernel(bf16* dq, float* dc_row,
+__global__ void __launch_bounds__(384, 1) fox_backward_dq_kernel20(bf16* dq, float* dc_row,
                                                                  const __grid_constant__ CUtensorMap tmQ,
                                                                  const __grid_constant__ CUtensorMap tmG,
                                                                  const __grid_constant__ CUtensorMap tmK,
@@ -3132,9 +3132,9 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     constexpr size_t smem_q = 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) +
                               (ST * BC + (PRE ? 2 * ST : 0)) * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE>,
+    cudaCheck(cudaFuncSetAttribute(fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    cudaCheck(cudaFuncSetAttribute(fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE, OVL>,
+    cudaCheck(cudaFuncSetAttribute(fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
@@ -3143,12 +3143,12 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     CUtensorMap tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ);
     CUtensorMap tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128);
     CUtensorMap tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
-    fox_bwd_dkdv_lean_kernel<HD, BQ, ST, GATE, PRE><<<grid, 384, smem_kv, s>>>(
+    fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE><<<grid, 384, smem_kv, s>>>(
         dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
     launchCheck();
     tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
     tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
-    fox_bwd_dq_lean_kernel<HD, BC, ST, GATE, PRE, OVL><<<grid, 384, smem_q, s>>>(
+    fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL><<<grid, 384, smem_q, s>>>(
         dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
     launchCheck();
 }
@@ -3209,15 +3209,15 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL");
     }
     // The kernels that run, versions of dev/cuda/fox_attention_backward.cu (their history: dev/cuda/LOG.md):
-    // fox_bwd_delta_kernel (unless delta_ready), then fox_bwd_dkdv_lean_kernel and fox_bwd_dq_lean_kernel
+    // fox_bwd_delta_kernel (unless delta_ready), then fox_backward_dkdv_kernel20 and fox_backward_dq_kernel20
     // (384 threads: a producer warpgroup (TMA, setmaxnreg 24) and two consumer warpgroups of 64 rows
     // (setmaxnreg 240), 2-stage rings), then fox_bwd_dlogf_kernel:
     // - hd 64: version 20 (the ladder's fox_bwd_*_pre_kernel pair with 128-query dK/dV steps, dS^T before
     //   dV; here the lean kernels with PRE = true: the producer forms the per-column logit terms),
-    //   fox_bwd_dkdv_lean_kernel<64, 128, 2, GATE, true> (a 128-key tile, 128-query tiles streamed) and
-    //   fox_bwd_dq_lean_kernel<64, 128, 2, GATE, true, true> (a 128-query tile, 128-key tiles streamed);
-    // - hd 128: version 22, fox_bwd_dkdv_lean_kernel<128, 64, 2, GATE, false> (64-query tiles) and
-    //   fox_bwd_dq_lean_kernel<128, 128, 2, GATE, false, false> (128-key tiles, each waiting for its
+    //   fox_backward_dkdv_kernel20<64, 128, 2, GATE, true> (a 128-key tile, 128-query tiles streamed) and
+    //   fox_backward_dq_kernel20<64, 128, 2, GATE, true, true> (a 128-query tile, 128-key tiles streamed);
+    // - hd 128: version 22, fox_backward_dkdv_kernel20<128, 64, 2, GATE, false> (64-query tiles) and
+    //   fox_backward_dq_kernel20<128, 128, 2, GATE, false, false> (128-key tiles, each waiting for its
     //   dQ); the consumers form the terms.
     fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
                  tables, delta_ready, s);

@@ -35,8 +35,8 @@ import sys
 # whose last template argument is PRE (the producer stores the stage's per-column terms with STS
 # instead of copying raw floats with cp.async), and the forward at hd 64 (its producer copies c with
 # cp.async only; its last template argument is GATE, not PRE)
-WARP_SPECIALISED = re.compile(r"fox_bwd_(dkdv|dq)_lean_kernel|fox_fwd_wsp_kernel")
-WITH_PRE = re.compile(r"fox_bwd_(dkdv|dq)_lean_kernel")
+WARP_SPECIALISED = re.compile(r"fox_backward_(dkdv|dq)_kernel20|fox_forward_kernel16")
+WITH_PRE = re.compile(r"fox_backward_(dkdv|dq)_kernel20")
 
 
 def producer_write(name, op, args):
