@@ -2208,143 +2208,269 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
     }
 }
 
-// A persistent block's k-th (tile, head) pair t, with the pairs sorted longest first: round k deals
-// pairs k G .. k G + G - 1 to a grid of G blocks, block x taking the x-th in even rounds and the
-// (G - 1 - x)-th in odd ones (snake order), so that no block takes the longest pair of every round.
-__device__ __forceinline__ int fox_pair(int k) {
-    int x = (k & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    return k * gridDim.x + x;
-}
+// The forward's tile scheduler, used alike by the producer and the consumers of fox_forward_kernel16
+// (persistent: a block per SM). Pair t is (query tile NT - 1 - t / BH, head t % BH): the longest query
+// tiles of every head first, since causal tiles are uneven. A block's k-th pair is dealt by next(k):
+// round k deals pairs k G .. k G + G - 1 to a grid of G blocks, block x taking the x-th in even rounds
+// and the (G - 1 - x)-th in odd ones (snake order), so that no block takes the longest pair of every
+// round. A pair's key tiles are [jt_begin, jt_end); its tile n is key tile jt_end - 1 - n, from the
+// diagonal backwards.
+template<int BC, int NWG>
+struct FoxForwardScheduler {
+    static constexpr int BR = 64 * NWG;  // query rows per pair
+    int T, BH, NT, npairs, window;
+    const int* key_start;                // the pruning tables' (B*H, ceil(T / PRUNE_BLOCK)), or NULL
+    struct Pair { int bh, i0, jt_begin, jt_end; };
 
-// The warp-specialised forward, the softmax above in FlashAttention-3's structure, persistent. Block
-// of 128 (NWG + 1) threads, one per SM, walking the (query tile, head) pairs, the longest query tiles
-// of every head first (pair t: query tile NT - 1 - t / BH, head t % BH; dealt by fox_pair): a
-// producer warpgroup (setmaxnreg 24; one warp loads K and V tiles of BC keys by TMA into separate K
-// and V rings of ST stages that run on across the block's pairs, c_j by
-// cp.async arriving on K's full barrier, and each pair's Q after its first K and V, once every
-// consumer warp has arrived at emptyQ after its last S of the previous pair) and NWG consumer
-// warpgroups of 64 query rows (BR = 64 NWG): at hd 64 three (setmaxnreg 160: 24 * 128 + 160 * 384 <=
-// 65536 registers), at hd 128 two (240 each: O of 64 x 128 fp32, S of 64 x 128 and the previous P
-// live together, ~190 registers). A consumer issues tile n's S = Q K^T and tile n-1's O += P V back
-// to back, waits only for S, runs tile n's softmax under P V, then waits for it, rescales O (alpha
-// from before the wait) and refills P. K(n) is released after tile n's logits, V(n-1) after its P V;
-// no block-wide barrier. A warpgroup computes only the tiles [na, nb) its rows see (its diagonal,
-// window and pruning tile's key_start; the pair loads from the smallest start) and releases the
-// others once landed. The next pair's loads run under the last P V and the stores of O. Where it
-// runs: see fox_attention_forward.
-template<int HD, int BC, int ST, int NWG, bool GATE>
-__global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_forward_kernel16(bf16* o, float* lse,
-                                                                         const __grid_constant__ CUtensorMap tmQ,
-                                                                         const __grid_constant__ CUtensorMap tmK,
-                                                                         const __grid_constant__ CUtensorMap tmV,
-                                                                         const float* c, int T, int H, int BH,
-                                                                         int stride_o, int window, float scale_log2,
-                                                                         const int* key_start) {
-    constexpr int BR = 64 * NWG;                // query rows per pair
-    constexpr int CREG = NWG == 3 ? 160 : 240;  // consumer registers: (65536 - 24 * 128) / (128 NWG), rounded to 8
-    static_assert(BC == 128 && ((HD == 64 && NWG == 3) || (HD == 128 && NWG == 2)),
-                  "the register budgets argued: hd 64 with three consumers, hd 128 with two; 128-key tiles");
-    static_assert(ST >= 2, "the producer loads K(n+1) before V(n)'s stage is free");
-    static_assert(PRUNE_BLOCK % BC == 0 && PRUNE_BLOCK % 64 == 0, "a warpgroup's rows lie in one pruning tile");
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
-    bf16* sK = sQ + BR * HD;                 // (ST, BC, HD)
-    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
-    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c of the keys
-    uint64_t* bar = (uint64_t*)(sC + ST * BC);
-    uint64_t *barQ = bar, *emptyQ = bar + 1, *fullK = bar + 2, *emptyK = fullK + ST, *fullV = emptyK + ST,
-             *emptyV = fullV + ST;
-
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
-    int NT = ceil_div(T, BR), npairs = NT * BH;
+    __device__ FoxForwardScheduler(int T_, int BH_, int window_, const int* key_start_)
+        : T(T_), BH(BH_), NT((int)ceil_div(T_, BR)), npairs((int)ceil_div(T_, BR) * BH_), window(window_),
+          key_start(key_start_) {}
+    __device__ int first() const { return blockIdx.x; }
+    __device__ int next(int k) const {
+        int x = (k & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+        return k * gridDim.x + x;
+    }
     // first key tile the rows i0w .. i0w + 63 of head bh see: their window, the key_start of their pruning tile
-    auto first_tile = [&](int bh, int i0w) {
+    __device__ int first_tile(int bh, int i0w) const {
         int jt = window > 0 ? max(0, i0w - window + 1) / BC : 0;
         if (key_start) {
             jt = max(jt, key_start[(size_t)bh * ceil_div(T, PRUNE_BLOCK) + i0w / PRUNE_BLOCK] * (PRUNE_BLOCK / BC));
         }
         return jt;
-    };
-    // pair t's head, first row and key tiles [jt_begin, jt_end) (the same arithmetic in every warp);
-    // tile n is key tile jt_end - 1 - n: from the diagonal backwards
-    struct Pair { int bh, i0, jt_begin, jt_end; };
-    auto pair_at = [&](int t) {
+    }
+    // pair t's head, first row and key tiles (the same arithmetic in every warp); the pair loads from
+    // the smallest first tile over its warpgroups with rows below T
+    __device__ Pair pair(int t) const {
         Pair pr;
         pr.bh = t % BH;
-        pr.i0 = (NT - 1 - t / BH) * BR;  // longest rows first: causal tiles are uneven
+        pr.i0 = (NT - 1 - t / BH) * BR;
         pr.jt_end = ceil_div(min(T, pr.i0 + BR), BC);
-        pr.jt_begin = first_tile(pr.bh, pr.i0);  // the pair's: the smallest over its warpgroups with rows below T
+        pr.jt_begin = first_tile(pr.bh, pr.i0);
         #pragma unroll
         for (int w = 1; w < NWG; w++)
             if (pr.i0 + 64 * w < T) pr.jt_begin = min(pr.jt_begin, first_tile(pr.bh, pr.i0 + 64 * w));
         return pr;
-    };
-
-    // K's full barrier: the copy engine's arrival + the 32 c lanes; empty and emptyQ: a warp of the consumers each
-    if (threadIdx.x == 0) {
-        mbar_init(emptyQ, 4 * NWG);
-        fox_ring_barriers<ST>(fullV, emptyV, 1, 4 * NWG);  // fenced by fox_ring_init
     }
-    fox_ring_init<ST>(barQ, fullK, emptyK, 1 + (GATE ? 32 : 0), 4 * NWG);
+};
 
-    if (wg == 0) {  // producer: one warp issues every load, in pair and tile order; K(n) before V(n)
-        setmaxnreg_dec<24>();
-        if (warp != 0) return;
-        int it = 0;  // K/V tiles this block has loaded: the rings' counter
-        for (int k = 0, t = blockIdx.x; t < npairs; t = fox_pair(++k)) {
-            Pair pr = pair_at(t);
-            int b = pr.bh / H, h = pr.bh % H, ntiles = pr.jt_end - pr.jt_begin;
-            const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
-            auto load_q = [&] {  // once every consumer warp is past the previous pair's last S
-                mbar_wait(emptyQ, (k & 1) ^ 1);
-                if (lane == 0) {
-                    mbar_expect_tx(barQ, BR * HD * sizeof(bf16));
-                    tma_load_tile<BR, HD>(sQ, &tmQ, pr.i0, h, b, barQ);
-                }
-            };
-            if (ntiles == 0) load_q();  // never (the diagonal tile is kept), but Q must come
-            for (int n = 0; n < ntiles; n++, it++) {
-                int st = it % ST, parity = ((it / ST) & 1) ^ 1, j0 = (pr.jt_end - 1 - n) * BC;
-                mbar_wait(&emptyK[st], parity);
-                if (lane == 0) {
-                    mbar_expect_tx(&fullK[st], BC * HD * sizeof(bf16));
-                    tma_load_tile<BC, HD>(sK + st * BC * HD, &tmK, j0, h, b, &fullK[st]);
-                }
-                if (GATE) {
-                    #pragma unroll
-                    for (int e = lane; e < BC; e += 32)
-                        cp_async4(sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
-                    mbar_arrive_cp_async(&fullK[st]);
-                }
-                mbar_wait(&emptyV[st], parity);
-                if (lane == 0) {
-                    mbar_expect_tx(&fullV[st], BC * HD * sizeof(bf16));
-                    tma_load_tile<BC, HD>(sV + st * BC * HD, &tmV, j0, h, b, &fullV[st]);
-                }
-                if (n == 0) load_q();  // after the first K and V, whose stages free up earlier
+// fox_forward_kernel16's shared memory: Q, ST stages of K, V and c, and the barriers (barQ: Q landed,
+// emptyQ: every consumer warp past its last S of the pair; full and empty per stage of K and of V)
+template<int HD, int BC, int ST, int NWG>
+struct FoxForwardSmem {
+    static constexpr int BR = 64 * NWG;
+    // + 1 KB to align the tiles to the swizzle pattern (122.6 KB at hd 64, 162.1 KB at hd 128)
+    static constexpr size_t bytes = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
+                                    (2 + 4 * ST) * sizeof(uint64_t);
+    bf16 *sQ, *sK, *sV;  // (BR, HD), (ST, BC, HD), (ST, BC, HD) swizzled tiles
+    float* sC;           // (ST, BC) c of the keys
+    uint64_t *barQ, *emptyQ, *fullK, *emptyK, *fullV, *emptyV;
+
+    __device__ explicit FoxForwardSmem(unsigned char* raw) {
+        sQ = (bf16*)smem_1k(raw);
+        sK = sQ + BR * HD;
+        sV = sK + ST * BC * HD;
+        sC = (float*)(sV + ST * BC * HD);
+        uint64_t* bar = (uint64_t*)(sC + ST * BC);
+        barQ = bar; emptyQ = bar + 1; fullK = bar + 2; emptyK = fullK + ST; fullV = emptyK + ST; emptyV = fullV + ST;
+    }
+};
+
+// The forward's producer: one warp issues every load, in pair and tile order, K(n) before V(n); the
+// K and V rings run on across the block's pairs. c_j comes by cp.async from the 32 lanes, arriving on
+// K's full barrier; each pair's Q after its first K and V (whose stages free up earlier), once every
+// consumer warp has arrived at emptyQ.
+template<int HD, int BC, int ST, int NWG, bool GATE>
+__device__ __forceinline__ void fox_forward_producer(const FoxForwardSmem<HD, BC, ST, NWG>& sm,
+                                                     const FoxForwardScheduler<BC, NWG>& sched, const CUtensorMap* tmQ,
+                                                     const CUtensorMap* tmK, const CUtensorMap* tmV, const float* c,
+                                                     int H) {
+    constexpr int BR = 64 * NWG;
+    int lane = threadIdx.x % 32, T = sched.T;
+    int it = 0;  // K/V tiles this block has loaded: the rings' counter
+    for (int k = 0, t = sched.first(); t < sched.npairs; t = sched.next(++k)) {
+        auto pr = sched.pair(t);
+        int b = pr.bh / H, h = pr.bh % H, ntiles = pr.jt_end - pr.jt_begin;
+        const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
+        auto load_q = [&] {
+            mbar_wait(sm.emptyQ, (k & 1) ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(sm.barQ, BR * HD * sizeof(bf16));
+                tma_load_tile<BR, HD>(sm.sQ, tmQ, pr.i0, h, b, sm.barQ);
+            }
+        };
+        if (ntiles == 0) load_q();  // never (the diagonal tile is kept), but Q must come
+        for (int n = 0; n < ntiles; n++, it++) {
+            int st = it % ST, parity = ((it / ST) & 1) ^ 1, j0 = (pr.jt_end - 1 - n) * BC;
+            mbar_wait(&sm.emptyK[st], parity);
+            if (lane == 0) {
+                mbar_expect_tx(&sm.fullK[st], BC * HD * sizeof(bf16));
+                tma_load_tile<BC, HD>(sm.sK + st * BC * HD, tmK, j0, h, b, &sm.fullK[st]);
+            }
+            if (GATE) {
+                #pragma unroll
+                for (int e = lane; e < BC; e += 32)
+                    cp_async4(sm.sC + st * BC + e, cb + min(j0 + e, T - 1), j0 + e < T);
+                mbar_arrive_cp_async(&sm.fullK[st]);
+            }
+            mbar_wait(&sm.emptyV[st], parity);
+            if (lane == 0) {
+                mbar_expect_tx(&sm.fullV[st], BC * HD * sizeof(bf16));
+                tma_load_tile<BC, HD>(sm.sV + st * BC * HD, tmV, j0, h, b, &sm.fullV[st]);
+            }
+            if (n == 0) load_q();
+        }
+    }
+}
+
+// The forward's online softmax of one tile, in the consumer after S = Q K^T landed (s: the tile's
+// scores, turned into P): the logits (masked only in the tiles that touch the diagonal, the window
+// edge or T), K's stage released, the lazy maximum (alpha: O's rescale, applied by the caller after
+// the previous P V; returns whether it is needed), p = 2^(x - m) and l.
+template<int BC, bool GATE>
+__device__ __forceinline__ bool fox_forward_softmax(float* s, float m[2], float l[2], float alpha[2],
+                                                    uint64_t* emptyK, const float* sCb, float cref_l2,
+                                                    const int rows[2], int j0, int i0w, int T, int window,
+                                                    float scale_log2) {
+    int lane = threadIdx.x % 32, tq = lane % 4;
+    float mx[2];
+    if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+        int hi[2], lo[2];  // visible column offsets of each row, less this thread's 2 tq
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            hi[r] = min(rows[r], T - 1) - j0 - 2 * tq;
+            lo[r] = (window > 0 ? rows[r] - window + 1 - j0 : -BC) - 2 * tq;
+        }
+        fox_lean_logits<BC, GATE, true>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
+    } else {
+        fox_lean_logits<BC, GATE, false>(s, mx, sCb, cref_l2, tq, scale_log2, nullptr, nullptr);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(emptyK);  // K(n) read by S, c_j read above: the stage is free
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+    }
+    // lazy maximum: O is scaled by alpha after the P V wait (P V adds P of the old maximum)
+    bool resc = __any_sync(0xffffffff, mx[0] > m[0] + FOX_RESCALE_LOG2 || mx[1] > m[1] + FOX_RESCALE_LOG2);
+    alpha[0] = alpha[1] = 1.f;
+    if (resc) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float m_new = fmaxf(m[r], mx[r]);
+            alpha[r] = ex2_ftz(m[r] - m_new);  // 0 from the -FLT_MAX start
+            l[r] *= alpha[r];
+            m[r] = m_new;
+        }
+    }
+    fox_lean_exp<BC>(s, l, m);
+    return resc;
+}
+
+// O += P V of the ring tile x (stage x % ST) with P in registers; V's stage released after it
+template<int HD, int BC, int ST>
+__device__ __forceinline__ void fox_forward_pv_last(float* acc, uint32_t (&pa)[BC / 16][4], uint64_t* fullV,
+                                                    uint64_t* emptyV, uint64_t dV0, int x) {
+    constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
+    int pst = x % ST, lane = threadIdx.x % 32;
+    mbar_wait(&fullV[pst], (x / ST) & 1);
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++) {
+        wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+    }
+    wgmma_commit();
+    wgmma_wait0();
+    wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&emptyV[pst]);
+}
+
+// The forward consumer's mainloop over one pair's visible tiles [na, nb) (ring tiles it + n): tile
+// n's S = Q K^T and tile n-1's O += P V issued back to back, a wait for S only, tile n's softmax under
+// P V, then the wait for it, O rescaled (alpha from before the wait) and P refilled; then the last
+// tile's P V. K(n) is released after tile n's logits, V(n-1) after its P V; no block-wide barrier.
+template<int HD, int BC, int ST, int NWG, bool GATE>
+__device__ __forceinline__ void fox_forward_mainloop(float* acc, float m[2], float l[2],
+                                                     const FoxForwardSmem<HD, BC, ST, NWG>& sm, uint64_t dQ,
+                                                     uint64_t dK0, uint64_t dV0, float cref_l2, const int rows[2],
+                                                     int i0w, int jt_end, int it, int na, int nb, int T, int window,
+                                                     float scale_log2) {
+    constexpr int BR = 64 * NWG;
+    constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
+    int lane = threadIdx.x % 32;
+    uint32_t pa[BC / 16][4];  // P of the previous tile, read by its P V matmul under this tile's softmax
+    for (int n = na; n < nb; n++) {
+        int x = it + n, st = x % ST, pst = (x + ST - 1) % ST;  // this tile's stage, the previous tile's
+        mbar_wait(&sm.fullK[st], (x / ST) & 1);
+        if (n > na) mbar_wait(&sm.fullV[pst], ((x - 1) / ST) & 1);
+
+        float s[BC / 2];
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_ss<BC>(s, desc_add(dQ, kstep_bytes<BR>(kk)), desc_add(dK0, st * STAGE + kstep_bytes<BC>(kk)), kk);
+        wgmma_commit();
+        if (n > na) {
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) {
+                wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
+            }
+            wgmma_commit();
+            // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait0();
+        }
+        wgmma_pin<BC / 2>(s);
+
+        float alpha[2];
+        bool resc = fox_forward_softmax<BC, GATE>(s, m, l, alpha, &sm.emptyK[st], sm.sC + st * BC, cref_l2, rows,
+                                                  (jt_end - 1 - n) * BC, i0w, T, window, scale_log2);
+        wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
+        wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
+        if (n > na && lane == 0) mbar_arrive(&sm.emptyV[pst]);
+        if (resc) {
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++) {
+                acc[dt * 4] *= alpha[0]; acc[dt * 4 + 1] *= alpha[0];
+                acc[dt * 4 + 2] *= alpha[1]; acc[dt * 4 + 3] *= alpha[1];
             }
         }
-        return;
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
     }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(sm.emptyQ);  // this warp's last S of the pair is done: Q may be reloaded
+    if (na < nb) fox_forward_pv_last<HD, BC, ST>(acc, pa, sm.fullV, sm.emptyV, dV0, it + nb - 1);
+}
 
-    // consumers: warpgroup cw owns rows i0 + 64 cw .. of each pair; a warp 16 of them (rows g, g + 8 per thread)
-    setmaxnreg_inc<CREG>();
+// The forward's consumers: warpgroup cw owns rows i0 + 64 cw .. of each pair, a warp 16 of them (rows
+// g, g + 8 per thread). A warpgroup computes only the tiles [na, nb) its rows see (its diagonal, window
+// and pruning tile's key_start) and releases the others once landed (skip). The epilogue stores o and
+// lse (fox_store_rows, with m back in absolute log2 units); the next pair's loads run under it.
+template<int HD, int BC, int ST, int NWG, bool GATE>
+__device__ __forceinline__ void fox_forward_consumer(const FoxForwardSmem<HD, BC, ST, NWG>& sm,
+                                                     const FoxForwardScheduler<BC, NWG>& sched, bf16* o, float* lse,
+                                                     const float* c, int H, int stride_o, float scale_log2) {
+    constexpr int BR = 64 * NWG;
+    int T = sched.T, window = sched.window;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
     int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
     int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
     // descriptors of k step 0: Q (this warpgroup's 64 rows); K, V of stage 0 as K-major (S) and
     // N-major (P V) operands; a stage is BC * HD * 2 bytes further
-    const uint64_t dQ = desc_k<BR>(sQ, cw * 8, 0), dK0 = desc_k<BC>(sK, 0, 0), dV0 = desc_mn<BC>(sV, 0);
-    constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
+    const uint64_t dQ = desc_k<BR>(sm.sQ, cw * 8, 0), dK0 = desc_k<BC>(sm.sK, 0, 0), dV0 = desc_mn<BC>(sm.sV, 0);
     auto skip = [&](int x) {  // ring tile x, which none of this warpgroup's rows sees: released once landed
         int st = x % ST, par = (x / ST) & 1;
-        mbar_wait(&fullK[st], par);
-        mbar_wait(&fullV[st], par);
+        mbar_wait(&sm.fullK[st], par);
+        mbar_wait(&sm.fullV[st], par);
         __syncwarp();
-        if (lane == 0) { mbar_arrive(&emptyK[st]); mbar_arrive(&emptyV[st]); }
+        if (lane == 0) { mbar_arrive(&sm.emptyK[st]); mbar_arrive(&sm.emptyV[st]); }
     };
     int it = 0;  // the rings' counter at the pair's first tile, as the producer's
-    for (int k = 0, t = blockIdx.x; t < npairs; t = fox_pair(++k)) {
-        Pair pr = pair_at(t);
+    for (int k = 0, t = sched.first(); t < sched.npairs; t = sched.next(++k)) {
+        auto pr = sched.pair(t);
         int b = pr.bh / H, h = pr.bh % H, ntiles = pr.jt_end - pr.jt_begin, jt_end = pr.jt_end;
         const float* cb = GATE ? c + (size_t)pr.bh * T : nullptr;
         int i0w = pr.i0 + 64 * cw;
@@ -2353,104 +2479,17 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_forward_kernel16(bf16*
         int na = ntiles, nb = ntiles;  // none when every row is past T
         if (i0w < T) {
             na = jt_end - 1 - min(i0w + 63, T - 1) / BC;
-            nb = jt_end - first_tile(pr.bh, i0w);
+            nb = jt_end - sched.first_tile(pr.bh, i0w);
         }
         float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
         // m: row maxima of x so far (lazy); below any logit until the first visible key
         float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.f, 0.f}, acc[HD / 2];
         #pragma unroll
         for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
-        uint32_t pa[BC / 16][4];  // P of the previous tile, read by its P V matmul under this tile's softmax
         for (int n = 0; n < na; n++) skip(it + n);
-        mbar_wait(barQ, k & 1);
-        for (int n = na; n < nb; n++) {
-            int x = it + n, st = x % ST, pst = (x + ST - 1) % ST;  // this tile's stage, the previous tile's
-            mbar_wait(&fullK[st], (x / ST) & 1);
-            if (n > na) mbar_wait(&fullV[pst], ((x - 1) / ST) & 1);
-            const float* sCb = sC + st * BC;
-
-            // S = Q K^T of this tile, then O += P V of the previous one: the softmax below runs under it
-            float s[BC / 2];
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                wgmma_ss<BC>(s, desc_add(dQ, kstep_bytes<BR>(kk)), desc_add(dK0, st * STAGE + kstep_bytes<BC>(kk)), kk);
-            wgmma_commit();
-            if (n > na) {
-                #pragma unroll
-                for (int kk = 0; kk < BC / 16; kk++) {
-                    wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
-                }
-                wgmma_commit();
-                // in each branch: a join between the issue and the wait serializes the wgmma's (C7514)
-                wgmma_wait<1>();
-            } else {
-                wgmma_wait0();
-            }
-            wgmma_pin<BC / 2>(s);
-
-            int j0 = (jt_end - 1 - n) * BC;
-            float mx[2];
-            if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
-                int hi[2], lo[2];  // visible column offsets of each row, less this thread's 2 tq
-                #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    hi[r] = min(rows[r], T - 1) - j0 - 2 * tq;
-                    lo[r] = (window > 0 ? rows[r] - window + 1 - j0 : -BC) - 2 * tq;
-                }
-                fox_lean_logits<BC, GATE, true>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
-            } else {
-                fox_lean_logits<BC, GATE, false>(s, mx, sCb, cref_l2, tq, scale_log2, nullptr, nullptr);
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&emptyK[st]);  // K(n) read by S, c_j read above: the stage is free
-            #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
-            }
-            // lazy maximum: O is scaled by alpha after the P V wait (P V adds P of the old maximum)
-            bool resc = __any_sync(0xffffffff, mx[0] > m[0] + FOX_RESCALE_LOG2 || mx[1] > m[1] + FOX_RESCALE_LOG2);
-            float alpha[2] = {1.f, 1.f};
-            if (resc) {
-                #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float m_new = fmaxf(m[r], mx[r]);
-                    alpha[r] = ex2_ftz(m[r] - m_new);  // 0 from the -FLT_MAX start
-                    l[r] *= alpha[r];
-                    m[r] = m_new;
-                }
-            }
-            fox_lean_exp<BC>(s, l, m);
-            wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
-            wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
-            if (n > na && lane == 0) mbar_arrive(&emptyV[pst]);
-            if (resc) {
-                #pragma unroll
-                for (int dt = 0; dt < HD / 8; dt++) {
-                    acc[dt * 4] *= alpha[0]; acc[dt * 4 + 1] *= alpha[0];
-                    acc[dt * 4 + 2] *= alpha[1]; acc[dt * 4 + 3] *= alpha[1];
-                }
-            }
-            #pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++) acc_to_a(pa[kk], s + 8 * kk, s + 8 * kk + 4);
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(emptyQ);  // this warp's last S of the pair is done: Q may be reloaded
-        if (na < nb) {  // the last tile's P V
-            int x = it + nb - 1, pst = x % ST;
-            mbar_wait(&fullV[pst], (x / ST) & 1);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++) {
-                wgmma_rs<HD>(acc, pa[kk], desc_add(dV0, pst * STAGE + mnstep_bytes(kk)), 1);
-            }
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&emptyV[pst]);
-        }
+        mbar_wait(sm.barQ, k & 1);
+        fox_forward_mainloop<HD, BC, ST, NWG, GATE>(acc, m, l, sm, dQ, dK0, dV0, cref_l2, rows, i0w, jt_end, it, na,
+                                                    nb, T, window, scale_log2);
         for (int n = nb; n < ntiles; n++) skip(it + n);
         it += ntiles;
         if (i0w >= T) continue;
@@ -2463,18 +2502,51 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_forward_kernel16(bf16*
     }
 }
 
+// Forward version 16: the softmax above in FlashAttention-3's structure, persistent; the kernel only
+// assigns the roles. Block of 128 (NWG + 1) threads, one per SM: a producer warpgroup (setmaxnreg 24;
+// one warp loads, fox_forward_producer) and NWG consumer warpgroups of 64 query rows
+// (fox_forward_consumer): at hd 64 three (setmaxnreg 160: 24 * 128 + 160 * 384 <= 65536 registers), at
+// hd 128 two (240 each: O of 64 x 128 fp32, S of 64 x 128 and the previous P live together, ~190
+// registers). Both walk the pairs of FoxForwardScheduler. Where it runs: see fox_attention_forward.
+template<int HD, int BC, int ST, int NWG, bool GATE>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_forward_kernel16(bf16* o, float* lse,
+                                                                         const __grid_constant__ CUtensorMap tmQ,
+                                                                         const __grid_constant__ CUtensorMap tmK,
+                                                                         const __grid_constant__ CUtensorMap tmV,
+                                                                         const float* c, int T, int H, int BH,
+                                                                         int stride_o, int window, float scale_log2,
+                                                                         const int* key_start) {
+    constexpr int CREG = NWG == 3 ? 160 : 240;  // consumer registers: (65536 - 24 * 128) / (128 NWG), rounded to 8
+    static_assert(BC == 128 && ((HD == 64 && NWG == 3) || (HD == 128 && NWG == 2)),
+                  "the register budgets argued: hd 64 with three consumers, hd 128 with two; 128-key tiles");
+    static_assert(ST >= 2, "the producer loads K(n+1) before V(n)'s stage is free");
+    static_assert(PRUNE_BLOCK % BC == 0 && PRUNE_BLOCK % 64 == 0, "a warpgroup's rows lie in one pruning tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    FoxForwardSmem<HD, BC, ST, NWG> sm(smem_raw);
+    FoxForwardScheduler<BC, NWG> sched(T, BH, window, key_start);
+    // K's full barrier: the copy engine's arrival + the 32 c lanes; empty and emptyQ: a warp of the consumers each
+    if (threadIdx.x == 0) {
+        mbar_init(sm.emptyQ, 4 * NWG);
+        fox_ring_barriers<ST>(sm.fullV, sm.emptyV, 1, 4 * NWG);  // fenced by fox_ring_init
+    }
+    fox_ring_init<ST>(sm.barQ, sm.fullK, sm.emptyK, 1 + (GATE ? 32 : 0), 4 * NWG);
+    if (threadIdx.x / 128 == 0) {
+        setmaxnreg_dec<24>();
+        if (threadIdx.x / 32 == 0) fox_forward_producer<HD, BC, ST, NWG, GATE>(sm, sched, &tmQ, &tmK, &tmV, c, H);
+        return;
+    }
+    setmaxnreg_inc<CREG>();
+    fox_forward_consumer<HD, BC, ST, NWG, GATE>(sm, sched, o, lse, c, H, stride_o, scale_log2);
+}
 
 // fox_forward_kernel16 with its tiles and stages (where it runs: see fox_attention_forward): hd 64
 // three consumers and 3 stages, hd 128 two consumers and 2 stages; a block per SM, at most one per pair
 template<int HD, bool GATE>
-static void fox_fwd_wsp_launch(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
-                               int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
-                               cudaStream_t s) {
+static void fox_forward16_gpu(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
+                              int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
+                              cudaStream_t s) {
     constexpr int BC = 128, NWG = HD == 64 ? 3 : 2, ST = HD == 64 ? 3 : 2, BR = 64 * NWG;
-    // Q, ST stages of K, V and c, the barriers (barQ, emptyQ, 4 a stage), + 1 KB to align the tiles to
-    // the swizzle pattern (122.6 KB at hd 64, 162.1 KB at hd 128)
-    constexpr size_t smem = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
-                            (2 + 4 * ST) * sizeof(uint64_t);
+    constexpr size_t smem = FoxForwardSmem<HD, BC, ST, NWG>::bytes;
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
     cudaCheck(cudaFuncSetAttribute(fox_forward_kernel16<HD, BC, ST, NWG, GATE>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -2504,7 +2576,7 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
     if (key_start && !c) {
         fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL");
     }
-    // The kernels that run, versions of dev/cuda/fox_attention_forward.cu (their history: dev/cuda/LOG.md):
+    // What runs (this comment is the one place that says it; history: dev/cuda/LOG.md):
     // version 16, persistent (a block per SM walking the (query tile, head) pairs, longest first, in snake order):
     // - hd 64: fox_forward_kernel16<64, 128, 3, 3, GATE>: 512 threads, a producer warpgroup (TMA) and
     //   three consumer warpgroups of 64 query rows (192 a pair), 128-key tiles through K and V rings of
@@ -2514,11 +2586,11 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
     //   shared memory (version 14's tiles).
     // Both run the softmax of fox_lean_logits / fox_lean_exp; without c, GATE = false and no pruning.
     if (hd == 64) {
-        if (c) fox_fwd_wsp_launch<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsp_launch<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_forward16_gpu<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_forward16_gpu<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     } else {
-        if (c) fox_fwd_wsp_launch<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_fwd_wsp_launch<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
+        if (c) fox_forward16_gpu<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
+        else fox_forward16_gpu<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
     }
 }
 
@@ -2692,102 +2764,184 @@ __device__ __forceinline__ void fox_bwd_rs(float* d, uint32_t a[][4], uint64_t b
     for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(d, a[kk], desc_add(b0, so + mnstep_bytes(kk)), 1);
 }
 
-// dK/dV: dv_j = sum_i P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (above) for the
-// 128-key tile blockIdx.x (K, V fixed); consumer cw owns keys 64cw..+63 (a warp 16 of them). Query
-// tiles of BQ stream through the ring with their lse, Delta, c (PRE: their A_i, Delta_i). Per tile:
-// S^T = K Q^T and dP^T = V dO^T in two commit groups (P^T's exponentials run under dP^T), then
+// the dK/dV kernel's shared memory: K, V of the key tile; ST stages of Q, dO and their floats (lse,
+// Delta, c; PRE: A_i, Delta); the barriers (barKV, full and empty per stage)
+template<int HD, int BQ, int ST, bool PRE>
+struct FoxDkdvSmem {
+    static constexpr int BK = 128;
+    // + 1 KB to align the tiles to the swizzle pattern
+    static constexpr size_t bytes = 1024 + (size_t)(2 * BK + 2 * ST * BQ) * HD * sizeof(bf16) +
+                                    (PRE ? 2 : 3) * ST * BQ * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
+    bf16 *sK, *sV, *sQ, *sG;  // (BK, HD), (BK, HD), (ST, BQ, HD), (ST, BQ, HD) dO: swizzled tiles
+    float *sL, *sD, *sC;      // (ST, BQ): lse (PRE: the queries' terms A_i, fox_lean_qterm), Delta, c (not with PRE)
+    uint64_t *barKV, *full, *empty;
+
+    __device__ explicit FoxDkdvSmem(unsigned char* raw) {
+        sK = (bf16*)smem_1k(raw);
+        sV = sK + BK * HD;
+        sQ = sV + BK * HD;
+        sG = sQ + ST * BQ * HD;
+        sL = (float*)(sG + ST * BQ * HD);
+        sD = sL + ST * BQ;
+        sC = sD + ST * BQ;
+        uint64_t* bar = (uint64_t*)(PRE ? sC : sC + ST * BQ);
+        barKV = bar; full = bar + 1; empty = full + ST;
+    }
+};
+
+// The dK/dV kernel's producer warp: K, V once, then the query tiles [it_begin, it_begin + ntiles)
+// with their lse, Delta, c by cp.async, or (PRE) by plain loads turned into the terms A_i here
+template<int HD, int BQ, int ST, bool GATE, bool PRE>
+__device__ __forceinline__ void fox_backward_dkdv_producer(const FoxDkdvSmem<HD, BQ, ST, PRE>& sm,
+                                                           const CUtensorMap* tmQ, const CUtensorMap* tmG,
+                                                           const CUtensorMap* tmK, const CUtensorMap* tmV,
+                                                           const float* lb, const float* db, const float* cb, int j0,
+                                                           int it_begin, int ntiles, int T, int h, int b) {
+    constexpr int BK = 128;
+    int lane = threadIdx.x % 32;
+    float fl[BQ / 32], fd[BQ / 32], fc[BQ / 32];  // PRE: the stage's lse, Delta, c (lane + 32 r)
+    const float cb_l2 = (PRE && GATE) ? __fmul_rn(cb[j0], LOG2E) : 0.f;  // the consumers' cb_l2, the same operation
+    fox_bwd_producer<BK, BQ, HD, ST>(sm.sK, sm.sV, tmK, tmV, j0, sm.barKV, sm.sQ, sm.sG, tmQ, tmG, it_begin * BQ,
+                                     ntiles, sm.full, sm.empty, h, b, lane, [&](int i1) {
+        if (PRE) {
+            #pragma unroll
+            for (int r = 0; r < BQ / 32; r++) {  // past T: zeros, as the cp.async's (those columns are masked)
+                int e = lane + 32 * r, i = min(i1 + e, T - 1);
+                bool ok = i1 + e < T;
+                float l = lb[i], d = db[i], ci = GATE ? cb[i] : 0.f;
+                fl[r] = ok ? l : 0.f;
+                fd[r] = ok ? d : 0.f;
+                fc[r] = ok ? ci : 0.f;
+            }
+        }
+    }, [&](int st, int i1) {
+        if (PRE) {
+            #pragma unroll
+            for (int r = 0; r < BQ / 32; r++) {
+                int e = lane + 32 * r;
+                sm.sL[st * BQ + e] = fox_lean_qterm(fc[r], fl[r], cb_l2, GATE);
+                sm.sD[st * BQ + e] = fd[r];
+            }
+            mbar_arrive_release(&sm.full[st]);  // after this lane's stores
+        } else {
+            #pragma unroll
+            for (int e = lane; e < BQ; e += 32) {  // past T: zeros
+                int i = min(i1 + e, T - 1);
+                bool ok = i1 + e < T;
+                cp_async4(sm.sL + st * BQ + e, lb + i, ok);
+                cp_async4(sm.sD + st * BQ + e, db + i, ok);
+                if (GATE) cp_async4(sm.sC + st * BQ + e, cb + i, ok);
+            }
+            mbar_arrive_cp_async(&sm.full[st]);
+        }
+    });
+}
+
+// The dK/dV consumer's mainloop step on one seen query tile (stage st, first query i0): S^T = K Q^T
+// and dP^T = V dO^T in two commit groups (P^T's exponentials run under dP^T), then
 // - BQ = 64 (hd 128; the consumers form the A_i): dV += P^T dO, dS^T = P^T (dP^T - Delta) under dV,
 //   dK += dS^T Q;
 // - BQ = 128 (hd 64, PRE): dS^T first, then dV and dK in one commit group: S^T, dP^T (64 + 64
 //   floats), the accumulators (32 + 32) and P^T's A fragments (32, read by an in-flight dV) would
 //   not fit the consumers' 240 registers together.
-// The A_i and Delta_i are read from the stage where they are used.
-// query_end (B*H, ceil(T / 128)): the query tiles of 128 from query_end on are pruned (NULL: none).
-// Grid (ceil(T / 128), B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see
-// fox_attention_backward.
+// The A_i and Delta_i are read from the stage where they are used. The descriptors d*0 are of k step
+// 0 and stage 0: K, V (this consumer's 64 rows), Q, dO as K-major (S^T, dP^T) and N-major (dK, dV).
 template<int HD, int BQ, int ST, bool GATE, bool PRE>
-__global__ void __launch_bounds__(384, 1) fox_backward_dkdv_kernel20(bf16* dk, bf16* dv, float* dc,
-                                                                   const __grid_constant__ CUtensorMap tmQ,
-                                                                   const __grid_constant__ CUtensorMap tmG,
-                                                                   const __grid_constant__ CUtensorMap tmK,
-                                                                   const __grid_constant__ CUtensorMap tmV,
-                                                                   const float* lse, const float* delta,
-                                                                   const float* c, int T, int H, int stride_qkv,
-                                                                   int window, float scale_log2, float scale,
-                                                                   const int* query_end) {
+__device__ __forceinline__ void fox_backward_dkdv_tile(float* dka, float* dva, float dcs[2],
+                                                       const FoxDkdvSmem<HD, BQ, ST, PRE>& sm, int st, int i0,
+                                                       int j0w, uint64_t dK0, uint64_t dV0, uint64_t dQ0,
+                                                       uint64_t dG0, uint64_t dQn0, uint64_t dGn0, float cb_l2,
+                                                       const float B[2], const int lo0[2], const int hi0[2], int T,
+                                                       int window, float scale_log2) {
     constexpr int BK = 128;
-    static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
-    static_assert(PRE == (BQ == 128), "the two configurations that run: BQ 128 with PRE (hd 64), 64 without");
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sK = (bf16*)smem_1k(smem_raw);     // (BK, HD) swizzled tiles
-    bf16* sV = sK + BK * HD;                 // (BK, HD)
-    bf16* sQ = sV + BK * HD;                 // (ST, BQ, HD)
-    bf16* sG = sQ + ST * BQ * HD;            // (ST, BQ, HD) dO
-    float* sL = (float*)(sG + ST * BQ * HD); // (ST, BQ) lse; PRE: the queries' terms A_i (fox_lean_qterm)
-    float* sD = sL + ST * BQ;                // (ST, BQ) Delta
-    float* sC = sD + ST * BQ;                // (ST, BQ) c of the queries (not with PRE)
-    uint64_t* bar = (uint64_t*)(PRE ? sC : sC + ST * BQ);
-    uint64_t *barKV = bar, *full = bar + 1, *empty = full + ST;
-
-    int kt = blockIdx.x;  // the first key tiles see the most queries and are scheduled first
-    int bh = blockIdx.y, b = bh / H, h = bh % H;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
-    const float *lb = lse + (size_t)bh * T, *db = delta + (size_t)bh * T;
-    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
-    int j0 = kt * BK;
-    int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
-    int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
-    // pruned query tiles are never loaded (the diagonal one is kept, so it_begin < it_end)
-    if (query_end) it_end = min(it_end, query_end[(size_t)bh * gridDim.x + kt] * (PRUNE_BLOCK / BQ));
-    int ntiles = it_end - it_begin;
-
-    // full: the copy engine's arrival + the 32 lanes' lse, Delta, c (PRE: A, Delta)
-    fox_ring_init<ST>(barKV, full, empty, 1 + 32, 8);
-
-    if (wg == 0) {  // producer
-        setmaxnreg_dec<24>();
-        if (warp != 0) return;
-        float fl[BQ / 32], fd[BQ / 32], fc[BQ / 32];  // PRE: the stage's lse, Delta, c (lane + 32 r)
-        const float cb_l2 = (PRE && GATE) ? __fmul_rn(cb[j0], LOG2E) : 0.f;  // the consumers' cb_l2, the same operation
-        fox_bwd_producer<BK, BQ, HD, ST>(sK, sV, &tmK, &tmV, j0, barKV, sQ, sG, &tmQ, &tmG, it_begin * BQ, ntiles, full,
-                                         empty, h, b, lane, [&](int i1) {
-            if (PRE) {
-                #pragma unroll
-                for (int r = 0; r < BQ / 32; r++) {  // past T: zeros, as the cp.async's (those columns are masked)
-                    int e = lane + 32 * r, i = min(i1 + e, T - 1);
-                    bool ok = i1 + e < T;
-                    float l = lb[i], d = db[i], ci = GATE ? cb[i] : 0.f;
-                    fl[r] = ok ? l : 0.f;
-                    fd[r] = ok ? d : 0.f;
-                    fc[r] = ok ? ci : 0.f;
-                }
-            }
-        }, [&](int st, int i1) {
-            if (PRE) {
-                #pragma unroll
-                for (int r = 0; r < BQ / 32; r++) {
-                    int e = lane + 32 * r;
-                    sL[st * BQ + e] = fox_lean_qterm(fc[r], fl[r], cb_l2, GATE);
-                    sD[st * BQ + e] = fd[r];
-                }
-                mbar_arrive_release(&full[st]);  // after this lane's stores
-            } else {
-                #pragma unroll
-                for (int e = lane; e < BQ; e += 32) {  // past T: zeros
-                    int i = min(i1 + e, T - 1);
-                    bool ok = i1 + e < T;
-                    cp_async4(sL + st * BQ + e, lb + i, ok);
-                    cp_async4(sD + st * BQ + e, db + i, ok);
-                    if (GATE) cp_async4(sC + st * BQ + e, cb + i, ok);
-                }
-                mbar_arrive_cp_async(&full[st]);
-            }
-        });
-        return;
+    constexpr uint32_t STAGE = BQ * HD * sizeof(bf16);
+    int tq = threadIdx.x % 4;
+    const float *sLb = sm.sL + st * BQ, *sDb = sm.sD + st * BQ, *sCb = sm.sC + st * BQ;
+    uint32_t so = st * STAGE;
+    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T
+    float s[BQ / 2], dp[BQ / 2];
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        wgmma_ss<BQ>(s, desc_add(dK0, kstep_bytes<BK>(kk)), desc_add(dQ0, so + kstep_bytes<BQ>(kk)), kk);
+    wgmma_commit();
+    #pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        wgmma_ss<BQ>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
+    wgmma_commit();
+    wgmma_wait<1>();
+    wgmma_pin<BQ / 2>(s);
+    // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
+    if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
+        int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
+        fox_bwd_lean_pt<BQ, GATE, true, PRE>(s, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
+    } else {
+        fox_bwd_lean_pt<BQ, GATE, false, PRE>(s, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr, nullptr);
     }
+    if constexpr (BQ == 128) {  // dS^T, then dV += P^T dO and dK += dS^T Q in one commit group
+        wgmma_wait<0>();
+        wgmma_pin<BQ / 2>(dp);
+        fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
+        fox_bwd_to_a<BQ>(pa, s);
+        fox_bwd_to_a<BQ>(sa, dp);
+        wgmma_fence();
+        fox_bwd_rs<HD, BQ>(dva, pa, dGn0, so);
+        fox_bwd_rs<HD, BQ>(dka, sa, dQn0, so);
+    } else {
+        // dV += P^T dO
+        fox_bwd_to_a<BQ>(pa, s);
+        wgmma_fence();
+        fox_bwd_rs<HD, BQ>(dva, pa, dGn0, so);
+        wgmma_commit();
+        wgmma_wait<1>();  // dP^T done (dV may still run)
+        wgmma_pin<BQ / 2>(dp);
+        fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
+        // dK += dS^T Q
+        fox_bwd_to_a<BQ>(sa, dp);
+        wgmma_fence();
+        fox_bwd_rs<HD, BQ>(dka, sa, dQn0, so);
+    }
+    wgmma_commit();
+    wgmma_wait0();
+    wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
+    wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+}
 
-    // consumers
-    setmaxnreg_inc<240>();
+// The dK/dV epilogue: dk (times scale), dv and dc_j = -sum_i dS_ij of the thread's two keys
+template<int HD, bool GATE>
+__device__ __forceinline__ void fox_backward_dkdv_store(bf16* dkb, bf16* dvb, float* dc_bh, const float* dka,
+                                                        const float* dva, float dcs[2], const int keys[2], int T,
+                                                        int stride_qkv, float scale) {
+    int tq = threadIdx.x % 4;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = keys[r];
+        if (GATE) {  // fixed shuffle order: deterministic
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
+            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
+            if (tq == 0 && key < T) dc_bh[key] = -dcs[r];
+        }
+        if (key >= T) continue;
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            int col = dt * 8 + 2 * tq;
+            *(__nv_bfloat162*)(dkb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dka[dt * 4 + 2 * r] * scale, dka[dt * 4 + 2 * r + 1] * scale);
+            *(__nv_bfloat162*)(dvb + (size_t)key * stride_qkv + col) =
+                __floats2bfloat162_rn(dva[dt * 4 + 2 * r], dva[dt * 4 + 2 * r + 1]);
+        }
+    }
+}
+
+// The dK/dV consumers: cw owns keys j0 + 64 cw .. + 63 (a warp 16 of them, rows g, g + 8 per thread);
+// a query tile none of whose queries sees those keys is released unread
+template<int HD, int BQ, int ST, bool GATE, bool PRE>
+__device__ __forceinline__ void fox_backward_dkdv_consumer(const FoxDkdvSmem<HD, BQ, ST, PRE>& sm, bf16* dkb,
+                                                           bf16* dvb, float* dc_bh, const float* cb, int j0,
+                                                           int it_begin, int ntiles, int T, int stride_qkv,
+                                                           int window, float scale_log2, float scale) {
+    constexpr int BK = 128;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
     int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
     int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
     int j0w = j0 + 64 * cw;  // this consumer's first key
@@ -2805,294 +2959,209 @@ __global__ void __launch_bounds__(384, 1) fox_backward_dkdv_kernel20(bf16* dk, b
     float dka[HD / 2], dva[HD / 2];
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dka[e] = dva[e] = 0.f;
-    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];  // A fragments of P^T, dS^T
-    // descriptors of k step 0: K, V (this consumer's 64 rows); Q, dO of stage 0 as K-major (S^T, dP^T)
-    // and N-major (dK, dV) operands; a stage is BQ * HD * 2 bytes further
-    const uint64_t dK0 = desc_k<BK>(sK, cw * 8, 0), dV0 = desc_k<BK>(sV, cw * 8, 0);
-    const uint64_t dQ0 = desc_k<BQ>(sQ, 0, 0), dG0 = desc_k<BQ>(sG, 0, 0);
-    const uint64_t dQn0 = desc_mn<BQ>(sQ, 0), dGn0 = desc_mn<BQ>(sG, 0);
-    constexpr uint32_t STAGE = BQ * HD * sizeof(bf16);
-    mbar_wait(barKV, 0);
-
+    const uint64_t dK0 = desc_k<BK>(sm.sK, cw * 8, 0), dV0 = desc_k<BK>(sm.sV, cw * 8, 0);
+    const uint64_t dQ0 = desc_k<BQ>(sm.sQ, 0, 0), dG0 = desc_k<BQ>(sm.sG, 0, 0);
+    const uint64_t dQn0 = desc_mn<BQ>(sm.sQ, 0), dGn0 = desc_mn<BQ>(sm.sG, 0);
+    mbar_wait(sm.barKV, 0);
     for (int n = 0; n < ntiles; n++) {
         int st = n % ST, i0 = (it_begin + n) * BQ;
-        mbar_wait(&full[st], (n / ST) & 1);
+        mbar_wait(&sm.full[st], (n / ST) & 1);
         // every query of the tile before this consumer's first key, or past the window of its last one: P = 0
         bool seen = i0 + BQ > j0w && !(window > 0 && i0 - (j0w + 63) >= window);
         if (seen) {
-            const float *sLb = sL + st * BQ, *sDb = sD + st * BQ, *sCb = sC + st * BQ;
-            uint32_t so = st * STAGE;
-            // S^T = K Q^T and dP^T = V dO^T: (64 keys, BQ queries), two commit groups
-            float s[BQ / 2], dp[BQ / 2];
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                wgmma_ss<BQ>(s, desc_add(dK0, kstep_bytes<BK>(kk)), desc_add(dQ0, so + kstep_bytes<BQ>(kk)), kk);
-            wgmma_commit();
-            #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                wgmma_ss<BQ>(dp, desc_add(dV0, kstep_bytes<BK>(kk)), desc_add(dG0, so + kstep_bytes<BQ>(kk)), kk);
-            wgmma_commit();
-            wgmma_wait<1>();
-            wgmma_pin<BQ / 2>(s);
-            // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
-            if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
-                int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
-                fox_bwd_lean_pt<BQ, GATE, true, PRE>(s, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
-            } else {
-                fox_bwd_lean_pt<BQ, GATE, false, PRE>(s, sLb, sCb, cb_l2, B, scale_log2, tq, nullptr, nullptr);
-            }
-            if constexpr (BQ == 128) {  // dS^T, then dV += P^T dO and dK += dS^T Q in one commit group
-                wgmma_wait<0>();
-                wgmma_pin<BQ / 2>(dp);
-                fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
-                fox_bwd_to_a<BQ>(pa, s);
-                fox_bwd_to_a<BQ>(sa, dp);
-                wgmma_fence();
-                fox_bwd_rs<HD, BQ>(dva, pa, dGn0, so);
-                fox_bwd_rs<HD, BQ>(dka, sa, dQn0, so);
-            } else {
-                // dV += P^T dO
-                fox_bwd_to_a<BQ>(pa, s);
-                wgmma_fence();
-                fox_bwd_rs<HD, BQ>(dva, pa, dGn0, so);
-                wgmma_commit();
-                wgmma_wait<1>();  // dP^T done (dV may still run)
-                wgmma_pin<BQ / 2>(dp);
-                fox_bwd_lean_dst<BQ>(dp, s, sDb, dcs, tq);
-                // dK += dS^T Q
-                fox_bwd_to_a<BQ>(sa, dp);
-                wgmma_fence();
-                fox_bwd_rs<HD, BQ>(dka, sa, dQn0, so);
-            }
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_pin<HD / 2>(dva); wgmma_pin<HD / 2>(dka);
-            wgmma_pin_a<BQ / 16>(pa); wgmma_pin_a<BQ / 16>(sa);
+            fox_backward_dkdv_tile<HD, BQ, ST, GATE, PRE>(dka, dva, dcs, sm, st, i0, j0w, dK0, dV0, dQ0, dG0, dQn0,
+                                                          dGn0, cb_l2, B, lo0, hi0, T, window, scale_log2);
         }
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[st]);  // this warp is done with the stage's Q, dO and floats
+        if (lane == 0) mbar_arrive(&sm.empty[st]);  // this warp is done with the stage's Q, dO and floats
     }
-
-    bf16 *dkb = dk + (size_t)b * T * stride_qkv + (size_t)h * HD;
-    bf16 *dvb = dv + (size_t)b * T * stride_qkv + (size_t)h * HD;
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int key = keys[r];
-        if (GATE) {  // fixed shuffle order: deterministic
-            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 1);
-            dcs[r] += __shfl_xor_sync(0xffffffff, dcs[r], 2);
-            if (tq == 0 && key < T) dc[(size_t)bh * T + key] = -dcs[r];
-        }
-        if (key >= T) continue;
-        #pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++) {
-            int col = dt * 8 + 2 * tq;
-            *(__nv_bfloat162*)(dkb + (size_t)key * stride_qkv + col) =
-                __floats2bfloat162_rn(dka[dt * 4 + 2 * r] * scale, dka[dt * 4 + 2 * r + 1] * scale);
-            *(__nv_bfloat162*)(dvb + (size_t)key * stride_qkv + col) =
-                __floats2bfloat162_rn(dva[dt * 4 + 2 * r], dva[dt * 4 + 2 * r + 1]);
-        }
-    }
+    fox_backward_dkdv_store<HD, GATE>(dkb, dvb, dc_bh, dka, dva, dcs, keys, T, stride_qkv, scale);
 }
 
-// dQ: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (above) for the 128-query tile
-// gridDim.x - 1 - blockIdx.x (Q, dO fixed; longest rows first); consumer cw owns queries 64cw..+63.
-// Key tiles of BC stream through the ring with the keys' c (PRE: their B_j and c_b log2 e). Per
-// tile: S = Q K^T and dP = dO V^T, P, dS = P (dP - Delta), dQ += dS K. OVL (the cross-tile overlap):
-// tile n + 1's S and dP are issued before the wait for tile n's dQ, whose stage is released after it;
-// without, each tile waits for its dQ (at hd 128 with BC = 128, dQ's 64 floats, the next S and dP
-// (128) and dS's fragments (32) would take 224 of the consumers' 240 registers, and ptxas serialises
-// the wgmmas). key_start (B*H,
-// ceil(T / 128)): the key tiles of 128 before key_start are pruned (NULL: none). Grid (ceil(T / 128),
-// B*H); shared memory as fox_bwd_lean_launch allocates. Where it runs: see fox_attention_backward.
-template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL>
-__global__ void __launch_bounds__(384, 1) fox_backward_dq_kernel20(bf16* dq, float* dc_row,
-                                                                 const __grid_constant__ CUtensorMap tmQ,
-                                                                 const __grid_constant__ CUtensorMap tmG,
-                                                                 const __grid_constant__ CUtensorMap tmK,
-                                                                 const __grid_constant__ CUtensorMap tmV,
-                                                                 const float* lse, const float* delta,
-                                                                 const float* c, int T, int H, int stride_qkv,
-                                                                 int window, float scale_log2, float scale,
-                                                                 const int* key_start) {
-    constexpr int BR = 128;
-    static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
+// Backward version 20 (hd 64: BQ 128, PRE) and 22 (hd 128: BQ 64), the dK/dV kernel: dv_j = sum_i
+// P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (above) for the 128-key tile blockIdx.x
+// (K, V fixed; the first key tiles see the most queries and are scheduled first). The kernel only
+// assigns the roles: the producer (fox_backward_dkdv_producer) and two consumers
+// (fox_backward_dkdv_consumer) over the query tiles that see the key tile: from its diagonal to the
+// window's end, less the pruned ones (query_end (B*H, ceil(T / 128)): the query tiles of 128 from
+// query_end on; NULL: none). Grid (ceil(T / 128), B*H); shared memory FoxDkdvSmem. Where it runs: see
+// fox_attention_backward.
+template<int HD, int BQ, int ST, bool GATE, bool PRE>
+__global__ void __launch_bounds__(384, 1) fox_backward_dkdv_kernel20(bf16* dk, bf16* dv, float* dc,
+                                                                   const __grid_constant__ CUtensorMap tmQ,
+                                                                   const __grid_constant__ CUtensorMap tmG,
+                                                                   const __grid_constant__ CUtensorMap tmK,
+                                                                   const __grid_constant__ CUtensorMap tmV,
+                                                                   const float* lse, const float* delta,
+                                                                   const float* c, int T, int H, int stride_qkv,
+                                                                   int window, float scale_log2, float scale,
+                                                                   const int* query_end) {
+    constexpr int BK = 128;
+    static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
+    static_assert(PRE == (BQ == 128), "the two configurations that run: BQ 128 with PRE (hd 64), 64 without");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sQ = (bf16*)smem_1k(smem_raw);     // (BR, HD) swizzled tiles
-    bf16* sG = sQ + BR * HD;                 // (BR, HD) dO
-    bf16* sK = sG + BR * HD;                 // (ST, BC, HD)
-    bf16* sV = sK + ST * BC * HD;            // (ST, BC, HD)
-    float* sC = (float*)(sV + ST * BC * HD); // (ST, BC) c of the keys; PRE: their terms B_j (fox_lean_kterm)
-    float* sCL = sC + ST * BC;               // PRE: (ST) c_b log2 e of the stage's 128-key block (2 ST floats:
-                                             // alignment)
-    uint64_t* bar = (uint64_t*)(PRE ? sCL + 2 * ST : sCL);
-    uint64_t *barQ = bar, *full = bar + 1, *empty = full + ST;
-
-    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
-    int bh = blockIdx.y, b = bh / H, h = bh % H;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    FoxDkdvSmem<HD, BQ, ST, PRE> sm(smem_raw);
+    int kt = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const float *lb = lse + (size_t)bh * T, *db = delta + (size_t)bh * T;
     const float* cb = GATE ? c + (size_t)bh * T : nullptr;
-    int i0 = qt * BR;
-    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
-    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
-    // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
-    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
-    int ntiles = jt_end - jt_begin;
-
-    // full: the copy engine's arrival + the 32 lanes' c (PRE: B, c_b)
-    fox_ring_init<ST>(barQ, full, empty, 1 + (GATE ? 32 : 0), 8);
-
-    if (wg == 0) {  // producer
+    int j0 = kt * BK;
+    int i_end = window > 0 ? min(T, j0 + BK - 1 + window) : T;  // last query that sees the tile, +1
+    int it_begin = j0 / BQ, it_end = ceil_div(i_end, BQ);
+    // pruned query tiles are never loaded (the diagonal one is kept, so it_begin < it_end)
+    if (query_end) it_end = min(it_end, query_end[(size_t)bh * gridDim.x + kt] * (PRUNE_BLOCK / BQ));
+    int ntiles = it_end - it_begin;
+    // full: the copy engine's arrival + the 32 lanes' lse, Delta, c (PRE: A, Delta)
+    fox_ring_init<ST>(sm.barKV, sm.full, sm.empty, 1 + 32, 8);
+    if (threadIdx.x / 128 == 0) {
         setmaxnreg_dec<24>();
-        if (warp != 0) return;
-        float fc[BC / 32], fcb = 0.f;  // PRE: c of the stage's keys (lane + 32 r) and of its block's first key
-        fox_bwd_producer<BR, BC, HD, ST>(sQ, sG, &tmQ, &tmG, i0, barQ, sK, sV, &tmK, &tmV, jt_begin * BC, ntiles, full,
-                                         empty, h, b, lane, [&](int j1) {
-            if (PRE && GATE) {
-                fcb = cb[j1 - j1 % PRUNE_BLOCK];
-                #pragma unroll
-                for (int r = 0; r < BC / 32; r++) {  // past T: zeros, as the cp.async's
-                    int e = lane + 32 * r;
-                    float cj = cb[min(j1 + e, T - 1)];
-                    fc[r] = j1 + e < T ? cj : 0.f;
-                }
-            }
-        }, [&](int st, int j1) {
-            if (PRE && GATE) {
-                float cb_l2 = __fmul_rn(fcb, LOG2E);  // as the consumers' and the dK/dV kernel's
-                #pragma unroll
-                for (int r = 0; r < BC / 32; r++) sC[st * BC + lane + 32 * r] = fox_lean_kterm(fc[r], cb_l2);
-                if (lane == 0) sCL[st] = cb_l2;
-                mbar_arrive_release(&full[st]);  // after this lane's stores
-            } else if (GATE) {
-                #pragma unroll
-                for (int e = lane; e < BC; e += 32) cp_async4(sC + st * BC + e, cb + min(j1 + e, T - 1), j1 + e < T);
-                mbar_arrive_cp_async(&full[st]);
-            }
-        });
+        if (threadIdx.x / 32 == 0) {
+            fox_backward_dkdv_producer<HD, BQ, ST, GATE, PRE>(sm, &tmQ, &tmG, &tmK, &tmV, lb, db, cb, j0, it_begin,
+                                                              ntiles, T, h, b);
+        }
         return;
     }
-
-    // consumers
     setmaxnreg_inc<240>();
-    int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
-    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
-    int i0w = i0 + 64 * cw;  // this consumer's first query
-    int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
-    float rl[2], rd[2], rc[2];  // lse, Delta, c of this thread's rows
-    int lo0[2], hi0[2];  // mask bounds: visible key offsets (less 2 tq) from key 0
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = rows[r];
-        bool ok = row < T;
-        rl[r] = ok ? lse[(size_t)bh * T + row] : 0.f;
-        rd[r] = ok ? delta[(size_t)bh * T + row] : 0.f;
-        rc[r] = GATE ? cb[min(row, T - 1)] : 0.f;  // past T: a finite logit (its Q, dO rows are 0)
-        hi0[r] = min(row, T - 1) - 2 * tq;
-        lo0[r] = (window > 0 ? row - window + 1 : -BC) - 2 * tq;  // -BC: below every tile offset
-    }
-    float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
-    #pragma unroll
-    for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
-    uint32_t sa[BC / 16][4];  // A fragments of dS
-    // descriptors of k step 0: Q, dO (this consumer's 64 rows); K, V of stage 0 as K-major (S, dP)
-    // and K as N-major (dQ) operands; a stage is BC * HD * 2 bytes further
-    const uint64_t dQ0 = desc_k<BR>(sQ, cw * 8, 0), dG0 = desc_k<BR>(sG, cw * 8, 0);
-    const uint64_t dK0 = desc_k<BC>(sK, 0, 0), dV0 = desc_k<BC>(sV, 0, 0);
-    const uint64_t dKn0 = desc_mn<BC>(sK, 0);
-    constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
-    auto release = [&](int st) {  // this warp is done with the stage's K, V and floats
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[st]);
-    };
-    bool pending = false;  // OVL: the last seen tile's dQ still runs on stage pst
-    int pst = 0;
-    mbar_wait(barQ, 0);
+    fox_backward_dkdv_consumer<HD, BQ, ST, GATE, PRE>(sm, dk + (size_t)b * T * stride_qkv + (size_t)h * HD,
+                                                      dv + (size_t)b * T * stride_qkv + (size_t)h * HD,
+                                                      dc + (size_t)bh * T, cb, j0, it_begin, ntiles, T, stride_qkv,
+                                                      window, scale_log2, scale);
+}
 
-    for (int n = 0; n < ntiles; n++) {
-        int st = n % ST, j0 = (jt_begin + n) * BC;
-        mbar_wait(&full[st], (n / ST) & 1);
-        // all of this consumer's queries past T, every key of the tile after its last query, or before
-        // the window of its first one: P = 0
-        bool seen = i0w < T && j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
-        if (seen) {
-            const float* sCb = sC + st * BC;
-            uint32_t so = st * STAGE;
-            // the rows' query terms for the tile's key block, with cb_l2 = c_b log2 e (c_b: c of the
-            // block's first key, the tile's own first key at BC = 128); PRE: cb_l2 from the stage, the
-            // terms formed after the matmuls' issue (under them)
-            float cb_l2 = 0.f, A[2];
-            auto row_terms = [&] {
-                A[0] = fox_lean_qterm(rc[0], rl[0], cb_l2, GATE);
-                A[1] = fox_lean_qterm(rc[1], rl[1], cb_l2, GATE);
-            };
-            if (!PRE) {
-                if (GATE) cb_l2 = __fmul_rn((j0 % PRUNE_BLOCK) ? cb[j0 - j0 % PRUNE_BLOCK] : sCb[0], LOG2E);
-                row_terms();
-            }
-            float s[BC / 2], dp[BC / 2];
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                wgmma_ss<BC>(s, desc_add(dQ0, kstep_bytes<BR>(kk)), desc_add(dK0, so + kstep_bytes<BC>(kk)), kk);
-            wgmma_commit();
-            #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                wgmma_ss<BC>(dp, desc_add(dG0, kstep_bytes<BR>(kk)), desc_add(dV0, so + kstep_bytes<BC>(kk)), kk);
-            wgmma_commit();
-            if (PRE) {
-                if (GATE) cb_l2 = sCL[st];
-                row_terms();
-            }
-            if (pending) {  // the previous tile's dQ (cross-tile overlap: issued before this wait)
-                wgmma_wait<2>();
-                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
-                release(pst);
-            }
-            wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
-            wgmma_pin<BC / 2>(s);
-            if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
-                int lo[2] = {lo0[0] - j0, lo0[1] - j0}, hi[2] = {hi0[0] - j0, hi0[1] - j0};
-                fox_bwd_lean_p<BC, GATE, true, PRE>(s, sCb, cb_l2, A, scale_log2, tq, lo, hi);
-            } else {
-                fox_bwd_lean_p<BC, GATE, false, PRE>(s, sCb, cb_l2, A, scale_log2, tq, nullptr, nullptr);
-            }
-            wgmma_wait0();
-            wgmma_pin<BC / 2>(dp);
-            fox_bwd_lean_ds<BC>(s, dp, rd, rs);
-            // dQ += dS K
-            #pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(dqa, sa[kk], desc_add(dKn0, so + mnstep_bytes(kk)), 1);
-            wgmma_commit();
-            if (OVL) {  // waited for at the next tile, under its S and dP
-                pending = true;
-                pst = st;
-            } else {
-                wgmma_wait0();
-                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
-                release(st);
-            }
-        } else {  // nothing seen: release the stage (after the previous tile's)
-            if (pending) {
-                wgmma_wait0();
-                wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
-                release(pst);
-                pending = false;
-            }
-            release(st);
-        }
+// the dQ kernel's shared memory: Q, dO of the query tile; ST stages of K, V and the keys' c (PRE:
+// their terms B_j, fox_lean_kterm, and the stage's c_b log2 e in 2 ST floats for alignment); the
+// barriers (barQ, full and empty per stage)
+template<int HD, int BC, int ST, bool PRE>
+struct FoxDqSmem {
+    static constexpr int BR = 128;
+    // + 1 KB to align the tiles to the swizzle pattern
+    static constexpr size_t bytes = 1024 + (size_t)(2 * BR + 2 * ST * BC) * HD * sizeof(bf16) +
+                                    (ST * BC + (PRE ? 2 * ST : 0)) * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
+    bf16 *sQ, *sG, *sK, *sV;  // (BR, HD), (BR, HD) dO, (ST, BC, HD), (ST, BC, HD): swizzled tiles
+    float *sC, *sCL;          // (ST, BC) c of the keys (PRE: B_j); PRE: (ST) c_b log2 e
+    uint64_t *barQ, *full, *empty;
+
+    __device__ explicit FoxDqSmem(unsigned char* raw) {
+        sQ = (bf16*)smem_1k(raw);
+        sG = sQ + BR * HD;
+        sK = sG + BR * HD;
+        sV = sK + ST * BC * HD;
+        sC = (float*)(sV + ST * BC * HD);
+        sCL = sC + ST * BC;
+        uint64_t* bar = (uint64_t*)(PRE ? sCL + 2 * ST : sCL);
+        barQ = bar; full = bar + 1; empty = full + ST;
     }
-    if (pending) {
-        wgmma_wait0();
+};
+
+// The dQ kernel's producer warp: Q, dO once, then the key tiles [jt_begin, jt_begin + ntiles) with
+// the keys' c by cp.async, or (PRE) by plain loads turned into the terms B_j and c_b here
+template<int HD, int BC, int ST, bool GATE, bool PRE>
+__device__ __forceinline__ void fox_backward_dq_producer(const FoxDqSmem<HD, BC, ST, PRE>& sm, const CUtensorMap* tmQ,
+                                                         const CUtensorMap* tmG, const CUtensorMap* tmK,
+                                                         const CUtensorMap* tmV, const float* cb, int i0,
+                                                         int jt_begin, int ntiles, int T, int h, int b) {
+    constexpr int BR = 128;
+    int lane = threadIdx.x % 32;
+    float fc[BC / 32], fcb = 0.f;  // PRE: c of the stage's keys (lane + 32 r) and of its block's first key
+    fox_bwd_producer<BR, BC, HD, ST>(sm.sQ, sm.sG, tmQ, tmG, i0, sm.barQ, sm.sK, sm.sV, tmK, tmV, jt_begin * BC,
+                                     ntiles, sm.full, sm.empty, h, b, lane, [&](int j1) {
+        if (PRE && GATE) {
+            fcb = cb[j1 - j1 % PRUNE_BLOCK];
+            #pragma unroll
+            for (int r = 0; r < BC / 32; r++) {  // past T: zeros, as the cp.async's
+                int e = lane + 32 * r;
+                float cj = cb[min(j1 + e, T - 1)];
+                fc[r] = j1 + e < T ? cj : 0.f;
+            }
+        }
+    }, [&](int st, int j1) {
+        if (PRE && GATE) {
+            float cb_l2 = __fmul_rn(fcb, LOG2E);  // as the consumers' and the dK/dV kernel's
+            #pragma unroll
+            for (int r = 0; r < BC / 32; r++) sm.sC[st * BC + lane + 32 * r] = fox_lean_kterm(fc[r], cb_l2);
+            if (lane == 0) sm.sCL[st] = cb_l2;
+            mbar_arrive_release(&sm.full[st]);  // after this lane's stores
+        } else if (GATE) {
+            #pragma unroll
+            for (int e = lane; e < BC; e += 32) cp_async4(sm.sC + st * BC + e, cb + min(j1 + e, T - 1), j1 + e < T);
+            mbar_arrive_cp_async(&sm.full[st]);
+        }
+    });
+}
+
+// The per-row values of the dQ consumer's two rows: lse, Delta, c and the mask bounds (visible key
+// offsets, less 2 tq, from key 0)
+struct FoxDqRows { float rl[2], rd[2], rc[2]; int lo0[2], hi0[2]; };
+
+// The dQ consumer's mainloop step on one seen key tile (stage st, first key j0), up to the issue of
+// dQ += dS K: S = Q K^T and dP = dO V^T, then (pending: the previous tile's dQ, issued before this
+// tile's wait, OVL) its wait and release, P, dS = P (dP - Delta). The rows' query terms are for the
+// tile's key block, with cb_l2 = c_b log2 e (c_b: c of the block's first key, the tile's own first key
+// at BC = 128); PRE: cb_l2 from the stage, the terms formed after the matmuls' issue (under them).
+template<int HD, int BC, int ST, bool GATE, bool PRE, typename Release>
+__device__ __forceinline__ void fox_backward_dq_tile(float* dqa, float rs[2], uint32_t (&sa)[BC / 16][4],
+                                                     const FoxDqSmem<HD, BC, ST, PRE>& sm, const FoxDqRows& rw,
+                                                     const float* cb, int st, int j0, int i0w, bool pending, int pst,
+                                                     uint64_t dQ0, uint64_t dG0, uint64_t dK0, uint64_t dV0,
+                                                     uint64_t dKn0, int T, int window, float scale_log2,
+                                                     Release release) {
+    constexpr int BR = 128;
+    constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
+    int tq = threadIdx.x % 4;
+    const float* sCb = sm.sC + st * BC;
+    uint32_t so = st * STAGE;
+    float cb_l2 = 0.f, A[2];
+    auto row_terms = [&] {
+        A[0] = fox_lean_qterm(rw.rc[0], rw.rl[0], cb_l2, GATE);
+        A[1] = fox_lean_qterm(rw.rc[1], rw.rl[1], cb_l2, GATE);
+    };
+    if (!PRE) {
+        if (GATE) cb_l2 = __fmul_rn((j0 % PRUNE_BLOCK) ? cb[j0 - j0 % PRUNE_BLOCK] : sCb[0], LOG2E);
+        row_terms();
+    }
+    float s[BC / 2], dp[BC / 2];
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        wgmma_ss<BC>(s, desc_add(dQ0, kstep_bytes<BR>(kk)), desc_add(dK0, so + kstep_bytes<BC>(kk)), kk);
+    wgmma_commit();
+    #pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        wgmma_ss<BC>(dp, desc_add(dG0, kstep_bytes<BR>(kk)), desc_add(dV0, so + kstep_bytes<BC>(kk)), kk);
+    wgmma_commit();
+    if (PRE) {
+        if (GATE) cb_l2 = sm.sCL[st];
+        row_terms();
+    }
+    if (pending) {  // the previous tile's dQ (cross-tile overlap: issued before this wait)
+        wgmma_wait<2>();
         wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
         release(pst);
     }
+    wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
+    wgmma_pin<BC / 2>(s);
+    if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+        int lo[2] = {rw.lo0[0] - j0, rw.lo0[1] - j0}, hi[2] = {rw.hi0[0] - j0, rw.hi0[1] - j0};
+        fox_bwd_lean_p<BC, GATE, true, PRE>(s, sCb, cb_l2, A, scale_log2, tq, lo, hi);
+    } else {
+        fox_bwd_lean_p<BC, GATE, false, PRE>(s, sCb, cb_l2, A, scale_log2, tq, nullptr, nullptr);
+    }
+    wgmma_wait0();
+    wgmma_pin<BC / 2>(dp);
+    fox_bwd_lean_ds<BC>(s, dp, rw.rd, rs);
+    // dQ += dS K
+    #pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++) acc_to_a(sa[kk], s + 8 * kk, s + 8 * kk + 4);
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++) wgmma_rs<HD>(dqa, sa[kk], desc_add(dKn0, so + mnstep_bytes(kk)), 1);
+    wgmma_commit();
+}
 
-    bf16* dqb = dq + (size_t)b * T * stride_qkv + (size_t)h * HD;
+// The dQ epilogue: dq (times scale) and the row part of dc, dc_i = sum_j dS_ij, of the thread's rows
+template<int HD, bool GATE>
+__device__ __forceinline__ void fox_backward_dq_store(bf16* dqb, float* dc_bh, const float* dqa, float rs[2],
+                                                      const int rows[2], int T, int stride_qkv, float scale) {
+    int tq = threadIdx.x % 4;
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (rows[r] >= T) continue;
@@ -3108,29 +3177,145 @@ __global__ void __launch_bounds__(384, 1) fox_backward_dq_kernel20(bf16* dq, flo
             rs[r] += __shfl_xor_sync(0xffffffff, rs[r], 2);
         }
         if (tq == 0) {
-            if (rows[0] < T) dc_row[(size_t)bh * T + rows[0]] = rs[0];
-            if (rows[1] < T) dc_row[(size_t)bh * T + rows[1]] = rs[1];
+            if (rows[0] < T) dc_bh[rows[0]] = rs[0];
+            if (rows[1] < T) dc_bh[rows[1]] = rs[1];
         }
     }
+}
+
+// The dQ consumers: cw owns queries i0 + 64 cw .. + 63 (a warp 16 of them). OVL: a tile's dQ is
+// waited for at the next seen tile, under its S and dP, and its stage released then
+template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL>
+__device__ __forceinline__ void fox_backward_dq_consumer(const FoxDqSmem<HD, BC, ST, PRE>& sm, bf16* dqb,
+                                                         float* dc_bh, const float* lse_bh, const float* delta_bh,
+                                                         const float* cb, int i0, int jt_begin, int ntiles, int T,
+                                                         int stride_qkv, int window, float scale_log2, float scale) {
+    constexpr int BR = 128;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
+    int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
+    int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
+    int i0w = i0 + 64 * cw;  // this consumer's first query
+    int rows[2] = {i0 + cwarp * 16 + g, i0 + cwarp * 16 + g + 8};
+    FoxDqRows rw;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = rows[r];
+        bool ok = row < T;
+        rw.rl[r] = ok ? lse_bh[row] : 0.f;
+        rw.rd[r] = ok ? delta_bh[row] : 0.f;
+        rw.rc[r] = GATE ? cb[min(row, T - 1)] : 0.f;  // past T: a finite logit (its Q, dO rows are 0)
+        rw.hi0[r] = min(row, T - 1) - 2 * tq;
+        rw.lo0[r] = (window > 0 ? row - window + 1 : -BC) - 2 * tq;  // -BC: below every tile offset
+    }
+    float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
+    #pragma unroll
+    for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
+    uint32_t sa[BC / 16][4];  // A fragments of dS
+    // descriptors of k step 0: Q, dO (this consumer's 64 rows); K, V of stage 0 as K-major (S, dP)
+    // and K as N-major (dQ) operands; a stage is BC * HD * 2 bytes further
+    const uint64_t dQ0 = desc_k<BR>(sm.sQ, cw * 8, 0), dG0 = desc_k<BR>(sm.sG, cw * 8, 0);
+    const uint64_t dK0 = desc_k<BC>(sm.sK, 0, 0), dV0 = desc_k<BC>(sm.sV, 0, 0);
+    const uint64_t dKn0 = desc_mn<BC>(sm.sK, 0);
+    auto release = [&](int st) {  // this warp is done with the stage's K, V and floats
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sm.empty[st]);
+    };
+    auto finish = [&](int st) {  // the pending dQ done: its stage released
+        wgmma_wait0();
+        wgmma_pin<HD / 2>(dqa); wgmma_pin_a<BC / 16>(sa);
+        release(st);
+    };
+    bool pending = false;  // OVL: the last seen tile's dQ still runs on stage pst
+    int pst = 0;
+    mbar_wait(sm.barQ, 0);
+    for (int n = 0; n < ntiles; n++) {
+        int st = n % ST, j0 = (jt_begin + n) * BC;
+        mbar_wait(&sm.full[st], (n / ST) & 1);
+        // all of this consumer's queries past T, every key of the tile after its last query, or before
+        // the window of its first one: P = 0
+        bool seen = i0w < T && j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
+        if (seen) {
+            fox_backward_dq_tile<HD, BC, ST, GATE, PRE>(dqa, rs, sa, sm, rw, cb, st, j0, i0w, pending, pst, dQ0, dG0,
+                                                        dK0, dV0, dKn0, T, window, scale_log2, release);
+            if (OVL) {  // waited for at the next tile, under its S and dP
+                pending = true;
+                pst = st;
+            } else {
+                finish(st);
+            }
+        } else {  // nothing seen: release the stage (after the previous tile's)
+            if (pending) {
+                finish(pst);
+                pending = false;
+            }
+            release(st);
+        }
+    }
+    if (pending) finish(pst);
+    fox_backward_dq_store<HD, GATE>(dqb, dc_bh, dqa, rs, rows, T, stride_qkv, scale);
+}
+
+// Backward version 20 (hd 64: PRE, OVL) and 22 (hd 128: 128-key tiles, each waiting for its dQ), the
+// dQ kernel: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (above) for the 128-query tile
+// gridDim.x - 1 - blockIdx.x (Q, dO fixed; longest rows first). The kernel only assigns the roles:
+// the producer (fox_backward_dq_producer) and two consumers (fox_backward_dq_consumer) over the key
+// tiles the query tile sees, from the window's start to its diagonal, less the pruned ones (key_start
+// (B*H, ceil(T / 128)): the key tiles of 128 before key_start; NULL: none). Without OVL, at hd 128 with
+// BC = 128, dQ's 64 floats, the next S and dP (128) and dS's fragments (32) would take 224 of the
+// consumers' 240 registers, and ptxas would serialise the wgmmas. Grid (ceil(T / 128), B*H); shared
+// memory FoxDqSmem. Where it runs: see fox_attention_backward.
+template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL>
+__global__ void __launch_bounds__(384, 1) fox_backward_dq_kernel20(bf16* dq, float* dc_row,
+                                                                 const __grid_constant__ CUtensorMap tmQ,
+                                                                 const __grid_constant__ CUtensorMap tmG,
+                                                                 const __grid_constant__ CUtensorMap tmK,
+                                                                 const __grid_constant__ CUtensorMap tmV,
+                                                                 const float* lse, const float* delta,
+                                                                 const float* c, int T, int H, int stride_qkv,
+                                                                 int window, float scale_log2, float scale,
+                                                                 const int* key_start) {
+    constexpr int BR = 128;
+    static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    FoxDqSmem<HD, BC, ST, PRE> sm(smem_raw);
+    int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const float* cb = GATE ? c + (size_t)bh * T : nullptr;
+    int i0 = qt * BR;
+    int j_begin = window > 0 ? max(0, i0 - window + 1) : 0;
+    int jt_begin = j_begin / BC, jt_end = ceil_div(min(T, i0 + BR), BC);
+    // pruned key tiles are never loaded (never the diagonal one, so jt_begin < jt_end)
+    if (key_start) jt_begin = max(jt_begin, key_start[(size_t)bh * gridDim.x + qt] * (PRUNE_BLOCK / BC));
+    int ntiles = jt_end - jt_begin;
+    // full: the copy engine's arrival + the 32 lanes' c (PRE: B, c_b)
+    fox_ring_init<ST>(sm.barQ, sm.full, sm.empty, 1 + (GATE ? 32 : 0), 8);
+    if (threadIdx.x / 128 == 0) {
+        setmaxnreg_dec<24>();
+        if (threadIdx.x / 32 == 0) {
+            fox_backward_dq_producer<HD, BC, ST, GATE, PRE>(sm, &tmQ, &tmG, &tmK, &tmV, cb, i0, jt_begin, ntiles, T, h,
+                                                            b);
+        }
+        return;
+    }
+    setmaxnreg_inc<240>();
+    fox_backward_dq_consumer<HD, BC, ST, GATE, PRE, OVL>(sm, dq + (size_t)b * T * stride_qkv + (size_t)h * HD,
+                                                         dc_row + (size_t)bh * T, lse + (size_t)bh * T,
+                                                         delta + (size_t)bh * T, cb, i0, jt_begin, ntiles, T,
+                                                         stride_qkv, window, scale_log2, scale);
 }
 
 // the dK/dV kernel (query tiles of BQ) and the dQ kernel (key tiles of BC) with their stages and PRE
 // (where they run: see fox_attention_backward)
 template<int HD, int BQ, int BC, bool GATE>
-static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout,
-                                const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
-                                const float* c, int B, int T, int H, int stride_qkv, int stride_o, int window,
-                                const int* key_start, const int* query_end, cudaStream_t s) {
+static void fox_backward20_gpu(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout,
+                               const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
+                               const float* c, int B, int T, int H, int stride_qkv, int stride_o, int window,
+                               const int* key_start, const int* query_end, cudaStream_t s) {
     constexpr int ST = 2;
     constexpr bool PRE = HD == 64;  // the producer's per-column terms: at hd 64 only
     constexpr bool OVL = HD == 64;  // the dQ kernel's cross-tile overlap: at hd 64 only (its registers)
-    // the fixed 128-row tiles, ST stages of the streamed tiles and of their floats (dK/dV: lse,
-    // Delta, c, PRE: A, Delta; dQ: c, PRE: B and c_b in 2 ST floats), the barriers, + 1 KB to align
-    // the tiles to the swizzle pattern
-    constexpr size_t smem_kv = 1024 + (size_t)(2 * 128 + 2 * ST * BQ) * HD * sizeof(bf16) +
-                               (PRE ? 2 : 3) * ST * BQ * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
-    constexpr size_t smem_q = 1024 + (size_t)(2 * 128 + 2 * ST * BC) * HD * sizeof(bf16) +
-                              (ST * BC + (PRE ? 2 * ST : 0)) * sizeof(float) + (1 + 2 * ST) * sizeof(uint64_t);
+    constexpr size_t smem_kv = FoxDkdvSmem<HD, BQ, ST, PRE>::bytes;
+    constexpr size_t smem_q = FoxDqSmem<HD, BC, ST, PRE>::bytes;
     // the shared memory limit is a per-device attribute: set on every call (microseconds)
     cudaCheck(cudaFuncSetAttribute(fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
@@ -3151,39 +3336,6 @@ static void fox_bwd_lean_launch(bf16* dq, bf16* dk, bf16* dv, float* dc, float* 
     fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL><<<grid, 384, smem_q, s>>>(
         dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
     launchCheck();
-}
-
-// Delta (unless delta_ready), the dK/dV and dQ kernels (their tiles by head size: see
-// fox_attention_backward), then the dlogf scan; scratch: 3 * B*H*T floats (as fox_attention_backward's scratch_dc)
-static void fox_bwd_lean(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch, const bf16* dout,
-                         const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse, const float* c,
-                         int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, const int* tables,
-                         int delta_ready, cudaStream_t s) {
-    int BHT = B * H * T;
-    const int* key_start = tables;
-    const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
-    float *dc = scratch, *dc_row = scratch + (size_t)BHT, *delta = scratch + 2 * (size_t)BHT;
-    unsigned delta_blocks = (unsigned)ceil_div(BHT, 8); // a warp per row, 8 warps a block
-    if (!delta_ready) {
-        if (hd == 64) fox_bwd_delta_kernel<64><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
-        else fox_bwd_delta_kernel<128><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
-        launchCheck();
-    }
-    if (hd == 64) {
-        if (c) fox_bwd_lean_launch<64, 128, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                       stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<64, 128, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                      stride_qkv, stride_o, window, nullptr, nullptr, s);
-    } else {
-        if (c) fox_bwd_lean_launch<128, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                       stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_bwd_lean_launch<128, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                      stride_qkv, stride_o, window, nullptr, nullptr, s);
-    }
-    if (c) {
-        fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
-        launchCheck();
-    }
 }
 
 // dq, dk, dv: bf16 (B, T, H, hd), token stride stride_qkv (like q, k, v; may be a packed dqkv).
@@ -3208,19 +3360,41 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     if (tables && !c) {
         fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL");
     }
-    // The kernels that run, versions of dev/cuda/fox_attention_backward.cu (their history: dev/cuda/LOG.md):
-    // fox_bwd_delta_kernel (unless delta_ready), then fox_backward_dkdv_kernel20 and fox_backward_dq_kernel20
-    // (384 threads: a producer warpgroup (TMA, setmaxnreg 24) and two consumer warpgroups of 64 rows
-    // (setmaxnreg 240), 2-stage rings), then fox_bwd_dlogf_kernel:
-    // - hd 64: version 20 (the ladder's fox_bwd_*_pre_kernel pair with 128-query dK/dV steps, dS^T before
-    //   dV; here the lean kernels with PRE = true: the producer forms the per-column logit terms),
-    //   fox_backward_dkdv_kernel20<64, 128, 2, GATE, true> (a 128-key tile, 128-query tiles streamed) and
-    //   fox_backward_dq_kernel20<64, 128, 2, GATE, true, true> (a 128-query tile, 128-key tiles streamed);
-    // - hd 128: version 22, fox_backward_dkdv_kernel20<128, 64, 2, GATE, false> (64-query tiles) and
-    //   fox_backward_dq_kernel20<128, 128, 2, GATE, false, false> (128-key tiles, each waiting for its
-    //   dQ); the consumers form the terms.
-    fox_bwd_lean(dq, dk, dv, dlogf, scratch_dc, dout, q, k, v, o, lse, c, B, T, H, hd, stride_qkv, stride_o, window,
-                 tables, delta_ready, s);
+    // What runs (this comment is the one place that says it; the versions are the rungs of
+    // dev/cuda/fox_attention_backward.cu, their history dev/cuda/LOG.md): fox_bwd_delta_kernel (unless
+    // delta_ready), the dK/dV and dQ kernels (384 threads: a producer warpgroup and two consumer warpgroups
+    // of 64 rows, 2-stage rings), then fox_bwd_dlogf_kernel:
+    // - hd 64, version 20: fox_backward_dkdv_kernel20<64, 128, 2, GATE, true> (128-query tiles streamed, the
+    //   producer forms the per-column logit terms: PRE) and fox_backward_dq_kernel20<64, 128, 2, GATE, true,
+    //   true> (128-key tiles, the cross-tile overlap OVL);
+    // - hd 128, version 22: fox_backward_dkdv_kernel20<128, 64, 2, GATE, false> (64-query tiles, the
+    //   consumers form the terms) and fox_backward_dq_kernel20<128, 128, 2, GATE, false, false> (128-key
+    //   tiles, each waiting for its dQ).
+    int BHT = B * H * T;
+    const int* key_start = tables;
+    const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
+    float *dc = scratch_dc, *dc_row = scratch_dc + (size_t)BHT, *delta = scratch_dc + 2 * (size_t)BHT;
+    unsigned delta_blocks = (unsigned)ceil_div(BHT, 8); // a warp per row, 8 warps a block
+    if (!delta_ready) {
+        if (hd == 64) fox_bwd_delta_kernel<64><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+        else fox_bwd_delta_kernel<128><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
+        launchCheck();
+    }
+    if (hd == 64) {
+        if (c) fox_backward20_gpu<64, 128, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                      stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_backward20_gpu<64, 128, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
+    } else {
+        if (c) fox_backward20_gpu<128, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                      stride_qkv, stride_o, window, key_start, query_end, s);
+        else fox_backward20_gpu<128, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
+                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
+    }
+    if (c) {
+        fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
+        launchCheck();
+    }
 }
 #endif // ENABLE_FP32
 
