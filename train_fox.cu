@@ -2223,8 +2223,7 @@ struct FoxForwardScheduler {
     struct Pair { int bh, i0, jt_begin, jt_end; };
 
     __device__ FoxForwardScheduler(int T_, int BH_, int window_, const int* key_start_)
-        : T(T_), BH(BH_), NT((int)ceil_div(T_, BR)), npairs((int)ceil_div(T_, BR) * BH_), window(window_),
-          key_start(key_start_) {}
+        : T(T_), BH(BH_), NT(ceil_div(T_, BR)), npairs(NT * BH_), window(window_), key_start(key_start_) {}
     __device__ int first() const { return blockIdx.x; }
     __device__ int next(int k) const {
         int x = (k & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;

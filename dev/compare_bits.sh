@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Do two train_fox builds train the same bits? 20 steps of fox-pro-125m at 16 x 2048 and 2 x 16384, with
+# and without pruning (-A 1), from each binary: the step lines of main.log (tokens/s left out) and the
+# final model and state files must be equal byte for byte. For a change that must not move training
+# (a refactor, a new option off by default).
+#
+#   dev/compare_bits.sh OLD_BINARY NEW_BINARY [work dir]     (about 3 minutes on one H200)
+#
+# Needs the default shards (make data). Exit status: the number of configurations that differ.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+[ $# -ge 2 ] || { echo "usage: dev/compare_bits.sh OLD_BINARY NEW_BINARY [work dir]"; exit 2; }
+OLD=$1 NEW=$2 WORK=${3:-out_compare_bits}
+mkdir -p "$WORK"
+differ=0
+for shape in "16 2048" "2 16384"; do
+    set -- $shape
+    for prune in 0 1; do
+        name=${1}x${2}_A$prune
+        for which in old new; do
+            bin=$OLD; [ $which = new ] && bin=$NEW
+            dir=$WORK/${name}_$which
+            rm -rf "$dir"
+            if ! "$bin" -e fox-pro-125m -b "$1" -t "$2" -x 20 -v 0 -s 0 -n 20 -A $prune -o "$dir" > "$dir.out" 2>&1; then
+                echo "FAIL $name: $bin did not finish (see $dir.out)"; differ=$((differ + 1)); continue 2
+            fi
+            grep '^s:' "$dir/main.log" | sed 's/ tokps:[0-9.]*//' > "$dir/steps.txt"
+        done
+        a=$WORK/${name}_old b=$WORK/${name}_new
+        if cmp -s "$a/steps.txt" "$b/steps.txt" && cmp -s "$a/model_00000020.bin" "$b/model_00000020.bin" &&
+           cmp -s "$a/state_00000020.bin" "$b/state_00000020.bin"; then
+            echo "same $name: $(wc -l < "$a/steps.txt") steps, model and state files equal ($(tail -n 1 "$a/steps.txt"))"
+        else
+            echo "DIFFER $name:"; diff "$a/steps.txt" "$b/steps.txt" | head -n 4; differ=$((differ + 1))
+        fi
+    done
+done
+exit $differ
