@@ -256,6 +256,136 @@ static double gpu_peak_flops(void) {
 }
 
 // ----------------------------------------------------------------------------
+// device helpers shared by the kernels: reductions (warp shuffles in a fixed pattern, so every lane
+// gets the same bits every run), grid sizes, the 16-byte packs, the per-head lanes. The kernels'
+// convention: a backward kernel writes (=) its input gradient unless it says it accumulates.
+
+__device__ static inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
+    return v;
+}
+
+__device__ static inline float warp_max(float v) {
+    for (int o = 16; o > 0; o /= 2) { v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o)); }
+    return v;
+}
+
+// sum over a block of up to 1024 threads; every thread gets the result
+__device__ static float block_sum(float v, float* smem32) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) { smem32[warp] = v; }
+    __syncthreads();
+    v = lane < warps ? smem32[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ static float block_max(float v, float* smem32) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) { smem32[warp] = v; }
+    __syncthreads();
+    v = lane < warps ? smem32[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+__device__ static inline float sigmoid_gpu(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): finite for every finite x
+__device__ static inline float logsigmoid_gpu(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x))); }
+
+#define WARPS_PER_BLOCK 8
+#define MAX_HD 256                  // head size limit of the per-head kernels
+#define MAX_HD_LANE (MAX_HD / 32)   // per-lane registers for one head row
+
+// blocks of WARPS_PER_BLOCK warps for one warp a row; blocks of 256 threads for one thread an element
+static unsigned warp_blocks(size_t rows) { return (unsigned)ceil_div(rows, WARPS_PER_BLOCK); }
+static unsigned elem_blocks(size_t n) { return (unsigned)ceil_div(n, 256); }
+
+#define LOG2E 1.4426950408889634f
+// 2^x in one MUFU.EX2 (ex2.approx: relative error < 2^-22); denormal results flush to zero
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
+// of 128) and (N, C) activations (gpu_config_problem requires C to be a multiple of XPACK) start
+// 16-byte aligned and hold whole packs
+#define XPACK (16 / (int)sizeof(floatX))
+typedef struct __align__(16) { floatX v[XPACK]; } PackX;
+
+// four floatX, the store unit of the RMSNorm kernels' float4 columns
+typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
+
+// n consecutive floats from p (n a multiple of 4): 16-byte loads when p is 16-byte aligned, else
+// one at a time (a weight tensor's offset in the flat buffer need not be a multiple of 4). The
+// per-channel scales of the norms are read this way: scalar loads of them made the kernels
+// bound by L1 requests, not by DRAM.
+template <int n>
+__device__ static inline void load_floats(float* out, const float* p) {
+    if (((uintptr_t)p & 15) == 0) {
+        #pragma unroll
+        for (int k = 0; k < n; k += 4) {
+            float4 v = *(const float4*)(p + k);
+            out[k] = v.x; out[k + 1] = v.y; out[k + 2] = v.z; out[k + 3] = v.w;
+        }
+    } else {
+        #pragma unroll
+        for (int k = 0; k < n; k++) { out[k] = p[k]; }
+    }
+}
+
+// The per-head kernels give each (token, head) row of hd values G consecutive lanes (G a power
+// of two, at most 32, so a row never straddles warps); lane j holds the packs at j * XPACK and
+// hd/2 + j * XPACK, so RoPE's pairs (i, i + hd/2) meet in one lane and every load is 16 bytes
+// (gpu_config_problem: hd % (2 * XPACK) == 0, hd <= MAX_HD).
+#define HEAD_THREADS 256
+static int head_lanes(int hd) {
+    int G = 1;
+    while (G * 2 * XPACK < hd) { G *= 2; }
+    return G;
+}
+static unsigned head_blocks(size_t rows, int G) { return (unsigned)ceil_div(rows * G, HEAD_THREADS); }
+
+// sum over the G lanes of a row; every lane of the warp must call it
+__device__ static inline float group_sum(float v, int G) {
+    for (int o = G / 2; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
+    return v;
+}
+
+// ----------------------------------------------------------------------------
+// encoder: the token embedding and its gradient
+
+__global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte, size_t N, int C) {
+    // out (N, C) = wte[tokens], from the fp32 master embedding: the residual stream is fp32
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * C) { return; }
+    size_t n = idx / C, c = idx % C;
+    out[idx] = wte[(size_t)tokens[n] * C + c];
+}
+
+// encoder backward, deterministic: each thread sums one column over a token's positions in
+// increasing order (a CSR list built on the host), as the twin does. Block (distinct token,
+// ENC_BWD_COLS columns): a frequent token (thousands of positions) is spread over C /
+// ENC_BWD_COLS blocks instead of one.
+#define ENC_BWD_COLS 64
+__global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* token_ids, const int* offsets,
+                                        const int* positions, int C) {
+    // forward: out_n = wte[tokens_n]  =>  dwte[v] += sum over n with tokens_n = v of dout_n
+    int u = blockIdx.x, tok = token_ids[u], c = blockIdx.y * ENC_BWD_COLS + threadIdx.x;
+    if (c >= C) { return; }
+    int e0 = offsets[u], e1 = offsets[u + 1];
+    float acc = 0.0f;
+    #pragma unroll 4
+    for (int e = e0; e < e1; e++) { acc += dout[(size_t)positions[e] * C + c]; }
+    dwte[(size_t)tok * C + c] += acc;
+}
+
+// ----------------------------------------------------------------------------
 // matmuls: cuBLASLt, fp32 accumulation. Everything is row-major on our side; cuBLASLt is
 // column-major, so a row-major (R, C) matrix is a column-major (C, R) one.
 // D (m, n) = op(A) op(B) + beta C in column-major terms; C and D are floatX or fp32.
@@ -498,113 +628,7 @@ static void matmul_backward_weight_gpu(float* dw, const floatX* dout, const floa
 }
 
 // ----------------------------------------------------------------------------
-// reductions: warp shuffles in a fixed pattern, so every lane gets the same bits every run
-
-__device__ static inline float warp_sum(float v) {
-    for (int o = 16; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
-    return v;
-}
-
-__device__ static inline float warp_max(float v) {
-    for (int o = 16; o > 0; o /= 2) { v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o)); }
-    return v;
-}
-
-// sum over a block of up to 1024 threads; every thread gets the result
-__device__ static float block_sum(float v, float* smem32) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) { smem32[warp] = v; }
-    __syncthreads();
-    v = lane < warps ? smem32[lane] : 0.0f;
-    return warp_sum(v);
-}
-
-__device__ static float block_max(float v, float* smem32) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) { smem32[warp] = v; }
-    __syncthreads();
-    v = lane < warps ? smem32[lane] : -INFINITY;
-    return warp_max(v);
-}
-
-__device__ static inline float sigmoid_gpu(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-// log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): finite for every finite x
-__device__ static inline float logsigmoid_gpu(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x))); }
-
-// ----------------------------------------------------------------------------
-// kernels, forward and backward mirrored. A backward kernel writes (=) its input gradient
-// unless it says it accumulates.
-
-#define WARPS_PER_BLOCK 8
-#define MAX_HD 256                  // head size limit of the per-head kernels
-#define MAX_HD_LANE (MAX_HD / 32)   // per-lane registers for one head row
-
-static unsigned warp_blocks(size_t rows) { return (unsigned)ceil_div(rows, WARPS_PER_BLOCK); }
-
-#define LOG2E 1.4426950408889634f
-// 2^x in one MUFU.EX2 (ex2.approx: relative error < 2^-22); denormal results flush to zero
-__device__ __forceinline__ float ex2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte, size_t N, int C) {
-    // out (N, C) = wte[tokens], from the fp32 master embedding: the residual stream is fp32
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= N * C) { return; }
-    size_t n = idx / C, c = idx % C;
-    out[idx] = wte[(size_t)tokens[n] * C + c];
-}
-
-// encoder backward, deterministic: each thread sums one column over a token's positions in
-// increasing order (a CSR list built on the host), as the twin does. Block (distinct token,
-// ENC_BWD_COLS columns): a frequent token (thousands of positions) is spread over C /
-// ENC_BWD_COLS blocks instead of one.
-#define ENC_BWD_COLS 64
-__global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* token_ids, const int* offsets,
-                                        const int* positions, int C) {
-    // forward: out_n = wte[tokens_n]  =>  dwte[v] += sum over n with tokens_n = v of dout_n
-    int u = blockIdx.x, tok = token_ids[u], c = blockIdx.y * ENC_BWD_COLS + threadIdx.x;
-    if (c >= C) { return; }
-    int e0 = offsets[u], e1 = offsets[u + 1];
-    float acc = 0.0f;
-    #pragma unroll 4
-    for (int e = e0; e < e1; e++) { acc += dout[(size_t)positions[e] * C + c]; }
-    dwte[(size_t)tok * C + c] += acc;
-}
-
-// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
-// of 128) and (N, C) activations (gpu_config_problem requires C to be a multiple of XPACK) start
-// 16-byte aligned and hold whole packs
-#define XPACK (16 / (int)sizeof(floatX))
-typedef struct __align__(16) { floatX v[XPACK]; } PackX;
-
-// four floatX, the store unit of the RMSNorm kernels' float4 columns
-typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
-
-// n consecutive floats from p (n a multiple of 4): 16-byte loads when p is 16-byte aligned, else
-// one at a time (a weight tensor's offset in the flat buffer need not be a multiple of 4). The
-// per-channel scales of the norms are read this way: scalar loads of them made the kernels
-// bound by L1 requests, not by DRAM.
-template <int n>
-__device__ static inline void load_floats(float* out, const float* p) {
-    if (((uintptr_t)p & 15) == 0) {
-        #pragma unroll
-        for (int k = 0; k < n; k += 4) {
-            float4 v = *(const float4*)(p + k);
-            out[k] = v.x; out[k + 1] = v.y; out[k + 2] = v.z; out[k + 3] = v.w;
-        }
-    } else {
-        #pragma unroll
-        for (int k = 0; k < n; k++) { out[k] = p[k]; }
-    }
-}
+// RMSNorm and column sums
 
 // The RMSNorm kernels take one warp per row, lane the float4 columns c0 + 4 lane + 128 v of tile c0
 // (C % 4 == 0), and read the row in tiles of RMS_TILE(NV) columns (NV float4 per lane): both passes
@@ -812,309 +836,6 @@ __global__ void colsum_finish_kernel(float* out, const float* partial, int chunk
         for (int y = 0; y < 16; y++) { total += sums[y][threadIdx.x]; }
         out[i] += total;
     }
-}
-
-// The per-head kernels give each (token, head) row of hd values G consecutive lanes (G a power
-// of two, at most 32, so a row never straddles warps); lane j holds the packs at j * XPACK and
-// hd/2 + j * XPACK, so RoPE's pairs (i, i + hd/2) meet in one lane and every load is 16 bytes
-// (gpu_config_problem: hd % (2 * XPACK) == 0, hd <= MAX_HD).
-#define HEAD_THREADS 256
-static int head_lanes(int hd) {
-    int G = 1;
-    while (G * 2 * XPACK < hd) { G *= 2; }
-    return G;
-}
-static unsigned head_blocks(size_t rows, int G) { return (unsigned)ceil_div(rows * G, HEAD_THREADS); }
-
-// sum over the G lanes of a row; every lane of the warp must call it
-__device__ static inline float group_sum(float v, int G) {
-    for (int o = G / 2; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
-    return v;
-}
-
-// The per-head kernels below take the tensors of k and v (KV-shift) or of q and k (QK-norm and RoPE)
-// in one launch: blockIdx.y picks the set (a struct each; grid.y = the number of sets that are on), so
-// the pair shares one launch and its tail, and each thread runs the one-tensor code.
-typedef struct { floatX* out; const floatX* raw; const float* alpha_logit; } KVShiftSet;
-
-// KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z);
-// XPACK consecutive channels of one token per thread (one head's: hd % XPACK == 0, see head_lanes)
-__global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, int T, int H, int hd) {
-    floatX* out = blockIdx.y ? s1.out : s0.out;
-    const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
-    const float* alpha_logit = blockIdx.y ? s1.alpha_logit : s0.alpha_logit;
-    size_t C = (size_t)H * hd, idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
-    if (idx >= N * C) { return; }
-    size_t n = idx / C;
-    int has_prev = n % T > 0;
-    float a = sigmoid_gpu(alpha_logit[n * H + (idx % C) / hd]);
-    PackX cur = *(const PackX*)(raw + idx), res;
-    PackX prev = has_prev ? *(const PackX*)(raw + idx - C) : cur;
-    #pragma unroll
-    for (int k = 0; k < XPACK; k++) {
-        float p = has_prev ? to_float(prev.v[k]) : 0.0f;
-        res.v[k] = to_floatX(a * p + (1.0f - a) * to_float(cur.v[k]));
-    }
-    *(PackX*)(out + idx) = res;
-}
-
-// G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg),
-// dalpha_logit's ld_a (a block of the head projections' dhp). At most 48 registers (no spills), so
-// five blocks share an SM.
-typedef struct {
-    floatX *draw, *dalpha_logit;
-    const floatX *dout, *raw;
-    const float* alpha_logit;
-} KVShiftGradSet;
-__global__ void __launch_bounds__(HEAD_THREADS, 5)
-kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a, size_t N, int T, int H, int hd,
-                         int G) {
-    // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
-    // draw_t = (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
-    // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
-    floatX* draw = blockIdx.y ? s1.draw : s0.draw;
-    floatX* dalpha_logit = blockIdx.y ? s1.dalpha_logit : s0.dalpha_logit;
-    const floatX* dout = blockIdx.y ? s1.dout : s0.dout;
-    const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
-    const float* alpha_logit = blockIdx.y ? s1.alpha_logit : s0.alpha_logit;
-    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
-    int j = (int)(threadIdx.x % G), half = hd / 2;
-    int active = row < N * H && j * XPACK < half; // the others still join group_sum
-    size_t n = row / H, C = (size_t)H * hd;
-    float a = 0.0f, da = 0.0f;
-    if (active) {
-        int has_prev = n % T > 0, has_next = n % T + 1 < (size_t)T;
-        a = sigmoid_gpu(alpha_logit[row]);
-        float a_next = has_next ? sigmoid_gpu(alpha_logit[row + H]) : 0.0f;
-        for (int e = j * XPACK; e < hd; e += half) { // the lane's two packs
-            size_t off = n * C + (size_t)(row % H) * hd + e;
-            PackX d = *(const PackX*)(dout + off), cur = *(const PackX*)(raw + off), res;
-            PackX d_next = has_next ? *(const PackX*)(dout + off + C) : d;
-            PackX prev = has_prev ? *(const PackX*)(raw + off - C) : cur;
-            #pragma unroll
-            for (int k = 0; k < XPACK; k++) {
-                float dk = to_float(d.v[k]), dn = has_next ? to_float(d_next.v[k]) : 0.0f;
-                float p = has_prev ? to_float(prev.v[k]) : 0.0f;
-                res.v[k] = to_floatX((1.0f - a) * dk + a_next * dn);
-                da += dk * (p - to_float(cur.v[k]));
-            }
-            *(PackX*)(draw + n * ld + (size_t)(row % H) * hd + e) = res;
-        }
-    }
-    da = group_sum(da, G);
-    if (active && j == 0) { dalpha_logit[n * ld_a + row % H] = to_floatX(da * a * (1.0f - a)); }
-}
-
-// QK-norm then RoPE on one (token, head) row of hd values, G lanes per row (see head_lanes);
-// either stage may be off (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for
-// head h is w + (h % groups) * hd (groups = 1 when the heads share one scale vector). RoPE
-// rotates the non-interleaved pairs (i, i + hd/2) by the angle of table rope[t][i] = (cos, sin).
-typedef struct {
-    floatX* out;
-    float* rstd;
-    const floatX* inp;
-    const float* w;
-} QKNormSet;
-__global__ void qk_norm_rope_forward_kernel(QKNormSet s0, QKNormSet s1, int groups, const float* rope, size_t N,
-                                            int T, int H, int hd, float eps, int G) {
-    floatX* out = blockIdx.y ? s1.out : s0.out;
-    float* rstd = blockIdx.y ? s1.rstd : s0.rstd;
-    const floatX* inp = blockIdx.y ? s1.inp : s0.inp;
-    const float* w = blockIdx.y ? s1.w : s0.w;
-    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
-    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
-    int active = row < N * H && i0 < half; // the others still join group_sum
-    float lo[XPACK], hi[XPACK], ss = 0.0f; // the lane's channels i0.. and half + i0..
-    if (active) {
-        PackX plo = *(const PackX*)(inp + row * hd + i0), phi = *(const PackX*)(inp + row * hd + half + i0);
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) {
-            lo[k] = to_float(plo.v[k]);
-            hi[k] = to_float(phi.v[k]);
-            ss += lo[k] * lo[k] + hi[k] * hi[k];
-        }
-    }
-    float s = 1.0f;
-    if (w != NULL) {
-        ss = group_sum(ss, G);
-        s = 1.0f / sqrtf(ss / (float)hd + eps);
-        if (active && j == 0) { rstd[row] = s; }
-    }
-    if (!active) { return; }
-    int h = (int)(row % H), t = (int)((row / H) % T);
-    if (w != NULL) {
-        const float* wr = w + (size_t)(h % groups) * hd;
-        float wlo[XPACK], whi[XPACK];
-        load_floats<XPACK>(wlo, wr + i0);
-        load_floats<XPACK>(whi, wr + half + i0);
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) { lo[k] = lo[k] * s * wlo[k]; hi[k] = hi[k] * s * whi[k]; }
-    }
-    PackX olo, ohi;
-    #pragma unroll
-    for (int k = 0; k < XPACK; k++) {
-        float vlo = lo[k], vhi = hi[k];
-        if (rope != NULL) {
-            float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
-            vlo = lo[k] * cs.x - hi[k] * cs.y;
-            vhi = hi[k] * cs.x + lo[k] * cs.y;
-        }
-        olo.v[k] = to_floatX(vlo);
-        ohi.v[k] = to_floatX(vhi);
-    }
-    *(PackX*)(out + row * hd + i0) = olo;
-    *(PackX*)(out + row * hd + half + i0) = ohi;
-}
-
-// Writes dinp (rows ld long: C, or a block of dqkvg) and, with the norm on, dnormed (the gradient
-// at the norm's output, for the scale gradient). At most 64 registers, so four blocks share an SM.
-// The norm is on for both sets or for neither (w), as the forward's.
-typedef struct {
-    floatX *dinp, *dnormed;
-    int ld;
-    const floatX *dout, *inp;
-    const float *w, *rstd;
-} QKNormGradSet;
-__global__ void __launch_bounds__(HEAD_THREADS, 4)
-qk_norm_rope_backward_kernel(QKNormGradSet s0, QKNormGradSet s1, int groups, const float* rope, size_t N, int T,
-                             int H, int hd, int G) {
-    // forward: n = x s w (per head), out = R_t n (rotation of the pairs (i, i + hd/2))
-    // dn = R_t^T dout: dn_i = d_i cos + d_{i+half} sin, dn_{i+half} = d_{i+half} cos - d_i sin
-    // dx_i = s w_i dn_i - x_i s^3 / hd * sum_j w_j dn_j x_j
-    floatX* dinp = blockIdx.y ? s1.dinp : s0.dinp;
-    floatX* dnormed = blockIdx.y ? s1.dnormed : s0.dnormed;
-    int ld = blockIdx.y ? s1.ld : s0.ld;
-    const floatX* dout = blockIdx.y ? s1.dout : s0.dout;
-    const floatX* inp = blockIdx.y ? s1.inp : s0.inp;
-    const float* w = blockIdx.y ? s1.w : s0.w;
-    const float* rstd = blockIdx.y ? s1.rstd : s0.rstd;
-    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
-    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
-    int active = row < N * H && i0 < half; // the others still join group_sum
-    int h = (int)(row % H), t = (int)((row / H) % T);
-    const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
-    floatX* dr = dinp + (row / H) * ld + (size_t)h * hd; // this row of dinp
-    float dlo[XPACK], dhi[XPACK], xlo[XPACK], xhi[XPACK], wlo[XPACK], whi[XPACK], dot = 0.0f;
-    if (active) {
-        PackX plo = *(const PackX*)(dout + row * hd + i0), phi = *(const PackX*)(dout + row * hd + half + i0);
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) {
-            float d_lo = to_float(plo.v[k]), d_hi = to_float(phi.v[k]);
-            dlo[k] = d_lo;
-            dhi[k] = d_hi;
-            if (rope != NULL) {
-                float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
-                dlo[k] = d_lo * cs.x + d_hi * cs.y;
-                dhi[k] = d_hi * cs.x - d_lo * cs.y;
-            }
-        }
-        if (wr != NULL) {
-            PackX qlo = *(const PackX*)(inp + row * hd + i0), qhi = *(const PackX*)(inp + row * hd + half + i0);
-            load_floats<XPACK>(wlo, wr + i0);
-            load_floats<XPACK>(whi, wr + half + i0);
-            #pragma unroll
-            for (int k = 0; k < XPACK; k++) {
-                xlo[k] = to_float(qlo.v[k]);
-                xhi[k] = to_float(qhi.v[k]);
-                dot += wlo[k] * dlo[k] * xlo[k] + whi[k] * dhi[k] * xhi[k];
-            }
-        }
-    }
-    PackX olo, ohi;
-    if (wr == NULL) { // w is NULL for both sets or neither (a block has one): no lane is left in group_sum
-        if (!active) { return; }
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) { olo.v[k] = to_floatX(dlo[k]); ohi.v[k] = to_floatX(dhi[k]); }
-        *(PackX*)(dr + i0) = olo;
-        *(PackX*)(dr + half + i0) = ohi;
-        return;
-    }
-    dot = group_sum(dot, G);
-    if (!active) { return; }
-    float s = rstd[row], c = dot * s * s * s / (float)hd;
-    PackX nlo, nhi;
-    #pragma unroll
-    for (int k = 0; k < XPACK; k++) {
-        nlo.v[k] = to_floatX(dlo[k]);
-        nhi.v[k] = to_floatX(dhi[k]);
-        olo.v[k] = to_floatX(s * wlo[k] * dlo[k] - xlo[k] * c);
-        ohi.v[k] = to_floatX(s * whi[k] * dhi[k] - xhi[k] * c);
-    }
-    *(PackX*)(dnormed + row * hd + i0) = nlo;
-    *(PackX*)(dnormed + row * hd + half + i0) = nhi;
-    *(PackX*)(dr + i0) = olo;
-    *(PackX*)(dr + half + i0) = ohi;
-}
-
-// The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only
-// and fixed gates), written back into gate_logit; c_t = sum_{s<=t} logsigmoid(z_s), summed in fp64
-// and rounded to fp32. The scan: each thread sums a contiguous chunk, a scan over the chunk totals
-// gives each chunk its carry, then each thread re-walks its chunk from it; the order is fixed, so
-// the result is deterministic. gate_logit's column is H floats a step apart and the work is latency
-// bound: each thread issues GATE_BATCH loads before it uses the first.
-#define GATE_THREADS 1024
-#define GATE_BATCH 8
-__global__ void __launch_bounds__(GATE_THREADS)
-    forget_gate_forward_kernel(float* __restrict__ c, float* __restrict__ gate_logit, const float* __restrict__ bias,
-                               int has_proj, int B, int T, int H) {
-    // gate_logit (B, T, H) -> c (B, H, T)
-    __shared__ double part[GATE_THREADS];
-    int bh = blockIdx.x, b = bh / H, h = bh % H, tid = threadIdx.x;
-    int chunk = (int)ceil_div(T, GATE_THREADS);
-    int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
-    float* z = gate_logit + (size_t)b * T * H + h; // z_t at z[t * H]
-    float bias_h = bias[h];
-    double sum = 0.0;
-    for (int t = t0; t < t1; t += GATE_BATCH) {
-        float v[GATE_BATCH];
-#pragma unroll
-        for (int k = 0; k < GATE_BATCH; k++) {
-            v[k] = t + k < t1 && has_proj ? z[(size_t)(t + k) * H] + bias_h : bias_h;
-        }
-#pragma unroll
-        for (int k = 0; k < GATE_BATCH; k++) {
-            if (t + k < t1) {
-                z[(size_t)(t + k) * H] = v[k];
-                sum += logsigmoid_gpu(v[k]);
-            }
-        }
-    }
-    part[tid] = sum;
-    __syncthreads();
-    for (int off = 1; off < GATE_THREADS; off <<= 1) { // inclusive prefix scan of the chunk totals
-        double add = tid >= off ? part[tid - off] : 0.0;
-        __syncthreads();
-        part[tid] += add;
-        __syncthreads();
-    }
-    double run = tid > 0 ? part[tid - 1] : 0.0;
-    float* c_bh = c + (size_t)bh * T;
-    for (int t = t0; t < t1; t += GATE_BATCH) {
-        float v[GATE_BATCH];
-#pragma unroll
-        for (int k = 0; k < GATE_BATCH; k++) { v[k] = t + k < t1 ? z[(size_t)(t + k) * H] : 0.0f; }
-#pragma unroll
-        for (int k = 0; k < GATE_BATCH; k++) {
-            if (t + k < t1) {
-                run += logsigmoid_gpu(v[k]);
-                c_bh[t + k] = (float)run;
-            }
-        }
-    }
-}
-
-// dlogf (B, H, T) comes from the attention backward, which does the reverse cumulative sum
-__global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_logit_x, int ld_x, const float* dlogf,
-                                            const float* gate_logit, int B, int T, int H) {
-    // forward: log f_t = logsigmoid(z_t)  =>  dz_t = dlogf_t * sigmoid(-z_t), (B, H, T) -> (B, T, H)
-    // dgate_logit_x: the matmul copy for the full gate's projection (rows ld_x long), or NULL
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)B * T * H) { return; }
-    size_t n = i / H;
-    int h = (int)(i % H);
-    float g = dlogf[((n / T) * H + h) * T + n % T] * sigmoid_gpu(-gate_logit[i]);
-    dgate_logit[i] = g;
-    if (dgate_logit_x != NULL) { dgate_logit_x[n * ld_x + h] = to_floatX(g); }
 }
 
 // ----------------------------------------------------------------------------
@@ -1627,6 +1348,363 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
 }
 #endif
 
+#ifndef ENABLE_FP32
+// the forward (dx NULL) or the backward input kernel for NP = ceil(P H / 16). The shared memory
+// limit is a per-device attribute: set on every call (microseconds), with the carveout that lets
+// two forward blocks (up to 112 KB each) or two or three backward blocks share an SM.
+template <int NP>
+static void head_proj_launch(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
+    if (dx == NULL) {
+        cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)HPF_SMEM(NP)));
+        cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
+        head_proj_forward_kernel<NP><<<(unsigned)ceil_div(N, HPF_ROWS), 32 * HPF_WARPS, HPF_SMEM(NP)>>>(*hp, x, N, C,
+                                                                                                       H);
+    } else {
+        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)HPB_SMEM(NP)));
+        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+        dim3 grid((unsigned)ceil_div(N, HPB_ROWS), (unsigned)ceil_div(C, HPB_COLS));
+        head_proj_backward_input_kernel<NP><<<grid, 32 * HPB_WARPS, HPB_SMEM(NP)>>>(dx, *hp, N, C, H);
+    }
+    launchCheck();
+}
+
+static void head_proj_launch_np(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
+    switch ((hp->count * H + 15) / 16) {
+    case 1: head_proj_launch<1>(dx, hp, x, N, C, H); break;
+    case 2: head_proj_launch<2>(dx, hp, x, N, C, H); break;
+    case 3: head_proj_launch<3>(dx, hp, x, N, C, H); break;
+    case 4: head_proj_launch<4>(dx, hp, x, N, C, H); break;
+    case 5: head_proj_launch<5>(dx, hp, x, N, C, H); break;
+    case 6: head_proj_launch<6>(dx, hp, x, N, C, H); break;
+    default:
+        fail("head projections: P * H = %d outside 1..%d\nHINT: gpu_config_problem refuses such configs", hp->count * H,
+             HP_MAX_J);
+    }
+}
+#endif
+
+// out_p (N, H) = x (N, C) @ w_p^T for each projection
+static void head_proj_forward_gpu(const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
+#ifdef ENABLE_FP32
+    for (int i = 0; i < hp->count; i++) { matmul_forward_gpu(hp->out[i], CUDA_R_32F, NULL, x, hp->w[i], N, C, H); }
+#else
+    if (hp->count == 0) { return; }
+    head_proj_launch_np(NULL, hp, x, N, C, H);
+#endif
+}
+
+// dx (N, C) = sum_p dout_p @ w_p, overwriting dx (count > 0); dw_p += dout_p^T @ x, the P of them
+// as one matmul (dw (P H, C) += dout^T x)
+static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
+    int J = hp->count * H;
+#ifdef ENABLE_FP32
+    for (int i = 0; i < hp->count; i++) { // dx (+)= dout's columns i H .. (rows J long) @ w_i
+        matmul_lt(dx, CUDA_R_32F, NULL, hp->w[i], hp->dout + i * H, C, (int)N, H, 0, 0, J, i == 0 ? 0.0f : 1.0f);
+    }
+#else
+    head_proj_launch_np(dx, hp, x, N, C, H);
+#endif
+    matmul_backward_weight_gpu(hp->dw, hp->dout, x, N, C, J);
+}
+
+// ----------------------------------------------------------------------------
+// KV-shift
+
+// The per-head kernels below take the tensors of k and v (KV-shift) or of q and k (QK-norm and RoPE)
+// in one launch: blockIdx.y picks the set (a struct each; grid.y = the number of sets that are on), so
+// the pair shares one launch and its tail, and each thread runs the one-tensor code.
+typedef struct { floatX* out; const floatX* raw; const float* alpha_logit; } KVShiftSet;
+
+// KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z);
+// XPACK consecutive channels of one token per thread (one head's: hd % XPACK == 0, see head_lanes)
+__global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, int T, int H, int hd) {
+    floatX* out = blockIdx.y ? s1.out : s0.out;
+    const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
+    const float* alpha_logit = blockIdx.y ? s1.alpha_logit : s0.alpha_logit;
+    size_t C = (size_t)H * hd, idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
+    if (idx >= N * C) { return; }
+    size_t n = idx / C;
+    int has_prev = n % T > 0;
+    float a = sigmoid_gpu(alpha_logit[n * H + (idx % C) / hd]);
+    PackX cur = *(const PackX*)(raw + idx), res;
+    PackX prev = has_prev ? *(const PackX*)(raw + idx - C) : cur;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float p = has_prev ? to_float(prev.v[k]) : 0.0f;
+        res.v[k] = to_floatX(a * p + (1.0f - a) * to_float(cur.v[k]));
+    }
+    *(PackX*)(out + idx) = res;
+}
+
+// G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg),
+// dalpha_logit's ld_a (a block of the head projections' dhp). At most 48 registers (no spills), so
+// five blocks share an SM.
+typedef struct {
+    floatX *draw, *dalpha_logit;
+    const floatX *dout, *raw;
+    const float* alpha_logit;
+} KVShiftGradSet;
+__global__ void __launch_bounds__(HEAD_THREADS, 5)
+kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a, size_t N, int T, int H, int hd,
+                         int G) {
+    // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
+    // draw_t = (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
+    // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
+    floatX* draw = blockIdx.y ? s1.draw : s0.draw;
+    floatX* dalpha_logit = blockIdx.y ? s1.dalpha_logit : s0.dalpha_logit;
+    const floatX* dout = blockIdx.y ? s1.dout : s0.dout;
+    const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
+    const float* alpha_logit = blockIdx.y ? s1.alpha_logit : s0.alpha_logit;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2;
+    int active = row < N * H && j * XPACK < half; // the others still join group_sum
+    size_t n = row / H, C = (size_t)H * hd;
+    float a = 0.0f, da = 0.0f;
+    if (active) {
+        int has_prev = n % T > 0, has_next = n % T + 1 < (size_t)T;
+        a = sigmoid_gpu(alpha_logit[row]);
+        float a_next = has_next ? sigmoid_gpu(alpha_logit[row + H]) : 0.0f;
+        for (int e = j * XPACK; e < hd; e += half) { // the lane's two packs
+            size_t off = n * C + (size_t)(row % H) * hd + e;
+            PackX d = *(const PackX*)(dout + off), cur = *(const PackX*)(raw + off), res;
+            PackX d_next = has_next ? *(const PackX*)(dout + off + C) : d;
+            PackX prev = has_prev ? *(const PackX*)(raw + off - C) : cur;
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) {
+                float dk = to_float(d.v[k]), dn = has_next ? to_float(d_next.v[k]) : 0.0f;
+                float p = has_prev ? to_float(prev.v[k]) : 0.0f;
+                res.v[k] = to_floatX((1.0f - a) * dk + a_next * dn);
+                da += dk * (p - to_float(cur.v[k]));
+            }
+            *(PackX*)(draw + n * ld + (size_t)(row % H) * hd + e) = res;
+        }
+    }
+    da = group_sum(da, G);
+    if (active && j == 0) { dalpha_logit[n * ld_a + row % H] = to_floatX(da * a * (1.0f - a)); }
+}
+
+// ----------------------------------------------------------------------------
+// QK-norm and RoPE
+
+// QK-norm then RoPE on one (token, head) row of hd values, G lanes per row (see head_lanes);
+// either stage may be off (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for
+// head h is w + (h % groups) * hd (groups = 1 when the heads share one scale vector). RoPE
+// rotates the non-interleaved pairs (i, i + hd/2) by the angle of table rope[t][i] = (cos, sin).
+typedef struct {
+    floatX* out;
+    float* rstd;
+    const floatX* inp;
+    const float* w;
+} QKNormSet;
+__global__ void qk_norm_rope_forward_kernel(QKNormSet s0, QKNormSet s1, int groups, const float* rope, size_t N,
+                                            int T, int H, int hd, float eps, int G) {
+    floatX* out = blockIdx.y ? s1.out : s0.out;
+    float* rstd = blockIdx.y ? s1.rstd : s0.rstd;
+    const floatX* inp = blockIdx.y ? s1.inp : s0.inp;
+    const float* w = blockIdx.y ? s1.w : s0.w;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    float lo[XPACK], hi[XPACK], ss = 0.0f; // the lane's channels i0.. and half + i0..
+    if (active) {
+        PackX plo = *(const PackX*)(inp + row * hd + i0), phi = *(const PackX*)(inp + row * hd + half + i0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            lo[k] = to_float(plo.v[k]);
+            hi[k] = to_float(phi.v[k]);
+            ss += lo[k] * lo[k] + hi[k] * hi[k];
+        }
+    }
+    float s = 1.0f;
+    if (w != NULL) {
+        ss = group_sum(ss, G);
+        s = 1.0f / sqrtf(ss / (float)hd + eps);
+        if (active && j == 0) { rstd[row] = s; }
+    }
+    if (!active) { return; }
+    int h = (int)(row % H), t = (int)((row / H) % T);
+    if (w != NULL) {
+        const float* wr = w + (size_t)(h % groups) * hd;
+        float wlo[XPACK], whi[XPACK];
+        load_floats<XPACK>(wlo, wr + i0);
+        load_floats<XPACK>(whi, wr + half + i0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) { lo[k] = lo[k] * s * wlo[k]; hi[k] = hi[k] * s * whi[k]; }
+    }
+    PackX olo, ohi;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float vlo = lo[k], vhi = hi[k];
+        if (rope != NULL) {
+            float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
+            vlo = lo[k] * cs.x - hi[k] * cs.y;
+            vhi = hi[k] * cs.x + lo[k] * cs.y;
+        }
+        olo.v[k] = to_floatX(vlo);
+        ohi.v[k] = to_floatX(vhi);
+    }
+    *(PackX*)(out + row * hd + i0) = olo;
+    *(PackX*)(out + row * hd + half + i0) = ohi;
+}
+
+// Writes dinp (rows ld long: C, or a block of dqkvg) and, with the norm on, dnormed (the gradient
+// at the norm's output, for the scale gradient). At most 64 registers, so four blocks share an SM.
+// The norm is on for both sets or for neither (w), as the forward's.
+typedef struct {
+    floatX *dinp, *dnormed;
+    int ld;
+    const floatX *dout, *inp;
+    const float *w, *rstd;
+} QKNormGradSet;
+__global__ void __launch_bounds__(HEAD_THREADS, 4)
+qk_norm_rope_backward_kernel(QKNormGradSet s0, QKNormGradSet s1, int groups, const float* rope, size_t N, int T,
+                             int H, int hd, int G) {
+    // forward: n = x s w (per head), out = R_t n (rotation of the pairs (i, i + hd/2))
+    // dn = R_t^T dout: dn_i = d_i cos + d_{i+half} sin, dn_{i+half} = d_{i+half} cos - d_i sin
+    // dx_i = s w_i dn_i - x_i s^3 / hd * sum_j w_j dn_j x_j
+    floatX* dinp = blockIdx.y ? s1.dinp : s0.dinp;
+    floatX* dnormed = blockIdx.y ? s1.dnormed : s0.dnormed;
+    int ld = blockIdx.y ? s1.ld : s0.ld;
+    const floatX* dout = blockIdx.y ? s1.dout : s0.dout;
+    const floatX* inp = blockIdx.y ? s1.inp : s0.inp;
+    const float* w = blockIdx.y ? s1.w : s0.w;
+    const float* rstd = blockIdx.y ? s1.rstd : s0.rstd;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    int h = (int)(row % H), t = (int)((row / H) % T);
+    const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
+    floatX* dr = dinp + (row / H) * ld + (size_t)h * hd; // this row of dinp
+    float dlo[XPACK], dhi[XPACK], xlo[XPACK], xhi[XPACK], wlo[XPACK], whi[XPACK], dot = 0.0f;
+    if (active) {
+        PackX plo = *(const PackX*)(dout + row * hd + i0), phi = *(const PackX*)(dout + row * hd + half + i0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            float d_lo = to_float(plo.v[k]), d_hi = to_float(phi.v[k]);
+            dlo[k] = d_lo;
+            dhi[k] = d_hi;
+            if (rope != NULL) {
+                float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
+                dlo[k] = d_lo * cs.x + d_hi * cs.y;
+                dhi[k] = d_hi * cs.x - d_lo * cs.y;
+            }
+        }
+        if (wr != NULL) {
+            PackX qlo = *(const PackX*)(inp + row * hd + i0), qhi = *(const PackX*)(inp + row * hd + half + i0);
+            load_floats<XPACK>(wlo, wr + i0);
+            load_floats<XPACK>(whi, wr + half + i0);
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) {
+                xlo[k] = to_float(qlo.v[k]);
+                xhi[k] = to_float(qhi.v[k]);
+                dot += wlo[k] * dlo[k] * xlo[k] + whi[k] * dhi[k] * xhi[k];
+            }
+        }
+    }
+    PackX olo, ohi;
+    if (wr == NULL) { // w is NULL for both sets or neither (a block has one): no lane is left in group_sum
+        if (!active) { return; }
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) { olo.v[k] = to_floatX(dlo[k]); ohi.v[k] = to_floatX(dhi[k]); }
+        *(PackX*)(dr + i0) = olo;
+        *(PackX*)(dr + half + i0) = ohi;
+        return;
+    }
+    dot = group_sum(dot, G);
+    if (!active) { return; }
+    float s = rstd[row], c = dot * s * s * s / (float)hd;
+    PackX nlo, nhi;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        nlo.v[k] = to_floatX(dlo[k]);
+        nhi.v[k] = to_floatX(dhi[k]);
+        olo.v[k] = to_floatX(s * wlo[k] * dlo[k] - xlo[k] * c);
+        ohi.v[k] = to_floatX(s * whi[k] * dhi[k] - xhi[k] * c);
+    }
+    *(PackX*)(dnormed + row * hd + i0) = nlo;
+    *(PackX*)(dnormed + row * hd + half + i0) = nhi;
+    *(PackX*)(dr + i0) = olo;
+    *(PackX*)(dr + half + i0) = ohi;
+}
+
+// ----------------------------------------------------------------------------
+// the forget gate
+
+// The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only
+// and fixed gates), written back into gate_logit; c_t = sum_{s<=t} logsigmoid(z_s), summed in fp64
+// and rounded to fp32. The scan: each thread sums a contiguous chunk, a scan over the chunk totals
+// gives each chunk its carry, then each thread re-walks its chunk from it; the order is fixed, so
+// the result is deterministic. gate_logit's column is H floats a step apart and the work is latency
+// bound: each thread issues GATE_BATCH loads before it uses the first.
+#define GATE_THREADS 1024
+#define GATE_BATCH 8
+__global__ void __launch_bounds__(GATE_THREADS)
+    forget_gate_forward_kernel(float* __restrict__ c, float* __restrict__ gate_logit, const float* __restrict__ bias,
+                               int has_proj, int B, int T, int H) {
+    // gate_logit (B, T, H) -> c (B, H, T)
+    __shared__ double part[GATE_THREADS];
+    int bh = blockIdx.x, b = bh / H, h = bh % H, tid = threadIdx.x;
+    int chunk = (int)ceil_div(T, GATE_THREADS);
+    int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
+    float* z = gate_logit + (size_t)b * T * H + h; // z_t at z[t * H]
+    float bias_h = bias[h];
+    double sum = 0.0;
+    for (int t = t0; t < t1; t += GATE_BATCH) {
+        float v[GATE_BATCH];
+#pragma unroll
+        for (int k = 0; k < GATE_BATCH; k++) {
+            v[k] = t + k < t1 && has_proj ? z[(size_t)(t + k) * H] + bias_h : bias_h;
+        }
+#pragma unroll
+        for (int k = 0; k < GATE_BATCH; k++) {
+            if (t + k < t1) {
+                z[(size_t)(t + k) * H] = v[k];
+                sum += logsigmoid_gpu(v[k]);
+            }
+        }
+    }
+    part[tid] = sum;
+    __syncthreads();
+    for (int off = 1; off < GATE_THREADS; off <<= 1) { // inclusive prefix scan of the chunk totals
+        double add = tid >= off ? part[tid - off] : 0.0;
+        __syncthreads();
+        part[tid] += add;
+        __syncthreads();
+    }
+    double run = tid > 0 ? part[tid - 1] : 0.0;
+    float* c_bh = c + (size_t)bh * T;
+    for (int t = t0; t < t1; t += GATE_BATCH) {
+        float v[GATE_BATCH];
+#pragma unroll
+        for (int k = 0; k < GATE_BATCH; k++) { v[k] = t + k < t1 ? z[(size_t)(t + k) * H] : 0.0f; }
+#pragma unroll
+        for (int k = 0; k < GATE_BATCH; k++) {
+            if (t + k < t1) {
+                run += logsigmoid_gpu(v[k]);
+                c_bh[t + k] = (float)run;
+            }
+        }
+    }
+}
+
+// dlogf (B, H, T) comes from the attention backward, which does the reverse cumulative sum
+__global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_logit_x, int ld_x, const float* dlogf,
+                                            const float* gate_logit, int B, int T, int H) {
+    // forward: log f_t = logsigmoid(z_t)  =>  dz_t = dlogf_t * sigmoid(-z_t), (B, H, T) -> (B, T, H)
+    // dgate_logit_x: the matmul copy for the full gate's projection (rows ld_x long), or NULL
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)B * T * H) { return; }
+    size_t n = i / H;
+    int h = (int)(i % H);
+    float g = dlogf[((n / T) * H + h) * T + n % T] * sigmoid_gpu(-gate_logit[i]);
+    dgate_logit[i] = g;
+    if (dgate_logit_x != NULL) { dgate_logit_x[n * ld_x + h] = to_floatX(g); }
+}
+
 // ----------------------------------------------------------------------------
 // Forgetting attention (dev/fox.md, "Forgetting attention"). Query i sees keys first_key(i) <= j <= i
 // (causal, or a sliding window of `window` keys), with the forget gate's bias:
@@ -1872,6 +1950,33 @@ __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc
     }
     if (dc_col != NULL && lane == 0) { dc_col[(size_t)bh * T + j] = -dc_acc; }
 }
+
+// ---- the pruning's tile count (bf16 build) ----
+#ifndef ENABLE_FP32
+// Tiles of the forwards since the last attention_pruned_share (-A 1): [0] skipped, [1] those the
+// dense kernels read (causal, within the window), in 128 x 128 pruning tiles. One block per call;
+// integer sums, exact in any order.
+__global__ void fox_prune_count_kernel(unsigned long long* counts, const int* key_start, int BH, int nt, int window) {
+    __shared__ unsigned long long s_skip[256], s_dense[256];
+    unsigned long long skipped = 0, dense = 0;
+    for (size_t idx = threadIdx.x; idx < (size_t)BH * nt; idx += blockDim.x) {
+        int t = (int)(idx % nt), j0 = window > 0 ? t * PRUNE_BLOCK - window + 1 : 0;
+        int first = j0 > 0 ? j0 / PRUNE_BLOCK : 0; // the tile of the window's first key
+        dense += (unsigned long long)(t + 1 - first);
+        if (key_start[idx] > first) { skipped += (unsigned long long)(key_start[idx] - first); }
+    }
+    s_skip[threadIdx.x] = skipped; s_dense[threadIdx.x] = dense;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) {
+            s_skip[threadIdx.x] += s_skip[threadIdx.x + stride];
+            s_dense[threadIdx.x] += s_dense[threadIdx.x + stride];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { counts[0] += s_skip[0]; counts[1] += s_dense[0]; }
+}
+#endif
 
 // ---- Delta and the d(log f) scan (both implementations) ----
 
@@ -3284,30 +3389,6 @@ static const int* attention_prune_tables(const floatX* q, const floatX* k, const
     return tables;
 }
 
-// Tiles of the forwards since the last attention_pruned_share (-A 1): [0] skipped, [1] those the
-// dense kernels read (causal, within the window), in 128 x 128 pruning tiles. One block per call;
-// integer sums, exact in any order.
-__global__ void fox_prune_count_kernel(unsigned long long* counts, const int* key_start, int BH, int nt, int window) {
-    __shared__ unsigned long long s_skip[256], s_dense[256];
-    unsigned long long skipped = 0, dense = 0;
-    for (size_t idx = threadIdx.x; idx < (size_t)BH * nt; idx += blockDim.x) {
-        int t = (int)(idx % nt), j0 = window > 0 ? t * PRUNE_BLOCK - window + 1 : 0;
-        int first = j0 > 0 ? j0 / PRUNE_BLOCK : 0; // the tile of the window's first key
-        dense += (unsigned long long)(t + 1 - first);
-        if (key_start[idx] > first) { skipped += (unsigned long long)(key_start[idx] - first); }
-    }
-    s_skip[threadIdx.x] = skipped; s_dense[threadIdx.x] = dense;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-        if (threadIdx.x < stride) {
-            s_skip[threadIdx.x] += s_skip[threadIdx.x + stride];
-            s_dense[threadIdx.x] += s_dense[threadIdx.x + stride];
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) { counts[0] += s_skip[0]; counts[1] += s_dense[0]; }
-}
-
 static unsigned long long* g_prune_counts = NULL; // (2) on the device
 
 static void attention_prune_count(const int* tables, int BH, int T, int window) {
@@ -3402,7 +3483,7 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
 }
 
 // ----------------------------------------------------------------------------
-// output norm and gate, SwiGLU, cross-entropy
+// output norm and gate
 
 // Output norm and output gate on one (token, head) row, G lanes per row (see head_lanes); either
 // may be off (w == NULL: no norm, og == NULL: no gate). o_normed is written when both are on
@@ -3516,6 +3597,9 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
     }
 }
 
+// ----------------------------------------------------------------------------
+// SwiGLU
+
 // SwiGLU: act = silu(g) * u, gu (N, 2I) holds the gate then the up projection of a row
 // XPACK consecutive hidden units of one row per thread (gpu_config_problem: I % XPACK == 0)
 __global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, int I) {
@@ -3547,6 +3631,14 @@ __global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const fl
     *(PackX*)(dgu + n * 2 * I + i) = dg;
     *(PackX*)(dgu + n * 2 * I + I + i) = du;
 }
+
+static void swiglu_forward_gpu(floatX* act, const floatX* gu, size_t N, int I) {
+    swiglu_forward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(act, gu, N, I);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// cross-entropy
 
 // Cross-entropy over the first V logits of a row (pads V..Vp-1 masked), one block per row;
 // its loss is lse - logit_target. One pass for the lse: each thread keeps a running max m and sum
@@ -3730,8 +3822,6 @@ __global__ void to_floatX_kernel(floatX* out, const float* in, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { out[i] = to_floatX(in[i]); }
 }
-
-static unsigned elem_blocks(size_t n) { return (unsigned)ceil_div(n, 256); }
 
 // ----------------------------------------------------------------------------
 // data parallel: one process per GPU, NCCL between them. Every rank holds buffers for all
@@ -4709,69 +4799,6 @@ static HeadProj head_proj_layer(GPUModel* g, const LayerActs* p, int l) {
     return hp;
 }
 
-#ifndef ENABLE_FP32
-// the forward (dx NULL) or the backward input kernel for NP = ceil(P H / 16). The shared memory
-// limit is a per-device attribute: set on every call (microseconds), with the carveout that lets
-// two forward blocks (up to 112 KB each) or two or three backward blocks share an SM.
-template <int NP>
-static void head_proj_launch(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
-    if (dx == NULL) {
-        cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)HPF_SMEM(NP)));
-        cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       cudaSharedmemCarveoutMaxShared));
-        head_proj_forward_kernel<NP><<<(unsigned)ceil_div(N, HPF_ROWS), 32 * HPF_WARPS, HPF_SMEM(NP)>>>(*hp, x, N, C,
-                                                                                                       H);
-    } else {
-        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)HPB_SMEM(NP)));
-        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>,
-                                       cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-        dim3 grid((unsigned)ceil_div(N, HPB_ROWS), (unsigned)ceil_div(C, HPB_COLS));
-        head_proj_backward_input_kernel<NP><<<grid, 32 * HPB_WARPS, HPB_SMEM(NP)>>>(dx, *hp, N, C, H);
-    }
-    launchCheck();
-}
-
-static void head_proj_launch_np(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
-    switch ((hp->count * H + 15) / 16) {
-    case 1: head_proj_launch<1>(dx, hp, x, N, C, H); break;
-    case 2: head_proj_launch<2>(dx, hp, x, N, C, H); break;
-    case 3: head_proj_launch<3>(dx, hp, x, N, C, H); break;
-    case 4: head_proj_launch<4>(dx, hp, x, N, C, H); break;
-    case 5: head_proj_launch<5>(dx, hp, x, N, C, H); break;
-    case 6: head_proj_launch<6>(dx, hp, x, N, C, H); break;
-    default:
-        fail("head projections: P * H = %d outside 1..%d\nHINT: gpu_config_problem refuses such configs", hp->count * H,
-             HP_MAX_J);
-    }
-}
-#endif
-
-// out_p (N, H) = x (N, C) @ w_p^T for each projection
-static void head_proj_forward_gpu(const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
-#ifdef ENABLE_FP32
-    for (int i = 0; i < hp->count; i++) { matmul_forward_gpu(hp->out[i], CUDA_R_32F, NULL, x, hp->w[i], N, C, H); }
-#else
-    if (hp->count == 0) { return; }
-    head_proj_launch_np(NULL, hp, x, N, C, H);
-#endif
-}
-
-// dx (N, C) = sum_p dout_p @ w_p, overwriting dx (count > 0); dw_p += dout_p^T @ x, the P of them
-// as one matmul (dw (P H, C) += dout^T x)
-static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
-    int J = hp->count * H;
-#ifdef ENABLE_FP32
-    for (int i = 0; i < hp->count; i++) { // dx (+)= dout's columns i H .. (rows J long) @ w_i
-        matmul_lt(dx, CUDA_R_32F, NULL, hp->w[i], hp->dout + i * H, C, (int)N, H, 0, 0, J, i == 0 ? 0.0f : 1.0f);
-    }
-#else
-    head_proj_launch_np(dx, hp, x, N, C, H);
-#endif
-    matmul_backward_weight_gpu(hp->dw, hp->dout, x, N, C, J);
-}
-
 // out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head for layer l's k and v, those whose shift is on;
 // out, raw (B, T, H, hd), alpha (B, T, H)
 static void kv_shift_forward_gpu(GPUModel* g, const LayerActs* p, int B, int T) {
@@ -4811,11 +4838,6 @@ static void output_norm_gate_forward_gpu(GPUModel* g, const LayerActs* p, int l,
     output_norm_gate_forward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(
         p->o_normed, p->y, p->rstd_o, p->o, cf->output_gate ? p->og_logit : NULL,
         cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, H, hd, 1e-6f, G);
-    launchCheck();
-}
-
-static void swiglu_forward_gpu(floatX* act, const floatX* gu, size_t N, int I) {
-    swiglu_forward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(act, gu, N, I);
     launchCheck();
 }
 
@@ -5300,6 +5322,243 @@ static void gpu_save_checkpoint(GPUModel* g, const char* dir, const TrainState* 
     gpu_state_to_host(g); // a collective with ZeRO-1: every rank takes part
     if (g->dist->rank == 0) { save_checkpoint(g->host, dir, s); }
 }
+
+// ----------------------------------------------------------------------------
+// main: training
+
+// Mean loss over max_batches batches of B sequences (0: the whole validation set). With
+// several processes each evaluates its slice of every batch and the sums are gathered: for
+// max_batches a multiple of the world size they cover the same sequences as one process.
+static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
+    dataloader_set_position(val, 0, 0, 0);
+    if (val->current_batches == 0) { dataloader_advance_shard(val); }
+    size_t total = dataloader_total_batches(val); // batches of B * world sequences
+    int world = g->dist->world;
+    size_t want = max_batches > 0 ? ceil_div((size_t)max_batches, (size_t)world) : total;
+    int n = (int)(want < total ? want : total);
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next_batch(val);
+        gpu_forward(g, val->inputs, val->targets, val->B, val->T);
+        sum += g->mean_loss;
+    }
+    return (float)(dist_sum_scalar(g->dist, sum) / ((double)n * world));
+}
+
+#ifndef FOX_NO_MAIN
+// defined with generation and the evaluation modes, after main
+static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_t* rng);
+static int gpu_eval_main(const Args* a);
+
+// Loads the newest complete checkpoint of a.out_dir into the host model and the GPU and moves
+// the training data to its position; returns its step. The data position is translated when
+// the number of processes or the micro-batch changed, which works when the sequences consumed
+// so far fill whole batches of the new size.
+// -y 1 on the GPU: resume_run on every rank (the checkpoint files on a filesystem all share), then
+// each rank's slice of the moments to the device; returns the run's state
+static TrainState gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* train) {
+    const Dist* d = g->dist;
+    dist_check_same(d, latest_checkpoint(a->out_dir),
+                    "the newest checkpoint in -o (the directory must be on a filesystem all processes share)");
+    TrainState s = resume_run(model, a, train);
+    gpu_state_from_host(g);
+    if (d->rank != 0) { // only rank 0 writes checkpoints: the host copy of the moments is spent
+        free(model->m_memory); free(model->v_memory);
+        model->m_memory = model->v_memory = NULL;
+    }
+    return s;
+}
+
+int main(int argc, char** argv) {
+    Args a;
+    parse_args(&a, argc, argv);
+    if (a.mode != MODE_TRAIN) { return gpu_eval_main(&a); }
+    Dist dist;
+    dist_init(&dist, &a, argc, argv);
+    if (dist.rank > 0 && freopen("/dev/null", "w", stdout) == NULL) { // rank 0 alone logs; errors go to stderr
+        fail("rank %d could not silence its output: %s\nHINT: /dev/null must be writable", dist.rank,
+             strerror(errno));
+    }
+    FoxModel model;
+    build_model(&model, &a);
+    const FoxConfig* cf = &model.config;
+    if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T * dist.world; }
+    long micro_tokens = (long)a.B * a.T * dist.world; // one micro-step of every process
+    if (a.total_batch_tokens % micro_tokens != 0) {
+        fail("total batch -d %ld is not a multiple of b*t*processes = %d*%d*%d = %ld\n"
+             "HINT: choose -d as a multiple of -b times -t times the process count",
+             a.total_batch_tokens, a.B, a.T, dist.world, micro_tokens);
+    }
+    int accum = (int)(a.total_batch_tokens / micro_tokens);
+    float loss_scale = 1.0f / ((float)accum * dist.world); // the summed gradients are the global batch's mean
+    DataLoader train, val;
+    dataloader_init(&train, a.train_pattern, a.B, a.T, dist.rank, dist.world, 1, a.roll, a.seed, cf->vocab_size);
+    int have_val = a.val_every > 0;
+    if (have_val) {
+        dataloader_init(&val, a.val_pattern, a.B, a.T, dist.rank, dist.world, 0, 0, a.seed, cf->vocab_size);
+    }
+    if (a.steps < 0) {
+        a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum);
+        if (a.steps < 1) { a.steps = 1; }
+    }
+    AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
+    Tokenizer tk;
+    int have_table = tokenizer_init(&tk, a.tokenizer_path);
+    if (!have_table && a.sample_every > 0) {
+        printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path);
+    }
+    check_run_start(&a, cf, &tk, have_table); // on every rank: all stop alike
+    int have_tokenizer = have_table && dist.rank == 0; // rank 0 prints the samples
+    if (have_table && !have_tokenizer) { tokenizer_free(&tk); }
+    dist_check_same(&dist, (double)model.num_parameters, "the parameter count (-e and model overrides)");
+    dist_check_same(&dist, a.B, "the micro-batch -b");
+    dist_check_same(&dist, a.T, "the sequence length -t");
+    dist_check_same(&dist, (double)a.total_batch_tokens, "the total batch -d");
+    dist_check_same(&dist, (double)a.steps, "the steps -x");
+    dist_check_same(&dist, (double)a.seed, "the seed -S");
+    dist_check_same(&dist, dist.zero_stage, "the ZeRO stage -Q");
+    // these decide when the collectives of validation and checkpoints happen
+    dist_check_same(&dist, a.val_every * 2.0 + (a.out_dir != NULL), "-v and whether -o is given");
+    dist_check_same(&dist, a.val_batches, "the validation batches -m");
+    dist_check_same(&dist, a.checkpoint_every * 2.0 + a.resume, "-n and -y");
+
+    printf("device: %s (%d SMs, %.1f GiB), precision %s\n", g_prop.name, g_prop.multiProcessorCount,
+           g_prop.totalGlobalMem / 1073741824.0, PRECISION_NAME);
+    if (dist.world > 1) {
+        printf("data parallel: %d processes (%s), ZeRO stage %d, NCCL_NVLS_ENABLE=%s\n", dist.world, dist.how,
+               dist.zero_stage, getenv("NCCL_NVLS_ENABLE"));
+    }
+    config_print(stdout, cf);
+    size_t matmul_params = fox_matmul_params(&model);
+    double flops_per_token = 6.0 * (double)matmul_params + 6.0 * cf->n_layer * cf->n_embd * (double)a.T;
+    double peak = gpu_peak_flops();
+    g_recompute = a.recompute;
+    attention_set_pruning(a.prune, a.prune_ln_eps);
+    size_t need = gpu_memory_needed(cf, a.B, a.T, &dist);
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), "
+           "recompute -r %d\n", model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0,
+           a.recompute);
+    printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g%s, peak %s\n", matmul_params,
+           cf->n_layer, cf->n_embd, a.T, flops_per_token,
+           a.prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
+           peak > 0 ? "989 TFLOP/s (bf16 dense) per GPU" : "unknown for this GPU (MFU n/a)");
+    GPUModel gm;
+    gpu_build_dist(&gm, &model, a.B, a.T, &dist);
+
+    TrainState resumed;
+    if (a.resume) { resumed = gpu_resume(&gm, &model, &a, &train); }
+    int start = a.resume ? resumed.step : 0;
+    int64_t tokens_seen = a.resume ? resumed.tokens_seen : 0;
+    LRSchedule sched = run_schedule(&a, a.resume ? &resumed : NULL);
+    if (a.tune) { gpu_tune_matmuls(&gm, a.B, a.T); }
+    g_step_graphs = a.graphs;
+    printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
+           "warmup %.0f tokens | %s schedule, peak lr %g\n", a.B, a.T, dist.world, accum, a.total_batch_tokens,
+           a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
+    FILE* logf_ = NULL;
+    if (a.out_dir != NULL && dist.rank == 0) {
+        mkdir(a.out_dir, 0755);
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/main.log", a.out_dir);
+        logf_ = fopen_check(path, a.resume ? "a" : "w");
+    }
+    uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
+    StepGuard guard; // every rank sees the same summed loss and norm, so all decide alike
+    step_guard_init(&guard, a.on_nonfinite, a.spike_z);
+    RunClock clock;
+    run_clock_start(&clock);
+    for (long step = start; step <= a.steps; step++) {
+        int last = step == a.steps;
+        if (have_val && (step % a.val_every == 0 || last)) {
+            float vl = gpu_evaluate(&gm, &val, a.val_batches);
+            printf("step %ld: val loss %.6f\n", step, vl);
+            log_line(logf_, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)tokens_seen);
+        }
+        // the checkpoint before the sample: a sample must never cost one
+        int checkpoint_due = (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last;
+        if (a.out_dir != NULL && step > start && checkpoint_due) {
+            TrainState s = train_state((int)step, &train, &sched, tokens_seen);
+            gpu_save_checkpoint(&gm, a.out_dir, &s);
+        }
+        if (have_tokenizer && a.sample_every > 0 && (step % a.sample_every == 0 || last) && step > 0) {
+            int gen = a.gen_tokens < a.T ? a.gen_tokens : a.T;
+            gpu_sample(&gm, &tk, gen, &sample_rng);
+        }
+        if (last) { break; }
+        if (g_prune) { unsigned long long tiles; attention_pruned_share(&tiles); } // counts this step's forwards only
+        double t0 = now_seconds();
+        gpu_zero_grad(&gm);
+        double loss = 0.0; // this process's share of the global batch's mean loss
+        for (int micro = 0; micro < accum; micro++) {
+            dataloader_next_batch(&train);
+            gpu_train_micro_step(&gm, train.inputs, train.targets, a.B, a.T, loss_scale);
+            loss += gm.mean_loss / (accum * dist.world);
+        }
+        double t_local = 0.0; // with several processes: when this one's forwards and backwards were done
+        if (dist.world > 1) {
+            cudaCheck(cudaDeviceSynchronize()); // no loss of overlap: the loss's sum below waits for it anyway
+            t_local = now_seconds() - t0;
+        }
+        int slowest; // the rank the collectives below wait for
+        double t_slowest;
+        loss = dist_sum_loss(&dist, loss, t_local, &slowest, &t_slowest); // before the gradients' collective
+        gpu_reduce_grads(&gm);
+        double norm = gpu_grad_norm(&gm);
+        char why[256], grad[320] = "";
+        int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
+        if (verdict != STEP_UPDATE && !isfinite(norm)) { // name the tensor from this process's gradients
+            gpu_download(&gm, gm.grads, model.grads_memory);
+            nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
+        }
+        if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
+        float lr = (float)lr_at_tokens(&sched, (double)tokens_seen);
+        if (verdict == STEP_UPDATE) { gpu_update(&gm, &opt, lr, (int)step + 1, norm); }
+        tokens_seen += a.total_batch_tokens;
+        dist_wait(&dist);
+        cudaCheck(cudaDeviceSynchronize());
+        double dt = now_seconds() - t0;
+        double tok_s = a.total_batch_tokens / dt;
+        // with pruning (-A 1) the attention term counts the tiles computed, not the skipped ones
+        unsigned long long tiles = 0;
+        double pruned = g_prune ? attention_pruned_share(&tiles) : 0.0;
+        double flops = flops_per_token - 6.0 * cf->n_layer * cf->n_embd * (double)a.T * pruned;
+        char mfu[32] = "n/a", per_gpu[48] = "";
+        if (peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops * tok_s / (peak * dist.world)); }
+        if (dist.world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / dist.world); }
+        run_clock_tick(&clock);
+        char progress[96], fields[160];
+        format_progress(progress, sizeof(progress), &clock, a.steps - step - 1, tokens_seen);
+        step_log_fields(fields, sizeof(fields), lr, norm, tok_s, tokens_seen);
+        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a.steps,
+               loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
+        if (g_prune) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
+        if (dist.world > 1) { // waits, collectives, update
+            printf(" | sync+comm %.1f ms (slowest rank %d, +%.1f ms)", (dt - t_local) * 1e3, slowest,
+                   (t_slowest - t_local) * 1e3);
+        }
+        printf("%s", progress);
+        step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad, fields);
+        // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA
+        // graph, captured later (the second micro-step: with one a step, the next step); it adds ~2 MiB
+        if (step == start) {
+            size_t used = gpu_memory_used() - g_memory_baseline;
+            printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",
+                   used / 1048576.0, need / 1048576.0, 100.0 * ((double)need - (double)used) / (double)used);
+        }
+    }
+    if (guard.skipped > 0) { printf("skipped %ld of %ld steps (-G skip, -Z)\n", guard.skipped, a.steps - start); }
+    if (logf_ != NULL) { fclose(logf_); }
+    if (have_tokenizer) { tokenizer_free(&tk); }
+    dataloader_free(&train);
+    if (have_val) { dataloader_free(&val); }
+    gpu_free(&gm);
+    fox_free(&model);
+    dist_free(&dist);
+    return 0;
+}
+#endif
 
 // ----------------------------------------------------------------------------
 // generation on the GPU: a paged KV cache, the prompts' prefill through gpu_forward, then one CUDA
@@ -7022,7 +7281,7 @@ static void gpu_decoder_free(GpuDecoder* d) {
 }
 
 // ----------------------------------------------------------------------------
-// sampling and evaluation on the GPU
+// sampling on the GPU: the samples that training prints
 
 // generates from the EOT token, recomputing the full forward at each step (where the decoder
 // cannot run: gpu_decoder_problem)
@@ -7062,26 +7321,6 @@ static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_
     cudaCheck(cudaMemcpy(rng, d.rng, sizeof(uint64_t), cudaMemcpyDeviceToHost));
     gpu_decoder_free(&d);
 }
-
-// Mean loss over max_batches batches of B sequences (0: the whole validation set). With
-// several processes each evaluates its slice of every batch and the sums are gathered: for
-// max_batches a multiple of the world size they cover the same sequences as one process.
-static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
-    dataloader_set_position(val, 0, 0, 0);
-    if (val->current_batches == 0) { dataloader_advance_shard(val); }
-    size_t total = dataloader_total_batches(val); // batches of B * world sequences
-    int world = g->dist->world;
-    size_t want = max_batches > 0 ? ceil_div((size_t)max_batches, (size_t)world) : total;
-    int n = (int)(want < total ? want : total);
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) {
-        dataloader_next_batch(val);
-        gpu_forward(g, val->inputs, val->targets, val->B, val->T);
-        sum += g->mean_loss;
-    }
-    return (float)(dist_sum_scalar(g->dist, sum) / ((double)n * world));
-}
-
 
 // ----------------------------------------------------------------------------
 // the evaluation modes on the GPU: gpu_forward behind the twin's ForwardBackend, so eval and
@@ -7239,216 +7478,3 @@ static int gpu_eval_main(const Args* a) {
     fox_free(&model);
     return rc;
 }
-// ----------------------------------------------------------------------------
-// main: training
-
-#ifndef FOX_NO_MAIN
-// Loads the newest complete checkpoint of a.out_dir into the host model and the GPU and moves
-// the training data to its position; returns its step. The data position is translated when
-// the number of processes or the micro-batch changed, which works when the sequences consumed
-// so far fill whole batches of the new size.
-// -y 1 on the GPU: resume_run on every rank (the checkpoint files on a filesystem all share), then
-// each rank's slice of the moments to the device; returns the run's state
-static TrainState gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* train) {
-    const Dist* d = g->dist;
-    dist_check_same(d, latest_checkpoint(a->out_dir),
-                    "the newest checkpoint in -o (the directory must be on a filesystem all processes share)");
-    TrainState s = resume_run(model, a, train);
-    gpu_state_from_host(g);
-    if (d->rank != 0) { // only rank 0 writes checkpoints: the host copy of the moments is spent
-        free(model->m_memory); free(model->v_memory);
-        model->m_memory = model->v_memory = NULL;
-    }
-    return s;
-}
-
-int main(int argc, char** argv) {
-    Args a;
-    parse_args(&a, argc, argv);
-    if (a.mode != MODE_TRAIN) { return gpu_eval_main(&a); }
-    Dist dist;
-    dist_init(&dist, &a, argc, argv);
-    if (dist.rank > 0 && freopen("/dev/null", "w", stdout) == NULL) { // rank 0 alone logs; errors go to stderr
-        fail("rank %d could not silence its output: %s\nHINT: /dev/null must be writable", dist.rank,
-             strerror(errno));
-    }
-    FoxModel model;
-    build_model(&model, &a);
-    const FoxConfig* cf = &model.config;
-    if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T * dist.world; }
-    long micro_tokens = (long)a.B * a.T * dist.world; // one micro-step of every process
-    if (a.total_batch_tokens % micro_tokens != 0) {
-        fail("total batch -d %ld is not a multiple of b*t*processes = %d*%d*%d = %ld\n"
-             "HINT: choose -d as a multiple of -b times -t times the process count",
-             a.total_batch_tokens, a.B, a.T, dist.world, micro_tokens);
-    }
-    int accum = (int)(a.total_batch_tokens / micro_tokens);
-    float loss_scale = 1.0f / ((float)accum * dist.world); // the summed gradients are the global batch's mean
-    DataLoader train, val;
-    dataloader_init(&train, a.train_pattern, a.B, a.T, dist.rank, dist.world, 1, a.roll, a.seed, cf->vocab_size);
-    int have_val = a.val_every > 0;
-    if (have_val) {
-        dataloader_init(&val, a.val_pattern, a.B, a.T, dist.rank, dist.world, 0, 0, a.seed, cf->vocab_size);
-    }
-    if (a.steps < 0) {
-        a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum);
-        if (a.steps < 1) { a.steps = 1; }
-    }
-    AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
-    Tokenizer tk;
-    int have_table = tokenizer_init(&tk, a.tokenizer_path);
-    if (!have_table && a.sample_every > 0) {
-        printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path);
-    }
-    check_run_start(&a, cf, &tk, have_table); // on every rank: all stop alike
-    int have_tokenizer = have_table && dist.rank == 0; // rank 0 prints the samples
-    if (have_table && !have_tokenizer) { tokenizer_free(&tk); }
-    dist_check_same(&dist, (double)model.num_parameters, "the parameter count (-e and model overrides)");
-    dist_check_same(&dist, a.B, "the micro-batch -b");
-    dist_check_same(&dist, a.T, "the sequence length -t");
-    dist_check_same(&dist, (double)a.total_batch_tokens, "the total batch -d");
-    dist_check_same(&dist, (double)a.steps, "the steps -x");
-    dist_check_same(&dist, (double)a.seed, "the seed -S");
-    dist_check_same(&dist, dist.zero_stage, "the ZeRO stage -Q");
-    // these decide when the collectives of validation and checkpoints happen
-    dist_check_same(&dist, a.val_every * 2.0 + (a.out_dir != NULL), "-v and whether -o is given");
-    dist_check_same(&dist, a.val_batches, "the validation batches -m");
-    dist_check_same(&dist, a.checkpoint_every * 2.0 + a.resume, "-n and -y");
-
-    printf("device: %s (%d SMs, %.1f GiB), precision %s\n", g_prop.name, g_prop.multiProcessorCount,
-           g_prop.totalGlobalMem / 1073741824.0, PRECISION_NAME);
-    if (dist.world > 1) {
-        printf("data parallel: %d processes (%s), ZeRO stage %d, NCCL_NVLS_ENABLE=%s\n", dist.world, dist.how,
-               dist.zero_stage, getenv("NCCL_NVLS_ENABLE"));
-    }
-    config_print(stdout, cf);
-    size_t matmul_params = fox_matmul_params(&model);
-    double flops_per_token = 6.0 * (double)matmul_params + 6.0 * cf->n_layer * cf->n_embd * (double)a.T;
-    double peak = gpu_peak_flops();
-    g_recompute = a.recompute;
-    attention_set_pruning(a.prune, a.prune_ln_eps);
-    size_t need = gpu_memory_needed(cf, a.B, a.T, &dist);
-    size_t free_b = 0, total_b = 0;
-    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), "
-           "recompute -r %d\n", model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0,
-           a.recompute);
-    printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g%s, peak %s\n", matmul_params,
-           cf->n_layer, cf->n_embd, a.T, flops_per_token,
-           a.prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
-           peak > 0 ? "989 TFLOP/s (bf16 dense) per GPU" : "unknown for this GPU (MFU n/a)");
-    GPUModel gm;
-    gpu_build_dist(&gm, &model, a.B, a.T, &dist);
-
-    TrainState resumed;
-    if (a.resume) { resumed = gpu_resume(&gm, &model, &a, &train); }
-    int start = a.resume ? resumed.step : 0;
-    int64_t tokens_seen = a.resume ? resumed.tokens_seen : 0;
-    LRSchedule sched = run_schedule(&a, a.resume ? &resumed : NULL);
-    if (a.tune) { gpu_tune_matmuls(&gm, a.B, a.T); }
-    g_step_graphs = a.graphs;
-    printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
-           "warmup %.0f tokens | %s schedule, peak lr %g\n", a.B, a.T, dist.world, accum, a.total_batch_tokens,
-           a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
-    FILE* logf_ = NULL;
-    if (a.out_dir != NULL && dist.rank == 0) {
-        mkdir(a.out_dir, 0755);
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/main.log", a.out_dir);
-        logf_ = fopen_check(path, a.resume ? "a" : "w");
-    }
-    uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
-    StepGuard guard; // every rank sees the same summed loss and norm, so all decide alike
-    step_guard_init(&guard, a.on_nonfinite, a.spike_z);
-    RunClock clock;
-    run_clock_start(&clock);
-    for (long step = start; step <= a.steps; step++) {
-        int last = step == a.steps;
-        if (have_val && (step % a.val_every == 0 || last)) {
-            float vl = gpu_evaluate(&gm, &val, a.val_batches);
-            printf("step %ld: val loss %.6f\n", step, vl);
-            log_line(logf_, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)tokens_seen);
-        }
-        // the checkpoint before the sample: a sample must never cost one
-        int checkpoint_due = (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last;
-        if (a.out_dir != NULL && step > start && checkpoint_due) {
-            TrainState s = train_state((int)step, &train, &sched, tokens_seen);
-            gpu_save_checkpoint(&gm, a.out_dir, &s);
-        }
-        if (have_tokenizer && a.sample_every > 0 && (step % a.sample_every == 0 || last) && step > 0) {
-            int gen = a.gen_tokens < a.T ? a.gen_tokens : a.T;
-            gpu_sample(&gm, &tk, gen, &sample_rng);
-        }
-        if (last) { break; }
-        if (g_prune) { unsigned long long tiles; attention_pruned_share(&tiles); } // counts this step's forwards only
-        double t0 = now_seconds();
-        gpu_zero_grad(&gm);
-        double loss = 0.0; // this process's share of the global batch's mean loss
-        for (int micro = 0; micro < accum; micro++) {
-            dataloader_next_batch(&train);
-            gpu_train_micro_step(&gm, train.inputs, train.targets, a.B, a.T, loss_scale);
-            loss += gm.mean_loss / (accum * dist.world);
-        }
-        double t_local = 0.0; // with several processes: when this one's forwards and backwards were done
-        if (dist.world > 1) {
-            cudaCheck(cudaDeviceSynchronize()); // no loss of overlap: the loss's sum below waits for it anyway
-            t_local = now_seconds() - t0;
-        }
-        int slowest; // the rank the collectives below wait for
-        double t_slowest;
-        loss = dist_sum_loss(&dist, loss, t_local, &slowest, &t_slowest); // before the gradients' collective
-        gpu_reduce_grads(&gm);
-        double norm = gpu_grad_norm(&gm);
-        char why[256], grad[320] = "";
-        int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
-        if (verdict != STEP_UPDATE && !isfinite(norm)) { // name the tensor from this process's gradients
-            gpu_download(&gm, gm.grads, model.grads_memory);
-            nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
-        }
-        if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
-        float lr = (float)lr_at_tokens(&sched, (double)tokens_seen);
-        if (verdict == STEP_UPDATE) { gpu_update(&gm, &opt, lr, (int)step + 1, norm); }
-        tokens_seen += a.total_batch_tokens;
-        dist_wait(&dist);
-        cudaCheck(cudaDeviceSynchronize());
-        double dt = now_seconds() - t0;
-        double tok_s = a.total_batch_tokens / dt;
-        // with pruning (-A 1) the attention term counts the tiles computed, not the skipped ones
-        unsigned long long tiles = 0;
-        double pruned = g_prune ? attention_pruned_share(&tiles) : 0.0;
-        double flops = flops_per_token - 6.0 * cf->n_layer * cf->n_embd * (double)a.T * pruned;
-        char mfu[32] = "n/a", per_gpu[48] = "";
-        if (peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops * tok_s / (peak * dist.world)); }
-        if (dist.world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / dist.world); }
-        run_clock_tick(&clock);
-        char progress[96], fields[160];
-        format_progress(progress, sizeof(progress), &clock, a.steps - step - 1, tokens_seen);
-        step_log_fields(fields, sizeof(fields), lr, norm, tok_s, tokens_seen);
-        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a.steps,
-               loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
-        if (g_prune) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
-        if (dist.world > 1) { // waits, collectives, update
-            printf(" | sync+comm %.1f ms (slowest rank %d, +%.1f ms)", (dt - t_local) * 1e3, slowest,
-                   (t_slowest - t_local) * 1e3);
-        }
-        printf("%s", progress);
-        step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad, fields);
-        // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA
-        // graph, captured later (the second micro-step: with one a step, the next step); it adds ~2 MiB
-        if (step == start) {
-            size_t used = gpu_memory_used() - g_memory_baseline;
-            printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",
-                   used / 1048576.0, need / 1048576.0, 100.0 * ((double)need - (double)used) / (double)used);
-        }
-    }
-    if (guard.skipped > 0) { printf("skipped %ld of %ld steps (-G skip, -Z)\n", guard.skipped, a.steps - start); }
-    if (logf_ != NULL) { fclose(logf_); }
-    if (have_tokenizer) { tokenizer_free(&tk); }
-    dataloader_free(&train);
-    if (have_val) { dataloader_free(&val); }
-    gpu_free(&gm);
-    fox_free(&model);
-    dist_free(&dist);
-    return 0;
-}
-#endif
