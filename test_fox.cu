@@ -4158,7 +4158,7 @@ static void gpu_test_rmsnorm(void) {
         cudaCheck(cudaMemset(m.gb.dresid_x, 0xFF, NC * sizeof(floatX)));
         cudaCheck(cudaMemset(m.gb.partial, 0xFF, chunks * C * sizeof(float)));
         rmsnorm_forward_nv(nv, out_d, rstd_d, x_d, w_d, N, C);
-        rmsnorm_backward_nv(nv, &m, dw_d, x_d, w_d, rstd_d, N, C);
+        rmsnorm_backward_nv(nv, m.gb.dresid, m.gb.dresid_x, m.gb.partial, dw_d, m.gb.dxn, x_d, w_d, rstd_d, N, C);
         cudaCheck(cudaDeviceSynchronize());
         cudaCheck(cudaMemcpy(out, out_d, NC * sizeof(floatX), cudaMemcpyDeviceToHost));
         cudaCheck(cudaMemcpy(rstd, rstd_d, N * sizeof(float), cudaMemcpyDeviceToHost));

@@ -385,6 +385,21 @@ __global__ void encoder_backward_kernel(float* dwte, const float* dout, const in
     dwte[(size_t)tok * C + c] += acc;
 }
 
+// out (N, C) = wte[tokens], on `stream` (generation's; the trainer's default stream otherwise)
+static void encoder_forward_gpu(float* out, const int* tokens, const float* wte, size_t N, int C,
+                                cudaStream_t stream = 0) {
+    encoder_forward_kernel<<<elem_blocks(N * C), 256, 0, stream>>>(out, tokens, wte, N, C);
+    launchCheck();
+}
+
+// dwte += the gradient of the `distinct` tokens of the CSR lists token_ids, offsets, positions
+static void encoder_backward_gpu(float* dwte, const float* dout, const int* token_ids, const int* offsets,
+                                 const int* positions, int distinct, int C) {
+    dim3 grid((unsigned)distinct, (unsigned)ceil_div(C, ENC_BWD_COLS));
+    encoder_backward_kernel<<<grid, ENC_BWD_COLS>>>(dwte, dout, token_ids, offsets, positions, C);
+    launchCheck();
+}
+
 // ----------------------------------------------------------------------------
 // matmuls: cuBLASLt, fp32 accumulation. Everything is row-major on our side; cuBLASLt is
 // column-major, so a row-major (R, C) matrix is a column-major (C, R) one.
@@ -520,6 +535,14 @@ __global__ void pattern_kernel(T* d, size_t n) {
     if (i < n) { d[i] = (T)((float)((uint32_t)(i * 2654435761u) >> 20) * (1.0f / 4096.0f) - 0.5f); }
 }
 
+// d (n values of d_type: fp32 or floatX) = the pattern
+static void pattern_gpu(void* d, cudaDataType_t d_type, size_t n) {
+    unsigned blocks = (unsigned)ceil_div(n, 256);
+    if (d_type == CUDA_R_32F) { pattern_kernel<float><<<blocks, 256>>>((float*)d, n); }
+    else { pattern_kernel<floatX><<<blocks, 256>>>((floatX*)d, n); }
+    launchCheck();
+}
+
 // candidate i's bits on the call's operands: the digest of D after D = A B (beta 0) and after
 // D = A B + pattern (beta 1, C = D: where an algorithm adds C in its reduction shows); false when
 // cuBLASLt refuses the candidate
@@ -527,11 +550,8 @@ static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floa
                                  unsigned long long digest[2]) {
     float alpha = 1.0f, beta[2] = {0.0f, 1.0f};
     size_t n = (size_t)p->m * p->n, bytes = n * (p->d_type == CUDA_R_32F ? sizeof(float) : sizeof(floatX));
-    unsigned blocks = (unsigned)ceil_div(n, 256);
     for (int k = 0; k < 2; k++) {
-        if (k == 1 && p->d_type == CUDA_R_32F) { pattern_kernel<float><<<blocks, 256>>>((float*)d, n); }
-        if (k == 1 && p->d_type != CUDA_R_32F) { pattern_kernel<floatX><<<blocks, 256>>>((floatX*)d, n); }
-        launchCheck();
+        if (k == 1) { pattern_gpu(d, p->d_type, n); }
         if (cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta[k], d, p->c, d, p->d, &p->cand[i],
                            g_workspace, WORKSPACE_BYTES, cudaStreamPerThread) != CUBLAS_STATUS_SUCCESS) {
             cudaGetLastError();
@@ -836,6 +856,79 @@ __global__ void colsum_finish_kernel(float* out, const float* partial, int chunk
         for (int y = 0; y < 16; y++) { total += sums[y][threadIdx.x]; }
         out[i] += total;
     }
+}
+
+// the RMSNorm kernels' register tile for rows of C: NV = the smallest of 1, 2, 4, 6, 8, 12 with
+// RMS_TILE(NV) >= C, 12 for wider rows
+static int rms_nv(int C) {
+    static const int nvs[] = {1, 2, 4, 6, 8, 12};
+    for (int i = 0; i < 6; i++) {
+        if (RMS_TILE(nvs[i]) >= C) { return nvs[i]; }
+    }
+    return 12;
+}
+
+// the instance of RMSNorm kernel template K at register tile nv, which must be one of rms_nv's
+#define RMS_NV_PICK(K, nv) \
+    ((nv) == 1 ? K<1> : (nv) == 2 ? K<2> : (nv) == 4 ? K<4> : (nv) == 6 ? K<6> : (nv) == 8 ? K<8> : K<12>)
+static void rms_nv_check(int nv) {
+    if (nv != 1 && nv != 2 && nv != 4 && nv != 6 && nv != 8 && nv != 12) {
+        fail("internal: RMSNorm register tile %d" BUG_HINT, nv);
+    }
+}
+
+// out = RMSNorm(x) w (eps 1e-6) with register tile nv (the trainer passes rms_nv(C), the tests every one)
+static void rmsnorm_forward_nv(int nv, floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
+    rms_nv_check(nv);
+    RMS_NV_PICK(rmsnorm_forward_kernel, nv)<<<warp_blocks(rows), 32 * WARPS_PER_BLOCK>>>(out, rstd, x, w, rows, C,
+                                                                                        1e-6f);
+    launchCheck();
+}
+
+static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
+    rmsnorm_forward_nv(rms_nv(C), out, rstd, x, w, rows, C);
+}
+
+// dw[W / fold] += column sums over rows of d (the bias gradients) or, with x, of d * x * rstd
+// (the per-head norm scales; see the colsum kernels)
+static void colsum_gpu(float* dw, float* partial, const float* d, size_t rows, int W) {
+    dim3 grid((unsigned)ceil_div(W, 32), (unsigned)ceil_div(rows, COLSUM_ROWS));
+    colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, rows, W);
+    launchCheck();
+    colsum_finish_kernel<<<(unsigned)ceil_div(W, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, 1);
+    launchCheck();
+}
+
+static void colsum_scale_gpu(float* dw, float* partial, const floatX* d, const floatX* x, const float* rstd,
+                             size_t rows, int W, int seg, int fold) {
+    dim3 grid((unsigned)ceil_div(W, 32 * XPACK), (unsigned)ceil_div(rows, COLSUM_ROWS));
+    colsum_scale_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, x, rstd, rows, W, seg);
+    launchCheck();
+    colsum_finish_kernel<<<(unsigned)ceil_div(W / fold, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, fold);
+    launchCheck();
+}
+
+// dx (added to dresid (N, C), which is refreshed in dresid_x, its matmul copy) and dw (added) from dout,
+// the gradient at the norm's output, with register tile nv (as rmsnorm_forward_nv); partial:
+// ceil(N / RMS_BWD_ROWS) x C floats of scratch
+static void rmsnorm_backward_nv(int nv, float* dresid, floatX* dresid_x, float* partial, float* dw, const float* dout,
+                                const float* x, const float* w, const float* rstd, size_t N, int C) {
+    rms_nv_check(nv);
+    unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
+    size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
+    auto kernel = RMS_NV_PICK(rmsnorm_backward_kernel, nv);
+    if (smem > 48 * 1024) { // above the default limit (gpu_config_problem: C <= RMS_BWD_MAX_C)
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(dresid, dresid_x, partial, dout, x, w, rstd, N, C);
+    launchCheck();
+    colsum_finish_kernel<<<(unsigned)ceil_div(C, 32), dim3(32, 16)>>>(dw, partial, (int)chunks, C, 1);
+    launchCheck();
+}
+
+static void rmsnorm_backward_gpu(float* dresid, floatX* dresid_x, float* partial, float* dw, const float* dout,
+                                 const float* x, const float* w, const float* rstd, size_t N, int C) {
+    rmsnorm_backward_nv(rms_nv(C), dresid, dresid_x, partial, dw, dout, x, w, rstd, N, C);
 }
 
 // ----------------------------------------------------------------------------
@@ -1349,41 +1442,24 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
 #endif
 
 #ifndef ENABLE_FP32
-// the forward (dx NULL) or the backward input kernel for NP = ceil(P H / 16). The shared memory
-// limit is a per-device attribute: set on every call (microseconds), with the carveout that lets
-// two forward blocks (up to 112 KB each) or two or three backward blocks share an SM.
-template <int NP>
-static void head_proj_launch(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
-    if (dx == NULL) {
-        cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)HPF_SMEM(NP)));
-        cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       cudaSharedmemCarveoutMaxShared));
-        head_proj_forward_kernel<NP><<<(unsigned)ceil_div(N, HPF_ROWS), 32 * HPF_WARPS, HPF_SMEM(NP)>>>(*hp, x, N, C,
-                                                                                                       H);
-    } else {
-        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)HPB_SMEM(NP)));
-        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>,
-                                       cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-        dim3 grid((unsigned)ceil_div(N, HPB_ROWS), (unsigned)ceil_div(C, HPB_COLS));
-        head_proj_backward_input_kernel<NP><<<grid, 32 * HPB_WARPS, HPB_SMEM(NP)>>>(dx, *hp, N, C, H);
-    }
-    launchCheck();
-}
-
-static void head_proj_launch_np(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
-    switch ((hp->count * H + 15) / 16) {
-    case 1: head_proj_launch<1>(dx, hp, x, N, C, H); break;
-    case 2: head_proj_launch<2>(dx, hp, x, N, C, H); break;
-    case 3: head_proj_launch<3>(dx, hp, x, N, C, H); break;
-    case 4: head_proj_launch<4>(dx, hp, x, N, C, H); break;
-    case 5: head_proj_launch<5>(dx, hp, x, N, C, H); break;
-    case 6: head_proj_launch<6>(dx, hp, x, N, C, H); break;
-    default:
+// NP = ceil(P H / 16), the n8-tile pairs of the kernels' instance (1 .. 6: gpu_config_problem)
+static int head_proj_np(const HeadProj* hp, int H) {
+    int np = (hp->count * H + 15) / 16;
+    if (np < 1 || np > 6) {
         fail("head projections: P * H = %d outside 1..%d\nHINT: gpu_config_problem refuses such configs", hp->count * H,
              HP_MAX_J);
     }
+    return np;
+}
+// the instance of head-projection kernel template K at NP = np (1 .. 6)
+#define HP_NP_PICK(K, np) \
+    ((np) == 1 ? K<1> : (np) == 2 ? K<2> : (np) == 3 ? K<3> : (np) == 4 ? K<4> : (np) == 5 ? K<5> : K<6>)
+// The shared memory limit is a per-device attribute: set on every call (microseconds), with the carveout
+// that lets two forward blocks (up to 112 KB each) or two or three backward blocks share an SM.
+template <typename Kernel> static void head_proj_smem(Kernel kernel, size_t smem) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   cudaSharedmemCarveoutMaxShared));
 }
 #endif
 
@@ -1393,7 +1469,11 @@ static void head_proj_forward_gpu(const HeadProj* hp, const floatX* x, size_t N,
     for (int i = 0; i < hp->count; i++) { matmul_forward_gpu(hp->out[i], CUDA_R_32F, NULL, x, hp->w[i], N, C, H); }
 #else
     if (hp->count == 0) { return; }
-    head_proj_launch_np(NULL, hp, x, N, C, H);
+    int np = head_proj_np(hp, H);
+    auto kernel = HP_NP_PICK(head_proj_forward_kernel, np);
+    head_proj_smem(kernel, HPF_SMEM(np));
+    kernel<<<(unsigned)ceil_div(N, HPF_ROWS), 32 * HPF_WARPS, HPF_SMEM(np)>>>(*hp, x, N, C, H);
+    launchCheck();
 #endif
 }
 
@@ -1406,7 +1486,12 @@ static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* 
         matmul_lt(dx, CUDA_R_32F, NULL, hp->w[i], hp->dout + i * H, C, (int)N, H, 0, 0, J, i == 0 ? 0.0f : 1.0f);
     }
 #else
-    head_proj_launch_np(dx, hp, x, N, C, H);
+    int np = head_proj_np(hp, H);
+    auto kernel = HP_NP_PICK(head_proj_backward_input_kernel, np);
+    head_proj_smem(kernel, HPB_SMEM(np));
+    dim3 grid((unsigned)ceil_div(N, HPB_ROWS), (unsigned)ceil_div(C, HPB_COLS));
+    kernel<<<grid, 32 * HPB_WARPS, HPB_SMEM(np)>>>(dx, *hp, N, C, H);
+    launchCheck();
 #endif
     matmul_backward_weight_gpu(hp->dw, hp->dout, x, N, C, J);
 }
@@ -1485,6 +1570,24 @@ kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a,
     }
     da = group_sum(da, G);
     if (active && j == 0) { dalpha_logit[n * ld_a + row % H] = to_floatX(da * a * (1.0f - a)); }
+}
+
+// out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head for the n <= 2 sets set[0 .. n - 1] (k, v: those
+// whose shift is on); out, raw (B, T, H, hd), alpha_logit (B, T, H); N = B T
+static void kv_shift_forward_gpu(const KVShiftSet set[2], int n, size_t N, int T, int H, int hd) {
+    if (n == 0) { return; }
+    size_t NC = N * H * hd;
+    kv_shift_forward_kernel<<<dim3(elem_blocks(NC / XPACK), n), 256>>>(set[0], set[n - 1], N, T, H, hd);
+    launchCheck();
+}
+
+// the sets' draw (rows ld long) and dalpha_logit (rows ld_a long) from dout (n >= 1)
+static void kv_shift_backward_gpu(const KVShiftGradSet set[2], int n, int ld, int ld_a, size_t N, int T, int H,
+                                  int hd) {
+    int G = head_lanes(hd);
+    kv_shift_backward_kernel<<<dim3(head_blocks(N * H, G), n), HEAD_THREADS>>>(set[0], set[n - 1], ld, ld_a, N, T, H,
+                                                                               hd, G);
+    launchCheck();
 }
 
 // ----------------------------------------------------------------------------
@@ -1631,6 +1734,22 @@ qk_norm_rope_backward_kernel(QKNormGradSet s0, QKNormGradSet s1, int groups, con
     *(PackX*)(dr + half + i0) = ohi;
 }
 
+// q and k through QK-norm (w != NULL, eps) then RoPE (rope != NULL), both sets in one launch
+static void qk_norm_rope_forward_gpu(QKNormSet q, QKNormSet k, int groups, const float* rope, size_t N, int T, int H,
+                                     int hd, float eps) {
+    int G = head_lanes(hd);
+    qk_norm_rope_forward_kernel<<<dim3(head_blocks(N * H, G), 2), HEAD_THREADS>>>(q, k, groups, rope, N, T, H, hd, eps,
+                                                                                  G);
+    launchCheck();
+}
+
+static void qk_norm_rope_backward_gpu(QKNormGradSet q, QKNormGradSet k, int groups, const float* rope, size_t N, int T,
+                                      int H, int hd) {
+    int G = head_lanes(hd);
+    qk_norm_rope_backward_kernel<<<dim3(head_blocks(N * H, G), 2), HEAD_THREADS>>>(q, k, groups, rope, N, T, H, hd, G);
+    launchCheck();
+}
+
 // ----------------------------------------------------------------------------
 // the forget gate
 
@@ -1703,6 +1822,19 @@ __global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_lo
     float g = dlogf[((n / T) * H + h) * T + n % T] * sigmoid_gpu(-gate_logit[i]);
     dgate_logit[i] = g;
     if (dgate_logit_x != NULL) { dgate_logit_x[n * ld_x + h] = to_floatX(g); }
+}
+
+// gate_logit (B, T, H) += bias (has_proj; else = bias), c (B, H, T) its running sum of log f
+static void forget_gate_forward_gpu(float* c, float* gate_logit, const float* bias, int has_proj, int B, int T, int H) {
+    forget_gate_forward_kernel<<<B * H, GATE_THREADS>>>(c, gate_logit, bias, has_proj, B, T, H);
+    launchCheck();
+}
+
+static void forget_gate_backward_gpu(float* dgate_logit, floatX* dgate_logit_x, int ld_x, const float* dlogf,
+                                     const float* gate_logit, int B, int T, int H) {
+    forget_gate_backward_kernel<<<elem_blocks((size_t)B * T * H), 256>>>(dgate_logit, dgate_logit_x, ld_x, dlogf,
+                                                                         gate_logit, B, T, H);
+    launchCheck();
 }
 
 // ----------------------------------------------------------------------------
@@ -3391,7 +3523,7 @@ static const int* attention_prune_tables(const floatX* q, const floatX* k, const
 
 static unsigned long long* g_prune_counts = NULL; // (2) on the device
 
-static void attention_prune_count(const int* tables, int BH, int T, int window) {
+static void attention_prune_count_gpu(const int* tables, int BH, int T, int window) {
     if (g_prune_counts == NULL) {
         cudaCheck(cudaMalloc(&g_prune_counts, 2 * sizeof(unsigned long long)));
         cudaCheck(cudaMemset(g_prune_counts, 0, 2 * sizeof(unsigned long long)));
@@ -3430,7 +3562,7 @@ static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const 
     if (attention_fused(hd)) {
         const int* tables = attention_prune_tables(q, k, c, B, T, H, hd);
         fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, H * hd, H * hd, window, tables, 0);
-        if (tables != NULL) { attention_prune_count(tables, B * H, T, window); }
+        if (tables != NULL) { attention_prune_count_gpu(tables, B * H, T, window); }
         return;
     }
 #endif
@@ -3597,6 +3729,24 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
     }
 }
 
+// y (and o_normed, rstd) from o through the output norm (w != NULL, eps) and gate (og != NULL)
+static void output_norm_gate_forward_gpu(floatX* o_normed, floatX* y, float* rstd, const floatX* o, const floatX* og,
+                                         const float* w, size_t N, int H, int hd, float eps) {
+    int G = head_lanes(hd);
+    output_norm_gate_forward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(o_normed, y, rstd, o, og, w, N, H, hd, eps,
+                                                                             G);
+    launchCheck();
+}
+
+static void output_norm_gate_backward_gpu(floatX* do_, floatX* dog, int ld, floatX* don, float* delta, const floatX* dy,
+                                          const floatX* o, const floatX* o_normed, const floatX* og, const float* w,
+                                          const float* rstd, size_t N, int T, int H, int hd) {
+    int G = head_lanes(hd);
+    output_norm_gate_backward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(do_, dog, ld, don, delta, dy, o, o_normed,
+                                                                              og, w, rstd, N, T, H, hd, G);
+    launchCheck();
+}
+
 // ----------------------------------------------------------------------------
 // SwiGLU
 
@@ -3634,6 +3784,11 @@ __global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const fl
 
 static void swiglu_forward_gpu(floatX* act, const floatX* gu, size_t N, int I) {
     swiglu_forward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(act, gu, N, I);
+    launchCheck();
+}
+
+static void swiglu_backward_gpu(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I) {
+    swiglu_backward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(dgu, dact, gu, N, I);
     launchCheck();
 }
 
@@ -3821,6 +3976,26 @@ __global__ void adamw_kernel(float* __restrict__ p, floatX* __restrict__ p_x, co
 __global__ void to_floatX_kernel(floatX* out, const float* in, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { out[i] = to_floatX(in[i]); }
+}
+
+// partial (NORM_BLOCKS) = the fp64 sums of squares of g over the `count` ranges (`total` elements)
+static void sumsq_partial_gpu(double* partial, const float* g, const Range* ranges, int count, size_t total) {
+    sumsq_partial_kernel<<<NORM_BLOCKS, 256>>>(partial, g, ranges, count, total);
+    launchCheck();
+}
+
+// AdamW on the `count` segments, `blocks` thread blocks in all (adamw_segment_table)
+static void adamw_gpu(float* p, floatX* p_x, const float* g, float* m, float* v, const AdamWSegment* segs, int count,
+                      unsigned blocks, float lr, float weight_decay, float beta1, float beta2, float c1, float c2,
+                      float eps, float grad_scale) {
+    adamw_kernel<<<blocks, ADAMW_THREADS>>>(p, p_x, g, m, v, segs, count, lr, weight_decay, beta1, beta2, c1, c2, eps,
+                                            grad_scale);
+    launchCheck();
+}
+
+static void to_floatX_gpu(floatX* out, const float* in, size_t n) {
+    to_floatX_kernel<<<elem_blocks(n), 256>>>(out, in, n);
+    launchCheck();
 }
 
 // ----------------------------------------------------------------------------
@@ -4524,8 +4699,7 @@ static size_t gpu_memory_needed(const FoxConfig* cf, int B, int T, const Dist* d
 // uploads the host copy of the weights (master and matmul copy)
 static void gpu_params_from_host(GPUModel* g) {
     gpu_upload(g, g->host->params_memory, g->params);
-    to_floatX_kernel<<<elem_blocks(g->layout.size), 256>>>(g->params_x, g->params, g->layout.size);
-    launchCheck();
+    to_floatX_gpu(g->params_x, g->params, g->layout.size);
 }
 
 static void gpu_params_to_host(GPUModel* g) { gpu_download(g, g->params, g->host->params_memory); }
@@ -4642,98 +4816,6 @@ static void gpu_free(GPUModel* g) {
 }
 
 // ----------------------------------------------------------------------------
-// layer launchers used by the forward and backward
-
-// the RMSNorm kernels' register tile for rows of C: NV = the smallest of 1, 2, 4, 6, 8, 12 with
-// RMS_TILE(NV) >= C, 12 for wider rows
-static int rms_nv(int C) {
-    static const int nvs[] = {1, 2, 4, 6, 8, 12};
-    for (int i = 0; i < 6; i++) {
-        if (RMS_TILE(nvs[i]) >= C) { return nvs[i]; }
-    }
-    return 12;
-}
-
-template <int NV>
-static void rmsnorm_forward_launch(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
-    rmsnorm_forward_kernel<NV><<<warp_blocks(rows), 32 * WARPS_PER_BLOCK>>>(out, rstd, x, w, rows, C, 1e-6f);
-}
-
-// with register tile NV = nv (one of rms_nv's; the trainer passes rms_nv(C), the tests every one)
-static void rmsnorm_forward_nv(int nv, floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
-    switch (nv) {
-    case 1: rmsnorm_forward_launch<1>(out, rstd, x, w, rows, C); break;
-    case 2: rmsnorm_forward_launch<2>(out, rstd, x, w, rows, C); break;
-    case 4: rmsnorm_forward_launch<4>(out, rstd, x, w, rows, C); break;
-    case 6: rmsnorm_forward_launch<6>(out, rstd, x, w, rows, C); break;
-    case 8: rmsnorm_forward_launch<8>(out, rstd, x, w, rows, C); break;
-    case 12: rmsnorm_forward_launch<12>(out, rstd, x, w, rows, C); break;
-    default: fail("internal: RMSNorm register tile %d" BUG_HINT, nv);
-    }
-    launchCheck();
-}
-
-static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
-    rmsnorm_forward_nv(rms_nv(C), out, rstd, x, w, rows, C);
-}
-
-// dw[W / fold] += column sums over rows of d (the bias gradients) or, with x, of d * x * rstd
-// (the per-head norm scales; see the colsum kernels)
-static void colsum_gpu(float* dw, float* partial, const float* d, size_t rows, int W) {
-    dim3 grid((unsigned)ceil_div(W, 32), (unsigned)ceil_div(rows, COLSUM_ROWS));
-    colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, rows, W);
-    launchCheck();
-    colsum_finish_kernel<<<(unsigned)ceil_div(W, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, 1);
-    launchCheck();
-}
-
-static void colsum_scale_gpu(float* dw, float* partial, const floatX* d, const floatX* x, const float* rstd,
-                             size_t rows, int W, int seg, int fold) {
-    dim3 grid((unsigned)ceil_div(W, 32 * XPACK), (unsigned)ceil_div(rows, COLSUM_ROWS));
-    colsum_scale_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, x, rstd, rows, W, seg);
-    launchCheck();
-    colsum_finish_kernel<<<(unsigned)ceil_div(W / fold, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, fold);
-    launchCheck();
-}
-
-template <int NV>
-static void rmsnorm_backward_launch(GPUGradBuffers* d, const float* x, const float* w, const float* rstd, size_t N,
-                                    int C, unsigned chunks) {
-    size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
-    if (smem > 48 * 1024) { // above the default limit (gpu_config_problem: C <= RMS_BWD_MAX_C)
-        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem));
-    }
-    rmsnorm_backward_kernel<NV><<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(d->dresid, d->dresid_x, d->partial, d->dxn,
-                                                                        x, w, rstd, N, C);
-}
-
-// dx (added to g's dresid, with its matmul copy) and dw (added) from the gradient in g's dxn, with
-// register tile NV = nv (as rmsnorm_forward_nv)
-static void rmsnorm_backward_nv(int nv, GPUModel* g, float* dw, const float* x, const float* w, const float* rstd,
-                                size_t N, int C) {
-    GPUGradBuffers* d = &g->gb;
-    unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
-    switch (nv) {
-    case 1: rmsnorm_backward_launch<1>(d, x, w, rstd, N, C, chunks); break;
-    case 2: rmsnorm_backward_launch<2>(d, x, w, rstd, N, C, chunks); break;
-    case 4: rmsnorm_backward_launch<4>(d, x, w, rstd, N, C, chunks); break;
-    case 6: rmsnorm_backward_launch<6>(d, x, w, rstd, N, C, chunks); break;
-    case 8: rmsnorm_backward_launch<8>(d, x, w, rstd, N, C, chunks); break;
-    case 12: rmsnorm_backward_launch<12>(d, x, w, rstd, N, C, chunks); break;
-    default: fail("internal: RMSNorm register tile %d" BUG_HINT, nv);
-    }
-    launchCheck();
-    colsum_finish_kernel<<<(unsigned)ceil_div(C, 32), dim3(32, 16)>>>(dw, d->partial, (int)chunks, C, 1);
-    launchCheck();
-}
-
-static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const float* w, const float* rstd, size_t N,
-                                 int C) {
-    rmsnorm_backward_nv(rms_nv(C), g, dw, x, w, rstd, N, C);
-}
-
-// ----------------------------------------------------------------------------
 // forward and backward of the whole model
 
 // Layer l's activations (of the current batch's N rows). A tensor with its own buffer lives in
@@ -4799,46 +4881,34 @@ static HeadProj head_proj_layer(GPUModel* g, const LayerActs* p, int l) {
     return hp;
 }
 
-// out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head for layer l's k and v, those whose shift is on;
-// out, raw (B, T, H, hd), alpha (B, T, H)
-static void kv_shift_forward_gpu(GPUModel* g, const LayerActs* p, int B, int T) {
+// layer l's k and v through the shifts that are on
+static void kv_shift_forward_layer(GPUModel* g, const LayerActs* p, int B, int T) {
     const FoxConfig* cf = &g->config;
     int H = cf->n_head, hd = cf->n_embd / H, n = 0;
     KVShiftSet set[2];
     if (cf->k_shift) { set[n++] = (KVShiftSet){p->k_shifted, p->k_raw, p->k_alpha}; }
     if (cf->v_shift) { set[n++] = (KVShiftSet){p->v, p->v_raw, p->v_alpha}; }
-    if (n == 0) { return; }
-    size_t NC = (size_t)B * T * H * hd;
-    kv_shift_forward_kernel<<<dim3(elem_blocks(NC / XPACK), n), 256>>>(set[0], set[n - 1], (size_t)B * T, T, H, hd);
-    launchCheck();
+    kv_shift_forward_gpu(set, n, (size_t)B * T, T, H, hd);
 }
 
 // q and k of layer l through QK-norm and RoPE (nothing when both are off)
-static void qk_norm_rope_forward_gpu(GPUModel* g, const LayerActs* p, int l, int B, int T) {
+static void qk_norm_rope_forward_layer(GPUModel* g, const LayerActs* p, int l, int B, int T) {
     const FoxConfig* cf = &g->config;
     if (!cf->qk_norm && !cf->rope) { return; }
     int H = cf->n_head, hd = cf->n_embd / H, groups_qk = cf->qk_norm_shared ? 1 : H;
-    size_t N = (size_t)B * T, NH = N * H;
     const float* wq_n = cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL;
     const float* wk_n = cf->qk_norm ? pm(g, P_K_NORM, l) : NULL;
-    const float* rope = cf->rope ? g->rope : NULL;
-    int G = head_lanes(hd);
     QKNormSet q = {p->q, p->rstd_q, p->q_raw, wq_n}, k = {p->k, p->rstd_k, p->k_shifted, wk_n};
-    qk_norm_rope_forward_kernel<<<dim3(head_blocks(NH, G), 2), HEAD_THREADS>>>(q, k, groups_qk, rope, N, T, H, hd,
-                                                                               1e-5f, G);
-    launchCheck();
+    qk_norm_rope_forward_gpu(q, k, groups_qk, cf->rope ? g->rope : NULL, (size_t)B * T, T, H, hd, 1e-5f);
 }
 
 // y of layer l from o through the output norm and gate (nothing when both are off)
-static void output_norm_gate_forward_gpu(GPUModel* g, const LayerActs* p, int l, size_t N) {
+static void output_norm_gate_forward_layer(GPUModel* g, const LayerActs* p, int l, size_t N) {
     const FoxConfig* cf = &g->config;
     if (!cf->output_norm && !cf->output_gate) { return; }
-    int H = cf->n_head, hd = cf->n_embd / H;
-    int G = head_lanes(hd);
-    output_norm_gate_forward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(
-        p->o_normed, p->y, p->rstd_o, p->o, cf->output_gate ? p->og_logit : NULL,
-        cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, H, hd, 1e-6f, G);
-    launchCheck();
+    output_norm_gate_forward_gpu(p->o_normed, p->y, p->rstd_o, p->o, cf->output_gate ? p->og_logit : NULL,
+                                 cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, cf->n_head, cf->n_embd / cf->n_head,
+                                 1e-6f);
 }
 
 // -r 1: layer l's (R) tensors again, by the forward's kernels on the inputs the forward kept
@@ -4849,9 +4919,9 @@ static void gpu_recompute_layer(GPUModel* g, const LayerActs* p, int l) {
     int B = g->B, T = g->T, C = cf->n_embd;
     size_t N = (size_t)B * T;
     rmsnorm_forward_gpu(p->xa, p->rstd_a, p->resid, pm(g, P_ATTN_NORM, l), N, C);
-    kv_shift_forward_gpu(g, p, B, T);
-    qk_norm_rope_forward_gpu(g, p, l, B, T);
-    output_norm_gate_forward_gpu(g, p, l, N);
+    kv_shift_forward_layer(g, p, B, T);
+    qk_norm_rope_forward_layer(g, p, l, B, T);
+    output_norm_gate_forward_layer(g, p, l, N);
     rmsnorm_forward_gpu(p->xm, p->rstd_m, p->resid_mid, pm(g, P_MLP_NORM, l), N, C);
     swiglu_forward_gpu(p->act, p->gu, N, cf->mlp_hidden);
 }
@@ -4883,8 +4953,7 @@ static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
     int V = cf->vocab_size, Vp = cf->padded_vocab_size;
     size_t N = (size_t)B * T, NC = N * C;
     GPUActivations a = g->acts;
-    encoder_forward_kernel<<<elem_blocks(NC), 256>>>(a.resid, g->inputs, pm(g, P_WTE, 0), N, C);
-    launchCheck();
+    encoder_forward_gpu(a.resid, g->inputs, pm(g, P_WTE, 0), N, C);
     for (int l = 0; l < L; l++) {
         LayerActs p = layer_acts(g, l);
         // attention
@@ -4894,16 +4963,14 @@ static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
         matmul_forward_gpu(p.v_raw, CUDA_R_X, NULL, p.xa, px(g, P_WV, l), N, C, C);
         HeadProj hp = head_proj_layer(g, &p, l); // k/v shift and forget-gate logits
         head_proj_forward_gpu(&hp, p.xa, N, C, H);
-        kv_shift_forward_gpu(g, &p, B, T);
-        qk_norm_rope_forward_gpu(g, &p, l, B, T);
+        kv_shift_forward_layer(g, &p, B, T);
+        qk_norm_rope_forward_layer(g, &p, l, B, T);
         if (cf->gate != GATE_NONE) {
-            forget_gate_forward_kernel<<<B * H, GATE_THREADS>>>(p.c, p.gate_logit, pm(g, P_BF, l),
-                                                                cf->gate == GATE_FULL, B, T, H);
-            launchCheck();
+            forget_gate_forward_gpu(p.c, p.gate_logit, pm(g, P_BF, l), cf->gate == GATE_FULL, B, T, H);
         }
         attention_forward_gpu(p.o, p.lse, p.q, p.k, p.v, cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window);
         if (cf->output_gate) { matmul_forward_gpu(p.og_logit, CUDA_R_X, NULL, p.xa, px(g, P_WG, l), N, C, C); }
-        output_norm_gate_forward_gpu(g, &p, l, N);
+        output_norm_gate_forward_layer(g, &p, l, N);
         matmul_forward_gpu(p.resid_mid, CUDA_R_32F, p.resid, p.y, px(g, P_WO, l), N, C, C); // resid + W_o y
         // MLP
         rmsnorm_forward_gpu(p.xm, p.rstd_m, p.resid_mid, pm(g, P_MLP_NORM, l), N, C);
@@ -4982,7 +5049,7 @@ static void gpu_backward_kernels(GPUModel* g) {
     int B = g->B, T = g->T;
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden, Vp = cf->padded_vocab_size;
     size_t N = (size_t)B * T, NC = N * C, NH = N * H;
-    int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1, G = head_lanes(hd);
+    int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1;
     GPUActivations a = g->acts;
     GPUGradBuffers d = g->gb;
     // the gradient buffers of stages that are off alias the gradient of their output; those of
@@ -5002,7 +5069,8 @@ static void gpu_backward_kernels(GPUModel* g) {
     matmul_backward_input_gpu(d.dxn, CUDA_R_32F, a.logits, px(g, P_LM_HEAD, 0), N, C, Vp, 0.0f);
     matmul_backward_weight_gpu(pg(g, P_LM_HEAD, 0), a.logits, a.xf, N, C, Vp);
     cudaCheck(cudaMemsetAsync(d.dresid, 0, NC * sizeof(float), cudaStreamPerThread));
-    rmsnorm_backward_gpu(g, pg(g, P_NORM_F, 0), LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), a.rstd_f, N, C);
+    rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_NORM_F, 0), d.dxn, LAYER(a.resid, L, NC),
+                         pm(g, P_NORM_F, 0), a.rstd_f, N, C);
     for (int l = L - 1; l >= 0; l--) {
         LayerActs p = layer_acts(g, l);
         if (a.recompute) { gpu_recompute_layer(g, &p, l); }
@@ -5010,21 +5078,18 @@ static void gpu_backward_kernels(GPUModel* g) {
         // MLP: dresid passes through the residual add unchanged
         matmul_backward_input_gpu(d.dact, CUDA_R_X, d.dresid_x, px(g, P_WDOWN, l), N, I, C, 0.0f);
         matmul_backward_weight_gpu(pg(g, P_WDOWN, l), d.dresid_x, p.act, N, I, C);
-        swiglu_backward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(d.dgu, d.dact, p.gu, N, I);
-        launchCheck();
+        swiglu_backward_gpu(d.dgu, d.dact, p.gu, N, I);
         matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dgu, px(g, P_WGU, l), N, C, 2 * I, 0.0f);
         matmul_backward_weight_gpu(pg(g, P_WGU, l), d.dgu, p.xm, N, C, 2 * I);
-        rmsnorm_backward_gpu(g, pg(g, P_MLP_NORM, l), p.resid_mid, pm(g, P_MLP_NORM, l),
-                             p.rstd_m, N, C);
+        rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_MLP_NORM, l), d.dxn, p.resid_mid,
+                             pm(g, P_MLP_NORM, l), p.rstd_m, N, C);
         // attention
         matmul_backward_input_gpu(d.dy, CUDA_R_X, d.dresid_x, px(g, P_WO, l), N, C, C, 0.0f);
         matmul_backward_weight_gpu(pg(g, P_WO, l), d.dresid_x, p.y, N, C, C);
         if (cf->output_norm || cf->output_gate) {
-            output_norm_gate_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                d.d_o, draw[3], W, d.don, d.attn_scratch + 2 * NH, d.dy, p.o, p.o_normed,
-                cf->output_gate ? p.og_logit : NULL, cf->output_norm ? pm(g, P_O_NORM, l) : NULL,
-                p.rstd_o, N, T, H, hd, G);
-            launchCheck();
+            output_norm_gate_backward_gpu(d.d_o, draw[3], W, d.don, d.attn_scratch + 2 * NH, d.dy, p.o, p.o_normed,
+                                          cf->output_gate ? p.og_logit : NULL,
+                                          cf->output_norm ? pm(g, P_O_NORM, l) : NULL, p.rstd_o, N, T, H, hd);
         }
         if (cf->output_norm) {
             colsum_scale_gpu(pg(g, P_O_NORM, l), d.partial, d.don, p.o, p.rstd_o, N, C, hd, 1);
@@ -5033,8 +5098,7 @@ static void gpu_backward_kernels(GPUModel* g) {
                                cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window,
                                cf->output_norm || cf->output_gate);
         if (cf->gate != GATE_NONE) {
-            forget_gate_backward_kernel<<<elem_blocks(NH), 256>>>(d.dgl, dhp[2], PH, d.dlogf, p.gate_logit, B, T, H);
-            launchCheck();
+            forget_gate_backward_gpu(d.dgl, dhp[2], PH, d.dlogf, p.gate_logit, B, T, H);
             if (cf->gate != GATE_FIXED) { // the fixed gate's bias is frozen
                 colsum_gpu(pg(g, P_BF, l), d.partial, d.dgl, N, H);
             }
@@ -5045,9 +5109,7 @@ static void gpu_backward_kernels(GPUModel* g) {
                                p.rstd_q};
             QKNormGradSet k = {dk_shifted, d.dk_normed, ld_dk_shifted, d.dk, p.k_shifted,
                                cf->qk_norm ? pm(g, P_K_NORM, l) : NULL, p.rstd_k};
-            qk_norm_rope_backward_kernel<<<dim3(head_blocks(NH, G), 2), HEAD_THREADS>>>(q, k, groups_qk, rope, N, T,
-                                                                                        H, hd, G);
-            launchCheck();
+            qk_norm_rope_backward_gpu(q, k, groups_qk, rope, N, T, H, hd);
         }
         if (cf->qk_norm) {
             colsum_scale_gpu(pg(g, P_Q_NORM, l), d.partial, d.dq_normed, p.q_raw, p.rstd_q, N, C, hd, fold_qk);
@@ -5058,9 +5120,7 @@ static void gpu_backward_kernels(GPUModel* g) {
             int n = 0;
             if (cf->k_shift) { set[n++] = (KVShiftGradSet){draw[1], dhp[0], dk_shifted, p.k_raw, p.k_alpha}; }
             if (cf->v_shift) { set[n++] = (KVShiftGradSet){draw[2], dhp[1], d.dv, p.v_raw, p.v_alpha}; }
-            kv_shift_backward_kernel<<<dim3(head_blocks(NH, G), n), HEAD_THREADS>>>(set[0], set[n - 1], W, PH, N, T,
-                                                                                    H, hd, G);
-            launchCheck();
+            kv_shift_backward_gpu(set, n, W, PH, N, T, H, hd);
         }
         // the attention input's gradient: the head projections' terms written, then dqkvg's in one
         // matmul with the layer's grouped weights (side by side in the layout), then those of the
@@ -5080,8 +5140,8 @@ static void gpu_backward_kernels(GPUModel* g) {
                 beta = 1.0f;
             }
         }
-        rmsnorm_backward_gpu(g, pg(g, P_ATTN_NORM, l), p.resid, pm(g, P_ATTN_NORM, l),
-                             p.rstd_a, N, C);
+        rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_ATTN_NORM, l), d.dxn, p.resid,
+                             pm(g, P_ATTN_NORM, l), p.rstd_a, N, C);
     }
 }
 
@@ -5089,9 +5149,7 @@ static void gpu_encoder_backward(GPUModel* g) {
     size_t N = (size_t)g->B * g->T;
     int C = g->config.n_embd, distinct = encoder_lists(g, N);
     GPUGradBuffers d = g->gb;
-    encoder_backward_kernel<<<dim3((unsigned)distinct, (unsigned)ceil_div(C, ENC_BWD_COLS)), ENC_BWD_COLS>>>(
-        pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, C);
-    launchCheck();
+    encoder_backward_gpu(pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, distinct, C);
 }
 
 static void gpu_backward(GPUModel* g) {
@@ -5199,9 +5257,7 @@ static void gpu_reduce_grads(GPUModel* g) {
 // shard (everything in one process), gathered and summed on the host in order (frozen tensors
 // have zero gradients and add nothing)
 static double gpu_grad_norm(GPUModel* g) {
-    sumsq_partial_kernel<<<NORM_BLOCKS, 256>>>(g->norm_partial, g->grads, g->shard.dev, g->shard.count,
-                                               g->shard.total);
-    launchCheck();
+    sumsq_partial_gpu(g->norm_partial, g->grads, g->shard.dev, g->shard.count, g->shard.total);
     return sqrt(dist_sum(g->dist, g->norm_partial, NORM_BLOCKS));
 }
 
@@ -5216,10 +5272,8 @@ static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, dou
     }
     float c1 = 1.0f - powf(o->beta1, (float)step), c2 = 1.0f - powf(o->beta2, (float)step);
     if (g->adamw_count == 0) { return; }
-    adamw_kernel<<<g->adamw_blocks, ADAMW_THREADS>>>(g->params, g->params_x, g->grads, g->adam_m, g->adam_v,
-                                                     g->adamw_segs, g->adamw_count, lr, o->weight_decay, o->beta1,
-                                                     o->beta2, c1, c2, o->eps, grad_scale);
-    launchCheck();
+    adamw_gpu(g->params, g->params_x, g->grads, g->adam_m, g->adam_v, g->adamw_segs, g->adamw_count, g->adamw_blocks,
+              lr, o->weight_decay, o->beta1, o->beta2, c1, c2, o->eps, grad_scale);
 }
 
 // all-gathers buckets [b0, b1) of `buf` from each rank's share, which is in `shares` (one after
@@ -7023,17 +7077,14 @@ static void decode_sample_gpu(GpuDecoder* d) {
                    d->rng, d->temperature, d->top_k);
 }
 
-static void decode_head_launch(GpuDecoder* d) {
+static void decode_head_gpu(GpuDecoder* d) {
     decode_logits_gpu(d);
     decode_sample_gpu(d);
 }
 
 // the stages of a step, each one launch on d->stream (dev/profile_generate.cu times them one by one)
 static void decode_embed_gpu(GpuDecoder* d) {
-    encoder_forward_kernel<<<elem_blocks((size_t)d->B * d->C), 256, 0, d->stream>>>(d->resid, d->tokens,
-                                                                                  pm(d->g, P_WTE, 0), (size_t)d->B,
-                                                                                  d->C);
-    launchCheck();
+    encoder_forward_gpu(d->resid, d->tokens, pm(d->g, P_WTE, 0), (size_t)d->B, d->C, d->stream);
 }
 
 static void decode_qkv_gpu(GpuDecoder* d, int l) {
@@ -7076,6 +7127,24 @@ static void decode_mlp_down_gpu(GpuDecoder* d, int l) {
     gemv_gpu(d, GEMV_X_PLAIN, d->resid, d->C, 1, &wd, d->C, d->I, d->act, NULL);
 }
 
+// the prompts' first kept positions (heads of sequences b0 .. b0 + Bg - 1, lens_d their lengths on the device;
+// c: the prefill forward's (L, Bg, H, Tp), NULL without a gate)
+static void prefill_first_gpu(GpuDecoder* d, const float* c, const int* lens_d, int b0, int Bg, int Tp) {
+    prefill_first_kernel<<<(unsigned)ceil_div((size_t)d->L * Bg * d->H, 256), 256, 0, d->stream>>>(
+        d->first, c, lens_d, d->delta, d->L, d->B, b0, Bg, d->H, Tp, d->g->config.window);
+    launchCheck();
+}
+
+// the same group's kept positions from the prefill forward's activations ac into the cache
+static void prefill_fill_gpu(GpuDecoder* d, const GPUActivations* ac, const float* c, const int* lens_d, int b0, int Bg,
+                             int Tp) {
+    DecFillArgs fa = {ac->k, ac->v, ac->k_raw, ac->v_raw, c, lens_d, d->first, d->table, d->pool_k, d->pool_v,
+                      d->pool_c, d->c_last, d->kv_last, d->L, d->B, b0, Bg, Tp, d->H, d->hd, d->C, d->max_pages};
+    unsigned slices = (unsigned)ceil_div((size_t)Tp, 256);
+    prefill_fill_kernel<<<dim3((unsigned)(d->L * Bg * d->H), slices < 64 ? slices : 64), 128, 0, d->stream>>>(fa);
+    launchCheck();
+}
+
 static void decode_manage_gpu(GpuDecoder* d) {
     DecManageArgs m = {d->first, d->first_new, d->table, d->pos, d->stack, d->status, d->pool_c, d->delta,
                        d->L, d->B, d->H, d->max_pages, d->g->config.window, d->max_len};
@@ -7083,7 +7152,7 @@ static void decode_manage_gpu(GpuDecoder* d) {
 }
 
 // One token for every sequence: the kernels of a step, on d->stream (captured into the graph)
-static void decode_step_launch(GpuDecoder* d) {
+static void decode_step_kernels(GpuDecoder* d) {
     decode_embed_gpu(d);
     for (int l = 0; l < d->L; l++) {
         decode_qkv_gpu(d, l);
@@ -7093,7 +7162,7 @@ static void decode_step_launch(GpuDecoder* d) {
         decode_mlp_up_gpu(d, l);
         decode_mlp_down_gpu(d, l);
     }
-    decode_head_launch(d);
+    decode_head_gpu(d);
     decode_manage_gpu(d);
     int B = d->B;
     cudaCheck(cudaMemcpyAsync(d->host_tokens, d->tokens, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost, d->stream));
@@ -7106,7 +7175,7 @@ static void gpu_decoder_capture(GpuDecoder* d) {
     if (!d->use_graph || d->graph_ready) { return; }
     cudaGraph_t graph;
     cudaCheck(cudaStreamBeginCapture(d->stream, cudaStreamCaptureModeThreadLocal));
-    decode_step_launch(d);
+    decode_step_kernels(d);
     cudaCheck(cudaStreamEndCapture(d->stream, &graph));
     cudaCheck(cudaGraphInstantiate(&d->graph, graph, 0));
     cudaCheck(cudaGraphDestroy(graph));
@@ -7132,7 +7201,7 @@ static void gpu_decoder_step(GpuDecoder* d) {
         gpu_decoder_capture(d);
         cudaCheck(cudaGraphLaunch(d->graph, d->stream));
     } else {
-        decode_step_launch(d);
+        decode_step_kernels(d);
     }
     cudaCheck(cudaStreamSynchronize(d->stream));
     if (d->host_status[1] != 0) { fail("internal: the KV cache ran out of pages" BUG_HINT); }
@@ -7185,17 +7254,11 @@ static void gpu_decoder_prefill(GpuDecoder* d, const int* tokens, int stride, co
         decoder_copy(d, lens_d, lens + b0, (size_t)Bg * sizeof(int), cudaMemcpyHostToDevice);
         const GPUActivations* ac = &g->acts;
         const float* c = g->config.gate != GATE_NONE ? ac->c : NULL;
-        prefill_first_kernel<<<(unsigned)ceil_div((size_t)L * Bg * H, 256), 256, 0, d->stream>>>(
-            d->first, c, lens_d, d->delta, L, B, b0, Bg, H, Tp, g->config.window);
-        launchCheck();
+        prefill_first_gpu(d, c, lens_d, b0, Bg, Tp);
         cudaCheck(cudaMemcpyAsync(first, d->first, heads * sizeof(int), cudaMemcpyDeviceToHost, d->stream));
         cudaCheck(cudaStreamSynchronize(d->stream));
         gpu_decoder_assign_pages(d, b0, Bg, first, lens); // the page of each next position lens[b] too
-        DecFillArgs fa = {ac->k, ac->v, ac->k_raw, ac->v_raw, c, lens_d, d->first, d->table, d->pool_k, d->pool_v,
-                          d->pool_c, d->c_last, d->kv_last, L, B, b0, Bg, Tp, H, d->hd, d->C, d->max_pages};
-        unsigned slices = (unsigned)ceil_div((size_t)Tp, 256);
-        prefill_fill_kernel<<<dim3((unsigned)(L * Bg * H), slices < 64 ? slices : 64), 128, 0, d->stream>>>(fa);
-        launchCheck();
+        prefill_fill_gpu(d, ac, c, lens_d, b0, Bg, Tp);
         for (int bg = 0; bg < Bg; bg++) { // the residual after the prompt's last token, for the head
             size_t row = (size_t)bg * Tp + lens[b0 + bg] - 1;
             const float* src = LAYER(ac->resid, L, (size_t)Bg * Tp * d->C) + row * d->C;
@@ -7204,7 +7267,7 @@ static void gpu_decoder_prefill(GpuDecoder* d, const int* tokens, int stride, co
         }
         cudaCheck(cudaStreamSynchronize(d->stream)); // the next group's forward overwrites the activations
     }
-    decode_head_launch(d);
+    decode_head_gpu(d);
     for (int b = 0; b < B; b++) { d->host_pos[b] = lens[b]; }
     cudaCheck(cudaMemcpyAsync(d->pos, d->host_pos, (size_t)B * sizeof(int), cudaMemcpyHostToDevice, d->stream));
     cudaCheck(cudaMemcpyAsync(d->host_tokens, d->tokens, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost, d->stream));
