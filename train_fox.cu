@@ -5404,12 +5404,10 @@ static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
 static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_t* rng);
 static int gpu_eval_main(const Args* a);
 
-// Loads the newest complete checkpoint of a.out_dir into the host model and the GPU and moves
-// the training data to its position; returns its step. The data position is translated when
-// the number of processes or the micro-batch changed, which works when the sequences consumed
-// so far fill whole batches of the new size.
-// -y 1 on the GPU: resume_run on every rank (the checkpoint files on a filesystem all share), then
-// each rank's slice of the moments to the device; returns the run's state
+// -y 1 on the GPU: resume_run on every rank (the checkpoint files on a filesystem all share: the newest
+// complete one into the host model, the training data moved to its position, translated when the number of
+// processes or the micro-batch changed), then each rank's slice of the moments to the device; returns the
+// run's state
 static TrainState gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* train) {
     const Dist* d = g->dist;
     dist_check_same(d, latest_checkpoint(a->out_dir),
@@ -5423,193 +5421,288 @@ static TrainState gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLo
     return s;
 }
 
-int main(int argc, char** argv) {
+// A training run: its settings, data and model, and the state its steps carry
+typedef struct {
     Args a;
-    parse_args(&a, argc, argv);
-    if (a.mode != MODE_TRAIN) { return gpu_eval_main(&a); }
     Dist dist;
-    dist_init(&dist, &a, argc, argv);
-    if (dist.rank > 0 && freopen("/dev/null", "w", stdout) == NULL) { // rank 0 alone logs; errors go to stderr
-        fail("rank %d could not silence its output: %s\nHINT: /dev/null must be writable", dist.rank,
-             strerror(errno));
-    }
     FoxModel model;
-    build_model(&model, &a);
-    const FoxConfig* cf = &model.config;
-    if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T * dist.world; }
-    long micro_tokens = (long)a.B * a.T * dist.world; // one micro-step of every process
-    if (a.total_batch_tokens % micro_tokens != 0) {
+    GPUModel gm;
+    DataLoader train, val;
+    int have_val;
+    int accum;                // micro-steps a step
+    float loss_scale;         // the summed gradients are the global batch's mean
+    AdamWConfig opt;
+    Tokenizer tk;
+    int have_tokenizer;       // rank 0 prints the samples
+    double flops_per_token;   // 6 N + 6 L C T (MFU)
+    double peak;              // the GPU's FLOP/s, 0 when unknown
+    size_t need;              // the memory estimate
+    LRSchedule sched;
+    int start;                // the first step (after a resume)
+    int64_t tokens_seen;
+    FILE* logf_;              // -o's main.log on rank 0, else NULL
+    uint64_t sample_rng;
+    StepGuard guard;          // every rank sees the same summed loss and norm, so all decide alike
+    RunClock clock;
+} TrainRun;
+
+// one step's results, for its log line
+typedef struct {
+    double loss, norm, dt;    // the global batch's mean loss, the gradient norm, the step's seconds
+    double t_local;           // with several processes: when this one's forwards and backwards were done
+    double t_slowest;         // and the slowest rank's, which the collectives wait for
+    int slowest, verdict;
+    float lr;
+    char why[256], grad[320];
+} StepReport;
+
+// the processes, the model, the batch (micro-steps a step, the loss scale), the data, the step count
+static void train_setup(TrainRun* r, int argc, char** argv) {
+    Args* a = &r->a;
+    dist_init(&r->dist, a, argc, argv);
+    int rank = r->dist.rank, world = r->dist.world;
+    if (rank > 0 && freopen("/dev/null", "w", stdout) == NULL) { // rank 0 alone logs; errors go to stderr
+        fail("rank %d could not silence its output: %s\nHINT: /dev/null must be writable", rank, strerror(errno));
+    }
+    build_model(&r->model, a);
+    int V = r->model.config.vocab_size;
+    if (a->total_batch_tokens < 0) { a->total_batch_tokens = (long)a->B * a->T * world; }
+    long micro_tokens = (long)a->B * a->T * world; // one micro-step of every process
+    if (a->total_batch_tokens % micro_tokens != 0) {
         fail("total batch -d %ld is not a multiple of b*t*processes = %d*%d*%d = %ld\n"
              "HINT: choose -d as a multiple of -b times -t times the process count",
-             a.total_batch_tokens, a.B, a.T, dist.world, micro_tokens);
+             a->total_batch_tokens, a->B, a->T, world, micro_tokens);
     }
-    int accum = (int)(a.total_batch_tokens / micro_tokens);
-    float loss_scale = 1.0f / ((float)accum * dist.world); // the summed gradients are the global batch's mean
-    DataLoader train, val;
-    dataloader_init(&train, a.train_pattern, a.B, a.T, dist.rank, dist.world, 1, a.roll, a.seed, cf->vocab_size);
-    int have_val = a.val_every > 0;
-    if (have_val) {
-        dataloader_init(&val, a.val_pattern, a.B, a.T, dist.rank, dist.world, 0, 0, a.seed, cf->vocab_size);
+    r->accum = (int)(a->total_batch_tokens / micro_tokens);
+    r->loss_scale = 1.0f / ((float)r->accum * world);
+    dataloader_init(&r->train, a->train_pattern, a->B, a->T, rank, world, 1, a->roll, a->seed, V);
+    r->have_val = a->val_every > 0;
+    if (r->have_val) { dataloader_init(&r->val, a->val_pattern, a->B, a->T, rank, world, 0, 0, a->seed, V); }
+    if (a->steps < 0) {
+        a->steps = (long)(dataloader_total_batches(&r->train) / (size_t)r->accum);
+        if (a->steps < 1) { a->steps = 1; }
     }
-    if (a.steps < 0) {
-        a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum);
-        if (a.steps < 1) { a.steps = 1; }
-    }
-    AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
-    Tokenizer tk;
-    int have_table = tokenizer_init(&tk, a.tokenizer_path);
-    if (!have_table && a.sample_every > 0) {
-        printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path);
-    }
-    check_run_start(&a, cf, &tk, have_table); // on every rank: all stop alike
-    int have_tokenizer = have_table && dist.rank == 0; // rank 0 prints the samples
-    if (have_table && !have_tokenizer) { tokenizer_free(&tk); }
-    dist_check_same(&dist, (double)model.num_parameters, "the parameter count (-e and model overrides)");
-    dist_check_same(&dist, a.B, "the micro-batch -b");
-    dist_check_same(&dist, a.T, "the sequence length -t");
-    dist_check_same(&dist, (double)a.total_batch_tokens, "the total batch -d");
-    dist_check_same(&dist, (double)a.steps, "the steps -x");
-    dist_check_same(&dist, (double)a.seed, "the seed -S");
-    dist_check_same(&dist, dist.zero_stage, "the ZeRO stage -Q");
-    // these decide when the collectives of validation and checkpoints happen
-    dist_check_same(&dist, a.val_every * 2.0 + (a.out_dir != NULL), "-v and whether -o is given");
-    dist_check_same(&dist, a.val_batches, "the validation batches -m");
-    dist_check_same(&dist, a.checkpoint_every * 2.0 + a.resume, "-n and -y");
+    r->opt = (AdamWConfig){(float)a->lr, (float)a->weight_decay, 0.9f, 0.95f, 1e-8f, (float)a->grad_clip};
+}
 
+// the decode table (no samples without one) and the checks before the run, on every rank: all stop alike
+static void train_tokenizer(TrainRun* r) {
+    const Args* a = &r->a;
+    int have_table = tokenizer_init(&r->tk, a->tokenizer_path);
+    if (!have_table && a->sample_every > 0) {
+        printf("no decode table at %s: samples off (run 'make data')\n", a->tokenizer_path);
+    }
+    check_run_start(a, &r->model.config, &r->tk, have_table);
+    r->have_tokenizer = have_table && r->dist.rank == 0;
+    if (have_table && !r->have_tokenizer) { tokenizer_free(&r->tk); }
+}
+
+// stops every rank when the processes were started with different runs
+static void train_check_same(const TrainRun* r) {
+    const Dist* d = &r->dist;
+    const Args* a = &r->a;
+    dist_check_same(d, (double)r->model.num_parameters, "the parameter count (-e and model overrides)");
+    dist_check_same(d, a->B, "the micro-batch -b");
+    dist_check_same(d, a->T, "the sequence length -t");
+    dist_check_same(d, (double)a->total_batch_tokens, "the total batch -d");
+    dist_check_same(d, (double)a->steps, "the steps -x");
+    dist_check_same(d, (double)a->seed, "the seed -S");
+    dist_check_same(d, d->zero_stage, "the ZeRO stage -Q");
+    // these decide when the collectives of validation and checkpoints happen
+    dist_check_same(d, a->val_every * 2.0 + (a->out_dir != NULL), "-v and whether -o is given");
+    dist_check_same(d, a->val_batches, "the validation batches -m");
+    dist_check_same(d, a->checkpoint_every * 2.0 + a->resume, "-n and -y");
+}
+
+// the run's settings for the GPU (-r, -A) and its header: device, processes, model, the memory
+// estimate, the FLOPs a token that MFU counts
+static void train_plan(TrainRun* r) {
+    const Args* a = &r->a;
+    const FoxConfig* cf = &r->model.config;
+    g_recompute = a->recompute;
+    attention_set_pruning(a->prune, a->prune_ln_eps);
     printf("device: %s (%d SMs, %.1f GiB), precision %s\n", g_prop.name, g_prop.multiProcessorCount,
            g_prop.totalGlobalMem / 1073741824.0, PRECISION_NAME);
-    if (dist.world > 1) {
-        printf("data parallel: %d processes (%s), ZeRO stage %d, NCCL_NVLS_ENABLE=%s\n", dist.world, dist.how,
-               dist.zero_stage, getenv("NCCL_NVLS_ENABLE"));
+    if (r->dist.world > 1) {
+        printf("data parallel: %d processes (%s), ZeRO stage %d, NCCL_NVLS_ENABLE=%s\n", r->dist.world, r->dist.how,
+               r->dist.zero_stage, getenv("NCCL_NVLS_ENABLE"));
     }
     config_print(stdout, cf);
-    size_t matmul_params = fox_matmul_params(&model);
-    double flops_per_token = 6.0 * (double)matmul_params + 6.0 * cf->n_layer * cf->n_embd * (double)a.T;
-    double peak = gpu_peak_flops();
-    g_recompute = a.recompute;
-    attention_set_pruning(a.prune, a.prune_ln_eps);
-    size_t need = gpu_memory_needed(cf, a.B, a.T, &dist);
+    size_t matmul_params = fox_matmul_params(&r->model);
+    r->flops_per_token = 6.0 * (double)matmul_params + 6.0 * cf->n_layer * cf->n_embd * (double)a->T;
+    r->peak = gpu_peak_flops();
+    r->need = gpu_memory_needed(cf, a->B, a->T, &r->dist);
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
     printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), "
-           "recompute -r %d\n", model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0,
-           a.recompute);
+           "recompute -r %d\n", r->model.num_parameters, matmul_params, r->need / 1048576.0, free_b / 1048576.0,
+           a->recompute);
     printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g%s, peak %s\n", matmul_params,
-           cf->n_layer, cf->n_embd, a.T, flops_per_token,
-           a.prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
-           peak > 0 ? "989 TFLOP/s (bf16 dense) per GPU" : "unknown for this GPU (MFU n/a)");
-    GPUModel gm;
-    gpu_build_dist(&gm, &model, a.B, a.T, &dist);
+           cf->n_layer, cf->n_embd, a->T, r->flops_per_token,
+           a->prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
+           r->peak > 0 ? "989 TFLOP/s (bf16 dense) per GPU" : "unknown for this GPU (MFU n/a)");
+}
 
+// the GPU model, resumed (-y 1) and its matmuls tuned (-X 1); the schedule; prints the batch
+static void train_build(TrainRun* r) {
+    const Args* a = &r->a;
+    gpu_build_dist(&r->gm, &r->model, a->B, a->T, &r->dist);
     TrainState resumed;
-    if (a.resume) { resumed = gpu_resume(&gm, &model, &a, &train); }
-    int start = a.resume ? resumed.step : 0;
-    int64_t tokens_seen = a.resume ? resumed.tokens_seen : 0;
-    LRSchedule sched = run_schedule(&a, a.resume ? &resumed : NULL);
-    if (a.tune) { gpu_tune_matmuls(&gm, a.B, a.T); }
-    g_step_graphs = a.graphs;
+    if (a->resume) { resumed = gpu_resume(&r->gm, &r->model, a, &r->train); }
+    r->start = a->resume ? resumed.step : 0;
+    r->tokens_seen = a->resume ? resumed.tokens_seen : 0;
+    r->sched = run_schedule(a, a->resume ? &resumed : NULL);
+    if (a->tune) { gpu_tune_matmuls(&r->gm, a->B, a->T); }
+    g_step_graphs = a->graphs;
     printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
-           "warmup %.0f tokens | %s schedule, peak lr %g\n", a.B, a.T, dist.world, accum, a.total_batch_tokens,
-           a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
-    FILE* logf_ = NULL;
-    if (a.out_dir != NULL && dist.rank == 0) {
-        mkdir(a.out_dir, 0755);
+           "warmup %.0f tokens | %s schedule, peak lr %g\n", a->B, a->T, r->dist.world, r->accum,
+           a->total_batch_tokens, a->steps, r->sched.warmup_tokens, SCHEDULE_NAMES[a->schedule], a->lr);
+}
+
+// the log file (-o, rank 0), the samples' random state, the step guard, the clock
+static void train_open_log(TrainRun* r) {
+    const Args* a = &r->a;
+    r->logf_ = NULL;
+    if (a->out_dir != NULL && r->dist.rank == 0) {
+        mkdir(a->out_dir, 0755);
         char path[4096];
-        snprintf(path, sizeof(path), "%s/main.log", a.out_dir);
-        logf_ = fopen_check(path, a.resume ? "a" : "w");
+        snprintf(path, sizeof(path), "%s/main.log", a->out_dir);
+        r->logf_ = fopen_check(path, a->resume ? "a" : "w");
     }
-    uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
-    StepGuard guard; // every rank sees the same summed loss and norm, so all decide alike
-    step_guard_init(&guard, a.on_nonfinite, a.spike_z);
-    RunClock clock;
-    run_clock_start(&clock);
-    for (long step = start; step <= a.steps; step++) {
-        int last = step == a.steps;
-        if (have_val && (step % a.val_every == 0 || last)) {
-            float vl = gpu_evaluate(&gm, &val, a.val_batches);
-            printf("step %ld: val loss %.6f\n", step, vl);
-            log_line(logf_, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)tokens_seen);
-        }
-        // the checkpoint before the sample: a sample must never cost one
-        int checkpoint_due = (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last;
-        if (a.out_dir != NULL && step > start && checkpoint_due) {
-            TrainState s = train_state((int)step, &train, &sched, tokens_seen);
-            gpu_save_checkpoint(&gm, a.out_dir, &s);
-        }
-        if (have_tokenizer && a.sample_every > 0 && (step % a.sample_every == 0 || last) && step > 0) {
-            int gen = a.gen_tokens < a.T ? a.gen_tokens : a.T;
-            gpu_sample(&gm, &tk, gen, &sample_rng);
-        }
+    r->sample_rng = a->seed ^ 0x5DEECE66Dull;
+    step_guard_init(&r->guard, a->on_nonfinite, a->spike_z);
+    run_clock_start(&r->clock);
+}
+
+// before step `step` and after the last: the validation loss (-v), the checkpoint (-n, -o), the sample (-s)
+static void train_between_steps(TrainRun* r, long step, int last) {
+    const Args* a = &r->a;
+    if (r->have_val && (step % a->val_every == 0 || last)) {
+        float vl = gpu_evaluate(&r->gm, &r->val, a->val_batches);
+        printf("step %ld: val loss %.6f\n", step, vl);
+        log_line(r->logf_, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)r->tokens_seen);
+    }
+    // the checkpoint before the sample: a sample must never cost one
+    int checkpoint_due = (a->checkpoint_every > 0 && step % a->checkpoint_every == 0) || last;
+    if (a->out_dir != NULL && step > r->start && checkpoint_due) {
+        TrainState s = train_state((int)step, &r->train, &r->sched, r->tokens_seen);
+        gpu_save_checkpoint(&r->gm, a->out_dir, &s);
+    }
+    if (r->have_tokenizer && a->sample_every > 0 && (step % a->sample_every == 0 || last) && step > 0) {
+        int gen = a->gen_tokens < a->T ? a->gen_tokens : a->T;
+        gpu_sample(&r->gm, &r->tk, gen, &r->sample_rng);
+    }
+}
+
+// the step's micro-steps (forward and backward of each micro-batch, from t0); returns the global batch's
+// mean loss, summed over the processes with their timings (before the gradients' collective)
+static double train_micro_steps(TrainRun* r, double t0, StepReport* rep) {
+    const Args* a = &r->a;
+    gpu_zero_grad(&r->gm);
+    double loss = 0.0; // this process's share of the global batch's mean loss
+    for (int micro = 0; micro < r->accum; micro++) {
+        dataloader_next_batch(&r->train);
+        gpu_train_micro_step(&r->gm, r->train.inputs, r->train.targets, a->B, a->T, r->loss_scale);
+        loss += r->gm.mean_loss / (r->accum * r->dist.world);
+    }
+    rep->t_local = 0.0;
+    if (r->dist.world > 1) {
+        cudaCheck(cudaDeviceSynchronize()); // no loss of overlap: the loss's sum below waits for it anyway
+        rep->t_local = now_seconds() - t0;
+    }
+    return dist_sum_loss(&r->dist, loss, rep->t_local, &rep->slowest, &rep->t_slowest);
+}
+
+// one step: the micro-steps, the gradients' reduction and norm, the guard's verdict, the update
+static void train_step(TrainRun* r, long step, StepReport* rep) {
+    if (g_prune) { unsigned long long tiles; attention_pruned_share(&tiles); } // counts this step's forwards only
+    double t0 = now_seconds();
+    rep->loss = train_micro_steps(r, t0, rep);
+    gpu_reduce_grads(&r->gm);
+    rep->norm = gpu_grad_norm(&r->gm);
+    rep->why[0] = rep->grad[0] = '\0';
+    rep->verdict = step_guard_check(&r->guard, rep->loss, rep->norm, rep->why, sizeof(rep->why));
+    if (rep->verdict != STEP_UPDATE && !isfinite(rep->norm)) { // name the tensor from this process's gradients
+        gpu_download(&r->gm, r->gm.grads, r->model.grads_memory);
+        nonfinite_grad_name(&r->model.config, r->model.grads_memory, rep->grad, sizeof(rep->grad));
+    }
+    if (rep->verdict == STEP_STOP) { step_guard_stop(step + 1, rep->why, rep->grad); }
+    rep->lr = (float)lr_at_tokens(&r->sched, (double)r->tokens_seen);
+    if (rep->verdict == STEP_UPDATE) { gpu_update(&r->gm, &r->opt, rep->lr, (int)step + 1, rep->norm); }
+    r->tokens_seen += r->a.total_batch_tokens;
+    dist_wait(&r->dist);
+    cudaCheck(cudaDeviceSynchronize());
+    rep->dt = now_seconds() - t0;
+}
+
+// the step's line: loss, norm, lr, time, throughput, MFU, the processes' waits; the guard's log record;
+// after the first step the peak memory
+static void train_log_step(TrainRun* r, long step, const StepReport* rep) {
+    const Args* a = &r->a;
+    const FoxConfig* cf = &r->model.config;
+    int world = r->dist.world;
+    double tok_s = a->total_batch_tokens / rep->dt;
+    // with pruning (-A 1) the attention term counts the tiles computed, not the skipped ones
+    unsigned long long tiles = 0;
+    double pruned = g_prune ? attention_pruned_share(&tiles) : 0.0;
+    double flops = r->flops_per_token - 6.0 * cf->n_layer * cf->n_embd * (double)a->T * pruned;
+    char mfu[32] = "n/a", per_gpu[48] = "";
+    if (r->peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops * tok_s / (r->peak * world)); }
+    if (world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / world); }
+    run_clock_tick(&r->clock);
+    char progress[96], fields[160];
+    format_progress(progress, sizeof(progress), &r->clock, a->steps - step - 1, r->tokens_seen);
+    step_log_fields(fields, sizeof(fields), rep->lr, rep->norm, tok_s, r->tokens_seen);
+    printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a->steps,
+           rep->loss, rep->norm, rep->lr, rep->dt * 1e3, tok_s, per_gpu, mfu);
+    if (g_prune) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
+    if (world > 1) { // waits, collectives, update
+        printf(" | sync+comm %.1f ms (slowest rank %d, +%.1f ms)", (rep->dt - rep->t_local) * 1e3, rep->slowest,
+               (rep->t_slowest - rep->t_local) * 1e3);
+    }
+    printf("%s", progress);
+    step_guard_log(r->logf_, &r->guard, rep->verdict, step + 1, rep->loss, rep->why, rep->grad, fields);
+    // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA
+    // graph, captured later (the second micro-step: with one a step, the next step); it adds ~2 MiB
+    if (step == r->start) {
+        size_t used = gpu_memory_used() - g_memory_baseline;
+        printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",
+               used / 1048576.0, r->need / 1048576.0, 100.0 * ((double)r->need - (double)used) / (double)used);
+    }
+}
+
+static void train_finish(TrainRun* r) {
+    if (r->guard.skipped > 0) {
+        printf("skipped %ld of %ld steps (-G skip, -Z)\n", r->guard.skipped, r->a.steps - r->start);
+    }
+    if (r->logf_ != NULL) { fclose(r->logf_); }
+    if (r->have_tokenizer) { tokenizer_free(&r->tk); }
+    dataloader_free(&r->train);
+    if (r->have_val) { dataloader_free(&r->val); }
+    gpu_free(&r->gm);
+    fox_free(&r->model);
+    dist_free(&r->dist);
+}
+
+int main(int argc, char** argv) {
+    static TrainRun r; // static: zeroed, and off the stack
+    parse_args(&r.a, argc, argv);
+    if (r.a.mode != MODE_TRAIN) { return gpu_eval_main(&r.a); }
+    train_setup(&r, argc, argv);
+    train_tokenizer(&r);
+    train_check_same(&r);
+    train_plan(&r);
+    train_build(&r);
+    train_open_log(&r);
+    for (long step = r.start; step <= r.a.steps; step++) {
+        int last = step == r.a.steps;
+        train_between_steps(&r, step, last);
         if (last) { break; }
-        if (g_prune) { unsigned long long tiles; attention_pruned_share(&tiles); } // counts this step's forwards only
-        double t0 = now_seconds();
-        gpu_zero_grad(&gm);
-        double loss = 0.0; // this process's share of the global batch's mean loss
-        for (int micro = 0; micro < accum; micro++) {
-            dataloader_next_batch(&train);
-            gpu_train_micro_step(&gm, train.inputs, train.targets, a.B, a.T, loss_scale);
-            loss += gm.mean_loss / (accum * dist.world);
-        }
-        double t_local = 0.0; // with several processes: when this one's forwards and backwards were done
-        if (dist.world > 1) {
-            cudaCheck(cudaDeviceSynchronize()); // no loss of overlap: the loss's sum below waits for it anyway
-            t_local = now_seconds() - t0;
-        }
-        int slowest; // the rank the collectives below wait for
-        double t_slowest;
-        loss = dist_sum_loss(&dist, loss, t_local, &slowest, &t_slowest); // before the gradients' collective
-        gpu_reduce_grads(&gm);
-        double norm = gpu_grad_norm(&gm);
-        char why[256], grad[320] = "";
-        int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
-        if (verdict != STEP_UPDATE && !isfinite(norm)) { // name the tensor from this process's gradients
-            gpu_download(&gm, gm.grads, model.grads_memory);
-            nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
-        }
-        if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
-        float lr = (float)lr_at_tokens(&sched, (double)tokens_seen);
-        if (verdict == STEP_UPDATE) { gpu_update(&gm, &opt, lr, (int)step + 1, norm); }
-        tokens_seen += a.total_batch_tokens;
-        dist_wait(&dist);
-        cudaCheck(cudaDeviceSynchronize());
-        double dt = now_seconds() - t0;
-        double tok_s = a.total_batch_tokens / dt;
-        // with pruning (-A 1) the attention term counts the tiles computed, not the skipped ones
-        unsigned long long tiles = 0;
-        double pruned = g_prune ? attention_pruned_share(&tiles) : 0.0;
-        double flops = flops_per_token - 6.0 * cf->n_layer * cf->n_embd * (double)a.T * pruned;
-        char mfu[32] = "n/a", per_gpu[48] = "";
-        if (peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops * tok_s / (peak * dist.world)); }
-        if (dist.world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / dist.world); }
-        run_clock_tick(&clock);
-        char progress[96], fields[160];
-        format_progress(progress, sizeof(progress), &clock, a.steps - step - 1, tokens_seen);
-        step_log_fields(fields, sizeof(fields), lr, norm, tok_s, tokens_seen);
-        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a.steps,
-               loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
-        if (g_prune) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
-        if (dist.world > 1) { // waits, collectives, update
-            printf(" | sync+comm %.1f ms (slowest rank %d, +%.1f ms)", (dt - t_local) * 1e3, slowest,
-                   (t_slowest - t_local) * 1e3);
-        }
-        printf("%s", progress);
-        step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad, fields);
-        // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA
-        // graph, captured later (the second micro-step: with one a step, the next step); it adds ~2 MiB
-        if (step == start) {
-            size_t used = gpu_memory_used() - g_memory_baseline;
-            printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",
-                   used / 1048576.0, need / 1048576.0, 100.0 * ((double)need - (double)used) / (double)used);
-        }
+        StepReport rep;
+        train_step(&r, step, &rep);
+        train_log_step(&r, step, &rep);
     }
-    if (guard.skipped > 0) { printf("skipped %ld of %ld steps (-G skip, -Z)\n", guard.skipped, a.steps - start); }
-    if (logf_ != NULL) { fclose(logf_); }
-    if (have_tokenizer) { tokenizer_free(&tk); }
-    dataloader_free(&train);
-    if (have_val) { dataloader_free(&val); }
-    gpu_free(&gm);
-    fox_free(&model);
-    dist_free(&dist);
+    train_finish(&r);
     return 0;
 }
 #endif
