@@ -958,8 +958,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template<int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
-// cp.async writes are generic-proxy writes; wgmma reads through the async proxy: fence in between
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // ---- warp-level mma (mma.sync) and ldmatrix ----
 // d (16x8, fp32) += a (16x16, row) b (16x8, col) on bf16 registers, the PTX fragment layout:
@@ -1084,11 +1082,8 @@ __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_
 // at chunk c ^ (r % 8), so the loads and the wgmma reads are free of bank conflicts. Tiles start at
 // 1024-byte boundaries (the swizzle pattern repeats every 8 rows).
 // The same bytes serve as a K-major operand (K = HD: S = Q K^T, dP = dO V^T) and as an N-major one
-// (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit.
-// 16-byte chunk ch of row r, in elements from the tile's start
-template<int ROWS> __device__ __forceinline__ int tile_off(int r, int ch) {
-    return (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
-}
+// (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit. The 16-byte
+// chunk ch of row r starts (ch / 8) ROWS 64 + 64 r + 8 ((ch % 8) ^ (r % 8)) elements into the tile.
 // K-major operand (K = HD): 64 rows from row 8*rb, k16 step kk. The k step moves the start inside
 // the 128-byte row (the hardware applies the XOR on the address), SBO = 8 rows = 1024 bytes, LBO
 // unused.
