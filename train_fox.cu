@@ -19,42 +19,96 @@ Build: make train_fox, which runs
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --default-stream per-thread ... train_fox.cu \
        -lcublasLt -lcublas -o train_fox
 (plus NCCL when the Makefile finds it, else -DNO_NCCL: one GPU; PRECISION=FP32 adds -DENABLE_FP32).
-A file that includes this one for its code (test_fox.cu, the kernel ladders of dev/cuda) defines
-FOX_NO_MAIN, which drops main() (and the twin's); test hooks: train_fox.c, TEST_HOOK.
+A file that includes this one for its code (test_fox.cu; dev/profile_generate.cu, dev/bench_rmsnorm.cu,
+dev/bench_matmul_algos.cu) defines FOX_NO_MAIN, which drops main() (and the twin's); test hooks:
+train_fox.c, TEST_HOOK.
 
-The sections, in file order (each opens with a // ---- line and this title):
-  checked CUDA and cuBLASLt calls: cudaCheck, launchCheck, cublasCheck, ncclCheck; gpu_malloc
-  device and cuBLASLt setup: the GPU and the cuBLASLt handle; the peak FLOP/s for MFU
-  matmuls: cuBLASLt plans cached per shape; the forward, input-gradient and weight-gradient matmuls
-  reductions: warp and block sums and maxima in a fixed order
-  kernels, forward and backward mirrored: encoder, RMSNorm, column sums, KV-shift, QK-norm + RoPE,
-      the forget gate's scan
-  Hopper primitives: the PTX helpers (cp.async, mma.sync, ldmatrix, ex2, wgmma, swizzled tiles and
-      their descriptors, mbarrier, TMA, setmaxnreg), bf16 build
-  head projections: the per-head k-shift, v-shift and forget-gate logits on tensor cores (bf16 build)
-  Forgetting attention: the math; the simple kernel (fp32 CUDA cores); Delta and the d(log f) scan;
-      the fused kernels' shared pieces; the pruning tables; the fused forward (fox_attention_forward);
-      the fused backward (fox_attention_backward); the boundary attention_forward_gpu /
-      attention_backward_gpu
-  output norm and gate, SwiGLU, cross-entropy: the layer's other element-wise kernels and the loss
-  optimiser kernels: the gradient norm's fp64 partial sums, AdamW, the bf16 copy of the weights
-  data parallel: NCCL collectives, ZeRO stage 0 / 1, host sums in rank order
-  the GPU model: device buffers (parameters, activations, gradients, AdamW state), the parameter
-      layout (layer-major buckets, layout_params; copies to and from the twin's), the memory
-      estimate, gpu_config_problem (what the kernels cannot take), gpu_build
-  layer launchers used by the forward and backward: RMSNorm and column-sum launches
-  forward and backward of the whole model: gpu_forward, gpu_backward, the activation recompute,
-      gpu_train_micro_step (both as one CUDA graph)
-  optimiser: the gradients' reduction (by bucket), norm, clipping, the AdamW step (gpu_update)
-  checkpoints: the twin's files, written and resumed on any number of GPUs
-  generation on the GPU: the decoder's matvecs (gemv_kernel), flash-decoding attention over a
-      paged KV cache, the split combine, sampling, the cache's upkeep (eviction, pages), the prefill
-      from gpu_forward; GpuDecoder: one CUDA graph per token for B sequences
-  sampling and evaluation on the GPU: training's samples (gpu_sample), validation loss
-  the evaluation modes on the GPU: the twin's eval and niah on GPU logits, generation on the
-      GpuDecoder (gpu_backend_generate), gpu_eval_main
-  main: training: resume, the training loop (not with FOX_NO_MAIN)
+Reading order: the training code from the top through main; generation and the evaluation modes
+follow main, which needs only gpu_sample and gpu_eval_main of them (declared before it), so a
+reader of training never crosses them. Each layer's section holds its kernels, then their
+launchers: a launcher is named <what>_gpu (the twin's function name plus _gpu), sets the grid and
+calls the kernel and launchCheck(); the model code (gpu_forward, gpu_backward, the optimiser,
+generation) calls launchers only. The fused attention kernels keep their own launchers
+(fox_attention_forward, fox_attention_backward) behind attention_forward_gpu / _backward_gpu.
 */
+// Map: the sections in file order (each opens with a // ---- line and this title) and what they define.
+// checked CUDA and cuBLASLt calls
+// defines: cudaCheck, launchCheck, cublasCheck, ncclCheck, mpiCheck, gpu_malloc, gpu_memory_used
+// device and cuBLASLt setup
+// defines: gpu_init_device, gpu_init, gpu_available, gpu_peak_flops
+// device helpers shared by the kernels
+// defines: warp_sum, warp_max, block_sum, block_max, sigmoid_gpu, logsigmoid_gpu, ex2_ftz, warp_blocks,
+// defines: elem_blocks, PackX, Pack4X, load_floats, head_lanes, head_blocks, group_sum
+// encoder
+// defines: encoder_forward_kernel, encoder_backward_kernel, encoder_forward_gpu, encoder_backward_gpu
+// matmuls
+// defines: MatmulPlan, matmul_plan, matmul_tune, device_digest, pattern_gpu, matmul_lt, matmul_forward_gpu,
+// defines: matmul_backward_input_gpu, matmul_backward_weight_gpu
+// RMSNorm and column sums
+// defines: rmsnorm_forward_kernel, rmsnorm_backward_kernel, colsum_partial_kernel, colsum_scale_partial_kernel,
+// defines: colsum_finish_kernel, rms_nv, rmsnorm_forward_nv, rmsnorm_forward_gpu, rmsnorm_backward_nv,
+// defines: rmsnorm_backward_gpu, colsum_gpu, colsum_scale_gpu
+// Hopper primitives
+// defines: cp_async16, mma_bf16_16816, ldmatrix_x4, wgmma_ss, wgmma_rs, wg_desc, desc_k, desc_mn, mbar_init,
+// defines: mbar_wait, tma_load_tile, setmaxnreg_inc, setmaxnreg_dec, fox_tensor_map (bf16 build)
+// head projections
+// defines: HeadProj, head_proj_slots, head_proj_forward_kernel, head_proj_backward_input_kernel,
+// defines: head_proj_forward_gpu, head_proj_backward_gpu
+// KV-shift
+// defines: KVShiftSet, kv_shift_forward_kernel, kv_shift_backward_kernel, kv_shift_forward_gpu,
+// defines: kv_shift_backward_gpu
+// QK-norm and RoPE
+// defines: QKNormSet, qk_norm_rope_forward_kernel, qk_norm_rope_backward_kernel, qk_norm_rope_forward_gpu,
+// defines: qk_norm_rope_backward_gpu
+// the forget gate
+// defines: forget_gate_forward_kernel, forget_gate_backward_kernel, forget_gate_forward_gpu,
+// defines: forget_gate_backward_gpu
+// Forgetting attention
+// defines: attention_forward_kernel, attention_backward_dq_kernel, attention_backward_dkdv_kernel,
+// defines: fox_prune_count_kernel, attention_delta_kernel, fox_bwd_delta_kernel, fox_bwd_dlogf_kernel,
+// defines: fox_prune_tables, fox_forward_kernel16, fox_attention_forward, fox_backward_dkdv_kernel20,
+// defines: fox_backward_dq_kernel20, fox_attention_backward, attention_set_pruning, attention_pruned_share,
+// defines: attention_forward_gpu, attention_backward_gpu
+// output norm and gate
+// defines: output_norm_gate_forward_kernel, output_norm_gate_backward_kernel, output_norm_gate_forward_gpu,
+// defines: output_norm_gate_backward_gpu
+// SwiGLU
+// defines: swiglu_forward_kernel, swiglu_backward_kernel, swiglu_forward_gpu, swiglu_backward_gpu
+// cross-entropy
+// defines: crossentropy_kernel, crossentropy_gpu
+// optimiser kernels
+// defines: Range, AdamWSegment, sumsq_partial_kernel, adamw_kernel, to_floatX_kernel, sumsq_partial_gpu,
+// defines: adamw_gpu, to_floatX_gpu
+// data parallel
+// defines: Dist, dist_init, dist_free, dist_wait, dist_sum, dist_sum_scalar, dist_sum_loss, dist_check_same
+// the GPU model
+// defines: GPUActivations, GPUGradBuffers, RangeList, ParamLayout, StepGraph, GPUModel, qkvg_slots
+// the GPU's parameter layout
+// defines: layout_params, slice_offset, pm, px, pg, gpu_upload, gpu_download, adamw_segments,
+// defines: layout_activations, layout_grad_buffers, gpu_memory_needed, gpu_config_problem, gpu_build_dist,
+// defines: gpu_build, gpu_free
+// forward and backward of the whole model
+// defines: LayerActs, layer_acts, head_proj_layer, kv_shift_forward_layer, qk_norm_rope_forward_layer,
+// defines: output_norm_gate_forward_layer, gpu_recompute_layer, gpu_forward_kernels, gpu_forward,
+// defines: gpu_forward_train, gpu_backward_kernels, gpu_encoder_backward, gpu_backward, gpu_train_micro_step,
+// defines: gpu_tune_matmuls
+// optimiser
+// defines: gpu_reduce_grads, gpu_grad_norm, gpu_adamw, gpu_update, gpu_gather_master
+// checkpoints
+// defines: gpu_state_to_host, gpu_state_from_host, gpu_save_checkpoint
+// main: training
+// defines: gpu_evaluate; without FOX_NO_MAIN: gpu_resume, TrainRun, train_setup, train_plan, train_build,
+// defines: train_between_steps, train_step, train_log_step, train_finish, main
+// generation on the GPU
+// defines: gemv_kernel, gemv_mma_kernel, decode_attention_kernel, decode_combine_kernel, decode_swiglu_kernel,
+// defines: sample_kernel, decode_manage_kernel, prefill_first_kernel, prefill_fill_kernel, GpuDecoder,
+// defines: gpu_decoder_init, gpu_decoder_begin, gpu_decoder_prefill, gpu_decoder_start_empty, gemv_gpu,
+// defines: decode_attention_gpu, decode_step_kernels, gpu_decoder_step, gpu_decoder_report, gpu_decoder_free
+// sampling on the GPU
+// defines: gpu_sample_full, gpu_sample
+// the evaluation modes on the GPU
+// defines: GpuBackend, gpu_backend_generate, gpu_eval_main
+
 #ifdef FOX_NO_MAIN
 #include "train_fox.c"
 #else
@@ -323,8 +377,7 @@ typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
 
 // n consecutive floats from p (n a multiple of 4): 16-byte loads when p is 16-byte aligned, else
 // one at a time (a weight tensor's offset in the flat buffer need not be a multiple of 4). The
-// per-channel scales of the norms are read this way: scalar loads of them made the kernels
-// bound by L1 requests, not by DRAM.
+// per-channel scales of the norms are read this way, so that their loads are not the kernels' bound.
 template <int n>
 __device__ static inline void load_floats(float* out, const float* p) {
     if (((uintptr_t)p & 15) == 0) {
@@ -3880,7 +3933,7 @@ static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, 
 }
 
 // ----------------------------------------------------------------------------
-// optimiser kernels
+// optimiser kernels: the gradient norm's fp64 partial sums, AdamW, the matmul copy of the weights
 
 // [lo, lo + n) of a flat buffer; v: where it starts in the concatenation of its list's ranges
 typedef struct { size_t lo, n, v; } Range;
@@ -5154,13 +5207,12 @@ static void gpu_backward(GPUModel* g) {
 }
 
 // A training micro-step: gpu_forward_train then gpu_backward, the same work in the same order, the
-// kernels of both launched as one CUDA graph when g_step_graphs is on. One by one, each of a step's
-// 700-1500 launches leaves the GPU idle for a microsecond or two (dev/RESULTS.md). A graph keeps the
-// arguments it was captured with, so it is captured for one (B, T, loss_scale) after an eager
-// micro-step at that shape (which does the lazy set-up: matmul plans, kernel attributes, buffers)
-// and dropped when a buffer it reads moves or a setting it holds changes (g_buffer_epoch). Same
-// kernels, arguments and order: the same bits as without it. The mean loss is read back at the end,
-// not between the passes.
+// kernels of both launched as one CUDA graph when g_step_graphs is on (launched one by one, the
+// step's many small kernels leave the GPU idle between them). A graph keeps the arguments it was
+// captured with, so it is captured for one (B, T, loss_scale) after an eager micro-step at that
+// shape (which does the lazy set-up: matmul plans, kernel attributes, buffers) and dropped when a
+// buffer it reads moves or a setting it holds changes (g_buffer_epoch). Same kernels, arguments and
+// order: the same bits as without it. The mean loss is read back at the end, not between the passes.
 static int g_step_graphs = 1;
 
 static void gpu_train_micro_step(GPUModel* g, const int* inputs, const int* targets, int B, int T,
@@ -5224,12 +5276,11 @@ static void gpu_tune_matmuls(GPUModel* g, int B, int T) {
 }
 
 // ----------------------------------------------------------------------------
-// optimiser
+// optimiser: the gradients' reduction (by bucket), the norm, AdamW with clipping, the ZeRO-1 gathers
 
 // Sums the gradients of all ranks (the backward scaled each rank's share by 1/(accum*world), so
 // the sum is the mean over the global batch): stage 0 everywhere (all-reduce), stage 1 only this
-// rank's share of each bucket (reduce-scatter, in place). (Started bucket by bucket from inside
-// the backward, the collectives slowed the backward's kernels by as much as they hid: dev/RESULTS.md.)
+// rank's share of each bucket (reduce-scatter, in place), after the backward.
 static void gpu_reduce_grads(GPUModel* g) {
     const Dist* d = g->dist;
     if (d->world == 1) { return; }
