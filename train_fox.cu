@@ -5793,7 +5793,15 @@ typedef struct {
     int count;
 } GemvSegments;
 
-enum { GEMV_X_PLAIN, GEMV_X_RMSNORM, GEMV_X_SWIGLU };
+enum { GEMV_X_PLAIN, GEMV_X_RMSNORM, GEMV_X_SWIGLU, GEMV_MODES };
+
+// the instance of matvec kernel template K (gemv_kernel, gemv_mma_kernel) at input mode `mode` and batch
+// parameter r, one of r0, r1, r2 (gemv_kernel's RB, gemv_mma_kernel's NT)
+#define GEMV_PICK_R(K, M, r, r0, r1, r2) ((r) == (r0) ? K<M, r0> : (r) == (r1) ? K<M, r1> : K<M, r2>)
+#define GEMV_PICK(K, mode, r, r0, r1, r2) \
+    ((mode) == GEMV_X_PLAIN     ? GEMV_PICK_R(K, GEMV_X_PLAIN, r, r0, r1, r2)   \
+     : (mode) == GEMV_X_RMSNORM ? GEMV_PICK_R(K, GEMV_X_RMSNORM, r, r0, r1, r2) \
+                                : GEMV_PICK_R(K, GEMV_X_SWIGLU, r, r0, r1, r2))
 
 // Programmatic dependent launch (sm_90): a kernel launched with it (decoder_launch) may start while
 // the one before it in the stream still runs; pdl_wait blocks until that one has finished and its
@@ -6932,22 +6940,17 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     cudaCheck(cudaMallocHost(&d->host_status, 2 * sizeof(int)));
     d->host_pos = (int*)malloc_check(B * sizeof(int), "positions");
     d->table_host = (int*)malloc_check(heads * d->max_pages * sizeof(int), "page tables");
-    void (*kernels[9])(float*, int, int, GemvSegments, int, int, const void*, const float*, int, int) = {
-        gemv_kernel<GEMV_X_PLAIN, 1>,   gemv_kernel<GEMV_X_PLAIN, 8>,   gemv_kernel<GEMV_X_PLAIN, 32>,
-        gemv_kernel<GEMV_X_RMSNORM, 1>, gemv_kernel<GEMV_X_RMSNORM, 8>, gemv_kernel<GEMV_X_RMSNORM, 32>,
-        gemv_kernel<GEMV_X_SWIGLU, 1>,  gemv_kernel<GEMV_X_SWIGLU, 8>,  gemv_kernel<GEMV_X_SWIGLU, 32>};
-    for (int i = 0; i < 9; i++) {
-        cudaCheck(cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
-    }
+    for (int mode = 0; mode < GEMV_MODES; mode++) { // every matvec instance may take GEMV_SMEM
+        for (int i = 0; i < 3; i++) {
+            int rb = i == 0 ? 1 : i == 1 ? 8 : 32;
+            cudaCheck(cudaFuncSetAttribute(GEMV_PICK(gemv_kernel, mode, rb, 1, 8, 32),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
 #ifndef ENABLE_FP32
-    void (*mma_kernels[9])(float*, int, int, GemvSegments, int, int, const void*, const float*, int, int) = {
-        gemv_mma_kernel<GEMV_X_PLAIN, 1>,   gemv_mma_kernel<GEMV_X_PLAIN, 2>,   gemv_mma_kernel<GEMV_X_PLAIN, 4>,
-        gemv_mma_kernel<GEMV_X_RMSNORM, 1>, gemv_mma_kernel<GEMV_X_RMSNORM, 2>, gemv_mma_kernel<GEMV_X_RMSNORM, 4>,
-        gemv_mma_kernel<GEMV_X_SWIGLU, 1>,  gemv_mma_kernel<GEMV_X_SWIGLU, 2>,  gemv_mma_kernel<GEMV_X_SWIGLU, 4>};
-    for (int i = 0; i < 9; i++) {
-        cudaCheck(cudaFuncSetAttribute(mma_kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
-    }
+            cudaCheck(cudaFuncSetAttribute(GEMV_PICK(gemv_mma_kernel, mode, 1 << i, 1, 2, 4),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
 #endif
+        }
+    }
 }
 
 static void gpu_decoder_drop_graph(GpuDecoder* d) {
@@ -7096,27 +7099,6 @@ static void decoder_launch(GpuDecoder* d, void (*kernel)(KArgs...), dim3 grid, d
     cudaCheck(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
 }
 
-// gemv_kernel for d->B rows: the accumulators RB for the batch (1, 8 or 32 rows a pass)
-template <int MODE>
-static void gemv_mode(GpuDecoder* d, unsigned blocks, size_t ic_bytes, float* out, int out_stride, int accumulate,
-                      const GemvSegments* W, int OC, int IC, const void* in, const float* norm_w) {
-    int RB = d->B <= 1 ? 1 : d->B <= 8 ? 8 : 32;
-    int rows = (int)(GEMV_SMEM / ic_bytes);
-    rows = rows < RB ? rows : RB;
-    if (rows < 1) { fail("internal: a matvec input of %d is too long for shared memory" BUG_HINT, IC); }
-    size_t smem = (size_t)rows * ic_bytes;
-    if (RB == 1) {
-        decoder_launch(d, gemv_kernel<MODE, 1>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC, IC, in,
-                       norm_w, d->B, rows);
-    } else if (RB == 8) {
-        decoder_launch(d, gemv_kernel<MODE, 8>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC, IC, in,
-                       norm_w, d->B, rows);
-    } else {
-        decoder_launch(d, gemv_kernel<MODE, 32>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC, IC,
-                       in, norm_w, d->B, rows);
-    }
-}
-
 #ifndef ENABLE_FP32
 // batch tiles of 8 rows a pass of gemv_mma_kernel: 1, 2 or 4 as d->B needs, fewer where the pass's
 // input rows would not fit GEMV_SMEM (the kernel loops over passes); 0: not even one fits
@@ -7126,55 +7108,37 @@ static int gemv_mma_tiles(const GpuDecoder* d, int IC) {
     while (NT > 0 && (size_t)8 * NT * row_bytes > GEMV_SMEM) { NT /= 2; }
     return NT;
 }
-
-// gemv_mma_kernel for d->B rows: NT tiles of 8 batch rows a pass (gemv_mma_tiles), a block per
-// 16-row tile, at most four blocks per SM (the rest loop)
-template <int MODE>
-static void gemv_mma_mode(GpuDecoder* d, float* out, int out_stride, int accumulate, const GemvSegments* W, int OC,
-                          int IC, const void* in, const float* norm_w) {
-    int NT = gemv_mma_tiles(d, IC);
-    size_t smem = (size_t)8 * NT * gemv_mma_ldx(IC) * sizeof(floatX);
-    size_t tiles = ceil_div((size_t)OC, 16), most = (size_t)g_prop.multiProcessorCount * 4;
-    unsigned blocks = (unsigned)(tiles < most ? tiles : most);
-    int rows = 8 * NT;
-    if (NT == 1) {
-        decoder_launch(d, gemv_mma_kernel<MODE, 1>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC,
-                       IC, in, norm_w, d->B, rows);
-    } else if (NT == 2) {
-        decoder_launch(d, gemv_mma_kernel<MODE, 2>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC,
-                       IC, in, norm_w, d->B, rows);
-    } else {
-        decoder_launch(d, gemv_mma_kernel<MODE, 4>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC,
-                       IC, in, norm_w, d->B, rows);
-    }
-}
 #endif
 
-// the matvecs of a step: tensor cores in the bf16 build when IC is a multiple of 32, else CUDA cores
+// The matvecs of a step: tensor cores in the bf16 build when IC is a multiple of 32 (gemv_mma_kernel:
+// NT tiles of 8 batch rows a pass, gemv_mma_tiles; a block per 16-row tile), else CUDA cores (gemv_kernel:
+// RB accumulators for the batch, 1, 8 or 32 rows a pass); at most four blocks per SM (the rest loop).
 static void gemv_gpu(GpuDecoder* d, int mode, float* out, int out_stride, int accumulate, const GemvSegments* W, int OC,
                      int IC, const void* in, const float* norm_w) {
+    void (*kernel)(float*, int, int, GemvSegments, int, int, const void*, const float*, int, int);
+    size_t smem, want;
+    int rows;
 #ifndef ENABLE_FP32
-    if (IC % 32 == 0 && d->use_mma && gemv_mma_tiles(d, IC) > 0) {
-        if (mode == GEMV_X_PLAIN) {
-            gemv_mma_mode<GEMV_X_PLAIN>(d, out, out_stride, accumulate, W, OC, IC, in, norm_w);
-        } else if (mode == GEMV_X_RMSNORM) {
-            gemv_mma_mode<GEMV_X_RMSNORM>(d, out, out_stride, accumulate, W, OC, IC, in, norm_w);
-        } else {
-            gemv_mma_mode<GEMV_X_SWIGLU>(d, out, out_stride, accumulate, W, OC, IC, in, norm_w);
-        }
-        return;
-    }
+    int NT = IC % 32 == 0 && d->use_mma ? gemv_mma_tiles(d, IC) : 0;
+    if (NT > 0) {
+        kernel = GEMV_PICK(gemv_mma_kernel, mode, NT, 1, 2, 4);
+        rows = 8 * NT;
+        smem = (size_t)rows * gemv_mma_ldx(IC) * sizeof(floatX);
+        want = ceil_div((size_t)OC, 16);
+    } else
 #endif
-    size_t want = ceil_div((size_t)OC, GEMV_THREADS / 32), most = (size_t)g_prop.multiProcessorCount * 4;
-    unsigned blocks = (unsigned)(want < most ? want : most);
-    size_t ic_bytes = (size_t)IC * sizeof(floatX);
-    if (mode == GEMV_X_PLAIN) {
-        gemv_mode<GEMV_X_PLAIN>(d, blocks, ic_bytes, out, out_stride, accumulate, W, OC, IC, in, norm_w);
-    } else if (mode == GEMV_X_RMSNORM) {
-        gemv_mode<GEMV_X_RMSNORM>(d, blocks, ic_bytes, out, out_stride, accumulate, W, OC, IC, in, norm_w);
-    } else {
-        gemv_mode<GEMV_X_SWIGLU>(d, blocks, ic_bytes, out, out_stride, accumulate, W, OC, IC, in, norm_w);
+    {
+        int RB = d->B <= 1 ? 1 : d->B <= 8 ? 8 : 32;
+        rows = (int)(GEMV_SMEM / ((size_t)IC * sizeof(floatX)));
+        rows = rows < RB ? rows : RB;
+        if (rows < 1) { fail("internal: a matvec input of %d is too long for shared memory" BUG_HINT, IC); }
+        kernel = GEMV_PICK(gemv_kernel, mode, RB, 1, 8, 32);
+        smem = (size_t)rows * IC * sizeof(floatX);
+        want = ceil_div((size_t)OC, GEMV_THREADS / 32);
     }
+    size_t most = (size_t)g_prop.multiProcessorCount * 4;
+    decoder_launch(d, kernel, (unsigned)(want < most ? want : most), GEMV_THREADS, smem, out, out_stride, accumulate,
+                   *W, OC, IC, in, norm_w, d->B, rows);
 }
 
 static void decode_attention_gpu(GpuDecoder* d, int l) {
@@ -7197,12 +7161,10 @@ static void decode_attention_gpu(GpuDecoder* d, int l) {
     a.scale = 1.0f / sqrtf((float)d->hd);
     a.l = l; a.L = d->L; a.B = d->B; a.H = d->H; a.C = d->C; a.max_pages = d->max_pages; a.S = d->splits;
     dim3 grid((unsigned)d->splits, (unsigned)d->H, (unsigned)d->B);
-    switch (d->hd / XPACK) {
-        case 4: decoder_launch(d, decode_attention_kernel<4>, grid, DEC_ATT_THREADS, 0, a); break;
-        case 8: decoder_launch(d, decode_attention_kernel<8>, grid, DEC_ATT_THREADS, 0, a); break;
-        case 16: decoder_launch(d, decode_attention_kernel<16>, grid, DEC_ATT_THREADS, 0, a); break;
-        default: decoder_launch(d, decode_attention_kernel<32>, grid, DEC_ATT_THREADS, 0, a); break;
-    }
+    int G = d->hd / XPACK; // 4, 8, 16 or 32 (gpu_decoder_problem)
+    decoder_launch(d, G == 4 ? decode_attention_kernel<4> : G == 8 ? decode_attention_kernel<8>
+                      : G == 16 ? decode_attention_kernel<16> : decode_attention_kernel<32>,
+                   grid, DEC_ATT_THREADS, 0, a);
 }
 
 // the head on d->resid: final RMSNorm, lm_head (the first V rows) into fp32 logits, then sampling
