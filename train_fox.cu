@@ -4791,6 +4791,19 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     return NULL;
 }
 
+// the RoPE table (len, hd/2, 2) of (cos, sin) on the host: the twin's angles, the same fp32 values
+static float* rope_table(const FoxConfig* cf, int len) {
+    int hd = cf->n_embd / cf->n_head, half = hd / 2;
+    float* table = (float*)malloc_check((size_t)len * half * 2 * sizeof(float), "RoPE table");
+    for (int t = 0; t < len; t++) {
+        for (int i = 0; i < half; i++) {
+            float* cs = &table[((size_t)t * half + i) * 2];
+            rope_angle(t, i, hd, cf->rope_theta, cs, cs + 1);
+        }
+    }
+    return table;
+}
+
 // Builds the device side of `host` (whose weights are uploaded) for batches up to (B, T), as
 // one rank of `dist`.
 static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist* dist) {
@@ -4830,17 +4843,11 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     g->inputs = (int*)gpu_malloc(N * sizeof(int), "inputs");
     g->targets = (int*)gpu_malloc(N * sizeof(int), "targets");
     g->norm_partial = (double*)gpu_malloc(NORM_BLOCKS * sizeof(double), "norm partials");
-    if (cf->rope) { // the twin's angles, computed once on the host: the same fp32 values
-        int hd = cf->n_embd / cf->n_head, half = hd / 2;
-        float* table = (float*)malloc_check((size_t)T * half * 2 * sizeof(float), "RoPE table");
-        for (int t = 0; t < T; t++) {
-            for (int i = 0; i < half; i++) {
-                rope_angle(t, i, hd, cf->rope_theta, &table[((size_t)t * half + i) * 2],
-                           &table[((size_t)t * half + i) * 2 + 1]);
-            }
-        }
-        g->rope = (float*)gpu_malloc((size_t)T * half * 2 * sizeof(float), "RoPE table");
-        cudaCheck(cudaMemcpy(g->rope, table, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
+    if (cf->rope) {
+        size_t bytes = (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float);
+        float* table = rope_table(cf, T);
+        g->rope = (float*)gpu_malloc(bytes, "RoPE table");
+        cudaCheck(cudaMemcpy(g->rope, table, bytes, cudaMemcpyHostToDevice));
         free(table);
     }
     g->losses_host = (float*)malloc_check(N * sizeof(float), "losses");
@@ -6922,17 +6929,11 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     d->gu = (float*)gpu_malloc(B * 2 * d->I * sizeof(float), "decoder MLP");
     d->act = (floatX*)gpu_malloc(B * d->I * sizeof(floatX), "decoder MLP activation");
     d->logits = (float*)gpu_malloc(B * d->Vp * sizeof(float), "decoder logits");
-    if (cf->rope) { // the twin's angles, as gpu_build's table
-        int half = d->hd / 2;
-        float* table = (float*)malloc_check((size_t)max_len * half * 2 * sizeof(float), "RoPE table");
-        for (int t = 0; t < max_len; t++) {
-            for (int i = 0; i < half; i++) {
-                rope_angle(t, i, d->hd, cf->rope_theta, &table[((size_t)t * half + i) * 2],
-                           &table[((size_t)t * half + i) * 2 + 1]);
-            }
-        }
-        d->rope = (float*)gpu_malloc((size_t)max_len * half * 2 * sizeof(float), "decoder RoPE table");
-        decoder_copy(d, d->rope, table, (size_t)max_len * half * 2 * sizeof(float), cudaMemcpyHostToDevice);
+    if (cf->rope) {
+        size_t bytes = (size_t)max_len * d->hd * sizeof(float);
+        float* table = rope_table(cf, max_len);
+        d->rope = (float*)gpu_malloc(bytes, "decoder RoPE table");
+        decoder_copy(d, d->rope, table, bytes, cudaMemcpyHostToDevice);
         free(table);
     }
     if (evict && cf->gate != GATE_NONE && cf->qk_norm) { gpu_decoder_evict_init(d, ln_eps, delta_len); }
