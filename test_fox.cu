@@ -3286,12 +3286,12 @@ static void gpu_test_matmul_tuning(void) {
           "bit for bit as untuned over 3 steps of 2 micro-batches: %s (last loss %.6f)", changed, same ? "yes" : "no",
           loss[1][2]);
     size_t bytes = h[0].num_parameters * 2; // half the fp32 weights' bytes
-    unsigned long long d0 = device_digest(g[0].params, bytes), d1 = device_digest(g[0].params, bytes);
+    unsigned long long d0 = digest_gpu(g[0].params, bytes), d1 = digest_gpu(g[0].params, bytes);
     uint32_t word;
     cudaCheck(cudaMemcpy(&word, g[0].params, 4, cudaMemcpyDeviceToHost));
     word ^= 1u << 7;
     cudaCheck(cudaMemcpy(g[0].params, &word, 4, cudaMemcpyHostToDevice));
-    unsigned long long d2 = device_digest(g[0].params, bytes);
+    unsigned long long d2 = digest_gpu(g[0].params, bytes);
     check(d0 == d1 && d0 != d2, "gpu matmul tuning: the digest is the same twice (%016llx) and changes with one bit "
           "(%016llx)", d0, d2);
     matmul_plans_drop(0);

@@ -42,7 +42,7 @@ generation) calls launchers only. The fused attention kernels keep their own lau
 // encoder
 // defines: encoder_forward_kernel, encoder_backward_kernel, encoder_forward_gpu, encoder_backward_gpu
 // matmuls
-// defines: MatmulPlan, matmul_plan, matmul_tune, device_digest, pattern_gpu, matmul_lt, matmul_forward_gpu,
+// defines: MatmulPlan, matmul_plan, matmul_tune, digest_gpu, pattern_gpu, matmul_lt, matmul_forward_gpu,
 // defines: matmul_backward_input_gpu, matmul_backward_weight_gpu
 // RMSNorm and column sums
 // defines: rmsnorm_forward_kernel, rmsnorm_backward_kernel, colsum_partial_kernel, colsum_scale_partial_kernel,
@@ -572,7 +572,7 @@ __global__ void digest_kernel(const uint16_t* w, size_t n) {
     atomicAdd(&g_digest, acc);
 }
 
-static unsigned long long device_digest(const void* p, size_t bytes) {
+static unsigned long long digest_gpu(const void* p, size_t bytes) {
     unsigned long long zero = 0, h = 0;
     cudaCheck(cudaMemcpyToSymbol(g_digest, &zero, sizeof(zero)));
     digest_kernel<<<264, 256>>>((const uint16_t*)p, bytes / 2);
@@ -610,7 +610,7 @@ static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floa
             cudaGetLastError();
             return 0;
         }
-        digest[k] = device_digest(d, bytes);
+        digest[k] = digest_gpu(d, bytes);
     }
     return 1;
 }
@@ -5431,7 +5431,7 @@ static void gpu_save_checkpoint(GPUModel* g, const char* dir, const TrainState* 
 }
 
 // ----------------------------------------------------------------------------
-// main: training
+// main: training: the validation loss, then (not with FOX_NO_MAIN) resume, the run's steps over a TrainRun, main
 
 // Mean loss over max_batches batches of B sequences (0: the whole validation set). With
 // several processes each evaluates its slice of every batch and the sums are gathered: for
