@@ -324,25 +324,25 @@ __device__ static inline float warp_max(float v) {
     return v;
 }
 
-// sum over a block of up to 1024 threads; every thread gets the result
-__device__ static float block_sum(float v, float* smem32) {
+// v reduced by op over a block of up to 1024 threads (blockDim a multiple of 32): each warp by
+// shuffles, then the warps' results (identity past the last warp); every thread gets the result.
+// red: 32 entries of shared scratch.
+template <typename TV, typename Op>
+__device__ static TV block_reduce(TV v, TV* red, TV identity, Op op) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    v = warp_sum(v);
+    for (int o = 16; o > 0; o /= 2) { v = op(v, __shfl_xor_sync(0xffffffffu, v, o)); }
     __syncthreads();
-    if (lane == 0) { smem32[warp] = v; }
+    if (lane == 0) { red[warp] = v; }
     __syncthreads();
-    v = lane < warps ? smem32[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < warps ? red[lane] : identity;
+    for (int o = 16; o > 0; o /= 2) { v = op(v, __shfl_xor_sync(0xffffffffu, v, o)); }
+    return v;
 }
-
-__device__ static float block_max(float v, float* smem32) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) { smem32[warp] = v; }
-    __syncthreads();
-    v = lane < warps ? smem32[lane] : -INFINITY;
-    return warp_max(v);
+__device__ static float block_sum(float v, float* red) {
+    return block_reduce(v, red, 0.0f, [](float a, float b) { return a + b; });
+}
+__device__ static float block_max(float v, float* red) {
+    return block_reduce(v, red, -INFINITY, [](float a, float b) { return fmaxf(a, b); });
 }
 
 __device__ static inline float sigmoid_gpu(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -408,6 +408,16 @@ static unsigned head_blocks(size_t rows, int G) { return (unsigned)ceil_div(rows
 __device__ static inline float group_sum(float v, int G) {
     for (int o = G / 2; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
     return v;
+}
+
+// a per-head RMSNorm's 1 / sqrt(mean(x^2) + eps) from the lanes' sums of squares ss, written to rstd[row]
+// by the row's first lane (store); 1 when the norm is off (every lane of the warp calls it, norm or not)
+__device__ static inline float head_rstd(float ss, int norm, float* rstd, size_t row, int store, int hd, float eps,
+                                         int G) {
+    if (!norm) { return 1.0f; }
+    float s = 1.0f / sqrtf(group_sum(ss, G) / (float)hd + eps);
+    if (store) { rstd[row] = s; }
+    return s;
 }
 
 // ----------------------------------------------------------------------------
@@ -1670,12 +1680,7 @@ __global__ void qk_norm_rope_forward_kernel(QKNormSet s0, QKNormSet s1, int grou
             ss += lo[k] * lo[k] + hi[k] * hi[k];
         }
     }
-    float s = 1.0f;
-    if (w != NULL) {
-        ss = group_sum(ss, G);
-        s = 1.0f / sqrtf(ss / (float)hd + eps);
-        if (active && j == 0) { rstd[row] = s; }
-    }
+    float s = head_rstd(ss, w != NULL, rstd, row, active && j == 0, hd, eps, G);
     if (!active) { return; }
     int h = (int)(row % H), t = (int)((row / H) % T);
     if (w != NULL) {
@@ -3682,12 +3687,7 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
             for (int k = 0; k < XPACK; k++) { x[p][k] = to_float(xp.v[k]); ss += x[p][k] * x[p][k]; }
         }
     }
-    float s = 1.0f;
-    if (w != NULL) {
-        ss = group_sum(ss, G);
-        s = 1.0f / sqrtf(ss / (float)hd + eps);
-        if (active && j == 0) { rstd[row] = s; }
-    }
+    float s = head_rstd(ss, w != NULL, rstd, row, active && j == 0, hd, eps, G);
     if (!active) { return; }
     const float* wr = w != NULL ? w + (row % H) * hd : NULL;
     for (int p = 0; p < 2; p++) {
@@ -6401,25 +6401,11 @@ __global__ void decode_combine_kernel(floatX* y, const float* part_m, const floa
 // 32), every thread gets the result; red: 32 entries of shared scratch. Integers: exact; the
 // doubles are summed in a fixed order.
 __device__ static int block_sum_int(int v, int* red) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int o = 16; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
-    __syncthreads();
-    if (lane == 0) { red[warp] = v; }
-    __syncthreads();
-    v = lane < warps ? red[lane] : 0;
-    for (int o = 16; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
-    return v;
+    return block_reduce(v, red, 0, [](int a, int b) { return a + b; });
 }
 
 __device__ static int block_min_int(int v, int* red) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int o = 16; o > 0; o /= 2) { v = min(v, __shfl_xor_sync(0xffffffffu, v, o)); }
-    __syncthreads();
-    if (lane == 0) { red[warp] = v; }
-    __syncthreads();
-    v = lane < warps ? red[lane] : INT_MAX;
-    for (int o = 16; o > 0; o /= 2) { v = min(v, __shfl_xor_sync(0xffffffffu, v, o)); }
-    return v;
+    return block_reduce(v, red, INT_MAX, [](int a, int b) { return min(a, b); });
 }
 
 template <typename TV>
