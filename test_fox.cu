@@ -3286,12 +3286,12 @@ static void gpu_test_matmul_tuning(void) {
           "bit for bit as untuned over 3 steps of 2 micro-batches: %s (last loss %.6f)", changed, same ? "yes" : "no",
           loss[1][2]);
     size_t bytes = h[0].num_parameters * 2; // half the fp32 weights' bytes
-    unsigned long long d0 = device_digest(g[0].params, bytes), d1 = device_digest(g[0].params, bytes);
+    unsigned long long d0 = digest_gpu(g[0].params, bytes), d1 = digest_gpu(g[0].params, bytes);
     uint32_t word;
     cudaCheck(cudaMemcpy(&word, g[0].params, 4, cudaMemcpyDeviceToHost));
     word ^= 1u << 7;
     cudaCheck(cudaMemcpy(g[0].params, &word, 4, cudaMemcpyHostToDevice));
-    unsigned long long d2 = device_digest(g[0].params, bytes);
+    unsigned long long d2 = digest_gpu(g[0].params, bytes);
     check(d0 == d1 && d0 != d2, "gpu matmul tuning: the digest is the same twice (%016llx) and changes with one bit "
           "(%016llx)", d0, d2);
     matmul_plans_drop(0);
@@ -4158,7 +4158,7 @@ static void gpu_test_rmsnorm(void) {
         cudaCheck(cudaMemset(m.gb.dresid_x, 0xFF, NC * sizeof(floatX)));
         cudaCheck(cudaMemset(m.gb.partial, 0xFF, chunks * C * sizeof(float)));
         rmsnorm_forward_nv(nv, out_d, rstd_d, x_d, w_d, N, C);
-        rmsnorm_backward_nv(nv, &m, dw_d, x_d, w_d, rstd_d, N, C);
+        rmsnorm_backward_nv(nv, m.gb.dresid, m.gb.dresid_x, m.gb.partial, dw_d, m.gb.dxn, x_d, w_d, rstd_d, N, C);
         cudaCheck(cudaDeviceSynchronize());
         cudaCheck(cudaMemcpy(out, out_d, NC * sizeof(floatX), cudaMemcpyDeviceToHost));
         cudaCheck(cudaMemcpy(rstd, rstd_d, N * sizeof(float), cudaMemcpyDeviceToHost));

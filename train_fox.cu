@@ -19,42 +19,96 @@ Build: make train_fox, which runs
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --default-stream per-thread ... train_fox.cu \
        -lcublasLt -lcublas -o train_fox
 (plus NCCL when the Makefile finds it, else -DNO_NCCL: one GPU; PRECISION=FP32 adds -DENABLE_FP32).
-A file that includes this one for its code (test_fox.cu, the kernel ladders of dev/cuda) defines
-FOX_NO_MAIN, which drops main() (and the twin's); test hooks: train_fox.c, TEST_HOOK.
+A file that includes this one for its code (test_fox.cu; dev/profile_generate.cu, dev/bench_rmsnorm.cu,
+dev/bench_matmul_algos.cu) defines FOX_NO_MAIN, which drops main() (and the twin's); test hooks:
+train_fox.c, TEST_HOOK.
 
-The sections, in file order (each opens with a // ---- line and this title):
-  checked CUDA and cuBLASLt calls: cudaCheck, launchCheck, cublasCheck, ncclCheck; gpu_malloc
-  device and cuBLASLt setup: the GPU and the cuBLASLt handle; the peak FLOP/s for MFU
-  matmuls: cuBLASLt plans cached per shape; the forward, input-gradient and weight-gradient matmuls
-  reductions: warp and block sums and maxima in a fixed order
-  kernels, forward and backward mirrored: encoder, RMSNorm, column sums, KV-shift, QK-norm + RoPE,
-      the forget gate's scan
-  Hopper primitives: the PTX helpers (cp.async, mma.sync, ldmatrix, ex2, wgmma, swizzled tiles and
-      their descriptors, mbarrier, TMA, setmaxnreg), bf16 build
-  head projections: the per-head k-shift, v-shift and forget-gate logits on tensor cores (bf16 build)
-  Forgetting attention: the math; the simple kernel (fp32 CUDA cores); Delta and the d(log f) scan;
-      the fused kernels' shared pieces; the pruning tables; the fused forward (fox_attention_forward);
-      the fused backward (fox_attention_backward); the boundary attention_forward_gpu /
-      attention_backward_gpu
-  output norm and gate, SwiGLU, cross-entropy: the layer's other element-wise kernels and the loss
-  optimiser kernels: the gradient norm's fp64 partial sums, AdamW, the bf16 copy of the weights
-  data parallel: NCCL collectives, ZeRO stage 0 / 1, host sums in rank order
-  the GPU model: device buffers (parameters, activations, gradients, AdamW state), the parameter
-      layout (layer-major buckets, layout_params; copies to and from the twin's), the memory
-      estimate, gpu_config_problem (what the kernels cannot take), gpu_build
-  layer launchers used by the forward and backward: RMSNorm and column-sum launches
-  forward and backward of the whole model: gpu_forward, gpu_backward, the activation recompute,
-      gpu_train_micro_step (both as one CUDA graph)
-  optimiser: the gradients' reduction (by bucket), norm, clipping, the AdamW step (gpu_update)
-  checkpoints: the twin's files, written and resumed on any number of GPUs
-  generation on the GPU: the decoder's matvecs (gemv_kernel), flash-decoding attention over a
-      paged KV cache, the split combine, sampling, the cache's upkeep (eviction, pages), the prefill
-      from gpu_forward; GpuDecoder: one CUDA graph per token for B sequences
-  sampling and evaluation on the GPU: training's samples (gpu_sample), validation loss
-  the evaluation modes on the GPU: the twin's eval and niah on GPU logits, generation on the
-      GpuDecoder (gpu_backend_generate), gpu_eval_main
-  main: training: resume, the training loop (not with FOX_NO_MAIN)
+Reading order: the training code from the top through main; generation and the evaluation modes
+follow main, which needs only gpu_sample and gpu_eval_main of them (declared before it), so a
+reader of training never crosses them. Each layer's section holds its kernels, then their
+launchers: a launcher is named <what>_gpu (the twin's function name plus _gpu), sets the grid and
+calls the kernel and launchCheck(); the model code (gpu_forward, gpu_backward, the optimiser,
+generation) calls launchers only. The fused attention kernels keep their own launchers
+(fox_attention_forward, fox_attention_backward) behind attention_forward_gpu / _backward_gpu.
 */
+// Map: the sections in file order (each opens with a // ---- line and this title) and what they define.
+// checked CUDA and cuBLASLt calls
+// defines: cudaCheck, launchCheck, cublasCheck, ncclCheck, mpiCheck, gpu_malloc, gpu_memory_used
+// device and cuBLASLt setup
+// defines: gpu_init_device, gpu_init, gpu_available, gpu_peak_flops
+// device helpers shared by the kernels
+// defines: warp_sum, warp_max, block_sum, block_max, sigmoid_gpu, logsigmoid_gpu, ex2_ftz, warp_blocks,
+// defines: elem_blocks, PackX, Pack4X, load_floats, head_lanes, head_blocks, group_sum
+// encoder
+// defines: encoder_forward_kernel, encoder_backward_kernel, encoder_forward_gpu, encoder_backward_gpu
+// matmuls
+// defines: MatmulPlan, matmul_plan, matmul_tune, digest_gpu, pattern_gpu, matmul_lt, matmul_forward_gpu,
+// defines: matmul_backward_input_gpu, matmul_backward_weight_gpu
+// RMSNorm and column sums
+// defines: rmsnorm_forward_kernel, rmsnorm_backward_kernel, colsum_partial_kernel, colsum_scale_partial_kernel,
+// defines: colsum_finish_kernel, rms_nv, rmsnorm_forward_nv, rmsnorm_forward_gpu, rmsnorm_backward_nv,
+// defines: rmsnorm_backward_gpu, colsum_gpu, colsum_scale_gpu
+// Hopper primitives
+// defines: cp_async16, mma_bf16_16816, ldmatrix_x4, wgmma_ss, wgmma_rs, wg_desc, desc_k, desc_mn, mbar_init,
+// defines: mbar_wait, tma_load_tile, setmaxnreg_inc, setmaxnreg_dec, fox_tensor_map (bf16 build)
+// head projections
+// defines: HeadProj, head_proj_slots, head_proj_forward_kernel, head_proj_backward_input_kernel,
+// defines: head_proj_forward_gpu, head_proj_backward_gpu
+// KV-shift
+// defines: KVShiftSet, kv_shift_forward_kernel, kv_shift_backward_kernel, kv_shift_forward_gpu,
+// defines: kv_shift_backward_gpu
+// QK-norm and RoPE
+// defines: QKNormSet, qk_norm_rope_forward_kernel, qk_norm_rope_backward_kernel, qk_norm_rope_forward_gpu,
+// defines: qk_norm_rope_backward_gpu
+// the forget gate
+// defines: forget_gate_forward_kernel, forget_gate_backward_kernel, forget_gate_forward_gpu,
+// defines: forget_gate_backward_gpu
+// Forgetting attention
+// defines: attention_forward_kernel, attention_backward_dq_kernel, attention_backward_dkdv_kernel,
+// defines: fox_prune_count_kernel, attention_delta_kernel, fox_bwd_delta_kernel, fox_bwd_dlogf_kernel,
+// defines: fox_prune_tables, fox_forward_kernel16, fox_attention_forward, fox_backward_dkdv_kernel20,
+// defines: fox_backward_dq_kernel20, fox_attention_backward, attention_set_pruning, attention_pruned_share,
+// defines: attention_forward_gpu, attention_backward_gpu
+// output norm and gate
+// defines: output_norm_gate_forward_kernel, output_norm_gate_backward_kernel, output_norm_gate_forward_gpu,
+// defines: output_norm_gate_backward_gpu
+// SwiGLU
+// defines: swiglu_forward_kernel, swiglu_backward_kernel, swiglu_forward_gpu, swiglu_backward_gpu
+// cross-entropy
+// defines: crossentropy_kernel, crossentropy_gpu
+// optimiser kernels
+// defines: Range, AdamWSegment, sumsq_partial_kernel, adamw_kernel, to_floatX_kernel, sumsq_partial_gpu,
+// defines: adamw_gpu, to_floatX_gpu
+// data parallel
+// defines: Dist, dist_init, dist_free, dist_wait, dist_sum, dist_sum_scalar, dist_sum_loss, dist_check_same
+// the GPU model
+// defines: GPUActivations, GPUGradBuffers, RangeList, ParamLayout, StepGraph, GPUModel, qkvg_slots
+// the GPU's parameter layout
+// defines: layout_params, slice_offset, pm, px, pg, gpu_upload, gpu_download, adamw_segments,
+// defines: layout_activations, layout_grad_buffers, gpu_memory_needed, gpu_config_problem, gpu_build_dist,
+// defines: gpu_build, gpu_free
+// forward and backward of the whole model
+// defines: LayerActs, layer_acts, head_proj_layer, kv_shift_forward_layer, qk_norm_rope_forward_layer,
+// defines: output_norm_gate_forward_layer, gpu_recompute_layer, gpu_forward_kernels, gpu_forward,
+// defines: gpu_forward_train, gpu_backward_kernels, gpu_encoder_backward, gpu_backward, gpu_train_micro_step,
+// defines: gpu_tune_matmuls
+// optimiser
+// defines: gpu_reduce_grads, gpu_grad_norm, gpu_adamw, gpu_update, gpu_gather_master
+// checkpoints
+// defines: gpu_state_to_host, gpu_state_from_host, gpu_save_checkpoint
+// main: training
+// defines: gpu_evaluate; without FOX_NO_MAIN: gpu_resume, TrainRun, train_setup, train_plan, train_build,
+// defines: train_between_steps, train_step, train_log_step, train_finish, main
+// generation on the GPU
+// defines: gemv_kernel, gemv_mma_kernel, decode_attention_kernel, decode_combine_kernel, decode_swiglu_kernel,
+// defines: sample_kernel, decode_manage_kernel, prefill_first_kernel, prefill_fill_kernel, GpuDecoder,
+// defines: gpu_decoder_init, gpu_decoder_begin, gpu_decoder_prefill, gpu_decoder_start_empty, gemv_gpu,
+// defines: decode_attention_gpu, decode_step_kernels, gpu_decoder_step, gpu_decoder_report, gpu_decoder_free
+// sampling on the GPU
+// defines: gpu_sample_full, gpu_sample
+// the evaluation modes on the GPU
+// defines: GpuBackend, gpu_backend_generate, gpu_eval_main
+
 #ifdef FOX_NO_MAIN
 #include "train_fox.c"
 #else
@@ -256,6 +310,160 @@ static double gpu_peak_flops(void) {
 }
 
 // ----------------------------------------------------------------------------
+// device helpers shared by the kernels: reductions (warp shuffles in a fixed pattern, so every lane
+// gets the same bits every run), grid sizes, the 16-byte packs, the per-head lanes. The kernels'
+// convention: a backward kernel writes (=) its input gradient unless it says it accumulates.
+
+__device__ static inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
+    return v;
+}
+
+__device__ static inline float warp_max(float v) {
+    for (int o = 16; o > 0; o /= 2) { v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o)); }
+    return v;
+}
+
+// v reduced by op over a block of up to 1024 threads (blockDim a multiple of 32): each warp by
+// shuffles, then the warps' results (identity past the last warp); every thread gets the result.
+// red: 32 entries of shared scratch.
+template <typename TV, typename Op>
+__device__ static TV block_reduce(TV v, TV* red, TV identity, Op op) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int o = 16; o > 0; o /= 2) { v = op(v, __shfl_xor_sync(0xffffffffu, v, o)); }
+    __syncthreads();
+    if (lane == 0) { red[warp] = v; }
+    __syncthreads();
+    v = lane < warps ? red[lane] : identity;
+    for (int o = 16; o > 0; o /= 2) { v = op(v, __shfl_xor_sync(0xffffffffu, v, o)); }
+    return v;
+}
+__device__ static float block_sum(float v, float* red) {
+    return block_reduce(v, red, 0.0f, [](float a, float b) { return a + b; });
+}
+__device__ static float block_max(float v, float* red) {
+    return block_reduce(v, red, -INFINITY, [](float a, float b) { return fmaxf(a, b); });
+}
+
+__device__ static inline float sigmoid_gpu(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): finite for every finite x
+__device__ static inline float logsigmoid_gpu(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x))); }
+
+#define WARPS_PER_BLOCK 8
+#define MAX_HD 256                  // head size limit of the per-head kernels
+#define MAX_HD_LANE (MAX_HD / 32)   // per-lane registers for one head row
+
+// blocks of WARPS_PER_BLOCK warps for one warp a row; blocks of 256 threads for one thread an element
+static unsigned warp_blocks(size_t rows) { return (unsigned)ceil_div(rows, WARPS_PER_BLOCK); }
+static unsigned elem_blocks(size_t n) { return (unsigned)ceil_div(n, 256); }
+
+#define LOG2E 1.4426950408889634f
+// 2^x in one MUFU.EX2 (ex2.approx: relative error < 2^-22); denormal results flush to zero
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
+// of 128) and (N, C) activations (gpu_config_problem requires C to be a multiple of XPACK) start
+// 16-byte aligned and hold whole packs
+#define XPACK (16 / (int)sizeof(floatX))
+typedef struct __align__(16) { floatX v[XPACK]; } PackX;
+
+// four floatX, the store unit of the RMSNorm kernels' float4 columns
+typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
+
+// n consecutive floats from p (n a multiple of 4): 16-byte loads when p is 16-byte aligned, else
+// one at a time (a weight tensor's offset in the flat buffer need not be a multiple of 4). The
+// per-channel scales of the norms are read this way, so that their loads are not the kernels' bound.
+template <int n>
+__device__ static inline void load_floats(float* out, const float* p) {
+    if (((uintptr_t)p & 15) == 0) {
+        #pragma unroll
+        for (int k = 0; k < n; k += 4) {
+            float4 v = *(const float4*)(p + k);
+            out[k] = v.x; out[k + 1] = v.y; out[k + 2] = v.z; out[k + 3] = v.w;
+        }
+    } else {
+        #pragma unroll
+        for (int k = 0; k < n; k++) { out[k] = p[k]; }
+    }
+}
+
+// The per-head kernels give each (token, head) row of hd values G consecutive lanes (G a power
+// of two, at most 32, so a row never straddles warps); lane j holds the packs at j * XPACK and
+// hd/2 + j * XPACK, so RoPE's pairs (i, i + hd/2) meet in one lane and every load is 16 bytes
+// (gpu_config_problem: hd % (2 * XPACK) == 0, hd <= MAX_HD).
+#define HEAD_THREADS 256
+static int head_lanes(int hd) {
+    int G = 1;
+    while (G * 2 * XPACK < hd) { G *= 2; }
+    return G;
+}
+static unsigned head_blocks(size_t rows, int G) { return (unsigned)ceil_div(rows * G, HEAD_THREADS); }
+
+// sum over the G lanes of a row; every lane of the warp must call it
+__device__ static inline float group_sum(float v, int G) {
+    for (int o = G / 2; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
+    return v;
+}
+
+// a per-head RMSNorm's 1 / sqrt(mean(x^2) + eps) from the lanes' sums of squares ss, written to rstd[row]
+// by the row's first lane (store); 1 when the norm is off (every lane of the warp calls it, norm or not)
+__device__ static inline float head_rstd(float ss, int norm, float* rstd, size_t row, int store, int hd, float eps,
+                                         int G) {
+    if (!norm) { return 1.0f; }
+    float s = 1.0f / sqrtf(group_sum(ss, G) / (float)hd + eps);
+    if (store) { rstd[row] = s; }
+    return s;
+}
+
+// ----------------------------------------------------------------------------
+// encoder: the token embedding and its gradient
+
+__global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte, size_t N, int C) {
+    // out (N, C) = wte[tokens], from the fp32 master embedding: the residual stream is fp32
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * C) { return; }
+    size_t n = idx / C, c = idx % C;
+    out[idx] = wte[(size_t)tokens[n] * C + c];
+}
+
+// encoder backward, deterministic: each thread sums one column over a token's positions in
+// increasing order (a CSR list built on the host), as the twin does. Block (distinct token,
+// ENC_BWD_COLS columns): a frequent token (thousands of positions) is spread over C /
+// ENC_BWD_COLS blocks instead of one.
+#define ENC_BWD_COLS 64
+__global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* token_ids, const int* offsets,
+                                        const int* positions, int C) {
+    // forward: out_n = wte[tokens_n]  =>  dwte[v] += sum over n with tokens_n = v of dout_n
+    int u = blockIdx.x, tok = token_ids[u], c = blockIdx.y * ENC_BWD_COLS + threadIdx.x;
+    if (c >= C) { return; }
+    int e0 = offsets[u], e1 = offsets[u + 1];
+    float acc = 0.0f;
+    #pragma unroll 4
+    for (int e = e0; e < e1; e++) { acc += dout[(size_t)positions[e] * C + c]; }
+    dwte[(size_t)tok * C + c] += acc;
+}
+
+// out (N, C) = wte[tokens], on `stream` (generation's; the trainer's default stream otherwise)
+static void encoder_forward_gpu(float* out, const int* tokens, const float* wte, size_t N, int C,
+                                cudaStream_t stream = 0) {
+    encoder_forward_kernel<<<elem_blocks(N * C), 256, 0, stream>>>(out, tokens, wte, N, C);
+    launchCheck();
+}
+
+// dwte += the gradient of the `distinct` tokens of the CSR lists token_ids, offsets, positions
+static void encoder_backward_gpu(float* dwte, const float* dout, const int* token_ids, const int* offsets,
+                                 const int* positions, int distinct, int C) {
+    dim3 grid((unsigned)distinct, (unsigned)ceil_div(C, ENC_BWD_COLS));
+    encoder_backward_kernel<<<grid, ENC_BWD_COLS>>>(dwte, dout, token_ids, offsets, positions, C);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
 // matmuls: cuBLASLt, fp32 accumulation. Everything is row-major on our side; cuBLASLt is
 // column-major, so a row-major (R, C) matrix is a column-major (C, R) one.
 // D (m, n) = op(A) op(B) + beta C in column-major terms; C and D are floatX or fp32.
@@ -374,7 +582,7 @@ __global__ void digest_kernel(const uint16_t* w, size_t n) {
     atomicAdd(&g_digest, acc);
 }
 
-static unsigned long long device_digest(const void* p, size_t bytes) {
+static unsigned long long digest_gpu(const void* p, size_t bytes) {
     unsigned long long zero = 0, h = 0;
     cudaCheck(cudaMemcpyToSymbol(g_digest, &zero, sizeof(zero)));
     digest_kernel<<<264, 256>>>((const uint16_t*)p, bytes / 2);
@@ -390,6 +598,14 @@ __global__ void pattern_kernel(T* d, size_t n) {
     if (i < n) { d[i] = (T)((float)((uint32_t)(i * 2654435761u) >> 20) * (1.0f / 4096.0f) - 0.5f); }
 }
 
+// d (n values of d_type: fp32 or floatX) = the pattern
+static void pattern_gpu(void* d, cudaDataType_t d_type, size_t n) {
+    unsigned blocks = (unsigned)ceil_div(n, 256);
+    if (d_type == CUDA_R_32F) { pattern_kernel<float><<<blocks, 256>>>((float*)d, n); }
+    else { pattern_kernel<floatX><<<blocks, 256>>>((floatX*)d, n); }
+    launchCheck();
+}
+
 // candidate i's bits on the call's operands: the digest of D after D = A B (beta 0) and after
 // D = A B + pattern (beta 1, C = D: where an algorithm adds C in its reduction shows); false when
 // cuBLASLt refuses the candidate
@@ -397,17 +613,14 @@ static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floa
                                  unsigned long long digest[2]) {
     float alpha = 1.0f, beta[2] = {0.0f, 1.0f};
     size_t n = (size_t)p->m * p->n, bytes = n * (p->d_type == CUDA_R_32F ? sizeof(float) : sizeof(floatX));
-    unsigned blocks = (unsigned)ceil_div(n, 256);
     for (int k = 0; k < 2; k++) {
-        if (k == 1 && p->d_type == CUDA_R_32F) { pattern_kernel<float><<<blocks, 256>>>((float*)d, n); }
-        if (k == 1 && p->d_type != CUDA_R_32F) { pattern_kernel<floatX><<<blocks, 256>>>((floatX*)d, n); }
-        launchCheck();
+        if (k == 1) { pattern_gpu(d, p->d_type, n); }
         if (cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta[k], d, p->c, d, p->d, &p->cand[i],
                            g_workspace, WORKSPACE_BYTES, cudaStreamPerThread) != CUBLAS_STATUS_SUCCESS) {
             cudaGetLastError();
             return 0;
         }
-        digest[k] = device_digest(d, bytes);
+        digest[k] = digest_gpu(d, bytes);
     }
     return 1;
 }
@@ -498,113 +711,7 @@ static void matmul_backward_weight_gpu(float* dw, const floatX* dout, const floa
 }
 
 // ----------------------------------------------------------------------------
-// reductions: warp shuffles in a fixed pattern, so every lane gets the same bits every run
-
-__device__ static inline float warp_sum(float v) {
-    for (int o = 16; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
-    return v;
-}
-
-__device__ static inline float warp_max(float v) {
-    for (int o = 16; o > 0; o /= 2) { v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o)); }
-    return v;
-}
-
-// sum over a block of up to 1024 threads; every thread gets the result
-__device__ static float block_sum(float v, float* smem32) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) { smem32[warp] = v; }
-    __syncthreads();
-    v = lane < warps ? smem32[lane] : 0.0f;
-    return warp_sum(v);
-}
-
-__device__ static float block_max(float v, float* smem32) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) { smem32[warp] = v; }
-    __syncthreads();
-    v = lane < warps ? smem32[lane] : -INFINITY;
-    return warp_max(v);
-}
-
-__device__ static inline float sigmoid_gpu(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-// log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): finite for every finite x
-__device__ static inline float logsigmoid_gpu(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x))); }
-
-// ----------------------------------------------------------------------------
-// kernels, forward and backward mirrored. A backward kernel writes (=) its input gradient
-// unless it says it accumulates.
-
-#define WARPS_PER_BLOCK 8
-#define MAX_HD 256                  // head size limit of the per-head kernels
-#define MAX_HD_LANE (MAX_HD / 32)   // per-lane registers for one head row
-
-static unsigned warp_blocks(size_t rows) { return (unsigned)ceil_div(rows, WARPS_PER_BLOCK); }
-
-#define LOG2E 1.4426950408889634f
-// 2^x in one MUFU.EX2 (ex2.approx: relative error < 2^-22); denormal results flush to zero
-__device__ __forceinline__ float ex2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte, size_t N, int C) {
-    // out (N, C) = wte[tokens], from the fp32 master embedding: the residual stream is fp32
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= N * C) { return; }
-    size_t n = idx / C, c = idx % C;
-    out[idx] = wte[(size_t)tokens[n] * C + c];
-}
-
-// encoder backward, deterministic: each thread sums one column over a token's positions in
-// increasing order (a CSR list built on the host), as the twin does. Block (distinct token,
-// ENC_BWD_COLS columns): a frequent token (thousands of positions) is spread over C /
-// ENC_BWD_COLS blocks instead of one.
-#define ENC_BWD_COLS 64
-__global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* token_ids, const int* offsets,
-                                        const int* positions, int C) {
-    // forward: out_n = wte[tokens_n]  =>  dwte[v] += sum over n with tokens_n = v of dout_n
-    int u = blockIdx.x, tok = token_ids[u], c = blockIdx.y * ENC_BWD_COLS + threadIdx.x;
-    if (c >= C) { return; }
-    int e0 = offsets[u], e1 = offsets[u + 1];
-    float acc = 0.0f;
-    #pragma unroll 4
-    for (int e = e0; e < e1; e++) { acc += dout[(size_t)positions[e] * C + c]; }
-    dwte[(size_t)tok * C + c] += acc;
-}
-
-// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
-// of 128) and (N, C) activations (gpu_config_problem requires C to be a multiple of XPACK) start
-// 16-byte aligned and hold whole packs
-#define XPACK (16 / (int)sizeof(floatX))
-typedef struct __align__(16) { floatX v[XPACK]; } PackX;
-
-// four floatX, the store unit of the RMSNorm kernels' float4 columns
-typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
-
-// n consecutive floats from p (n a multiple of 4): 16-byte loads when p is 16-byte aligned, else
-// one at a time (a weight tensor's offset in the flat buffer need not be a multiple of 4). The
-// per-channel scales of the norms are read this way: scalar loads of them made the kernels
-// bound by L1 requests, not by DRAM.
-template <int n>
-__device__ static inline void load_floats(float* out, const float* p) {
-    if (((uintptr_t)p & 15) == 0) {
-        #pragma unroll
-        for (int k = 0; k < n; k += 4) {
-            float4 v = *(const float4*)(p + k);
-            out[k] = v.x; out[k + 1] = v.y; out[k + 2] = v.z; out[k + 3] = v.w;
-        }
-    } else {
-        #pragma unroll
-        for (int k = 0; k < n; k++) { out[k] = p[k]; }
-    }
-}
+// RMSNorm and column sums
 
 // The RMSNorm kernels take one warp per row, lane the float4 columns c0 + 4 lane + 128 v of tile c0
 // (C % 4 == 0), and read the row in tiles of RMS_TILE(NV) columns (NV float4 per lane): both passes
@@ -814,307 +921,77 @@ __global__ void colsum_finish_kernel(float* out, const float* partial, int chunk
     }
 }
 
-// The per-head kernels give each (token, head) row of hd values G consecutive lanes (G a power
-// of two, at most 32, so a row never straddles warps); lane j holds the packs at j * XPACK and
-// hd/2 + j * XPACK, so RoPE's pairs (i, i + hd/2) meet in one lane and every load is 16 bytes
-// (gpu_config_problem: hd % (2 * XPACK) == 0, hd <= MAX_HD).
-#define HEAD_THREADS 256
-static int head_lanes(int hd) {
-    int G = 1;
-    while (G * 2 * XPACK < hd) { G *= 2; }
-    return G;
-}
-static unsigned head_blocks(size_t rows, int G) { return (unsigned)ceil_div(rows * G, HEAD_THREADS); }
-
-// sum over the G lanes of a row; every lane of the warp must call it
-__device__ static inline float group_sum(float v, int G) {
-    for (int o = G / 2; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
-    return v;
+// the RMSNorm kernels' register tile for rows of C: NV = the smallest of 1, 2, 4, 6, 8, 12 with
+// RMS_TILE(NV) >= C, 12 for wider rows
+static int rms_nv(int C) {
+    static const int nvs[] = {1, 2, 4, 6, 8, 12};
+    for (int i = 0; i < 6; i++) {
+        if (RMS_TILE(nvs[i]) >= C) { return nvs[i]; }
+    }
+    return 12;
 }
 
-// The per-head kernels below take the tensors of k and v (KV-shift) or of q and k (QK-norm and RoPE)
-// in one launch: blockIdx.y picks the set (a struct each; grid.y = the number of sets that are on), so
-// the pair shares one launch and its tail, and each thread runs the one-tensor code.
-typedef struct { floatX* out; const floatX* raw; const float* alpha_logit; } KVShiftSet;
-
-// KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z);
-// XPACK consecutive channels of one token per thread (one head's: hd % XPACK == 0, see head_lanes)
-__global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, int T, int H, int hd) {
-    floatX* out = blockIdx.y ? s1.out : s0.out;
-    const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
-    const float* alpha_logit = blockIdx.y ? s1.alpha_logit : s0.alpha_logit;
-    size_t C = (size_t)H * hd, idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
-    if (idx >= N * C) { return; }
-    size_t n = idx / C;
-    int has_prev = n % T > 0;
-    float a = sigmoid_gpu(alpha_logit[n * H + (idx % C) / hd]);
-    PackX cur = *(const PackX*)(raw + idx), res;
-    PackX prev = has_prev ? *(const PackX*)(raw + idx - C) : cur;
-    #pragma unroll
-    for (int k = 0; k < XPACK; k++) {
-        float p = has_prev ? to_float(prev.v[k]) : 0.0f;
-        res.v[k] = to_floatX(a * p + (1.0f - a) * to_float(cur.v[k]));
-    }
-    *(PackX*)(out + idx) = res;
-}
-
-// G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg),
-// dalpha_logit's ld_a (a block of the head projections' dhp). At most 48 registers (no spills), so
-// five blocks share an SM.
-typedef struct {
-    floatX *draw, *dalpha_logit;
-    const floatX *dout, *raw;
-    const float* alpha_logit;
-} KVShiftGradSet;
-__global__ void __launch_bounds__(HEAD_THREADS, 5)
-kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a, size_t N, int T, int H, int hd,
-                         int G) {
-    // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
-    // draw_t = (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
-    // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
-    floatX* draw = blockIdx.y ? s1.draw : s0.draw;
-    floatX* dalpha_logit = blockIdx.y ? s1.dalpha_logit : s0.dalpha_logit;
-    const floatX* dout = blockIdx.y ? s1.dout : s0.dout;
-    const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
-    const float* alpha_logit = blockIdx.y ? s1.alpha_logit : s0.alpha_logit;
-    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
-    int j = (int)(threadIdx.x % G), half = hd / 2;
-    int active = row < N * H && j * XPACK < half; // the others still join group_sum
-    size_t n = row / H, C = (size_t)H * hd;
-    float a = 0.0f, da = 0.0f;
-    if (active) {
-        int has_prev = n % T > 0, has_next = n % T + 1 < (size_t)T;
-        a = sigmoid_gpu(alpha_logit[row]);
-        float a_next = has_next ? sigmoid_gpu(alpha_logit[row + H]) : 0.0f;
-        for (int e = j * XPACK; e < hd; e += half) { // the lane's two packs
-            size_t off = n * C + (size_t)(row % H) * hd + e;
-            PackX d = *(const PackX*)(dout + off), cur = *(const PackX*)(raw + off), res;
-            PackX d_next = has_next ? *(const PackX*)(dout + off + C) : d;
-            PackX prev = has_prev ? *(const PackX*)(raw + off - C) : cur;
-            #pragma unroll
-            for (int k = 0; k < XPACK; k++) {
-                float dk = to_float(d.v[k]), dn = has_next ? to_float(d_next.v[k]) : 0.0f;
-                float p = has_prev ? to_float(prev.v[k]) : 0.0f;
-                res.v[k] = to_floatX((1.0f - a) * dk + a_next * dn);
-                da += dk * (p - to_float(cur.v[k]));
-            }
-            *(PackX*)(draw + n * ld + (size_t)(row % H) * hd + e) = res;
-        }
-    }
-    da = group_sum(da, G);
-    if (active && j == 0) { dalpha_logit[n * ld_a + row % H] = to_floatX(da * a * (1.0f - a)); }
-}
-
-// QK-norm then RoPE on one (token, head) row of hd values, G lanes per row (see head_lanes);
-// either stage may be off (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for
-// head h is w + (h % groups) * hd (groups = 1 when the heads share one scale vector). RoPE
-// rotates the non-interleaved pairs (i, i + hd/2) by the angle of table rope[t][i] = (cos, sin).
-typedef struct {
-    floatX* out;
-    float* rstd;
-    const floatX* inp;
-    const float* w;
-} QKNormSet;
-__global__ void qk_norm_rope_forward_kernel(QKNormSet s0, QKNormSet s1, int groups, const float* rope, size_t N,
-                                            int T, int H, int hd, float eps, int G) {
-    floatX* out = blockIdx.y ? s1.out : s0.out;
-    float* rstd = blockIdx.y ? s1.rstd : s0.rstd;
-    const floatX* inp = blockIdx.y ? s1.inp : s0.inp;
-    const float* w = blockIdx.y ? s1.w : s0.w;
-    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
-    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
-    int active = row < N * H && i0 < half; // the others still join group_sum
-    float lo[XPACK], hi[XPACK], ss = 0.0f; // the lane's channels i0.. and half + i0..
-    if (active) {
-        PackX plo = *(const PackX*)(inp + row * hd + i0), phi = *(const PackX*)(inp + row * hd + half + i0);
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) {
-            lo[k] = to_float(plo.v[k]);
-            hi[k] = to_float(phi.v[k]);
-            ss += lo[k] * lo[k] + hi[k] * hi[k];
-        }
-    }
-    float s = 1.0f;
-    if (w != NULL) {
-        ss = group_sum(ss, G);
-        s = 1.0f / sqrtf(ss / (float)hd + eps);
-        if (active && j == 0) { rstd[row] = s; }
-    }
-    if (!active) { return; }
-    int h = (int)(row % H), t = (int)((row / H) % T);
-    if (w != NULL) {
-        const float* wr = w + (size_t)(h % groups) * hd;
-        float wlo[XPACK], whi[XPACK];
-        load_floats<XPACK>(wlo, wr + i0);
-        load_floats<XPACK>(whi, wr + half + i0);
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) { lo[k] = lo[k] * s * wlo[k]; hi[k] = hi[k] * s * whi[k]; }
-    }
-    PackX olo, ohi;
-    #pragma unroll
-    for (int k = 0; k < XPACK; k++) {
-        float vlo = lo[k], vhi = hi[k];
-        if (rope != NULL) {
-            float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
-            vlo = lo[k] * cs.x - hi[k] * cs.y;
-            vhi = hi[k] * cs.x + lo[k] * cs.y;
-        }
-        olo.v[k] = to_floatX(vlo);
-        ohi.v[k] = to_floatX(vhi);
-    }
-    *(PackX*)(out + row * hd + i0) = olo;
-    *(PackX*)(out + row * hd + half + i0) = ohi;
-}
-
-// Writes dinp (rows ld long: C, or a block of dqkvg) and, with the norm on, dnormed (the gradient
-// at the norm's output, for the scale gradient). At most 64 registers, so four blocks share an SM.
-// The norm is on for both sets or for neither (w), as the forward's.
-typedef struct {
-    floatX *dinp, *dnormed;
-    int ld;
-    const floatX *dout, *inp;
-    const float *w, *rstd;
-} QKNormGradSet;
-__global__ void __launch_bounds__(HEAD_THREADS, 4)
-qk_norm_rope_backward_kernel(QKNormGradSet s0, QKNormGradSet s1, int groups, const float* rope, size_t N, int T,
-                             int H, int hd, int G) {
-    // forward: n = x s w (per head), out = R_t n (rotation of the pairs (i, i + hd/2))
-    // dn = R_t^T dout: dn_i = d_i cos + d_{i+half} sin, dn_{i+half} = d_{i+half} cos - d_i sin
-    // dx_i = s w_i dn_i - x_i s^3 / hd * sum_j w_j dn_j x_j
-    floatX* dinp = blockIdx.y ? s1.dinp : s0.dinp;
-    floatX* dnormed = blockIdx.y ? s1.dnormed : s0.dnormed;
-    int ld = blockIdx.y ? s1.ld : s0.ld;
-    const floatX* dout = blockIdx.y ? s1.dout : s0.dout;
-    const floatX* inp = blockIdx.y ? s1.inp : s0.inp;
-    const float* w = blockIdx.y ? s1.w : s0.w;
-    const float* rstd = blockIdx.y ? s1.rstd : s0.rstd;
-    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
-    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
-    int active = row < N * H && i0 < half; // the others still join group_sum
-    int h = (int)(row % H), t = (int)((row / H) % T);
-    const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
-    floatX* dr = dinp + (row / H) * ld + (size_t)h * hd; // this row of dinp
-    float dlo[XPACK], dhi[XPACK], xlo[XPACK], xhi[XPACK], wlo[XPACK], whi[XPACK], dot = 0.0f;
-    if (active) {
-        PackX plo = *(const PackX*)(dout + row * hd + i0), phi = *(const PackX*)(dout + row * hd + half + i0);
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) {
-            float d_lo = to_float(plo.v[k]), d_hi = to_float(phi.v[k]);
-            dlo[k] = d_lo;
-            dhi[k] = d_hi;
-            if (rope != NULL) {
-                float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
-                dlo[k] = d_lo * cs.x + d_hi * cs.y;
-                dhi[k] = d_hi * cs.x - d_lo * cs.y;
-            }
-        }
-        if (wr != NULL) {
-            PackX qlo = *(const PackX*)(inp + row * hd + i0), qhi = *(const PackX*)(inp + row * hd + half + i0);
-            load_floats<XPACK>(wlo, wr + i0);
-            load_floats<XPACK>(whi, wr + half + i0);
-            #pragma unroll
-            for (int k = 0; k < XPACK; k++) {
-                xlo[k] = to_float(qlo.v[k]);
-                xhi[k] = to_float(qhi.v[k]);
-                dot += wlo[k] * dlo[k] * xlo[k] + whi[k] * dhi[k] * xhi[k];
-            }
-        }
-    }
-    PackX olo, ohi;
-    if (wr == NULL) { // w is NULL for both sets or neither (a block has one): no lane is left in group_sum
-        if (!active) { return; }
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) { olo.v[k] = to_floatX(dlo[k]); ohi.v[k] = to_floatX(dhi[k]); }
-        *(PackX*)(dr + i0) = olo;
-        *(PackX*)(dr + half + i0) = ohi;
-        return;
-    }
-    dot = group_sum(dot, G);
-    if (!active) { return; }
-    float s = rstd[row], c = dot * s * s * s / (float)hd;
-    PackX nlo, nhi;
-    #pragma unroll
-    for (int k = 0; k < XPACK; k++) {
-        nlo.v[k] = to_floatX(dlo[k]);
-        nhi.v[k] = to_floatX(dhi[k]);
-        olo.v[k] = to_floatX(s * wlo[k] * dlo[k] - xlo[k] * c);
-        ohi.v[k] = to_floatX(s * whi[k] * dhi[k] - xhi[k] * c);
-    }
-    *(PackX*)(dnormed + row * hd + i0) = nlo;
-    *(PackX*)(dnormed + row * hd + half + i0) = nhi;
-    *(PackX*)(dr + i0) = olo;
-    *(PackX*)(dr + half + i0) = ohi;
-}
-
-// The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only
-// and fixed gates), written back into gate_logit; c_t = sum_{s<=t} logsigmoid(z_s), summed in fp64
-// and rounded to fp32. The scan: each thread sums a contiguous chunk, a scan over the chunk totals
-// gives each chunk its carry, then each thread re-walks its chunk from it; the order is fixed, so
-// the result is deterministic. gate_logit's column is H floats a step apart and the work is latency
-// bound: each thread issues GATE_BATCH loads before it uses the first.
-#define GATE_THREADS 1024
-#define GATE_BATCH 8
-__global__ void __launch_bounds__(GATE_THREADS)
-    forget_gate_forward_kernel(float* __restrict__ c, float* __restrict__ gate_logit, const float* __restrict__ bias,
-                               int has_proj, int B, int T, int H) {
-    // gate_logit (B, T, H) -> c (B, H, T)
-    __shared__ double part[GATE_THREADS];
-    int bh = blockIdx.x, b = bh / H, h = bh % H, tid = threadIdx.x;
-    int chunk = (int)ceil_div(T, GATE_THREADS);
-    int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
-    float* z = gate_logit + (size_t)b * T * H + h; // z_t at z[t * H]
-    float bias_h = bias[h];
-    double sum = 0.0;
-    for (int t = t0; t < t1; t += GATE_BATCH) {
-        float v[GATE_BATCH];
-#pragma unroll
-        for (int k = 0; k < GATE_BATCH; k++) {
-            v[k] = t + k < t1 && has_proj ? z[(size_t)(t + k) * H] + bias_h : bias_h;
-        }
-#pragma unroll
-        for (int k = 0; k < GATE_BATCH; k++) {
-            if (t + k < t1) {
-                z[(size_t)(t + k) * H] = v[k];
-                sum += logsigmoid_gpu(v[k]);
-            }
-        }
-    }
-    part[tid] = sum;
-    __syncthreads();
-    for (int off = 1; off < GATE_THREADS; off <<= 1) { // inclusive prefix scan of the chunk totals
-        double add = tid >= off ? part[tid - off] : 0.0;
-        __syncthreads();
-        part[tid] += add;
-        __syncthreads();
-    }
-    double run = tid > 0 ? part[tid - 1] : 0.0;
-    float* c_bh = c + (size_t)bh * T;
-    for (int t = t0; t < t1; t += GATE_BATCH) {
-        float v[GATE_BATCH];
-#pragma unroll
-        for (int k = 0; k < GATE_BATCH; k++) { v[k] = t + k < t1 ? z[(size_t)(t + k) * H] : 0.0f; }
-#pragma unroll
-        for (int k = 0; k < GATE_BATCH; k++) {
-            if (t + k < t1) {
-                run += logsigmoid_gpu(v[k]);
-                c_bh[t + k] = (float)run;
-            }
-        }
+// the instance of RMSNorm kernel template K at register tile nv, which must be one of rms_nv's
+#define RMS_NV_PICK(K, nv) \
+    ((nv) == 1 ? K<1> : (nv) == 2 ? K<2> : (nv) == 4 ? K<4> : (nv) == 6 ? K<6> : (nv) == 8 ? K<8> : K<12>)
+static void rms_nv_check(int nv) {
+    if (nv != 1 && nv != 2 && nv != 4 && nv != 6 && nv != 8 && nv != 12) {
+        fail("internal: RMSNorm register tile %d" BUG_HINT, nv);
     }
 }
 
-// dlogf (B, H, T) comes from the attention backward, which does the reverse cumulative sum
-__global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_logit_x, int ld_x, const float* dlogf,
-                                            const float* gate_logit, int B, int T, int H) {
-    // forward: log f_t = logsigmoid(z_t)  =>  dz_t = dlogf_t * sigmoid(-z_t), (B, H, T) -> (B, T, H)
-    // dgate_logit_x: the matmul copy for the full gate's projection (rows ld_x long), or NULL
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)B * T * H) { return; }
-    size_t n = i / H;
-    int h = (int)(i % H);
-    float g = dlogf[((n / T) * H + h) * T + n % T] * sigmoid_gpu(-gate_logit[i]);
-    dgate_logit[i] = g;
-    if (dgate_logit_x != NULL) { dgate_logit_x[n * ld_x + h] = to_floatX(g); }
+// out = RMSNorm(x) w (eps 1e-6) with register tile nv (the trainer passes rms_nv(C), the tests every one)
+static void rmsnorm_forward_nv(int nv, floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
+    rms_nv_check(nv);
+    RMS_NV_PICK(rmsnorm_forward_kernel, nv)<<<warp_blocks(rows), 32 * WARPS_PER_BLOCK>>>(out, rstd, x, w, rows, C,
+                                                                                        1e-6f);
+    launchCheck();
+}
+
+static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
+    rmsnorm_forward_nv(rms_nv(C), out, rstd, x, w, rows, C);
+}
+
+// dw[W / fold] += column sums over rows of d (the bias gradients) or, with x, of d * x * rstd
+// (the per-head norm scales; see the colsum kernels)
+static void colsum_gpu(float* dw, float* partial, const float* d, size_t rows, int W) {
+    dim3 grid((unsigned)ceil_div(W, 32), (unsigned)ceil_div(rows, COLSUM_ROWS));
+    colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, rows, W);
+    launchCheck();
+    colsum_finish_kernel<<<(unsigned)ceil_div(W, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, 1);
+    launchCheck();
+}
+
+static void colsum_scale_gpu(float* dw, float* partial, const floatX* d, const floatX* x, const float* rstd,
+                             size_t rows, int W, int seg, int fold) {
+    dim3 grid((unsigned)ceil_div(W, 32 * XPACK), (unsigned)ceil_div(rows, COLSUM_ROWS));
+    colsum_scale_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, x, rstd, rows, W, seg);
+    launchCheck();
+    colsum_finish_kernel<<<(unsigned)ceil_div(W / fold, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, fold);
+    launchCheck();
+}
+
+// dx (added to dresid (N, C), which is refreshed in dresid_x, its matmul copy) and dw (added) from dout,
+// the gradient at the norm's output, with register tile nv (as rmsnorm_forward_nv); partial:
+// ceil(N / RMS_BWD_ROWS) x C floats of scratch
+static void rmsnorm_backward_nv(int nv, float* dresid, floatX* dresid_x, float* partial, float* dw, const float* dout,
+                                const float* x, const float* w, const float* rstd, size_t N, int C) {
+    rms_nv_check(nv);
+    unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
+    size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
+    auto kernel = RMS_NV_PICK(rmsnorm_backward_kernel, nv);
+    if (smem > 48 * 1024) { // above the default limit (gpu_config_problem: C <= RMS_BWD_MAX_C)
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(dresid, dresid_x, partial, dout, x, w, rstd, N, C);
+    launchCheck();
+    colsum_finish_kernel<<<(unsigned)ceil_div(C, 32), dim3(32, 16)>>>(dw, partial, (int)chunks, C, 1);
+    launchCheck();
+}
+
+static void rmsnorm_backward_gpu(float* dresid, floatX* dresid_x, float* partial, float* dw, const float* dout,
+                                 const float* x, const float* w, const float* rstd, size_t N, int C) {
+    rmsnorm_backward_nv(rms_nv(C), dresid, dresid_x, partial, dw, dout, x, w, rstd, N, C);
 }
 
 // ----------------------------------------------------------------------------
@@ -1144,8 +1021,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template<int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
-// cp.async writes are generic-proxy writes; wgmma reads through the async proxy: fence in between
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // ---- warp-level mma (mma.sync) and ldmatrix ----
 // d (16x8, fp32) += a (16x16, row) b (16x8, col) on bf16 registers, the PTX fragment layout:
@@ -1270,11 +1145,8 @@ __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_
 // at chunk c ^ (r % 8), so the loads and the wgmma reads are free of bank conflicts. Tiles start at
 // 1024-byte boundaries (the swizzle pattern repeats every 8 rows).
 // The same bytes serve as a K-major operand (K = HD: S = Q K^T, dP = dO V^T) and as an N-major one
-// (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit.
-// 16-byte chunk ch of row r, in elements from the tile's start
-template<int ROWS> __device__ __forceinline__ int tile_off(int r, int ch) {
-    return (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
-}
+// (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit. The 16-byte
+// chunk ch of row r starts (ch / 8) ROWS 64 + 64 r + 8 ((ch % 8) ^ (r % 8)) elements into the tile.
 // K-major operand (K = HD): 64 rows from row 8*rb, k16 step kk. The k step moves the start inside
 // the 128-byte row (the hardware applies the XOR on the address), SBO = 8 rows = 1024 bytes, LBO
 // unused.
@@ -1627,6 +1499,397 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
 }
 #endif
 
+#ifndef ENABLE_FP32
+// NP = ceil(P H / 16), the n8-tile pairs of the kernels' instance (1 .. 6: gpu_config_problem)
+static int head_proj_np(const HeadProj* hp, int H) {
+    int np = (hp->count * H + 15) / 16;
+    if (np < 1 || np > 6) {
+        fail("head projections: P * H = %d outside 1..%d\nHINT: gpu_config_problem refuses such configs", hp->count * H,
+             HP_MAX_J);
+    }
+    return np;
+}
+// the instance of head-projection kernel template K at NP = np (1 .. 6)
+#define HP_NP_PICK(K, np) \
+    ((np) == 1 ? K<1> : (np) == 2 ? K<2> : (np) == 3 ? K<3> : (np) == 4 ? K<4> : (np) == 5 ? K<5> : K<6>)
+// The shared memory limit is a per-device attribute: set on every call (microseconds), with the carveout
+// that lets two forward blocks (up to 112 KB each) or two or three backward blocks share an SM.
+template <typename Kernel> static void head_proj_smem(Kernel kernel, size_t smem) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   cudaSharedmemCarveoutMaxShared));
+}
+#endif
+
+// out_p (N, H) = x (N, C) @ w_p^T for each projection
+static void head_proj_forward_gpu(const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
+#ifdef ENABLE_FP32
+    for (int i = 0; i < hp->count; i++) { matmul_forward_gpu(hp->out[i], CUDA_R_32F, NULL, x, hp->w[i], N, C, H); }
+#else
+    if (hp->count == 0) { return; }
+    int np = head_proj_np(hp, H);
+    auto kernel = HP_NP_PICK(head_proj_forward_kernel, np);
+    head_proj_smem(kernel, HPF_SMEM(np));
+    kernel<<<(unsigned)ceil_div(N, HPF_ROWS), 32 * HPF_WARPS, HPF_SMEM(np)>>>(*hp, x, N, C, H);
+    launchCheck();
+#endif
+}
+
+// dx (N, C) = sum_p dout_p @ w_p, overwriting dx (count > 0); dw_p += dout_p^T @ x, the P of them
+// as one matmul (dw (P H, C) += dout^T x)
+static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
+    int J = hp->count * H;
+#ifdef ENABLE_FP32
+    for (int i = 0; i < hp->count; i++) { // dx (+)= dout's columns i H .. (rows J long) @ w_i
+        matmul_lt(dx, CUDA_R_32F, NULL, hp->w[i], hp->dout + i * H, C, (int)N, H, 0, 0, J, i == 0 ? 0.0f : 1.0f);
+    }
+#else
+    int np = head_proj_np(hp, H);
+    auto kernel = HP_NP_PICK(head_proj_backward_input_kernel, np);
+    head_proj_smem(kernel, HPB_SMEM(np));
+    dim3 grid((unsigned)ceil_div(N, HPB_ROWS), (unsigned)ceil_div(C, HPB_COLS));
+    kernel<<<grid, 32 * HPB_WARPS, HPB_SMEM(np)>>>(dx, *hp, N, C, H);
+    launchCheck();
+#endif
+    matmul_backward_weight_gpu(hp->dw, hp->dout, x, N, C, J);
+}
+
+// ----------------------------------------------------------------------------
+// KV-shift
+
+// The per-head kernels below take the tensors of k and v (KV-shift) or of q and k (QK-norm and RoPE)
+// in one launch: blockIdx.y picks the set (a struct each; grid.y = the number of sets that are on), so
+// the pair shares one launch and its tail, and each thread runs the one-tensor code.
+typedef struct { floatX* out; const floatX* raw; const float* alpha_logit; } KVShiftSet;
+
+// KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z);
+// XPACK consecutive channels of one token per thread (one head's: hd % XPACK == 0, see head_lanes)
+__global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, int T, int H, int hd) {
+    floatX* out = blockIdx.y ? s1.out : s0.out;
+    const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
+    const float* alpha_logit = blockIdx.y ? s1.alpha_logit : s0.alpha_logit;
+    size_t C = (size_t)H * hd, idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
+    if (idx >= N * C) { return; }
+    size_t n = idx / C;
+    int has_prev = n % T > 0;
+    float a = sigmoid_gpu(alpha_logit[n * H + (idx % C) / hd]);
+    PackX cur = *(const PackX*)(raw + idx), res;
+    PackX prev = has_prev ? *(const PackX*)(raw + idx - C) : cur;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float p = has_prev ? to_float(prev.v[k]) : 0.0f;
+        res.v[k] = to_floatX(a * p + (1.0f - a) * to_float(cur.v[k]));
+    }
+    *(PackX*)(out + idx) = res;
+}
+
+// G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg),
+// dalpha_logit's ld_a (a block of the head projections' dhp). At most 48 registers (no spills), so
+// five blocks share an SM.
+typedef struct {
+    floatX *draw, *dalpha_logit;
+    const floatX *dout, *raw;
+    const float* alpha_logit;
+} KVShiftGradSet;
+__global__ void __launch_bounds__(HEAD_THREADS, 5)
+kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a, size_t N, int T, int H, int hd,
+                         int G) {
+    // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
+    // draw_t = (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
+    // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
+    floatX* draw = blockIdx.y ? s1.draw : s0.draw;
+    floatX* dalpha_logit = blockIdx.y ? s1.dalpha_logit : s0.dalpha_logit;
+    const floatX* dout = blockIdx.y ? s1.dout : s0.dout;
+    const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
+    const float* alpha_logit = blockIdx.y ? s1.alpha_logit : s0.alpha_logit;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2;
+    int active = row < N * H && j * XPACK < half; // the others still join group_sum
+    size_t n = row / H, C = (size_t)H * hd;
+    float a = 0.0f, da = 0.0f;
+    if (active) {
+        int has_prev = n % T > 0, has_next = n % T + 1 < (size_t)T;
+        a = sigmoid_gpu(alpha_logit[row]);
+        float a_next = has_next ? sigmoid_gpu(alpha_logit[row + H]) : 0.0f;
+        for (int e = j * XPACK; e < hd; e += half) { // the lane's two packs
+            size_t off = n * C + (size_t)(row % H) * hd + e;
+            PackX d = *(const PackX*)(dout + off), cur = *(const PackX*)(raw + off), res;
+            PackX d_next = has_next ? *(const PackX*)(dout + off + C) : d;
+            PackX prev = has_prev ? *(const PackX*)(raw + off - C) : cur;
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) {
+                float dk = to_float(d.v[k]), dn = has_next ? to_float(d_next.v[k]) : 0.0f;
+                float p = has_prev ? to_float(prev.v[k]) : 0.0f;
+                res.v[k] = to_floatX((1.0f - a) * dk + a_next * dn);
+                da += dk * (p - to_float(cur.v[k]));
+            }
+            *(PackX*)(draw + n * ld + (size_t)(row % H) * hd + e) = res;
+        }
+    }
+    da = group_sum(da, G);
+    if (active && j == 0) { dalpha_logit[n * ld_a + row % H] = to_floatX(da * a * (1.0f - a)); }
+}
+
+// out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head for the n <= 2 sets set[0 .. n - 1] (k, v: those
+// whose shift is on); out, raw (B, T, H, hd), alpha_logit (B, T, H); N = B T
+static void kv_shift_forward_gpu(const KVShiftSet set[2], int n, size_t N, int T, int H, int hd) {
+    if (n == 0) { return; }
+    size_t NC = N * H * hd;
+    kv_shift_forward_kernel<<<dim3(elem_blocks(NC / XPACK), n), 256>>>(set[0], set[n - 1], N, T, H, hd);
+    launchCheck();
+}
+
+// the sets' draw (rows ld long) and dalpha_logit (rows ld_a long) from dout (n >= 1)
+static void kv_shift_backward_gpu(const KVShiftGradSet set[2], int n, int ld, int ld_a, size_t N, int T, int H,
+                                  int hd) {
+    int G = head_lanes(hd);
+    kv_shift_backward_kernel<<<dim3(head_blocks(N * H, G), n), HEAD_THREADS>>>(set[0], set[n - 1], ld, ld_a, N, T, H,
+                                                                               hd, G);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// QK-norm and RoPE
+
+// QK-norm then RoPE on one (token, head) row of hd values, G lanes per row (see head_lanes);
+// either stage may be off (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for
+// head h is w + (h % groups) * hd (groups = 1 when the heads share one scale vector). RoPE
+// rotates the non-interleaved pairs (i, i + hd/2) by the angle of table rope[t][i] = (cos, sin).
+typedef struct {
+    floatX* out;
+    float* rstd;
+    const floatX* inp;
+    const float* w;
+} QKNormSet;
+__global__ void qk_norm_rope_forward_kernel(QKNormSet s0, QKNormSet s1, int groups, const float* rope, size_t N,
+                                            int T, int H, int hd, float eps, int G) {
+    floatX* out = blockIdx.y ? s1.out : s0.out;
+    float* rstd = blockIdx.y ? s1.rstd : s0.rstd;
+    const floatX* inp = blockIdx.y ? s1.inp : s0.inp;
+    const float* w = blockIdx.y ? s1.w : s0.w;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    float lo[XPACK], hi[XPACK], ss = 0.0f; // the lane's channels i0.. and half + i0..
+    if (active) {
+        PackX plo = *(const PackX*)(inp + row * hd + i0), phi = *(const PackX*)(inp + row * hd + half + i0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            lo[k] = to_float(plo.v[k]);
+            hi[k] = to_float(phi.v[k]);
+            ss += lo[k] * lo[k] + hi[k] * hi[k];
+        }
+    }
+    float s = head_rstd(ss, w != NULL, rstd, row, active && j == 0, hd, eps, G);
+    if (!active) { return; }
+    int h = (int)(row % H), t = (int)((row / H) % T);
+    if (w != NULL) {
+        const float* wr = w + (size_t)(h % groups) * hd;
+        float wlo[XPACK], whi[XPACK];
+        load_floats<XPACK>(wlo, wr + i0);
+        load_floats<XPACK>(whi, wr + half + i0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) { lo[k] = lo[k] * s * wlo[k]; hi[k] = hi[k] * s * whi[k]; }
+    }
+    PackX olo, ohi;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float vlo = lo[k], vhi = hi[k];
+        if (rope != NULL) {
+            float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
+            vlo = lo[k] * cs.x - hi[k] * cs.y;
+            vhi = hi[k] * cs.x + lo[k] * cs.y;
+        }
+        olo.v[k] = to_floatX(vlo);
+        ohi.v[k] = to_floatX(vhi);
+    }
+    *(PackX*)(out + row * hd + i0) = olo;
+    *(PackX*)(out + row * hd + half + i0) = ohi;
+}
+
+// Writes dinp (rows ld long: C, or a block of dqkvg) and, with the norm on, dnormed (the gradient
+// at the norm's output, for the scale gradient). At most 64 registers, so four blocks share an SM.
+// The norm is on for both sets or for neither (w), as the forward's.
+typedef struct {
+    floatX *dinp, *dnormed;
+    int ld;
+    const floatX *dout, *inp;
+    const float *w, *rstd;
+} QKNormGradSet;
+__global__ void __launch_bounds__(HEAD_THREADS, 4)
+qk_norm_rope_backward_kernel(QKNormGradSet s0, QKNormGradSet s1, int groups, const float* rope, size_t N, int T,
+                             int H, int hd, int G) {
+    // forward: n = x s w (per head), out = R_t n (rotation of the pairs (i, i + hd/2))
+    // dn = R_t^T dout: dn_i = d_i cos + d_{i+half} sin, dn_{i+half} = d_{i+half} cos - d_i sin
+    // dx_i = s w_i dn_i - x_i s^3 / hd * sum_j w_j dn_j x_j
+    floatX* dinp = blockIdx.y ? s1.dinp : s0.dinp;
+    floatX* dnormed = blockIdx.y ? s1.dnormed : s0.dnormed;
+    int ld = blockIdx.y ? s1.ld : s0.ld;
+    const floatX* dout = blockIdx.y ? s1.dout : s0.dout;
+    const floatX* inp = blockIdx.y ? s1.inp : s0.inp;
+    const float* w = blockIdx.y ? s1.w : s0.w;
+    const float* rstd = blockIdx.y ? s1.rstd : s0.rstd;
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
+    int active = row < N * H && i0 < half; // the others still join group_sum
+    int h = (int)(row % H), t = (int)((row / H) % T);
+    const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
+    floatX* dr = dinp + (row / H) * ld + (size_t)h * hd; // this row of dinp
+    float dlo[XPACK], dhi[XPACK], xlo[XPACK], xhi[XPACK], wlo[XPACK], whi[XPACK], dot = 0.0f;
+    if (active) {
+        PackX plo = *(const PackX*)(dout + row * hd + i0), phi = *(const PackX*)(dout + row * hd + half + i0);
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            float d_lo = to_float(plo.v[k]), d_hi = to_float(phi.v[k]);
+            dlo[k] = d_lo;
+            dhi[k] = d_hi;
+            if (rope != NULL) {
+                float2 cs = *(const float2*)(rope + ((size_t)t * half + i0 + k) * 2); // (cos, sin)
+                dlo[k] = d_lo * cs.x + d_hi * cs.y;
+                dhi[k] = d_hi * cs.x - d_lo * cs.y;
+            }
+        }
+        if (wr != NULL) {
+            PackX qlo = *(const PackX*)(inp + row * hd + i0), qhi = *(const PackX*)(inp + row * hd + half + i0);
+            load_floats<XPACK>(wlo, wr + i0);
+            load_floats<XPACK>(whi, wr + half + i0);
+            #pragma unroll
+            for (int k = 0; k < XPACK; k++) {
+                xlo[k] = to_float(qlo.v[k]);
+                xhi[k] = to_float(qhi.v[k]);
+                dot += wlo[k] * dlo[k] * xlo[k] + whi[k] * dhi[k] * xhi[k];
+            }
+        }
+    }
+    PackX olo, ohi;
+    if (wr == NULL) { // w is NULL for both sets or neither (a block has one): no lane is left in group_sum
+        if (!active) { return; }
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) { olo.v[k] = to_floatX(dlo[k]); ohi.v[k] = to_floatX(dhi[k]); }
+        *(PackX*)(dr + i0) = olo;
+        *(PackX*)(dr + half + i0) = ohi;
+        return;
+    }
+    dot = group_sum(dot, G);
+    if (!active) { return; }
+    float s = rstd[row], c = dot * s * s * s / (float)hd;
+    PackX nlo, nhi;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        nlo.v[k] = to_floatX(dlo[k]);
+        nhi.v[k] = to_floatX(dhi[k]);
+        olo.v[k] = to_floatX(s * wlo[k] * dlo[k] - xlo[k] * c);
+        ohi.v[k] = to_floatX(s * whi[k] * dhi[k] - xhi[k] * c);
+    }
+    *(PackX*)(dnormed + row * hd + i0) = nlo;
+    *(PackX*)(dnormed + row * hd + half + i0) = nhi;
+    *(PackX*)(dr + i0) = olo;
+    *(PackX*)(dr + half + i0) = ohi;
+}
+
+// q and k through QK-norm (w != NULL, eps) then RoPE (rope != NULL), both sets in one launch
+static void qk_norm_rope_forward_gpu(QKNormSet q, QKNormSet k, int groups, const float* rope, size_t N, int T, int H,
+                                     int hd, float eps) {
+    int G = head_lanes(hd);
+    qk_norm_rope_forward_kernel<<<dim3(head_blocks(N * H, G), 2), HEAD_THREADS>>>(q, k, groups, rope, N, T, H, hd, eps,
+                                                                                  G);
+    launchCheck();
+}
+
+static void qk_norm_rope_backward_gpu(QKNormGradSet q, QKNormGradSet k, int groups, const float* rope, size_t N, int T,
+                                      int H, int hd) {
+    int G = head_lanes(hd);
+    qk_norm_rope_backward_kernel<<<dim3(head_blocks(N * H, G), 2), HEAD_THREADS>>>(q, k, groups, rope, N, T, H, hd, G);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// the forget gate
+
+// The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only
+// and fixed gates), written back into gate_logit; c_t = sum_{s<=t} logsigmoid(z_s), summed in fp64
+// and rounded to fp32. The scan: each thread sums a contiguous chunk, a scan over the chunk totals
+// gives each chunk its carry, then each thread re-walks its chunk from it; the order is fixed, so
+// the result is deterministic. gate_logit's column is H floats a step apart and the work is latency
+// bound: each thread issues GATE_BATCH loads before it uses the first.
+#define GATE_THREADS 1024
+#define GATE_BATCH 8
+__global__ void __launch_bounds__(GATE_THREADS)
+    forget_gate_forward_kernel(float* __restrict__ c, float* __restrict__ gate_logit, const float* __restrict__ bias,
+                               int has_proj, int B, int T, int H) {
+    // gate_logit (B, T, H) -> c (B, H, T)
+    __shared__ double part[GATE_THREADS];
+    int bh = blockIdx.x, b = bh / H, h = bh % H, tid = threadIdx.x;
+    int chunk = (int)ceil_div(T, GATE_THREADS);
+    int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
+    float* z = gate_logit + (size_t)b * T * H + h; // z_t at z[t * H]
+    float bias_h = bias[h];
+    double sum = 0.0;
+    for (int t = t0; t < t1; t += GATE_BATCH) {
+        float v[GATE_BATCH];
+#pragma unroll
+        for (int k = 0; k < GATE_BATCH; k++) {
+            v[k] = t + k < t1 && has_proj ? z[(size_t)(t + k) * H] + bias_h : bias_h;
+        }
+#pragma unroll
+        for (int k = 0; k < GATE_BATCH; k++) {
+            if (t + k < t1) {
+                z[(size_t)(t + k) * H] = v[k];
+                sum += logsigmoid_gpu(v[k]);
+            }
+        }
+    }
+    part[tid] = sum;
+    __syncthreads();
+    for (int off = 1; off < GATE_THREADS; off <<= 1) { // inclusive prefix scan of the chunk totals
+        double add = tid >= off ? part[tid - off] : 0.0;
+        __syncthreads();
+        part[tid] += add;
+        __syncthreads();
+    }
+    double run = tid > 0 ? part[tid - 1] : 0.0;
+    float* c_bh = c + (size_t)bh * T;
+    for (int t = t0; t < t1; t += GATE_BATCH) {
+        float v[GATE_BATCH];
+#pragma unroll
+        for (int k = 0; k < GATE_BATCH; k++) { v[k] = t + k < t1 ? z[(size_t)(t + k) * H] : 0.0f; }
+#pragma unroll
+        for (int k = 0; k < GATE_BATCH; k++) {
+            if (t + k < t1) {
+                run += logsigmoid_gpu(v[k]);
+                c_bh[t + k] = (float)run;
+            }
+        }
+    }
+}
+
+// dlogf (B, H, T) comes from the attention backward, which does the reverse cumulative sum
+__global__ void forget_gate_backward_kernel(float* dgate_logit, floatX* dgate_logit_x, int ld_x, const float* dlogf,
+                                            const float* gate_logit, int B, int T, int H) {
+    // forward: log f_t = logsigmoid(z_t)  =>  dz_t = dlogf_t * sigmoid(-z_t), (B, H, T) -> (B, T, H)
+    // dgate_logit_x: the matmul copy for the full gate's projection (rows ld_x long), or NULL
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)B * T * H) { return; }
+    size_t n = i / H;
+    int h = (int)(i % H);
+    float g = dlogf[((n / T) * H + h) * T + n % T] * sigmoid_gpu(-gate_logit[i]);
+    dgate_logit[i] = g;
+    if (dgate_logit_x != NULL) { dgate_logit_x[n * ld_x + h] = to_floatX(g); }
+}
+
+// gate_logit (B, T, H) += bias (has_proj; else = bias), c (B, H, T) its running sum of log f
+static void forget_gate_forward_gpu(float* c, float* gate_logit, const float* bias, int has_proj, int B, int T, int H) {
+    forget_gate_forward_kernel<<<B * H, GATE_THREADS>>>(c, gate_logit, bias, has_proj, B, T, H);
+    launchCheck();
+}
+
+static void forget_gate_backward_gpu(float* dgate_logit, floatX* dgate_logit_x, int ld_x, const float* dlogf,
+                                     const float* gate_logit, int B, int T, int H) {
+    forget_gate_backward_kernel<<<elem_blocks((size_t)B * T * H), 256>>>(dgate_logit, dgate_logit_x, ld_x, dlogf,
+                                                                         gate_logit, B, T, H);
+    launchCheck();
+}
+
 // ----------------------------------------------------------------------------
 // Forgetting attention (dev/fox.md, "Forgetting attention"). Query i sees keys first_key(i) <= j <= i
 // (causal, or a sliding window of `window` keys), with the forget gate's bias:
@@ -1872,6 +2135,33 @@ __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc
     }
     if (dc_col != NULL && lane == 0) { dc_col[(size_t)bh * T + j] = -dc_acc; }
 }
+
+// ---- the pruning's tile count (bf16 build) ----
+#ifndef ENABLE_FP32
+// Tiles of the forwards since the last attention_pruned_share (-A 1): [0] skipped, [1] those the
+// dense kernels read (causal, within the window), in 128 x 128 pruning tiles. One block per call;
+// integer sums, exact in any order.
+__global__ void fox_prune_count_kernel(unsigned long long* counts, const int* key_start, int BH, int nt, int window) {
+    __shared__ unsigned long long s_skip[256], s_dense[256];
+    unsigned long long skipped = 0, dense = 0;
+    for (size_t idx = threadIdx.x; idx < (size_t)BH * nt; idx += blockDim.x) {
+        int t = (int)(idx % nt), j0 = window > 0 ? t * PRUNE_BLOCK - window + 1 : 0;
+        int first = j0 > 0 ? j0 / PRUNE_BLOCK : 0; // the tile of the window's first key
+        dense += (unsigned long long)(t + 1 - first);
+        if (key_start[idx] > first) { skipped += (unsigned long long)(key_start[idx] - first); }
+    }
+    s_skip[threadIdx.x] = skipped; s_dense[threadIdx.x] = dense;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) {
+            s_skip[threadIdx.x] += s_skip[threadIdx.x + stride];
+            s_dense[threadIdx.x] += s_dense[threadIdx.x + stride];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { counts[0] += s_skip[0]; counts[1] += s_dense[0]; }
+}
+#endif
 
 // ---- Delta and the d(log f) scan (both implementations) ----
 
@@ -3457,33 +3747,9 @@ static const int* attention_prune_tables(const floatX* q, const floatX* k, const
     return tables;
 }
 
-// Tiles of the forwards since the last attention_pruned_share (-A 1): [0] skipped, [1] those the
-// dense kernels read (causal, within the window), in 128 x 128 pruning tiles. One block per call;
-// integer sums, exact in any order.
-__global__ void fox_prune_count_kernel(unsigned long long* counts, const int* key_start, int BH, int nt, int window) {
-    __shared__ unsigned long long s_skip[256], s_dense[256];
-    unsigned long long skipped = 0, dense = 0;
-    for (size_t idx = threadIdx.x; idx < (size_t)BH * nt; idx += blockDim.x) {
-        int t = (int)(idx % nt), j0 = window > 0 ? t * PRUNE_BLOCK - window + 1 : 0;
-        int first = j0 > 0 ? j0 / PRUNE_BLOCK : 0; // the tile of the window's first key
-        dense += (unsigned long long)(t + 1 - first);
-        if (key_start[idx] > first) { skipped += (unsigned long long)(key_start[idx] - first); }
-    }
-    s_skip[threadIdx.x] = skipped; s_dense[threadIdx.x] = dense;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-        if (threadIdx.x < stride) {
-            s_skip[threadIdx.x] += s_skip[threadIdx.x + stride];
-            s_dense[threadIdx.x] += s_dense[threadIdx.x + stride];
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) { counts[0] += s_skip[0]; counts[1] += s_dense[0]; }
-}
-
 static unsigned long long* g_prune_counts = NULL; // (2) on the device
 
-static void attention_prune_count(const int* tables, int BH, int T, int window) {
+static void attention_prune_count_gpu(const int* tables, int BH, int T, int window) {
     if (g_prune_counts == NULL) {
         cudaCheck(cudaMalloc(&g_prune_counts, 2 * sizeof(unsigned long long)));
         cudaCheck(cudaMemset(g_prune_counts, 0, 2 * sizeof(unsigned long long)));
@@ -3522,7 +3788,7 @@ static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const 
     if (attention_fused(hd)) {
         const int* tables = attention_prune_tables(q, k, c, B, T, H, hd);
         fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, H * hd, H * hd, window, tables, 0);
-        if (tables != NULL) { attention_prune_count(tables, B * H, T, window); }
+        if (tables != NULL) { attention_prune_count_gpu(tables, B * H, T, window); }
         return;
     }
 #endif
@@ -3575,7 +3841,7 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
 }
 
 // ----------------------------------------------------------------------------
-// output norm and gate, SwiGLU, cross-entropy
+// output norm and gate
 
 // Output norm and output gate on one (token, head) row, G lanes per row (see head_lanes); either
 // may be off (w == NULL: no norm, og == NULL: no gate). o_normed is written when both are on
@@ -3594,12 +3860,7 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
             for (int k = 0; k < XPACK; k++) { x[p][k] = to_float(xp.v[k]); ss += x[p][k] * x[p][k]; }
         }
     }
-    float s = 1.0f;
-    if (w != NULL) {
-        ss = group_sum(ss, G);
-        s = 1.0f / sqrtf(ss / (float)hd + eps);
-        if (active && j == 0) { rstd[row] = s; }
-    }
+    float s = head_rstd(ss, w != NULL, rstd, row, active && j == 0, hd, eps, G);
     if (!active) { return; }
     const float* wr = w != NULL ? w + (row % H) * hd : NULL;
     for (int p = 0; p < 2; p++) {
@@ -3689,6 +3950,27 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
     }
 }
 
+// y (and o_normed, rstd) from o through the output norm (w != NULL, eps) and gate (og != NULL)
+static void output_norm_gate_forward_gpu(floatX* o_normed, floatX* y, float* rstd, const floatX* o, const floatX* og,
+                                         const float* w, size_t N, int H, int hd, float eps) {
+    int G = head_lanes(hd);
+    output_norm_gate_forward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(o_normed, y, rstd, o, og, w, N, H, hd, eps,
+                                                                             G);
+    launchCheck();
+}
+
+static void output_norm_gate_backward_gpu(floatX* do_, floatX* dog, int ld, floatX* don, float* delta, const floatX* dy,
+                                          const floatX* o, const floatX* o_normed, const floatX* og, const float* w,
+                                          const float* rstd, size_t N, int T, int H, int hd) {
+    int G = head_lanes(hd);
+    output_norm_gate_backward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(do_, dog, ld, don, delta, dy, o, o_normed,
+                                                                              og, w, rstd, N, T, H, hd, G);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// SwiGLU
+
 // SwiGLU: act = silu(g) * u, gu (N, 2I) holds the gate then the up projection of a row
 // XPACK consecutive hidden units of one row per thread (gpu_config_problem: I % XPACK == 0)
 __global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, int I) {
@@ -3720,6 +4002,19 @@ __global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const fl
     *(PackX*)(dgu + n * 2 * I + i) = dg;
     *(PackX*)(dgu + n * 2 * I + I + i) = du;
 }
+
+static void swiglu_forward_gpu(floatX* act, const floatX* gu, size_t N, int I) {
+    swiglu_forward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(act, gu, N, I);
+    launchCheck();
+}
+
+static void swiglu_backward_gpu(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I) {
+    swiglu_backward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(dgu, dact, gu, N, I);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// cross-entropy
 
 // Cross-entropy over the first V logits of a row (pads V..Vp-1 masked), one block per row;
 // its loss is lse - logit_target. One pass for the lse: each thread keeps a running max m and sum
@@ -3811,7 +4106,7 @@ static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, 
 }
 
 // ----------------------------------------------------------------------------
-// optimiser kernels
+// optimiser kernels: the gradient norm's fp64 partial sums, AdamW, the matmul copy of the weights
 
 // [lo, lo + n) of a flat buffer; v: where it starts in the concatenation of its list's ranges
 typedef struct { size_t lo, n, v; } Range;
@@ -3904,7 +4199,25 @@ __global__ void to_floatX_kernel(floatX* out, const float* in, size_t n) {
     if (i < n) { out[i] = to_floatX(in[i]); }
 }
 
-static unsigned elem_blocks(size_t n) { return (unsigned)ceil_div(n, 256); }
+// partial (NORM_BLOCKS) = the fp64 sums of squares of g over the `count` ranges (`total` elements)
+static void sumsq_partial_gpu(double* partial, const float* g, const Range* ranges, int count, size_t total) {
+    sumsq_partial_kernel<<<NORM_BLOCKS, 256>>>(partial, g, ranges, count, total);
+    launchCheck();
+}
+
+// AdamW on the `count` segments, `blocks` thread blocks in all (adamw_segment_table)
+static void adamw_gpu(float* p, floatX* p_x, const float* g, float* m, float* v, const AdamWSegment* segs, int count,
+                      unsigned blocks, float lr, float weight_decay, float beta1, float beta2, float c1, float c2,
+                      float eps, float grad_scale) {
+    adamw_kernel<<<blocks, ADAMW_THREADS>>>(p, p_x, g, m, v, segs, count, lr, weight_decay, beta1, beta2, c1, c2, eps,
+                                            grad_scale);
+    launchCheck();
+}
+
+static void to_floatX_gpu(floatX* out, const float* in, size_t n) {
+    to_floatX_kernel<<<elem_blocks(n), 256>>>(out, in, n);
+    launchCheck();
+}
 
 // ----------------------------------------------------------------------------
 // data parallel: one process per GPU, NCCL between them. Every rank holds buffers for all
@@ -4607,8 +4920,7 @@ static size_t gpu_memory_needed(const FoxConfig* cf, int B, int T, const Dist* d
 // uploads the host copy of the weights (master and matmul copy)
 static void gpu_params_from_host(GPUModel* g) {
     gpu_upload(g, g->host->params_memory, g->params);
-    to_floatX_kernel<<<elem_blocks(g->layout.size), 256>>>(g->params_x, g->params, g->layout.size);
-    launchCheck();
+    to_floatX_gpu(g->params_x, g->params, g->layout.size);
 }
 
 static void gpu_params_to_host(GPUModel* g) { gpu_download(g, g->params, g->host->params_memory); }
@@ -4652,6 +4964,19 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     return NULL;
 }
 
+// the RoPE table (len, hd/2, 2) of (cos, sin) on the host: the twin's angles, the same fp32 values
+static float* rope_table(const FoxConfig* cf, int len) {
+    int hd = cf->n_embd / cf->n_head, half = hd / 2;
+    float* table = (float*)malloc_check((size_t)len * half * 2 * sizeof(float), "RoPE table");
+    for (int t = 0; t < len; t++) {
+        for (int i = 0; i < half; i++) {
+            float* cs = &table[((size_t)t * half + i) * 2];
+            rope_angle(t, i, hd, cf->rope_theta, cs, cs + 1);
+        }
+    }
+    return table;
+}
+
 // Builds the device side of `host` (whose weights are uploaded) for batches up to (B, T), as
 // one rank of `dist`.
 static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist* dist) {
@@ -4691,17 +5016,11 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     g->inputs = (int*)gpu_malloc(N * sizeof(int), "inputs");
     g->targets = (int*)gpu_malloc(N * sizeof(int), "targets");
     g->norm_partial = (double*)gpu_malloc(NORM_BLOCKS * sizeof(double), "norm partials");
-    if (cf->rope) { // the twin's angles, computed once on the host: the same fp32 values
-        int hd = cf->n_embd / cf->n_head, half = hd / 2;
-        float* table = (float*)malloc_check((size_t)T * half * 2 * sizeof(float), "RoPE table");
-        for (int t = 0; t < T; t++) {
-            for (int i = 0; i < half; i++) {
-                rope_angle(t, i, hd, cf->rope_theta, &table[((size_t)t * half + i) * 2],
-                           &table[((size_t)t * half + i) * 2 + 1]);
-            }
-        }
-        g->rope = (float*)gpu_malloc((size_t)T * half * 2 * sizeof(float), "RoPE table");
-        cudaCheck(cudaMemcpy(g->rope, table, (size_t)T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
+    if (cf->rope) {
+        size_t bytes = (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float);
+        float* table = rope_table(cf, T);
+        g->rope = (float*)gpu_malloc(bytes, "RoPE table");
+        cudaCheck(cudaMemcpy(g->rope, table, bytes, cudaMemcpyHostToDevice));
         free(table);
     }
     g->losses_host = (float*)malloc_check(N * sizeof(float), "losses");
@@ -4722,98 +5041,6 @@ static void gpu_free(GPUModel* g) {
     free(g->losses_host); free(g->enc_host);
     step_graph_drop(&g->step_graph);
     memset(g, 0, sizeof(*g));
-}
-
-// ----------------------------------------------------------------------------
-// layer launchers used by the forward and backward
-
-// the RMSNorm kernels' register tile for rows of C: NV = the smallest of 1, 2, 4, 6, 8, 12 with
-// RMS_TILE(NV) >= C, 12 for wider rows
-static int rms_nv(int C) {
-    static const int nvs[] = {1, 2, 4, 6, 8, 12};
-    for (int i = 0; i < 6; i++) {
-        if (RMS_TILE(nvs[i]) >= C) { return nvs[i]; }
-    }
-    return 12;
-}
-
-template <int NV>
-static void rmsnorm_forward_launch(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
-    rmsnorm_forward_kernel<NV><<<warp_blocks(rows), 32 * WARPS_PER_BLOCK>>>(out, rstd, x, w, rows, C, 1e-6f);
-}
-
-// with register tile NV = nv (one of rms_nv's; the trainer passes rms_nv(C), the tests every one)
-static void rmsnorm_forward_nv(int nv, floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
-    switch (nv) {
-    case 1: rmsnorm_forward_launch<1>(out, rstd, x, w, rows, C); break;
-    case 2: rmsnorm_forward_launch<2>(out, rstd, x, w, rows, C); break;
-    case 4: rmsnorm_forward_launch<4>(out, rstd, x, w, rows, C); break;
-    case 6: rmsnorm_forward_launch<6>(out, rstd, x, w, rows, C); break;
-    case 8: rmsnorm_forward_launch<8>(out, rstd, x, w, rows, C); break;
-    case 12: rmsnorm_forward_launch<12>(out, rstd, x, w, rows, C); break;
-    default: fail("internal: RMSNorm register tile %d" BUG_HINT, nv);
-    }
-    launchCheck();
-}
-
-static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
-    rmsnorm_forward_nv(rms_nv(C), out, rstd, x, w, rows, C);
-}
-
-// dw[W / fold] += column sums over rows of d (the bias gradients) or, with x, of d * x * rstd
-// (the per-head norm scales; see the colsum kernels)
-static void colsum_gpu(float* dw, float* partial, const float* d, size_t rows, int W) {
-    dim3 grid((unsigned)ceil_div(W, 32), (unsigned)ceil_div(rows, COLSUM_ROWS));
-    colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, rows, W);
-    launchCheck();
-    colsum_finish_kernel<<<(unsigned)ceil_div(W, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, 1);
-    launchCheck();
-}
-
-static void colsum_scale_gpu(float* dw, float* partial, const floatX* d, const floatX* x, const float* rstd,
-                             size_t rows, int W, int seg, int fold) {
-    dim3 grid((unsigned)ceil_div(W, 32 * XPACK), (unsigned)ceil_div(rows, COLSUM_ROWS));
-    colsum_scale_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, x, rstd, rows, W, seg);
-    launchCheck();
-    colsum_finish_kernel<<<(unsigned)ceil_div(W / fold, 32), dim3(32, 16)>>>(dw, partial, (int)grid.y, W, fold);
-    launchCheck();
-}
-
-template <int NV>
-static void rmsnorm_backward_launch(GPUGradBuffers* d, const float* x, const float* w, const float* rstd, size_t N,
-                                    int C, unsigned chunks) {
-    size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
-    if (smem > 48 * 1024) { // above the default limit (gpu_config_problem: C <= RMS_BWD_MAX_C)
-        cudaCheck(cudaFuncSetAttribute(rmsnorm_backward_kernel<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem));
-    }
-    rmsnorm_backward_kernel<NV><<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(d->dresid, d->dresid_x, d->partial, d->dxn,
-                                                                        x, w, rstd, N, C);
-}
-
-// dx (added to g's dresid, with its matmul copy) and dw (added) from the gradient in g's dxn, with
-// register tile NV = nv (as rmsnorm_forward_nv)
-static void rmsnorm_backward_nv(int nv, GPUModel* g, float* dw, const float* x, const float* w, const float* rstd,
-                                size_t N, int C) {
-    GPUGradBuffers* d = &g->gb;
-    unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
-    switch (nv) {
-    case 1: rmsnorm_backward_launch<1>(d, x, w, rstd, N, C, chunks); break;
-    case 2: rmsnorm_backward_launch<2>(d, x, w, rstd, N, C, chunks); break;
-    case 4: rmsnorm_backward_launch<4>(d, x, w, rstd, N, C, chunks); break;
-    case 6: rmsnorm_backward_launch<6>(d, x, w, rstd, N, C, chunks); break;
-    case 8: rmsnorm_backward_launch<8>(d, x, w, rstd, N, C, chunks); break;
-    case 12: rmsnorm_backward_launch<12>(d, x, w, rstd, N, C, chunks); break;
-    default: fail("internal: RMSNorm register tile %d" BUG_HINT, nv);
-    }
-    launchCheck();
-    colsum_finish_kernel<<<(unsigned)ceil_div(C, 32), dim3(32, 16)>>>(dw, d->partial, (int)chunks, C, 1);
-    launchCheck();
-}
-
-static void rmsnorm_backward_gpu(GPUModel* g, float* dw, const float* x, const float* w, const float* rstd, size_t N,
-                                 int C) {
-    rmsnorm_backward_nv(rms_nv(C), g, dw, x, w, rstd, N, C);
 }
 
 // ----------------------------------------------------------------------------
@@ -4882,114 +5109,34 @@ static HeadProj head_proj_layer(GPUModel* g, const LayerActs* p, int l) {
     return hp;
 }
 
-#ifndef ENABLE_FP32
-// the forward (dx NULL) or the backward input kernel for NP = ceil(P H / 16). The shared memory
-// limit is a per-device attribute: set on every call (microseconds), with the carveout that lets
-// two forward blocks (up to 112 KB each) or two or three backward blocks share an SM.
-template <int NP>
-static void head_proj_launch(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
-    if (dx == NULL) {
-        cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)HPF_SMEM(NP)));
-        cudaCheck(cudaFuncSetAttribute(head_proj_forward_kernel<NP>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       cudaSharedmemCarveoutMaxShared));
-        head_proj_forward_kernel<NP><<<(unsigned)ceil_div(N, HPF_ROWS), 32 * HPF_WARPS, HPF_SMEM(NP)>>>(*hp, x, N, C,
-                                                                                                       H);
-    } else {
-        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)HPB_SMEM(NP)));
-        cudaCheck(cudaFuncSetAttribute(head_proj_backward_input_kernel<NP>,
-                                       cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-        dim3 grid((unsigned)ceil_div(N, HPB_ROWS), (unsigned)ceil_div(C, HPB_COLS));
-        head_proj_backward_input_kernel<NP><<<grid, 32 * HPB_WARPS, HPB_SMEM(NP)>>>(dx, *hp, N, C, H);
-    }
-    launchCheck();
-}
-
-static void head_proj_launch_np(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
-    switch ((hp->count * H + 15) / 16) {
-    case 1: head_proj_launch<1>(dx, hp, x, N, C, H); break;
-    case 2: head_proj_launch<2>(dx, hp, x, N, C, H); break;
-    case 3: head_proj_launch<3>(dx, hp, x, N, C, H); break;
-    case 4: head_proj_launch<4>(dx, hp, x, N, C, H); break;
-    case 5: head_proj_launch<5>(dx, hp, x, N, C, H); break;
-    case 6: head_proj_launch<6>(dx, hp, x, N, C, H); break;
-    default:
-        fail("head projections: P * H = %d outside 1..%d\nHINT: gpu_config_problem refuses such configs", hp->count * H,
-             HP_MAX_J);
-    }
-}
-#endif
-
-// out_p (N, H) = x (N, C) @ w_p^T for each projection
-static void head_proj_forward_gpu(const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
-#ifdef ENABLE_FP32
-    for (int i = 0; i < hp->count; i++) { matmul_forward_gpu(hp->out[i], CUDA_R_32F, NULL, x, hp->w[i], N, C, H); }
-#else
-    if (hp->count == 0) { return; }
-    head_proj_launch_np(NULL, hp, x, N, C, H);
-#endif
-}
-
-// dx (N, C) = sum_p dout_p @ w_p, overwriting dx (count > 0); dw_p += dout_p^T @ x, the P of them
-// as one matmul (dw (P H, C) += dout^T x)
-static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
-    int J = hp->count * H;
-#ifdef ENABLE_FP32
-    for (int i = 0; i < hp->count; i++) { // dx (+)= dout's columns i H .. (rows J long) @ w_i
-        matmul_lt(dx, CUDA_R_32F, NULL, hp->w[i], hp->dout + i * H, C, (int)N, H, 0, 0, J, i == 0 ? 0.0f : 1.0f);
-    }
-#else
-    head_proj_launch_np(dx, hp, x, N, C, H);
-#endif
-    matmul_backward_weight_gpu(hp->dw, hp->dout, x, N, C, J);
-}
-
-// out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head for layer l's k and v, those whose shift is on;
-// out, raw (B, T, H, hd), alpha (B, T, H)
-static void kv_shift_forward_gpu(GPUModel* g, const LayerActs* p, int B, int T) {
+// layer l's k and v through the shifts that are on
+static void kv_shift_forward_layer(GPUModel* g, const LayerActs* p, int B, int T) {
     const FoxConfig* cf = &g->config;
     int H = cf->n_head, hd = cf->n_embd / H, n = 0;
     KVShiftSet set[2];
     if (cf->k_shift) { set[n++] = (KVShiftSet){p->k_shifted, p->k_raw, p->k_alpha}; }
     if (cf->v_shift) { set[n++] = (KVShiftSet){p->v, p->v_raw, p->v_alpha}; }
-    if (n == 0) { return; }
-    size_t NC = (size_t)B * T * H * hd;
-    kv_shift_forward_kernel<<<dim3(elem_blocks(NC / XPACK), n), 256>>>(set[0], set[n - 1], (size_t)B * T, T, H, hd);
-    launchCheck();
+    kv_shift_forward_gpu(set, n, (size_t)B * T, T, H, hd);
 }
 
 // q and k of layer l through QK-norm and RoPE (nothing when both are off)
-static void qk_norm_rope_forward_gpu(GPUModel* g, const LayerActs* p, int l, int B, int T) {
+static void qk_norm_rope_forward_layer(GPUModel* g, const LayerActs* p, int l, int B, int T) {
     const FoxConfig* cf = &g->config;
     if (!cf->qk_norm && !cf->rope) { return; }
     int H = cf->n_head, hd = cf->n_embd / H, groups_qk = cf->qk_norm_shared ? 1 : H;
-    size_t N = (size_t)B * T, NH = N * H;
     const float* wq_n = cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL;
     const float* wk_n = cf->qk_norm ? pm(g, P_K_NORM, l) : NULL;
-    const float* rope = cf->rope ? g->rope : NULL;
-    int G = head_lanes(hd);
     QKNormSet q = {p->q, p->rstd_q, p->q_raw, wq_n}, k = {p->k, p->rstd_k, p->k_shifted, wk_n};
-    qk_norm_rope_forward_kernel<<<dim3(head_blocks(NH, G), 2), HEAD_THREADS>>>(q, k, groups_qk, rope, N, T, H, hd,
-                                                                               1e-5f, G);
-    launchCheck();
+    qk_norm_rope_forward_gpu(q, k, groups_qk, cf->rope ? g->rope : NULL, (size_t)B * T, T, H, hd, 1e-5f);
 }
 
 // y of layer l from o through the output norm and gate (nothing when both are off)
-static void output_norm_gate_forward_gpu(GPUModel* g, const LayerActs* p, int l, size_t N) {
+static void output_norm_gate_forward_layer(GPUModel* g, const LayerActs* p, int l, size_t N) {
     const FoxConfig* cf = &g->config;
     if (!cf->output_norm && !cf->output_gate) { return; }
-    int H = cf->n_head, hd = cf->n_embd / H;
-    int G = head_lanes(hd);
-    output_norm_gate_forward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(
-        p->o_normed, p->y, p->rstd_o, p->o, cf->output_gate ? p->og_logit : NULL,
-        cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, H, hd, 1e-6f, G);
-    launchCheck();
-}
-
-static void swiglu_forward_gpu(floatX* act, const floatX* gu, size_t N, int I) {
-    swiglu_forward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(act, gu, N, I);
-    launchCheck();
+    output_norm_gate_forward_gpu(p->o_normed, p->y, p->rstd_o, p->o, cf->output_gate ? p->og_logit : NULL,
+                                 cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, cf->n_head, cf->n_embd / cf->n_head,
+                                 1e-6f);
 }
 
 // -r 1: layer l's (R) tensors again, by the forward's kernels on the inputs the forward kept
@@ -5000,9 +5147,9 @@ static void gpu_recompute_layer(GPUModel* g, const LayerActs* p, int l) {
     int B = g->B, T = g->T, C = cf->n_embd;
     size_t N = (size_t)B * T;
     rmsnorm_forward_gpu(p->xa, p->rstd_a, p->resid, pm(g, P_ATTN_NORM, l), N, C);
-    kv_shift_forward_gpu(g, p, B, T);
-    qk_norm_rope_forward_gpu(g, p, l, B, T);
-    output_norm_gate_forward_gpu(g, p, l, N);
+    kv_shift_forward_layer(g, p, B, T);
+    qk_norm_rope_forward_layer(g, p, l, B, T);
+    output_norm_gate_forward_layer(g, p, l, N);
     rmsnorm_forward_gpu(p->xm, p->rstd_m, p->resid_mid, pm(g, P_MLP_NORM, l), N, C);
     swiglu_forward_gpu(p->act, p->gu, N, cf->mlp_hidden);
 }
@@ -5034,8 +5181,7 @@ static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
     int V = cf->vocab_size, Vp = cf->padded_vocab_size;
     size_t N = (size_t)B * T, NC = N * C;
     GPUActivations a = g->acts;
-    encoder_forward_kernel<<<elem_blocks(NC), 256>>>(a.resid, g->inputs, pm(g, P_WTE, 0), N, C);
-    launchCheck();
+    encoder_forward_gpu(a.resid, g->inputs, pm(g, P_WTE, 0), N, C);
     for (int l = 0; l < L; l++) {
         LayerActs p = layer_acts(g, l);
         // attention
@@ -5045,16 +5191,14 @@ static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
         matmul_forward_gpu(p.v_raw, CUDA_R_X, NULL, p.xa, px(g, P_WV, l), N, C, C);
         HeadProj hp = head_proj_layer(g, &p, l); // k/v shift and forget-gate logits
         head_proj_forward_gpu(&hp, p.xa, N, C, H);
-        kv_shift_forward_gpu(g, &p, B, T);
-        qk_norm_rope_forward_gpu(g, &p, l, B, T);
+        kv_shift_forward_layer(g, &p, B, T);
+        qk_norm_rope_forward_layer(g, &p, l, B, T);
         if (cf->gate != GATE_NONE) {
-            forget_gate_forward_kernel<<<B * H, GATE_THREADS>>>(p.c, p.gate_logit, pm(g, P_BF, l),
-                                                                cf->gate == GATE_FULL, B, T, H);
-            launchCheck();
+            forget_gate_forward_gpu(p.c, p.gate_logit, pm(g, P_BF, l), cf->gate == GATE_FULL, B, T, H);
         }
         attention_forward_gpu(p.o, p.lse, p.q, p.k, p.v, cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window);
         if (cf->output_gate) { matmul_forward_gpu(p.og_logit, CUDA_R_X, NULL, p.xa, px(g, P_WG, l), N, C, C); }
-        output_norm_gate_forward_gpu(g, &p, l, N);
+        output_norm_gate_forward_layer(g, &p, l, N);
         matmul_forward_gpu(p.resid_mid, CUDA_R_32F, p.resid, p.y, px(g, P_WO, l), N, C, C); // resid + W_o y
         // MLP
         rmsnorm_forward_gpu(p.xm, p.rstd_m, p.resid_mid, pm(g, P_MLP_NORM, l), N, C);
@@ -5133,7 +5277,7 @@ static void gpu_backward_kernels(GPUModel* g) {
     int B = g->B, T = g->T;
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden, Vp = cf->padded_vocab_size;
     size_t N = (size_t)B * T, NC = N * C, NH = N * H;
-    int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1, G = head_lanes(hd);
+    int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1;
     GPUActivations a = g->acts;
     GPUGradBuffers d = g->gb;
     // the gradient buffers of stages that are off alias the gradient of their output; those of
@@ -5153,7 +5297,8 @@ static void gpu_backward_kernels(GPUModel* g) {
     matmul_backward_input_gpu(d.dxn, CUDA_R_32F, a.logits, px(g, P_LM_HEAD, 0), N, C, Vp, 0.0f);
     matmul_backward_weight_gpu(pg(g, P_LM_HEAD, 0), a.logits, a.xf, N, C, Vp);
     cudaCheck(cudaMemsetAsync(d.dresid, 0, NC * sizeof(float), cudaStreamPerThread));
-    rmsnorm_backward_gpu(g, pg(g, P_NORM_F, 0), LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), a.rstd_f, N, C);
+    rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_NORM_F, 0), d.dxn, LAYER(a.resid, L, NC),
+                         pm(g, P_NORM_F, 0), a.rstd_f, N, C);
     for (int l = L - 1; l >= 0; l--) {
         LayerActs p = layer_acts(g, l);
         if (a.recompute) { gpu_recompute_layer(g, &p, l); }
@@ -5161,21 +5306,18 @@ static void gpu_backward_kernels(GPUModel* g) {
         // MLP: dresid passes through the residual add unchanged
         matmul_backward_input_gpu(d.dact, CUDA_R_X, d.dresid_x, px(g, P_WDOWN, l), N, I, C, 0.0f);
         matmul_backward_weight_gpu(pg(g, P_WDOWN, l), d.dresid_x, p.act, N, I, C);
-        swiglu_backward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(d.dgu, d.dact, p.gu, N, I);
-        launchCheck();
+        swiglu_backward_gpu(d.dgu, d.dact, p.gu, N, I);
         matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dgu, px(g, P_WGU, l), N, C, 2 * I, 0.0f);
         matmul_backward_weight_gpu(pg(g, P_WGU, l), d.dgu, p.xm, N, C, 2 * I);
-        rmsnorm_backward_gpu(g, pg(g, P_MLP_NORM, l), p.resid_mid, pm(g, P_MLP_NORM, l),
-                             p.rstd_m, N, C);
+        rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_MLP_NORM, l), d.dxn, p.resid_mid,
+                             pm(g, P_MLP_NORM, l), p.rstd_m, N, C);
         // attention
         matmul_backward_input_gpu(d.dy, CUDA_R_X, d.dresid_x, px(g, P_WO, l), N, C, C, 0.0f);
         matmul_backward_weight_gpu(pg(g, P_WO, l), d.dresid_x, p.y, N, C, C);
         if (cf->output_norm || cf->output_gate) {
-            output_norm_gate_backward_kernel<<<head_blocks(NH, G), HEAD_THREADS>>>(
-                d.d_o, draw[3], W, d.don, d.attn_scratch + 2 * NH, d.dy, p.o, p.o_normed,
-                cf->output_gate ? p.og_logit : NULL, cf->output_norm ? pm(g, P_O_NORM, l) : NULL,
-                p.rstd_o, N, T, H, hd, G);
-            launchCheck();
+            output_norm_gate_backward_gpu(d.d_o, draw[3], W, d.don, d.attn_scratch + 2 * NH, d.dy, p.o, p.o_normed,
+                                          cf->output_gate ? p.og_logit : NULL,
+                                          cf->output_norm ? pm(g, P_O_NORM, l) : NULL, p.rstd_o, N, T, H, hd);
         }
         if (cf->output_norm) {
             colsum_scale_gpu(pg(g, P_O_NORM, l), d.partial, d.don, p.o, p.rstd_o, N, C, hd, 1);
@@ -5184,8 +5326,7 @@ static void gpu_backward_kernels(GPUModel* g) {
                                cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window,
                                cf->output_norm || cf->output_gate);
         if (cf->gate != GATE_NONE) {
-            forget_gate_backward_kernel<<<elem_blocks(NH), 256>>>(d.dgl, dhp[2], PH, d.dlogf, p.gate_logit, B, T, H);
-            launchCheck();
+            forget_gate_backward_gpu(d.dgl, dhp[2], PH, d.dlogf, p.gate_logit, B, T, H);
             if (cf->gate != GATE_FIXED) { // the fixed gate's bias is frozen
                 colsum_gpu(pg(g, P_BF, l), d.partial, d.dgl, N, H);
             }
@@ -5196,9 +5337,7 @@ static void gpu_backward_kernels(GPUModel* g) {
                                p.rstd_q};
             QKNormGradSet k = {dk_shifted, d.dk_normed, ld_dk_shifted, d.dk, p.k_shifted,
                                cf->qk_norm ? pm(g, P_K_NORM, l) : NULL, p.rstd_k};
-            qk_norm_rope_backward_kernel<<<dim3(head_blocks(NH, G), 2), HEAD_THREADS>>>(q, k, groups_qk, rope, N, T,
-                                                                                        H, hd, G);
-            launchCheck();
+            qk_norm_rope_backward_gpu(q, k, groups_qk, rope, N, T, H, hd);
         }
         if (cf->qk_norm) {
             colsum_scale_gpu(pg(g, P_Q_NORM, l), d.partial, d.dq_normed, p.q_raw, p.rstd_q, N, C, hd, fold_qk);
@@ -5209,9 +5348,7 @@ static void gpu_backward_kernels(GPUModel* g) {
             int n = 0;
             if (cf->k_shift) { set[n++] = (KVShiftGradSet){draw[1], dhp[0], dk_shifted, p.k_raw, p.k_alpha}; }
             if (cf->v_shift) { set[n++] = (KVShiftGradSet){draw[2], dhp[1], d.dv, p.v_raw, p.v_alpha}; }
-            kv_shift_backward_kernel<<<dim3(head_blocks(NH, G), n), HEAD_THREADS>>>(set[0], set[n - 1], W, PH, N, T,
-                                                                                    H, hd, G);
-            launchCheck();
+            kv_shift_backward_gpu(set, n, W, PH, N, T, H, hd);
         }
         // the attention input's gradient: the head projections' terms written, then dqkvg's in one
         // matmul with the layer's grouped weights (side by side in the layout), then those of the
@@ -5231,8 +5368,8 @@ static void gpu_backward_kernels(GPUModel* g) {
                 beta = 1.0f;
             }
         }
-        rmsnorm_backward_gpu(g, pg(g, P_ATTN_NORM, l), p.resid, pm(g, P_ATTN_NORM, l),
-                             p.rstd_a, N, C);
+        rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_ATTN_NORM, l), d.dxn, p.resid,
+                             pm(g, P_ATTN_NORM, l), p.rstd_a, N, C);
     }
 }
 
@@ -5240,9 +5377,7 @@ static void gpu_encoder_backward(GPUModel* g) {
     size_t N = (size_t)g->B * g->T;
     int C = g->config.n_embd, distinct = encoder_lists(g, N);
     GPUGradBuffers d = g->gb;
-    encoder_backward_kernel<<<dim3((unsigned)distinct, (unsigned)ceil_div(C, ENC_BWD_COLS)), ENC_BWD_COLS>>>(
-        pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, C);
-    launchCheck();
+    encoder_backward_gpu(pg(g, P_WTE, 0), d.dresid, d.enc_tokens, d.enc_offsets, d.enc_positions, distinct, C);
 }
 
 static void gpu_backward(GPUModel* g) {
@@ -5252,13 +5387,12 @@ static void gpu_backward(GPUModel* g) {
 }
 
 // A training micro-step: gpu_forward_train then gpu_backward, the same work in the same order, the
-// kernels of both launched as one CUDA graph when g_step_graphs is on. One by one, each of a step's
-// 700-1500 launches leaves the GPU idle for a microsecond or two (dev/RESULTS.md). A graph keeps the
-// arguments it was captured with, so it is captured for one (B, T, loss_scale) after an eager
-// micro-step at that shape (which does the lazy set-up: matmul plans, kernel attributes, buffers)
-// and dropped when a buffer it reads moves or a setting it holds changes (g_buffer_epoch). Same
-// kernels, arguments and order: the same bits as without it. The mean loss is read back at the end,
-// not between the passes.
+// kernels of both launched as one CUDA graph when g_step_graphs is on (launched one by one, the
+// step's many small kernels leave the GPU idle between them). A graph keeps the arguments it was
+// captured with, so it is captured for one (B, T, loss_scale) after an eager micro-step at that
+// shape (which does the lazy set-up: matmul plans, kernel attributes, buffers) and dropped when a
+// buffer it reads moves or a setting it holds changes (g_buffer_epoch). Same kernels, arguments and
+// order: the same bits as without it. The mean loss is read back at the end, not between the passes.
 static int g_step_graphs = 1;
 
 static void gpu_train_micro_step(GPUModel* g, const int* inputs, const int* targets, int B, int T,
@@ -5322,12 +5456,11 @@ static void gpu_tune_matmuls(GPUModel* g, int B, int T) {
 }
 
 // ----------------------------------------------------------------------------
-// optimiser
+// optimiser: the gradients' reduction (by bucket), the norm, AdamW with clipping, the ZeRO-1 gathers
 
 // Sums the gradients of all ranks (the backward scaled each rank's share by 1/(accum*world), so
 // the sum is the mean over the global batch): stage 0 everywhere (all-reduce), stage 1 only this
-// rank's share of each bucket (reduce-scatter, in place). (Started bucket by bucket from inside
-// the backward, the collectives slowed the backward's kernels by as much as they hid: dev/RESULTS.md.)
+// rank's share of each bucket (reduce-scatter, in place), after the backward.
 static void gpu_reduce_grads(GPUModel* g) {
     const Dist* d = g->dist;
     if (d->world == 1) { return; }
@@ -5350,9 +5483,7 @@ static void gpu_reduce_grads(GPUModel* g) {
 // shard (everything in one process), gathered and summed on the host in order (frozen tensors
 // have zero gradients and add nothing)
 static double gpu_grad_norm(GPUModel* g) {
-    sumsq_partial_kernel<<<NORM_BLOCKS, 256>>>(g->norm_partial, g->grads, g->shard.dev, g->shard.count,
-                                               g->shard.total);
-    launchCheck();
+    sumsq_partial_gpu(g->norm_partial, g->grads, g->shard.dev, g->shard.count, g->shard.total);
     return sqrt(dist_sum(g->dist, g->norm_partial, NORM_BLOCKS));
 }
 
@@ -5367,10 +5498,8 @@ static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, dou
     }
     float c1 = 1.0f - powf(o->beta1, (float)step), c2 = 1.0f - powf(o->beta2, (float)step);
     if (g->adamw_count == 0) { return; }
-    adamw_kernel<<<g->adamw_blocks, ADAMW_THREADS>>>(g->params, g->params_x, g->grads, g->adam_m, g->adam_v,
-                                                     g->adamw_segs, g->adamw_count, lr, o->weight_decay, o->beta1,
-                                                     o->beta2, c1, c2, o->eps, grad_scale);
-    launchCheck();
+    adamw_gpu(g->params, g->params_x, g->grads, g->adam_m, g->adam_v, g->adamw_segs, g->adamw_count, g->adamw_blocks,
+              lr, o->weight_decay, o->beta1, o->beta2, c1, c2, o->eps, grad_scale);
 }
 
 // all-gathers buckets [b0, b1) of `buf` from each rank's share, which is in `shares` (one after
@@ -5475,6 +5604,336 @@ static void gpu_save_checkpoint(GPUModel* g, const char* dir, const TrainState* 
 }
 
 // ----------------------------------------------------------------------------
+// main: training: the validation loss, then (not with FOX_NO_MAIN) resume, the run's steps over a TrainRun, main
+
+// Mean loss over max_batches batches of B sequences (0: the whole validation set). With
+// several processes each evaluates its slice of every batch and the sums are gathered: for
+// max_batches a multiple of the world size they cover the same sequences as one process.
+static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
+    dataloader_set_position(val, 0, 0, 0);
+    if (val->current_batches == 0) { dataloader_advance_shard(val); }
+    size_t total = dataloader_total_batches(val); // batches of B * world sequences
+    int world = g->dist->world;
+    size_t want = max_batches > 0 ? ceil_div((size_t)max_batches, (size_t)world) : total;
+    int n = (int)(want < total ? want : total);
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next_batch(val);
+        gpu_forward(g, val->inputs, val->targets, val->B, val->T);
+        sum += g->mean_loss;
+    }
+    return (float)(dist_sum_scalar(g->dist, sum) / ((double)n * world));
+}
+
+#ifndef FOX_NO_MAIN
+// defined with generation and the evaluation modes, after main
+static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_t* rng);
+static int gpu_eval_main(const Args* a);
+
+// -y 1 on the GPU: resume_run on every rank (the checkpoint files on a filesystem all share: the newest
+// complete one into the host model, the training data moved to its position, translated when the number of
+// processes or the micro-batch changed), then each rank's slice of the moments to the device; returns the
+// run's state
+static TrainState gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* train) {
+    const Dist* d = g->dist;
+    dist_check_same(d, latest_checkpoint(a->out_dir),
+                    "the newest checkpoint in -o (the directory must be on a filesystem all processes share)");
+    TrainState s = resume_run(model, a, train);
+    gpu_state_from_host(g);
+    if (d->rank != 0) { // only rank 0 writes checkpoints: the host copy of the moments is spent
+        free(model->m_memory); free(model->v_memory);
+        model->m_memory = model->v_memory = NULL;
+    }
+    return s;
+}
+
+// A training run: its settings, data and model, and the state its steps carry
+typedef struct {
+    Args a;
+    Dist dist;
+    FoxModel model;
+    GPUModel gm;
+    DataLoader train, val;
+    int have_val;
+    int accum;                // micro-steps a step
+    float loss_scale;         // the summed gradients are the global batch's mean
+    AdamWConfig opt;
+    Tokenizer tk;
+    int have_tokenizer;       // rank 0 prints the samples
+    double flops_per_token;   // 6 N + 6 L C T (MFU)
+    double peak;              // the GPU's FLOP/s, 0 when unknown
+    size_t need;              // the memory estimate
+    LRSchedule sched;
+    int start;                // the first step (after a resume)
+    int64_t tokens_seen;
+    FILE* logf_;              // -o's main.log on rank 0, else NULL
+    uint64_t sample_rng;
+    StepGuard guard;          // every rank sees the same summed loss and norm, so all decide alike
+    RunClock clock;
+} TrainRun;
+
+// one step's results, for its log line
+typedef struct {
+    double loss, norm, dt;    // the global batch's mean loss, the gradient norm, the step's seconds
+    double t_local;           // with several processes: when this one's forwards and backwards were done
+    double t_slowest;         // and the slowest rank's, which the collectives wait for
+    int slowest, verdict;
+    float lr;
+    char why[256], grad[320];
+} StepReport;
+
+// the processes, the model, the batch (micro-steps a step, the loss scale), the data, the step count
+static void train_setup(TrainRun* r, int argc, char** argv) {
+    Args* a = &r->a;
+    dist_init(&r->dist, a, argc, argv);
+    int rank = r->dist.rank, world = r->dist.world;
+    if (rank > 0 && freopen("/dev/null", "w", stdout) == NULL) { // rank 0 alone logs; errors go to stderr
+        fail("rank %d could not silence its output: %s\nHINT: /dev/null must be writable", rank, strerror(errno));
+    }
+    build_model(&r->model, a);
+    int V = r->model.config.vocab_size;
+    if (a->total_batch_tokens < 0) { a->total_batch_tokens = (long)a->B * a->T * world; }
+    long micro_tokens = (long)a->B * a->T * world; // one micro-step of every process
+    if (a->total_batch_tokens % micro_tokens != 0) {
+        fail("total batch -d %ld is not a multiple of b*t*processes = %d*%d*%d = %ld\n"
+             "HINT: choose -d as a multiple of -b times -t times the process count",
+             a->total_batch_tokens, a->B, a->T, world, micro_tokens);
+    }
+    r->accum = (int)(a->total_batch_tokens / micro_tokens);
+    r->loss_scale = 1.0f / ((float)r->accum * world);
+    dataloader_init(&r->train, a->train_pattern, a->B, a->T, rank, world, 1, a->roll, a->seed, V);
+    r->have_val = a->val_every > 0;
+    if (r->have_val) { dataloader_init(&r->val, a->val_pattern, a->B, a->T, rank, world, 0, 0, a->seed, V); }
+    if (a->steps < 0) {
+        a->steps = (long)(dataloader_total_batches(&r->train) / (size_t)r->accum);
+        if (a->steps < 1) { a->steps = 1; }
+    }
+    r->opt = (AdamWConfig){(float)a->lr, (float)a->weight_decay, 0.9f, 0.95f, 1e-8f, (float)a->grad_clip};
+}
+
+// the decode table (no samples without one) and the checks before the run, on every rank: all stop alike
+static void train_tokenizer(TrainRun* r) {
+    const Args* a = &r->a;
+    int have_table = tokenizer_init(&r->tk, a->tokenizer_path);
+    if (!have_table && a->sample_every > 0) {
+        printf("no decode table at %s: samples off (run 'make data')\n", a->tokenizer_path);
+    }
+    check_run_start(a, &r->model.config, &r->tk, have_table);
+    r->have_tokenizer = have_table && r->dist.rank == 0;
+    if (have_table && !r->have_tokenizer) { tokenizer_free(&r->tk); }
+}
+
+// stops every rank when the processes were started with different runs
+static void train_check_same(const TrainRun* r) {
+    const Dist* d = &r->dist;
+    const Args* a = &r->a;
+    dist_check_same(d, (double)r->model.num_parameters, "the parameter count (-e and model overrides)");
+    dist_check_same(d, a->B, "the micro-batch -b");
+    dist_check_same(d, a->T, "the sequence length -t");
+    dist_check_same(d, (double)a->total_batch_tokens, "the total batch -d");
+    dist_check_same(d, (double)a->steps, "the steps -x");
+    dist_check_same(d, (double)a->seed, "the seed -S");
+    dist_check_same(d, d->zero_stage, "the ZeRO stage -Q");
+    // these decide when the collectives of validation and checkpoints happen
+    dist_check_same(d, a->val_every * 2.0 + (a->out_dir != NULL), "-v and whether -o is given");
+    dist_check_same(d, a->val_batches, "the validation batches -m");
+    dist_check_same(d, a->checkpoint_every * 2.0 + a->resume, "-n and -y");
+}
+
+// the run's settings for the GPU (-r, -A) and its header: device, processes, model, the memory
+// estimate, the FLOPs a token that MFU counts
+static void train_plan(TrainRun* r) {
+    const Args* a = &r->a;
+    const FoxConfig* cf = &r->model.config;
+    g_recompute = a->recompute;
+    attention_set_pruning(a->prune, a->prune_ln_eps);
+    printf("device: %s (%d SMs, %.1f GiB), precision %s\n", g_prop.name, g_prop.multiProcessorCount,
+           g_prop.totalGlobalMem / 1073741824.0, PRECISION_NAME);
+    if (r->dist.world > 1) {
+        printf("data parallel: %d processes (%s), ZeRO stage %d, NCCL_NVLS_ENABLE=%s\n", r->dist.world, r->dist.how,
+               r->dist.zero_stage, getenv("NCCL_NVLS_ENABLE"));
+    }
+    config_print(stdout, cf);
+    size_t matmul_params = fox_matmul_params(&r->model);
+    r->flops_per_token = 6.0 * (double)matmul_params + 6.0 * cf->n_layer * cf->n_embd * (double)a->T;
+    r->peak = gpu_peak_flops();
+    r->need = gpu_memory_needed(cf, a->B, a->T, &r->dist);
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), "
+           "recompute -r %d\n", r->model.num_parameters, matmul_params, r->need / 1048576.0, free_b / 1048576.0,
+           a->recompute);
+    printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g%s, peak %s\n", matmul_params,
+           cf->n_layer, cf->n_embd, a->T, r->flops_per_token,
+           a->prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
+           r->peak > 0 ? "989 TFLOP/s (bf16 dense) per GPU" : "unknown for this GPU (MFU n/a)");
+}
+
+// the GPU model, resumed (-y 1) and its matmuls tuned (-X 1); the schedule; prints the batch
+static void train_build(TrainRun* r) {
+    const Args* a = &r->a;
+    gpu_build_dist(&r->gm, &r->model, a->B, a->T, &r->dist);
+    TrainState resumed;
+    if (a->resume) { resumed = gpu_resume(&r->gm, &r->model, a, &r->train); }
+    r->start = a->resume ? resumed.step : 0;
+    r->tokens_seen = a->resume ? resumed.tokens_seen : 0;
+    r->sched = run_schedule(a, a->resume ? &resumed : NULL);
+    if (a->tune) { gpu_tune_matmuls(&r->gm, a->B, a->T); }
+    g_step_graphs = a->graphs;
+    printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
+           "warmup %.0f tokens | %s schedule, peak lr %g\n", a->B, a->T, r->dist.world, r->accum,
+           a->total_batch_tokens, a->steps, r->sched.warmup_tokens, SCHEDULE_NAMES[a->schedule], a->lr);
+}
+
+// the log file (-o, rank 0), the samples' random state, the step guard, the clock
+static void train_open_log(TrainRun* r) {
+    const Args* a = &r->a;
+    r->logf_ = NULL;
+    if (a->out_dir != NULL && r->dist.rank == 0) {
+        mkdir(a->out_dir, 0755);
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/main.log", a->out_dir);
+        r->logf_ = fopen_check(path, a->resume ? "a" : "w");
+    }
+    r->sample_rng = a->seed ^ 0x5DEECE66Dull;
+    step_guard_init(&r->guard, a->on_nonfinite, a->spike_z);
+    run_clock_start(&r->clock);
+}
+
+// before step `step` and after the last: the validation loss (-v), the checkpoint (-n, -o), the sample (-s)
+static void train_between_steps(TrainRun* r, long step, int last) {
+    const Args* a = &r->a;
+    if (r->have_val && (step % a->val_every == 0 || last)) {
+        float vl = gpu_evaluate(&r->gm, &r->val, a->val_batches);
+        printf("step %ld: val loss %.6f\n", step, vl);
+        log_line(r->logf_, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)r->tokens_seen);
+    }
+    // the checkpoint before the sample: a sample must never cost one
+    int checkpoint_due = (a->checkpoint_every > 0 && step % a->checkpoint_every == 0) || last;
+    if (a->out_dir != NULL && step > r->start && checkpoint_due) {
+        TrainState s = train_state((int)step, &r->train, &r->sched, r->tokens_seen);
+        gpu_save_checkpoint(&r->gm, a->out_dir, &s);
+    }
+    if (r->have_tokenizer && a->sample_every > 0 && (step % a->sample_every == 0 || last) && step > 0) {
+        int gen = a->gen_tokens < a->T ? a->gen_tokens : a->T;
+        gpu_sample(&r->gm, &r->tk, gen, &r->sample_rng);
+    }
+}
+
+// the step's micro-steps (forward and backward of each micro-batch, from t0); returns the global batch's
+// mean loss, summed over the processes with their timings (before the gradients' collective)
+static double train_micro_steps(TrainRun* r, double t0, StepReport* rep) {
+    const Args* a = &r->a;
+    gpu_zero_grad(&r->gm);
+    double loss = 0.0; // this process's share of the global batch's mean loss
+    for (int micro = 0; micro < r->accum; micro++) {
+        dataloader_next_batch(&r->train);
+        gpu_train_micro_step(&r->gm, r->train.inputs, r->train.targets, a->B, a->T, r->loss_scale);
+        loss += r->gm.mean_loss / (r->accum * r->dist.world);
+    }
+    rep->t_local = 0.0;
+    if (r->dist.world > 1) {
+        cudaCheck(cudaDeviceSynchronize()); // no loss of overlap: the loss's sum below waits for it anyway
+        rep->t_local = now_seconds() - t0;
+    }
+    return dist_sum_loss(&r->dist, loss, rep->t_local, &rep->slowest, &rep->t_slowest);
+}
+
+// one step: the micro-steps, the gradients' reduction and norm, the guard's verdict, the update
+static void train_step(TrainRun* r, long step, StepReport* rep) {
+    if (g_prune) { unsigned long long tiles; attention_pruned_share(&tiles); } // counts this step's forwards only
+    double t0 = now_seconds();
+    rep->loss = train_micro_steps(r, t0, rep);
+    gpu_reduce_grads(&r->gm);
+    rep->norm = gpu_grad_norm(&r->gm);
+    rep->why[0] = rep->grad[0] = '\0';
+    rep->verdict = step_guard_check(&r->guard, rep->loss, rep->norm, rep->why, sizeof(rep->why));
+    if (rep->verdict != STEP_UPDATE && !isfinite(rep->norm)) { // name the tensor from this process's gradients
+        gpu_download(&r->gm, r->gm.grads, r->model.grads_memory);
+        nonfinite_grad_name(&r->model.config, r->model.grads_memory, rep->grad, sizeof(rep->grad));
+    }
+    if (rep->verdict == STEP_STOP) { step_guard_stop(step + 1, rep->why, rep->grad); }
+    rep->lr = (float)lr_at_tokens(&r->sched, (double)r->tokens_seen);
+    if (rep->verdict == STEP_UPDATE) { gpu_update(&r->gm, &r->opt, rep->lr, (int)step + 1, rep->norm); }
+    r->tokens_seen += r->a.total_batch_tokens;
+    dist_wait(&r->dist);
+    cudaCheck(cudaDeviceSynchronize());
+    rep->dt = now_seconds() - t0;
+}
+
+// the step's line: loss, norm, lr, time, throughput, MFU, the processes' waits; the guard's log record;
+// after the first step the peak memory
+static void train_log_step(TrainRun* r, long step, const StepReport* rep) {
+    const Args* a = &r->a;
+    const FoxConfig* cf = &r->model.config;
+    int world = r->dist.world;
+    double tok_s = a->total_batch_tokens / rep->dt;
+    // with pruning (-A 1) the attention term counts the tiles computed, not the skipped ones
+    unsigned long long tiles = 0;
+    double pruned = g_prune ? attention_pruned_share(&tiles) : 0.0;
+    double flops = r->flops_per_token - 6.0 * cf->n_layer * cf->n_embd * (double)a->T * pruned;
+    char mfu[32] = "n/a", per_gpu[48] = "";
+    if (r->peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops * tok_s / (r->peak * world)); }
+    if (world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / world); }
+    run_clock_tick(&r->clock);
+    char progress[96], fields[160];
+    format_progress(progress, sizeof(progress), &r->clock, a->steps - step - 1, r->tokens_seen);
+    step_log_fields(fields, sizeof(fields), rep->lr, rep->norm, tok_s, r->tokens_seen);
+    printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a->steps,
+           rep->loss, rep->norm, rep->lr, rep->dt * 1e3, tok_s, per_gpu, mfu);
+    if (g_prune) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
+    if (world > 1) { // waits, collectives, update
+        printf(" | sync+comm %.1f ms (slowest rank %d, +%.1f ms)", (rep->dt - rep->t_local) * 1e3, rep->slowest,
+               (rep->t_slowest - rep->t_local) * 1e3);
+    }
+    printf("%s", progress);
+    step_guard_log(r->logf_, &r->guard, rep->verdict, step + 1, rep->loss, rep->why, rep->grad, fields);
+    // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA
+    // graph, captured later (the second micro-step: with one a step, the next step); it adds ~2 MiB
+    if (step == r->start) {
+        size_t used = gpu_memory_used() - g_memory_baseline;
+        printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",
+               used / 1048576.0, r->need / 1048576.0, 100.0 * ((double)r->need - (double)used) / (double)used);
+    }
+}
+
+static void train_finish(TrainRun* r) {
+    if (r->guard.skipped > 0) {
+        printf("skipped %ld of %ld steps (-G skip, -Z)\n", r->guard.skipped, r->a.steps - r->start);
+    }
+    if (r->logf_ != NULL) { fclose(r->logf_); }
+    if (r->have_tokenizer) { tokenizer_free(&r->tk); }
+    dataloader_free(&r->train);
+    if (r->have_val) { dataloader_free(&r->val); }
+    gpu_free(&r->gm);
+    fox_free(&r->model);
+    dist_free(&r->dist);
+}
+
+int main(int argc, char** argv) {
+    static TrainRun r; // static: zeroed, and off the stack
+    parse_args(&r.a, argc, argv);
+    if (r.a.mode != MODE_TRAIN) { return gpu_eval_main(&r.a); }
+    train_setup(&r, argc, argv);
+    train_tokenizer(&r);
+    train_check_same(&r);
+    train_plan(&r);
+    train_build(&r);
+    train_open_log(&r);
+    for (long step = r.start; step <= r.a.steps; step++) {
+        int last = step == r.a.steps;
+        train_between_steps(&r, step, last);
+        if (last) { break; }
+        StepReport rep;
+        train_step(&r, step, &rep);
+        train_log_step(&r, step, &rep);
+    }
+    train_finish(&r);
+    return 0;
+}
+#endif
+
+// ----------------------------------------------------------------------------
 // generation on the GPU: a paged KV cache, the prompts' prefill through gpu_forward, then one CUDA
 // graph per generated token (embedding, every layer, the head, sampling, the cache's upkeep) for B
 // sequences at once (GpuDecoder). The twin's FoxDecoder (train_fox.c) is the reference: the same
@@ -5514,7 +5973,15 @@ typedef struct {
     int count;
 } GemvSegments;
 
-enum { GEMV_X_PLAIN, GEMV_X_RMSNORM, GEMV_X_SWIGLU };
+enum { GEMV_X_PLAIN, GEMV_X_RMSNORM, GEMV_X_SWIGLU, GEMV_MODES };
+
+// the instance of matvec kernel template K (gemv_kernel, gemv_mma_kernel) at input mode `mode` and batch
+// parameter r, one of r0, r1, r2 (gemv_kernel's RB, gemv_mma_kernel's NT)
+#define GEMV_PICK_R(K, M, r, r0, r1, r2) ((r) == (r0) ? K<M, r0> : (r) == (r1) ? K<M, r1> : K<M, r2>)
+#define GEMV_PICK(K, mode, r, r0, r1, r2) \
+    ((mode) == GEMV_X_PLAIN     ? GEMV_PICK_R(K, GEMV_X_PLAIN, r, r0, r1, r2)   \
+     : (mode) == GEMV_X_RMSNORM ? GEMV_PICK_R(K, GEMV_X_RMSNORM, r, r0, r1, r2) \
+                                : GEMV_PICK_R(K, GEMV_X_SWIGLU, r, r0, r1, r2))
 
 // Programmatic dependent launch (sm_90): a kernel launched with it (decoder_launch) may start while
 // the one before it in the stream still runs; pdl_wait blocks until that one has finished and its
@@ -6107,25 +6574,11 @@ __global__ void decode_combine_kernel(floatX* y, const float* part_m, const floa
 // 32), every thread gets the result; red: 32 entries of shared scratch. Integers: exact; the
 // doubles are summed in a fixed order.
 __device__ static int block_sum_int(int v, int* red) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int o = 16; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
-    __syncthreads();
-    if (lane == 0) { red[warp] = v; }
-    __syncthreads();
-    v = lane < warps ? red[lane] : 0;
-    for (int o = 16; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
-    return v;
+    return block_reduce(v, red, 0, [](int a, int b) { return a + b; });
 }
 
 __device__ static int block_min_int(int v, int* red) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int o = 16; o > 0; o /= 2) { v = min(v, __shfl_xor_sync(0xffffffffu, v, o)); }
-    __syncthreads();
-    if (lane == 0) { red[warp] = v; }
-    __syncthreads();
-    v = lane < warps ? red[lane] : INT_MAX;
-    for (int o = 16; o > 0; o /= 2) { v = min(v, __shfl_xor_sync(0xffffffffu, v, o)); }
-    return v;
+    return block_reduce(v, red, INT_MAX, [](int a, int b) { return min(a, b); });
 }
 
 template <typename TV>
@@ -6635,17 +7088,11 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     d->gu = (float*)gpu_malloc(B * 2 * d->I * sizeof(float), "decoder MLP");
     d->act = (floatX*)gpu_malloc(B * d->I * sizeof(floatX), "decoder MLP activation");
     d->logits = (float*)gpu_malloc(B * d->Vp * sizeof(float), "decoder logits");
-    if (cf->rope) { // the twin's angles, as gpu_build's table
-        int half = d->hd / 2;
-        float* table = (float*)malloc_check((size_t)max_len * half * 2 * sizeof(float), "RoPE table");
-        for (int t = 0; t < max_len; t++) {
-            for (int i = 0; i < half; i++) {
-                rope_angle(t, i, d->hd, cf->rope_theta, &table[((size_t)t * half + i) * 2],
-                           &table[((size_t)t * half + i) * 2 + 1]);
-            }
-        }
-        d->rope = (float*)gpu_malloc((size_t)max_len * half * 2 * sizeof(float), "decoder RoPE table");
-        decoder_copy(d, d->rope, table, (size_t)max_len * half * 2 * sizeof(float), cudaMemcpyHostToDevice);
+    if (cf->rope) {
+        size_t bytes = (size_t)max_len * d->hd * sizeof(float);
+        float* table = rope_table(cf, max_len);
+        d->rope = (float*)gpu_malloc(bytes, "decoder RoPE table");
+        decoder_copy(d, d->rope, table, bytes, cudaMemcpyHostToDevice);
         free(table);
     }
     if (evict && cf->gate != GATE_NONE && cf->qk_norm) { gpu_decoder_evict_init(d, ln_eps, delta_len); }
@@ -6653,22 +7100,17 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     cudaCheck(cudaMallocHost(&d->host_status, 2 * sizeof(int)));
     d->host_pos = (int*)malloc_check(B * sizeof(int), "positions");
     d->table_host = (int*)malloc_check(heads * d->max_pages * sizeof(int), "page tables");
-    void (*kernels[9])(float*, int, int, GemvSegments, int, int, const void*, const float*, int, int) = {
-        gemv_kernel<GEMV_X_PLAIN, 1>,   gemv_kernel<GEMV_X_PLAIN, 8>,   gemv_kernel<GEMV_X_PLAIN, 32>,
-        gemv_kernel<GEMV_X_RMSNORM, 1>, gemv_kernel<GEMV_X_RMSNORM, 8>, gemv_kernel<GEMV_X_RMSNORM, 32>,
-        gemv_kernel<GEMV_X_SWIGLU, 1>,  gemv_kernel<GEMV_X_SWIGLU, 8>,  gemv_kernel<GEMV_X_SWIGLU, 32>};
-    for (int i = 0; i < 9; i++) {
-        cudaCheck(cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
-    }
+    for (int mode = 0; mode < GEMV_MODES; mode++) { // every matvec instance may take GEMV_SMEM
+        for (int i = 0; i < 3; i++) {
+            int rb = i == 0 ? 1 : i == 1 ? 8 : 32;
+            cudaCheck(cudaFuncSetAttribute(GEMV_PICK(gemv_kernel, mode, rb, 1, 8, 32),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
 #ifndef ENABLE_FP32
-    void (*mma_kernels[9])(float*, int, int, GemvSegments, int, int, const void*, const float*, int, int) = {
-        gemv_mma_kernel<GEMV_X_PLAIN, 1>,   gemv_mma_kernel<GEMV_X_PLAIN, 2>,   gemv_mma_kernel<GEMV_X_PLAIN, 4>,
-        gemv_mma_kernel<GEMV_X_RMSNORM, 1>, gemv_mma_kernel<GEMV_X_RMSNORM, 2>, gemv_mma_kernel<GEMV_X_RMSNORM, 4>,
-        gemv_mma_kernel<GEMV_X_SWIGLU, 1>,  gemv_mma_kernel<GEMV_X_SWIGLU, 2>,  gemv_mma_kernel<GEMV_X_SWIGLU, 4>};
-    for (int i = 0; i < 9; i++) {
-        cudaCheck(cudaFuncSetAttribute(mma_kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
-    }
+            cudaCheck(cudaFuncSetAttribute(GEMV_PICK(gemv_mma_kernel, mode, 1 << i, 1, 2, 4),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
 #endif
+        }
+    }
 }
 
 static void gpu_decoder_drop_graph(GpuDecoder* d) {
@@ -6817,27 +7259,6 @@ static void decoder_launch(GpuDecoder* d, void (*kernel)(KArgs...), dim3 grid, d
     cudaCheck(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
 }
 
-// gemv_kernel for d->B rows: the accumulators RB for the batch (1, 8 or 32 rows a pass)
-template <int MODE>
-static void gemv_mode(GpuDecoder* d, unsigned blocks, size_t ic_bytes, float* out, int out_stride, int accumulate,
-                      const GemvSegments* W, int OC, int IC, const void* in, const float* norm_w) {
-    int RB = d->B <= 1 ? 1 : d->B <= 8 ? 8 : 32;
-    int rows = (int)(GEMV_SMEM / ic_bytes);
-    rows = rows < RB ? rows : RB;
-    if (rows < 1) { fail("internal: a matvec input of %d is too long for shared memory" BUG_HINT, IC); }
-    size_t smem = (size_t)rows * ic_bytes;
-    if (RB == 1) {
-        decoder_launch(d, gemv_kernel<MODE, 1>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC, IC, in,
-                       norm_w, d->B, rows);
-    } else if (RB == 8) {
-        decoder_launch(d, gemv_kernel<MODE, 8>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC, IC, in,
-                       norm_w, d->B, rows);
-    } else {
-        decoder_launch(d, gemv_kernel<MODE, 32>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC, IC,
-                       in, norm_w, d->B, rows);
-    }
-}
-
 #ifndef ENABLE_FP32
 // batch tiles of 8 rows a pass of gemv_mma_kernel: 1, 2 or 4 as d->B needs, fewer where the pass's
 // input rows would not fit GEMV_SMEM (the kernel loops over passes); 0: not even one fits
@@ -6847,55 +7268,37 @@ static int gemv_mma_tiles(const GpuDecoder* d, int IC) {
     while (NT > 0 && (size_t)8 * NT * row_bytes > GEMV_SMEM) { NT /= 2; }
     return NT;
 }
-
-// gemv_mma_kernel for d->B rows: NT tiles of 8 batch rows a pass (gemv_mma_tiles), a block per
-// 16-row tile, at most four blocks per SM (the rest loop)
-template <int MODE>
-static void gemv_mma_mode(GpuDecoder* d, float* out, int out_stride, int accumulate, const GemvSegments* W, int OC,
-                          int IC, const void* in, const float* norm_w) {
-    int NT = gemv_mma_tiles(d, IC);
-    size_t smem = (size_t)8 * NT * gemv_mma_ldx(IC) * sizeof(floatX);
-    size_t tiles = ceil_div((size_t)OC, 16), most = (size_t)g_prop.multiProcessorCount * 4;
-    unsigned blocks = (unsigned)(tiles < most ? tiles : most);
-    int rows = 8 * NT;
-    if (NT == 1) {
-        decoder_launch(d, gemv_mma_kernel<MODE, 1>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC,
-                       IC, in, norm_w, d->B, rows);
-    } else if (NT == 2) {
-        decoder_launch(d, gemv_mma_kernel<MODE, 2>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC,
-                       IC, in, norm_w, d->B, rows);
-    } else {
-        decoder_launch(d, gemv_mma_kernel<MODE, 4>, blocks, GEMV_THREADS, smem, out, out_stride, accumulate, *W, OC,
-                       IC, in, norm_w, d->B, rows);
-    }
-}
 #endif
 
-// the matvecs of a step: tensor cores in the bf16 build when IC is a multiple of 32, else CUDA cores
+// The matvecs of a step: tensor cores in the bf16 build when IC is a multiple of 32 (gemv_mma_kernel:
+// NT tiles of 8 batch rows a pass, gemv_mma_tiles; a block per 16-row tile), else CUDA cores (gemv_kernel:
+// RB accumulators for the batch, 1, 8 or 32 rows a pass); at most four blocks per SM (the rest loop).
 static void gemv_gpu(GpuDecoder* d, int mode, float* out, int out_stride, int accumulate, const GemvSegments* W, int OC,
                      int IC, const void* in, const float* norm_w) {
+    void (*kernel)(float*, int, int, GemvSegments, int, int, const void*, const float*, int, int);
+    size_t smem, want;
+    int rows;
 #ifndef ENABLE_FP32
-    if (IC % 32 == 0 && d->use_mma && gemv_mma_tiles(d, IC) > 0) {
-        if (mode == GEMV_X_PLAIN) {
-            gemv_mma_mode<GEMV_X_PLAIN>(d, out, out_stride, accumulate, W, OC, IC, in, norm_w);
-        } else if (mode == GEMV_X_RMSNORM) {
-            gemv_mma_mode<GEMV_X_RMSNORM>(d, out, out_stride, accumulate, W, OC, IC, in, norm_w);
-        } else {
-            gemv_mma_mode<GEMV_X_SWIGLU>(d, out, out_stride, accumulate, W, OC, IC, in, norm_w);
-        }
-        return;
-    }
+    int NT = IC % 32 == 0 && d->use_mma ? gemv_mma_tiles(d, IC) : 0;
+    if (NT > 0) {
+        kernel = GEMV_PICK(gemv_mma_kernel, mode, NT, 1, 2, 4);
+        rows = 8 * NT;
+        smem = (size_t)rows * gemv_mma_ldx(IC) * sizeof(floatX);
+        want = ceil_div((size_t)OC, 16);
+    } else
 #endif
-    size_t want = ceil_div((size_t)OC, GEMV_THREADS / 32), most = (size_t)g_prop.multiProcessorCount * 4;
-    unsigned blocks = (unsigned)(want < most ? want : most);
-    size_t ic_bytes = (size_t)IC * sizeof(floatX);
-    if (mode == GEMV_X_PLAIN) {
-        gemv_mode<GEMV_X_PLAIN>(d, blocks, ic_bytes, out, out_stride, accumulate, W, OC, IC, in, norm_w);
-    } else if (mode == GEMV_X_RMSNORM) {
-        gemv_mode<GEMV_X_RMSNORM>(d, blocks, ic_bytes, out, out_stride, accumulate, W, OC, IC, in, norm_w);
-    } else {
-        gemv_mode<GEMV_X_SWIGLU>(d, blocks, ic_bytes, out, out_stride, accumulate, W, OC, IC, in, norm_w);
+    {
+        int RB = d->B <= 1 ? 1 : d->B <= 8 ? 8 : 32;
+        rows = (int)(GEMV_SMEM / ((size_t)IC * sizeof(floatX)));
+        rows = rows < RB ? rows : RB;
+        if (rows < 1) { fail("internal: a matvec input of %d is too long for shared memory" BUG_HINT, IC); }
+        kernel = GEMV_PICK(gemv_kernel, mode, RB, 1, 8, 32);
+        smem = (size_t)rows * IC * sizeof(floatX);
+        want = ceil_div((size_t)OC, GEMV_THREADS / 32);
     }
+    size_t most = (size_t)g_prop.multiProcessorCount * 4;
+    decoder_launch(d, kernel, (unsigned)(want < most ? want : most), GEMV_THREADS, smem, out, out_stride, accumulate,
+                   *W, OC, IC, in, norm_w, d->B, rows);
 }
 
 static void decode_attention_gpu(GpuDecoder* d, int l) {
@@ -6918,12 +7321,10 @@ static void decode_attention_gpu(GpuDecoder* d, int l) {
     a.scale = 1.0f / sqrtf((float)d->hd);
     a.l = l; a.L = d->L; a.B = d->B; a.H = d->H; a.C = d->C; a.max_pages = d->max_pages; a.S = d->splits;
     dim3 grid((unsigned)d->splits, (unsigned)d->H, (unsigned)d->B);
-    switch (d->hd / XPACK) {
-        case 4: decoder_launch(d, decode_attention_kernel<4>, grid, DEC_ATT_THREADS, 0, a); break;
-        case 8: decoder_launch(d, decode_attention_kernel<8>, grid, DEC_ATT_THREADS, 0, a); break;
-        case 16: decoder_launch(d, decode_attention_kernel<16>, grid, DEC_ATT_THREADS, 0, a); break;
-        default: decoder_launch(d, decode_attention_kernel<32>, grid, DEC_ATT_THREADS, 0, a); break;
-    }
+    int G = d->hd / XPACK; // 4, 8, 16 or 32 (gpu_decoder_problem)
+    decoder_launch(d, G == 4 ? decode_attention_kernel<4> : G == 8 ? decode_attention_kernel<8>
+                      : G == 16 ? decode_attention_kernel<16> : decode_attention_kernel<32>,
+                   grid, DEC_ATT_THREADS, 0, a);
 }
 
 // the head on d->resid: final RMSNorm, lm_head (the first V rows) into fp32 logits, then sampling
@@ -6937,17 +7338,14 @@ static void decode_sample_gpu(GpuDecoder* d) {
                    d->rng, d->temperature, d->top_k);
 }
 
-static void decode_head_launch(GpuDecoder* d) {
+static void decode_head_gpu(GpuDecoder* d) {
     decode_logits_gpu(d);
     decode_sample_gpu(d);
 }
 
 // the stages of a step, each one launch on d->stream (dev/profile_generate.cu times them one by one)
 static void decode_embed_gpu(GpuDecoder* d) {
-    encoder_forward_kernel<<<elem_blocks((size_t)d->B * d->C), 256, 0, d->stream>>>(d->resid, d->tokens,
-                                                                                  pm(d->g, P_WTE, 0), (size_t)d->B,
-                                                                                  d->C);
-    launchCheck();
+    encoder_forward_gpu(d->resid, d->tokens, pm(d->g, P_WTE, 0), (size_t)d->B, d->C, d->stream);
 }
 
 static void decode_qkv_gpu(GpuDecoder* d, int l) {
@@ -6990,6 +7388,24 @@ static void decode_mlp_down_gpu(GpuDecoder* d, int l) {
     gemv_gpu(d, GEMV_X_PLAIN, d->resid, d->C, 1, &wd, d->C, d->I, d->act, NULL);
 }
 
+// the prompts' first kept positions (heads of sequences b0 .. b0 + Bg - 1, lens_d their lengths on the device;
+// c: the prefill forward's (L, Bg, H, Tp), NULL without a gate)
+static void prefill_first_gpu(GpuDecoder* d, const float* c, const int* lens_d, int b0, int Bg, int Tp) {
+    prefill_first_kernel<<<(unsigned)ceil_div((size_t)d->L * Bg * d->H, 256), 256, 0, d->stream>>>(
+        d->first, c, lens_d, d->delta, d->L, d->B, b0, Bg, d->H, Tp, d->g->config.window);
+    launchCheck();
+}
+
+// the same group's kept positions from the prefill forward's activations ac into the cache
+static void prefill_fill_gpu(GpuDecoder* d, const GPUActivations* ac, const float* c, const int* lens_d, int b0, int Bg,
+                             int Tp) {
+    DecFillArgs fa = {ac->k, ac->v, ac->k_raw, ac->v_raw, c, lens_d, d->first, d->table, d->pool_k, d->pool_v,
+                      d->pool_c, d->c_last, d->kv_last, d->L, d->B, b0, Bg, Tp, d->H, d->hd, d->C, d->max_pages};
+    unsigned slices = (unsigned)ceil_div((size_t)Tp, 256);
+    prefill_fill_kernel<<<dim3((unsigned)(d->L * Bg * d->H), slices < 64 ? slices : 64), 128, 0, d->stream>>>(fa);
+    launchCheck();
+}
+
 static void decode_manage_gpu(GpuDecoder* d) {
     DecManageArgs m = {d->first, d->first_new, d->table, d->pos, d->stack, d->status, d->pool_c, d->delta,
                        d->L, d->B, d->H, d->max_pages, d->g->config.window, d->max_len};
@@ -6997,7 +7413,7 @@ static void decode_manage_gpu(GpuDecoder* d) {
 }
 
 // One token for every sequence: the kernels of a step, on d->stream (captured into the graph)
-static void decode_step_launch(GpuDecoder* d) {
+static void decode_step_kernels(GpuDecoder* d) {
     decode_embed_gpu(d);
     for (int l = 0; l < d->L; l++) {
         decode_qkv_gpu(d, l);
@@ -7007,7 +7423,7 @@ static void decode_step_launch(GpuDecoder* d) {
         decode_mlp_up_gpu(d, l);
         decode_mlp_down_gpu(d, l);
     }
-    decode_head_launch(d);
+    decode_head_gpu(d);
     decode_manage_gpu(d);
     int B = d->B;
     cudaCheck(cudaMemcpyAsync(d->host_tokens, d->tokens, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost, d->stream));
@@ -7020,7 +7436,7 @@ static void gpu_decoder_capture(GpuDecoder* d) {
     if (!d->use_graph || d->graph_ready) { return; }
     cudaGraph_t graph;
     cudaCheck(cudaStreamBeginCapture(d->stream, cudaStreamCaptureModeThreadLocal));
-    decode_step_launch(d);
+    decode_step_kernels(d);
     cudaCheck(cudaStreamEndCapture(d->stream, &graph));
     cudaCheck(cudaGraphInstantiate(&d->graph, graph, 0));
     cudaCheck(cudaGraphDestroy(graph));
@@ -7046,7 +7462,7 @@ static void gpu_decoder_step(GpuDecoder* d) {
         gpu_decoder_capture(d);
         cudaCheck(cudaGraphLaunch(d->graph, d->stream));
     } else {
-        decode_step_launch(d);
+        decode_step_kernels(d);
     }
     cudaCheck(cudaStreamSynchronize(d->stream));
     if (d->host_status[1] != 0) { fail("internal: the KV cache ran out of pages" BUG_HINT); }
@@ -7099,17 +7515,11 @@ static void gpu_decoder_prefill(GpuDecoder* d, const int* tokens, int stride, co
         decoder_copy(d, lens_d, lens + b0, (size_t)Bg * sizeof(int), cudaMemcpyHostToDevice);
         const GPUActivations* ac = &g->acts;
         const float* c = g->config.gate != GATE_NONE ? ac->c : NULL;
-        prefill_first_kernel<<<(unsigned)ceil_div((size_t)L * Bg * H, 256), 256, 0, d->stream>>>(
-            d->first, c, lens_d, d->delta, L, B, b0, Bg, H, Tp, g->config.window);
-        launchCheck();
+        prefill_first_gpu(d, c, lens_d, b0, Bg, Tp);
         cudaCheck(cudaMemcpyAsync(first, d->first, heads * sizeof(int), cudaMemcpyDeviceToHost, d->stream));
         cudaCheck(cudaStreamSynchronize(d->stream));
         gpu_decoder_assign_pages(d, b0, Bg, first, lens); // the page of each next position lens[b] too
-        DecFillArgs fa = {ac->k, ac->v, ac->k_raw, ac->v_raw, c, lens_d, d->first, d->table, d->pool_k, d->pool_v,
-                          d->pool_c, d->c_last, d->kv_last, L, B, b0, Bg, Tp, H, d->hd, d->C, d->max_pages};
-        unsigned slices = (unsigned)ceil_div((size_t)Tp, 256);
-        prefill_fill_kernel<<<dim3((unsigned)(L * Bg * H), slices < 64 ? slices : 64), 128, 0, d->stream>>>(fa);
-        launchCheck();
+        prefill_fill_gpu(d, ac, c, lens_d, b0, Bg, Tp);
         for (int bg = 0; bg < Bg; bg++) { // the residual after the prompt's last token, for the head
             size_t row = (size_t)bg * Tp + lens[b0 + bg] - 1;
             const float* src = LAYER(ac->resid, L, (size_t)Bg * Tp * d->C) + row * d->C;
@@ -7118,7 +7528,7 @@ static void gpu_decoder_prefill(GpuDecoder* d, const int* tokens, int stride, co
         }
         cudaCheck(cudaStreamSynchronize(d->stream)); // the next group's forward overwrites the activations
     }
-    decode_head_launch(d);
+    decode_head_gpu(d);
     for (int b = 0; b < B; b++) { d->host_pos[b] = lens[b]; }
     cudaCheck(cudaMemcpyAsync(d->pos, d->host_pos, (size_t)B * sizeof(int), cudaMemcpyHostToDevice, d->stream));
     cudaCheck(cudaMemcpyAsync(d->host_tokens, d->tokens, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost, d->stream));
@@ -7195,7 +7605,7 @@ static void gpu_decoder_free(GpuDecoder* d) {
 }
 
 // ----------------------------------------------------------------------------
-// sampling and evaluation on the GPU
+// sampling on the GPU: the samples that training prints
 
 // generates from the EOT token, recomputing the full forward at each step (where the decoder
 // cannot run: gpu_decoder_problem)
@@ -7235,26 +7645,6 @@ static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_
     cudaCheck(cudaMemcpy(rng, d.rng, sizeof(uint64_t), cudaMemcpyDeviceToHost));
     gpu_decoder_free(&d);
 }
-
-// Mean loss over max_batches batches of B sequences (0: the whole validation set). With
-// several processes each evaluates its slice of every batch and the sums are gathered: for
-// max_batches a multiple of the world size they cover the same sequences as one process.
-static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
-    dataloader_set_position(val, 0, 0, 0);
-    if (val->current_batches == 0) { dataloader_advance_shard(val); }
-    size_t total = dataloader_total_batches(val); // batches of B * world sequences
-    int world = g->dist->world;
-    size_t want = max_batches > 0 ? ceil_div((size_t)max_batches, (size_t)world) : total;
-    int n = (int)(want < total ? want : total);
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) {
-        dataloader_next_batch(val);
-        gpu_forward(g, val->inputs, val->targets, val->B, val->T);
-        sum += g->mean_loss;
-    }
-    return (float)(dist_sum_scalar(g->dist, sum) / ((double)n * world));
-}
-
 
 // ----------------------------------------------------------------------------
 // the evaluation modes on the GPU: gpu_forward behind the twin's ForwardBackend, so eval and
@@ -7412,216 +7802,3 @@ static int gpu_eval_main(const Args* a) {
     fox_free(&model);
     return rc;
 }
-// ----------------------------------------------------------------------------
-// main: training
-
-#ifndef FOX_NO_MAIN
-// Loads the newest complete checkpoint of a.out_dir into the host model and the GPU and moves
-// the training data to its position; returns its step. The data position is translated when
-// the number of processes or the micro-batch changed, which works when the sequences consumed
-// so far fill whole batches of the new size.
-// -y 1 on the GPU: resume_run on every rank (the checkpoint files on a filesystem all share), then
-// each rank's slice of the moments to the device; returns the run's state
-static TrainState gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* train) {
-    const Dist* d = g->dist;
-    dist_check_same(d, latest_checkpoint(a->out_dir),
-                    "the newest checkpoint in -o (the directory must be on a filesystem all processes share)");
-    TrainState s = resume_run(model, a, train);
-    gpu_state_from_host(g);
-    if (d->rank != 0) { // only rank 0 writes checkpoints: the host copy of the moments is spent
-        free(model->m_memory); free(model->v_memory);
-        model->m_memory = model->v_memory = NULL;
-    }
-    return s;
-}
-
-int main(int argc, char** argv) {
-    Args a;
-    parse_args(&a, argc, argv);
-    if (a.mode != MODE_TRAIN) { return gpu_eval_main(&a); }
-    Dist dist;
-    dist_init(&dist, &a, argc, argv);
-    if (dist.rank > 0 && freopen("/dev/null", "w", stdout) == NULL) { // rank 0 alone logs; errors go to stderr
-        fail("rank %d could not silence its output: %s\nHINT: /dev/null must be writable", dist.rank,
-             strerror(errno));
-    }
-    FoxModel model;
-    build_model(&model, &a);
-    const FoxConfig* cf = &model.config;
-    if (a.total_batch_tokens < 0) { a.total_batch_tokens = (long)a.B * a.T * dist.world; }
-    long micro_tokens = (long)a.B * a.T * dist.world; // one micro-step of every process
-    if (a.total_batch_tokens % micro_tokens != 0) {
-        fail("total batch -d %ld is not a multiple of b*t*processes = %d*%d*%d = %ld\n"
-             "HINT: choose -d as a multiple of -b times -t times the process count",
-             a.total_batch_tokens, a.B, a.T, dist.world, micro_tokens);
-    }
-    int accum = (int)(a.total_batch_tokens / micro_tokens);
-    float loss_scale = 1.0f / ((float)accum * dist.world); // the summed gradients are the global batch's mean
-    DataLoader train, val;
-    dataloader_init(&train, a.train_pattern, a.B, a.T, dist.rank, dist.world, 1, a.roll, a.seed, cf->vocab_size);
-    int have_val = a.val_every > 0;
-    if (have_val) {
-        dataloader_init(&val, a.val_pattern, a.B, a.T, dist.rank, dist.world, 0, 0, a.seed, cf->vocab_size);
-    }
-    if (a.steps < 0) {
-        a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum);
-        if (a.steps < 1) { a.steps = 1; }
-    }
-    AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
-    Tokenizer tk;
-    int have_table = tokenizer_init(&tk, a.tokenizer_path);
-    if (!have_table && a.sample_every > 0) {
-        printf("no decode table at %s: samples off (run 'make data')\n", a.tokenizer_path);
-    }
-    check_run_start(&a, cf, &tk, have_table); // on every rank: all stop alike
-    int have_tokenizer = have_table && dist.rank == 0; // rank 0 prints the samples
-    if (have_table && !have_tokenizer) { tokenizer_free(&tk); }
-    dist_check_same(&dist, (double)model.num_parameters, "the parameter count (-e and model overrides)");
-    dist_check_same(&dist, a.B, "the micro-batch -b");
-    dist_check_same(&dist, a.T, "the sequence length -t");
-    dist_check_same(&dist, (double)a.total_batch_tokens, "the total batch -d");
-    dist_check_same(&dist, (double)a.steps, "the steps -x");
-    dist_check_same(&dist, (double)a.seed, "the seed -S");
-    dist_check_same(&dist, dist.zero_stage, "the ZeRO stage -Q");
-    // these decide when the collectives of validation and checkpoints happen
-    dist_check_same(&dist, a.val_every * 2.0 + (a.out_dir != NULL), "-v and whether -o is given");
-    dist_check_same(&dist, a.val_batches, "the validation batches -m");
-    dist_check_same(&dist, a.checkpoint_every * 2.0 + a.resume, "-n and -y");
-
-    printf("device: %s (%d SMs, %.1f GiB), precision %s\n", g_prop.name, g_prop.multiProcessorCount,
-           g_prop.totalGlobalMem / 1073741824.0, PRECISION_NAME);
-    if (dist.world > 1) {
-        printf("data parallel: %d processes (%s), ZeRO stage %d, NCCL_NVLS_ENABLE=%s\n", dist.world, dist.how,
-               dist.zero_stage, getenv("NCCL_NVLS_ENABLE"));
-    }
-    config_print(stdout, cf);
-    size_t matmul_params = fox_matmul_params(&model);
-    double flops_per_token = 6.0 * (double)matmul_params + 6.0 * cf->n_layer * cf->n_embd * (double)a.T;
-    double peak = gpu_peak_flops();
-    g_recompute = a.recompute;
-    attention_set_pruning(a.prune, a.prune_ln_eps);
-    size_t need = gpu_memory_needed(cf, a.B, a.T, &dist);
-    size_t free_b = 0, total_b = 0;
-    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-    printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), "
-           "recompute -r %d\n", model.num_parameters, matmul_params, need / 1048576.0, free_b / 1048576.0,
-           a.recompute);
-    printf("MFU: flops per token 6*N + 6*L*C*T = 6*%zu + 6*%d*%d*%d = %.4g%s, peak %s\n", matmul_params,
-           cf->n_layer, cf->n_embd, a.T, flops_per_token,
-           a.prune ? " (-A 1: the attention term times the share of tiles computed)" : "",
-           peak > 0 ? "989 TFLOP/s (bf16 dense) per GPU" : "unknown for this GPU (MFU n/a)");
-    GPUModel gm;
-    gpu_build_dist(&gm, &model, a.B, a.T, &dist);
-
-    TrainState resumed;
-    if (a.resume) { resumed = gpu_resume(&gm, &model, &a, &train); }
-    int start = a.resume ? resumed.step : 0;
-    int64_t tokens_seen = a.resume ? resumed.tokens_seen : 0;
-    LRSchedule sched = run_schedule(&a, a.resume ? &resumed : NULL);
-    if (a.tune) { gpu_tune_matmuls(&gm, a.B, a.T); }
-    g_step_graphs = a.graphs;
-    printf("batch: %d x %d tokens x %d process(es), %d accumulation step(s), %ld tokens per step | %ld steps | "
-           "warmup %.0f tokens | %s schedule, peak lr %g\n", a.B, a.T, dist.world, accum, a.total_batch_tokens,
-           a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
-    FILE* logf_ = NULL;
-    if (a.out_dir != NULL && dist.rank == 0) {
-        mkdir(a.out_dir, 0755);
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/main.log", a.out_dir);
-        logf_ = fopen_check(path, a.resume ? "a" : "w");
-    }
-    uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
-    StepGuard guard; // every rank sees the same summed loss and norm, so all decide alike
-    step_guard_init(&guard, a.on_nonfinite, a.spike_z);
-    RunClock clock;
-    run_clock_start(&clock);
-    for (long step = start; step <= a.steps; step++) {
-        int last = step == a.steps;
-        if (have_val && (step % a.val_every == 0 || last)) {
-            float vl = gpu_evaluate(&gm, &val, a.val_batches);
-            printf("step %ld: val loss %.6f\n", step, vl);
-            log_line(logf_, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)tokens_seen);
-        }
-        // the checkpoint before the sample: a sample must never cost one
-        int checkpoint_due = (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last;
-        if (a.out_dir != NULL && step > start && checkpoint_due) {
-            TrainState s = train_state((int)step, &train, &sched, tokens_seen);
-            gpu_save_checkpoint(&gm, a.out_dir, &s);
-        }
-        if (have_tokenizer && a.sample_every > 0 && (step % a.sample_every == 0 || last) && step > 0) {
-            int gen = a.gen_tokens < a.T ? a.gen_tokens : a.T;
-            gpu_sample(&gm, &tk, gen, &sample_rng);
-        }
-        if (last) { break; }
-        if (g_prune) { unsigned long long tiles; attention_pruned_share(&tiles); } // counts this step's forwards only
-        double t0 = now_seconds();
-        gpu_zero_grad(&gm);
-        double loss = 0.0; // this process's share of the global batch's mean loss
-        for (int micro = 0; micro < accum; micro++) {
-            dataloader_next_batch(&train);
-            gpu_train_micro_step(&gm, train.inputs, train.targets, a.B, a.T, loss_scale);
-            loss += gm.mean_loss / (accum * dist.world);
-        }
-        double t_local = 0.0; // with several processes: when this one's forwards and backwards were done
-        if (dist.world > 1) {
-            cudaCheck(cudaDeviceSynchronize()); // no loss of overlap: the loss's sum below waits for it anyway
-            t_local = now_seconds() - t0;
-        }
-        int slowest; // the rank the collectives below wait for
-        double t_slowest;
-        loss = dist_sum_loss(&dist, loss, t_local, &slowest, &t_slowest); // before the gradients' collective
-        gpu_reduce_grads(&gm);
-        double norm = gpu_grad_norm(&gm);
-        char why[256], grad[320] = "";
-        int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
-        if (verdict != STEP_UPDATE && !isfinite(norm)) { // name the tensor from this process's gradients
-            gpu_download(&gm, gm.grads, model.grads_memory);
-            nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
-        }
-        if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
-        float lr = (float)lr_at_tokens(&sched, (double)tokens_seen);
-        if (verdict == STEP_UPDATE) { gpu_update(&gm, &opt, lr, (int)step + 1, norm); }
-        tokens_seen += a.total_batch_tokens;
-        dist_wait(&dist);
-        cudaCheck(cudaDeviceSynchronize());
-        double dt = now_seconds() - t0;
-        double tok_s = a.total_batch_tokens / dt;
-        // with pruning (-A 1) the attention term counts the tiles computed, not the skipped ones
-        unsigned long long tiles = 0;
-        double pruned = g_prune ? attention_pruned_share(&tiles) : 0.0;
-        double flops = flops_per_token - 6.0 * cf->n_layer * cf->n_embd * (double)a.T * pruned;
-        char mfu[32] = "n/a", per_gpu[48] = "";
-        if (peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops * tok_s / (peak * dist.world)); }
-        if (dist.world > 1) { snprintf(per_gpu, sizeof(per_gpu), " (%.0f per GPU)", tok_s / dist.world); }
-        run_clock_tick(&clock);
-        char progress[96], fields[160];
-        format_progress(progress, sizeof(progress), &clock, a.steps - step - 1, tokens_seen);
-        step_log_fields(fields, sizeof(fields), lr, norm, tok_s, tokens_seen);
-        printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a.steps,
-               loss, norm, lr, dt * 1e3, tok_s, per_gpu, mfu);
-        if (g_prune) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
-        if (dist.world > 1) { // waits, collectives, update
-            printf(" | sync+comm %.1f ms (slowest rank %d, +%.1f ms)", (dt - t_local) * 1e3, slowest,
-                   (t_slowest - t_local) * 1e3);
-        }
-        printf("%s", progress);
-        step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad, fields);
-        // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA
-        // graph, captured later (the second micro-step: with one a step, the next step); it adds ~2 MiB
-        if (step == start) {
-            size_t used = gpu_memory_used() - g_memory_baseline;
-            printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",
-                   used / 1048576.0, need / 1048576.0, 100.0 * ((double)need - (double)used) / (double)used);
-        }
-    }
-    if (guard.skipped > 0) { printf("skipped %ld of %ld steps (-G skip, -Z)\n", guard.skipped, a.steps - start); }
-    if (logf_ != NULL) { fclose(logf_); }
-    if (have_tokenizer) { tokenizer_free(&tk); }
-    dataloader_free(&train);
-    if (have_val) { dataloader_free(&val); }
-    gpu_free(&gm);
-    fox_free(&model);
-    dist_free(&dist);
-    return 0;
-}
-#endif
