@@ -4,7 +4,9 @@ One-command comparison of the fused FoX attention kernels (dev/cuda) with PyTorc
     python dev/bench_attention.py            # build, check, time (needs an sm_90 GPU, nvcc, torch)
     python dev/bench_attention.py --lib dev/cuda/libfox_attention.so   # use a library built by dev/cuda's make
 
-1. builds dev/cuda/fox_attention_lib.cu into build/libfox_attention.so with nvcc;
+1. builds dev/cuda/fox_attention_lib.cu into build/libfox_attention.so with nvcc, with the flags of
+   dev/cuda/Makefile (train_fox.cu's own: the library includes train_fox.cu, so it times exactly the
+   attention that trains: fox_attention_forward, fox_attention_backward);
 2. calls it through ctypes on torch tensors' data pointers and checks o, lse, dq, dk, dv and
    d(log f) against an fp64 PyTorch reference (materialised T x T, small shapes);
 3. times forward and forward+backward on the benchmark shapes (SHAPES below) against PyTorch SDPA with
@@ -29,9 +31,13 @@ SHAPES = [(8, 12, 2048, 64), (2, 12, 8192, 64), (1, 12, 16384, 64), (1, 16, 1638
 
 
 def build():
+    """The library as dev/cuda/Makefile builds it: train_fox.cu's flags (one GPU: no NCCL, no GPT-2
+    encoder), -fPIC -shared."""
     os.makedirs(os.path.dirname(LIB), exist_ok=True)
-    cmd = ["nvcc", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC,-fopenmp", "-shared",
-           os.path.join(ROOT, "dev", "cuda", "fox_attention_lib.cu"), "-o", LIB]
+    cmd = ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "--default-stream", "per-thread",
+           "-DNO_NCCL", "-DNO_GPT2_ENCODER", "-Xcompiler", "-fopenmp,-Wno-unused-function", "-Xcompiler", "-fPIC",
+           "-shared", os.path.join(ROOT, "dev", "cuda", "fox_attention_lib.cu"), "-o", LIB,
+           "-lcublasLt", "-lcublas", "-lm"]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
