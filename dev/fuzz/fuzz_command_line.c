@@ -1,8 +1,8 @@
 // libFuzzer harness: the command line (parse_args, then build_model) with argv made of the
 // input's NUL-separated strings.
 #include "fuzz_common.h"
-#define FOX_NO_MAIN
-#define FOX_TEST_HOOKS
+#define FOX_NO_MAIN 1
+#define FOX_TEST_HOOKS 1
 #include "../../train_fox.c"
 
 #define FUZZ_MAX_ARGS 32

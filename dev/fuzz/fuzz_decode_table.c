@@ -1,7 +1,7 @@
 // libFuzzer harness: the decode table reader (llm.c's tokenizer format, version 2).
 #include "fuzz_common.h"
-#define FOX_NO_MAIN
-#define FOX_TEST_HOOKS
+#define FOX_NO_MAIN 1
+#define FOX_TEST_HOOKS 1
 #include "../../train_fox.c"
 
 int LLVMFuzzerInitialize(int* argc, char*** argv) {

@@ -1,7 +1,7 @@
 // libFuzzer harness: the model checkpoint reader (header, configuration, parameters).
 #include "fuzz_common.h"
-#define FOX_NO_MAIN
-#define FOX_TEST_HOOKS
+#define FOX_NO_MAIN 1
+#define FOX_TEST_HOOKS 1
 #include "../../train_fox.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -3,7 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include "fuzz_common.h"
-#define FOX_TEST_HOOKS
+#define FOX_TEST_HOOKS 1
 #include "../../data/gpt2_bpe.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

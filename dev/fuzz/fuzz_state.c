@@ -1,8 +1,8 @@
 // libFuzzer harness: the optimizer state reader (step, data position, run settings, AdamW
 // moments), then the data position it holds checked and set on a data loader, as a resume does.
 #include "fuzz_common.h"
-#define FOX_NO_MAIN
-#define FOX_TEST_HOOKS
+#define FOX_NO_MAIN 1
+#define FOX_TEST_HOOKS 1
 #include "../../train_fox.c"
 
 // the model the seeds were written for (dev/fuzz/make_seeds.c)

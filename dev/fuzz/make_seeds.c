@@ -1,7 +1,7 @@
 // Writes the fuzzers' seed inputs, valid files of each format, into <dir>/<reader>/
 // (`make fuzz` runs it; the formats stay those of the code of the day).
 // usage: make_seeds <dir> <ranks file>
-#define FOX_NO_MAIN
+#define FOX_NO_MAIN 1
 #include "../../train_fox.c"
 #include "state_shards.h"
 
