@@ -1521,6 +1521,46 @@ static void test_command_line(void) {
 }
 
 // ----------------------------------------------------------------------------
+// what a run trusts at its start: every token id of its shards
+
+static void init_loader_child(const void* arg) {
+    DataLoader d;
+    dataloader_init(&d, (const char*)arg, 2, 8, 0, 1, 1, 0, 1, 1000);
+}
+
+// every shard's ids are checked by dataloader_init, past the first chunk, in a shard the loader has not
+// opened yet, up to the last token
+static void test_shard_tokens(void) {
+    size_t n = SHARD_CHECK_CHUNK + 1000;
+    uint16_t* tokens = (uint16_t*)malloc_check(n * sizeof(uint16_t), "test tokens");
+    for (size_t i = 0; i < n; i++) { tokens[i] = (uint16_t)(i % 1000); }
+    char good[512], bad[512], pattern[512], msg[2048], want[128];
+    static char one[512];
+    snprintf(good, sizeof(good), "%s/ids_000.bin", test_dir);
+    snprintf(bad, sizeof(bad), "%s/ids_001.bin", test_dir);
+    snprintf(pattern, sizeof(pattern), "%s/ids_*.bin", test_dir);
+    write_shard(good, tokens, (int)n, SHARD_MAGIC, (int)n);
+    check(child_succeeds(init_loader_child, pattern), "shard ids: %zu ids < 1000 in one shard pass the check", n);
+    size_t at = SHARD_CHECK_CHUNK + 17;
+    tokens[at] = 1500;
+    write_shard(bad, tokens, (int)n, SHARD_MAGIC, (int)n);
+    snprintf(want, sizeof(want), "token id 1500 at token %zu (byte offset %zu)", at, SHARD_HEADER_BYTES + 2 * at);
+    int refused = fails_with_hint(init_loader_child, pattern, msg, sizeof(msg));
+    check(refused && strstr(msg, want) != NULL && strstr(msg, bad) != NULL,
+          "shard ids: one id 1500 >= vocabulary 1000 past the first chunk of the second shard stops the start, "
+          "naming file, index and value -> \"%s\"", msg);
+    tokens[at] = 7;
+    tokens[n - 1] = 1000;
+    snprintf(one, sizeof(one), "%s/ids_001.bin", test_dir);
+    write_shard(one, tokens, (int)n, SHARD_MAGIC, (int)n);
+    snprintf(want, sizeof(want), "token id 1000 at token %zu", n - 1);
+    refused = fails_with_hint(init_loader_child, one, msg, sizeof(msg));
+    check(refused && strstr(msg, want) != NULL, "shard ids: the last token, id 1000 = vocabulary, is checked too "
+          "-> \"%s\"", msg);
+    free(tokens);
+}
+
+// ----------------------------------------------------------------------------
 // HuggingFace export and import (dev/fox_hf.c); dev/hf_check.py checks the numbers against
 // the reference, these the round trip, the file contents and bad input
 
@@ -4909,6 +4949,7 @@ int main(int argc, char** argv) {
     test_dataloader();
     test_checkpoints();
     test_resume();
+    test_shard_tokens();
     test_decode_table();
     test_bad_decode_table();
     test_group("data parallel (plain C part)");

@@ -29,7 +29,7 @@ encoder_forward through fox_backward, then main):
   the whole model                   fox_forward, fox_backward
   optimiser                         fox_grad_norm, fox_clip_grads, fox_update (AdamW), lr_at_tokens
   numerical guards                  step_guard_check, nonfinite_grad_name
-  data                              DataLoader: dataloader_init, dataloader_next_batch
+  data                              DataLoader: dataloader_init (every token id checked), dataloader_next_batch
   decode table                      Tokenizer: tokenizer_init, tokenizer_print
   checkpoints                       save_model, load_model, save_state, load_state, latest_checkpoint
   training samples, validation      fox_sample, evaluate
@@ -1733,6 +1733,15 @@ static int nonfinite_grad_name(const FoxConfig* c, const float* grads, char* out
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
 #define SHARD_HEADER_BYTES 1024
+#define SHARD_CHECK_CHUNK ((size_t)1 << 20) // tokens the start-up check of a shard reads at a time (2 MiB)
+
+// seconds on a monotonic clock, for timings
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 
 typedef struct {
     int B, T, rank, world;
@@ -1743,6 +1752,7 @@ typedef struct {
     int num_shards;
     char** paths;
     size_t* shard_tokens;
+    double check_seconds; // the start-up check of every token id (check_shard_tokens)
     // position (saved in the optimiser state, so a resumed run sees the same batches)
     int epoch, shard_pos, batch_pos;
     // derived from the position
@@ -1787,6 +1797,35 @@ static size_t read_shard_header(const char* path) {
              path, header[2], size, (long)SHARD_HEADER_BYTES + 2L * header[2]);
     }
     return (size_t)header[2];
+}
+
+// the largest of n token ids: a loop the compiler vectorises
+static uint16_t max_token(const uint16_t* tokens, size_t n) {
+    uint16_t m = 0;
+    for (size_t i = 0; i < n; i++) { m = tokens[i] > m ? tokens[i] : m; }
+    return m;
+}
+
+// Checks every token id of the shard at path (n tokens after its header) against the vocabulary,
+// streamed SHARD_CHECK_CHUNK tokens at a time through buf: the first id >= vocab_size stops the run
+// at its start, naming the file, the token's index and its value (not at the step that draws it).
+static void check_shard_tokens(const char* path, size_t n, int vocab_size, uint16_t* buf) {
+    if (vocab_size > UINT16_MAX) { return; } // every uint16 id fits
+    FILE* f = fopen_check(path, "rb");
+    if (fseek(f, SHARD_HEADER_BYTES, SEEK_SET) != 0) { fail("could not seek in '%s'" SEEK_HINT, path); }
+    for (size_t done = 0; done < n; done += SHARD_CHECK_CHUNK) {
+        size_t count = n - done < SHARD_CHECK_CHUNK ? n - done : SHARD_CHECK_CHUNK;
+        fread_check(buf, sizeof(uint16_t), count, f, path);
+        if (max_token(buf, count) < vocab_size) { continue; }
+        size_t i = 0;
+        while (buf[i] < vocab_size) { i++; }
+        fclose(f);
+        fail("'%s' holds token id %d at token %zu (byte offset %zu), outside the model's vocabulary of %d\n"
+             "HINT: the shard was tokenized for another vocabulary or is damaged: regenerate it (data/tokenize), "
+             "or leave it out of -i / -j", path, buf[i], done + i, SHARD_HEADER_BYTES + (done + i) * sizeof(uint16_t),
+             vocab_size);
+    }
+    fclose(f);
 }
 
 static void dataloader_load_shard(DataLoader* d) {
@@ -1848,6 +1887,11 @@ static void dataloader_init(DataLoader* d, const char* pattern, int B, int T, in
         d->shard_tokens[i] = read_shard_header(d->paths[i]);
         batches += (size_t)shard_batches(d, i);
     }
+    double t0 = now_seconds();
+    uint16_t* chunk = (uint16_t*)malloc_check(SHARD_CHECK_CHUNK * sizeof(uint16_t), "the token id check");
+    for (int i = 0; i < d->num_shards; i++) { check_shard_tokens(d->paths[i], d->shard_tokens[i], vocab_size, chunk); }
+    free(chunk);
+    d->check_seconds = now_seconds() - t0;
     if (batches == 0) {
         fail("the shards of '%s' hold too few tokens for one batch of %d x %d tokens on %d process(es)\n"
              "HINT: use a smaller -b or -t",
@@ -1858,6 +1902,15 @@ static void dataloader_init(DataLoader* d, const char* pattern, int B, int T, in
     d->inputs = (int*)malloc_check((size_t)B * T * sizeof(int), "inputs");
     d->targets = (int*)malloc_check((size_t)B * T * sizeof(int), "targets");
     dataloader_set_position(d, 0, 0, 0);
+}
+
+// the data line of a run's start: what = "train" or "validation"; the shards, their tokens and the
+// time the check of their ids took
+static void dataloader_report(const DataLoader* d, const char* what) {
+    size_t tokens = 0;
+    for (int i = 0; i < d->num_shards; i++) { tokens += d->shard_tokens[i]; }
+    printf("%s data: %d shard(s), %zu tokens, every id < %d (checked in %.3f s)\n", what, d->num_shards, tokens,
+           d->vocab_size, d->check_seconds);
 }
 
 static size_t dataloader_total_batches(const DataLoader* d) {
@@ -1893,10 +1946,9 @@ static void dataloader_next_batch(DataLoader* d) {
         }
         for (int t = 0; t <= T; t++) {
             int tok = d->window[(t + shift) % (T + 1)];
-            if (tok >= d->vocab_size) {
-                fail("'%s' holds token %d at sample %zu, outside the model's vocabulary of %d\n"
-                     "HINT: the shard was tokenized for another vocabulary",
-                     path, tok, sample, d->vocab_size);
+            if (tok >= d->vocab_size) { // every id was checked at the start (check_shard_tokens)
+                fail("'%s' holds token %d at sample %zu, outside the model's vocabulary of %d, but did not at the "
+                     "start of the run" SEEK_HINT, path, tok, sample, d->vocab_size);
             }
             if (t < T) { d->inputs[b * T + t] = tok; }
             if (t > 0) { d->targets[b * T + t - 1] = tok; }
@@ -2677,12 +2729,6 @@ static void step_guard_log(FILE* logf, const StepGuard* g, int verdict, long ste
 // main.log's fields of a step after its loss: what dev/plot_log.py draws
 static void step_log_fields(char* buf, size_t n, float lr, double norm, double tok_s, int64_t tokens_seen) {
     snprintf(buf, n, " lr:%.4e norm:%.4f tokps:%.0f tokens:%lld", lr, norm, tok_s, (long long)tokens_seen);
-}
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 // The run's clock: when it started and when its last steps ended (validation, samples and
@@ -4291,6 +4337,8 @@ int main(int argc, char** argv) {
     dataloader_init(&train, a.train_pattern, a.B, a.T, 0, 1, 1, a.roll, a.seed, cf->vocab_size);
     int have_val = a.val_every > 0;
     if (have_val) { dataloader_init(&val, a.val_pattern, a.B, a.T, 0, 1, 0, 0, a.seed, cf->vocab_size); }
+    dataloader_report(&train, "train");
+    if (have_val) { dataloader_report(&val, "validation"); }
     if (a.steps < 0) {
         a.steps = (long)(dataloader_total_batches(&train) / (size_t)accum);
         if (a.steps < 1) { a.steps = 1; }

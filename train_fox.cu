@@ -5704,6 +5704,8 @@ static void train_setup(TrainRun* r, int argc, char** argv) {
     dataloader_init(&r->train, a->train_pattern, a->B, a->T, rank, world, 1, a->roll, a->seed, V);
     r->have_val = a->val_every > 0;
     if (r->have_val) { dataloader_init(&r->val, a->val_pattern, a->B, a->T, rank, world, 0, 0, a->seed, V); }
+    dataloader_report(&r->train, "train");
+    if (r->have_val) { dataloader_report(&r->val, "validation"); }
     if (a->steps < 0) {
         a->steps = (long)(dataloader_total_batches(&r->train) / (size_t)r->accum);
         if (a->steps < 1) { a->steps = 1; }
