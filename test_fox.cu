@@ -1560,6 +1560,20 @@ static void test_shard_tokens(void) {
     free(tokens);
 }
 
+// -o and -n on the command line: an empty -o, and an explicit -n without -o, are refused
+static void test_out_flags(void) {
+    static const char* empty_o[] = {"train_fox", "-o", "", NULL};
+    static const char* n_no_dir[] = {"train_fox", "-n", "1", NULL};
+    static const char* n0_no_dir[] = {"train_fox", "-n", "0", NULL};
+    static const char* n_dir[] = {"train_fox", "-n", "1", "-o", "run", NULL};
+    static const char* neither[] = {"train_fox", NULL};
+    expect_failure(parse_args_child, empty_o, "-o '' (an unset variable)");
+    expect_failure(parse_args_child, n_no_dir, "-n 1 without -o");
+    expect_failure(parse_args_child, n0_no_dir, "-n 0 (given) without -o");
+    check(child_succeeds(parse_args_child, n_dir) && child_succeeds(parse_args_child, neither),
+          "-n: -n 1 -o run, and neither -n nor -o (-n's default 0), are accepted");
+}
+
 // ----------------------------------------------------------------------------
 // HuggingFace export and import (dev/fox_hf.c); dev/hf_check.py checks the numbers against
 // the reference, these the round trip, the file contents and bad input
@@ -4950,6 +4964,7 @@ int main(int argc, char** argv) {
     test_checkpoints();
     test_resume();
     test_shard_tokens();
+    test_out_flags();
     test_decode_table();
     test_bad_decode_table();
     test_group("data parallel (plain C part)");

@@ -2514,6 +2514,7 @@ static void parse_args(Args* a, int argc, char** argv) {
     a->prune_ln_eps = -10.0;
     a->tune = 1;
     a->graphs = 1;
+    int checkpoint_every_given = 0; // -n's default, 0, means "at the end" of a run with -o
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) { usage(); exit(EXIT_SUCCESS); }
@@ -2534,7 +2535,13 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'i': a->train_pattern = v; break;
             case 'j': a->val_pattern = v; break;
             case 'e': a->model = v; break;
-            case 'o': a->out_dir = v; break;
+            case 'o':
+                if (v[0] == '\0') {
+                    fail("-o is empty\nHINT: pass the run's directory, e.g. -o runs/fox (an unset shell variable "
+                         "gives an empty -o)");
+                }
+                a->out_dir = v;
+                break;
             case 'b': a->B = (int)flag_int(arg, v, 1, 1 << 20); break;
             case 't': a->T = (int)flag_int(arg, v, 1, 1 << 24); break;
             case 'd': a->total_batch_tokens = flag_int(arg, v, 1, 1L << 40); break;
@@ -2551,7 +2558,10 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'm': a->val_batches = (int)flag_int(arg, v, 0, 1 << 30); break;
             case 's': a->sample_every = (int)flag_int(arg, v, 0, 1 << 30); break;
             case 'g': a->gen_tokens = (int)flag_int(arg, v, 2, 1 << 20); break;
-            case 'n': a->checkpoint_every = (int)flag_int(arg, v, 0, 1 << 30); break;
+            case 'n':
+                a->checkpoint_every = (int)flag_int(arg, v, 0, 1 << 30);
+                checkpoint_every_given = 1;
+                break;
             case 'y': a->resume = (int)flag_int(arg, v, 0, 1); break;
             case 'R': a->roll = (int)flag_int(arg, v, 0, 1); break;
             case 'S': a->seed = (uint64_t)flag_int(arg, v, 0, 1L << 62); break;
@@ -2588,6 +2598,10 @@ static void parse_args(Args* a, int argc, char** argv) {
     }
     if (a->resume && a->out_dir == NULL) {
         fail("-y 1 needs -o, the directory of the run to resume\nHINT: add -o <dir>");
+    }
+    if (checkpoint_every_given && a->out_dir == NULL) {
+        fail("-n %d needs -o: checkpoints are written there, and without -o none is\n"
+             "HINT: add -o <dir>, or drop -n", a->checkpoint_every);
     }
 }
 
