@@ -20,6 +20,7 @@ Builds with nvcc (as CUDA) or with any C++ compiler (CPU part only).
 #endif
 #include "dev/fox_hf.c" // HF export and import
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 static int tests_passed = 0, tests_failed = 0;
@@ -1521,7 +1522,8 @@ static void test_command_line(void) {
 }
 
 // ----------------------------------------------------------------------------
-// what a run trusts at its start: every token id of its shards
+// what a run trusts at its start: every token id of its shards, and its output directory -o (made,
+// locked, write-tested, room for a checkpoint; main.log's writes checked)
 
 static void init_loader_child(const void* arg) {
     DataLoader d;
@@ -1560,6 +1562,33 @@ static void test_shard_tokens(void) {
     free(tokens);
 }
 
+// run_dir_claim's outcome on dir for a model of configuration c, its message in why
+static int claim(RunDir* rd, const char* dir, const FoxConfig* c, char* why, size_t n) {
+    why[0] = '\0';
+    return run_dir_claim(rd, dir, c, why, n);
+}
+
+// a child that claims the directory arg with file sizes limited to 16 KiB: the write test must fail
+static void claim_small_files_child(const void* arg) {
+    struct rlimit lim = {16 << 10, 16 << 10};
+    signal(SIGXFSZ, SIG_IGN);
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) { fail("test: setrlimit"); }
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-tiny");
+    RunDir rd;
+    char why[RUN_DIR_WHY_BYTES];
+    if (claim(&rd, (const char*)arg, &c, why, sizeof(why)) != 0) { fail("%s", why); }
+}
+
+// a main.log on a device that is always full: the first record must stop the run
+static void log_full_child(const void* arg) {
+    (void)arg;
+    RunDir rd = run_dir_unclaimed();
+    snprintf(rd.log_path, sizeof(rd.log_path), "/dev/full");
+    rd.log = fopen_check(rd.log_path, "w");
+    log_line(&rd, "s:1 trl:%.6f\n", 1.0);
+}
+
 // -o and -n on the command line: an empty -o, and an explicit -n without -o, are refused
 static void test_out_flags(void) {
     static const char* empty_o[] = {"train_fox", "-o", "", NULL};
@@ -1572,6 +1601,93 @@ static void test_out_flags(void) {
     expect_failure(parse_args_child, n0_no_dir, "-n 0 (given) without -o");
     check(child_succeeds(parse_args_child, n_dir) && child_succeeds(parse_args_child, neither),
           "-n: -n 1 -o run, and neither -n nor -o (-n's default 0), are accepted");
+}
+
+// run_dir_claim: parents made, a file as -o or as a parent refused, the lock (a second claim refused
+// naming the holder's pid, free again after run_dir_close, a dead run's lock file no obstacle), the
+// write test and the free space; checkpoint_sizes against the files save_model and save_state write
+static void test_run_dir(void) {
+    FoxConfig c;
+    config_from_preset(&c, "fox-pro-tiny");
+    char dir[600], why[RUN_DIR_WHY_BYTES], why2[RUN_DIR_WHY_BYTES], path[700], want[64];
+    RunDir rd, rd2;
+    struct stat st;
+    // files and parents that are no directories
+    snprintf(path, sizeof(path), "%s/a_file", test_dir);
+    FILE* f = fopen_check(path, "w");
+    fclose(f);
+    int not_dir = claim(&rd, path, &c, why, sizeof(why)) != 0 && strstr(why, "is not a directory");
+    check(not_dir, "run dir: -o naming a file is refused -> \"%.*s\"", (int)strcspn(why, "\n"), why);
+    snprintf(dir, sizeof(dir), "%s/below/run", path);
+    int parent = claim(&rd, dir, &c, why, sizeof(why)) != 0 && strstr(why, "a parent of -o");
+    check(parent, "run dir: -o below a file is refused naming it -> \"%.*s\"", (int)strcspn(why, "\n"), why);
+    snprintf(dir, sizeof(dir), "%s/out/new/parents", test_dir);
+    int made = claim(&rd, dir, &c, why, sizeof(why)) == 0 && stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+    check(made, "run dir: -o with two missing parents is made (mkdir -p) %s", why);
+    if (!made) { return; } // the rest writes there
+    snprintf(want, sizeof(want), "pid %ld on ", (long)getpid());
+    int refused = claim(&rd2, dir, &c, why, sizeof(why)) != 0;
+    check(refused && strstr(why, "in use by another run") && strstr(why, want) && strstr(why, "HINT"),
+          "run dir: a second claim of a locked -o is refused naming the holder -> \"%.*s\"",
+          (int)strcspn(why, "\n"), why);
+    run_dir_close(&rd);
+    int again = claim(&rd, dir, &c, why, sizeof(why)) == 0;
+    run_dir_close(&rd);
+    snprintf(path, sizeof(path), "%s/%s", dir, RUN_LOCK_NAME);
+    f = fopen_check(path, "w");
+    fprintf(f, "pid 999999 on a host long gone\n");
+    fclose(f);
+    int stale = claim(&rd, dir, &c, why, sizeof(why)) == 0;
+    f = fopen_check(path, "r");
+    char holder[256] = "";
+    if (fgets(holder, sizeof(holder), f) == NULL) { holder[0] = '\0'; }
+    fclose(f);
+    holder[strcspn(holder, "\n")] = '\0';
+    check(again && stale && strncmp(holder, want, strlen(want)) == 0, "run dir: the lock is free after "
+          "run_dir_close (%d) and a dead run's lock file does not block (%d; it now says \"%s\")", again, stale,
+          holder);
+    // checkpoint_sizes: the files of a checkpoint with AdamW moments, as a training run writes them
+    FoxModel m;
+    fox_build(&m, &c);
+    fox_init(&m, 1);
+    m.m_memory = (float*)calloc_check(m.num_parameters, sizeof(float), "test m");
+    m.v_memory = (float*)calloc_check(m.num_parameters, sizeof(float), "test v");
+    TrainState s;
+    memset(&s, 0, sizeof(s));
+    char model_path[4096], state_path[4096];
+    checkpoint_paths(dir, 1, model_path, state_path, sizeof(model_path));
+    save_state(&m, &s, state_path);
+    save_model(&m, model_path);
+    size_t model_bytes, state_bytes;
+    checkpoint_sizes(&c, &model_bytes, &state_bytes);
+    struct stat sm, ss;
+    int sizes = stat(model_path, &sm) == 0 && stat(state_path, &ss) == 0 && (size_t)sm.st_size == model_bytes &&
+                (size_t)ss.st_size == state_bytes;
+    check(sizes, "run dir: checkpoint_sizes (%zu + %zu bytes) are the sizes of the files save_model and save_state "
+          "write", model_bytes, state_bytes);
+    fox_free(&m);
+    run_dir_close(&rd);
+    // no room for one checkpoint: a model of 256 layers of C = 8192 (terabytes a file); the lock is let go
+    FoxConfig huge = c;
+    huge.n_layer = 256; huge.n_embd = 8192; huge.n_head = 64; huge.mlp_hidden = 65536;
+    refused = claim(&rd, dir, &huge, why, sizeof(why)) != 0 && strstr(why, "one checkpoint of this model needs") &&
+              strstr(why, "HINT");
+    int freed = claim(&rd2, dir, &c, why2, sizeof(why2)) == 0;
+    run_dir_close(&rd2);
+    check(refused && freed, "run dir: no room for one checkpoint is refused at the start (%.*s), and the lock let go",
+          (int)strcspn(why, "\n"), why);
+    if (geteuid() != 0) {
+        snprintf(dir, sizeof(dir), "%s/out/read_only", test_dir);
+        mkdir(dir, 0555);
+        int ro = claim(&rd, dir, &c, why, sizeof(why)) != 0 && strstr(why, "not writable");
+        check(ro, "run dir: a read-only -o is refused -> \"%.*s\"", (int)strcspn(why, "\n"), why);
+    } else {
+        printf("skipped: run dir: a read-only -o (root writes anywhere; dev/test_reliability.sh mounts one)\n");
+    }
+    static char small[600];
+    snprintf(small, sizeof(small), "%s/out/small_files", test_dir);
+    expect_failure(claim_small_files_child, small, "-o where no file may pass 16 KiB (the write test at the start)");
+    expect_failure(log_full_child, NULL, "a main.log write on a full disk (/dev/full)");
 }
 
 // ----------------------------------------------------------------------------
@@ -4965,6 +5081,7 @@ int main(int argc, char** argv) {
     test_resume();
     test_shard_tokens();
     test_out_flags();
+    test_run_dir();
     test_decode_table();
     test_bad_decode_table();
     test_group("data parallel (plain C part)");

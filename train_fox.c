@@ -34,7 +34,8 @@ encoder_forward through fox_backward, then main):
   checkpoints                       save_model, load_model, save_state, load_state, latest_checkpoint
   training samples, validation      fox_sample, evaluate
   command line                      Args, usage, parse_args, build_model
-  run helpers                       log_line, step_guard_stop, step_guard_log, save_checkpoint
+  the output directory              RunDir: run_dir_claim (made, locked, write-tested), log_line
+  run helpers                       check_run_start, step_guard_stop, step_guard_log, save_checkpoint
   data-parallel processes           Topology, dist_topology, the NCCL id's rendezvous (train_fox.cu's)
   evaluation modes                  -M eval, generate, niah, maps (not needed to train): ForwardBackend,
                                     FoxDecoder, run_eval, run_generate, run_niah, run_maps, cpu_eval_main
@@ -52,7 +53,9 @@ encoder_forward through fox_backward, then main):
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -1742,7 +1745,6 @@ static double now_seconds(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-
 typedef struct {
     int B, T, rank, world;
     int shuffle;   // shuffle shard order each epoch and sample order within each shard
@@ -2420,7 +2422,8 @@ static void usage(void) {
 "  -e <model>  preset <family>-<size> or a model_*.bin checkpoint (default fox-pro-tiny)\n"
 "              families: fox-pro fox-llama transformer-pro transformer-llama\n"
 "              sizes: tiny 125m 360m 760m\n"
-"  -o <dir>    output directory for main.log and checkpoints (default: none)\n"
+"  -o <dir>    output directory for main.log and checkpoints, made if missing, locked while the run\n"
+"              lasts (default: none)\n"
 "  -b <int>    micro-batch size, sequences (default 4)\n"
 "  -t <int>    sequence length (default 256)\n"
 "  -d <int>    total batch in tokens, a multiple of b*t*processes (default: no accumulation)\n"
@@ -2649,12 +2652,208 @@ static void build_model(FoxModel* m, const Args* a) {
 }
 
 // ----------------------------------------------------------------------------
+// the output directory -o of a training run, claimed before anything is written there: made with
+// its missing parents, locked for the whole run (a second run into it is refused, naming the
+// holder), and shown to take a write and one checkpoint. Each check returns 0, or -1 with its
+// message (the cause and a HINT) in why: the GPU trainer's rank 0 claims -o and tells the other
+// ranks, so that all stop alike. Then main.log, whose every write is checked (log_line).
+
+#define RUN_LOCK_NAME "train_fox.lock"
+#define WRITE_PROBE_NAME ".train_fox_write_test"
+#define WRITE_PROBE_BYTES ((size_t)64 << 10)
+#define RUN_DIR_WHY_BYTES 16384 // room for a message that names two paths
+
+typedef struct {
+    int lock_fd;           // the lock on -o, held until run_dir_close or the process's end; -1: none
+    FILE* log;             // main.log; NULL without one (no -o, or a rank > 0)
+    char log_path[4096];
+} RunDir;
+
+// a RunDir that holds nothing (no -o, or a process that does not write)
+static RunDir run_dir_unclaimed(void) {
+    RunDir rd;
+    memset(&rd, 0, sizeof(rd));
+    rd.lock_fd = -1;
+    return rd;
+}
+
+// "<dir>/<name>" into out, or -1 with the message when it does not fit
+static int run_dir_path(const char* dir, const char* name, char* out, size_t size, char* why, size_t n) {
+    if ((size_t)snprintf(out, size, "%s/%s", dir, name) < size) { return 0; }
+    snprintf(why, n, "-o '%s' is too long (%zu characters)\nHINT: use a shorter output directory", dir, strlen(dir));
+    return -1;
+}
+
+// mkdir -p: dir and each missing parent, each failure named with its cause
+static int make_dirs(const char* dir, char* why, size_t n) {
+    char path[4096], what[8400];
+    if ((size_t)snprintf(path, sizeof(path), "%s", dir) >= sizeof(path)) {
+        return run_dir_path(dir, "", path, sizeof(path), why, n); // too long: says so
+    }
+    for (char* p = path + 1; ; p++) {
+        if (*p != '/' && *p != '\0') { continue; }
+        char c = *p;
+        *p = '\0';
+        if (c != '\0') { snprintf(what, sizeof(what), "'%s' (a parent of -o '%s')", path, dir); }
+        else { snprintf(what, sizeof(what), "-o '%s'", dir); }
+        struct stat st;
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+            snprintf(why, n, "could not make %s: %s\nHINT: -o's parents must be directories you may write to", what,
+                     strerror(errno));
+            return -1;
+        }
+        if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            snprintf(why, n, "%s exists and is not a directory\nHINT: pass another -o, or move that file away", what);
+            return -1;
+        }
+        *p = c;
+        if (c == '\0') { return 0; }
+    }
+}
+
+// Locks dir for this run: flock on dir/train_fox.lock, which then holds "pid <pid> on <host>" for
+// a refused run's message. The kernel drops the lock when the process ends, however it ends, so a
+// lock file left by a dead run never blocks a new one.
+static int lock_run_dir(RunDir* rd, const char* dir, char* why, size_t n) {
+    char path[4096], me[512], host[256] = "";
+    if (run_dir_path(dir, RUN_LOCK_NAME, path, sizeof(path), why, n) != 0) { return -1; }
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(why, n, "could not open the lock file '%s': %s\nHINT: -o must be a directory you may write to",
+                 path, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        char holder[256] = "";
+        ssize_t got = pread(fd, holder, sizeof(holder) - 1, 0);
+        close(fd);
+        holder[got > 0 ? got : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        if (err == EWOULDBLOCK) {
+            snprintf(why, n, "-o '%s' is in use by another run: %s holds its lock '%s'\nHINT: wait for that run "
+                     "to end (or stop it), or write this run to another -o", dir,
+                     holder[0] != '\0' ? holder : "a run that is starting", path);
+        } else {
+            snprintf(why, n, "could not lock '%s': %s\nHINT: -o must be on a filesystem with file locks (flock)",
+                     path, strerror(err));
+        }
+        return -1;
+    }
+    if (gethostname(host, sizeof(host) - 1) != 0) { snprintf(host, sizeof(host), "an unknown host"); }
+    int len = snprintf(me, sizeof(me), "pid %ld on %s\n", (long)getpid(), host);
+    errno = ENOSPC; // what a short write means
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, me, (size_t)len, 0) != (ssize_t)len || fsync(fd) != 0) {
+        snprintf(why, n, "could not write the lock file '%s': %s\nHINT: is the disk full? free space or pass "
+                 "another -o", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    rd->lock_fd = fd;
+    return 0;
+}
+
+// A write test of dir: WRITE_PROBE_BYTES written to a test file, flushed to disk, removed. A disk
+// that is full, read-only or failing is found at the start, not at the run's first checkpoint.
+static int probe_run_dir(const char* dir, char* why, size_t n) {
+    char path[4096], block[4096];
+    memset(block, 0, sizeof(block));
+    if (run_dir_path(dir, WRITE_PROBE_NAME, path, sizeof(path), why, n) != 0) { return -1; }
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int err = fd < 0 ? errno : 0;
+    for (size_t done = 0; err == 0 && done < WRITE_PROBE_BYTES; done += sizeof(block)) {
+        errno = ENOSPC; // what a short write means
+        if (write(fd, block, sizeof(block)) != (ssize_t)sizeof(block)) { err = errno; }
+    }
+    if (err == 0 && fsync(fd) != 0) { err = errno; }
+    if (fd >= 0 && close(fd) != 0 && err == 0) { err = errno; }
+    if (fd >= 0) { unlink(path); }
+    if (err == 0) { return 0; }
+    snprintf(why, n, "could not write to -o '%s' (a test write of %zu KiB, flushed to disk): %s\nHINT: is the "
+             "disk full or read-only? free space or pass another -o", dir, WRITE_PROBE_BYTES >> 10, strerror(err));
+    return -1;
+}
+
+// the sizes of one checkpoint's files for a model of configuration c, as save_model and save_state
+// write them: a 256-int header each, then the fp32 parameters, or the two fp32 AdamW moments
+static void checkpoint_sizes(const FoxConfig* c, size_t* model_bytes, size_t* state_bytes) {
+    size_t header = 256 * sizeof(int), params = config_num_parameters(c) * sizeof(float);
+    *model_bytes = header + params;
+    *state_bytes = header + 2 * params;
+}
+
+// the free space of dir's filesystem (statvfs) against one checkpoint of a model of configuration c
+static int check_free_space(const char* dir, const FoxConfig* c, char* why, size_t n) {
+    size_t model_bytes, state_bytes;
+    checkpoint_sizes(c, &model_bytes, &state_bytes);
+    struct statvfs st;
+    if (statvfs(dir, &st) != 0) {
+        snprintf(why, n, "could not read the free space of -o '%s': %s\nHINT: check the output directory", dir,
+                 strerror(errno));
+        return -1;
+    }
+    double avail = (double)st.f_bavail * (double)st.f_frsize, need = (double)(model_bytes + state_bytes);
+    if (avail >= need) { return 0; }
+    snprintf(why, n, "-o '%s' has %.1f MiB free, one checkpoint of this model needs %.1f MiB (model file %.1f MiB, "
+             "state file %.1f MiB)\nHINT: free space on that disk or pass another -o (a run keeps every checkpoint "
+             "it writes)", dir, avail / 1048576.0, need / 1048576.0, model_bytes / 1048576.0, state_bytes / 1048576.0);
+    return -1;
+}
+
+// closes main.log (its last writes checked) and releases the lock
+static void run_dir_close(RunDir* rd) {
+    if (rd->log != NULL && fclose(rd->log) != 0) {
+        fail("could not write '%s': %s\nHINT: is the disk full?", rd->log_path, strerror(errno));
+    }
+    if (rd->lock_fd >= 0) { close(rd->lock_fd); }
+    *rd = run_dir_unclaimed();
+}
+
+// Claims dir for a training run of a model of configuration c (the section's comment): 0, or -1
+// with the message in why and nothing held
+static int run_dir_claim(RunDir* rd, const char* dir, const FoxConfig* c, char* why, size_t n) {
+    *rd = run_dir_unclaimed();
+    if (make_dirs(dir, why, n) != 0) { return -1; }
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(why, n, "-o '%s' is not writable: %s\nHINT: pass a directory you may write to", dir,
+                 strerror(errno));
+        return -1;
+    }
+    if (lock_run_dir(rd, dir, why, n) != 0) { return -1; }
+    if (probe_run_dir(dir, why, n) != 0 || check_free_space(dir, c, why, n) != 0) {
+        run_dir_close(rd);
+        return -1;
+    }
+    return 0;
+}
+
+// opens dir's main.log, appended to on a resume
+static void run_dir_open_log(RunDir* rd, const char* dir, int append) {
+    char why[512];
+    if (run_dir_path(dir, "main.log", rd->log_path, sizeof(rd->log_path), why, sizeof(why)) != 0) { fail("%s", why); }
+    rd->log = fopen_check(rd->log_path, append ? "a" : "w");
+}
+
+// one record of main.log (none without one), flushed; a failed write or flush stops the run
+static void log_line(RunDir* rd, const char* fmt, ...) {
+    if (rd->log == NULL) { return; }
+    va_list ap;
+    va_start(ap, fmt);
+    int written = vfprintf(rd->log, fmt, ap);
+    va_end(ap);
+    if (written < 0 || fflush(rd->log) != 0) {
+        fail("could not write '%s': %s\nHINT: is the disk full? free space, then resume the run with -y 1",
+             rd->log_path, strerror(errno));
+    }
+}
+
+// ----------------------------------------------------------------------------
 // run helpers of both trainers' main loops: the checks before a run, resume, the schedule,
 // main.log, the end of a guarded step, the clock and progress, and (the twin's) checkpoint
 
-// What must hold before a run trains: a fresh run owns its -o (check_fresh_run_dir), and a sample
-// (which starts from the decode table's end-of-text token) can run on this model: a sample must
-// never stop a run after it trained.
+// What must hold before a run trains (-o claimed by run_dir_claim before this looks into it): a fresh
+// run owns its -o (check_fresh_run_dir), and a sample (which starts from the decode table's
+// end-of-text token) can run on this model: a sample must never stop a run after it trained.
 static void check_run_start(const Args* a, const FoxConfig* cf, const Tokenizer* tk, int have_tokenizer) {
     if (a->out_dir != NULL && !a->resume) { check_fresh_run_dir(a->out_dir); }
     if (have_tokenizer && a->sample_every > 0 && (tk->eot < 0 || tk->eot >= cf->vocab_size)) {
@@ -2711,15 +2910,6 @@ static LRSchedule run_schedule(const Args* a, const TrainState* resumed) {
     return s;
 }
 
-static void log_line(FILE* f, const char* fmt, ...) {
-    if (f == NULL) { return; }
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(f, fmt, ap);
-    va_end(ap);
-    fflush(f);
-}
-
 // The end of a guarded step, shared by both trainers: STEP_STOP ends the run with the reason
 // (and the non-finite tensor when one was named); otherwise the step line printed so far gets
 // its ending and main.log its record (llm.c's "s:<step> trl:<loss>", then the step's fields).
@@ -2729,14 +2919,14 @@ static void step_guard_stop(long step, const char* why, const char* grad) {
          step, why, grad[0] ? "; " : "", grad);
 }
 
-static void step_guard_log(FILE* logf, const StepGuard* g, int verdict, long step, double loss, const char* why,
+static void step_guard_log(RunDir* out, const StepGuard* g, int verdict, long step, double loss, const char* why,
                            const char* grad, const char* fields) {
     if (verdict == STEP_SKIP) {
         printf(" | skipped (%ld so far): %s%s%s\n", g->skipped, why, grad[0] ? "; " : "", grad);
-        log_line(logf, "s:%ld trl:%.6f skip:%ld%s\n", step, loss, g->skipped, fields);
+        log_line(out, "s:%ld trl:%.6f skip:%ld%s\n", step, loss, g->skipped, fields);
     } else {
         printf("\n");
-        log_line(logf, "s:%ld trl:%.6f%s\n", step, loss, fields);
+        log_line(out, "s:%ld trl:%.6f%s\n", step, loss, fields);
     }
 }
 
@@ -4358,6 +4548,9 @@ int main(int argc, char** argv) {
         if (a.steps < 1) { a.steps = 1; }
     }
     AdamWConfig opt = {(float)a.lr, (float)a.weight_decay, 0.9f, 0.95f, 1e-8f, (float)a.grad_clip};
+    RunDir out = run_dir_unclaimed(); // claimed before check_run_start looks into it
+    char why[RUN_DIR_WHY_BYTES];
+    if (a.out_dir != NULL && run_dir_claim(&out, a.out_dir, cf, why, sizeof(why)) != 0) { fail("%s", why); }
     Tokenizer tk;
     int have_tokenizer = tokenizer_init(&tk, a.tokenizer_path);
     if (!have_tokenizer && a.sample_every > 0) {
@@ -4384,13 +4577,7 @@ int main(int argc, char** argv) {
     printf("batch: %d x %d tokens, %d accumulation step(s), %ld tokens per step | %ld steps | warmup %.0f tokens | "
            "%s schedule, peak lr %g\n",
            a.B, a.T, accum, a.total_batch_tokens, a.steps, sched.warmup_tokens, SCHEDULE_NAMES[a.schedule], a.lr);
-    FILE* logf_ = NULL;
-    if (a.out_dir != NULL) {
-        mkdir(a.out_dir, 0755);
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/main.log", a.out_dir);
-        logf_ = fopen_check(path, a.resume ? "a" : "w");
-    }
+    if (a.out_dir != NULL) { run_dir_open_log(&out, a.out_dir, a.resume); }
     uint64_t sample_rng = a.seed ^ 0x5DEECE66Dull;
     StepGuard guard;
     step_guard_init(&guard, a.on_nonfinite, a.spike_z);
@@ -4401,7 +4588,7 @@ int main(int argc, char** argv) {
         if (have_val && (step % a.val_every == 0 || last)) {
             float vl = evaluate(&model, &val, a.val_batches);
             printf("step %ld: val loss %.6f\n", step, vl);
-            log_line(logf_, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)tokens_seen);
+            log_line(&out, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)tokens_seen);
         }
         // the checkpoint before the sample: a sample must never cost one
         int checkpoint_due = (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last;
@@ -4443,10 +4630,10 @@ int main(int argc, char** argv) {
         step_log_fields(fields, sizeof(fields), lr, norm, a.total_batch_tokens / dt, tokens_seen);
         printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s", step + 1, a.steps, loss,
                norm, lr, dt * 1e3, a.total_batch_tokens / dt, progress);
-        step_guard_log(logf_, &guard, verdict, step + 1, loss, why, grad, fields);
+        step_guard_log(&out, &guard, verdict, step + 1, loss, why, grad, fields);
     }
     if (guard.skipped > 0) { printf("skipped %ld of %ld steps (-G skip, -Z)\n", guard.skipped, a.steps - start); }
-    if (logf_ != NULL) { fclose(logf_); }
+    run_dir_close(&out);
     if (have_tokenizer) { tokenizer_free(&tk); }
     dataloader_free(&train);
     if (have_val) { dataloader_free(&val); }

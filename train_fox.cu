@@ -4355,6 +4355,22 @@ static void dist_check_same(const Dist* d, double v, const char* what) {
     }
 }
 
+// stops every rank when one could not go on (ok 0; why: its message): that rank with its message, the
+// others naming it
+static void dist_all_ok(const Dist* d, int ok, const char* why) {
+    int bad = ok ? -1 : d->rank;
+    if (d->world > 1) {
+        double v = ok;
+        cudaCheck(cudaMemcpy(d->scalar_dev, &v, sizeof(double), cudaMemcpyHostToDevice));
+        const double* all = dist_gather(d, d->scalar_dev, 1);
+        for (int r = d->world - 1; r >= 0; r--) { bad = all[r] == 0.0 ? r : bad; }
+    }
+    if (!ok) { fail("%s", why); }
+    if (bad >= 0) {
+        fail("rank %d could not start the run\nHINT: read rank %d's error (its stderr)", bad, bad);
+    }
+}
+
 #ifdef USE_MPI
 static int launched_by_mpi(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL || getenv("PMI_RANK") != NULL;
@@ -5666,7 +5682,7 @@ typedef struct {
     LRSchedule sched;
     int start;                // the first step (after a resume)
     int64_t tokens_seen;
-    FILE* logf_;              // -o's main.log on rank 0, else NULL
+    RunDir out;               // -o on rank 0: locked, main.log (run_dir_claim); nothing on the other ranks
     uint64_t sample_rng;
     StepGuard guard;          // every rank sees the same summed loss and norm, so all decide alike
     RunClock clock;
@@ -5742,6 +5758,16 @@ static void train_check_same(const TrainRun* r) {
     dist_check_same(d, a->checkpoint_every * 2.0 + a->resume, "-n and -y");
 }
 
+// -o claimed by rank 0 (run_dir_claim: made, locked, write-tested) before anything is written there; every
+// rank learns whether that went well, so that all stop alike
+static void train_claim_dir(TrainRun* r) {
+    r->out = run_dir_unclaimed();
+    if (r->a.out_dir == NULL) { return; }
+    char why[RUN_DIR_WHY_BYTES] = "";
+    int ok = r->dist.rank != 0 || run_dir_claim(&r->out, r->a.out_dir, &r->model.config, why, sizeof(why)) == 0;
+    dist_all_ok(&r->dist, ok, why);
+}
+
 // the run's settings for the GPU (-r, -A) and its header: device, processes, model, the memory
 // estimate, the FLOPs a token that MFU counts
 static void train_plan(TrainRun* r) {
@@ -5790,13 +5816,7 @@ static void train_build(TrainRun* r) {
 // the log file (-o, rank 0), the samples' random state, the step guard, the clock
 static void train_open_log(TrainRun* r) {
     const Args* a = &r->a;
-    r->logf_ = NULL;
-    if (a->out_dir != NULL && r->dist.rank == 0) {
-        mkdir(a->out_dir, 0755);
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/main.log", a->out_dir);
-        r->logf_ = fopen_check(path, a->resume ? "a" : "w");
-    }
+    if (a->out_dir != NULL && r->dist.rank == 0) { run_dir_open_log(&r->out, a->out_dir, a->resume); }
     r->sample_rng = a->seed ^ 0x5DEECE66Dull;
     step_guard_init(&r->guard, a->on_nonfinite, a->spike_z);
     run_clock_start(&r->clock);
@@ -5808,7 +5828,7 @@ static void train_between_steps(TrainRun* r, long step, int last) {
     if (r->have_val && (step % a->val_every == 0 || last)) {
         float vl = gpu_evaluate(&r->gm, &r->val, a->val_batches);
         printf("step %ld: val loss %.6f\n", step, vl);
-        log_line(r->logf_, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)r->tokens_seen);
+        log_line(&r->out, "s:%ld tel:%.6f tokens:%lld\n", step, vl, (long long)r->tokens_seen);
     }
     // the checkpoint before the sample: a sample must never cost one
     int checkpoint_due = (a->checkpoint_every > 0 && step % a->checkpoint_every == 0) || last;
@@ -5889,7 +5909,7 @@ static void train_log_step(TrainRun* r, long step, const StepReport* rep) {
                (rep->t_slowest - rep->t_local) * 1e3);
     }
     printf("%s", progress);
-    step_guard_log(r->logf_, &r->guard, rep->verdict, step + 1, rep->loss, rep->why, rep->grad, fields);
+    step_guard_log(&r->out, &r->guard, rep->verdict, step + 1, rep->loss, rep->why, rep->grad, fields);
     // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA
     // graph, captured later (the second micro-step: with one a step, the next step); it adds ~2 MiB
     if (step == r->start) {
@@ -5903,7 +5923,7 @@ static void train_finish(TrainRun* r) {
     if (r->guard.skipped > 0) {
         printf("skipped %ld of %ld steps (-G skip, -Z)\n", r->guard.skipped, r->a.steps - r->start);
     }
-    if (r->logf_ != NULL) { fclose(r->logf_); }
+    run_dir_close(&r->out);
     if (r->have_tokenizer) { tokenizer_free(&r->tk); }
     dataloader_free(&r->train);
     if (r->have_val) { dataloader_free(&r->val); }
@@ -5917,8 +5937,9 @@ int main(int argc, char** argv) {
     parse_args(&r.a, argc, argv);
     if (r.a.mode != MODE_TRAIN) { return gpu_eval_main(&r.a); }
     train_setup(&r, argc, argv);
-    train_tokenizer(&r);
     train_check_same(&r);
+    train_claim_dir(&r);
+    train_tokenizer(&r);
     train_plan(&r);
     train_build(&r);
     train_open_log(&r);

@@ -14,6 +14,10 @@
 #     does not fit the model (refused at the start); a fresh run into a directory with
 #     checkpoints (refused); -x at the checkpoint's step (refused); SIGKILL between the two files
 #     of a checkpoint; main.log appended on resume
+#  6. the run's start: -o made with its missing parents; a second run into an -o that a run holds
+#     refused naming it, the first run untouched; an -o without room for one checkpoint, a full one
+#     and a read-only one refused before any step (a small tmpfs in a private mount namespace, where
+#     unshare may make one)
 # Needs the default shards (make data) and python3. Deterministic except for the kill moments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -142,7 +146,7 @@ if (trap '' XFSZ; ulimit -f 1024; exec "$BIN" "${FLAGS[@]}" -n 1 -o "$dir" -y 1)
 elif grep -q "could not write" "$WORK/full.err" && grep -q "HINT" "$WORK/full.err" &&
      cmp -s "$(ckpt "$WORK/straight" model $K)" "$(ckpt "$dir" model $K)" &&
      cmp -s "$(ckpt "$WORK/straight" state $K)" "$(ckpt "$dir" state $K)" &&
-     [ -z "$(ls "$dir" | grep -v -e "_0*$K.bin" -e main.log)" ]; then
+     [ -z "$(ls "$dir" | grep -v -e "_0*$K.bin" -e main.log -e train_fox.lock)" ]; then
     pass "disk full: non-zero exit with \"$(head -1 "$WORK/full.err")\", previous checkpoint intact, no partial file left"
 else
     bad "disk full: wrong outcome"; cat "$WORK/full.err"; ls -l "$dir"
@@ -279,6 +283,41 @@ if [ "$steps" = "1 2 3 4 3 4 5 6 " ]; then
     pass "main.log is appended on resume (train steps logged: $steps)"
 else
     bad "main.log after a resume holds the train steps '$steps', not '1 2 3 4 3 4 5 6 '"
+fi
+
+# --- 6. the run's start: -o made, locked, write-tested ---------------------------------------------
+# -o with missing parents: made; run A holds -o while it trains (writes slowed), B into the same -o is refused
+dir="$WORK/new/parents/locked"
+TRAIN_FOX_TEST_WRITE_DELAY_MS=20 "$BIN" "${FLAGS[@]}" -n 4 -o "$dir" > "$WORK/lock_a.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "^pid $pid " "$dir/train_fox.lock" 2>/dev/null && break; sleep 0.1; done
+refused "a second run into an -o that a run holds" "in use by another run: pid $pid " \
+    "$BIN" "${FLAGS[@]}" -S 2 -n 1 -o "$dir" || true
+if wait $pid && cmp -s "$(ckpt "$WORK/straight" model $N)" "$(ckpt "$dir" model $N)"; then
+    pass "-o with two missing parents made; the run holding it ends bit for bit as the straight run"
+else
+    bad "the run holding -o failed or was disturbed"; tail -3 "$WORK/lock_a.out"
+fi
+# a small filesystem of its own: no room for one checkpoint (40 MB), full, read-only
+mnt="$WORK/mnt"
+mkdir "$mnt"
+in_tmpfs() { # mount options, then a command run with a tmpfs on $mnt
+    local opts=$1
+    shift
+    unshare -rm sh -c 'mount -t tmpfs -o "$1" tmpfs "$2" && shift 2 && exec "$@"' sh "$opts" "$mnt" "$@"
+}
+if in_tmpfs size=1m true 2> /dev/null; then
+    refused_at_start() { # as refused, and before any step
+        refused "$@" || return 0
+        if grep -q '^step' "$WORK/refused.out"; then bad "$1: steps ran before the refusal"; fi
+    }
+    refused_at_start "an -o without room for one checkpoint" "one checkpoint of this model needs" \
+        in_tmpfs size=8m "$BIN" "${FLAGS[@]}" -o "$mnt/run"
+    refused_at_start "a full -o" "No space left on device" in_tmpfs size=1m \
+        sh -c 'cat /dev/zero > "$0/fill" 2> /dev/null; exec "$@"' "$mnt" "$BIN" "${FLAGS[@]}" -o "$mnt/run"
+    refused_at_start "a read-only -o" "Read-only file system" in_tmpfs ro,size=1m "$BIN" "${FLAGS[@]}" -o "$mnt/run"
+else
+    echo "skip a small, a full and a read-only -o: unshare cannot mount a tmpfs here"
 fi
 
 echo "reliability: $failures failure(s)"
