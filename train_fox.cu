@@ -5940,14 +5940,11 @@ int main(int argc, char** argv) {
 // cache (keys after KV-shift, QK-norm and RoPE at their positions, values, c_j per kept position;
 // the running c and the last raw k and v carried from token to token), the same window and
 // eviction rule, the same sampling rule (sample_token).
-// Precision is the training forward's: matmuls read bf16 weights and inputs and sum in fp32 (the
-// matvecs below, on tensor cores in the bf16 build, stand in for cuBLASLt and write fp32; each
-// fuses the RMSNorm or SwiGLU before it and the residual add after it); every value the forward
-// stores in bf16 (the normed inputs, q, k, v before and after shift, norm and RoPE, o, y, the
-// SwiGLU input and output) is rounded at the same place; c, the softmax statistics, the residual
-// stream and the logits are fp32. So the logits differ from the twin's by the bf16 tolerance of
-// the forward. Batch-1 decoding is bound by latency, not bandwidth: few launches (six a layer,
-// fused as above), programmatic dependent launch inside the graph, loads issued early.
+// Precision is the training forward's: the matvecs (for cuBLASLt; each fuses the RMSNorm or SwiGLU
+// before it and the residual add after it) read bf16 and sum in fp32; every value the forward stores
+// in bf16 is rounded at the same place; c, the softmax statistics, the residual stream and the
+// logits are fp32. So the logits differ from the twin's by the forward's bf16 tolerance. Batch-1
+// decoding is bound by latency: six launches a layer, programmatic dependent launch in the graph.
 
 #define KV_PAGE 64          // positions per cache page (a multiple of DEC_ALIGN)
 #define DEC_ALIGN 32        // key splits start at multiples of this, so a tile never straddles a page
@@ -6355,13 +6352,11 @@ __device__ static void dec_head_vector(float* out, float* tmp, float* red, const
 // like the others (__syncthreads orders a block's global writes before its reads). Logits
 // s_ij = q.k_j / sqrt(hd) + c_i - c_j, q and k the bf16 values in fp32, masked to -inf outside
 // the split's range (keys there may be stale or unwritten: a mask is a selection, never a
-// product). Each group of G lanes (G = hd / XPACK: a lane holds XPACK channels) takes one key at
-// a time, a warp KG = 32 / G keys: a tile of KG U <= DEC_ALIGN keys in one page, the U keys and
-// values of a lane loaded before any is used (the kernel is bound by memory); each group keeps an
-// online softmax (running max m from -FLT_MAX, so no inf - inf), combined in a fixed order at the
-// end into the split's (max, sum, unnormalised output): partial results for decode_combine_kernel.
-// No atomics: the same bits every run. Pruning-aware: evicted and out-of-window keys are before
-// `first` and are never read.
+// product). Each group of G lanes (G = hd / XPACK) takes one key at a time, a warp KG = 32 / G keys:
+// a tile of KG U <= DEC_ALIGN keys in one page, a lane's U keys and values loaded before any is used;
+// each group keeps an online softmax (running max from -FLT_MAX: no inf - inf), combined in a fixed
+// order into the split's (max, sum, unnormalised output) for decode_combine_kernel. No atomics.
+// Evicted and out-of-window keys lie before `first` and are never read.
 template <int G>
 __global__ void __launch_bounds__(DEC_ATT_THREADS) decode_attention_kernel(DecAttnArgs a) {
     constexpr int HD = G * XPACK, KG = 32 / G, U = KG >= 8 ? 4 : 8, TILE = KG * U;
