@@ -5963,14 +5963,11 @@ int main(int argc, char** argv) {
 // cache (keys after KV-shift, QK-norm and RoPE at their positions, values, c_j per kept position;
 // the running c and the last raw k and v carried from token to token), the same window and
 // eviction rule, the same sampling rule (sample_token).
-// Precision is the training forward's: matmuls read bf16 weights and inputs and sum in fp32 (the
-// matvecs below, on tensor cores in the bf16 build, stand in for cuBLASLt and write fp32; each
-// fuses the RMSNorm or SwiGLU before it and the residual add after it); every value the forward
-// stores in bf16 (the normed inputs, q, k, v before and after shift, norm and RoPE, o, y, the
-// SwiGLU input and output) is rounded at the same place; c, the softmax statistics, the residual
-// stream and the logits are fp32. So the logits differ from the twin's by the bf16 tolerance of
-// the forward. Batch-1 decoding is bound by latency, not bandwidth: few launches (six a layer,
-// fused as above), programmatic dependent launch inside the graph, loads issued early.
+// Precision is the training forward's: the matvecs (for cuBLASLt; each fuses the RMSNorm or SwiGLU
+// before it and the residual add after it) read bf16 and sum in fp32; every value the forward stores
+// in bf16 is rounded at the same place; c, the softmax statistics, the residual stream and the
+// logits are fp32. So the logits differ from the twin's by the forward's bf16 tolerance. Batch-1
+// decoding is bound by latency: six launches a layer, programmatic dependent launch in the graph.
 
 #define KV_PAGE 64          // positions per cache page (a multiple of DEC_ALIGN)
 #define DEC_ALIGN 32        // key splits start at multiples of this, so a tile never straddles a page
@@ -6007,13 +6004,24 @@ enum { GEMV_X_PLAIN, GEMV_X_RMSNORM, GEMV_X_SWIGLU, GEMV_MODES };
                                 : GEMV_PICK_R(K, GEMV_X_SWIGLU, r, r0, r1, r2))
 
 // Programmatic dependent launch (sm_90): a kernel launched with it (decoder_launch) may start while
-// the one before it in the stream still runs; pdl_wait blocks until that one has finished and its
-// writes are visible (a no-op without the attribute), so everything before pdl_wait may read only
-// what no earlier kernel of the step writes (the weights). pdl_trigger lets the next kernel start
-// launching once every block of this one has passed it: placed after the wait, at most two grids
-// overlap, and every block of the running one is resident by then.
+// the one before it still runs; pdl_wait blocks until that one has finished and its writes are
+// visible (a no-op without the attribute), so before it a kernel reads only the weights. pdl_trigger
+// (after the wait) lets the next kernel launch once every block has passed it: at most two grids overlap.
 __device__ static inline void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ static inline void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// silu(g) u of four hidden units from the fp32 projections, g and u rounded to floatX first and the
+// product too: swiglu_forward_kernel's arithmetic on the forward's bf16 gu
+__device__ static inline Pack4X swiglu4(float4 g4, float4 u4) {
+    float g[4] = {g4.x, g4.y, g4.z, g4.w}, u[4] = {u4.x, u4.y, u4.z, u4.w};
+    Pack4X a4;
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float gk = to_float(to_floatX(g[k])), uk = to_float(to_floatX(u[k]));
+        a4.v[k] = to_floatX(gk * sigmoid_gpu(gk) * uk);
+    }
+    return a4;
+}
 
 // The matvecs' input for batch rows b0 .. b0 + R - 1 into shared memory xs (row stride ldx), by
 // the whole block (see gemv_kernel for the modes): every load 16 bytes with several in flight (the
@@ -6045,51 +6053,30 @@ __device__ static void gemv_prologue(floatX* xs, int ldx, const void* in, const 
                           to_floatX(v.z * sc * norm_w[4 * i + 2]), to_floatX(v.w * sc * norm_w[4 * i + 3])}};
             *(Pack4X*)(xs + 4 * i) = x4;
         }
-    } else if (MODE == GEMV_X_RMSNORM && n4 <= 32 * 8) { // a warp a row, the row in registers: one round trip
-        for (int r = warp; r < R; r += WARPS) {
-            const float4* src = (const float4*)((const float*)in + (size_t)(b0 + r) * IC);
-            float4 v[8];
-            float ss = 0.0f;
-            #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                v[j] = lane + 32 * j < n4 ? src[lane + 32 * j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-            #pragma unroll
-            for (int j = 0; j < 8; j++) { ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w; }
-            float sc = 1.0f / sqrtf(warp_sum(ss) / (float)IC + 1e-6f);
-            #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                int i = 4 * (lane + 32 * j);
-                if (i >= IC) { break; }
-                Pack4X x4 = {{to_floatX(v[j].x * sc * norm_w[i]), to_floatX(v[j].y * sc * norm_w[i + 1]),
-                              to_floatX(v[j].z * sc * norm_w[i + 2]), to_floatX(v[j].w * sc * norm_w[i + 3])}};
-                *(Pack4X*)(xs + (size_t)r * ldx + i) = x4;
-            }
-        }
-    } else if (MODE == GEMV_X_RMSNORM) { // a warp a row, four float4 loads in flight per lane, two passes
-        for (int r = warp; r < R; r += WARPS) {
+    } else if (MODE == GEMV_X_RMSNORM) { // a warp a row, eight float4 loads in flight per lane, two passes
+        for (int r = warp; r < R; r += WARPS) { // summed in rmsnorm_forward_kernel's order
             const float4* src = (const float4*)((const float*)in + (size_t)(b0 + r) * IC);
             float ss = 0.0f;
-            for (int c0 = lane; c0 < n4; c0 += 32 * 4) {
-                float4 v[4];
+            for (int c0 = lane; c0 < n4; c0 += 32 * 8) {
+                float4 v[8];
                 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < 8; j++) {
                     v[j] = c0 + 32 * j < n4 ? src[c0 + 32 * j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
                 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < 8; j++) {
                     ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
                 }
             }
             float sc = 1.0f / sqrtf(warp_sum(ss) / (float)IC + 1e-6f);
-            for (int c0 = lane; c0 < n4; c0 += 32 * 4) {
-                float4 v[4];
+            for (int c0 = lane; c0 < n4; c0 += 32 * 8) {
+                float4 v[8];
                 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < 8; j++) {
                     if (c0 + 32 * j < n4) { v[j] = src[c0 + 32 * j]; }
                 }
                 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < 8; j++) {
                     int i = 4 * (c0 + 32 * j);
                     if (i >= IC) { break; }
                     Pack4X x4 = {{to_floatX(v[j].x * sc * norm_w[i]), to_floatX(v[j].y * sc * norm_w[i + 1]),
@@ -6115,14 +6102,7 @@ __device__ static void gemv_prologue(floatX* xs, int ldx, const void* in, const 
             for (int j = 0; j < 8; j++) {
                 int q = q0 + GEMV_THREADS * j;
                 if (q >= total) { break; }
-                float g[4] = {g4[j].x, g4[j].y, g4[j].z, g4[j].w}, u[4] = {u4[j].x, u4[j].y, u4[j].z, u4[j].w};
-                Pack4X a4;
-                #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    float gk = to_float(to_floatX(g[k])), uk = to_float(to_floatX(u[k]));
-                    a4.v[k] = to_floatX(gk * sigmoid_gpu(gk) * uk);
-                }
-                *(Pack4X*)(xs + (size_t)(q / n4) * ldx + 4 * (q % n4)) = a4;
+                *(Pack4X*)(xs + (size_t)(q / n4) * ldx + 4 * (q % n4)) = swiglu4(g4[j], u4[j]);
             }
         }
     }
@@ -6142,13 +6122,11 @@ __device__ static inline const floatX* gemv_row(const GemvSegments& W, int o, in
 // out (B, OC) (row stride out_stride) = x (B, IC) @ W^T in fp32, or out += that with accumulate
 // (the residual add in place: each output element is read and written by one thread). x comes
 // from `in` by MODE: PLAIN: in (B, IC) floatX as is (y); RMSNORM: RMSNorm(in (B, IC) fp32; norm_w,
-// eps 1e-6) rounded to floatX (the forward's xa, xm, xf); SWIGLU: silu(g) u of in (B, 2 IC) fp32 with
-// g and u rounded to floatX first (the forward's gu) and the product too (act). A pass holds up to
-// `rows` <= RB batch rows of x in shared memory (gemv_prologue); a warp takes one output row at a
+// eps 1e-6) rounded to floatX (the forward's xa, xm, xf); SWIGLU: swiglu4 of in (B, 2 IC) fp32 (act).
+// A pass holds up to `rows` <= RB batch rows of x in shared memory; a warp takes one output row at a
 // time, 16-byte loads of W along IC (IC % XPACK == 0, W 16-byte aligned), four in flight per lane,
 // RB accumulators, a warp sum per batch row: a fixed order, deterministic. The first row's first
-// loads are issued before pdl_wait: they overlap the kernel before. The CUDA-core path: the fp32
-// build, and IC not a multiple of 32 (gemv_mma_kernel below takes the rest).
+// loads are issued before pdl_wait. The CUDA-core path: the fp32 build, and IC % 32 != 0.
 template <int MODE, int RB>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(float* out, int out_stride, int accumulate, GemvSegments W,
                                                             int OC, int IC, const void* in, const float* norm_w, int B,
@@ -6397,13 +6375,11 @@ __device__ static void dec_head_vector(float* out, float* tmp, float* red, const
 // like the others (__syncthreads orders a block's global writes before its reads). Logits
 // s_ij = q.k_j / sqrt(hd) + c_i - c_j, q and k the bf16 values in fp32, masked to -inf outside
 // the split's range (keys there may be stale or unwritten: a mask is a selection, never a
-// product). Each group of G lanes (G = hd / XPACK: a lane holds XPACK channels) takes one key at
-// a time, a warp KG = 32 / G keys: a tile of KG U <= DEC_ALIGN keys in one page, the U keys and
-// values of a lane loaded before any is used (the kernel is bound by memory); each group keeps an
-// online softmax (running max m from -FLT_MAX, so no inf - inf), combined in a fixed order at the
-// end into the split's (max, sum, unnormalised output): partial results for decode_combine_kernel.
-// No atomics: the same bits every run. Pruning-aware: evicted and out-of-window keys are before
-// `first` and are never read.
+// product). Each group of G lanes (G = hd / XPACK) takes one key at a time, a warp KG = 32 / G keys:
+// a tile of KG U <= DEC_ALIGN keys in one page, a lane's U keys and values loaded before any is used;
+// each group keeps an online softmax (running max from -FLT_MAX: no inf - inf), combined in a fixed
+// order into the split's (max, sum, unnormalised output) for decode_combine_kernel. No atomics.
+// Evicted and out-of-window keys lie before `first` and are never read.
 template <int G>
 __global__ void __launch_bounds__(DEC_ATT_THREADS) decode_attention_kernel(DecAttnArgs a) {
     constexpr int HD = G * XPACK, KG = 32 / G, U = KG >= 8 ? 4 : 8, TILE = KG * U;
@@ -6509,9 +6485,8 @@ __global__ void __launch_bounds__(DEC_ATT_THREADS) decode_attention_kernel(DecAt
     }
 }
 
-// act (B, I) = silu(g) u of gu (B, 2I) fp32, g and u rounded to floatX first, act rounded: the
-// operations of gemv_prologue's SWIGLU mode, once for the batch (the W_down matvec's blocks would
-// each redo them); a thread four hidden units, float4 loads. Reads gu after pdl_wait.
+// act (B, I) = swiglu4 of gu (B, 2I) fp32 (gemv_prologue's SWIGLU mode) once for the batch, which
+// the W_down matvec's blocks would each redo; a thread four hidden units
 __global__ void decode_swiglu_kernel(floatX* act, const float* gu, int B, int I) {
     pdl_wait();
     pdl_trigger();
@@ -6519,15 +6494,7 @@ __global__ void decode_swiglu_kernel(floatX* act, const float* gu, int B, int I)
     size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= (size_t)B * n4) { return; }
     const float* src = gu + (q / n4) * 2 * (size_t)I + 4 * (q % n4);
-    float4 g4 = *(const float4*)src, u4 = *(const float4*)(src + I);
-    float g[4] = {g4.x, g4.y, g4.z, g4.w}, u[4] = {u4.x, u4.y, u4.z, u4.w};
-    Pack4X a4;
-    #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float gk = to_float(to_floatX(g[k])), uk = to_float(to_floatX(u[k]));
-        a4.v[k] = to_floatX(gk * sigmoid_gpu(gk) * uk);
-    }
-    *(Pack4X*)(act + (q / n4) * (size_t)I + 4 * (q % n4)) = a4;
+    *(Pack4X*)(act + (q / n4) * (size_t)I + 4 * (q % n4)) = swiglu4(*(const float4*)src, *(const float4*)(src + I));
 }
 
 // The S splits of one (sequence, head) combined (m = max m_s, l = sum l_s e^(m_s - m), o = sum o_s
@@ -6648,6 +6615,15 @@ __device__ static inline int scored_first(float av, int aid, float bv, int bid) 
     return av > bv || (av == bv && aid < bid);
 }
 
+// the first (logit v, id i) of the warp's lanes in that order, to every lane
+__device__ static inline void warp_first(float* v, int* i) {
+    for (int o = 16; o > 0; o /= 2) {
+        float ov = __shfl_xor_sync(0xffffffffu, *v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, *i, o);
+        if (scored_first(ov, oi, *v, *i)) { *v = ov; *i = oi; }
+    }
+}
+
 // The twin's sample_token on row b of logits (B, Vp) fp32, one block per row, writing tokens[b]:
 // temperature 0: the largest logit, the lowest id on ties (argmax_token; a coalesced pass). Else one draw u of the
 // row's splitmix64 state rng[b], then the first token j in the twin's order whose running sum of
@@ -6675,20 +6651,12 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(int* tokens, con
     for (int j = t; j < V; j += SAMPLE_THREADS) { // coalesced; ids rise, so the first maximum is the lowest id
         if (row[j] > bv) { bv = row[j]; bi = j; }
     }
-    for (int o = 16; o > 0; o /= 2) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (scored_first(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-    }
+    warp_first(&bv, &bi);
     if (lane == 0) { bestv[warp] = bv; besti[warp] = bi; }
     __syncthreads();
     if (warp == 0) {
         bv = bestv[lane]; bi = besti[lane];
-        for (int o = 16; o > 0; o /= 2) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (scored_first(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-        }
+        warp_first(&bv, &bi);
         if (lane == 0) { bestv[0] = bv; besti[0] = bi; }
     }
     __syncthreads();
@@ -7141,8 +7109,20 @@ static void gpu_decoder_drop_graph(GpuDecoder* d) {
     d->graph_ready = 0;
 }
 
+// pushes pages lo .. hi - 1 on the free stack above its first `top` entries (popped lowest id first)
+// and uploads the status: top + hi - lo free pages, none short
+static void decoder_push_pages(GpuDecoder* d, int top, int lo, int hi) {
+    int* ids = (int*)malloc_check((size_t)(hi - lo) * sizeof(int), "free pages");
+    for (int i = 0; i < hi - lo; i++) { ids[i] = hi - 1 - i; }
+    decoder_copy(d, d->stack + top, ids, (size_t)(hi - lo) * sizeof(int), cudaMemcpyHostToDevice);
+    free(ids);
+    d->host_status[0] = top + hi - lo;
+    d->host_status[1] = 0;
+    decoder_copy(d, d->status, d->host_status, 2 * sizeof(int), cudaMemcpyHostToDevice);
+}
+
 // Grows the pool to `pages` (at most worst_pages): the pages so far are copied, the new ones go on
-// the free stack (popped lowest id first), and the step's graph is captured again (new pointers).
+// the free stack, and the step's graph is captured again (new pointers).
 static void gpu_decoder_grow(GpuDecoder* d, int pages) {
     if (pages > d->worst_pages) { pages = d->worst_pages; }
     if (pages <= d->pool_pages) { return; }
@@ -7160,15 +7140,9 @@ static void gpu_decoder_grow(GpuDecoder* d, int pages) {
         cudaCheck(cudaFree(d->pool_k)); cudaCheck(cudaFree(d->pool_v)); cudaCheck(cudaFree(d->pool_c));
         cudaCheck(cudaFree(d->stack));
     }
-    int* ids = (int*)malloc_check((n - old) * sizeof(int), "free pages");
-    for (size_t i = 0; i < n - old; i++) { ids[i] = (int)(n - 1 - i); } // the top of the stack is the lowest id
-    decoder_copy(d, stack + top, ids, (n - old) * sizeof(int), cudaMemcpyHostToDevice);
-    free(ids);
     d->pool_k = k; d->pool_v = v; d->pool_c = c; d->stack = stack;
     d->pool_pages = pages;
-    d->host_status[0] = top + (int)(n - old);
-    d->host_status[1] = 0;
-    decoder_copy(d, d->status, d->host_status, 2 * sizeof(int), cudaMemcpyHostToDevice);
+    decoder_push_pages(d, top, (int)old, pages);
     gpu_decoder_drop_graph(d);
 }
 
@@ -7192,12 +7166,7 @@ static void gpu_decoder_begin(GpuDecoder* d, int B, double temperature, int top_
     if (d->pool_pages == 0) { // sized for the worst case unless eviction keeps it small
         gpu_decoder_grow(d, d->delta != NULL ? (int)(2 * heads) : d->worst_pages);
     } else { // a pool from an earlier run: every page free again
-        int* ids = (int*)malloc_check((size_t)d->pool_pages * sizeof(int), "free pages");
-        for (int i = 0; i < d->pool_pages; i++) { ids[i] = d->pool_pages - 1 - i; }
-        decoder_copy(d, d->stack, ids, (size_t)d->pool_pages * sizeof(int), cudaMemcpyHostToDevice);
-        free(ids);
-        d->host_status[0] = d->pool_pages; d->host_status[1] = 0;
-        decoder_copy(d, d->status, d->host_status, 2 * sizeof(int), cudaMemcpyHostToDevice);
+        decoder_push_pages(d, 0, 0, d->pool_pages);
     }
 }
 
@@ -7694,17 +7663,18 @@ static void gpu_generate_check_memory(size_t need, size_t free_b, int B, int max
          need / 1048576.0, cache / 1048576.0, free_b / 1048576.0, GENERATE_MEMORY_HINT);
 }
 
-// -M generate on the GPU (ForwardBackend.generate): sizes the prefill batch to the free memory,
-// builds the model for it, prefills every prompt into a GpuDecoder and runs one graph per token
+// the twin's ForwardBackend on the GPU: a model built for the mode's batch (own), or for the prompts
+// by generation, which also keeps its decoder
 typedef struct {
-    GPUModel* g;        // the model of eval and niah (gpu_eval_main), or the one generation builds
+    GPUModel* g;        // &own once built
     floatX* row_x;      // (V) one row of logits, as stored on the device
-    FoxModel* host;     // generation: the host model, the context -t (the eviction bound's max_len)
+    FoxModel* host;     // the host model, the context -t (the eviction bound's max_len)
     int max_T;
-    GPUModel own;       // the model generation built (own.host != NULL once built)
-    GpuDecoder dec;     // generation's decoder (dec.g != NULL once made)
+    GPUModel own;       // own.host != NULL once built
+    GpuDecoder dec;     // dec.g != NULL once made
 } GpuBackend;
 
+// a model for B x T tokens, unless the one built holds them
 static void gpu_backend_build(GpuBackend* gb, int B, int T) {
     if (gb->g != NULL && gb->g->max_B >= B && gb->g->max_T >= T) { return; }
     if (gb->own.host != NULL) { gpu_free(&gb->own); }
@@ -7712,6 +7682,8 @@ static void gpu_backend_build(GpuBackend* gb, int B, int T) {
     gb->g = &gb->own;
 }
 
+// -M generate (ForwardBackend.generate): sizes the prefill batch to the free memory, builds the model
+// for it, prefills every prompt into the decoder and runs one graph per token
 static void gpu_backend_generate(void* ctx, GenerateJob* job) {
     GpuBackend* gb = (GpuBackend*)ctx;
     const FoxConfig* cf = &gb->host->config;
@@ -7778,50 +7750,44 @@ static int gpu_eval_main(const Args* a) {
     attention_set_pruning(a->prune, a->prune_ln_eps);
     FoxModel model;
     build_model(&model, a);
-    int rc;
     if (a->mode == MODE_MAPS) {
-        rc = run_eval_mode(a, &model, NULL, "CPU twin");
-    } else if (a->mode == MODE_GENERATE) { // the model is built for the prompts (gpu_backend_generate)
-        GpuBackend gb;
-        memset(&gb, 0, sizeof(gb));
-        gb.host = &model;
-        gb.max_T = a->T;
-        gb.row_x = (floatX*)malloc_check((size_t)model.config.vocab_size * sizeof(floatX), "logits row");
-        const char* problem = gpu_decoder_problem(&model.config);
+        int rc = run_eval_mode(a, &model, NULL, "CPU twin");
+        fox_free(&model);
+        return rc;
+    }
+    GpuBackend gb;
+    memset(&gb, 0, sizeof(gb));
+    gb.host = &model;
+    gb.max_T = a->T;
+    gb.row_x = (floatX*)malloc_check((size_t)model.config.vocab_size * sizeof(floatX), "logits row");
+    int generate = a->mode == MODE_GENERATE;
+    const char* problem = generate ? gpu_decoder_problem(&model.config) : NULL;
+    const char* how = "GPU, bf16 forward";
+    if (generate) { // the model is built for the prompts (gpu_backend_generate)
         if (problem != NULL) { printf("note: %s: generation recomputes the full forward for every token\n", problem); }
-        ForwardBackend be = {&gb, model.config.vocab_size, gpu_backend_forward, gpu_backend_logits_row,
-                             gpu_backend_reset, gpu_backend_next_logits, problem == NULL ? gpu_backend_generate : NULL};
-        printf("device: %s, precision %s\n", g_prop.name, PRECISION_NAME);
-        rc = run_eval_mode(a, &model, &be, problem == NULL ? "GPU, paged KV cache, one CUDA graph per token"
-                                                          : "GPU, full forward for every token (no KV cache)");
-        if (gb.dec.g != NULL) {
-            gpu_decoder_report(&gb.dec);
-            gpu_decoder_free(&gb.dec);
-        }
-        if (gb.own.host != NULL) { gpu_free(&gb.own); }
-        free(gb.row_x);
+        how = problem == NULL ? "GPU, paged KV cache, one CUDA graph per token"
+                              : "GPU, full forward for every token (no KV cache)";
     } else {
         int B, T;
         eval_mode_shape(a, &B, &T);
-        GPUModel gm;
-        gpu_build(&gm, &model, B > 0 ? B : 1, T);
-        GpuBackend gb;
-        memset(&gb, 0, sizeof(gb));
-        gb.g = &gm;
-        gb.row_x = (floatX*)malloc_check((size_t)model.config.vocab_size * sizeof(floatX), "logits row");
-        ForwardBackend be = {&gb, model.config.vocab_size, gpu_backend_forward, gpu_backend_logits_row,
-                             gpu_backend_reset, gpu_backend_next_logits, NULL};
-        printf("device: %s, precision %s\n", g_prop.name, PRECISION_NAME);
-        rc = run_eval_mode(a, &model, &be, "GPU, bf16 forward");
-        if (g_prune) {
-            unsigned long long tiles;
-            double share = attention_pruned_share(&tiles);
-            printf("attention pruning (-A 1, ln eps %g): %.1f%% of %llu attention tiles (128 x 128) skipped\n",
-                   a->prune_ln_eps, 100.0 * share, tiles);
-        }
-        free(gb.row_x);
-        gpu_free(&gm);
+        gpu_backend_build(&gb, B > 0 ? B : 1, T);
     }
+    ForwardBackend be = {&gb, model.config.vocab_size, gpu_backend_forward, gpu_backend_logits_row, gpu_backend_reset,
+                         gpu_backend_next_logits, generate && problem == NULL ? gpu_backend_generate : NULL};
+    printf("device: %s, precision %s\n", g_prop.name, PRECISION_NAME);
+    int rc = run_eval_mode(a, &model, &be, how);
+    if (!generate && g_prune) {
+        unsigned long long tiles;
+        double share = attention_pruned_share(&tiles);
+        printf("attention pruning (-A 1, ln eps %g): %.1f%% of %llu attention tiles (128 x 128) skipped\n",
+               a->prune_ln_eps, 100.0 * share, tiles);
+    }
+    if (gb.dec.g != NULL) {
+        gpu_decoder_report(&gb.dec);
+        gpu_decoder_free(&gb.dec);
+    }
+    if (gb.own.host != NULL) { gpu_free(&gb.own); }
+    free(gb.row_x);
     fox_free(&model);
     return rc;
 }
