@@ -1108,7 +1108,24 @@ static void copy_truncated(const char* src, const char* dst, long drop) {
     free(buf);
 }
 
-// copies a checkpoint with two int32 header slots replaced
+// rewrites a checkpoint's checksum (its last 8 bytes) to match its bytes: a test of the checks behind the
+// checksum then reaches them
+static void reseal(const char* path) {
+    FILE* f = fopen_check(path, "r+b");
+    long n = file_size_check(f, path);
+    unsigned char* buf = (unsigned char*)malloc_check((size_t)n, "reseal");
+    fread_check(buf, 1, (size_t)n, f, path);
+    Checksum c;
+    checksum_init(&c);
+    checksum_update(&c, buf, (size_t)n - 8);
+    uint64_t digest = checksum_digest(&c);
+    if (fseek(f, n - 8, SEEK_SET) != 0) { fail("seek"); }
+    fwrite_check(&digest, sizeof(digest), 1, f, path);
+    fclose(f);
+    free(buf);
+}
+
+// copies a checkpoint with two int32 header slots replaced (and its checksum made to match)
 static void patch_header(const char* src, const char* dst, int slot_a, int value_a, int slot_b, int value_b) {
     copy_truncated(src, dst, 0);
     FILE* f = fopen_check(dst, "r+b");
@@ -1118,6 +1135,7 @@ static void patch_header(const char* src, const char* dst, int slot_a, int value
     if (fseek(f, 0, SEEK_SET) != 0) { fail("seek"); }
     fwrite_check(header, sizeof(int), 256, f, dst);
     fclose(f);
+    reseal(dst);
 }
 
 // the state file of test_checkpoints' model
@@ -1158,7 +1176,8 @@ static void test_checkpoints(void) {
     fox_update(&m, &opt, 1e-3f, 1);
     char model_path[512], state_path[512];
     checkpoint_paths(test_dir, 1, model_path, state_path, sizeof(model_path));
-    TrainState s = {1, 0, 1, 2, 1, 8, 8, 1, 0x1234567890abcdefull, 0xfedcba0987654321ull, 48, 3000000000ll, 4800.5};
+    TrainState s = {1, 0, 1, 2, 1, 8, 8, 1, 0x1234567890abcdefull, 0xfedcba0987654321ull, 48, 3000000000ll, 4800.5,
+                    1, 3e-4, 0.05, 0.5, SCHEDULE_LINEAR, 1e9, 1, -7.5, 1, 3.5};
     save_model(&m, model_path);
     save_state(&m, &s, state_path);
     FoxModel l;
@@ -1171,9 +1190,12 @@ static void test_checkpoints(void) {
                memcmp(l.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0 && ls.step == 1 &&
                ls.batch_pos == 2 && ls.batch_samples == 8 && ls.T == 8 && ls.roll == 1 && ls.seed == s.seed &&
                ls.shards == s.shards && ls.total_batch_tokens == 48 && ls.tokens_seen == 3000000000ll &&
-               ls.warmup_tokens == 4800.5;
+               ls.warmup_tokens == 4800.5 && ls.has_settings == 1 && ls.lr == 3e-4 && ls.weight_decay == 0.05 &&
+               ls.grad_clip == 0.5 && ls.schedule == SCHEDULE_LINEAR && ls.end_tokens == 1e9 && ls.prune == 1 &&
+               ls.prune_ln_eps == -7.5 && ls.on_nonfinite == 1 && ls.spike_z == 3.5;
     check(same, "checkpoint round trip: configuration, %zu parameters, AdamW moments, data position and run "
-          "settings (-t, -R, -S, shards, -d, tokens seen past 2^31, warmup) bit for bit", m.num_parameters);
+          "settings (-t, -R, -S, shards, -d, tokens seen past 2^31, warmup, -l -c -a -k, the schedule's end, -A -L -G -Z) "
+          "bit for bit", m.num_parameters);
     check(latest_checkpoint(test_dir) == 1, "checkpoint: the newest complete checkpoint is found");
     // names that only look like checkpoints are not taken: a lone state, a step past int,
     // a sign, a letter, a model without its state, a model not named as train_fox names it
@@ -1288,6 +1310,251 @@ static void run_start_child(const void* arg) {
     check_run_start(&a, &c, &tk, 1);
 }
 
+// ----------------------------------------------------------------------------
+// checksums, resume fallback, and the edges the runs once missed
+
+// Args as parse_args gives them for a command line of train_fox and the flags in argv (NULL-terminated)
+static Args args_of(const char* const* flags) {
+    const char* argv[32] = {"train_fox"};
+    int argc = 1;
+    for (; flags != NULL && flags[argc - 1] != NULL; argc++) { argv[argc] = flags[argc - 1]; }
+    Args a;
+    parse_args(&a, argc, (char**)argv);
+    return a;
+}
+
+static Args default_args(void) { return args_of(NULL); }
+
+// XXH64 of bytes (k * 131 + 7) & 255, k < n, against xxhsum -H64 (xxHash 0.8.1, an independent implementation),
+// whole and streamed in pieces of every size from 1 to 37 bytes (the stripe boundaries at every offset)
+static void test_checksum_vectors(void) {
+    const int lengths[] = {0, 1, 3, 4, 5, 8, 31, 32, 33, 64, 100, 1000, 4099};
+    const uint64_t want[] = {0xef46db3751d8e999ull, 0xa96c7f0ce858bbb7ull, 0xbed43740ee6332bbull, 0xfa212ae44b3bb23dull,
+                             0xd339dcc9ac8e6776ull, 0x994b676b71ce94ddull, 0x6711d55e306b5d8full, 0x07f7b8e3bc5d6e25ull,
+                             0x09f85eeb4e1cbe9full, 0x50d4159a0411632eull, 0x9ddada11d3dc2d8full, 0x0bf0bdbcc82eb373ull,
+                             0xc2c15a86d6a1985bull};
+    unsigned char bytes[4099];
+    for (int k = 0; k < 4099; k++) { bytes[k] = (unsigned char)((k * 131 + 7) & 255); }
+    int whole = 1, streamed = 1;
+    for (int i = 0; i < 13; i++) {
+        Checksum c;
+        checksum_init(&c);
+        checksum_update(&c, bytes, (size_t)lengths[i]);
+        whole &= checksum_digest(&c) == want[i];
+        for (int piece = 1; piece <= 37; piece++) {
+            checksum_init(&c);
+            for (int at = 0; at < lengths[i]; at += piece) {
+                checksum_update(&c, bytes + at, (size_t)(lengths[i] - at < piece ? lengths[i] - at : piece));
+            }
+            streamed &= checksum_digest(&c) == want[i];
+        }
+    }
+    check(whole, "checksum: XXH64 of 13 inputs of 0 to 4099 bytes equals xxhsum -H64's");
+    check(streamed, "checksum: the same, streamed in pieces of 1 to 37 bytes");
+}
+
+// copies src to dst with `n` bytes at offset `at` inverted (the checksum is left as it was)
+static void flip_bytes(const char* src, const char* dst, long at, int n) {
+    copy_truncated(src, dst, 0);
+    FILE* f = fopen_check(dst, "r+b");
+    unsigned char buf[64];
+    if (fseek(f, at, SEEK_SET) != 0) { fail("seek"); }
+    fread_check(buf, 1, (size_t)n, f, dst);
+    for (int i = 0; i < n; i++) { buf[i] ^= 0xff; }
+    if (fseek(f, at, SEEK_SET) != 0) { fail("seek"); }
+    fwrite_check(buf, 1, (size_t)n, f, dst);
+    fclose(f);
+}
+
+// an older file: the checksum dropped, the version set to `version`
+static void older_version(const char* src, const char* dst, int version) {
+    copy_truncated(src, dst, 8);
+    FILE* f = fopen_check(dst, "r+b");
+    if (fseek(f, 4, SEEK_SET) != 0) { fail("seek"); }
+    fwrite_check(&version, sizeof(int), 1, f, dst);
+    fclose(f);
+}
+
+// the model and state files of test_checkpoints: every changed byte is refused, older versions read
+static void test_checkpoint_checksums(void) {
+    test_checksum_vectors();
+    char model_path[512], state_path[512];
+    checkpoint_paths(test_dir, 1, model_path, state_path, sizeof(model_path));
+    static char flipped_params[512], flipped_moments[512], edited_seen[512], edited_pos[512], v1[512], v2[512];
+    snprintf(flipped_params, sizeof(flipped_params), "%s/flipped_params.bin", test_dir);
+    flip_bytes(model_path, flipped_params, 1024 + 4000, 64);
+    expect_failure(load_model_child, flipped_params, "model file with 64 flipped parameter bytes (checksum)");
+    snprintf(flipped_moments, sizeof(flipped_moments), "%s/flipped_moments.bin", test_dir);
+    flip_bytes(state_path, flipped_moments, 1024 + 12345, 1);
+    expect_failure(load_state_child, flipped_moments, "state file with one flipped moment byte (checksum)");
+    // in-range edits of the header: tokens seen and the batch position (patch_header would reseal: not here)
+    snprintf(edited_seen, sizeof(edited_seen), "%s/edited_seen.bin", test_dir);
+    flip_bytes(state_path, edited_seen, 19 * 4 + 3, 1);
+    expect_failure(load_state_child, edited_seen, "state file whose tokens seen were edited (checksum)");
+    snprintf(edited_pos, sizeof(edited_pos), "%s/edited_pos.bin", test_dir);
+    flip_bytes(state_path, edited_pos, 7 * 4, 1);
+    expect_failure(load_state_child, edited_pos, "state file whose batch position was edited (checksum)");
+    // older versions: read, without a checksum to check
+    snprintf(v1, sizeof(v1), "%s/model_v1.bin", test_dir);
+    older_version(model_path, v1, 1);
+    FoxModel m, old;
+    load_model(&m, model_path);
+    FileError e;
+    int read_v1 = read_model(&old, v1, &e) == 0;
+    check(read_v1 && memcmp(old.params_memory, m.params_memory, m.num_parameters * sizeof(float)) == 0,
+          "checkpoint: a version-1 model file (no checksum) is read, with a warning");
+    if (read_v1) { fox_free(&old); }
+    snprintf(v2, sizeof(v2), "%s/state_v2.bin", test_dir);
+    older_version(state_path, v2, 2);
+    TrainState s;
+    check(read_state(&m, &s, v2, &e) == 0 && s.has_settings == 0 && s.step == 1,
+          "checkpoint: a version-2 state file (no checksum, no settings) is read, with a warning");
+    fox_free(&m);
+}
+
+// A run's directory for the resume tests: shards of 300-token vocabulary, the test_checkpoints model
+typedef struct {
+    char dir[512], pattern[600];
+    Args a;
+    FoxConfig c;
+} ResumeDir;
+
+static void resume_dir_init(ResumeDir* r, const char* name, int window) {
+    snprintf(r->dir, sizeof(r->dir), "%s/%s", test_dir, name);
+    mkdir(r->dir, 0755);
+    snprintf(r->pattern, sizeof(r->pattern), "%s/fb_train_*.bin", test_dir);
+    char shard[600];
+    snprintf(shard, sizeof(shard), "%s/fb_train_000.bin", test_dir);
+    uint16_t tokens[801];
+    for (int i = 0; i < 801; i++) { tokens[i] = (uint16_t)((i * 7 + 3) % 300); }
+    write_shard(shard, tokens, 801, SHARD_MAGIC, 801);
+    const char* flags[] = {"-o", r->dir, "-y", "1", "-i", r->pattern, "-b", "2", "-t", "8", "-x", "10", "-S", "7", NULL};
+    r->a = args_of(flags);
+    r->a.total_batch_tokens = 16;
+    config_from_preset(&r->c, "fox-pro-tiny");
+    r->c.vocab_size = 300; r->c.padded_vocab_size = padded_vocab(300); r->c.n_layer = 1; r->c.window = window;
+}
+
+// the checkpoints of steps 1 and 2 of a run in r (moments and weights perturbed a step apart); *p1 and *m1 get
+// step 1's weights and first moments, the loader stands where step 1 left it in *pos1
+static void resume_dir_write(ResumeDir* r, float** p1, float** m1, int pos1[3]) {
+    FoxModel m;
+    fox_build(&m, &r->c);
+    fox_init(&m, 3);
+    m.m_memory = (float*)calloc_check(m.num_parameters, sizeof(float), "m");
+    m.v_memory = (float*)calloc_check(m.num_parameters, sizeof(float), "v");
+    DataLoader d;
+    dataloader_init(&d, r->pattern, 2, 8, 0, 1, 1, 0, 7, 300);
+    LRSchedule sched = run_schedule(&r->a, NULL);
+    size_t bytes = m.num_parameters * sizeof(float);
+    for (int step = 1; step <= 2; step++) {
+        dataloader_next_batch(&d);
+        for (size_t i = 0; i < m.num_parameters; i++) {
+            m.params_memory[i] += 1e-3f * step; m.m_memory[i] = 1e-4f * step; m.v_memory[i] = 1e-8f * step;
+        }
+        TrainState s = train_state(step, &d, &sched, 16LL * step, &r->a);
+        save_checkpoint(&m, r->dir, &s);
+        if (step == 1) {
+            *p1 = (float*)malloc_check(bytes, "p1"); memcpy(*p1, m.params_memory, bytes);
+            *m1 = (float*)malloc_check(bytes, "m1"); memcpy(*m1, m.m_memory, bytes);
+            pos1[0] = d.epoch; pos1[1] = d.shard_pos; pos1[2] = d.batch_pos;
+        }
+    }
+    dataloader_free(&d);
+    fox_free(&m);
+}
+
+static ResumeDir resume_child_dir; // the run the children resume
+static int resume_child_window;    // the window of the model they resume into
+static void resume_run_child(const void* arg) {
+    (void)arg;
+    FoxConfig c = resume_child_dir.c;
+    c.window = resume_child_window;
+    FoxModel m;
+    fox_build(&m, &c);
+    DataLoader d;
+    dataloader_init(&d, resume_child_dir.pattern, 2, 8, 0, 1, 1, 0, 7, 300);
+    resume_run(&m, &resume_child_dir.a, &d);
+}
+
+// -y 1: the newest intact checkpoint, its weights, moments and data position; a damaged newer one skipped; none
+// intact, another configuration of the same parameter count: refused
+static void test_resume_fallback(void) {
+    ResumeDir r;
+    resume_dir_init(&r, "fallback", 0);
+    float *p1, *m1;
+    int pos1[3];
+    resume_dir_write(&r, &p1, &m1, pos1);
+    char model_path[600], state_path[600];
+    checkpoint_paths(r.dir, 2, model_path, state_path, sizeof(model_path));
+    flip_bytes(state_path, state_path, 1024 + 100, 1); // the newest state damaged in place
+    FoxModel m;
+    fox_build(&m, &r.c);
+    fox_init(&m, 99);
+    DataLoader d, ref;
+    dataloader_init(&d, r.pattern, 2, 8, 0, 1, 1, 0, 7, 300);
+    TrainState s = resume_run(&m, &r.a, &d);
+    size_t bytes = m.num_parameters * sizeof(float);
+    check(s.step == 1 && memcmp(m.params_memory, p1, bytes) == 0 && memcmp(m.m_memory, m1, bytes) == 0,
+          "resume: a damaged newest checkpoint (step 2) is skipped for step 1's, its weights and moments");
+    dataloader_init(&ref, r.pattern, 2, 8, 0, 1, 1, 0, 7, 300);
+    dataloader_next_batch(&ref); // the uninterrupted run's first batch; its second comes next
+    dataloader_next_batch(&ref);
+    dataloader_next_batch(&d);
+    check(d.epoch == ref.epoch && d.shard_pos == ref.shard_pos && d.batch_pos == ref.batch_pos &&
+              memcmp(d.inputs, ref.inputs, 16 * sizeof(int)) == 0 && memcmp(d.targets, ref.targets, 16 * sizeof(int)) == 0,
+          "resume: the data loader goes on with the batch after step 1 (position %d %d %d)", pos1[0], pos1[1], pos1[2]);
+    dataloader_free(&d); dataloader_free(&ref); fox_free(&m); free(p1); free(m1);
+    // every checkpoint damaged: refused
+    resume_child_dir = r;
+    resume_child_window = 0;
+    checkpoint_paths(r.dir, 1, model_path, state_path, sizeof(model_path));
+    flip_bytes(model_path, model_path, 1024 + 8, 4);
+    expect_failure(resume_run_child, NULL, "-y 1 with every checkpoint damaged");
+    // a --window 16 run resumed into a window-0 model: the same parameter count, another model
+    ResumeDir w;
+    resume_dir_init(&w, "window16", 16);
+    resume_dir_write(&w, &p1, &m1, pos1);
+    free(p1); free(m1);
+    resume_child_dir = w;
+    resume_child_window = 16;
+    check(child_succeeds(resume_run_child, NULL), "resume: the window-16 run resumes into its own model");
+    resume_child_window = 0;
+    expect_failure(resume_run_child, NULL, "-y 1 of a --window 16 checkpoint into a window-0 model");
+}
+
+// a shard of exactly 100 x -t tokens holds 99 windows of -t + 1; the default warmup; the niah depths
+static void test_run_edges(void) {
+    char shard[600], pattern[600];
+    snprintf(shard, sizeof(shard), "%s/edge_train_000.bin", test_dir);
+    snprintf(pattern, sizeof(pattern), "%s/edge_train_*.bin", test_dir);
+    static uint16_t tokens[3200];
+    for (int i = 0; i < 3200; i++) { tokens[i] = (uint16_t)(i % 300); }
+    write_shard(shard, tokens, 3200, SHARD_MAGIC, 3200);
+    DataLoader d;
+    dataloader_init(&d, pattern, 1, 32, 0, 1, 0, 0, 7, 300);
+    int in_shard = 1;
+    for (size_t k = 0; k < dataloader_total_batches(&d); k++) {
+        dataloader_next_batch(&d);
+        in_shard &= d.targets[31] == (d.inputs[31] + 1) % 300;
+    }
+    check(shard_samples(&d, 0) == 99 && dataloader_total_batches(&d) == 99 && in_shard,
+          "data: a shard of 3200 tokens at -t 32 gives 99 windows of 33 tokens, all inside it (got %zu)",
+          shard_samples(&d, 0));
+    dataloader_free(&d);
+    Args a = default_args();
+    a.total_batch_tokens = 1000; a.steps = 500;
+    LRSchedule small = run_schedule(&a, NULL);
+    a.total_batch_tokens = 1 << 20; a.steps = 10000;
+    LRSchedule big = run_schedule(&a, NULL);
+    check(small.warmup_tokens == 50000.0 && big.warmup_tokens == 268435456.0,
+          "schedule: the default warmup is 10%% of the run (50000 of 500k tokens), at most 256 x 2^20 (%.0f, %.0f)",
+          small.warmup_tokens, big.warmup_tokens);
+    check(niah_depth(0, 3) == 0.0 && niah_depth(1, 3) == 0.5 && niah_depth(2, 3) == 1.0 && niah_depth(0, 1) == 0.5 &&
+              niah_depth(10, 11) == 1.0,
+          "niah: -E 3 puts the needle at depths 0, 0.5 and 1; -E 1 in the middle");
+}
+
 static uint64_t pattern_identity(const char* pattern, int B, int T) {
     DataLoader d;
     dataloader_init(&d, pattern, B, T, 0, 1, 1, 0, 7, 1000);
@@ -1346,7 +1613,8 @@ static void test_resume(void) {
     dataloader_init(&d, pattern, 4, T, 1, 2, 1, 1, 99, 1000);
     for (int k = 0; k < 3; k++) { dataloader_next_batch(&d); }
     LRSchedule sched = {SCHEDULE_COSINE, 1e-3, 1234.5, 1e6, 3 * 64};
-    TrainState s = train_state(6, &d, &sched, 6LL * 3 * 64);
+    Args da = default_args();
+    TrainState s = train_state(6, &d, &sched, 6LL * 3 * 64, &da);
     check(s.step == 6 && s.epoch == d.epoch && s.shard_pos == d.shard_pos && s.batch_pos == 3 && s.world == 2 &&
               s.batch_samples == 8 && s.T == T && s.roll == 1 && s.seed == 99 && s.shards == id &&
               s.total_batch_tokens == 192 && s.tokens_seen == 1152 && s.warmup_tokens == 1234.5,
@@ -1361,7 +1629,7 @@ static void test_resume(void) {
     resume_loader(&d, &saved);
     for (int k = 0; k < 4; k++) { dataloader_next_batch(&d); }
     LRSchedule saved_sched = {SCHEDULE_COSINE, 1e-3, 0, 1e6, 8.0 * T};
-    resume_saved = train_state(4, &d, &saved_sched, 4LL * 8 * T);
+    resume_saved = train_state(4, &d, &saved_sched, 4LL * 8 * T, &da);
     dataloader_next_batch(&d); // the batch the resumed runs must see next
     int same_pos = resume_data_position(&resume_saved, &d, "state") == 4;
     // another -b or process count: the position in batches of the new size, and the same windows next
@@ -5079,6 +5347,9 @@ int main(int argc, char** argv) {
     test_dataloader();
     test_checkpoints();
     test_resume();
+    test_checkpoint_checksums();
+    test_resume_fallback();
+    test_run_edges();
     test_shard_tokens();
     test_out_flags();
     test_run_dir();

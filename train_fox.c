@@ -96,6 +96,7 @@ typedef struct {
     int fwd_max_blocks;       // > 0: at most this many blocks for the GPU's persistent attention forward
     int attention_any_head;   // the bf16 GPU build runs head sizes other than 64 and 128 on the simple kernel
     int tune_last;            // the GPU's matmul tuning keeps its last bit-equal candidate, not the fastest
+    int ignore_checksums;     // checkpoint checksums are computed but not compared (the fuzzers reach the checks)
 } TestHooks;
 static TestHooks test_hooks;
 #define TEST_HOOK(field, value) (test_hooks.field)
@@ -118,6 +119,7 @@ static void fail(const char* fmt, ...) {
         longjmp(*test_hooks.fail_jump, 1);
     }
 #endif
+    fflush(stdout); // what was said before the error stays before it
     fprintf(stderr, "error: ");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
@@ -2043,12 +2045,167 @@ static void tokenizer_print(const Tokenizer* tk, int token) {
 // ----------------------------------------------------------------------------
 // checkpoints: a model file (header with the whole configuration, then fp32 parameters) and
 // an optimiser-state file (step, data position, what the position and the schedule depend on,
-// AdamW moments)
+// the optimiser's and the guards' settings, AdamW moments). Each file ends with the XXH64 checksum
+// of all its bytes before it, checked on every load: a changed byte anywhere is found.
 
 #define MODEL_MAGIC 20261101
-#define MODEL_VERSION 1
+#define MODEL_VERSION 2 // 2: the checksum at the end
 #define STATE_MAGIC 20261102
-#define STATE_VERSION 2 // 2: T, -R, seed, the shards' identity, -d, the warmup and the tokens seen
+#define STATE_VERSION 3 // 2: T, -R, seed, the shards' identity, -d, the warmup and the tokens seen;
+                        // 3: the checksum, -l -k -c -a, the schedule's end, -A -L -G -Z
+#define HEADER_INTS 256
+
+// XXH64 (seed 0), streamed: xxHash's published 64-bit algorithm, four lanes over 32-byte stripes, so it
+// runs near memory speed. Little-endian hosts, as the files' ints and floats are.
+#define XXH_P1 0x9E3779B185EBCA87ull
+#define XXH_P2 0xC2B2AE3D27D4EB4Full
+#define XXH_P3 0x165667B19E3779F9ull
+#define XXH_P4 0x85EBCA77C2B2AE63ull
+#define XXH_P5 0x27D4EB2F165667C5ull
+
+typedef struct {
+    uint64_t lane[4];
+    uint64_t total;           // bytes so far
+    unsigned char tail[32];   // the bytes of an unfinished stripe
+    size_t tail_len;
+} Checksum;
+
+static uint64_t xxh_rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+static uint64_t xxh_read64(const unsigned char* p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static uint64_t xxh_round(uint64_t acc, uint64_t input) { return xxh_rotl(acc + input * XXH_P2, 31) * XXH_P1; }
+static uint64_t xxh_merge(uint64_t h, uint64_t lane) { return (h ^ xxh_round(0, lane)) * XXH_P1 + XXH_P4; }
+
+static void checksum_init(Checksum* c) {
+    memset(c, 0, sizeof(*c));
+    c->lane[0] = XXH_P1 + XXH_P2; c->lane[1] = XXH_P2; c->lane[2] = 0; c->lane[3] = 0 - XXH_P1;
+}
+
+// whole stripes: n is a multiple of 32
+static void checksum_stripes(Checksum* c, const unsigned char* p, size_t n) {
+    uint64_t l0 = c->lane[0], l1 = c->lane[1], l2 = c->lane[2], l3 = c->lane[3];
+    for (size_t i = 0; i < n; i += 32) {
+        l0 = xxh_round(l0, xxh_read64(p + i));
+        l1 = xxh_round(l1, xxh_read64(p + i + 8));
+        l2 = xxh_round(l2, xxh_read64(p + i + 16));
+        l3 = xxh_round(l3, xxh_read64(p + i + 24));
+    }
+    c->lane[0] = l0; c->lane[1] = l1; c->lane[2] = l2; c->lane[3] = l3;
+}
+
+static void checksum_update(Checksum* c, const void* data, size_t n) {
+    const unsigned char* p = (const unsigned char*)data;
+    c->total += n;
+    if (c->tail_len > 0) {
+        size_t take = 32 - c->tail_len < n ? 32 - c->tail_len : n;
+        memcpy(c->tail + c->tail_len, p, take);
+        c->tail_len += take; p += take; n -= take;
+        if (c->tail_len < 32) { return; }
+        checksum_stripes(c, c->tail, 32);
+        c->tail_len = 0;
+    }
+    size_t whole = n & ~(size_t)31;
+    checksum_stripes(c, p, whole);
+    memcpy(c->tail, p + whole, n - whole);
+    c->tail_len = n - whole;
+}
+
+static uint64_t checksum_digest(const Checksum* c) {
+    const uint64_t* l = c->lane;
+    uint64_t h = XXH_P5; // the seed (0) plus P5, for inputs shorter than a stripe
+    if (c->total >= 32) {
+        h = xxh_rotl(l[0], 1) + xxh_rotl(l[1], 7) + xxh_rotl(l[2], 12) + xxh_rotl(l[3], 18);
+        for (int i = 0; i < 4; i++) { h = xxh_merge(h, l[i]); }
+    }
+    h += c->total;
+    const unsigned char* p = c->tail;
+    size_t n = c->tail_len;
+    for (; n >= 8; p += 8, n -= 8) { h = xxh_rotl(h ^ xxh_round(0, xxh_read64(p)), 27) * XXH_P1 + XXH_P4; }
+    if (n >= 4) {
+        uint32_t k;
+        memcpy(&k, p, 4);
+        h = xxh_rotl(h ^ (uint64_t)k * XXH_P1, 23) * XXH_P2 + XXH_P3;
+        p += 4; n -= 4;
+    }
+    for (; n > 0; p++, n--) { h = xxh_rotl(h ^ (uint64_t)*p * XXH_P5, 11) * XXH_P1; }
+    h ^= h >> 33; h *= XXH_P2; h ^= h >> 29; h *= XXH_P3; h ^= h >> 32;
+    return h;
+}
+
+// Why a checkpoint file cannot be read: the message, its HINT, and whether the file is damaged (then a
+// resume falls back to an older checkpoint) rather than only not for this build (then it stops).
+typedef struct {
+    char why[768];
+    const char* hint;
+    int damaged;
+} FileError;
+
+static int file_error(FileError* e, int damaged, const char* hint, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->why, sizeof(e->why), fmt, ap);
+    va_end(ap);
+    e->hint = hint;
+    e->damaged = damaged;
+    return -1;
+}
+
+static void fail_file(const FileError* e) { fail("%s\nHINT: %s", e->why, e->hint); }
+
+#define DAMAGED_HINT "the file is damaged; resume from another checkpoint or restore it from a copy"
+
+// a checkpoint file opened and its header read, with the file's size; NULL (e set) when it cannot be
+static FILE* open_checkpoint(const char* path, int* header, long* size, const char* kind, FileError* e) {
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) {
+        file_error(e, 1, "check the path and its permissions", "could not open '%s': %s", path, strerror(errno));
+        return NULL;
+    }
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0) { n = ftell(f); }
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        file_error(e, 1, "the file must be a regular file", "could not seek in '%s'", path);
+    } else if (n < (long)(HEADER_INTS * sizeof(int))) {
+        file_error(e, 1, "pass a file written by train_fox", "'%s' is too small to be a train_fox %s file", path,
+                   kind);
+    } else if (fread(header, sizeof(int), HEADER_INTS, f) != HEADER_INTS) {
+        file_error(e, 1, DAMAGED_HINT, "could not read the header of '%s'", path);
+    } else {
+        *size = n;
+        return f;
+    }
+    fclose(f);
+    return NULL;
+}
+
+// reads the rest of a checkpoint (`n` bytes into each of `parts`), then the checksum stored after them, and
+// compares it with the header's and the parts' (unless the file's version has none: has_checksum 0)
+static int read_checked(FILE* f, const char* path, const int* header, void* const* parts, size_t n, int num_parts,
+                        int has_checksum, FileError* e) {
+    Checksum c;
+    checksum_init(&c);
+    checksum_update(&c, header, HEADER_INTS * sizeof(int));
+    for (int i = 0; i < num_parts; i++) {
+        if (fread(parts[i], 1, n, f) != n) { return file_error(e, 1, DAMAGED_HINT, "could not read '%s'", path); }
+        checksum_update(&c, parts[i], n);
+    }
+    if (!has_checksum) { return 0; }
+    uint64_t stored;
+    if (fread(&stored, sizeof(stored), 1, f) != 1) {
+        return file_error(e, 1, DAMAGED_HINT, "could not read the checksum of '%s'", path);
+    }
+    uint64_t computed = checksum_digest(&c);
+    if (stored != computed && !TEST_HOOK(ignore_checksums, 0)) {
+        return file_error(e, 1, DAMAGED_HINT, "'%s' fails its checksum (stored %016llx, its bytes give %016llx): "
+                          "it changed after train_fox wrote it", path, (unsigned long long)stored,
+                          (unsigned long long)computed);
+    }
+    return 0;
+}
+
+// the size of a checkpoint file: the header, `payload` bytes, and the checksum when the file's version has one
+static size_t checkpoint_file_bytes(size_t payload, int has_checksum) {
+    return HEADER_INTS * sizeof(int) + payload + (has_checksum ? sizeof(uint64_t) : 0);
+}
 
 static void float_to_header(int* slot, float v) { memcpy(slot, &v, sizeof(float)); }
 static float float_from_header(const int* slot) { float v; memcpy(&v, slot, sizeof(float)); return v; }
@@ -2079,59 +2236,82 @@ static size_t read_size(const int* slot) { return (size_t)(unsigned)slot[0] | ((
 static void write_u64(int* slot, uint64_t v) { memcpy(slot, &v, sizeof(v)); }
 static uint64_t read_u64(const int* slot) { uint64_t v; memcpy(&v, slot, sizeof(v)); return v; }
 
+static void write_f64(int* slot, double v) { memcpy(slot, &v, sizeof(v)); }
+static double read_f64(const int* slot) { double v; memcpy(&v, slot, sizeof(v)); return v; }
+
+// writes `n` bytes of each of `parts` after the header, then the checksum of all of it, atomically
+static void write_checked(const char* path, const int* header, const void* const* parts, size_t n, int num_parts) {
+    char tmp[4096];
+    FILE* f = atomic_open(path, tmp, sizeof(tmp));
+    Checksum c;
+    checksum_init(&c);
+    checksum_update(&c, header, HEADER_INTS * sizeof(int));
+    atomic_write(header, sizeof(int), HEADER_INTS, f, tmp, path);
+    for (int i = 0; i < num_parts; i++) {
+        checksum_update(&c, parts[i], n);
+        atomic_write(parts[i], 1, n, f, tmp, path);
+    }
+    uint64_t digest = checksum_digest(&c);
+    atomic_write(&digest, sizeof(digest), 1, f, tmp, path);
+    atomic_commit(f, tmp, path);
+}
+
 static void save_model(const FoxModel* m, const char* path) {
-    int header[256] = {0};
+    int header[HEADER_INTS] = {0};
     header[0] = MODEL_MAGIC;
     header[1] = MODEL_VERSION;
     config_to_header(&m->config, header + 2);
     write_size(header + 24, m->num_parameters);
-    char tmp[4096];
-    FILE* f = atomic_open(path, tmp, sizeof(tmp));
-    atomic_write(header, sizeof(int), 256, f, tmp, path);
-    atomic_write(m->params_memory, sizeof(float), m->num_parameters, f, tmp, path);
-    atomic_commit(f, tmp, path);
+    const void* parts[] = {m->params_memory};
+    write_checked(path, header, parts, m->num_parameters * sizeof(float), 1);
 }
 
-// reads a model file's configuration; the file is left positioned at the parameters
-static FILE* open_model(const char* path, FoxConfig* c, size_t* num_parameters) {
-    FILE* f = fopen_check(path, "rb");
-    long size = file_size_check(f, path);
-    int header[256];
-    if (size < (long)sizeof(header)) {
-        fail("'%s' is too small to be a train_fox checkpoint\nHINT: pass a model_*.bin written by train_fox", path);
-    }
-    fread_check(header, sizeof(int), 256, f, path);
+// A model file into m (built here; freed again on an error): its header, configuration and size checked
+// before anything is allocated (a damaged header must not ask for gigabytes), then the parameters and the
+// checksum. A version-1 file (before checksums) is read with a warning. Returns 0, or -1 with e set.
+static int read_model(FoxModel* m, const char* path, FileError* e) {
+    int header[HEADER_INTS];
+    long size = 0;
+    FILE* f = open_checkpoint(path, header, &size, "model", e);
+    if (f == NULL) { return -1; }
+    FoxConfig c;
+    const char* problem = NULL;
+    size_t n = 0;
+    int version = header[1];
+    int rc = 0;
     if (header[0] != MODEL_MAGIC) {
-        fail("'%s' is not a train_fox model checkpoint (magic %d)\n"
-             "HINT: pass a model_*.bin written by train_fox, or a preset name", path, header[0]);
+        rc = file_error(e, 1, "pass a model_*.bin written by train_fox, or a preset name",
+                        "'%s' is not a train_fox model checkpoint (magic %d)", path, header[0]);
+    } else if (version != 1 && version != MODEL_VERSION) {
+        rc = file_error(e, 0, "use the train_fox version that wrote it",
+                        "'%s' is checkpoint version %d; this build reads versions 1 and %d", path, version,
+                        MODEL_VERSION);
+    } else if (config_from_header(&c, header + 2), (problem = config_problem(&c)) != NULL) {
+        rc = file_error(e, 1, DAMAGED_HINT, "'%s' holds an invalid configuration (%s)", path, problem);
+    } else if ((n = read_size(header + 24)) != config_num_parameters(&c)) {
+        rc = file_error(e, 1, DAMAGED_HINT, "'%s' holds %zu parameters but its configuration needs %zu", path, n,
+                        config_num_parameters(&c));
+    } else {
+        size_t expected = checkpoint_file_bytes(n * sizeof(float), version >= 2);
+        if ((size_t)size != expected) {
+            rc = file_error(e, 1, DAMAGED_HINT, "'%s' is %ld bytes, expected %zu for %zu parameters: it is "
+                            "truncated or damaged", path, size, expected, n);
+        }
     }
-    if (header[1] != MODEL_VERSION) {
-        fail("'%s' is checkpoint version %d; this build reads version %d\n"
-             "HINT: use the train_fox version that wrote it", path, header[1], MODEL_VERSION);
+    if (rc == 0) {
+        fox_build(m, &c);
+        void* parts[] = {m->params_memory};
+        rc = read_checked(f, path, header, parts, n * sizeof(float), 1, version >= 2, e);
+        if (rc != 0) { fox_free(m); }
+        else if (version == 1) { printf("warning: '%s' is a version-1 model file: it has no checksum\n", path); }
     }
-    config_from_header(c, header + 2);
-    const char* problem = config_problem(c);
-    if (problem != NULL) { fail("'%s' holds an invalid configuration (%s)\nHINT: the file is damaged", path, problem); }
-    *num_parameters = read_size(header + 24);
-    // checked before anything is allocated: a damaged header must not ask for gigabytes
-    if (*num_parameters != config_num_parameters(c)) {
-        fail("'%s' holds %zu parameters but its configuration needs %zu\nHINT: the file is damaged", path,
-             *num_parameters, config_num_parameters(c));
-    }
-    if ((size_t)size != sizeof(header) + *num_parameters * sizeof(float)) {
-        fail("'%s' is %ld bytes, expected %zu for %zu parameters\nHINT: the file is truncated or damaged", path, size,
-             sizeof(header) + *num_parameters * sizeof(float), *num_parameters);
-    }
-    return f;
+    fclose(f);
+    return rc;
 }
 
 static void load_model(FoxModel* m, const char* path) {
-    FoxConfig c;
-    size_t n;
-    FILE* f = open_model(path, &c, &n);
-    fox_build(m, &c);
-    fread_check(m->params_memory, sizeof(float), n, f, path);
-    fclose(f);
+    FileError e;
+    if (read_model(m, path, &e) != 0) { fail_file(&e); }
 }
 
 // A run's position: the step, where the data loader stands, and everything that position and
@@ -2148,10 +2328,17 @@ typedef struct {
     int64_t total_batch_tokens;      // -d of the steps so far
     int64_t tokens_seen;             // tokens the steps so far trained on: the schedule's clock
     double warmup_tokens;            // the schedule's warmup (-u, or its default at the run's start)
+    // what else shapes the steps (version 3; has_settings 0 in a version-2 file): resume_notes names changes
+    int has_settings;
+    double lr, weight_decay, grad_clip; // -l, -c, -a
+    int schedule;                       // -k
+    double end_tokens;                  // where the schedule ends, in tokens (from -x and -d)
+    int prune; double prune_ln_eps;     // -A, -L
+    int on_nonfinite; double spike_z;   // -G, -Z
 } TrainState;
 
 static void save_state(const FoxModel* m, const TrainState* s, const char* path) {
-    int header[256] = {0};
+    int header[HEADER_INTS] = {0};
     header[0] = STATE_MAGIC;
     header[1] = STATE_VERSION;
     header[2] = s->step;
@@ -2165,44 +2352,25 @@ static void save_state(const FoxModel* m, const TrainState* s, const char* path)
     write_u64(header + 15, s->shards);
     write_u64(header + 17, (uint64_t)s->total_batch_tokens);
     write_u64(header + 19, (uint64_t)s->tokens_seen);
-    memcpy(header + 21, &s->warmup_tokens, sizeof(double));
-    char tmp[4096];
-    FILE* f = atomic_open(path, tmp, sizeof(tmp));
-    atomic_write(header, sizeof(int), 256, f, tmp, path);
-    if (m->m_memory != NULL) {
-        atomic_write(m->m_memory, sizeof(float), m->num_parameters, f, tmp, path);
-        atomic_write(m->v_memory, sizeof(float), m->num_parameters, f, tmp, path);
-    }
-    atomic_commit(f, tmp, path);
+    write_f64(header + 21, s->warmup_tokens);
+    write_f64(header + 23, s->lr);
+    header[25] = s->schedule;
+    write_f64(header + 26, s->weight_decay);
+    write_f64(header + 28, s->grad_clip);
+    write_f64(header + 30, s->end_tokens);
+    header[32] = s->prune;
+    write_f64(header + 33, s->prune_ln_eps);
+    header[35] = s->on_nonfinite;
+    write_f64(header + 36, s->spike_z);
+    const void* parts[] = {m->m_memory, m->v_memory};
+    write_checked(path, header, parts, m->num_parameters * sizeof(float), m->m_memory != NULL ? 2 : 0);
 }
 
-static void load_state(FoxModel* m, TrainState* s, const char* path) {
-    FILE* f = fopen_check(path, "rb");
-    long size = file_size_check(f, path);
-    int header[256];
-    if (size < (long)sizeof(header)) {
-        fail("'%s' is too small to be a train_fox state file\nHINT: the file is damaged", path);
-    }
-    fread_check(header, sizeof(int), 256, f, path);
-    if (header[0] != STATE_MAGIC) {
-        fail("'%s' is not a train_fox state file (magic %d)\nHINT: pass the state_*.bin written with the model",
-             path, header[0]);
-    }
-    if (header[1] == 1) {
-        fail("'%s' is a version-1 state file: it lacks what an exact resume checks (-t, -R, -S, the shards, "
-             "the tokens seen); this build reads version %d\n"
-             "HINT: resume it with the train_fox that wrote it, or start a new run from its weights with "
-             "-e <its model_*.bin> (step 0, fresh AdamW moments)", path, STATE_VERSION);
-    }
-    if (header[1] != STATE_VERSION) {
-        fail("'%s' is state file version %d; this build reads version %d\n"
-             "HINT: use the train_fox version that wrote it", path, header[1], STATE_VERSION);
-    }
-    if (read_size(header + 3) != m->num_parameters) {
-        fail("'%s' belongs to a model of %zu parameters, not %zu\nHINT: resume with the model file of the same run",
-             path, read_size(header + 3), m->num_parameters);
-    }
-    s->step = header[2]; s->epoch = header[5]; s->shard_pos = header[6]; s->batch_pos = header[7]; s->world = header[8];
+// the fields of a state file's header (version 2 or 3) into s
+static void state_from_header(TrainState* s, const int* header) {
+    memset(s, 0, sizeof(*s));
+    s->step = header[2]; s->epoch = header[5]; s->shard_pos = header[6]; s->batch_pos = header[7];
+    s->world = header[8];
     s->batch_samples = header[10];
     s->T = header[11];
     s->roll = header[12];
@@ -2210,68 +2378,143 @@ static void load_state(FoxModel* m, TrainState* s, const char* path) {
     s->shards = read_u64(header + 15);
     s->total_batch_tokens = (int64_t)read_u64(header + 17);
     s->tokens_seen = (int64_t)read_u64(header + 19);
-    memcpy(&s->warmup_tokens, header + 21, sizeof(double));
-    int has_moments = header[9];
-    if (s->step < 0 || s->epoch < 0 || s->shard_pos < 0 || s->batch_pos < 0 || s->world < 1
-        || s->batch_samples < 1 || s->T < 1 || (s->roll != 0 && s->roll != 1) || s->total_batch_tokens < 1
-        || s->tokens_seen < 0 || !(s->warmup_tokens >= 0.0 && s->warmup_tokens < 1e18)
-        || (has_moments != 0 && has_moments != 1)) {
-        fail("'%s' holds an invalid step, data position, run setting or moments flag\n"
-             "HINT: the file is damaged; resume from another checkpoint", path);
+    s->warmup_tokens = read_f64(header + 21);
+    s->has_settings = header[1] >= 3;
+    if (!s->has_settings) { return; }
+    s->lr = read_f64(header + 23);
+    s->schedule = header[25];
+    s->weight_decay = read_f64(header + 26);
+    s->grad_clip = read_f64(header + 28);
+    s->end_tokens = read_f64(header + 30);
+    s->prune = header[32];
+    s->prune_ln_eps = read_f64(header + 33);
+    s->on_nonfinite = header[35];
+    s->spike_z = read_f64(header + 36);
+}
+
+// whether a state's fields are in range (the checksum is checked after the moments are read)
+static int state_in_range(const TrainState* s) {
+    int ok = s->step >= 0 && s->epoch >= 0 && s->shard_pos >= 0 && s->batch_pos >= 0 && s->world >= 1
+             && s->batch_samples >= 1 && s->T >= 1 && (s->roll == 0 || s->roll == 1) && s->total_batch_tokens >= 1
+             && s->tokens_seen >= 0 && s->warmup_tokens >= 0.0 && s->warmup_tokens < 1e18;
+    if (!s->has_settings) { return ok; }
+    return ok && s->lr >= 0.0 && s->lr <= 10.0 && s->schedule >= 0 && s->schedule < 3 && s->weight_decay >= 0.0
+           && s->weight_decay <= 10.0 && s->grad_clip >= 0.0 && s->grad_clip <= 1e9 && s->end_tokens >= 0.0
+           && s->end_tokens < 1e30 && (s->prune == 0 || s->prune == 1) && s->prune_ln_eps >= -1e4
+           && s->prune_ln_eps <= 0.0 && (s->on_nonfinite == 0 || s->on_nonfinite == 1) && s->spike_z >= 0.0
+           && s->spike_z <= 1e9;
+}
+
+// A state file of m's model into s and m's AdamW moments (allocated here when m has none). A version-2
+// file (before checksums and the settings) is read with a warning; version 1 is refused with what to do.
+// Returns 0, or -1 with e set; m's moments are then undefined.
+static int read_state(FoxModel* m, TrainState* s, const char* path, FileError* e) {
+    int header[HEADER_INTS];
+    long size = 0;
+    FILE* f = open_checkpoint(path, header, &size, "state", e);
+    if (f == NULL) { return -1; }
+    int version = header[1], has_moments = header[9], rc = 0;
+    state_from_header(s, header);
+    size_t moments = (has_moments == 1 ? 2 * m->num_parameters * sizeof(float) : 0);
+    size_t expected = checkpoint_file_bytes(moments, version >= 3);
+    if (header[0] != STATE_MAGIC) {
+        rc = file_error(e, 1, "pass the state_*.bin written with the model",
+                        "'%s' is not a train_fox state file (magic %d)", path, header[0]);
+    } else if (version == 1) {
+        rc = file_error(e, 0, "resume it with the train_fox that wrote it, or start a new run from its weights with "
+                        "-e <its model_*.bin> (step 0, fresh AdamW moments)",
+                        "'%s' is a version-1 state file: it lacks what an exact resume checks (-t, -R, -S, the "
+                        "shards, the tokens seen); this build reads versions 2 and %d", path, STATE_VERSION);
+    } else if (version != 2 && version != STATE_VERSION) {
+        rc = file_error(e, 0, "use the train_fox version that wrote it",
+                        "'%s' is state file version %d; this build reads versions 2 and %d", path, version,
+                        STATE_VERSION);
+    } else if (read_size(header + 3) != m->num_parameters) {
+        rc = file_error(e, 0, "resume with the model file of the same run",
+                        "'%s' belongs to a model of %zu parameters, not %zu", path, read_size(header + 3),
+                        m->num_parameters);
+    } else if (!state_in_range(s) || (has_moments != 0 && has_moments != 1)) {
+        rc = file_error(e, 1, DAMAGED_HINT, "'%s' holds an invalid step, data position, run setting or moments "
+                        "flag", path);
+    } else if ((size_t)size != expected) {
+        rc = file_error(e, 1, DAMAGED_HINT, "'%s' is %ld bytes, expected %zu: it is truncated or damaged", path,
+                        size, expected);
     }
-    size_t expected = sizeof(header) + (has_moments ? 2 * m->num_parameters * sizeof(float) : 0);
-    if ((size_t)size != expected) {
-        fail("'%s' is %ld bytes, expected %zu\nHINT: the file is truncated or damaged", path, size, expected);
-    }
-    if (has_moments) {
-        if (m->m_memory == NULL) {
+    if (rc == 0) {
+        if (has_moments && m->m_memory == NULL) {
             m->m_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW m");
             m->v_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "AdamW v");
+        } else if (!has_moments && m->m_memory != NULL) { // a state before the first update: fresh moments
+            memset(m->m_memory, 0, m->num_parameters * sizeof(float));
+            memset(m->v_memory, 0, m->num_parameters * sizeof(float));
         }
-        fread_check(m->m_memory, sizeof(float), m->num_parameters, f, path);
-        fread_check(m->v_memory, sizeof(float), m->num_parameters, f, path);
+        void* parts[] = {m->m_memory, m->v_memory};
+        rc = read_checked(f, path, header, parts, m->num_parameters * sizeof(float), has_moments ? 2 : 0,
+                          version >= 3, e);
+        if (rc == 0 && version == 2) {
+            printf("warning: '%s' is a version-2 state file: it has no checksum, and another -l, -k, -c, -a, -x, "
+                   "-A, -L, -G or -Z on resume cannot be noted\n", path);
+        }
     }
     fclose(f);
+    return rc;
 }
+
+#ifdef FOX_NO_MAIN // for the files that include the twin (the tests, the fuzzers): stops on any problem
+static void load_state(FoxModel* m, TrainState* s, const char* path) {
+    FileError e;
+    if (read_state(m, s, path, &e) != 0) { fail_file(&e); }
+}
+#endif
 
 static void checkpoint_paths(const char* dir, int step, char* model_path, char* state_path, size_t n) {
     snprintf(model_path, n, "%s/model_%08d.bin", dir, step);
     snprintf(state_path, n, "%s/state_%08d.bin", dir, step);
 }
 
-// the newest step for which both files exist, or -1
-static int latest_checkpoint(const char* dir) {
+// the steps of the complete checkpoints in dir (a model file with its state file), newest first: a malloc'd
+// array of *n steps (NULL when none)
+static int* checkpoint_steps(const char* dir, int* n) {
     char pattern[4096];
     snprintf(pattern, sizeof(pattern), "%s/model_*.bin", dir);
     glob_t g;
-    int best = -1;
+    int* steps = NULL;
+    *n = 0;
     if (glob(pattern, 0, NULL, &g) == 0) {
+        steps = (int*)malloc_check(g.gl_pathc * sizeof(int), "checkpoint steps");
         for (size_t i = 0; i < g.gl_pathc; i++) {
             const char* base = strrchr(g.gl_pathv[i], '/');
             long step;
             char model_path[4096], state_path[4096], digits[32];
             // exactly "model_<digits>.bin" with a step that fits an int; anything else is not ours
-            size_t n = base != NULL ? strlen(base) : 0;
-            if (n < 12 || n - 11 >= sizeof(digits)) { continue; }
-            memcpy(digits, base + 7, n - 11);
-            digits[n - 11] = '\0';
+            size_t len = base != NULL ? strlen(base) : 0;
+            if (len < 12 || len - 11 >= sizeof(digits)) { continue; }
+            memcpy(digits, base + 7, len - 11);
+            digits[len - 11] = '\0';
             if (!isdigit((unsigned char)digits[0]) || !parse_int_strict(digits, &step) || step > INT32_MAX) {
                 continue;
             }
             checkpoint_paths(dir, (int)step, model_path, state_path, sizeof(model_path));
-            if (step > best && access(model_path, R_OK) == 0 && access(state_path, R_OK) == 0) { best = (int)step; }
+            if (access(model_path, R_OK) != 0 || access(state_path, R_OK) != 0) { continue; }
+            int k = (*n)++; // insertion, newest first (glob sorts by name, zero-padded names sort by step)
+            for (; k > 0 && steps[k - 1] < (int)step; k--) { steps[k] = steps[k - 1]; }
+            steps[k] = (int)step;
         }
         globfree(&g);
     }
-    return best;
+    return steps;
 }
 
-// the state of a run after `step` steps, whose data loader stands at the next batch
-static TrainState train_state(int step, const DataLoader* d, const LRSchedule* sched, int64_t tokens_seen) {
-    TrainState s = {step, d->epoch, d->shard_pos, d->batch_pos, d->world, d->B * d->world, d->T, d->roll,
-                    d->seed, shards_identity(d), (int64_t)sched->tokens_per_step, tokens_seen, sched->warmup_tokens};
-    return s;
+#ifdef FOX_NO_MAIN // the GPU's ranks check that they see the same files; the tests
+// the newest step for which both files exist, or -1
+static int latest_checkpoint(const char* dir) {
+    int n;
+    int* steps = checkpoint_steps(dir, &n);
+    int best = n > 0 ? steps[0] : -1;
+    free(steps);
+    return best;
 }
+#endif
 
 // a saved data position (batches of `saved_samples` samples into the current shard) in
 // batches of `samples` samples: -1 when it does not land on a batch boundary
@@ -2775,11 +3018,11 @@ static int probe_run_dir(const char* dir, char* why, size_t n) {
 }
 
 // the sizes of one checkpoint's files for a model of configuration c, as save_model and save_state
-// write them: a 256-int header each, then the fp32 parameters, or the two fp32 AdamW moments
+// write them: the fp32 parameters, or the two fp32 AdamW moments (checkpoint_file_bytes adds the rest)
 static void checkpoint_sizes(const FoxConfig* c, size_t* model_bytes, size_t* state_bytes) {
-    size_t header = 256 * sizeof(int), params = config_num_parameters(c) * sizeof(float);
-    *model_bytes = header + params;
-    *state_bytes = header + 2 * params;
+    size_t params = config_num_parameters(c) * sizeof(float);
+    *model_bytes = checkpoint_file_bytes(params, 1);
+    *state_bytes = checkpoint_file_bytes(2 * params, 1);
 }
 
 // the free space of dir's filesystem (statvfs) against one checkpoint of a model of configuration c
@@ -2863,17 +3106,59 @@ static void check_run_start(const Args* a, const FoxConfig* cf, const Tokenizer*
     }
 }
 
-// -y 1, both trainers: the newest checkpoint of -o into the model (weights and AdamW moments) and
-// the data loader where that run stopped (resume_data_position); returns the run's state
-static TrainState resume_run(FoxModel* model, const Args* a, DataLoader* train) {
-    int step = latest_checkpoint(a->out_dir);
-    if (step < 0) {
-        fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a->out_dir);
+// the state of a run after `step` steps, whose data loader stands at the next batch
+static TrainState train_state(int step, const DataLoader* d, const LRSchedule* sched, int64_t tokens_seen,
+                              const Args* a) {
+    TrainState s = {step, d->epoch, d->shard_pos, d->batch_pos, d->world, d->B * d->world, d->T, d->roll,
+                    d->seed, shards_identity(d), (int64_t)sched->tokens_per_step, tokens_seen, sched->warmup_tokens,
+                    1, sched->peak_lr, a->weight_decay, a->grad_clip, sched->type, sched->total_tokens,
+                    a->prune, a->prune_ln_eps, a->on_nonfinite, a->spike_z};
+    return s;
+}
+
+static LRSchedule run_schedule(const Args* a, const TrainState* resumed);
+
+// one setting that a resume changes: said, so that a resume is exact, refused or noted
+static void resume_note(const char* flag, double was, double is, const char* what) {
+    if (was != is) { printf("note: the run had %s %g, this one %s %g: %s from here\n", flag, was, flag, is, what); }
+}
+
+// -y 1 with settings other than the checkpoint's run had: each that changes the steps from here is noted (the
+// data's settings are checked by resume_data_position, the model's by resume_run)
+static void resume_notes(const TrainState* s, const Args* a) {
+    if (s->total_batch_tokens != a->total_batch_tokens) {
+        printf("note: the run had -d %lld, this one -d %ld: the schedule goes on from the tokens seen\n",
+               (long long)s->total_batch_tokens, a->total_batch_tokens);
     }
-    char model_path[4096], state_path[4096];
-    checkpoint_paths(a->out_dir, step, model_path, state_path, sizeof(model_path));
+    if (!s->has_settings) { return; } // a version-2 file: read_state warned
+    LRSchedule now = run_schedule(a, s);
+    resume_note("-l", s->lr, a->lr, "the peak learning rate changes");
+    if (s->schedule != a->schedule) {
+        printf("note: the run had -k %s, this one -k %s: the schedule's shape changes from here\n",
+               SCHEDULE_NAMES[s->schedule], SCHEDULE_NAMES[a->schedule]);
+    }
+    resume_note("-u", s->warmup_tokens, now.warmup_tokens, "the warmup changes");
+    if (s->end_tokens != now.total_tokens) {
+        printf("note: the run's schedule ended at %.0f tokens, this one's at %.0f (another -x or -d): the learning "
+               "rate follows the new end from here\n", s->end_tokens, now.total_tokens);
+    }
+    resume_note("-c", s->weight_decay, a->weight_decay, "the weight decay changes");
+    resume_note("-a", s->grad_clip, a->grad_clip, "the gradient clipping changes");
+    resume_note("-A", s->prune, a->prune, "attention pruning changes");
+    if (a->prune) { resume_note("-L", s->prune_ln_eps, a->prune_ln_eps, "the pruning bound changes"); }
+    if (s->on_nonfinite != a->on_nonfinite) {
+        printf("note: the run had -G %s, this one -G %s\n", NONFINITE_NAMES[s->on_nonfinite],
+               NONFINITE_NAMES[a->on_nonfinite]);
+    }
+    resume_note("-Z", s->spike_z, a->spike_z, "the spike guard changes");
+}
+
+// One checkpoint of -y 1 into the model and s: 0, or -1 with e set (e->damaged: a resume may go on to an
+// older one). Another model than the run's stops the run: that is no damage but another run.
+static int resume_candidate(FoxModel* model, const Args* a, const char* model_path, const char* state_path,
+                            TrainState* s, FileError* e) {
     FoxModel loaded;
-    load_model(&loaded, model_path);
+    if (read_model(&loaded, model_path, e) != 0) { return -1; }
     if (loaded.num_parameters != model->num_parameters
         || memcmp(&loaded.config, &model->config, sizeof(FoxConfig)) != 0) {
         fail("the checkpoint '%s' holds another model than -e %s\n"
@@ -2881,17 +3166,40 @@ static TrainState resume_run(FoxModel* model, const Args* a, DataLoader* train) 
     }
     memcpy(model->params_memory, loaded.params_memory, model->num_parameters * sizeof(float));
     fox_free(&loaded);
+    return read_state(model, s, state_path, e);
+}
+
+// -y 1, both trainers: the newest intact checkpoint of -o into the model (weights and AdamW moments) and
+// the data loader where that run stopped (resume_data_position); returns the run's state. A damaged
+// checkpoint (checksum, size, header) is skipped, with the reason, for the next older one; it stays in place
+// until the run writes its step again.
+static TrainState resume_run(FoxModel* model, const Args* a, DataLoader* train) {
+    int n;
+    int* steps = checkpoint_steps(a->out_dir, &n);
+    if (n == 0) {
+        fail("-y 1: no checkpoint (model_*.bin with its state_*.bin) in '%s'\nHINT: start without -y", a->out_dir);
+    }
+    char model_path[4096], state_path[4096];
     TrainState s;
-    load_state(model, &s, state_path);
+    int found = 0;
+    for (int i = 0; i < n && !found; i++) {
+        checkpoint_paths(a->out_dir, steps[i], model_path, state_path, sizeof(model_path));
+        FileError e;
+        found = resume_candidate(model, a, model_path, state_path, &s, &e) == 0;
+        if (!found && !e.damaged) { fail("-y 1: %s\nHINT: %s", e.why, e.hint); }
+        if (!found) { printf("warning: -y 1 skips the checkpoint of step %d: %s\n", steps[i], e.why); }
+    }
+    free(steps);
+    if (!found) {
+        fail("-y 1: none of the %d checkpoint(s) in '%s' is intact (the reasons are above)\nHINT: restore them "
+             "from a copy, or start a new run (another -o) from weights you trust with -e", n, a->out_dir);
+    }
     int batch_pos = resume_data_position(&s, train, state_path);
     check_resume_steps(s.step, a->steps, a->out_dir);
     dataloader_set_position(train, s.epoch, s.shard_pos, batch_pos);
     printf("resumed from %s at step %d, %lld tokens seen (written by %d process(es))\n", model_path, s.step,
            (long long)s.tokens_seen, s.world);
-    if (s.total_batch_tokens != a->total_batch_tokens) {
-        printf("note: the run had -d %lld, this one -d %ld: the schedule goes on from the tokens seen\n",
-               (long long)s.total_batch_tokens, a->total_batch_tokens);
-    }
+    resume_notes(&s, a);
     return s;
 }
 
@@ -4312,6 +4620,9 @@ static int niah_max_length(const Args* a) {
     return mx;
 }
 
+// the needle's depth of depth i of n: 0 to 1 evenly (-E 3: 0, 0.5, 1), the middle for n = 1
+static double niah_depth(int i, int n) { return n > 1 ? (double)i / (n - 1) : 0.5; }
+
 static int run_niah(const Args* a, ForwardBackend* be) {
     int lengths[256];
     int nl = niah_lengths(a, lengths, 256), nd = a->depths, max_len = niah_max_length(a);
@@ -4349,7 +4660,7 @@ static int run_niah(const Args* a, ForwardBackend* be) {
             int successes = 0;
             double lp_sum = 0.0;
             for (int di = 0; di < nd; di++) {
-                double depth = nd > 1 ? (double)di / (nd - 1) : 0.5;
+                double depth = niah_depth(di, nd);
                 int pos = niah_build_prompt(tx, haystack, lengths[i], depth, GPT2_EOT, prompt);
                 NiahScore s = niah_score(be, tx, prompt, lengths[i], seq, losses, row);
                 int ok = s.greedy_tokens == tx->answer_n;
@@ -4593,7 +4904,7 @@ int main(int argc, char** argv) {
         // the checkpoint before the sample: a sample must never cost one
         int checkpoint_due = (a.checkpoint_every > 0 && step % a.checkpoint_every == 0) || last;
         if (a.out_dir != NULL && step > start && checkpoint_due) {
-            TrainState s = train_state((int)step, &train, &sched, tokens_seen);
+            TrainState s = train_state((int)step, &train, &sched, tokens_seen, &a);
             save_checkpoint(&model, a.out_dir, &s);
         }
         if (have_tokenizer && a.sample_every > 0 && (step % a.sample_every == 0 || last) && step > 0) {

@@ -5655,6 +5655,7 @@ static TrainState gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLo
     dist_check_same(d, latest_checkpoint(a->out_dir),
                     "the newest checkpoint in -o (the directory must be on a filesystem all processes share)");
     TrainState s = resume_run(model, a, train);
+    dist_check_same(d, s.step, "the step resumed from (one process skipped a checkpoint that another could read)");
     gpu_state_from_host(g);
     if (d->rank != 0) { // only rank 0 writes checkpoints: the host copy of the moments is spent
         free(model->m_memory); free(model->v_memory);
@@ -5833,7 +5834,7 @@ static void train_between_steps(TrainRun* r, long step, int last) {
     // the checkpoint before the sample: a sample must never cost one
     int checkpoint_due = (a->checkpoint_every > 0 && step % a->checkpoint_every == 0) || last;
     if (a->out_dir != NULL && step > r->start && checkpoint_due) {
-        TrainState s = train_state((int)step, &r->train, &r->sched, r->tokens_seen);
+        TrainState s = train_state((int)step, &r->train, &r->sched, r->tokens_seen, a);
         gpu_save_checkpoint(&r->gm, a->out_dir, &s);
     }
     if (r->have_tokenizer && a->sample_every > 0 && (step % a->sample_every == 0 || last) && step > 0) {

@@ -61,7 +61,10 @@ static void checkpoint_seeds(const char* model_dir, const char* state_dir) {
             dataloader_init(&d, pattern, 2, 4, 0, 1, 1, 0, 7, 16);
             dataloader_set_position(&d, 0, 1, 1);
             LRSchedule sched = {SCHEDULE_COSINE, 1e-3, 16, 80, 8};
-            TrainState s = train_state(3, &d, &sched, 24);
+            Args a;
+            const char* argv[] = {"train_fox", NULL};
+            parse_args(&a, 1, (char**)argv);
+            TrainState s = train_state(3, &d, &sched, 24, &a);
             dataloader_free(&d);
             snprintf(path, sizeof(path), "%s/no_moments.bin", state_dir);
             save_state(&m, &s, path);
