@@ -1523,6 +1523,44 @@ static void test_resume_fallback(void) {
     expect_failure(resume_run_child, NULL, "-y 1 of a --window 16 checkpoint into a window-0 model");
 }
 
+// resume_notes: nothing for the same flags; one note for each flag that changes the steps, two for -d (the
+// schedule's end moves with it), none from a version-2 file's missing settings but -d's
+static void test_resume_notes(void) {
+    ResumeDir r;
+    resume_dir_init(&r, "notes", 0);
+    DataLoader d;
+    dataloader_init(&d, r.pattern, 2, 8, 0, 1, 1, 0, 7, 300);
+    dataloader_next_batch(&d);
+    LRSchedule sched = run_schedule(&r.a, NULL);
+    TrainState s = train_state(1, &d, &sched, 16, &r.a);
+    dataloader_free(&d);
+    const char* base[] = {"-o", r.dir, "-y", "1", "-i", r.pattern, "-b", "2", "-t", "8", "-x", "10", "-S", "7"};
+    const char* changes[][4] = {{"-l", "1e-3"}, {"-k", "linear"}, {"-u", "100"}, {"-x", "20"}, {"-c", "0.05"},
+                                {"-a", "0.5"}, {"-A", "1"}, {"-G", "skip"}, {"-Z", "3"}, {"-A", "1", "-L", "-8"},
+                                {"-d", "32"}};
+    const int want[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2};
+    int all = resume_notes(&s, &r.a) == 0, got[11];
+    for (int i = 0; i < 11; i++) {
+        const char* flags[20];
+        int n = 0;
+        for (; n < 14; n++) { flags[n] = base[n]; }
+        for (int j = 0; j < 4 && changes[i][j] != NULL; j++) { flags[n++] = changes[i][j]; }
+        flags[n] = NULL;
+        Args a = args_of(flags);
+        if (a.total_batch_tokens < 0) { a.total_batch_tokens = 16; }
+        got[i] = resume_notes(&s, &a);
+        all &= got[i] == want[i];
+    }
+    check(all, "resume: a note for each of -l -k -u -x -c -a -A -G -Z, -L with -A 1 (and -A), -d (and the end); "
+          "none for the same flags (got %d %d %d %d %d %d %d %d %d %d %d)", got[0], got[1], got[2], got[3], got[4],
+          got[5], got[6], got[7], got[8], got[9], got[10]);
+    TrainState old = s;
+    old.has_settings = 0;
+    Args a = r.a;
+    a.lr = 1e-3;
+    check(resume_notes(&old, &a) == 0, "resume: a version-2 state (no settings) notes no setting it cannot compare");
+}
+
 // a shard of exactly 100 x -t tokens holds 99 windows of -t + 1; the default warmup; the niah depths
 static void test_run_edges(void) {
     char shard[600], pattern[600];
@@ -5349,6 +5387,7 @@ int main(int argc, char** argv) {
     test_resume();
     test_checkpoint_checksums();
     test_resume_fallback();
+    test_resume_notes();
     test_run_edges();
     test_shard_tokens();
     test_out_flags();

@@ -3118,39 +3118,45 @@ static TrainState train_state(int step, const DataLoader* d, const LRSchedule* s
 
 static LRSchedule run_schedule(const Args* a, const TrainState* resumed);
 
-// one setting that a resume changes: said, so that a resume is exact, refused or noted
-static void resume_note(const char* flag, double was, double is, const char* what) {
+// one setting that a resume changes: said, so that a resume is exact, refused or noted; 1 when said
+static int resume_note(const char* flag, double was, double is, const char* what) {
     if (was != is) { printf("note: the run had %s %g, this one %s %g: %s from here\n", flag, was, flag, is, what); }
+    return was != is;
 }
 
 // -y 1 with settings other than the checkpoint's run had: each that changes the steps from here is noted (the
-// data's settings are checked by resume_data_position, the model's by resume_run)
-static void resume_notes(const TrainState* s, const Args* a) {
+// data's settings are checked by resume_data_position, the model's by resume_run); returns how many
+static int resume_notes(const TrainState* s, const Args* a) {
+    int n = 0;
     if (s->total_batch_tokens != a->total_batch_tokens) {
         printf("note: the run had -d %lld, this one -d %ld: the schedule goes on from the tokens seen\n",
                (long long)s->total_batch_tokens, a->total_batch_tokens);
+        n++;
     }
-    if (!s->has_settings) { return; } // a version-2 file: read_state warned
+    if (!s->has_settings) { return n; } // a version-2 file: read_state warned
     LRSchedule now = run_schedule(a, s);
-    resume_note("-l", s->lr, a->lr, "the peak learning rate changes");
+    n += resume_note("-l", s->lr, a->lr, "the peak learning rate changes");
     if (s->schedule != a->schedule) {
         printf("note: the run had -k %s, this one -k %s: the schedule's shape changes from here\n",
                SCHEDULE_NAMES[s->schedule], SCHEDULE_NAMES[a->schedule]);
+        n++;
     }
-    resume_note("-u", s->warmup_tokens, now.warmup_tokens, "the warmup changes");
+    n += resume_note("-u", s->warmup_tokens, now.warmup_tokens, "the warmup changes");
     if (s->end_tokens != now.total_tokens) {
         printf("note: the run's schedule ended at %.0f tokens, this one's at %.0f (another -x or -d): the learning "
                "rate follows the new end from here\n", s->end_tokens, now.total_tokens);
+        n++;
     }
-    resume_note("-c", s->weight_decay, a->weight_decay, "the weight decay changes");
-    resume_note("-a", s->grad_clip, a->grad_clip, "the gradient clipping changes");
-    resume_note("-A", s->prune, a->prune, "attention pruning changes");
-    if (a->prune) { resume_note("-L", s->prune_ln_eps, a->prune_ln_eps, "the pruning bound changes"); }
+    n += resume_note("-c", s->weight_decay, a->weight_decay, "the weight decay changes");
+    n += resume_note("-a", s->grad_clip, a->grad_clip, "the gradient clipping changes");
+    n += resume_note("-A", s->prune, a->prune, "attention pruning changes");
+    if (a->prune) { n += resume_note("-L", s->prune_ln_eps, a->prune_ln_eps, "the pruning bound changes"); }
     if (s->on_nonfinite != a->on_nonfinite) {
         printf("note: the run had -G %s, this one -G %s\n", NONFINITE_NAMES[s->on_nonfinite],
                NONFINITE_NAMES[a->on_nonfinite]);
+        n++;
     }
-    resume_note("-Z", s->spike_z, a->spike_z, "the spike guard changes");
+    return n + resume_note("-Z", s->spike_z, a->spike_z, "the spike guard changes");
 }
 
 // One checkpoint of -y 1 into the model and s: 0, or -1 with e set (e->damaged: a resume may go on to an
