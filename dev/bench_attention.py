@@ -3,6 +3,7 @@ One-command comparison of the fused FoX attention kernels (dev/cuda) with PyTorc
 
     python dev/bench_attention.py            # build, check, time (needs an sm_90 GPU, nvcc, torch)
     python dev/bench_attention.py --lib dev/cuda/libfox_attention.so   # use a library built by dev/cuda's make
+    python dev/bench_attention.py --lib a.so --compare b.so   # two trees' kernels, in turn, ratio b / a
 
 1. builds dev/cuda/fox_attention_lib.cu into build/libfox_attention.so with nvcc, with the flags of
    dev/cuda/Makefile (train_fox.cu's own: the library includes train_fox.cu, so it times exactly the
@@ -18,6 +19,7 @@ import argparse
 import ctypes
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -45,8 +47,8 @@ def build():
 class Fox:
     """The C API on torch tensors: q, k, v, o (B, T, H, hd) bf16 with a token stride; c (B, H, T) fp32."""
 
-    def __init__(self):
-        self.lib = ctypes.CDLL(LIB)
+    def __init__(self, path=None):
+        self.lib = ctypes.CDLL(path or LIB)
         P, I = ctypes.c_void_p, ctypes.c_int
         self.lib.fox_fwd.argtypes = [P] * 6 + [I] * 7 + [P]
         self.lib.fox_bwd.argtypes = [P] * 12 + [I] * 7 + [P]
@@ -243,10 +245,40 @@ def time_shape(fox, B, H, T, hd):
     return res
 
 
+def compare(fox, other, rounds):
+    """Two libraries (two trees' kernels) on the same tensors, timed in turn `rounds` times per shape: the
+    median of each one's medians, forward and forward+backward with the gate, and the ratio other / fox."""
+    print("\nTFLOP/s with the gate, forward+backward (forward alone in brackets), median of %d runs in turn" %
+          rounds)
+    print(f"{'B x H x T x hd':20s}{'--lib':>16s}{'--compare':>16s}{'ratio':>16s}")
+    for B, H, T, hd in SHAPES:
+        q, k, v, dout, c = make_inputs(B, T, H, hd, 0.05)
+        o, dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        lse, dlogf = torch.empty(B, H, T, device="cuda"), torch.empty(B, H, T, device="cuda")
+        scratch = torch.empty(3 * B * H * T, device="cuda")
+        ms = {0: ([], []), 1: ([], [])}
+        for r in range(rounds):  # ABBA: neither library always runs first (clocks drift under the power cap)
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                lib = (fox, other)[i]
+                ms[i][0].append(bench(lambda: lib.forward(o, lse, q, k, v, c)))
+                ms[i][1].append(bench(lambda: (lib.forward(o, lse, q, k, v, c),
+                                               lib.backward(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c))))
+        flops = 2.0 * B * H * T * T * hd
+        tf = [(3.5 * flops / statistics.median(ms[i][1]) / 1e9, flops / statistics.median(ms[i][0]) / 1e9)
+              for i in (0, 1)]
+        cells = ["%.1f (%.1f)" % t for t in tf] + ["%.3f (%.3f)" % (tf[1][0] / tf[0][0], tf[1][1] / tf[0][1])]
+        print("%-20s" % f"{B} x {H} x {T} x {hd}" + "".join(f"{x:>16s}" for x in cells), flush=True)
+        del q, k, v, dout, c, o, dq, dk, dv, lse, dlogf, scratch
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", help="an already built libfox_attention.so (skips the build)")
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--compare", help="another libfox_attention.so (another tree's kernels): both checked, then "
+                    "timed in turn on the same tensors, no peers")
+    ap.add_argument("--rounds", type=int, default=6, help="--compare: runs of each per shape, in turn")
     args = ap.parse_args()
     if args.lib:
         global LIB
@@ -254,6 +286,14 @@ def main():
     else:
         build()
     fox = Fox()
+    if args.compare:
+        other = Fox(args.compare)
+        print(f"GPU: {torch.cuda.get_device_name()}; --lib {LIB}, --compare {args.compare}")
+        if not args.skip_check and not (check(fox) and check(other)):
+            print("CHECK FAILED: no timing")
+            sys.exit(1)
+        compare(fox, other, args.rounds)
+        return
     torch._dynamo.config.recompile_limit = 64  # flex recompiles for every shape
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     if not args.skip_check and not check(fox):
