@@ -1,34 +1,27 @@
 /*
 train_fox.cu: the GPU trainer of the Forgetting Transformer (FoX), for H100 / H200 (sm_90).
 
-The same models, parameter layout, checkpoints and command line as the CPU twin train_fox.c,
-which this file includes: the configuration, the flat parameter table, the data loader, the
-tokenizer, the schedule, the checkpoint files and the arguments are the twin's; everything
-here is the GPU side. Precision: fp32 master weights, gradients and AdamW state; a bf16 copy
-of the weights for the matmuls; bf16 activations; fp32 residual stream, norm statistics,
-log f, c, softmax statistics and the loss. Build with -DENABLE_FP32 for fp32 activations and
-matmuls (for tight diffs against the twin).
+The same models, checkpoints and command line as the CPU twin train_fox.c, which this file includes: the
+configuration, the flat parameter table, the data loader, the tokenizer, the schedule, the checkpoint files and the
+arguments are the twin's; everything here is the GPU side. Precision: fp32 master weights, gradients and AdamW state;
+a bf16 copy of the weights for the matmuls; bf16 activations; fp32 residual stream, norm statistics, log f, c,
+softmax statistics and the loss. -DENABLE_FP32 makes activations and matmuls fp32 (tight diffs against the twin).
 
-Every matmul is cuBLASLt (fp32 accumulation); every other layer is a hand-written kernel,
-mirroring the twin's functions in the same order. Reductions that feed training (weight,
-bias and norm-scale gradients, the gradient norm, dc) never use atomics: same seed, same bits.
-The model, its numerics and the attention's gradient are described in dev/fox.md; the attention
-kernels' versions and measurements in dev/cuda/README.md, dev/cuda/LOG.md and dev/RESULTS.md.
+Every matmul is cuBLASLt (fp32 accumulation); every other layer is a hand-written kernel, mirroring the twin's
+functions in the same order. Reductions that feed training (weight, bias and norm-scale gradients, the gradient norm,
+dc) never use atomics: same seed, same bits. The model, its numerics and the attention's gradient: dev/fox.md; the
+attention kernels' versions and measurements: dev/cuda/README.md, dev/cuda/LOG.md, dev/RESULTS.md.
 
-Build: make train_fox, which runs
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --default-stream per-thread ... train_fox.cu \
-       -lcublasLt -lcublas -o train_fox
-(plus NCCL when the Makefile finds it, else -DNO_NCCL: one GPU; PRECISION=FP32 adds -DENABLE_FP32).
-A file that includes this one for its code (test_fox.cu; dev/profile_generate.cu, dev/bench_rmsnorm.cu,
-dev/bench_matmul_algos.cu) defines FOX_NO_MAIN, which drops main() (and the twin's); test hooks:
-train_fox.c, TEST_HOOK.
+Build: make train_fox (nvcc with the Makefile's NVCC_FLAGS: sm_90a, --default-stream per-thread; NCCL when found, else
+-DNO_NCCL: one GPU; PRECISION=FP32 adds -DENABLE_FP32). A file that includes this one for its code (test_fox.cu,
+dev/profile_generate.cu, dev/bench_rmsnorm.cu, dev/bench_matmul_algos.cu, dev/cuda) defines FOX_NO_MAIN, which drops
+main() (and the twin's); test hooks: train_fox.c, TEST_HOOK.
 
-Reading order: the training code from the top through main; generation and the evaluation modes
-follow main, which needs only gpu_sample and gpu_eval_main of them (declared before it), so a
-reader of training never crosses them. Each layer's section holds its kernels, then their
-launchers: a launcher is named <what>_gpu (the twin's function name plus _gpu), sets the grid and
-calls the kernel and launchCheck(); the model code (gpu_forward, gpu_backward, the optimiser,
-generation) calls launchers only. The fused attention kernels keep their own launchers
+Reading order: the training code from the top through main; generation and the evaluation modes follow main, which
+needs only gpu_sample and gpu_eval_main of them (declared before it), so a reader of training never crosses them.
+Each layer's section holds its kernels, then their launchers: a launcher is named <what>_gpu (the twin's function name
+plus _gpu), sets the grid and calls the kernel and launchCheck(); the model code (gpu_forward, gpu_backward, the
+optimiser, generation) calls launchers only. The fused attention kernels keep their own launchers
 (fox_attention_forward, fox_attention_backward) behind attention_forward_gpu / _backward_gpu.
 */
 // Map: the sections in file order (each opens with a // ---- line and this title) and what they define.
@@ -253,6 +246,12 @@ static void* gpu_malloc(size_t bytes, const char* what) {
     }
     cudaCheck(err);
     return p;
+}
+
+// lets `kernel` take `bytes` of dynamic shared memory: a per-device attribute, so launchers set it on every call
+// (microseconds)
+template <typename Kernel> static void smem_limit(Kernel kernel, size_t bytes) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
 // ----------------------------------------------------------------------------
@@ -606,17 +605,23 @@ static void pattern_gpu(void* d, cudaDataType_t d_type, size_t n) {
     launchCheck();
 }
 
+// D = A B + beta C with plan p and algorithm algo, on the thread's default stream
+static cublasStatus_t matmul_run(const MatmulPlan* p, const cublasLtMatmulAlgo_t* algo, void* d, const void* c,
+                                 const floatX* a, const floatX* b, float beta) {
+    float alpha = 1.0f;
+    return cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta, c, p->c, d, p->d, algo, g_workspace,
+                          WORKSPACE_BYTES, cudaStreamPerThread);
+}
+
 // candidate i's bits on the call's operands: the digest of D after D = A B (beta 0) and after
 // D = A B + pattern (beta 1, C = D: where an algorithm adds C in its reduction shows); false when
 // cuBLASLt refuses the candidate
 static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floatX* a, const floatX* b,
                                  unsigned long long digest[2]) {
-    float alpha = 1.0f, beta[2] = {0.0f, 1.0f};
     size_t n = (size_t)p->m * p->n, bytes = n * (p->d_type == CUDA_R_32F ? sizeof(float) : sizeof(floatX));
     for (int k = 0; k < 2; k++) {
         if (k == 1) { pattern_gpu(d, p->d_type, n); }
-        if (cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta[k], d, p->c, d, p->d, &p->cand[i],
-                           g_workspace, WORKSPACE_BYTES, cudaStreamPerThread) != CUBLAS_STATUS_SUCCESS) {
+        if (matmul_run(p, &p->cand[i], d, d, a, b, (float)k) != CUBLAS_STATUS_SUCCESS) {
             cudaGetLastError();
             return 0;
         }
@@ -627,14 +632,11 @@ static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floa
 
 // ms per call of candidate i on the operands (beta 0, D written), over 5 calls
 static float matmul_time_candidate(const MatmulPlan* p, int i, void* d, const floatX* a, const floatX* b) {
-    float alpha = 1.0f, zero = 0.0f, ms = 0.0f;
+    float ms = 0.0f;
     cudaEvent_t t0, t1;
     cudaCheck(cudaEventCreate(&t0)); cudaCheck(cudaEventCreate(&t1));
     cudaCheck(cudaEventRecord(t0));
-    for (int r = 0; r < 5; r++) {
-        cublasCheck(cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &zero, d, p->c, d, p->d, &p->cand[i],
-                                   g_workspace, WORKSPACE_BYTES, cudaStreamPerThread));
-    }
+    for (int r = 0; r < 5; r++) { cublasCheck(matmul_run(p, &p->cand[i], d, d, a, b, 0.0f)); }
     cudaCheck(cudaEventRecord(t1));
     cudaCheck(cudaEventSynchronize(t1));
     cudaCheck(cudaEventElapsedTime(&ms, t0, t1));
@@ -652,8 +654,7 @@ static void algo_reduction(const cublasLtMatmulAlgo_t* algo, int32_t* splitk, ui
                                                      sizeof(*scheme), &written));
 }
 
-// p's fastest candidate that sums as the first does: the same split-K count and reduction scheme,
-// and the first's bits at beta 0 and 1; overwrites D (the tuning step's results are thrown away)
+// p's fastest candidate that sums as the first does (same split-K count, reduction scheme and bits); overwrites D
 static void matmul_tune(MatmulPlan* p, void* d, const floatX* a, const floatX* b) {
     unsigned long long first[2], bits[2];
     int32_t splitk0, splitk;
@@ -689,9 +690,7 @@ static void matmul_lt(void* d, cudaDataType_t d_type, const void* c, const float
         if (!p->tuned) { matmul_tune(p, d, a, b); }
         p->calls++;
     }
-    float alpha = 1.0f;
-    cublasCheck(cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta, c_ptr, p->c, d, p->d, &p->algo,
-                               g_workspace, WORKSPACE_BYTES, cudaStreamPerThread));
+    cublasCheck(matmul_run(p, &p->algo, d, c_ptr, a, b, beta));
 }
 
 // out (N, OC) = inp (N, IC) @ w (OC, IC)^T, plus `add` (N, OC) when given (the residual)
@@ -980,9 +979,7 @@ static void rmsnorm_backward_nv(int nv, float* dresid, floatX* dresid_x, float* 
     unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
     size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
     auto kernel = RMS_NV_PICK(rmsnorm_backward_kernel, nv);
-    if (smem > 48 * 1024) { // above the default limit (gpu_config_problem: C <= RMS_BWD_MAX_C)
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    }
+    if (smem > 48 * 1024) { smem_limit(kernel, smem); } // above the default (gpu_config_problem: C <= RMS_BWD_MAX_C)
     kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(dresid, dresid_x, partial, dout, x, w, rstd, N, C);
     launchCheck();
     colsum_finish_kernel<<<(unsigned)ceil_div(C, 32), dim3(32, 16)>>>(dw, partial, (int)chunks, C, 1);
@@ -1512,10 +1509,10 @@ static int head_proj_np(const HeadProj* hp, int H) {
 // the instance of head-projection kernel template K at NP = np (1 .. 6)
 #define HP_NP_PICK(K, np) \
     ((np) == 1 ? K<1> : (np) == 2 ? K<2> : (np) == 3 ? K<3> : (np) == 4 ? K<4> : (np) == 5 ? K<5> : K<6>)
-// The shared memory limit is a per-device attribute: set on every call (microseconds), with the carveout
-// that lets two forward blocks (up to 112 KB each) or two or three backward blocks share an SM.
+// the shared memory limit (smem_limit) with the carveout that lets two forward blocks (up to 112 KB each) or two or
+// three backward blocks share an SM
 template <typename Kernel> static void head_proj_smem(Kernel kernel, size_t smem) {
-    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    smem_limit(kernel, smem);
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    cudaSharedmemCarveoutMaxShared));
 }
@@ -2547,7 +2544,7 @@ struct FoxForwardScheduler {
 template<int HD, int BC, int ST, int NWG>
 struct FoxForwardSmem {
     static constexpr int BR = 64 * NWG;
-    // + 1 KB to align the tiles to the swizzle pattern (122.6 KB at hd 64, 162.1 KB at hd 128)
+    // + 1 KB to align the tiles to the swizzle pattern
     static constexpr size_t bytes = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
                                     (2 + 4 * ST) * sizeof(uint64_t);
     bf16 *sQ, *sK, *sV;  // (BR, HD), (ST, BC, HD), (ST, BC, HD) swizzled tiles
@@ -2828,17 +2825,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_forward_kernel16(bf16*
     fox_forward_consumer<HD, BC, ST, NWG, GATE>(sm, sched, o, lse, c, H, stride_o, scale_log2);
 }
 
-// fox_forward_kernel16 with its tiles and stages (where it runs: see fox_attention_forward): hd 64
-// three consumers and 3 stages, hd 128 two consumers and 2 stages; a block per SM, at most one per pair
+// fox_forward_kernel16 with its tiles and stages (see fox_attention_forward); a block per SM, at most one per pair
 template<int HD, bool GATE>
 static void fox_forward16_gpu(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                               int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                               cudaStream_t s) {
     constexpr int BC = 128, NWG = HD == 64 ? 3 : 2, ST = HD == 64 ? 3 : 2, BR = 64 * NWG;
     constexpr size_t smem = FoxForwardSmem<HD, BC, ST, NWG>::bytes;
-    // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_forward_kernel16<HD, BC, ST, NWG, GATE>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    smem_limit(fox_forward_kernel16<HD, BC, ST, NWG, GATE>, smem);
     int dev, sms;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -2865,22 +2859,13 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
     if (key_start && !c) {
         fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL");
     }
-    // What runs (this comment is the one place that says it; history: dev/cuda/LOG.md):
-    // version 16, persistent (a block per SM walking the (query tile, head) pairs, longest first, in snake order):
-    // - hd 64: fox_forward_kernel16<64, 128, 3, 3, GATE>: 512 threads, a producer warpgroup (TMA) and
-    //   three consumer warpgroups of 64 query rows (192 a pair), 128-key tiles through K and V rings of
-    //   3 stages, setmaxnreg 24 / 160, 122.6 KB of shared memory (version 10's tiles);
-    // - hd 128: fox_forward_kernel16<128, 128, 2, 2, GATE>: 384 threads, the producer and two consumer
-    //   warpgroups (128 query rows a pair), K and V rings of 2 stages, setmaxnreg 24 / 240, 162.1 KB of
-    //   shared memory (version 14's tiles).
-    // Both run the softmax of fox_lean_logits / fox_lean_exp; without c, GATE = false and no pruning.
-    if (hd == 64) {
-        if (c) fox_forward16_gpu<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_forward16_gpu<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
-    } else {
-        if (c) fox_forward16_gpu<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_forward16_gpu<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
-    }
+    // What runs (the one place that says it): hd 64: fox_forward_kernel16<64, 128, 3, 3, GATE> (512 threads:
+    // three consumer warpgroups, 192 query rows a pair, K and V rings of 3 stages, 122.6 KB of shared memory);
+    // hd 128: fox_forward_kernel16<128, 128, 2, 2, GATE> (384 threads: two consumers, 128 rows a pair, 2 stages,
+    // 162.1 KB). Without c, GATE = false and no pruning.
+    auto run = hd == 64 ? (c ? fox_forward16_gpu<64, true> : fox_forward16_gpu<64, false>)
+                        : (c ? fox_forward16_gpu<128, true> : fox_forward16_gpu<128, false>);
+    run(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s); // key_start: NULL without c
 }
 
 // ---- the fused backward ----
@@ -3593,8 +3578,7 @@ __global__ void __launch_bounds__(384, 1) fox_backward_dq_kernel20(bf16* dq, flo
                                                          stride_qkv, window, scale_log2, scale);
 }
 
-// the dK/dV kernel (query tiles of BQ) and the dQ kernel (key tiles of BC) with their stages and PRE
-// (where they run: see fox_attention_backward)
+// the dK/dV kernel (query tiles of BQ) and the dQ kernel (key tiles of BC) with their stages, PRE and OVL
 template<int HD, int BQ, int BC, bool GATE>
 static void fox_backward20_gpu(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout,
                                const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
@@ -3605,11 +3589,8 @@ static void fox_backward20_gpu(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
     constexpr bool OVL = HD == 64;  // the dQ kernel's cross-tile overlap: at hd 64 only (its registers)
     constexpr size_t smem_kv = FoxDkdvSmem<HD, BQ, ST, PRE>::bytes;
     constexpr size_t smem_q = FoxDqSmem<HD, BC, ST, PRE>::bytes;
-    // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    cudaCheck(cudaFuncSetAttribute(fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    smem_limit(fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE>, smem_kv);
+    smem_limit(fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL>, smem_q);
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
@@ -3649,16 +3630,11 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     if (tables && !c) {
         fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL");
     }
-    // What runs (this comment is the one place that says it; the versions are the rungs of
-    // dev/cuda/fox_attention_backward.cu, their history dev/cuda/LOG.md): fox_bwd_delta_kernel (unless
-    // delta_ready), the dK/dV and dQ kernels (384 threads: a producer warpgroup and two consumer warpgroups
-    // of 64 rows, 2-stage rings), then fox_bwd_dlogf_kernel:
-    // - hd 64, version 20: fox_backward_dkdv_kernel20<64, 128, 2, GATE, true> (128-query tiles streamed, the
-    //   producer forms the per-column logit terms: PRE) and fox_backward_dq_kernel20<64, 128, 2, GATE, true,
-    //   true> (128-key tiles, the cross-tile overlap OVL);
-    // - hd 128, version 22: fox_backward_dkdv_kernel20<128, 64, 2, GATE, false> (64-query tiles, the
-    //   consumers form the terms) and fox_backward_dq_kernel20<128, 128, 2, GATE, false, false> (128-key
-    //   tiles, each waiting for its dQ).
+    // What runs (the one place that says it; the versions are rungs of dev/cuda/fox_attention_backward.cu):
+    // fox_bwd_delta_kernel (unless delta_ready), fox_backward_dkdv_kernel20 and fox_backward_dq_kernel20, then
+    // fox_bwd_dlogf_kernel; at hd 64 (version 20) the dK/dV kernel <64, 128, 2, GATE, true> (128-query tiles, PRE)
+    // and the dQ kernel <64, 128, 2, GATE, true, true> (OVL); at hd 128 (version 22) <128, 64, 2, GATE, false> and
+    // <128, 128, 2, GATE, false, false>.
     int BHT = B * H * T;
     const int* key_start = tables;
     const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
@@ -3669,17 +3645,10 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         else fox_bwd_delta_kernel<128><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
         launchCheck();
     }
-    if (hd == 64) {
-        if (c) fox_backward20_gpu<64, 128, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                      stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_backward20_gpu<64, 128, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
-    } else {
-        if (c) fox_backward20_gpu<128, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                      stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_backward20_gpu<128, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
-    }
+    auto run = hd == 64 ? (c ? fox_backward20_gpu<64, 128, 128, true> : fox_backward20_gpu<64, 128, 128, false>)
+                        : (c ? fox_backward20_gpu<128, 64, 128, true> : fox_backward20_gpu<128, 64, 128, false>);
+    run(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start,
+        query_end, s); // key_start, query_end: NULL without c (checked above)
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
         launchCheck();
@@ -3794,7 +3763,7 @@ static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const 
 #endif
     attention_prune_unsupported(c, hd);
     size_t smem = attention_forward_smem(hd);
-    cudaCheck(cudaFuncSetAttribute(attention_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    smem_limit(attention_forward_kernel, smem);
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
     attention_forward_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(o, lse, q, k, v, c, T, H, hd, window,
                                                                   1.0f / sqrtf((float)hd));
@@ -3824,13 +3793,11 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
         launchCheck();
     }
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
-    cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)smem));
+    smem_limit(attention_backward_dq_kernel, smem);
     attention_backward_dq_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dq, c != NULL ? dc_row : NULL, dout, q, k, v,
                                                                       lse, delta, c, T, H, hd, window, scale);
     launchCheck();
-    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)smem));
+    smem_limit(attention_backward_dkdv_kernel, smem);
     attention_backward_dkdv_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dk, dv, c != NULL ? dc_col : NULL, dout, q,
                                                                         k, v, lse, delta, c, T, H, hd, window, scale);
     launchCheck();
@@ -4096,10 +4063,7 @@ static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, 
     }
     size_t smem = (size_t)Vp * sizeof(floatX);
     int staged = smem + 1024 <= g_prop.sharedMemPerBlockOptin; // 1 KB: room for the static red[32] and margin
-    if (staged) {
-        cudaCheck(cudaFuncSetAttribute(crossentropy_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem));
-    }
+    if (staged) { smem_limit(crossentropy_kernel<true>, smem); }
     crossentropy_kernel<true><<<(unsigned)N, CE_THREADS, staged ? smem : 0>>>(losses, logits, targets, V, Vp, dloss,
                                                                               staged);
     launchCheck();
@@ -4980,17 +4944,23 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     return NULL;
 }
 
-// the RoPE table (len, hd/2, 2) of (cos, sin) on the host: the twin's angles, the same fp32 values
-static float* rope_table(const FoxConfig* cf, int len) {
+// the RoPE table (len, hd/2, 2) of (cos, sin) on the device (`what`): the twin's angles, the same fp32 values,
+// copied on `stream` before it returns
+static float* rope_table_gpu(const FoxConfig* cf, int len, cudaStream_t stream, const char* what) {
     int hd = cf->n_embd / cf->n_head, half = hd / 2;
-    float* table = (float*)malloc_check((size_t)len * half * 2 * sizeof(float), "RoPE table");
+    size_t bytes = (size_t)len * half * 2 * sizeof(float);
+    float* table = (float*)malloc_check(bytes, "RoPE table");
     for (int t = 0; t < len; t++) {
         for (int i = 0; i < half; i++) {
             float* cs = &table[((size_t)t * half + i) * 2];
             rope_angle(t, i, hd, cf->rope_theta, cs, cs + 1);
         }
     }
-    return table;
+    float* dev = (float*)gpu_malloc(bytes, what);
+    cudaCheck(cudaMemcpyAsync(dev, table, bytes, cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    free(table);
+    return dev;
 }
 
 // Builds the device side of `host` (whose weights are uploaded) for batches up to (B, T), as
@@ -5032,13 +5002,7 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     g->inputs = (int*)gpu_malloc(N * sizeof(int), "inputs");
     g->targets = (int*)gpu_malloc(N * sizeof(int), "targets");
     g->norm_partial = (double*)gpu_malloc(NORM_BLOCKS * sizeof(double), "norm partials");
-    if (cf->rope) {
-        size_t bytes = (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float);
-        float* table = rope_table(cf, T);
-        g->rope = (float*)gpu_malloc(bytes, "RoPE table");
-        cudaCheck(cudaMemcpy(g->rope, table, bytes, cudaMemcpyHostToDevice));
-        free(table);
-    }
+    if (cf->rope) { g->rope = rope_table_gpu(cf, T, 0, "RoPE table"); }
     g->losses_host = (float*)malloc_check(N * sizeof(float), "losses");
     g->enc_host = (int*)malloc_check((3 * N + 1 + (size_t)cf->vocab_size) * sizeof(int), "encoder lists");
     g->mean_loss = -1.0f;
@@ -5980,9 +5944,9 @@ int main(int argc, char** argv) {
 #define SAMPLE_THREADS 1024
 #define SAMPLE_SORT 1024    // top-k lists up to this long are sorted like the twin's (== SAMPLE_THREADS)
 
-// the first key query i sees (train_fox.c's attention_first_key)
-__device__ static inline int dec_first_key(int i, int window) {
-    return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+// the cache row (pool page and slot) of position j of the head whose page table is tb (its ring of max_pages)
+__device__ static inline size_t kv_row(const int* tb, int j, int max_pages) {
+    return (size_t)tb[(j / KV_PAGE) % max_pages] * KV_PAGE + j % KV_PAGE;
 }
 
 // W (OC, IC) of a matvec as up to GEMV_MAX_SEGS matrices stacked along the output rows: segment s
@@ -6789,13 +6753,10 @@ __global__ void __launch_bounds__(1024) decode_manage_kernel(DecManageArgs a) {
         int l = i / (a.B * a.H), b = (i / a.H) % a.B, h = i % a.H, pos = a.pos[b], f = a.first[i];
         const int* tb = a.table + (size_t)i * a.max_pages;
         if (a.delta != NULL) {
-            float c_now = a.pool_c[(size_t)tb[(pos / KV_PAGE) % a.max_pages] * KV_PAGE + pos % KV_PAGE];
-            float d = a.delta[l * a.H + h];
-            while (f < pos && c_now - a.pool_c[(size_t)tb[(f / KV_PAGE) % a.max_pages] * KV_PAGE + f % KV_PAGE] < d) {
-                f++;
-            }
+            float c_now = a.pool_c[kv_row(tb, pos, a.max_pages)], d = a.delta[l * a.H + h];
+            while (f < pos && c_now - a.pool_c[kv_row(tb, f, a.max_pages)] < d) { f++; }
         }
-        f = max(f, dec_first_key(pos + 1, a.window));
+        f = max(f, first_key_gpu(pos + 1, a.window));
         a.first_new[i] = f;
         nfree += f / KV_PAGE - a.first[i] / KV_PAGE;
         nneed += (pos + 1) % KV_PAGE == 0 && pos + 1 < a.max_len;
@@ -6836,13 +6797,13 @@ __global__ void prefill_first_kernel(int* first, const float* c_acts, const int*
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= L * Bg * H) { return; }
     int h = idx % H, bg = (idx / H) % Bg, l = idx / (H * Bg), n = lens[bg];
-    int f = dec_first_key(n - 1, window);
+    int f = first_key_gpu(n - 1, window);
     if (delta != NULL && c_acts != NULL) {
         const float* c = c_acts + (((size_t)l * Bg + bg) * H + h) * Tp;
         float c_now = c[n - 1], d = delta[l * H + h];
         while (f < n - 1 && c_now - c[f] < d) { f++; }
     }
-    first[((size_t)l * B + b0 + bg) * H + h] = max(f, dec_first_key(n, window));
+    first[((size_t)l * B + b0 + bg) * H + h] = max(f, first_key_gpu(n, window));
 }
 
 // What prefill_fill_kernel copies: gpu_forward's activations of a group (Bg sequences of Tp
@@ -6875,7 +6836,7 @@ __global__ void prefill_fill_kernel(DecFillArgs a) {
     int pk = threadIdx.x % packs, slot = threadIdx.x / packs;
     if (slot < per) {
         for (int j = a.first[lbh] + blockIdx.y * per + slot; j < n; j += gridDim.y * per) {
-            size_t row = (size_t)tb[(j / KV_PAGE) % a.max_pages] * KV_PAGE + j % KV_PAGE;
+            size_t row = kv_row(tb, j, a.max_pages);
             size_t src = (size_t)l * N * a.C + ((size_t)bg * a.Tp + j) * a.C + (size_t)h * a.hd + pk * XPACK;
             *(PackX*)(a.pool_k + row * a.hd + pk * XPACK) = *(const PackX*)(a.k + src);
             *(PackX*)(a.pool_v + row * a.hd + pk * XPACK) = *(const PackX*)(a.v + src);
@@ -7080,13 +7041,7 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     d->gu = (float*)gpu_malloc(B * 2 * d->I * sizeof(float), "decoder MLP");
     d->act = (floatX*)gpu_malloc(B * d->I * sizeof(floatX), "decoder MLP activation");
     d->logits = (float*)gpu_malloc(B * d->Vp * sizeof(float), "decoder logits");
-    if (cf->rope) {
-        size_t bytes = (size_t)max_len * d->hd * sizeof(float);
-        float* table = rope_table(cf, max_len);
-        d->rope = (float*)gpu_malloc(bytes, "decoder RoPE table");
-        decoder_copy(d, d->rope, table, bytes, cudaMemcpyHostToDevice);
-        free(table);
-    }
+    if (cf->rope) { d->rope = rope_table_gpu(cf, max_len, d->stream, "decoder RoPE table"); }
     if (evict && cf->gate != GATE_NONE && cf->qk_norm) { gpu_decoder_evict_init(d, ln_eps, delta_len); }
     cudaCheck(cudaMallocHost(&d->host_tokens, B * sizeof(int)));
     cudaCheck(cudaMallocHost(&d->host_status, 2 * sizeof(int)));
@@ -7095,11 +7050,9 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     for (int mode = 0; mode < GEMV_MODES; mode++) { // every matvec instance may take GEMV_SMEM
         for (int i = 0; i < 3; i++) {
             int rb = i == 0 ? 1 : i == 1 ? 8 : 32;
-            cudaCheck(cudaFuncSetAttribute(GEMV_PICK(gemv_kernel, mode, rb, 1, 8, 32),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
+            smem_limit(GEMV_PICK(gemv_kernel, mode, rb, 1, 8, 32), GEMV_SMEM);
 #ifndef ENABLE_FP32
-            cudaCheck(cudaFuncSetAttribute(GEMV_PICK(gemv_mma_kernel, mode, 1 << i, 1, 2, 4),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
+            smem_limit(GEMV_PICK(gemv_mma_kernel, mode, 1 << i, 1, 2, 4), GEMV_SMEM);
 #endif
         }
     }
@@ -7600,20 +7553,25 @@ static void gpu_decoder_free(GpuDecoder* d) {
 // ----------------------------------------------------------------------------
 // sampling on the GPU: the samples that training prints
 
+// out (V) = row n of the last forward's logits in fp32; row_x: (V) host scratch
+static void gpu_logits_row(const GPUModel* g, size_t n, floatX* row_x, float* out) {
+    int V = g->config.vocab_size, Vp = g->config.padded_vocab_size;
+    cudaCheck(cudaMemcpy(row_x, g->acts.logits + n * Vp, (size_t)V * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (int j = 0; j < V; j++) { out[j] = to_float(row_x[j]); }
+}
+
 // generates from the EOT token, recomputing the full forward at each step (where the decoder
 // cannot run: gpu_decoder_problem)
 static void gpu_sample_full(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_t* rng) {
-    int V = g->config.vocab_size, Vp = g->config.padded_vocab_size;
+    int V = g->config.vocab_size;
     int* tokens = (int*)malloc_check((size_t)gen_tokens * sizeof(int), "sample");
-    floatX* row_x = (floatX*)malloc_check((size_t)Vp * sizeof(floatX), "logits row");
-    float* row = (float*)malloc_check((size_t)Vp * sizeof(float), "logits row");
+    floatX* row_x = (floatX*)malloc_check((size_t)V * sizeof(floatX), "logits row");
+    float* row = (float*)malloc_check((size_t)V * sizeof(float), "logits row");
     tokens[0] = tk->eot;
     printf("sample: ");
     for (int t = 1; t < gen_tokens; t++) {
         gpu_forward(g, tokens, NULL, 1, t);
-        cudaCheck(cudaMemcpy(row_x, g->acts.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
-                             cudaMemcpyDeviceToHost));
-        for (int j = 0; j < V; j++) { row[j] = to_float(row_x[j]); }
+        gpu_logits_row(g, (size_t)(t - 1), row_x, row);
         tokens[t] = sample_from_logits(row, V, 1.0f, rng);
         tokenizer_print(tk, tokens[t]);
     }
@@ -7731,9 +7689,7 @@ static void gpu_backend_forward(void* ctx, const int* inputs, const int* targets
 
 static void gpu_backend_logits_row(void* ctx, size_t n, float* out) {
     GpuBackend* gb = (GpuBackend*)ctx;
-    int V = gb->g->config.vocab_size, Vp = gb->g->config.padded_vocab_size;
-    cudaCheck(cudaMemcpy(gb->row_x, gb->g->acts.logits + n * Vp, (size_t)V * sizeof(floatX), cudaMemcpyDeviceToHost));
-    for (int j = 0; j < V; j++) { out[j] = to_float(gb->row_x[j]); }
+    gpu_logits_row(gb->g, n, gb->row_x, out);
 }
 
 static void gpu_backend_reset(void* ctx) { (void)ctx; } // nothing cached
