@@ -123,8 +123,8 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 #ifndef NO_NCCL
 #include <nccl.h>
 #else
-// Built without NCCL (the Makefile found none): one GPU only; dist_init refuses more
-// processes before any of these stand-ins could be called.
+// Built without NCCL (the Makefile found none): one GPU only; dist_init refuses more processes before any of these
+// stand-ins could be called.
 typedef struct ncclComm* ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef enum { ncclSuccess, ncclInProgress, ncclUnavailable } ncclResult_t;
@@ -218,8 +218,7 @@ static size_t g_memory_estimate = 0;
 static const char* g_memory_hint = "use a smaller micro-batch -b (raise -d to keep the total batch through gradient "
                                    "accumulation) or a shorter sequence -t";
 // Device memory in use once the CUDA context exists, before the trainer's first allocation: used memory minus this is
-// what the run took, library state (cuBLASLt, NCCL) and lazily
-// loaded kernel code included.
+// what the run took, library state (cuBLASLt, NCCL) and lazily loaded kernel code included.
 static size_t g_memory_baseline = 0;
 // Activation recompute level of the models built next (-r): 0 keeps every activation of the forward; 1 keeps the
 // residual stream and the matmul and attention outputs, and the backward recomputes the element-wise and normalisation
@@ -512,8 +511,8 @@ static void matmul_plans_drop(int keep_tuned) {
     g_num_plans = kept;
 }
 
-// Descriptors and algorithm for one shape, made once and reused (the heuristic query costs
-// more than many small matmuls).
+// Descriptors and algorithm for one shape, made once and reused (the heuristic query costs more than many small
+// matmuls).
 static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, int ldb, cudaDataType_t d_type,
                                const unsigned align[4]) {
     for (int i = 0; i < g_num_plans; i++) {
@@ -836,9 +835,8 @@ __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* 
 }
 
 // Column sums without atomics, in two fixed-order stages, for the norm-scale and bias gradients. Stage 1 sums a
-// chunk of COLSUM_ROWS rows per column: block (32, 8), thread y
-// takes rows y, y + 8, ... of the chunk, then the 8 sums are added in order. This one: the
-// bias gradients, plain column sums of d (rows, W) fp32 (W = H: no packs).
+// chunk of COLSUM_ROWS rows per column: block (32, 8), thread y takes rows y, y + 8, ... of the chunk, then the 8 sums
+// are added in order. This one: the bias gradients, plain column sums of d (rows, W) fp32 (W = H: no packs).
 #define COLSUM_ROWS 256
 __global__ void colsum_partial_kernel(float* partial, const float* d, size_t rows, int W) {
     __shared__ float sums[8][33];
@@ -889,9 +887,9 @@ __global__ void colsum_scale_partial_kernel(float* partial, const floatX* d, con
     }
 }
 
-// stage 2: out[i] += sum over chunks and over `fold` groups of W / fold columns (fold = H
-// folds the heads onto one shared scale vector). Block (32, 16): x picks the column (coalesced reads), y strides over
-// the (chunk, group) terms; the 16 partial sums are added in order.
+// stage 2: out[i] += sum over chunks and over `fold` groups of W / fold columns (fold = H folds the heads onto one
+// shared scale vector). Block (32, 16): x picks the column (coalesced reads), y strides over the (chunk, group) terms;
+// the 16 partial sums are added in order.
 __global__ void colsum_finish_kernel(float* out, const float* partial, int chunks, int W, int fold) {
     __shared__ float sums[16][33];
     int i = blockIdx.x * 32 + threadIdx.x, len = W / fold;
@@ -1780,11 +1778,11 @@ static void qk_norm_rope_backward_gpu(QKNormGradSet q, QKNormGradSet k, int grou
 // ----------------------------------------------------------------------------
 // the forget gate
 
-// The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only
-// and fixed gates), written back into gate_logit; c_t = sum_{s<=t} logsigmoid(z_s), summed in fp64 and rounded to fp32.
-// The scan: each thread sums a contiguous chunk, a scan over the chunk totals gives each chunk its carry, then each
-// thread re-walks its chunk from it; the order is fixed, so the result is deterministic. gate_logit's column is H
-// floats a step apart and the work is latency bound: each thread issues GATE_BATCH loads before it uses the first.
+// The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only and fixed gates), written
+// back into gate_logit; c_t = sum_{s<=t} logsigmoid(z_s), summed in fp64 and rounded to fp32. The scan: each thread
+// sums a contiguous chunk, a scan over the chunk totals gives each chunk its carry, then each thread re-walks its chunk
+// from it; the order is fixed, so the result is deterministic. gate_logit's column is H floats a step apart and the
+// work is latency bound: each thread issues GATE_BATCH loads before it uses the first.
 #define GATE_THREADS 1024
 #define GATE_BATCH 8
 __global__ void __launch_bounds__(GATE_THREADS)
@@ -2831,21 +2829,20 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
 }
 
 // ---- the fused backward ----
-// The forward differentiated: o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
-// S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i); dk_j = scale sum_i
-// dS_ij q_i; dq_i = scale sum_j dS_ij k_j; dc_t = sum_j dS_tj - sum_i dS_it. Two warp-specialised kernels of 384
-// threads, each block owning one 128-row tile (one pruning tile): dK/dV (a key tile; query tiles streamed) and dQ (a
-// query tile; key tiles streamed). Warpgroup 0 is the producer (fox_bwd_producer, setmaxnreg 24); warpgroups 1 and 2
-// consume 64 rows each (setmaxnreg 240). The fixed pair of tiles comes once, the streamed pairs and their per-row
-// floats through a ring of ST stages. The consumers are not kept in lockstep: each waits only for its stage and
-// releases it after its last matmul on it, so one's element-wise work runs under the other's matmuls. No
-// accumulator of an in-flight wgmma is defined by other code (ptxas would say C7515 and serialise the wgmmas); the dQ
-// kernel's cross-tile overlap (OVL, hd 64) makes ptxas inject one wait after its loop (its info C7517, expected). Masks
-// are
-// selects against two integer bounds per row; descriptors are computed once (warp-uniform) and advanced by constants
-// (desc_add). PRE: the producer's lanes form the per-column logit terms once per stage (plain loads before the wait for
-// the stage, st.shared, an arrival with release semantics), the same operations on the same values as the consumers' (P
-// and dS keep their bits).
+// The forward differentiated: o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i), S_ij = q_i.k_j * scale + c_i - c_j.
+// dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i); dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij
+// k_j; dc_t = sum_j dS_tj - sum_i dS_it. Two warp-specialised kernels of 384 threads, each block owning one 128-row
+// tile (one pruning tile): dK/dV (a key tile; query tiles streamed) and dQ (a query tile; key tiles streamed).
+// Warpgroup 0 is the producer (fox_bwd_producer, setmaxnreg 24); warpgroups 1 and 2 consume 64 rows each
+// (setmaxnreg 240). The fixed pair of tiles comes once, the streamed pairs and their per-row floats through a
+// ring of ST stages. The consumers are not kept in lockstep: each waits only for its stage and releases it after its
+// last matmul on it, so one's element-wise work runs under the other's matmuls. No accumulator of an in-flight wgmma is
+// defined by other code (ptxas would say C7515 and serialise the wgmmas); the dQ kernel's cross-tile overlap
+// (OVL, hd 64) makes ptxas inject one wait after its loop (its info C7517, expected). Masks are selects against two
+// integer bounds per row; descriptors are computed once (warp-uniform) and advanced by constants (desc_add). PRE: the
+// producer's lanes form the per-column logit terms once per stage (plain loads before the wait for the stage,
+// st.shared, an arrival with release semantics), the same operations on the same values as the consumers' (P and dS
+// keep their bits).
 
 // The producer warp of both backward kernels (lane 0 issues the copies; the whole warp runs the per-row loads): the
 // block's own pair of tiles (K, V of the key tile, or Q, dO of the query tile) on fixed_bar, then for each of ntiles
@@ -3563,12 +3560,11 @@ static void fox_backward20_gpu(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
 }
 
 // dq, dk, dv: bf16 (B, T, H, hd), token stride stride_qkv (like q, k, v; may be a packed dqkv). dout, o: bf16 (B, T, H,
-// hd), token stride stride_o. lse: from fox_attention_forward.
-// c: fp32 (B, H, T) or NULL (plain causal attention). dlogf: fp32 (B, H, T) gradient of log f, written when c != NULL
-// (may be NULL when c is NULL).
-// scratch_dc: fp32 scratch of 3*B*H*T floats: [0, BHT) column part of dc (gradient of c),
-// [BHT, 2BHT) row part of dc, [2BHT, 3BHT) Delta = rowsum(dO * O) (computed here unless delta_ready). tables:
-// fox_prune_tables' output for this q, k, c (the forward's tiles), or NULL (dense); needs c.
+// hd), token stride stride_o. lse: from fox_attention_forward. c: fp32 (B, H, T) or NULL (plain causal attention).
+// dlogf: fp32 (B, H, T) gradient of log f, written when c != NULL (may be NULL when c is NULL). scratch_dc: fp32
+// scratch of 3*B*H*T floats: [0, BHT) column part of dc (gradient of c), [BHT, 2BHT) row part of dc, [2BHT, 3BHT)
+// Delta = rowsum(dO * O) (computed here unless delta_ready). tables: fox_prune_tables' output for this q, k, c (the
+// forward's tiles), or NULL (dense); needs c.
 void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch_dc, const bf16* dout,
                             const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse,
                             const float* c, int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
@@ -3723,9 +3719,9 @@ static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const 
     launchCheck();
 }
 
-// dq, dk, dv (B, T, H, hd) written; dlogf (B, H, T), the gradient of log f, written when
-// c != NULL. scratch: 3 * B * H * T floats (dc column part, dc row part, Delta; with delta_ready the caller wrote
-// Delta = rowsum(dout * o) already: output_norm_gate_backward_kernel).
+// dq, dk, dv (B, T, H, hd) written; dlogf (B, H, T), the gradient of log f, written when c != NULL. scratch:
+// 3 * B * H * T floats (dc column part, dc row part, Delta; with delta_ready the caller wrote Delta = rowsum(dout * o)
+// already: output_norm_gate_backward_kernel).
 static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dlogf, float* scratch,
                                    const floatX* dout, const floatX* q, const floatX* k, const floatX* v,
                                    const floatX* o, const float* lse, const float* c, int B, int T, int H, int hd,
@@ -3891,8 +3887,8 @@ static void output_norm_gate_backward_gpu(floatX* do_, floatX* dog, int ld, floa
 // ----------------------------------------------------------------------------
 // SwiGLU
 
-// SwiGLU: act = silu(g) * u, gu (N, 2I) holds the gate then the up projection of a row
-// XPACK consecutive hidden units of one row per thread (gpu_config_problem: I % XPACK == 0)
+// SwiGLU: act = silu(g) * u, gu (N, 2I) holds the gate then the up projection of a row; XPACK consecutive hidden
+// units of one row per thread (gpu_config_problem: I % XPACK == 0)
 __global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, int I) {
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * I) { return; }
@@ -3936,16 +3932,16 @@ static void swiglu_backward_gpu(floatX* dgu, const floatX* dact, const floatX* g
 // ----------------------------------------------------------------------------
 // cross-entropy
 
-// Cross-entropy over the first V logits of a row (pads V..Vp-1 masked), one block per row;
-// its loss is lse - logit_target. One pass for the lse: each thread keeps a running max m and sum s of exp(x - m),
-// rescaling s when m grows (s exp(m_old - m_new)); the block then combines the threads' (m, s) in a fixed order. With
-// GRAD (a training forward) the row then becomes, in place, the gradient of dloss * loss, the probabilities never
-// stored; the pass keeps the row in shared memory for it when `staged` (the launch gives Vp logits of room), else
-// reads it again. Both variants form the same lse. Precision: m, s, lse in fp32; each exponential as 2^((x - m)
-// log2 e) by ex2.approx (relative error < 2^-22; x - m is exact, the product rounded at 2^-24 relative: ~2e-6 for the
-// terms that matter, |x - m| < 30), so lse is off by ~1e-7 relative for any row length (s carries at most Vp /
-// CE_THREADS terms a thread); the gradient, 2^(x log2 e - lse log2 e) by one FFMA and ex2.approx, is then rounded to
-// floatX (2^-8 relative in bf16), as every bf16 activation gradient is. Denormal results become 0 (ex2.approx.ftz).
+// Cross-entropy over the first V logits of a row (pads V..Vp-1 masked), one block per row; its loss is lse -
+// logit_target. One pass for the lse: each thread keeps a running max m and sum s of exp(x - m), rescaling s when m
+// grows (s exp(m_old - m_new)); the block then combines the threads' (m, s) in a fixed order. With GRAD (a training
+// forward) the row then becomes, in place, the gradient of dloss * loss, the probabilities never stored; the pass keeps
+// the row in shared memory for it when `staged` (the launch gives Vp logits of room), else reads it again. Both
+// variants form the same lse. Precision: m, s, lse in fp32; each exponential as 2^((x - m) log2 e) by ex2.approx
+// (relative error < 2^-22; x - m is exact, the product rounded at 2^-24 relative: ~2e-6 for the terms that
+// matter, |x - m| < 30), so lse is off by ~1e-7 relative for any row length (s carries at most Vp / CE_THREADS terms a
+// thread); the gradient, 2^(x log2 e - lse log2 e) by one FFMA and ex2.approx, is then rounded to floatX (2^-8
+// relative in bf16), as every bf16 activation gradient is. Denormal results become 0 (ex2.approx.ftz).
 #define CE_THREADS 1024
 
 // folds one pack (logits j0 .. j0 + XPACK - 1) into the running (m, s)
@@ -4317,8 +4313,7 @@ static void dist_exchange_id(Dist* d, ncclUniqueId* id, const char* rendezvous) 
     }
 }
 
-// Finds this process's rank and GPU, initialises the GPU and, with more than one process,
-// the NCCL communicator.
+// Finds this process's rank and GPU, initialises the GPU and, with more than one process, the NCCL communicator.
 static void dist_init(Dist* d, const Args* a, int argc, char** argv) {
     *d = g_single_process;
     Topology t;
@@ -4381,8 +4376,8 @@ static void dist_free(Dist* d) {
 }
 
 // ----------------------------------------------------------------------------
-// the GPU model: the twin's FoxModel holds the configuration, the parameter table and a
-// host copy of the weights (checkpoints, tests); the device holds everything else
+// the GPU model: the twin's FoxModel holds the configuration, the parameter table and a host copy of the weights
+// (checkpoints, tests); the device holds everything else
 
 typedef struct {
     float* resid;       // (L+1, N, C) fp32 residual stream entering each layer; [L] the final one
@@ -5161,8 +5156,8 @@ static void gpu_forward_train(GPUModel* g, const int* inputs, const int* targets
 
 static void gpu_zero_grad(GPUModel* g) { cudaCheck(cudaMemset(g->grads, 0, g->layout.size * sizeof(float))); }
 
-// the encoder backward's lists: distinct tokens, and for each its positions in increasing
-// order (a counting sort on the host, uploaded)
+// the encoder backward's lists: distinct tokens, and for each its positions in increasing order (a counting sort on the
+// host, uploaded)
 static int encoder_lists(GPUModel* g, size_t N) {
     int V = g->config.vocab_size;
     int* tokens = g->enc_host;           // (N)
@@ -5456,11 +5451,11 @@ static void gpu_gather_master(GPUModel* g) {
 
 // ----------------------------------------------------------------------------
 // checkpoints (the twin's files: fp32 master weights; AdamW moments in the state file). With several processes rank 0
-// writes both files: the weights are the same on every rank and
-// ZeRO-1 shards of the moments are gathered first, so a run resumes on any number of GPUs.
+// writes both files: the weights are the same on every rank and ZeRO-1 shards of the moments are gathered first, so a
+// run resumes on any number of GPUs.
 
-// all-gathers one ZeRO-1 moment buffer into the gradient buffer (free between steps) and
-// copies it to `host` on rank 0; a collective
+// all-gathers one ZeRO-1 moment buffer into the gradient buffer (free between steps) and copies it to `host` on rank 0;
+// a collective
 static void gpu_gather_moments(GPUModel* g, const float* shard, float* host) {
     gpu_gather_buckets(g, g->grads, shard, 0, NUM_BUCKETS);
     dist_wait(g->dist);
@@ -5490,8 +5485,7 @@ static void gpu_state_to_host(GPUModel* g) {
     }
 }
 
-// uploads the host weights and, when the host has them, this rank's ranges of the AdamW
-// moments (else zeros)
+// uploads the host weights and, when the host has them, this rank's ranges of the AdamW moments (else zeros)
 static void gpu_state_from_host(GPUModel* g) {
     FoxModel* m = g->host;
     gpu_params_from_host(g);
@@ -5521,9 +5515,9 @@ static void gpu_save_checkpoint(GPUModel* g, const char* dir, const TrainState* 
 // ----------------------------------------------------------------------------
 // main: training: the validation loss, then (not with FOX_NO_MAIN) resume, the run's steps over a TrainRun, main
 
-// Mean loss over max_batches batches of B sequences (0: the whole validation set). With
-// several processes each evaluates its slice of every batch and the sums are gathered: for max_batches a multiple of
-// the world size they cover the same sequences as one process.
+// Mean loss over max_batches batches of B sequences (0: the whole validation set). With several processes each
+// evaluates its slice of every batch and the sums are gathered: for max_batches a multiple of the world size they cover
+// the same sequences as one process.
 static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
     dataloader_set_position(val, 0, 0, 0);
     if (val->current_batches == 0) { dataloader_advance_shard(val); }
