@@ -26,7 +26,7 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 */
 // Map: the sections in file order (each opens with a // ---- line and this title) and what they define.
 // checked CUDA and cuBLASLt calls
-// defines: cudaCheck, launchCheck, cublasCheck, ncclCheck, mpiCheck, gpu_malloc, gpu_memory_used
+// defines: cudaCheck, launchCheck, cublasCheck, ncclCheck, mpiCheck, gpu_malloc, gpu_memory_used, smem_limit
 // device and cuBLASLt setup
 // defines: gpu_init_device, gpu_init, gpu_available, gpu_peak_flops
 // device helpers shared by the kernels
