@@ -130,19 +130,12 @@ typedef struct { char internal[128]; } ncclUniqueId;
 typedef enum { ncclSuccess, ncclInProgress, ncclUnavailable } ncclResult_t;
 typedef enum { ncclFloat, ncclDouble, ncclBfloat16 } ncclDataType_t;
 enum { ncclSum };
-template <typename... Args> static ncclResult_t nccl_absent(Args...) { return ncclUnavailable; }
 static const char* ncclGetErrorString(ncclResult_t) { return "this train_fox was built without NCCL"; }
 static const char* ncclGetLastError(ncclComm_t) { return ""; }
-#define ncclGetUniqueId nccl_absent
-#define ncclCommInitRank nccl_absent
-#define ncclCommGetAsyncError nccl_absent
-#define ncclCommAbort nccl_absent
-#define ncclCommDestroy nccl_absent
-#define ncclAllReduce nccl_absent
-#define ncclReduceScatter nccl_absent
-#define ncclAllGather nccl_absent
-#define ncclGroupStart nccl_absent
-#define ncclGroupEnd nccl_absent
+#define NCCL_ABSENT(f) template <typename... Args> static ncclResult_t f(Args...) { return ncclUnavailable; }
+NCCL_ABSENT(ncclGetUniqueId) NCCL_ABSENT(ncclCommInitRank) NCCL_ABSENT(ncclCommGetAsyncError) NCCL_ABSENT(ncclCommAbort)
+NCCL_ABSENT(ncclCommDestroy) NCCL_ABSENT(ncclAllReduce) NCCL_ABSENT(ncclReduceScatter) NCCL_ABSENT(ncclAllGather)
+NCCL_ABSENT(ncclGroupStart) NCCL_ABSENT(ncclGroupEnd)
 #endif
 #ifdef USE_MPI
 #include <mpi.h>
@@ -152,24 +145,15 @@ static const char* ncclGetLastError(ncclComm_t) { return ""; }
 typedef float floatX;
 #define CUDA_R_X CUDA_R_32F
 #define PRECISION_NAME "fp32"
+__host__ __device__ static inline float to_float(float x) { return x; }
+__host__ __device__ static inline floatX to_floatX(float x) { return x; }
 #else
 typedef __nv_bfloat16 floatX;
 #define CUDA_R_X CUDA_R_16BF
 #define PRECISION_NAME "bf16"
-#endif
-
-#ifdef ENABLE_FP32
-__host__ __device__ static inline float to_float(float x) { return x; }
-#else
 __host__ __device__ static inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__host__ __device__ static inline floatX to_floatX(float x) { return __float2bfloat16(x); }
 #endif
-__host__ __device__ static inline floatX to_floatX(float x) {
-#ifdef ENABLE_FP32
-    return x;
-#else
-    return __float2bfloat16(x);
-#endif
-}
 
 // the one ceil_div, for host code and the kernels (attention tile counts)
 __host__ __device__ static inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -1033,7 +1017,6 @@ __device__ static inline void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-
 // ---- warpgroup mma (wgmma) ----
 // d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N), issued by a warpgroup (4
 // warps) and asynchronous until waited for; acc = 0 overwrites d. SS: A and B by descriptor, both K-major; RS: A from
@@ -1271,9 +1254,7 @@ static int head_proj_slots(const FoxConfig* cf, int slot[HP_MAX]) {
     return P;
 }
 
-
 #ifndef ENABLE_FP32
-
 // out_p (N, H) = x (N, C) @ w_p (H, C)^T for every p < P. A block takes HPF_ROWS rows of x and all J outputs and
 // walks C in stages of 64 columns: cp.async copies the stage's x (HPF_ROWS, 64) and w (16 NP, 64) into shared memory
 // HPF_STAGES - 1 stages ahead of the one the warps read. Each warp owns 32 rows (two m16 tiles) by all J outputs in
@@ -1470,9 +1451,7 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
         }
     }
 }
-#endif
 
-#ifndef ENABLE_FP32
 // NP = ceil(P H / 16), the n8-tile pairs of the kernels' instance (1 .. 6: gpu_config_problem)
 static int head_proj_np(const HeadProj* hp, int H) {
     int np = (hp->count * H + 15) / 16;
@@ -3610,11 +3589,8 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
 // attention_forward_gpu and attention_backward_gpu pick the fused kernels (bf16 build, hd 64 or 128) or the simple
 // kernel, and run the pruning tables' pass before the fused ones when -A 1 is on.
 
-#ifndef ENABLE_FP32
-
-// whether this head size runs on the fused kernels
+// whether this head size runs on the fused kernels (in the bf16 build)
 static int attention_fused(int hd) { return hd == 64 || hd == 128; }
-#endif
 
 // Counts the moves of buffers that kernels read by a pointer they keep (the pruning tables) and the changes of settings
 // they take as arguments (pruning): a CUDA graph captured before one must not run after it (gpu_train_micro_step).
@@ -3622,17 +3598,11 @@ static int g_buffer_epoch = 0;
 
 // adaptive computation pruning in the fused kernels (-A, -L), for the models run next
 static int g_prune = 0;
-#ifndef ENABLE_FP32
-static float g_prune_ln_eps = -10.0f;
-#endif
+static float g_prune_ln_eps = -10.0f; // the fp32 build has no fused kernels: -A 1 fails at the first attention
 static void attention_set_pruning(int on, double ln_eps) {
     g_buffer_epoch++; // a captured graph holds the old setting
     g_prune = on;
-#ifndef ENABLE_FP32
     g_prune_ln_eps = (float)ln_eps;
-#else
-    (void)ln_eps; // the fp32 build has no fused kernels: -A 1 fails at the first attention
-#endif
 }
 
 #ifndef ENABLE_FP32
@@ -6085,7 +6055,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(float* out, int out_
         }
     }
 }
-
 
 #ifndef ENABLE_FP32
 // The matvec of gemv_kernel on tensor cores (bf16 build, IC % 32 == 0): out (B, OC) = x (B, IC) @ W^T in fp32 (+= with
