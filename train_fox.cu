@@ -231,11 +231,11 @@ static void* gpu_malloc(size_t bytes, const char* what) {
     return p;
 }
 
-// lets `kernel` take `bytes` of dynamic shared memory: a per-device attribute, so launchers set it on every call
-// (microseconds)
-template <typename Kernel> static void smem_limit(Kernel kernel, size_t bytes) {
-    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
+// lets the kernel (the variadic argument: its template arguments' commas pass through) take `bytes` of dynamic shared
+// memory; a per-device attribute, so launchers set it on every call (microseconds)
+#define smem_limit(bytes, ...) \
+    cuda_check(cudaFuncSetAttribute(__VA_ARGS__, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes)), \
+               "smem_limit(" #__VA_ARGS__ ")", __FILE__, __LINE__)
 
 // ----------------------------------------------------------------------------
 // device and cuBLASLt setup
@@ -952,7 +952,7 @@ static void rmsnorm_backward_nv(int nv, float* dresid, floatX* dresid_x, float* 
     unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
     size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
     auto kernel = RMS_NV_PICK(rmsnorm_backward_kernel, nv);
-    if (smem > 48 * 1024) { smem_limit(kernel, smem); } // above the default (gpu_config_problem: C <= RMS_BWD_MAX_C)
+    if (smem > 48 * 1024) { smem_limit(smem, kernel); } // above the default (gpu_config_problem: C <= RMS_BWD_MAX_C)
     kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(dresid, dresid_x, partial, dout, x, w, rstd, N, C);
     launchCheck();
     colsum_finish_kernel<<<(unsigned)ceil_div(C, 32), dim3(32, 16)>>>(dw, partial, (int)chunks, C, 1);
@@ -1467,7 +1467,7 @@ static int head_proj_np(const HeadProj* hp, int H) {
 // the shared memory limit (smem_limit) with the carveout that lets two forward blocks (up to 112 KB each) or two or
 // three backward blocks share an SM
 template <typename Kernel> static void head_proj_smem(Kernel kernel, size_t smem) {
-    smem_limit(kernel, smem);
+    smem_limit(smem, kernel);
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    cudaSharedmemCarveoutMaxShared));
 }
@@ -2771,7 +2771,7 @@ static void fox_forward16_gpu(bf16* o, float* lse, const bf16* q, const bf16* k,
                               cudaStream_t s) {
     constexpr int BC = 128, NWG = HD == 64 ? 3 : 2, ST = HD == 64 ? 3 : 2, BR = 64 * NWG;
     constexpr size_t smem = FoxForwardSmem<HD, BC, ST, NWG>::bytes;
-    smem_limit(fox_forward_kernel16<HD, BC, ST, NWG, GATE>, smem);
+    smem_limit(smem, fox_forward_kernel16<HD, BC, ST, NWG, GATE>);
     int dev, sms;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -3519,8 +3519,8 @@ static void fox_backward20_gpu(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
     constexpr bool OVL = HD == 64;  // the dQ kernel's cross-tile overlap: at hd 64 only (its registers)
     constexpr size_t smem_kv = FoxDkdvSmem<HD, BQ, ST, PRE>::bytes;
     constexpr size_t smem_q = FoxDqSmem<HD, BC, ST, PRE>::bytes;
-    smem_limit(fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE>, smem_kv);
-    smem_limit(fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL>, smem_q);
+    smem_limit(smem_kv, fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE>);
+    smem_limit(smem_q, fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL>);
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
@@ -3589,8 +3589,10 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
 // attention_forward_gpu and attention_backward_gpu pick the fused kernels (bf16 build, hd 64 or 128) or the simple
 // kernel, and run the pruning tables' pass before the fused ones when -A 1 is on.
 
-// whether this head size runs on the fused kernels (in the bf16 build)
+#ifndef ENABLE_FP32
+// whether this head size runs on the fused kernels
 static int attention_fused(int hd) { return hd == 64 || hd == 128; }
+#endif
 
 // Counts the moves of buffers that kernels read by a pointer they keep (the pruning tables) and the changes of settings
 // they take as arguments (pruning): a CUDA graph captured before one must not run after it (gpu_train_micro_step).
@@ -3598,11 +3600,17 @@ static int g_buffer_epoch = 0;
 
 // adaptive computation pruning in the fused kernels (-A, -L), for the models run next
 static int g_prune = 0;
-static float g_prune_ln_eps = -10.0f; // the fp32 build has no fused kernels: -A 1 fails at the first attention
+#ifndef ENABLE_FP32
+static float g_prune_ln_eps = -10.0f;
+#endif
 static void attention_set_pruning(int on, double ln_eps) {
     g_buffer_epoch++; // a captured graph holds the old setting
     g_prune = on;
+#ifndef ENABLE_FP32
     g_prune_ln_eps = (float)ln_eps;
+#else
+    (void)ln_eps; // the fp32 build has no fused kernels: -A 1 fails at the first attention
+#endif
 }
 
 #ifndef ENABLE_FP32
@@ -3682,7 +3690,7 @@ static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const 
 #endif
     attention_prune_unsupported(c, hd);
     size_t smem = attention_forward_smem(hd);
-    smem_limit(attention_forward_kernel, smem);
+    smem_limit(smem, attention_forward_kernel);
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
     attention_forward_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(o, lse, q, k, v, c, T, H, hd, window,
                                                                   1.0f / sqrtf((float)hd));
@@ -3712,11 +3720,11 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
         launchCheck();
     }
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
-    smem_limit(attention_backward_dq_kernel, smem);
+    smem_limit(smem, attention_backward_dq_kernel);
     attention_backward_dq_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dq, c != NULL ? dc_row : NULL, dout, q, k, v,
                                                                       lse, delta, c, T, H, hd, window, scale);
     launchCheck();
-    smem_limit(attention_backward_dkdv_kernel, smem);
+    smem_limit(smem, attention_backward_dkdv_kernel);
     attention_backward_dkdv_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dk, dv, c != NULL ? dc_col : NULL, dout, q,
                                                                         k, v, lse, delta, c, T, H, hd, window, scale);
     launchCheck();
@@ -3980,7 +3988,7 @@ static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, 
     }
     size_t smem = (size_t)Vp * sizeof(floatX);
     int staged = smem + 1024 <= g_prop.sharedMemPerBlockOptin; // 1 KB: room for the static red[32] and margin
-    if (staged) { smem_limit(crossentropy_kernel<true>, smem); }
+    if (staged) { smem_limit(smem, crossentropy_kernel<true>); }
     crossentropy_kernel<true><<<(unsigned)N, CE_THREADS, staged ? smem : 0>>>(losses, logits, targets, V, Vp, dloss,
                                                                               staged);
     launchCheck();
@@ -6933,9 +6941,9 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     for (int mode = 0; mode < GEMV_MODES; mode++) { // every matvec instance may take GEMV_SMEM
         for (int i = 0; i < 3; i++) {
             int rb = i == 0 ? 1 : i == 1 ? 8 : 32;
-            smem_limit(GEMV_PICK(gemv_kernel, mode, rb, 1, 8, 32), GEMV_SMEM);
+            smem_limit(GEMV_SMEM, GEMV_PICK(gemv_kernel, mode, rb, 1, 8, 32));
 #ifndef ENABLE_FP32
-            smem_limit(GEMV_PICK(gemv_mma_kernel, mode, 1 << i, 1, 2, 4), GEMV_SMEM);
+            smem_limit(GEMV_SMEM, GEMV_PICK(gemv_mma_kernel, mode, 1 << i, 1, 2, 4));
 #endif
         }
     }
