@@ -1032,42 +1032,30 @@ __device__ static inline void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
                  "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define WG_D32 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
 #define WG_D64 WG_D32, WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
-__device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : WG_D32
-                 : "l"(da), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_rs_n64(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : WG_D32
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_rs_n128(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 WG_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : WG_D64
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_ss_n128(float* d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 WG_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : WG_D64
-                 : "l"(da), "l"(db), "r"(acc) : "memory");
-}
 // the SS and RS wgmma of width N (64 or 128)
 template<int N> __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int acc) {
-    if constexpr (N == 64) wgmma_ss_n64(d, da, db, acc);
-    else wgmma_ss_n128(d, da, db, acc);
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
+                     ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : WG_D32 : "l"(da), "l"(db), "r"(acc) : "memory");
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64
+                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : WG_D64 : "l"(da), "l"(db), "r"(acc) : "memory");
 }
 template<int N> __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    if constexpr (N == 64) wgmma_rs_n64(d, a, db, acc);
-    else wgmma_rs_n128(d, a, db, acc);
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                     : WG_D32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                     : WG_D64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
 }
 // before the first wgmma that reads registers or accumulators written by other code
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
