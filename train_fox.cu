@@ -1,39 +1,32 @@
 /*
 train_fox.cu: the GPU trainer of the Forgetting Transformer (FoX), for H100 / H200 (sm_90).
 
-The same models, parameter layout, checkpoints and command line as the CPU twin train_fox.c,
-which this file includes: the configuration, the flat parameter table, the data loader, the
-tokenizer, the schedule, the checkpoint files and the arguments are the twin's; everything
-here is the GPU side. Precision: fp32 master weights, gradients and AdamW state; a bf16 copy
-of the weights for the matmuls; bf16 activations; fp32 residual stream, norm statistics,
-log f, c, softmax statistics and the loss. Build with -DENABLE_FP32 for fp32 activations and
-matmuls (for tight diffs against the twin).
+The same models, checkpoints and command line as the CPU twin train_fox.c, which this file includes: the
+configuration, the flat parameter table, the data loader, the tokenizer, the schedule, the checkpoint files and the
+arguments are the twin's; everything here is the GPU side. Precision: fp32 master weights, gradients and AdamW state;
+a bf16 copy of the weights for the matmuls; bf16 activations; fp32 residual stream, norm statistics, log f, c,
+softmax statistics and the loss. -DENABLE_FP32 makes activations and matmuls fp32 (tight diffs against the twin).
 
-Every matmul is cuBLASLt (fp32 accumulation); every other layer is a hand-written kernel,
-mirroring the twin's functions in the same order. Reductions that feed training (weight,
-bias and norm-scale gradients, the gradient norm, dc) never use atomics: same seed, same bits.
-The model, its numerics and the attention's gradient are described in dev/fox.md; the attention
-kernels' versions and measurements in dev/cuda/README.md, dev/cuda/LOG.md and dev/RESULTS.md.
+Every matmul is cuBLASLt (fp32 accumulation); every other layer is a hand-written kernel, mirroring the twin's
+functions in the same order. Reductions that feed training (weight, bias and norm-scale gradients, the gradient norm,
+dc) never use atomics: same seed, same bits. The model, its numerics and the attention's gradient: dev/fox.md; the
+attention kernels' versions and measurements: dev/cuda/README.md, dev/cuda/LOG.md, dev/RESULTS.md.
 
-Build: make train_fox, which runs
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --default-stream per-thread ... train_fox.cu \
-       -lcublasLt -lcublas -o train_fox
-(plus NCCL when the Makefile finds it, else -DNO_NCCL: one GPU; PRECISION=FP32 adds -DENABLE_FP32).
-A file that includes this one for its code (test_fox.cu; dev/profile_generate.cu, dev/bench_rmsnorm.cu,
-dev/bench_matmul_algos.cu) defines FOX_NO_MAIN, which drops main() (and the twin's); test hooks:
-train_fox.c, TEST_HOOK.
+Build: make train_fox (nvcc with the Makefile's NVCC_FLAGS: sm_90a, --default-stream per-thread; NCCL when found, else
+-DNO_NCCL: one GPU; PRECISION=FP32 adds -DENABLE_FP32). A file that includes this one for its code (test_fox.cu,
+dev/profile_generate.cu, dev/bench_rmsnorm.cu, dev/bench_matmul_algos.cu, dev/cuda) defines FOX_NO_MAIN, which drops
+main() (and the twin's); test hooks: train_fox.c, TEST_HOOK.
 
-Reading order: the training code from the top through main; generation and the evaluation modes
-follow main, which needs only gpu_sample and gpu_eval_main of them (declared before it), so a
-reader of training never crosses them. Each layer's section holds its kernels, then their
-launchers: a launcher is named <what>_gpu (the twin's function name plus _gpu), sets the grid and
-calls the kernel and launchCheck(); the model code (gpu_forward, gpu_backward, the optimiser,
-generation) calls launchers only. The fused attention kernels keep their own launchers
+Reading order: the training code from the top through main; generation and the evaluation modes follow main, which
+needs only gpu_sample and gpu_eval_main of them (declared before it), so a reader of training never crosses them.
+Each layer's section holds its kernels, then their launchers: a launcher is named <what>_gpu (the twin's function name
+plus _gpu), sets the grid and calls the kernel and launchCheck(); the model code (gpu_forward, gpu_backward, the
+optimiser, generation) calls launchers only. The fused attention kernels keep their own launchers
 (fox_attention_forward, fox_attention_backward) behind attention_forward_gpu / _backward_gpu.
 */
 // Map: the sections in file order (each opens with a // ---- line and this title) and what they define.
 // checked CUDA and cuBLASLt calls
-// defines: cudaCheck, launchCheck, cublasCheck, ncclCheck, mpiCheck, gpu_malloc, gpu_memory_used
+// defines: cudaCheck, launchCheck, cublasCheck, ncclCheck, mpiCheck, gpu_malloc, gpu_memory_used, smem_limit
 // device and cuBLASLt setup
 // defines: gpu_init_device, gpu_init, gpu_available, gpu_peak_flops
 // device helpers shared by the kernels
@@ -116,8 +109,8 @@ generation) calls launchers only. The fused attention kernels keep their own lau
 #include "train_fox.c"
 #undef FOX_NO_MAIN
 #endif
-// gpu_train_micro_step's CUDA graph captures the default stream of this thread, which the legacy
-// default stream cannot be: every launch on stream 0 must go there (the Makefile's NVCC_FLAGS)
+// gpu_train_micro_step's CUDA graph captures the default stream of this thread, which the legacy default stream cannot
+// be: every launch on stream 0 must go there (the Makefile's NVCC_FLAGS)
 #ifndef CUDA_API_PER_THREAD_DEFAULT_STREAM
 #error "build train_fox.cu with nvcc --default-stream per-thread (HINT: make train_fox passes it)"
 #endif
@@ -130,26 +123,19 @@ generation) calls launchers only. The fused attention kernels keep their own lau
 #ifndef NO_NCCL
 #include <nccl.h>
 #else
-// Built without NCCL (the Makefile found none): one GPU only; dist_init refuses more
-// processes before any of these stand-ins could be called.
+// Built without NCCL (the Makefile found none): one GPU only; dist_init refuses more processes before any of these
+// stand-ins could be called.
 typedef struct ncclComm* ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef enum { ncclSuccess, ncclInProgress, ncclUnavailable } ncclResult_t;
 typedef enum { ncclFloat, ncclDouble, ncclBfloat16 } ncclDataType_t;
 enum { ncclSum };
-template <typename... Args> static ncclResult_t nccl_absent(Args...) { return ncclUnavailable; }
 static const char* ncclGetErrorString(ncclResult_t) { return "this train_fox was built without NCCL"; }
 static const char* ncclGetLastError(ncclComm_t) { return ""; }
-#define ncclGetUniqueId nccl_absent
-#define ncclCommInitRank nccl_absent
-#define ncclCommGetAsyncError nccl_absent
-#define ncclCommAbort nccl_absent
-#define ncclCommDestroy nccl_absent
-#define ncclAllReduce nccl_absent
-#define ncclReduceScatter nccl_absent
-#define ncclAllGather nccl_absent
-#define ncclGroupStart nccl_absent
-#define ncclGroupEnd nccl_absent
+#define NCCL_ABSENT(f) template <typename... Args> static ncclResult_t f(Args...) { return ncclUnavailable; }
+NCCL_ABSENT(ncclGetUniqueId) NCCL_ABSENT(ncclCommInitRank) NCCL_ABSENT(ncclCommGetAsyncError) NCCL_ABSENT(ncclCommAbort)
+NCCL_ABSENT(ncclCommDestroy) NCCL_ABSENT(ncclAllReduce) NCCL_ABSENT(ncclReduceScatter) NCCL_ABSENT(ncclAllGather)
+NCCL_ABSENT(ncclGroupStart) NCCL_ABSENT(ncclGroupEnd)
 #endif
 #ifdef USE_MPI
 #include <mpi.h>
@@ -159,24 +145,15 @@ static const char* ncclGetLastError(ncclComm_t) { return ""; }
 typedef float floatX;
 #define CUDA_R_X CUDA_R_32F
 #define PRECISION_NAME "fp32"
+__host__ __device__ static inline float to_float(float x) { return x; }
+__host__ __device__ static inline floatX to_floatX(float x) { return x; }
 #else
 typedef __nv_bfloat16 floatX;
 #define CUDA_R_X CUDA_R_16BF
 #define PRECISION_NAME "bf16"
-#endif
-
-#ifdef ENABLE_FP32
-__host__ __device__ static inline float to_float(float x) { return x; }
-#else
 __host__ __device__ static inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__host__ __device__ static inline floatX to_floatX(float x) { return __float2bfloat16(x); }
 #endif
-__host__ __device__ static inline floatX to_floatX(float x) {
-#ifdef ENABLE_FP32
-    return x;
-#else
-    return __float2bfloat16(x);
-#endif
-}
 
 // the one ceil_div, for host code and the kernels (attention tile counts)
 __host__ __device__ static inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -224,13 +201,12 @@ static size_t g_memory_estimate = 0;
 // what to change when memory runs out (generation replaces the training advice)
 static const char* g_memory_hint = "use a smaller micro-batch -b (raise -d to keep the total batch through gradient "
                                    "accumulation) or a shorter sequence -t";
-// Device memory in use once the CUDA context exists, before the trainer's first allocation:
-// used memory minus this is what the run took, library state (cuBLASLt, NCCL) and lazily
-// loaded kernel code included.
+// Device memory in use once the CUDA context exists, before the trainer's first allocation: used memory minus this is
+// what the run took, library state (cuBLASLt, NCCL) and lazily loaded kernel code included.
 static size_t g_memory_baseline = 0;
-// Activation recompute level of the models built next (-r): 0 keeps every activation of the
-// forward; 1 keeps the residual stream and the matmul and attention outputs, and the backward
-// recomputes the element-wise and normalisation outputs of each layer from them.
+// Activation recompute level of the models built next (-r): 0 keeps every activation of the forward; 1 keeps the
+// residual stream and the matmul and attention outputs, and the backward recomputes the element-wise and normalisation
+// outputs of each layer from them.
 static int g_recompute = 0;
 
 // used device memory as the driver reports it (total - free), the context included
@@ -255,6 +231,12 @@ static void* gpu_malloc(size_t bytes, const char* what) {
     return p;
 }
 
+// lets the kernel (the variadic argument: its template arguments' commas pass through) take `bytes` of dynamic shared
+// memory; a per-device attribute, so launchers set it on every call (microseconds)
+#define smem_limit(bytes, ...) \
+    cuda_check(cudaFuncSetAttribute(__VA_ARGS__, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes)), \
+               "smem_limit(" #__VA_ARGS__ ")", __FILE__, __LINE__)
+
 // ----------------------------------------------------------------------------
 // device and cuBLASLt setup
 
@@ -276,8 +258,7 @@ static int gpu_available(char* why, size_t n) {
     return 1;
 }
 
-// local_rank picks the GPU among the visible ones (modulo their count, so that one visible GPU
-// per process also works)
+// local_rank picks the GPU among the visible ones (modulo their count, so that one visible GPU per process also works)
 static void gpu_init_device(int local_rank) {
     char why[256];
     if (!gpu_available(why, sizeof(why))) {
@@ -310,9 +291,9 @@ static double gpu_peak_flops(void) {
 }
 
 // ----------------------------------------------------------------------------
-// device helpers shared by the kernels: reductions (warp shuffles in a fixed pattern, so every lane
-// gets the same bits every run), grid sizes, the 16-byte packs, the per-head lanes. The kernels'
-// convention: a backward kernel writes (=) its input gradient unless it says it accumulates.
+// device helpers shared by the kernels: reductions (warp shuffles in a fixed pattern, so every lane gets the same bits
+// every run), grid sizes, the 16-byte packs, the per-head lanes. The kernels' convention: a backward kernel writes (=)
+// its input gradient unless it says it accumulates.
 
 __device__ static inline float warp_sum(float v) {
     for (int o = 16; o > 0; o /= 2) { v += __shfl_xor_sync(0xffffffffu, v, o); }
@@ -324,9 +305,8 @@ __device__ static inline float warp_max(float v) {
     return v;
 }
 
-// v reduced by op over a block of up to 1024 threads (blockDim a multiple of 32): each warp by
-// shuffles, then the warps' results (identity past the last warp); every thread gets the result.
-// red: 32 entries of shared scratch.
+// v reduced by op over a block of up to 1024 threads (blockDim a multiple of 32): each warp by shuffles, then the
+// warps' results (identity past the last warp); every thread gets the result. red: 32 entries of shared scratch.
 template <typename TV, typename Op>
 __device__ static TV block_reduce(TV v, TV* red, TV identity, Op op) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -366,18 +346,17 @@ __device__ __forceinline__ float ex2_ftz(float x) {
     return y;
 }
 
-// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple
-// of 128) and (N, C) activations (gpu_config_problem requires C to be a multiple of XPACK) start
-// 16-byte aligned and hold whole packs
+// 16 bytes of floatX, the unit of the vectorised loads and stores: logits rows (Vp is a multiple of 128) and (N, C)
+// activations (gpu_config_problem requires C to be a multiple of XPACK) start 16-byte aligned and hold whole packs
 #define XPACK (16 / (int)sizeof(floatX))
 typedef struct __align__(16) { floatX v[XPACK]; } PackX;
 
 // four floatX, the store unit of the RMSNorm kernels' float4 columns
 typedef struct __align__(4 * sizeof(floatX)) { floatX v[4]; } Pack4X;
 
-// n consecutive floats from p (n a multiple of 4): 16-byte loads when p is 16-byte aligned, else
-// one at a time (a weight tensor's offset in the flat buffer need not be a multiple of 4). The
-// per-channel scales of the norms are read this way, so that their loads are not the kernels' bound.
+// n consecutive floats from p (n a multiple of 4): 16-byte loads when p is 16-byte aligned, else one at a time (a
+// weight tensor's offset in the flat buffer need not be a multiple of 4). The per-channel scales of the norms are read
+// this way, so that their loads are not the kernels' bound.
 template <int n>
 __device__ static inline void load_floats(float* out, const float* p) {
     if (((uintptr_t)p & 15) == 0) {
@@ -392,10 +371,9 @@ __device__ static inline void load_floats(float* out, const float* p) {
     }
 }
 
-// The per-head kernels give each (token, head) row of hd values G consecutive lanes (G a power
-// of two, at most 32, so a row never straddles warps); lane j holds the packs at j * XPACK and
-// hd/2 + j * XPACK, so RoPE's pairs (i, i + hd/2) meet in one lane and every load is 16 bytes
-// (gpu_config_problem: hd % (2 * XPACK) == 0, hd <= MAX_HD).
+// The per-head kernels give each (token, head) row of hd values G consecutive lanes (G a power of two, at most 32, so a
+// row never straddles warps); lane j holds the packs at j * XPACK and hd/2 + j * XPACK, so RoPE's pairs (i, i + hd/2)
+// meet in one lane and every load is 16 bytes (gpu_config_problem: hd % (2 * XPACK) == 0, hd <= MAX_HD).
 #define HEAD_THREADS 256
 static int head_lanes(int hd) {
     int G = 1;
@@ -410,8 +388,8 @@ __device__ static inline float group_sum(float v, int G) {
     return v;
 }
 
-// a per-head RMSNorm's 1 / sqrt(mean(x^2) + eps) from the lanes' sums of squares ss, written to rstd[row]
-// by the row's first lane (store); 1 when the norm is off (every lane of the warp calls it, norm or not)
+// a per-head RMSNorm's 1 / sqrt(mean(x^2) + eps) from the lanes' sums of squares ss, written to rstd[row] by the row's
+// first lane (store); 1 when the norm is off (every lane of the warp calls it, norm or not)
 __device__ static inline float head_rstd(float ss, int norm, float* rstd, size_t row, int store, int hd, float eps,
                                          int G) {
     if (!norm) { return 1.0f; }
@@ -431,10 +409,9 @@ __global__ void encoder_forward_kernel(float* out, const int* tokens, const floa
     out[idx] = wte[(size_t)tokens[n] * C + c];
 }
 
-// encoder backward, deterministic: each thread sums one column over a token's positions in
-// increasing order (a CSR list built on the host), as the twin does. Block (distinct token,
-// ENC_BWD_COLS columns): a frequent token (thousands of positions) is spread over C /
-// ENC_BWD_COLS blocks instead of one.
+// encoder backward, deterministic: each thread sums one column over a token's positions in increasing order (a CSR list
+// built on the host), as the twin does. Block (distinct token, ENC_BWD_COLS columns): a frequent token (thousands of
+// positions) is spread over C / ENC_BWD_COLS blocks instead of one.
 #define ENC_BWD_COLS 64
 __global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* token_ids, const int* offsets,
                                         const int* positions, int C) {
@@ -464,15 +441,14 @@ static void encoder_backward_gpu(float* dwte, const float* dout, const int* toke
 }
 
 // ----------------------------------------------------------------------------
-// matmuls: cuBLASLt, fp32 accumulation. Everything is row-major on our side; cuBLASLt is
-// column-major, so a row-major (R, C) matrix is a column-major (C, R) one.
+// matmuls: cuBLASLt, fp32 accumulation. Everything is row-major on our side; cuBLASLt is column-major, so a row-major
+// (R, C) matrix is a column-major (C, R) one.
 // D (m, n) = op(A) op(B) + beta C in column-major terms; C and D are floatX or fp32.
-// Tuning (-X 1): the heuristic ranks its candidates by a model, and at these shapes a later one
-// is often faster. gpu_tune_matmuls runs one forward and backward whose results are thrown away;
-// each plan's first use in it times the candidates on the call's own operands and keeps the
-// fastest that sums as the first choice does (its split-K count and reduction scheme, and its
-// bits: digests of D at beta 0 and at beta 1 onto a fixed C), so tuning changes the speed, never
-// the results: same seed, same bits, tuned or not, on every rank.
+// Tuning (-X 1): the heuristic ranks its candidates by a model, and at these shapes a later one is often faster.
+// gpu_tune_matmuls runs one forward and backward whose results are thrown away; each plan's first use in it times the
+// candidates on the call's own operands and keeps the fastest that sums as the first choice does (its split-K count and
+// reduction scheme, and its bits: digests of D at beta 0 and at beta 1 onto a fixed C), so tuning changes the speed,
+// never the results: same seed, same bits, tuned or not, on every rank.
 #define MATMUL_CANDIDATES 8
 
 typedef struct {
@@ -500,8 +476,8 @@ static unsigned ptr_alignment(const void* p) {
     return a;
 }
 
-// drops the plans (all, or the untuned ones only: the training step's tuned plans outlive the
-// shapes that sampling meets once per length)
+// drops the plans (all, or the untuned ones only: the training step's tuned plans outlive the shapes that sampling
+// meets once per length)
 static void matmul_plans_drop(int keep_tuned) {
     int kept = 0;
     for (int i = 0; i < g_num_plans; i++) {
@@ -519,8 +495,8 @@ static void matmul_plans_drop(int keep_tuned) {
     g_num_plans = kept;
 }
 
-// Descriptors and algorithm for one shape, made once and reused (the heuristic query costs
-// more than many small matmuls).
+// Descriptors and algorithm for one shape, made once and reused (the heuristic query costs more than many small
+// matmuls).
 static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, int ldb, cudaDataType_t d_type,
                                const unsigned align[4]) {
     for (int i = 0; i < g_num_plans; i++) {
@@ -570,8 +546,8 @@ static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, in
     return p;
 }
 
-// a 64-bit digest of n 16-bit words of device memory: an integer sum of position-mixed words
-// (integer addition is associative: the same bits give the same digest in any order)
+// a 64-bit digest of n 16-bit words of device memory: an integer sum of position-mixed words (integer addition is
+// associative: the same bits give the same digest in any order)
 __device__ unsigned long long g_digest;
 __global__ void digest_kernel(const uint16_t* w, size_t n) {
     unsigned long long acc = 0;
@@ -606,17 +582,22 @@ static void pattern_gpu(void* d, cudaDataType_t d_type, size_t n) {
     launchCheck();
 }
 
-// candidate i's bits on the call's operands: the digest of D after D = A B (beta 0) and after
-// D = A B + pattern (beta 1, C = D: where an algorithm adds C in its reduction shows); false when
-// cuBLASLt refuses the candidate
+// D = A B + beta C with plan p and algorithm algo, on the thread's default stream
+static cublasStatus_t matmul_run(const MatmulPlan* p, const cublasLtMatmulAlgo_t* algo, void* d, const void* c,
+                                 const floatX* a, const floatX* b, float beta) {
+    float alpha = 1.0f;
+    return cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta, c, p->c, d, p->d, algo, g_workspace,
+                          WORKSPACE_BYTES, cudaStreamPerThread);
+}
+
+// candidate i's bits on the call's operands: the digest of D after D = A B (beta 0) and after D = A B + pattern
+// (beta 1, C = D: where an algorithm adds C in its reduction shows); false when cuBLASLt refuses the candidate
 static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floatX* a, const floatX* b,
                                  unsigned long long digest[2]) {
-    float alpha = 1.0f, beta[2] = {0.0f, 1.0f};
     size_t n = (size_t)p->m * p->n, bytes = n * (p->d_type == CUDA_R_32F ? sizeof(float) : sizeof(floatX));
     for (int k = 0; k < 2; k++) {
         if (k == 1) { pattern_gpu(d, p->d_type, n); }
-        if (cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta[k], d, p->c, d, p->d, &p->cand[i],
-                           g_workspace, WORKSPACE_BYTES, cudaStreamPerThread) != CUBLAS_STATUS_SUCCESS) {
+        if (matmul_run(p, &p->cand[i], d, d, a, b, (float)k) != CUBLAS_STATUS_SUCCESS) {
             cudaGetLastError();
             return 0;
         }
@@ -627,14 +608,11 @@ static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floa
 
 // ms per call of candidate i on the operands (beta 0, D written), over 5 calls
 static float matmul_time_candidate(const MatmulPlan* p, int i, void* d, const floatX* a, const floatX* b) {
-    float alpha = 1.0f, zero = 0.0f, ms = 0.0f;
+    float ms = 0.0f;
     cudaEvent_t t0, t1;
     cudaCheck(cudaEventCreate(&t0)); cudaCheck(cudaEventCreate(&t1));
     cudaCheck(cudaEventRecord(t0));
-    for (int r = 0; r < 5; r++) {
-        cublasCheck(cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &zero, d, p->c, d, p->d, &p->cand[i],
-                                   g_workspace, WORKSPACE_BYTES, cudaStreamPerThread));
-    }
+    for (int r = 0; r < 5; r++) { cublasCheck(matmul_run(p, &p->cand[i], d, d, a, b, 0.0f)); }
     cudaCheck(cudaEventRecord(t1));
     cudaCheck(cudaEventSynchronize(t1));
     cudaCheck(cudaEventElapsedTime(&ms, t0, t1));
@@ -652,8 +630,7 @@ static void algo_reduction(const cublasLtMatmulAlgo_t* algo, int32_t* splitk, ui
                                                      sizeof(*scheme), &written));
 }
 
-// p's fastest candidate that sums as the first does: the same split-K count and reduction scheme,
-// and the first's bits at beta 0 and 1; overwrites D (the tuning step's results are thrown away)
+// p's fastest candidate that sums as the first does (same split-K count, reduction scheme and bits); overwrites D
 static void matmul_tune(MatmulPlan* p, void* d, const floatX* a, const floatX* b) {
     unsigned long long first[2], bits[2];
     int32_t splitk0, splitk;
@@ -689,9 +666,7 @@ static void matmul_lt(void* d, cudaDataType_t d_type, const void* c, const float
         if (!p->tuned) { matmul_tune(p, d, a, b); }
         p->calls++;
     }
-    float alpha = 1.0f;
-    cublasCheck(cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta, c_ptr, p->c, d, p->d, &p->algo,
-                               g_workspace, WORKSPACE_BYTES, cudaStreamPerThread));
+    cublasCheck(matmul_run(p, &p->algo, d, c_ptr, a, b, beta));
 }
 
 // out (N, OC) = inp (N, IC) @ w (OC, IC)^T, plus `add` (N, OC) when given (the residual)
@@ -713,12 +688,11 @@ static void matmul_backward_weight_gpu(float* dw, const floatX* dout, const floa
 // ----------------------------------------------------------------------------
 // RMSNorm and column sums
 
-// The RMSNorm kernels take one warp per row, lane the float4 columns c0 + 4 lane + 128 v of tile c0
-// (C % 4 == 0), and read the row in tiles of RMS_TILE(NV) columns (NV float4 per lane): both passes
-// over a row (its sum of squares or dot product, then the outputs) use the tile kept in registers,
-// so a row of up to RMS_TILE(NV) columns is read from memory once, with all its loads in flight
-// together. Wider rows keep their last tile and read the others twice. The sums run in column order
-// either way.
+// The RMSNorm kernels take one warp per row, lane the float4 columns c0 + 4 lane + 128 v of tile c0 (C % 4 == 0), and
+// read the row in tiles of RMS_TILE(NV) columns (NV float4 per lane): both passes over a row (its sum of squares or dot
+// product, then the outputs) use the tile kept in registers, so a row of up to RMS_TILE(NV) columns is read from memory
+// once, with all its loads in flight together. Wider rows keep their last tile and read the others twice. The sums
+// run in column order either way.
 #define RMS_TILE(NV) (128 * (NV))
 
 // NV float4 of row r (columns c0 + 4 lane + 128 v, those below C) into v4
@@ -771,9 +745,8 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x,
 }
 
 // RMSNorm backward fused with the first stage of its scale gradient (a column sum, finished by
-// colsum_finish_kernel), so dout and x are read once: one block per chunk of RMS_BWD_ROWS rows,
-// warp w takes rows w, w + 8, ... of the chunk. Accumulates into the fp32 residual gradient and
-// refreshes its matmul copy.
+// colsum_finish_kernel), so dout and x are read once: one block per chunk of RMS_BWD_ROWS rows, warp w takes
+// rows w, w + 8, ... of the chunk. Accumulates into the fp32 residual gradient and refreshes its matmul copy.
 #define RMS_BWD_ROWS 64
 #define RMS_BWD_MAX_C 7168 // shared memory: WARPS_PER_BLOCK * C floats of column sums
 template <int NV>
@@ -845,10 +818,9 @@ __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* 
     }
 }
 
-// Column sums without atomics, in two fixed-order stages, for the norm-scale and bias
-// gradients. Stage 1 sums a chunk of COLSUM_ROWS rows per column: block (32, 8), thread y
-// takes rows y, y + 8, ... of the chunk, then the 8 sums are added in order. This one: the
-// bias gradients, plain column sums of d (rows, W) fp32 (W = H: no packs).
+// Column sums without atomics, in two fixed-order stages, for the norm-scale and bias gradients. Stage 1 sums a
+// chunk of COLSUM_ROWS rows per column: block (32, 8), thread y takes rows y, y + 8, ... of the chunk, then the 8 sums
+// are added in order. This one: the bias gradients, plain column sums of d (rows, W) fp32 (W = H: no packs).
 #define COLSUM_ROWS 256
 __global__ void colsum_partial_kernel(float* partial, const float* d, size_t rows, int W) {
     __shared__ float sums[8][33];
@@ -867,9 +839,9 @@ __global__ void colsum_partial_kernel(float* partial, const float* d, size_t row
     }
 }
 
-// stage 1 of the per-head norm scales: column sums of d * x * rstd, d and x (rows, W) floatX,
-// XPACK columns per thread (16-byte loads; W % XPACK == 0); rstd has one value per segment of
-// `seg` columns of a row (seg = hd, a multiple of XPACK: a pack lies in one segment)
+// stage 1 of the per-head norm scales: column sums of d * x * rstd, d and x (rows, W) floatX, XPACK columns per thread
+// (16-byte loads; W % XPACK == 0); rstd has one value per segment of `seg` columns of a row (seg = hd, a multiple of
+// XPACK: a pack lies in one segment)
 __global__ void colsum_scale_partial_kernel(float* partial, const floatX* d, const floatX* x, const float* rstd,
                                             size_t rows, int W, int seg) {
     __shared__ float sums[8][32 * XPACK];
@@ -899,9 +871,9 @@ __global__ void colsum_scale_partial_kernel(float* partial, const floatX* d, con
     }
 }
 
-// stage 2: out[i] += sum over chunks and over `fold` groups of W / fold columns (fold = H
-// folds the heads onto one shared scale vector). Block (32, 16): x picks the column (coalesced
-// reads), y strides over the (chunk, group) terms; the 16 partial sums are added in order.
+// stage 2: out[i] += sum over chunks and over `fold` groups of W / fold columns (fold = H folds the heads onto one
+// shared scale vector). Block (32, 16): x picks the column (coalesced reads), y strides over the (chunk, group) terms;
+// the 16 partial sums are added in order.
 __global__ void colsum_finish_kernel(float* out, const float* partial, int chunks, int W, int fold) {
     __shared__ float sums[16][33];
     int i = blockIdx.x * 32 + threadIdx.x, len = W / fold;
@@ -921,8 +893,8 @@ __global__ void colsum_finish_kernel(float* out, const float* partial, int chunk
     }
 }
 
-// the RMSNorm kernels' register tile for rows of C: NV = the smallest of 1, 2, 4, 6, 8, 12 with
-// RMS_TILE(NV) >= C, 12 for wider rows
+// the RMSNorm kernels' register tile for rows of C: NV = the smallest of 1, 2, 4, 6, 8, 12 with RMS_TILE(NV) >= C, 12
+// for wider rows
 static int rms_nv(int C) {
     static const int nvs[] = {1, 2, 4, 6, 8, 12};
     for (int i = 0; i < 6; i++) {
@@ -952,8 +924,8 @@ static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const 
     rmsnorm_forward_nv(rms_nv(C), out, rstd, x, w, rows, C);
 }
 
-// dw[W / fold] += column sums over rows of d (the bias gradients) or, with x, of d * x * rstd
-// (the per-head norm scales; see the colsum kernels)
+// dw[W / fold] += column sums over rows of d (the bias gradients) or, with x, of d * x * rstd (the per-head norm
+// scales; see the colsum kernels)
 static void colsum_gpu(float* dw, float* partial, const float* d, size_t rows, int W) {
     dim3 grid((unsigned)ceil_div(W, 32), (unsigned)ceil_div(rows, COLSUM_ROWS));
     colsum_partial_kernel<<<grid, dim3(32, 8)>>>(partial, d, rows, W);
@@ -971,18 +943,16 @@ static void colsum_scale_gpu(float* dw, float* partial, const floatX* d, const f
     launchCheck();
 }
 
-// dx (added to dresid (N, C), which is refreshed in dresid_x, its matmul copy) and dw (added) from dout,
-// the gradient at the norm's output, with register tile nv (as rmsnorm_forward_nv); partial:
-// ceil(N / RMS_BWD_ROWS) x C floats of scratch
+// dx (added to dresid (N, C), which is refreshed in dresid_x, its matmul copy) and dw (added) from dout, the
+// gradient at the norm's output, with register tile nv (as rmsnorm_forward_nv); partial: ceil(N / RMS_BWD_ROWS) x C
+// floats of scratch
 static void rmsnorm_backward_nv(int nv, float* dresid, floatX* dresid_x, float* partial, float* dw, const float* dout,
                                 const float* x, const float* w, const float* rstd, size_t N, int C) {
     rms_nv_check(nv);
     unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
     size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
     auto kernel = RMS_NV_PICK(rmsnorm_backward_kernel, nv);
-    if (smem > 48 * 1024) { // above the default limit (gpu_config_problem: C <= RMS_BWD_MAX_C)
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    }
+    if (smem > 48 * 1024) { smem_limit(smem, kernel); } // above the default (gpu_config_problem: C <= RMS_BWD_MAX_C)
     kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(dresid, dresid_x, partial, dout, x, w, rstd, N, C);
     launchCheck();
     colsum_finish_kernel<<<(unsigned)ceil_div(C, 32), dim3(32, 16)>>>(dw, partial, (int)chunks, C, 1);
@@ -995,9 +965,9 @@ static void rmsnorm_backward_gpu(float* dresid, floatX* dresid_x, float* partial
 }
 
 // ----------------------------------------------------------------------------
-// Hopper primitives: the hand-written PTX of the tensor-core kernels below (the head projections
-// and the fused attention), bf16 build only. wgmma, setmaxnreg and the tensor copies need the
-// arch-specific target sm_90a (the Makefile's -gencode=arch=compute_90a,code=sm_90a).
+// Hopper primitives: the hand-written PTX of the tensor-core kernels below (the head projections and the fused
+// attention), bf16 build only. wgmma, setmaxnreg and the tensor copies need the arch-specific target sm_90a (the
+// Makefile's -gencode=arch=compute_90a,code=sm_90a).
 
 #ifndef ENABLE_FP32
 typedef __nv_bfloat16 bf16;
@@ -1023,10 +993,9 @@ template<int N> __device__ __forceinline__ void cp_async_wait() {
 }
 
 // ---- warp-level mma (mma.sync) and ldmatrix ----
-// d (16x8, fp32) += a (16x16, row) b (16x8, col) on bf16 registers, the PTX fragment layout:
-// lane = 4 g + t holds a rows g, g+8 at k = 2t, 2t+1 (a[0], a[1]) and 2t+8, 2t+9 (a[2], a[3]),
-// b column g at k = 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1), d rows g (d[0], d[1]) and g+8 (d[2], d[3])
-// at columns 2t, 2t+1
+// d (16x8, fp32) += a (16x16, row) b (16x8, col) on bf16 registers, the PTX fragment layout: lane = 4 g + t holds a
+// rows g, g+8 at k = 2t, 2t+1 (a[0], a[1]) and 2t+8, 2t+9 (a[2], a[3]), b column g at k = 2t, 2t+1 (b0) and 2t+8, 2t+9
+// (b1), d rows g (d[0], d[1]) and g+8 (d[2], d[3]) at columns 2t, 2t+1
 __device__ static inline void mma_bf16_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%0, %1, %2, %3};\n"
@@ -1034,11 +1003,11 @@ __device__ static inline void mma_bf16_16816(float d[4], const uint32_t a[4], ui
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Four 8x8 bf16 matrices from shared memory (addr: this lane's shared-space byte address): lane l
-// gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes) and receives in r[i], of
-// matrix i, row l / 4 at columns 2 (l % 4), +1; with .trans, column l / 4 at rows 2 (l % 4), +1.
-// So a row-major (m, k) tile gives mma A fragments and B fragments of its transpose (rows = n),
-// and .trans on a row-major (k, n) tile gives B fragments (two k at one n).
+// Four 8x8 bf16 matrices from shared memory (addr: this lane's shared-space byte address): lane l gives the address of
+// row l % 8 of matrix l / 8 (16 contiguous bytes) and receives in r[i], of matrix i, row l / 4 at
+// columns 2 (l % 4), +1; with .trans, column l / 4 at rows 2 (l % 4), +1. So a row-major (m, k) tile gives mma A
+// fragments and B fragments of its transpose (rows = n), and .trans on a row-major (k, n) tile gives B fragments
+// (two k at one n).
 __device__ static inline void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
@@ -1048,12 +1017,10 @@ __device__ static inline void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-
 // ---- warpgroup mma (wgmma) ----
-// d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N), issued
-// by a warpgroup (4 warps) and asynchronous until waited for; acc = 0 overwrites d. SS: A and B by
-// descriptor, both K-major; RS: A from registers (mma.sync A-fragment layout per warp), B N-major
-// (transposed). Only the shapes the kernels use.
+// d (64 x N fp32 accumulator fragment, N/2 registers per thread) += A (64 x 16) B (16 x N), issued by a warpgroup (4
+// warps) and asynchronous until waited for; acc = 0 overwrites d. SS: A and B by descriptor, both K-major; RS: A from
+// registers (mma.sync A-fragment layout per warp), B N-major (transposed). Only the shapes the kernels use.
 // The accumulator in the PTX string ({%0, .., %31} or {%0, .., %63}) and in the operand list:
 #define WG_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
                   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -1065,42 +1032,30 @@ __device__ static inline void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
                  "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define WG_D32 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
 #define WG_D64 WG_D32, WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
-__device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : WG_D32
-                 : "l"(da), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_rs_n64(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : WG_D32
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_rs_n128(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 WG_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : WG_D64
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
-}
-__device__ __forceinline__ void wgmma_ss_n128(float* d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 WG_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : WG_D64
-                 : "l"(da), "l"(db), "r"(acc) : "memory");
-}
 // the SS and RS wgmma of width N (64 or 128)
 template<int N> __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int acc) {
-    if constexpr (N == 64) wgmma_ss_n64(d, da, db, acc);
-    else wgmma_ss_n128(d, da, db, acc);
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
+                     ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : WG_D32 : "l"(da), "l"(db), "r"(acc) : "memory");
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64
+                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : WG_D64 : "l"(da), "l"(db), "r"(acc) : "memory");
 }
 template<int N> __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t a[4], uint64_t db, int acc) {
-    if constexpr (N == 64) wgmma_rs_n64(d, a, db, acc);
-    else wgmma_rs_n128(d, a, db, acc);
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                     : WG_D32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                     : WG_D64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc) : "memory");
 }
 // before the first wgmma that reads registers or accumulators written by other code
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -1111,8 +1066,8 @@ template<int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
 }
 __device__ __forceinline__ void wgmma_wait0() { wgmma_wait<0>(); }
-// The compiler sees a wgmma as finished when issued; pinning its accumulators after the wait keeps
-// every read of them below the wait.
+// The compiler sees a wgmma as finished when issued; pinning its accumulators after the wait keeps every read of them
+// below the wait.
 template<int R> __device__ __forceinline__ void wgmma_pin(float* d) {
     #pragma unroll
     for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
@@ -1124,8 +1079,8 @@ template<int R> __device__ __forceinline__ void wgmma_pin_a(uint32_t (*a)[4]) {
         asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
     }
 }
-// A fragments read by an in-flight wgmma: a use after the wait keeps their registers from reuse
-// (a use, not a definition as wgmma_pin_a: ptxas would serialize a wgmma still in flight)
+// A fragments read by an in-flight wgmma: a use after the wait keeps their registers from reuse (a use, not a
+// definition as wgmma_pin_a: ptxas would serialize a wgmma still in flight)
 template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
     #pragma unroll
     for (int i = 0; i < R; i++) {
@@ -1134,32 +1089,28 @@ template<int R> __device__ __forceinline__ void wgmma_use_a(uint32_t (*a)[4]) {
 }
 
 // ---- swizzled shared-memory tiles and their wgmma descriptors ----
-// Shared-memory matrix descriptor: start address, LBO, SBO (each >> 4), layout in bits 62-63
-// (1: 128-byte swizzle).
+// Shared-memory matrix descriptor: start address, LBO, SBO (each >> 4), layout in bits 62-63 (1: 128-byte swizzle).
 __device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
     return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
            ((uint64_t)1 << 62);
 }
-// Tiles of (ROWS, HD) bf16 in shared memory use the 128-byte swizzle: blocks of 64 columns,
-// ROWS * 128 bytes each; in a block, row r takes 128 contiguous bytes and its 16-byte chunk c sits
-// at chunk c ^ (r % 8), so the loads and the wgmma reads are free of bank conflicts. Tiles start at
-// 1024-byte boundaries (the swizzle pattern repeats every 8 rows).
-// The same bytes serve as a K-major operand (K = HD: S = Q K^T, dP = dO V^T) and as an N-major one
-// (N = HD, K = rows: dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit. The 16-byte
-// chunk ch of row r starts (ch / 8) ROWS 64 + 64 r + 8 ((ch % 8) ^ (r % 8)) elements into the tile.
-// K-major operand (K = HD): 64 rows from row 8*rb, k16 step kk. The k step moves the start inside
-// the 128-byte row (the hardware applies the XOR on the address), SBO = 8 rows = 1024 bytes, LBO
-// unused.
+// Tiles of (ROWS, HD) bf16 in shared memory use the 128-byte swizzle: blocks of 64 columns, ROWS * 128 bytes each; in a
+// block, row r takes 128 contiguous bytes and its 16-byte chunk c sits at chunk c ^ (r % 8), so the loads and the wgmma
+// reads are free of bank conflicts. Tiles start at 1024-byte boundaries (the swizzle pattern repeats every 8 rows).
+// The same bytes serve as a K-major operand (K = HD: S = Q K^T, dP = dO V^T) and as an N-major one (N = HD, K = rows:
+// dV += P^T dO, dK += dS^T Q, dQ += dS K), with the transpose bit. The 16-byte chunk ch of row r starts (ch / 8)
+// ROWS 64 + 64 r + 8 ((ch % 8) ^ (r % 8)) elements into the tile. K-major operand (K = HD): 64 rows from row 8*rb, k16
+// step kk. The k step moves the start inside the 128-byte row (the hardware applies the XOR on the address), SBO = 8
+// rows = 1024 bytes, LBO unused.
 template<int ROWS> __device__ __forceinline__ uint64_t desc_k(const bf16* tile, int rb, int kk) {
     return wg_desc(tile + (kk / 4) * ROWS * 64 + rb * 8 * 64 + (kk % 4) * 16, 16, 1024);
 }
-// N-major operand (N = HD, K = rows 16kk..16kk+15): LBO = stride between 64-column blocks, SBO = 8
-// rows along K.
+// N-major operand (N = HD, K = rows 16kk..16kk+15): LBO = stride between 64-column blocks, SBO = 8 rows along K.
 template<int ROWS> __device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int kk) {
     return wg_desc(tile + kk * 16 * 64, ROWS * 128, 1024);
 }
-// descriptor + bytes: only the address field (addr >> 4, 14 bits) moves; no carry leaves it while
-// shared memory ends below 256 KB
+// descriptor + bytes: only the address field (addr >> 4, 14 bits) moves; no carry leaves it while shared memory ends
+// below 256 KB
 __device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
 // bytes from k step 0 to k step kk of a K-major swizzled (ROWS, HD) tile (desc_k)
 template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int kk) {
@@ -1168,8 +1119,7 @@ template<int ROWS> __device__ __forceinline__ constexpr uint32_t kstep_bytes(int
 // and of an N-major one (desc_mn): 16 rows of 128 bytes a step
 __device__ __forceinline__ constexpr uint32_t mnstep_bytes(int kk) { return kk * 2048; }
 
-// the dynamic shared memory, rounded up to 1024 bytes (the swizzle's repeat); callers allocate 1 KB
-// more
+// the dynamic shared memory, rounded up to 1024 bytes (the swizzle's repeat); callers allocate 1 KB more
 __device__ __forceinline__ unsigned char* smem_1k(unsigned char* raw) {
     return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
 }
@@ -1192,8 +1142,8 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
 }
-// an arrival after which this thread's earlier shared-memory stores are visible to a thread whose
-// try_wait sees the phase complete (PTX's default for mbarrier.arrive, spelled out)
+// an arrival after which this thread's earlier shared-memory stores are visible to a thread whose try_wait sees the
+// phase complete (PTX's default for mbarrier.arrive, spelled out)
 __device__ __forceinline__ void mbar_arrive_release(uint64_t* bar) {
     asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
 }
@@ -1207,8 +1157,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
                  "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
                  "@!p bra WAIT;\n}\n" :: "r"(smem_u32(bar)), "r"(parity) : "memory");
 }
-// ROWS rows of one head from a tensor map (fox_tensor_map) into a swizzled (ROWS, HD) tile: one box
-// per 64 columns, completing on `bar` (which must expect ROWS * HD * 2 bytes)
+// ROWS rows of one head from a tensor map (fox_tensor_map) into a swizzled (ROWS, HD) tile: one box per 64 columns,
+// completing on `bar` (which must expect ROWS * HD * 2 bytes)
 template<int ROWS, int HD>
 __device__ __forceinline__ void tma_load_tile(bf16* sm, const CUtensorMap* map, int row0, int h, int b,
                                               uint64_t* bar) {
@@ -1228,11 +1178,10 @@ template<int R> __device__ __forceinline__ void setmaxnreg_inc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R));
 }
 
-// Tensor map of q, k, v or dO: (B, T, H, hd) bf16 with token stride `stride` (elements) as dims
-// (hd, H, T, B), byte strides (hd * 2, stride * 2, T * stride * 2); boxes of 64 columns x `rows`
-// tokens of one head. Its 128-byte swizzle writes exactly the tile layout above, and rows past T
-// come back as zeros. (fp32 (B, H, T) rows cannot have one for odd T: a tensor map's strides are
-// multiples of 16 bytes.)
+// Tensor map of q, k, v or dO: (B, T, H, hd) bf16 with token stride `stride` (elements) as dims (hd, H, T, B), byte
+// strides (hd * 2, stride * 2, T * stride * 2); boxes of 64 columns x `rows` tokens of one head. Its 128-byte swizzle
+// writes exactly the tile layout above, and rows past T come back as zeros. (fp32 (B, H, T) rows cannot have one for
+// odd T: a tensor map's strides are multiples of 16 bytes.)
 static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, int stride, int rows) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;  // driver entry point, looked up once
     if (!encode) {
@@ -1260,15 +1209,14 @@ static CUtensorMap fox_tensor_map(const bf16* x, int B, int T, int H, int hd, in
 #endif // ENABLE_FP32
 
 // ----------------------------------------------------------------------------
-// head projections: the normed attention input x projected onto one value per head, the k-shift
-// and v-shift logits and the forget-gate logit, P <= 3 of them (those that are on), each a (H, C)
-// weight without bias. The bf16 build computes all P in one pass on tensor cores (mma.sync
-// m16n8k16, fp32 accumulation) instead of P thin cuBLASLt matmuls; the fp32 build keeps the
-// cuBLASLt matmuls. The weight gradients stay on cuBLASLt (a long reduction over N, which it
-// splits well), all P in one matmul that reads x once (layout_params keeps the P weights side by
-// side). Output j = p * H + h of the concatenation is head h of projection p (the backward's dout
-// holds them side by side in that order); the kernels are compiled for NP = ceil(J / 16) pairs of
-// n8 tiles (J = P * H outputs padded to 16 NP with zero weights).
+// head projections: the normed attention input x projected onto one value per head, the k-shift and v-shift logits and
+// the forget-gate logit, P <= 3 of them (those that are on), each a (H, C) weight without bias. The bf16 build computes
+// all P in one pass on tensor cores (mma.sync m16n8k16, fp32 accumulation) instead of P thin cuBLASLt matmuls; the fp32
+// build keeps the cuBLASLt matmuls. The weight gradients stay on cuBLASLt (a long reduction over N, which it splits
+// well), all P in one matmul that reads x once (layout_params keeps the P weights side by side).
+// Output j = p * H + h of the concatenation is head h of projection p (the backward's dout holds them side by side in
+// that order); the kernels are compiled for NP = ceil(J / 16) pairs of n8 tiles (J = P * H outputs padded to 16 NP with
+// zero weights).
 
 #define HP_MAX 3
 #define HP_MAX_J 96   // P * H (gpu_config_problem): NP <= 6
@@ -1280,14 +1228,13 @@ typedef struct {
     float* dw;                    // (P H, C) fp32 weight gradients, the P side by side (accumulated)
 } HeadProj;
 
-// element p < 3 of a by-value HeadProj array by selects (an indexed load copies the struct to
-// local memory)
+// element p < 3 of a by-value HeadProj array by selects (an indexed load copies the struct to local memory)
 template <typename Ptr> __device__ static inline Ptr head_proj_pick(const Ptr (&a)[HP_MAX], int p) {
     return p == 0 ? a[0] : p == 1 ? a[1] : a[2];
 }
 
-// The head projections that are on, in the order k shift, v shift, forget gate: slot[i] is
-// projection i's place among them (-1: off); returns P.
+// The head projections that are on, in the order k shift, v shift, forget gate: slot[i] is projection i's place among
+// them (-1: off); returns P.
 static const int HP_TENSORS[HP_MAX] = {P_WK_SHIFT, P_WV_SHIFT, P_WF};
 static int head_proj_slots(const FoxConfig* cf, int slot[HP_MAX]) {
     int on[HP_MAX] = {cf->k_shift, cf->v_shift, cf->gate == GATE_FULL}, P = 0;
@@ -1295,18 +1242,15 @@ static int head_proj_slots(const FoxConfig* cf, int slot[HP_MAX]) {
     return P;
 }
 
-
 #ifndef ENABLE_FP32
-
-// out_p (N, H) = x (N, C) @ w_p (H, C)^T for every p < P. A block takes HPF_ROWS rows of x and all
-// J outputs and walks C in stages of 64 columns: cp.async copies the stage's x (HPF_ROWS, 64) and
-// w (16 NP, 64) into shared memory HPF_STAGES - 1 stages ahead of the one the warps read. Each warp
-// owns 32 rows (two m16 tiles) by all J outputs in fp32 accumulators and reads its x fragments and
-// every weight fragment of the stage with ldmatrix (a weight fragment serves both m-tiles). The sum
-// over C is one pass of mma in column order, as in a plain matmul. Edges are zero-filled copies:
-// rows past N, weight rows past J, 16-byte chunks past C (C % 8 == 0: a chunk is wholly in or out).
-// Stage rows are 128 bytes with chunk ch stored at ch ^ (r % 8): the 8 rows of an ldmatrix matrix
-// (one logical chunk) and the 8 chunks of a row that a quarter-warp copies hit 8 distinct bank groups.
+// out_p (N, H) = x (N, C) @ w_p (H, C)^T for every p < P. A block takes HPF_ROWS rows of x and all J outputs and
+// walks C in stages of 64 columns: cp.async copies the stage's x (HPF_ROWS, 64) and w (16 NP, 64) into shared memory
+// HPF_STAGES - 1 stages ahead of the one the warps read. Each warp owns 32 rows (two m16 tiles) by all J outputs in
+// fp32 accumulators and reads its x fragments and every weight fragment of the stage with ldmatrix (a weight fragment
+// serves both m-tiles). The sum over C is one pass of mma in column order, as in a plain matmul. Edges are zero-filled
+// copies: rows past N, weight rows past J, 16-byte chunks past C (C % 8 == 0: a chunk is wholly in or out). Stage rows
+// are 128 bytes with chunk ch stored at ch ^ (r % 8): the 8 rows of an ldmatrix matrix (one logical chunk) and the 8
+// chunks of a row that a quarter-warp copies hit 8 distinct bank groups.
 #define HPF_WARPS 4                // warps per block in the forward
 #define HPF_ROWS (32 * HPF_WARPS)  // rows of x per block
 #define HPF_STAGES 4               // stages of 64 columns: 3 in flight while one is read
@@ -1347,12 +1291,11 @@ __global__ void __launch_bounds__(32 * HPF_WARPS) head_proj_forward_kernel(HeadP
     };
 
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    // ldmatrix: lane l gives row l % 8 of matrix m = l / 8, in bytes from the stage. x: matrices
-    // (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) of an m-tile = a[0..3], so row
-    // + 8 (m % 2), chunk 2 kk + m / 2; w: (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15)
-    // of rows 16 q.. = b0, b1 of n-tile 2q, then of n-tile 2q + 1, so row + 8 (m / 2), chunk
-    // 2 kk + m % 2. Every row is lane % 8 modulo 8: that is the swizzle's key. m-tile 1 and pair q
-    // are 16 rows (2048 bytes) on.
+    // ldmatrix: lane l gives row l % 8 of matrix m = l / 8, in bytes from the stage. x: matrices (rows 0-7, k 0-7),
+    // (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) of an m-tile = a[0..3], so row + 8 (m % 2), chunk 2 kk + m / 2; w:
+    // (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15) of rows 16 q.. = b0, b1 of n-tile 2q, then of
+    // n-tile 2q + 1, so row + 8 (m / 2), chunk 2 kk + m % 2. Every row is lane % 8 modulo 8: that is the swizzle's key.
+    // m-tile 1 and pair q are 16 rows (2048 bytes) on.
     int key = lane % 8, m1 = lane / 8 % 2, m2 = lane / 16;
     uint32_t xrow = (uint32_t)(32 * warp + key + 8 * m1) * 128;
     uint32_t wrow_b = (uint32_t)(HPF_ROWS + key + 8 * m2) * 128;
@@ -1416,15 +1359,14 @@ __global__ void __launch_bounds__(32 * HPF_WARPS) head_proj_forward_kernel(HeadP
     }
 }
 
-// dx (N, C) = sum_p dout_p (N, H) @ w_p (H, C), written (=); the mma's k is j. A block takes
-// HPB_ROWS rows and HPB_COLS columns of dx and fills shared memory once: the weights' (16 NP,
-// HPB_COLS) slice as it lies (cp.async, 16 bytes) and the rows' dout (HPB_ROWS, 16 NP), read from
-// dout's rows of J (a lane per j, a warp per row: coalesced). Each warp
-// loads its 16 rows' A fragments of every k16 step once with ldmatrix, then walks the columns 16
-// at a time: the weights' B fragments by ldmatrix.trans (two j at one column), 2 NP mma, fp32
-// pairs stored. Both tiles' rows are padded by 16 bytes to an odd number of 16-byte chunks, so the
-// 8 rows of an ldmatrix matrix hit 8 distinct bank groups. Padding is zero: j in [J, 16 NP), rows
-// past N, columns past C (C % 8 == 0: whole n8 tiles, whose stores are skipped).
+// dx (N, C) = sum_p dout_p (N, H) @ w_p (H, C), written (=); the mma's k is j. A block takes HPB_ROWS rows and HPB_COLS
+// columns of dx and fills shared memory once: the weights' (16 NP, HPB_COLS) slice as it lies (cp.async, 16 bytes) and
+// the rows' dout (HPB_ROWS, 16 NP), read from dout's rows of J (a lane per j, a warp per row: coalesced). Each warp
+// loads its 16 rows' A fragments of every k16 step once with ldmatrix, then walks the columns 16 at a time: the
+// weights' B fragments by ldmatrix.trans (two j at one column), 2 NP mma, fp32 pairs stored. Both tiles' rows are
+// padded by 16 bytes to an odd number of 16-byte chunks, so the 8 rows of an ldmatrix matrix hit 8 distinct bank
+// groups. Padding is zero: j in [J, 16 NP), rows past N, columns past C (C % 8 == 0: whole n8 tiles, whose stores are
+// skipped).
 #define HPB_WARPS 8                // warps per block in the backward, 16 rows of dx each
 #define HPB_ROWS (16 * HPB_WARPS)  // rows of dx per block
 #define HPB_COLS 256               // columns of dx per block: a 16-byte chunk per lane of a weight row
@@ -1473,8 +1415,8 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
     uint32_t arow = smem_u32(ds) + (uint32_t)((16 * warp + lane % 8 + 8 * (lane / 8 % 2)) * LDD + 8 * (lane / 16)) * 2;
     #pragma unroll
     for (int s = 0; s < NP; s++) { ldmatrix_x4(a[s], arow + 32 * s); }
-    // B fragments, .trans of weight rows k: matrices (k 0-7, n 0-7), (8-15, 0-7), (0-7, 8-15),
-    // (8-15, 8-15) = b0, b1 of n-tile 0, then of n-tile 1
+    // B fragments, .trans of weight rows k: matrices (k 0-7, n 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) = b0, b1 of
+    // n-tile 0, then of n-tile 1
     uint32_t brow = smem_u32(ws) + (uint32_t)((lane % 8 + 8 * (lane / 8 % 2)) * HPB_LDW + 8 * (lane / 16)) * 2;
     int t = lane % 4, cols = min(HPB_COLS, C - c_base);
     size_t ra = m0 + 16 * warp + lane / 4, rb = ra + 8;
@@ -1497,9 +1439,7 @@ __global__ void __launch_bounds__(32 * HPB_WARPS) head_proj_backward_input_kerne
         }
     }
 }
-#endif
 
-#ifndef ENABLE_FP32
 // NP = ceil(P H / 16), the n8-tile pairs of the kernels' instance (1 .. 6: gpu_config_problem)
 static int head_proj_np(const HeadProj* hp, int H) {
     int np = (hp->count * H + 15) / 16;
@@ -1512,10 +1452,10 @@ static int head_proj_np(const HeadProj* hp, int H) {
 // the instance of head-projection kernel template K at NP = np (1 .. 6)
 #define HP_NP_PICK(K, np) \
     ((np) == 1 ? K<1> : (np) == 2 ? K<2> : (np) == 3 ? K<3> : (np) == 4 ? K<4> : (np) == 5 ? K<5> : K<6>)
-// The shared memory limit is a per-device attribute: set on every call (microseconds), with the carveout
-// that lets two forward blocks (up to 112 KB each) or two or three backward blocks share an SM.
+// the shared memory limit (smem_limit) with the carveout that lets two forward blocks (up to 112 KB each) or two or
+// three backward blocks share an SM
 template <typename Kernel> static void head_proj_smem(Kernel kernel, size_t smem) {
-    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    smem_limit(smem, kernel);
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    cudaSharedmemCarveoutMaxShared));
 }
@@ -1535,8 +1475,8 @@ static void head_proj_forward_gpu(const HeadProj* hp, const floatX* x, size_t N,
 #endif
 }
 
-// dx (N, C) = sum_p dout_p @ w_p, overwriting dx (count > 0); dw_p += dout_p^T @ x, the P of them
-// as one matmul (dw (P H, C) += dout^T x)
+// dx (N, C) = sum_p dout_p @ w_p, overwriting dx (count > 0); dw_p += dout_p^T @ x, the P of them as one matmul
+// (dw (P H, C) += dout^T x)
 static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* x, size_t N, int C, int H) {
     int J = hp->count * H;
 #ifdef ENABLE_FP32
@@ -1557,13 +1497,13 @@ static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* 
 // ----------------------------------------------------------------------------
 // KV-shift
 
-// The per-head kernels below take the tensors of k and v (KV-shift) or of q and k (QK-norm and RoPE)
-// in one launch: blockIdx.y picks the set (a struct each; grid.y = the number of sets that are on), so
-// the pair shares one launch and its tail, and each thread runs the one-tensor code.
+// The per-head kernels below take the tensors of k and v (KV-shift) or of q and k (QK-norm and RoPE) in one launch:
+// blockIdx.y picks the set (a struct each; grid.y = the number of sets that are on), so the pair shares one launch and
+// its tail, and each thread runs the one-tensor code.
 typedef struct { floatX* out; const floatX* raw; const float* alpha_logit; } KVShiftSet;
 
-// KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z);
-// XPACK consecutive channels of one token per thread (one head's: hd % XPACK == 0, see head_lanes)
+// KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z); XPACK consecutive
+// channels of one token per thread (one head's: hd % XPACK == 0, see head_lanes)
 __global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, int T, int H, int hd) {
     floatX* out = blockIdx.y ? s1.out : s0.out;
     const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
@@ -1583,9 +1523,8 @@ __global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, 
     *(PackX*)(out + idx) = res;
 }
 
-// G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg),
-// dalpha_logit's ld_a (a block of the head projections' dhp). At most 48 registers (no spills), so
-// five blocks share an SM.
+// G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg), dalpha_logit's ld_a (a
+// block of the head projections' dhp). At most 48 registers (no spills), so five blocks share an SM.
 typedef struct {
     floatX *draw, *dalpha_logit;
     const floatX *dout, *raw;
@@ -1630,8 +1569,8 @@ kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a,
     if (active && j == 0) { dalpha_logit[n * ld_a + row % H] = to_floatX(da * a * (1.0f - a)); }
 }
 
-// out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head for the n <= 2 sets set[0 .. n - 1] (k, v: those
-// whose shift is on); out, raw (B, T, H, hd), alpha_logit (B, T, H); N = B T
+// out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head for the n <= 2 sets set[0 .. n - 1] (k, v: those whose shift is
+// on); out, raw (B, T, H, hd), alpha_logit (B, T, H); N = B T
 static void kv_shift_forward_gpu(const KVShiftSet set[2], int n, size_t N, int T, int H, int hd) {
     if (n == 0) { return; }
     size_t NC = N * H * hd;
@@ -1651,10 +1590,10 @@ static void kv_shift_backward_gpu(const KVShiftGradSet set[2], int n, int ld, in
 // ----------------------------------------------------------------------------
 // QK-norm and RoPE
 
-// QK-norm then RoPE on one (token, head) row of hd values, G lanes per row (see head_lanes);
-// either stage may be off (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for
-// head h is w + (h % groups) * hd (groups = 1 when the heads share one scale vector). RoPE
-// rotates the non-interleaved pairs (i, i + hd/2) by the angle of table rope[t][i] = (cos, sin).
+// QK-norm then RoPE on one (token, head) row of hd values, G lanes per row (see head_lanes); either stage may be
+// off (w == NULL: no norm; rope == NULL: no rotation). The norm's scale for head h is w + (h % groups) * hd (groups = 1
+// when the heads share one scale vector). RoPE rotates the non-interleaved pairs (i, i + hd/2) by the angle of table
+// rope[t][i] = (cos, sin).
 typedef struct {
     floatX* out;
     float* rstd;
@@ -1707,9 +1646,9 @@ __global__ void qk_norm_rope_forward_kernel(QKNormSet s0, QKNormSet s1, int grou
     *(PackX*)(out + row * hd + half + i0) = ohi;
 }
 
-// Writes dinp (rows ld long: C, or a block of dqkvg) and, with the norm on, dnormed (the gradient
-// at the norm's output, for the scale gradient). At most 64 registers, so four blocks share an SM.
-// The norm is on for both sets or for neither (w), as the forward's.
+// Writes dinp (rows ld long: C, or a block of dqkvg) and, with the norm on, dnormed (the gradient at the norm's output,
+// for the scale gradient). At most 64 registers, so four blocks share an SM. The norm is on for both sets or for
+// neither (w), as the forward's.
 typedef struct {
     floatX *dinp, *dnormed;
     int ld;
@@ -1806,12 +1745,11 @@ static void qk_norm_rope_backward_gpu(QKNormGradSet q, QKNormGradSet k, int grou
 // ----------------------------------------------------------------------------
 // the forget gate
 
-// The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only
-// and fixed gates), written back into gate_logit; c_t = sum_{s<=t} logsigmoid(z_s), summed in fp64
-// and rounded to fp32. The scan: each thread sums a contiguous chunk, a scan over the chunk totals
-// gives each chunk its carry, then each thread re-walks its chunk from it; the order is fixed, so
-// the result is deterministic. gate_logit's column is H floats a step apart and the work is latency
-// bound: each thread issues GATE_BATCH loads before it uses the first.
+// The forget gate, one block per (b, h): z_t = xw_t + b (xw = W_f x, NULL for the bias-only and fixed gates), written
+// back into gate_logit; c_t = sum_{s<=t} logsigmoid(z_s), summed in fp64 and rounded to fp32. The scan: each thread
+// sums a contiguous chunk, a scan over the chunk totals gives each chunk its carry, then each thread re-walks its chunk
+// from it; the order is fixed, so the result is deterministic. gate_logit's column is H floats a step apart and the
+// work is latency bound: each thread issues GATE_BATCH loads before it uses the first.
 #define GATE_THREADS 1024
 #define GATE_BATCH 8
 __global__ void __launch_bounds__(GATE_THREADS)
@@ -1891,23 +1829,22 @@ static void forget_gate_backward_gpu(float* dgate_logit, floatX* dgate_logit_x, 
 }
 
 // ----------------------------------------------------------------------------
-// Forgetting attention (dev/fox.md, "Forgetting attention"). Query i sees keys first_key(i) <= j <= i
-// (causal, or a sliding window of `window` keys), with the forget gate's bias:
+// Forgetting attention (dev/fox.md, "Forgetting attention"). Query i sees keys first_key(i) <= j <= i (causal, or a
+// sliding window of `window` keys), with the forget gate's bias:
 //   s_ij = q_i . k_j / sqrt(hd) + c_i - c_j,   P_ij = exp(s_ij - lse_i),   o_i = sum_j P_ij v_j,
-// lse_i saved for the backward. The backward writes dq, dk, dv and dlogf (B, H, T), the gradient of
-// log f: dc_t = sum_j dS_tj - sum_i dS_it and dlogf_t = sum_{s>=t} dc_s (dev/fox.md, "Attention
-// backward with the forget gate"). Two implementations behind attention_forward_gpu and
-// attention_backward_gpu, read in this order below:
-// - the simple kernel, fp32 on CUDA cores, any head size up to MAX_HD: the fp32 build runs it (the
-//   fused kernels read bf16 only); in the bf16 build it serves the tests' head size 16 fixtures
-//   (gpu_config_problem refuses other head sizes to the trainer);
-// - the fused flash kernels (bf16 build, head sizes 64 and 128) on Hopper tensor cores (wgmma),
-//   with adaptive computation pruning (dev/fox.md, "Adaptive computation pruning"): the
-//   "train_fox.cu" sections of dev/cuda/fox_attention_forward.cu and _backward.cu, specialised to
-//   the versions that run here (a change there is carried over; see dev/cuda/README.md). Which
-//   kernel runs at which head size, with which tiles: fox_attention_forward, fox_attention_backward.
-// Both backwards write dlogf through the same scratch: dc's column part (as key), dc's row part
-// (as query), Delta, then one fp64 reverse scan (fox_bwd_dlogf_kernel).
+// lse_i saved for the backward. The backward writes dq, dk, dv and dlogf (B, H, T), the gradient of log f: dc_t = sum_j
+// dS_tj - sum_i dS_it and dlogf_t = sum_{s>=t} dc_s (dev/fox.md, "Attention backward with the forget gate"). Two
+// implementations behind attention_forward_gpu and attention_backward_gpu, read in this order below:
+// - the simple kernel, fp32 on CUDA cores, any head size up to MAX_HD: the fp32 build runs it (the fused kernels read
+//   bf16 only); in the bf16 build it serves the tests' head size 16 fixtures (gpu_config_problem refuses other head
+//   sizes to the trainer);
+// - the fused flash kernels (bf16 build, head sizes 64 and 128) on Hopper tensor cores (wgmma), with adaptive
+//   computation pruning (dev/fox.md, "Adaptive computation pruning"): the "train_fox.cu" sections of
+//   dev/cuda/fox_attention_forward.cu and _backward.cu, specialised to the versions that run here (a change there is
+//   carried over; see dev/cuda/README.md). Which kernel runs at which head size, with which tiles:
+//   fox_attention_forward, fox_attention_backward.
+// Both backwards write dlogf through the same scratch: dc's column part (as key), dc's row part (as query), Delta, then
+// one fp64 reverse scan (fox_bwd_dlogf_kernel).
 
 #define ATT_TILE 32
 
@@ -1917,8 +1854,8 @@ __device__ static inline int first_key_gpu(int i, int window) {
 }
 
 // ---- the simple kernel (fp32 CUDA cores) ----
-// One warp per query (forward, dq) or key (dk, dv) row, the other side staged in ATT_TILE-row
-// fp32 tiles in shared memory; the softmax runs online over the key tiles.
+// One warp per query (forward, dq) or key (dk, dv) row, the other side staged in ATT_TILE-row fp32 tiles in shared
+// memory; the softmax runs online over the key tiles.
 // copies rows [r0, r0 + rows) of one head (zeros past T) into a (rows, ld) fp32 tile
 __device__ static void load_head_rows(float* tile, int ld, const floatX* src, int b, int h, int r0, int rows, int T,
                                       int H, int hd) {
@@ -1996,8 +1933,7 @@ static size_t attention_backward_smem(int hd) {
     return sizeof(float) * ((size_t)ATT_TILE * (hd + 1) * 2 + (size_t)WARPS_PER_BLOCK * hd * 2 + 3 * ATT_TILE);
 }
 
-// dq and the row part of dc, one warp per query row (it owns dq_i and dc_row_i); key tiles
-// staged in shared memory
+// dq and the row part of dc, one warp per query row (it owns dq_i and dc_row_i); key tiles staged in shared memory
 __global__ void attention_backward_dq_kernel(floatX* dq, float* dc_row, const floatX* dout, const floatX* q,
                                              const floatX* k, const floatX* v, const float* lse, const float* delta,
                                              const float* c, int T, int H, int hd, int window, float scale) {
@@ -2058,8 +1994,8 @@ __global__ void attention_backward_dq_kernel(floatX* dq, float* dc_row, const fl
     if (dc_row != NULL && lane == 0) { dc_row[(size_t)bh * T + i] = ds_sum; }
 }
 
-// dk, dv and the column part of dc, one warp per key row (it owns dk_j, dv_j, dc_col_j: no
-// atomics); query tiles staged in shared memory
+// dk, dv and the column part of dc, one warp per key row (it owns dk_j, dv_j, dc_col_j: no atomics); query tiles
+// staged in shared memory
 __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc_col, const floatX* dout,
                                                const floatX* q, const floatX* k, const floatX* v, const float* lse,
                                                const float* delta, const float* c, int T, int H, int hd, int window,
@@ -2138,9 +2074,8 @@ __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc
 
 // ---- the pruning's tile count (bf16 build) ----
 #ifndef ENABLE_FP32
-// Tiles of the forwards since the last attention_pruned_share (-A 1): [0] skipped, [1] those the
-// dense kernels read (causal, within the window), in 128 x 128 pruning tiles. One block per call;
-// integer sums, exact in any order.
+// Tiles of the forwards since the last attention_pruned_share (-A 1): [0] skipped, [1] those the dense kernels read
+// (causal, within the window), in 128 x 128 pruning tiles. One block per call; integer sums, exact in any order.
 __global__ void fox_prune_count_kernel(unsigned long long* counts, const int* key_start, int BH, int nt, int window) {
     __shared__ unsigned long long s_skip[256], s_dense[256];
     unsigned long long skipped = 0, dense = 0;
@@ -2180,8 +2115,8 @@ __global__ void attention_delta_kernel(float* delta, const floatX* dout, const f
 }
 
 #ifndef ENABLE_FP32
-// Delta_i = dO_i . O_i for the fused backward, in fp32, a warp per (b, h, i) row: dout, o (B, T, H, HD)
-// bf16 with token stride stride_o; delta (B, H, T)
+// Delta_i = dO_i . O_i for the fused backward, in fp32, a warp per (b, h, i) row: dout, o (B, T, H, HD) bf16 with token
+// stride stride_o; delta (B, H, T)
 template<int HD>
 __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16* o, int BHT, int T, int H,
                                      int stride_o) {
@@ -2201,10 +2136,10 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 }
 #endif
 
-// dlogf_t = sum_{s>=t} dc_s, dc = dc_col + dc_row, one (b, h) per block: each thread sums a
-// contiguous chunk, a suffix scan over the chunk sums gives each chunk its carry; fp64 inside,
-// fixed order. The row part is 0 in exact arithmetic but not with Delta from the rounded o:
-// keeping it makes dlogf_0 = sum_t dc_t cancel to ~0, as it must (c_0 cancels in every row).
+// dlogf_t = sum_{s>=t} dc_s, dc = dc_col + dc_row, one (b, h) per block: each thread sums a contiguous chunk, a suffix
+// scan over the chunk sums gives each chunk its carry; fp64 inside, fixed order. The row part is 0 in exact arithmetic
+// but not with Delta from the rounded o: keeping it makes dlogf_0 = sum_t dc_t cancel to ~0, as it must (c_0 cancels in
+// every row).
 #define FOX_SCAN_THREADS 1024
 __global__ void __launch_bounds__(FOX_SCAN_THREADS) fox_bwd_dlogf_kernel(float* dlogf, const float* dc_col,
                                                                          const float* dc_row, int T) {
@@ -2229,9 +2164,9 @@ __global__ void __launch_bounds__(FOX_SCAN_THREADS) fox_bwd_dlogf_kernel(float* 
 }
 
 // ---- the fused kernels (bf16 build): shared pieces ----
-// Tiles in shared memory are the swizzled (ROWS, HD) bf16 tiles of the Hopper primitives above; a
-// warpgroup's accumulator fragment holds, per thread, rows g and g + 8 (g = lane / 4) of its warp's
-// 16 and columns 2 tq, 2 tq + 1 (tq = lane % 4) of every 8-column block.
+// Tiles in shared memory are the swizzled (ROWS, HD) bf16 tiles of the Hopper primitives above; a warpgroup's
+// accumulator fragment holds, per thread, rows g and g + 8 (g = lane / 4) of its warp's 16 and columns 2 tq, 2 tq + 1
+// (tq = lane % 4) of every 8-column block.
 #ifndef ENABLE_FP32
 #define LN2 0.6931471805599453f
 
@@ -2240,25 +2175,23 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
 }
-// The accumulator of two adjacent n8 tiles (keys 16kk..16kk+15) is, repacked to bf16, exactly the
-// A fragment of the k16 step kk: a0 = (row g, k 2t..), a1 = (row g+8, k 2t..), a2/a3 = same at k+8.
+// The accumulator of two adjacent n8 tiles (keys 16kk..16kk+15) is, repacked to bf16, exactly the A fragment of the k16
+// step kk: a0 = (row g, k 2t..), a1 = (row g+8, k 2t..), a2/a3 = same at k+8.
 __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const float hi[4]) {
     a[0] = pack_bf16(lo[0], lo[1]); a[1] = pack_bf16(lo[2], lo[3]);
     a[2] = pack_bf16(hi[0], hi[1]); a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// The warp-specialised kernels (FlashAttention-3's structure: fox_forward_kernel16 and both backward
-// kernels): a producer warp fills rings of shared-memory stages, signalled by mbarriers (a full
-// barrier per stage completes when the copy engine's bytes and any cp.async lanes have landed, an
-// empty one when the consumer warps are done with it); setmaxnreg moves registers from the
-// producer warpgroup to the consumers. The bf16 tiles come by TMA (fox_tensor_map, tma_load_tile);
-// the fp32 rows (lse, Delta, c: (B, H, T), no tensor map for odd T) by 4-byte cp.async from the
-// producer's 32 lanes, arriving on the stage's full barrier when they land, or (the backward's PRE)
-// by plain loads, turned into per-column logit terms and stored, then an arrival with release
-// semantics.
+// The warp-specialised kernels (FlashAttention-3's structure: fox_forward_kernel16 and both backward kernels): a
+// producer warp fills rings of shared-memory stages, signalled by mbarriers (a full barrier per stage completes when
+// the copy engine's bytes and any cp.async lanes have landed, an empty one when the consumer warps are done with it);
+// setmaxnreg moves registers from the producer warpgroup to the consumers. The bf16 tiles come by TMA (fox_tensor_map,
+// tma_load_tile); the fp32 rows (lse, Delta, c: (B, H, T), no tensor map for odd T) by 4-byte cp.async from the
+// producer's 32 lanes, arriving on the stage's full barrier when they land, or (the backward's PRE) by plain loads,
+// turned into per-column logit terms and stored, then an arrival with release semantics.
 
-// Per stage of a ring a full barrier (full_count arrivals) and an empty one (empty_count: a warp of
-// the consumers each); thread 0 only.
+// Per stage of a ring a full barrier (full_count arrivals) and an empty one (empty_count: a warp of the consumers
+// each); thread 0 only.
 template<int ST>
 __device__ __forceinline__ void fox_ring_barriers(uint64_t* full, uint64_t* empty, int full_count, int empty_count) {
     for (int st = 0; st < ST; st++) {
@@ -2266,9 +2199,8 @@ __device__ __forceinline__ void fox_ring_barriers(uint64_t* full, uint64_t* empt
         mbar_init(&empty[st], empty_count);
     }
 }
-// Thread 0 initialises the block's barriers: the fixed tile's (one arrival) and a ring's; the fence
-// makes them (and any thread 0 initialised before) visible to the copy engine before any thread
-// goes on.
+// Thread 0 initialises the block's barriers: the fixed tile's (one arrival) and a ring's; the fence makes them (and any
+// thread 0 initialised before) visible to the copy engine before any thread goes on.
 template<int ST>
 __device__ __forceinline__ void fox_ring_init(uint64_t* fixed_bar, uint64_t* full, uint64_t* empty, int full_count,
                                               int empty_count) {
@@ -2299,18 +2231,16 @@ static void fox_check_args(const char* who, const void* q, const void* k, const 
 }
 
 // ---- adaptive computation pruning: the tile tables (train_fox.c: prune_bound, prune_tiles) ----
-// One cheap pass before each attention call (dev/fox.md, "Adaptive computation pruning"): U per
-// (b, h), then the tables. Pruning tiles are PRUNE_BLOCK = 128 queries by 128 keys; every fused
-// kernel's query and key tiles nest in them (static_asserts; a forward warpgroup's 64 rows lie in
-// one and take its key_start), so every kernel skips the same (query, key) pairs as the others and
-// as the twin. key_start (B*H, nt): the first key tile a query tile keeps; query_end (B*H, nt): the
-// first query tile that skips a key tile (nt = ceil(T / PRUNE_BLOCK)).
+// One cheap pass before each attention call (dev/fox.md, "Adaptive computation pruning"): U per (b, h), then the
+// tables. Pruning tiles are PRUNE_BLOCK = 128 queries by 128 keys; every fused kernel's query and key tiles nest in
+// them (static_asserts; a forward warpgroup's 64 rows lie in one and take its key_start), so every kernel skips the
+// same (query, key) pairs as the others and as the twin. key_start (B*H, nt): the first key tile a query tile keeps;
+// query_end (B*H, nt): the first query tile that skips a key tile (nt = ceil(T / PRUNE_BLOCK)).
 
-// U (B*H) = max_i |q_i| max_j |k_j| / sqrt(hd), in two passes so that a long sequence spreads
-// over the GPU. fox_prune_norms_kernel: grid (chunks of PRUNE_NORM_ROWS rows, B*H), a thread per
-// row sums its squares in fp32 in order (16-byte loads), then the block's maxima;
-// fox_prune_bound_kernel: a thread per (b, h) takes the maxima of its chunks. Maxima are exact in
-// any order: deterministic, no atomics.
+// U (B*H) = max_i |q_i| max_j |k_j| / sqrt(hd), in two passes so that a long sequence spreads over the GPU.
+// fox_prune_norms_kernel: grid (chunks of PRUNE_NORM_ROWS rows, B*H), a thread per row sums its squares in fp32 in
+// order (16-byte loads), then the block's maxima; fox_prune_bound_kernel: a thread per (b, h) takes the maxima of its
+// chunks. Maxima are exact in any order: deterministic, no atomics.
 #define PRUNE_NORM_ROWS 256
 template<int HD>
 __global__ void __launch_bounds__(PRUNE_NORM_ROWS) fox_prune_norms_kernel(float2* partial, const bf16* q,
@@ -2368,9 +2298,9 @@ __device__ __forceinline__ bool fox_prune_skip(const float* ch, int qt, int kt, 
     return kt < qt && ch[qt * PRUNE_BLOCK] - ch[kt * PRUNE_BLOCK + PRUNE_BLOCK - 1] < delta;
 }
 
-// key_start, query_end (B*H, nt) as prune_tiles, base: prune_delta_base. A warp per (b, h, tile)
-// runs the twin's two linear scans 32 tiles a step (a ballot, then the lowest lane that stops):
-// the same first kept key tile and the same end as the twin, in nt / 32 steps instead of nt.
+// key_start, query_end (B*H, nt) as prune_tiles, base: prune_delta_base. A warp per (b, h, tile) runs the twin's two
+// linear scans 32 tiles a step (a ballot, then the lowest lane that stops): the same first kept key tile and the same
+// end as the twin, in nt / 32 steps instead of nt.
 __global__ void fox_prune_tiles_kernel(int* key_start, int* query_end, const float* c, const float* U, int BH, int T,
                                        int nt, float base) {
     size_t idx = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -2396,9 +2326,8 @@ __global__ void fox_prune_tiles_kernel(int* key_start, int* query_end, const flo
     }
 }
 
-// Fills `tables` (2 * B*H*nt ints: key_start, then query_end) and U (B*H) for q, k, c; partial:
-// scratch of B*H*ceil(T / PRUNE_NORM_ROWS) float2. The twin computes the same tables from the same
-// U and c (test_fox.cu checks they match).
+// Fills `tables` (2 * B*H*nt ints: key_start, then query_end) and U (B*H) for q, k, c; partial: scratch of B*H*ceil(T /
+// PRUNE_NORM_ROWS) float2. The twin computes the same tables from the same U and c (test_fox.cu checks they match).
 static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16* q, const bf16* k, const float* c,
                              int B, int T, int H, int hd, int stride_qkv, float ln_eps, cudaStream_t s) {
     int BH = B * H, nt = ceil_div(T, PRUNE_BLOCK), chunks = ceil_div(T, PRUNE_NORM_ROWS);
@@ -2416,30 +2345,28 @@ static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16*
 
 // ---- the fused forward ----
 // The softmax of both forward kernels, in log2 units (dev/fox.md, "Numerics"):
-// - Gate terms per column, not per score. With c_ref = c of the thread's first row (a thread holds
-//   rows g and g + 8 of its warp's 16), d_j = (c_ref - c_j) log2(e) once per key tile for each of
-//   the thread's columns, and x_ij = s_ij scale log2(e) + d_j, one FFMA per score. The row term
-//   r_i = (c_i - c_ref) log2(e) drops out of the softmax: P_ij = 2^(x_ij - m_i), m_i the row maximum
-//   of x; only lse needs it: lse_i = (m_i + r_i + log2 l_i) ln 2.
-//   Precision: c reaches ~ -3e5 at T = 65536 with log f ~ -5, so c_i - c_j is never formed from two
-//   large absolutes. c_ref log2(e) is rounded once, but the same fp32 value enters every d_j and r_i
-//   of the thread with opposite signs and cancels exactly in x_ij + r_i; d_j and r_i are each one
-//   FFMA rounded at their own magnitude (|r_i| <= 8 |log f| log2(e); |d_j| <= |r_i| + ~30 where P
-//   matters), so a logit is off by a few 1e-6, far below bf16's rounding of P (2^-8 relative).
-// - Lazy maximum (FlashAttention-4): m_i moves only when a tile's row maximum exceeds it by more
-//   than FOX_RESCALE_LOG2, so most tiles skip rescaling O. P is then at most 2^8 (exact in fp32, fine
-//   in bf16); o = acc / l and lse stay exact. The test is per warp (__any_sync): the warp rescales
-//   all its rows, also exact. Key tiles run from the diagonal backwards, so that under a decaying
-//   gate the first tile already holds each row's maximum.
-// - 2^x by ex2_ftz (denormal P become 0); the mask (diagonal, window edge, past T: only in the tiles
-//   touching them) as two integer compares against per-row bounds.
+// - Gate terms per column, not per score. With c_ref = c of the thread's first row (a thread holds rows g and g + 8 of
+//   its warp's 16), d_j = (c_ref - c_j) log2(e) once per key tile for each of the thread's columns, and x_ij = s_ij
+//   scale log2(e) + d_j, one FFMA per score. The row term r_i = (c_i - c_ref) log2(e) drops out of the softmax:
+//   P_ij = 2^(x_ij - m_i), m_i the row maximum of x; only lse needs it: lse_i = (m_i + r_i + log2 l_i) ln 2.
+//   Precision: c reaches ~ -3e5 at T = 65536 with log f ~ -5, so c_i - c_j is never formed from two large absolutes.
+//   c_ref log2(e) is rounded once, but the same fp32 value enters every d_j and r_i of the thread with opposite signs
+//   and cancels exactly in x_ij + r_i; d_j and r_i are each one FFMA rounded at their own magnitude (|r_i| <= 8 |log f|
+//   log2(e); |d_j| <= |r_i| + ~30 where P matters), so a logit is off by a few 1e-6, far below bf16's rounding of P
+//   (2^-8 relative).
+// - Lazy maximum (FlashAttention-4): m_i moves only when a tile's row maximum exceeds it by more than
+//   FOX_RESCALE_LOG2, so most tiles skip rescaling O. P is then at most 2^8 (exact in fp32, fine in bf16); o = acc / l
+//   and lse stay exact. The test is per warp (__any_sync): the warp rescales all its rows, also exact. Key tiles run
+//   from the diagonal backwards, so that under a decaying gate the first tile already holds each row's maximum.
+// - 2^x by ex2_ftz (denormal P become 0); the mask (diagonal, window edge, past T: only in the tiles touching them) as
+//   two integer compares against per-row bounds.
 
 // O is rescaled only when a row maximum grows by more than this (log2 units)
 #define FOX_RESCALE_LOG2 8.0f
 
-// Logits of one warp's 16 rows of a BC-key tile in the accumulator layout: x = s * scale_log2 + d_j
-// (d_j as above, from the tile's c_j in sCb; 0 without gate), -inf where MASK and the column offset
-// k (0..BC-1, less 2 tq) is outside [lo_r, hi_r]; mx: each row's maximum over the thread's entries.
+// Logits of one warp's 16 rows of a BC-key tile in the accumulator layout: x = s * scale_log2 + d_j (d_j as above, from
+// the tile's c_j in sCb; 0 without gate), -inf where MASK and the column offset k (0..BC-1, less 2 tq) is outside
+// [lo_r, hi_r]; mx: each row's maximum over the thread's entries.
 template<int BC, bool GATE, bool MASK>
 __device__ __forceinline__ void fox_lean_logits(float* s, float mx[2], const float* sCb, float cref_l2, int tq,
                                                 float scale_log2, const int hi[2], const int lo[2]) {
@@ -2478,8 +2405,7 @@ __device__ __forceinline__ void fox_lean_exp(float* s, float l[2], const float m
     }
 }
 
-// o = acc / l (bf16) and lse = ln(sum) of the thread's rows below T; ob, lse_bh: this (b, h)'s
-// o at token 0 and lse row
+// o = acc / l (bf16) and lse = ln(sum) of the thread's rows below T; ob, lse_bh: this (b, h)'s o at token 0 and lse row
 template<int HD>
 __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const float* acc, float l[2], const float m[2],
                                                const int rows[2], int tq, int T, int stride_o) {
@@ -2498,13 +2424,12 @@ __device__ __forceinline__ void fox_store_rows(bf16* ob, float* lse_bh, const fl
     }
 }
 
-// The forward's tile scheduler, used alike by the producer and the consumers of fox_forward_kernel16
-// (persistent: a block per SM). Pair t is (query tile NT - 1 - t / BH, head t % BH): the longest query
-// tiles of every head first, since causal tiles are uneven. A block's k-th pair is dealt by next(k):
-// round k deals pairs k G .. k G + G - 1 to a grid of G blocks, block x taking the x-th in even rounds
-// and the (G - 1 - x)-th in odd ones (snake order), so that no block takes the longest pair of every
-// round. A pair's key tiles are [jt_begin, jt_end); its tile n is key tile jt_end - 1 - n, from the
-// diagonal backwards.
+// The forward's tile scheduler, used alike by the producer and the consumers of fox_forward_kernel16 (persistent: a
+// block per SM). Pair t is (query tile NT - 1 - t / BH, head t % BH): the longest query tiles of every head first,
+// since causal tiles are uneven. A block's k-th pair is dealt by next(k): round k deals pairs k G .. k G + G - 1 to a
+// grid of G blocks, block x taking the x-th in even rounds and the (G - 1 - x)-th in odd ones (snake order), so that no
+// block takes the longest pair of every round. A pair's key tiles are [jt_begin, jt_end); its tile n is key tile
+// jt_end - 1 - n, from the diagonal backwards.
 template<int BC, int NWG>
 struct FoxForwardScheduler {
     static constexpr int BR = 64 * NWG;  // query rows per pair
@@ -2527,8 +2452,8 @@ struct FoxForwardScheduler {
         }
         return jt;
     }
-    // pair t's head, first row and key tiles (the same arithmetic in every warp); the pair loads from
-    // the smallest first tile over its warpgroups with rows below T
+    // pair t's head, first row and key tiles (the same arithmetic in every warp); the pair loads from the smallest
+    // first tile over its warpgroups with rows below T
     __device__ Pair pair(int t) const {
         Pair pr;
         pr.bh = t % BH;
@@ -2542,12 +2467,12 @@ struct FoxForwardScheduler {
     }
 };
 
-// fox_forward_kernel16's shared memory: Q, ST stages of K, V and c, and the barriers (barQ: Q landed,
-// emptyQ: every consumer warp past its last S of the pair; full and empty per stage of K and of V)
+// fox_forward_kernel16's shared memory: Q, ST stages of K, V and c, and the barriers (barQ: Q landed, emptyQ: every
+// consumer warp past its last S of the pair; full and empty per stage of K and of V)
 template<int HD, int BC, int ST, int NWG>
 struct FoxForwardSmem {
     static constexpr int BR = 64 * NWG;
-    // + 1 KB to align the tiles to the swizzle pattern (122.6 KB at hd 64, 162.1 KB at hd 128)
+    // + 1 KB to align the tiles to the swizzle pattern
     static constexpr size_t bytes = 1024 + (size_t)(BR + 2 * ST * BC) * HD * sizeof(bf16) + ST * BC * sizeof(float) +
                                     (2 + 4 * ST) * sizeof(uint64_t);
     bf16 *sQ, *sK, *sV;  // (BR, HD), (ST, BC, HD), (ST, BC, HD) swizzled tiles
@@ -2564,10 +2489,9 @@ struct FoxForwardSmem {
     }
 };
 
-// The forward's producer: one warp issues every load, in pair and tile order, K(n) before V(n); the
-// K and V rings run on across the block's pairs. c_j comes by cp.async from the 32 lanes, arriving on
-// K's full barrier; each pair's Q after its first K and V (whose stages free up earlier), once every
-// consumer warp has arrived at emptyQ.
+// The forward's producer: one warp issues every load, in pair and tile order, K(n) before V(n); the K and V rings
+// run on across the block's pairs. c_j comes by cp.async from the 32 lanes, arriving on K's full barrier; each pair's Q
+// after its first K and V (whose stages free up earlier), once every consumer warp has arrived at emptyQ.
 template<int HD, int BC, int ST, int NWG, bool GATE>
 __device__ __forceinline__ void fox_forward_producer(const FoxForwardSmem<HD, BC, ST, NWG>& sm,
                                                      const FoxForwardScheduler<BC, NWG>& sched, const CUtensorMap* tmQ,
@@ -2611,10 +2535,10 @@ __device__ __forceinline__ void fox_forward_producer(const FoxForwardSmem<HD, BC
     }
 }
 
-// The forward's online softmax of one tile, in the consumer after S = Q K^T landed (s: the tile's
-// scores, turned into P): the logits (masked only in the tiles that touch the diagonal, the window
-// edge or T), K's stage released, the lazy maximum (alpha: O's rescale, applied by the caller after
-// the previous P V; returns whether it is needed), p = 2^(x - m) and l.
+// The forward's online softmax of one tile, in the consumer after S = Q K^T landed (s: the tile's scores, turned into
+// P): the logits (masked only in the tiles that touch the diagonal, the window edge or T), K's stage released, the lazy
+// maximum (alpha: O's rescale, applied by the caller after the previous P V; returns whether it is
+// needed), p = 2^(x - m) and l.
 template<int BC, bool GATE>
 __device__ __forceinline__ bool fox_forward_softmax(float* s, float m[2], float l[2], float alpha[2],
                                                     uint64_t* emptyK, const float* sCb, float cref_l2,
@@ -2675,10 +2599,10 @@ __device__ __forceinline__ void fox_forward_pv_last(float* acc, uint32_t (&pa)[B
     if (lane == 0) mbar_arrive(&emptyV[pst]);
 }
 
-// The forward consumer's mainloop over one pair's visible tiles [na, nb) (ring tiles it + n): tile
-// n's S = Q K^T and tile n-1's O += P V issued back to back, a wait for S only, tile n's softmax under
-// P V, then the wait for it, O rescaled (alpha from before the wait) and P refilled; then the last
-// tile's P V. K(n) is released after tile n's logits, V(n-1) after its P V; no block-wide barrier.
+// The forward consumer's mainloop over one pair's visible tiles [na, nb) (ring tiles it + n): tile n's S = Q K^T and
+// tile n-1's O += P V issued back to back, a wait for S only, tile n's softmax under P V, then the wait for it, O
+// rescaled (alpha from before the wait) and P refilled; then the last tile's P V. K(n) is released after tile n's
+// logits, V(n-1) after its P V; no block-wide barrier.
 template<int HD, int BC, int ST, int NWG, bool GATE>
 __device__ __forceinline__ void fox_forward_mainloop(float* acc, float m[2], float l[2],
                                                      const FoxForwardSmem<HD, BC, ST, NWG>& sm, uint64_t dQ,
@@ -2734,10 +2658,10 @@ __device__ __forceinline__ void fox_forward_mainloop(float* acc, float m[2], flo
     if (na < nb) fox_forward_pv_last<HD, BC, ST>(acc, pa, sm.fullV, sm.emptyV, dV0, it + nb - 1);
 }
 
-// The forward's consumers: warpgroup cw owns rows i0 + 64 cw .. of each pair, a warp 16 of them (rows
-// g, g + 8 per thread). A warpgroup computes only the tiles [na, nb) its rows see (its diagonal, window
-// and pruning tile's key_start) and releases the others once landed (skip). The epilogue stores o and
-// lse (fox_store_rows, with m back in absolute log2 units); the next pair's loads run under it.
+// The forward's consumers: warpgroup cw owns rows i0 + 64 cw .. of each pair, a warp 16 of them (rows g, g + 8 per
+// thread). A warpgroup computes only the tiles [na, nb) its rows see (its diagonal, window and pruning tile's
+// key_start) and releases the others once landed (skip). The epilogue stores o and lse (fox_store_rows, with m back in
+// absolute log2 units); the next pair's loads run under it.
 template<int HD, int BC, int ST, int NWG, bool GATE>
 __device__ __forceinline__ void fox_forward_consumer(const FoxForwardSmem<HD, BC, ST, NWG>& sm,
                                                      const FoxForwardScheduler<BC, NWG>& sched, bf16* o, float* lse,
@@ -2747,8 +2671,8 @@ __device__ __forceinline__ void fox_forward_consumer(const FoxForwardSmem<HD, BC
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
     int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
     int cwarp = warp - 4, g = lane / 4, tq = lane % 4;
-    // descriptors of k step 0: Q (this warpgroup's 64 rows); K, V of stage 0 as K-major (S) and
-    // N-major (P V) operands; a stage is BC * HD * 2 bytes further
+    // descriptors of k step 0: Q (this warpgroup's 64 rows); K, V of stage 0 as K-major (S) and N-major (P V) operands;
+    // a stage is BC * HD * 2 bytes further
     const uint64_t dQ = desc_k<BR>(sm.sQ, cw * 8, 0), dK0 = desc_k<BC>(sm.sK, 0, 0), dV0 = desc_mn<BC>(sm.sV, 0);
     auto skip = [&](int x) {  // ring tile x, which none of this warpgroup's rows sees: released once landed
         int st = x % ST, par = (x / ST) & 1;
@@ -2791,12 +2715,12 @@ __device__ __forceinline__ void fox_forward_consumer(const FoxForwardSmem<HD, BC
     }
 }
 
-// Forward version 16: the softmax above in FlashAttention-3's structure, persistent; the kernel only
-// assigns the roles. Block of 128 (NWG + 1) threads, one per SM: a producer warpgroup (setmaxnreg 24;
-// one warp loads, fox_forward_producer) and NWG consumer warpgroups of 64 query rows
-// (fox_forward_consumer): at hd 64 three (setmaxnreg 160: 24 * 128 + 160 * 384 <= 65536 registers), at
-// hd 128 two (240 each: O of 64 x 128 fp32, S of 64 x 128 and the previous P live together, ~190
-// registers). Both walk the pairs of FoxForwardScheduler. Where it runs: see fox_attention_forward.
+// Forward version 16: the softmax above in FlashAttention-3's structure, persistent; the kernel only assigns the roles.
+// Block of 128 (NWG + 1) threads, one per SM: a producer warpgroup (setmaxnreg 24; one warp loads,
+// fox_forward_producer) and NWG consumer warpgroups of 64 query rows (fox_forward_consumer): at hd 64 three
+// (setmaxnreg 160: 24 * 128 + 160 * 384 <= 65536 registers), at hd 128 two (240 each: O of 64 x 128 fp32, S of 64 x 128
+// and the previous P live together, ~190 registers). Both walk the pairs of FoxForwardScheduler. Where it runs: see
+// fox_attention_forward.
 template<int HD, int BC, int ST, int NWG, bool GATE>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_forward_kernel16(bf16* o, float* lse,
                                                                          const __grid_constant__ CUtensorMap tmQ,
@@ -2828,17 +2752,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_forward_kernel16(bf16*
     fox_forward_consumer<HD, BC, ST, NWG, GATE>(sm, sched, o, lse, c, H, stride_o, scale_log2);
 }
 
-// fox_forward_kernel16 with its tiles and stages (where it runs: see fox_attention_forward): hd 64
-// three consumers and 3 stages, hd 128 two consumers and 2 stages; a block per SM, at most one per pair
+// fox_forward_kernel16 with its tiles and stages (see fox_attention_forward); a block per SM, at most one per pair
 template<int HD, bool GATE>
 static void fox_forward16_gpu(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                               int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
                               cudaStream_t s) {
     constexpr int BC = 128, NWG = HD == 64 ? 3 : 2, ST = HD == 64 ? 3 : 2, BR = 64 * NWG;
     constexpr size_t smem = FoxForwardSmem<HD, BC, ST, NWG>::bytes;
-    // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_forward_kernel16<HD, BC, ST, NWG, GATE>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    smem_limit(smem, fox_forward_kernel16<HD, BC, ST, NWG, GATE>);
     int dev, sms;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -2853,9 +2774,9 @@ static void fox_forward16_gpu(bf16* o, float* lse, const bf16* q, const bf16* k,
     launchCheck();
 }
 
-// o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward.
-// q, k, v: bf16 (B, T, H, hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv).
-// c: fp32 (B, H, T) cumulative log forget gate, or NULL for plain causal attention.
+// o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward. q, k, v: bf16 (B, T, H,
+// hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv). c: fp32 (B, H, T) cumulative log forget gate, or
+// NULL for plain causal attention.
 // window: query i sees keys i - window < j <= i; 0 means no window.
 // key_start: (B*H, ceil(T / PRUNE_BLOCK)) from fox_prune_tables, or NULL (dense); needs c.
 void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
@@ -2865,49 +2786,37 @@ void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, co
     if (key_start && !c) {
         fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL");
     }
-    // What runs (this comment is the one place that says it; history: dev/cuda/LOG.md):
-    // version 16, persistent (a block per SM walking the (query tile, head) pairs, longest first, in snake order):
-    // - hd 64: fox_forward_kernel16<64, 128, 3, 3, GATE>: 512 threads, a producer warpgroup (TMA) and
-    //   three consumer warpgroups of 64 query rows (192 a pair), 128-key tiles through K and V rings of
-    //   3 stages, setmaxnreg 24 / 160, 122.6 KB of shared memory (version 10's tiles);
-    // - hd 128: fox_forward_kernel16<128, 128, 2, 2, GATE>: 384 threads, the producer and two consumer
-    //   warpgroups (128 query rows a pair), K and V rings of 2 stages, setmaxnreg 24 / 240, 162.1 KB of
-    //   shared memory (version 14's tiles).
-    // Both run the softmax of fox_lean_logits / fox_lean_exp; without c, GATE = false and no pruning.
-    if (hd == 64) {
-        if (c) fox_forward16_gpu<64, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_forward16_gpu<64, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
-    } else {
-        if (c) fox_forward16_gpu<128, true>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s);
-        else fox_forward16_gpu<128, false>(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, nullptr, s);
-    }
+    // What runs (the one place that says it): hd 64: fox_forward_kernel16<64, 128, 3, 3, GATE> (512 threads: three
+    // consumer warpgroups, 192 query rows a pair, K and V rings of 3 stages, 122.6 KB of shared memory); hd 128:
+    // fox_forward_kernel16<128, 128, 2, 2, GATE> (384 threads: two consumers, 128 rows a pair, 2 stages, 162.1 KB).
+    // Without c, GATE = false and no pruning.
+    auto run = hd == 64 ? (c ? fox_forward16_gpu<64, true> : fox_forward16_gpu<64, false>)
+                        : (c ? fox_forward16_gpu<128, true> : fox_forward16_gpu<128, false>);
+    run(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s); // key_start: NULL without c
 }
 
 // ---- the fused backward ----
-// The forward differentiated: o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i),
-// S_ij = q_i.k_j * scale + c_i - c_j. dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i);
-// dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij k_j; dc_t = sum_j dS_tj - sum_i dS_it.
-// Two warp-specialised kernels of 384 threads, each block owning one 128-row tile (one pruning
-// tile): dK/dV (a key tile; query tiles streamed) and dQ (a query tile; key tiles streamed).
-// Warpgroup 0 is the producer (fox_bwd_producer, setmaxnreg 24); warpgroups 1 and 2 consume 64 rows
-// each (setmaxnreg 240). The fixed pair of tiles comes once, the streamed pairs and their per-row
-// floats through a ring of ST stages. The consumers are not kept in lockstep: each waits only for
-// its stage and releases it after its last matmul on it, so one's element-wise work runs under the
-// other's matmuls. No accumulator of an in-flight wgmma is defined by other code (ptxas would say
-// C7515 and serialise the wgmmas); the dQ kernel's cross-tile overlap (OVL, hd 64) makes ptxas inject
-// one wait after its loop (its info C7517, expected). Masks are
-// selects against two integer bounds per row; descriptors are computed once (warp-uniform) and
-// advanced by constants (desc_add). PRE: the producer's lanes form the per-column logit terms once
-// per stage (plain loads before the wait for the stage, st.shared, an arrival with release
-// semantics), the same operations on the same values as the consumers' (P and dS keep their bits).
+// The forward differentiated: o_i = sum_j P_ij v_j, P_ij = exp(S_ij - lse_i), S_ij = q_i.k_j * scale + c_i - c_j.
+// dv_j = sum_i P_ij dO_i; dS_ij = P_ij (dO_i.v_j - Delta_i); dk_j = scale sum_i dS_ij q_i; dq_i = scale sum_j dS_ij
+// k_j; dc_t = sum_j dS_tj - sum_i dS_it. Two warp-specialised kernels of 384 threads, each block owning one 128-row
+// tile (one pruning tile): dK/dV (a key tile; query tiles streamed) and dQ (a query tile; key tiles streamed).
+// Warpgroup 0 is the producer (fox_bwd_producer, setmaxnreg 24); warpgroups 1 and 2 consume 64 rows each
+// (setmaxnreg 240). The fixed pair of tiles comes once, the streamed pairs and their per-row floats through a
+// ring of ST stages. The consumers are not kept in lockstep: each waits only for its stage and releases it after its
+// last matmul on it, so one's element-wise work runs under the other's matmuls. No accumulator of an in-flight wgmma is
+// defined by other code (ptxas would say C7515 and serialise the wgmmas); the dQ kernel's cross-tile overlap
+// (OVL, hd 64) makes ptxas inject one wait after its loop (its info C7517, expected). Masks are selects against two
+// integer bounds per row; descriptors are computed once (warp-uniform) and advanced by constants (desc_add). PRE: the
+// producer's lanes form the per-column logit terms once per stage (plain loads before the wait for the stage,
+// st.shared, an arrival with release semantics), the same operations on the same values as the consumers' (P and dS
+// keep their bits).
 
-// The producer warp of both backward kernels (lane 0 issues the copies; the whole warp runs the
-// per-row loads): the block's own pair of tiles (K, V of the key tile, or Q, dO of the query tile)
-// on fixed_bar, then for each of ntiles streamed pairs of ROWS-row tiles from first_row on (Q, dO
-// or K, V), stage n % ST once the consumers have freed it (empty), arriving on full[st] with the
-// copy engine's bytes; row_loads(st, row0) adds the per-row vectors (arriving there too), and
-// row_fetch(row0) runs before the wait for the stage (PRE: the plain loads of those vectors,
-// read-only inputs, so that their latency runs under the wait).
+// The producer warp of both backward kernels (lane 0 issues the copies; the whole warp runs the per-row loads): the
+// block's own pair of tiles (K, V of the key tile, or Q, dO of the query tile) on fixed_bar, then for each of ntiles
+// streamed pairs of ROWS-row tiles from first_row on (Q, dO or K, V), stage n % ST once the consumers have freed it
+// (empty), arriving on full[st] with the copy engine's bytes; row_loads(st, row0) adds the per-row vectors (arriving
+// there too), and row_fetch(row0) runs before the wait for the stage (PRE: the plain loads of those vectors, read-only
+// inputs, so that their latency runs under the wait).
 template<int FIXED_ROWS, int ROWS, int HD, int ST, typename RowFetch, typename RowLoads>
 __device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUtensorMap* tFa, const CUtensorMap* tFb,
                                                  int fixed_row, uint64_t* fixed_bar, bf16* sA, bf16* sB,
@@ -2932,29 +2841,27 @@ __device__ __forceinline__ void fox_bwd_producer(bf16* sFa, bf16* sFb, const CUt
     }
 }
 
-// The logit of (query i, key j) in log2 units from a term per row and one per column, computed with
-// the same operations in both kernels so that they see the same P and dS bits: dc's row sums (dQ
-// kernel) and column sums (dK/dV kernel) add the same values, and d(log f_0) = sum_t dc_t is 0 up to
-// summation order (exactly 0 at window 1). With cb_l2 = c_b log2 e (c_b = c of the first key of
-// j's 128-key block, the dK/dV block's), a query term A_i = (c_i log2 e - cb_l2) - lse_i log2 e (an
-// FFMA of the exact product, then the rounded lse_i log2 e subtracted: two roundings at |A_i|) and
-// a key term B_j = cb_l2 - c_j log2 e (one FFMA), x = s scale_log2 + (A_i + B_j); cb_l2's own
-// rounding cancels in A_i + B_j. Every entry whose P matters has |c_i - c_b| within ~30 + 128 |log f|,
-// so the logit is off by at most ~6e-5 (log2 units) at log f = -5, below bf16's rounding of P.
-// Without gate A_i = -lse_i log2 e, B_j = 0. Intrinsics: no FMA contraction may differ between the
-// kernels.
+// The logit of (query i, key j) in log2 units from a term per row and one per column, computed with the same
+// operations in both kernels so that they see the same P and dS bits: dc's row sums (dQ kernel) and column sums (dK/dV
+// kernel) add the same values, and d(log f_0) = sum_t dc_t is 0 up to summation order (exactly 0 at window 1). With
+// cb_l2 = c_b log2 e (c_b = c of the first key of j's 128-key block, the dK/dV block's), a query term A_i = (c_i
+// log2 e - cb_l2) - lse_i log2 e (an FFMA of the exact product, then the rounded lse_i log2 e subtracted: two
+// roundings at |A_i|) and a key term B_j = cb_l2 - c_j log2 e (one FFMA), x = s scale_log2 + (A_i + B_j); cb_l2's own
+// rounding cancels in A_i + B_j. Every entry whose P matters has |c_i - c_b| within ~30 + 128 |log f|, so the logit is
+// off by at most ~6e-5 (log2 units) at log f = -5, below bf16's rounding of P. Without gate A_i = -lse_i log2 e,
+// B_j = 0. Intrinsics: no FMA contraction may differ between the kernels.
 __device__ __forceinline__ float fox_lean_qterm(float c_i, float lse_i, float cb_l2, bool gate) {
     float l2 = __fmul_rn(lse_i, LOG2E);
     return gate ? __fsub_rn(fmaf(c_i, LOG2E, -cb_l2), l2) : -l2;
 }
 __device__ __forceinline__ float fox_lean_kterm(float c_j, float cb_l2) { return fmaf(-c_j, LOG2E, cb_l2); }
 
-// dK/dV: P^T in place for one warp's 16 keys x BQ queries (accumulator layout: rows g, g + 8 are
-// the thread's keys, columns 2 tq, 2 tq + 1 of each 8-column block its queries).
-// p = 2^(s scale_log2 + (A_i + B_row)) (above; B: the rows' key terms). MASK: p = 0 where the
-// column offset (less 2 tq) is outside [lo, hi] of the row (selected, never multiplied).
-// PRE: the stage holds the columns' A's (sLb, the producer's); else they are formed here from the
-// stage's lse and c (sLb, sCb).
+// dK/dV: P^T in place for one warp's 16 keys x BQ queries (accumulator layout: rows g, g + 8 are the thread's keys,
+// columns 2 tq, 2 tq + 1 of each 8-column block its queries).
+// p = 2^(s scale_log2 + (A_i + B_row)) (above; B: the rows' key terms). MASK: p = 0 where the column offset (less 2
+// tq) is outside [lo, hi] of the row (selected, never multiplied).
+// PRE: the stage holds the columns' A's (sLb, the producer's); else they are formed here from the stage's lse and c
+// (sLb, sCb).
 template<int BQ, bool GATE, bool MASK, bool PRE>
 __device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float* sLb, const float* sCb, float cb_l2,
                                                 const float B[2], float scale_log2, int tq, const int* lo,
@@ -2984,8 +2891,8 @@ __device__ __forceinline__ void fox_bwd_lean_pt(float* s, const float* sLb, cons
         }
     }
 }
-// dK/dV: dS^T = P^T (dP^T - Delta) in place of dP^T, the columns' Delta's read from the stage (sDb);
-// dcs: the rows' (keys') sums of dS
+// dK/dV: dS^T = P^T (dP^T - Delta) in place of dP^T, the columns' Delta's read from the stage (sDb); dcs: the rows'
+// (keys') sums of dS
 template<int BQ>
 __device__ __forceinline__ void fox_bwd_lean_dst(float* dp, const float* s, const float* sDb, float dcs[2], int tq) {
     #pragma unroll
@@ -2999,9 +2906,9 @@ __device__ __forceinline__ void fox_bwd_lean_dst(float* dp, const float* s, cons
         }
     }
 }
-// dQ: P in place for one warp's 16 queries x BC keys (rows g, g + 8 the thread's queries, columns
-// its keys): p = 2^(s scale_log2 + (A_row + B_j)) (above; A: the rows' query terms for the tile's
-// key block), as in the dK/dV kernel. sCb: the stage's c of the keys, or PRE: their terms B_j.
+// dQ: P in place for one warp's 16 queries x BC keys (rows g, g + 8 the thread's queries, columns its keys): p = 2^(s
+// scale_log2 + (A_row + B_j)) (above; A: the rows' query terms for the tile's key block), as in the dK/dV kernel. sCb:
+// the stage's c of the keys, or PRE: their terms B_j.
 template<int BC, bool GATE, bool MASK, bool PRE>
 __device__ __forceinline__ void fox_bwd_lean_p(float* s, const float* sCb, float cb_l2, const float A[2],
                                                float scale_log2, int tq, const int* lo, const int* hi) {
@@ -3039,9 +2946,9 @@ __device__ __forceinline__ void fox_bwd_lean_ds(float* s, const float* dp, const
     }
 }
 
-// dK/dV: a consumer's (64 keys, BQ queries) fp32 accumulator as the bf16 A fragments of its next
-// matmul, and that matmul, D (64 x HD) += A B over the tile's BQ queries (B: N-major, from b0 at
-// stage offset so); the caller fences before and commits after
+// dK/dV: a consumer's (64 keys, BQ queries) fp32 accumulator as the bf16 A fragments of its next matmul, and that
+// matmul, D (64 x HD) += A B over the tile's BQ queries (B: N-major, from b0 at stage offset so); the caller fences
+// before and commits after
 template<int BQ>
 __device__ __forceinline__ void fox_bwd_to_a(uint32_t a[][4], const float* acc) {
     #pragma unroll
@@ -3053,8 +2960,8 @@ __device__ __forceinline__ void fox_bwd_rs(float* d, uint32_t a[][4], uint64_t b
     for (int kk = 0; kk < BQ / 16; kk++) wgmma_rs<HD>(d, a[kk], desc_add(b0, so + mnstep_bytes(kk)), 1);
 }
 
-// the dK/dV kernel's shared memory: K, V of the key tile; ST stages of Q, dO and their floats (lse,
-// Delta, c; PRE: A_i, Delta); the barriers (barKV, full and empty per stage)
+// the dK/dV kernel's shared memory: K, V of the key tile; ST stages of Q, dO and their floats (lse, Delta, c; PRE: A_i,
+// Delta); the barriers (barKV, full and empty per stage)
 template<int HD, int BQ, int ST, bool PRE>
 struct FoxDkdvSmem {
     static constexpr int BK = 128;
@@ -3078,8 +2985,8 @@ struct FoxDkdvSmem {
     }
 };
 
-// The dK/dV kernel's producer warp: K, V once, then the query tiles [it_begin, it_begin + ntiles)
-// with their lse, Delta, c by cp.async, or (PRE) by plain loads turned into the terms A_i here
+// The dK/dV kernel's producer warp: K, V once, then the query tiles [it_begin, it_begin + ntiles) with their lse,
+// Delta, c by cp.async, or (PRE) by plain loads turned into the terms A_i here
 template<int HD, int BQ, int ST, bool GATE, bool PRE>
 __device__ __forceinline__ void fox_backward_dkdv_producer(const FoxDkdvSmem<HD, BQ, ST, PRE>& sm,
                                                            const CUtensorMap* tmQ, const CUtensorMap* tmG,
@@ -3126,15 +3033,13 @@ __device__ __forceinline__ void fox_backward_dkdv_producer(const FoxDkdvSmem<HD,
     });
 }
 
-// The dK/dV consumer's mainloop step on one seen query tile (stage st, first query i0): S^T = K Q^T
-// and dP^T = V dO^T in two commit groups (P^T's exponentials run under dP^T), then
-// - BQ = 64 (hd 128; the consumers form the A_i): dV += P^T dO, dS^T = P^T (dP^T - Delta) under dV,
-//   dK += dS^T Q;
-// - BQ = 128 (hd 64, PRE): dS^T first, then dV and dK in one commit group: S^T, dP^T (64 + 64
-//   floats), the accumulators (32 + 32) and P^T's A fragments (32, read by an in-flight dV) would
-//   not fit the consumers' 240 registers together.
-// The A_i and Delta_i are read from the stage where they are used. The descriptors d*0 are of k step
-// 0 and stage 0: K, V (this consumer's 64 rows), Q, dO as K-major (S^T, dP^T) and N-major (dK, dV).
+// The dK/dV consumer's mainloop step on one seen query tile (stage st, first query i0): S^T = K Q^T and dP^T = V
+// dO^T in two commit groups (P^T's exponentials run under dP^T), then
+// - BQ = 64 (hd 128; the consumers form the A_i): dV += P^T dO, dS^T = P^T (dP^T - Delta) under dV, dK += dS^T Q;
+// - BQ = 128 (hd 64, PRE): dS^T first, then dV and dK in one commit group: S^T, dP^T (64 + 64 floats), the accumulators
+//   (32 + 32) and P^T's A fragments (32, read by an in-flight dV) would not fit the consumers' 240 registers together.
+// The A_i and Delta_i are read from the stage where they are used. The descriptors d*0 are of k step 0 and stage 0:
+// K, V (this consumer's 64 rows), Q, dO as K-major (S^T, dP^T) and N-major (dK, dV).
 template<int HD, int BQ, int ST, bool GATE, bool PRE>
 __device__ __forceinline__ void fox_backward_dkdv_tile(float* dka, float* dva, float dcs[2],
                                                        const FoxDkdvSmem<HD, BQ, ST, PRE>& sm, int st, int i0,
@@ -3222,8 +3127,8 @@ __device__ __forceinline__ void fox_backward_dkdv_store(bf16* dkb, bf16* dvb, fl
     }
 }
 
-// The dK/dV consumers: cw owns keys j0 + 64 cw .. + 63 (a warp 16 of them, rows g, g + 8 per thread);
-// a query tile none of whose queries sees those keys is released unread
+// The dK/dV consumers: cw owns keys j0 + 64 cw .. + 63 (a warp 16 of them, rows g, g + 8 per thread); a query tile
+// none of whose queries sees those keys is released unread
 template<int HD, int BQ, int ST, bool GATE, bool PRE>
 __device__ __forceinline__ void fox_backward_dkdv_consumer(const FoxDkdvSmem<HD, BQ, ST, PRE>& sm, bf16* dkb,
                                                            bf16* dvb, float* dc_bh, const float* cb, int j0,
@@ -3267,13 +3172,12 @@ __device__ __forceinline__ void fox_backward_dkdv_consumer(const FoxDkdvSmem<HD,
     fox_backward_dkdv_store<HD, GATE>(dkb, dvb, dc_bh, dka, dva, dcs, keys, T, stride_qkv, scale);
 }
 
-// Backward version 20 (hd 64: BQ 128, PRE) and 22 (hd 128: BQ 64), the dK/dV kernel: dv_j = sum_i
-// P_ij dO_i, dk_j = scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (above) for the 128-key tile blockIdx.x
-// (K, V fixed; the first key tiles see the most queries and are scheduled first). The kernel only
-// assigns the roles: the producer (fox_backward_dkdv_producer) and two consumers
-// (fox_backward_dkdv_consumer) over the query tiles that see the key tile: from its diagonal to the
-// window's end, less the pruned ones (query_end (B*H, ceil(T / 128)): the query tiles of 128 from
-// query_end on; NULL: none). Grid (ceil(T / 128), B*H); shared memory FoxDkdvSmem. Where it runs: see
+// Backward version 20 (hd 64: BQ 128, PRE) and 22 (hd 128: BQ 64), the dK/dV kernel: dv_j = sum_i P_ij dO_i, dk_j =
+// scale sum_i dS_ij q_i, dc_j -= sum_i dS_ij (above) for the 128-key tile blockIdx.x (K, V fixed; the first key tiles
+// see the most queries and are scheduled first). The kernel only assigns the roles: the producer
+// (fox_backward_dkdv_producer) and two consumers (fox_backward_dkdv_consumer) over the query tiles that see the key
+// tile: from its diagonal to the window's end, less the pruned ones (query_end (B*H, ceil(T / 128)): the query
+// tiles of 128 from query_end on; NULL: none). Grid (ceil(T / 128), B*H); shared memory FoxDkdvSmem. Where it runs: see
 // fox_attention_backward.
 template<int HD, int BQ, int ST, bool GATE, bool PRE>
 __global__ void __launch_bounds__(384, 1) fox_backward_dkdv_kernel20(bf16* dk, bf16* dv, float* dc,
@@ -3316,9 +3220,9 @@ __global__ void __launch_bounds__(384, 1) fox_backward_dkdv_kernel20(bf16* dk, b
                                                       window, scale_log2, scale);
 }
 
-// the dQ kernel's shared memory: Q, dO of the query tile; ST stages of K, V and the keys' c (PRE:
-// their terms B_j, fox_lean_kterm, and the stage's c_b log2 e in 2 ST floats for alignment); the
-// barriers (barQ, full and empty per stage)
+// the dQ kernel's shared memory: Q, dO of the query tile; ST stages of K, V and the keys' c (PRE: their terms B_j,
+// fox_lean_kterm, and the stage's c_b log2 e in 2 ST floats for alignment); the barriers (barQ, full and empty per
+// stage)
 template<int HD, int BC, int ST, bool PRE>
 struct FoxDqSmem {
     static constexpr int BR = 128;
@@ -3341,8 +3245,8 @@ struct FoxDqSmem {
     }
 };
 
-// The dQ kernel's producer warp: Q, dO once, then the key tiles [jt_begin, jt_begin + ntiles) with
-// the keys' c by cp.async, or (PRE) by plain loads turned into the terms B_j and c_b here
+// The dQ kernel's producer warp: Q, dO once, then the key tiles [jt_begin, jt_begin + ntiles) with the keys' c by
+// cp.async, or (PRE) by plain loads turned into the terms B_j and c_b here
 template<int HD, int BC, int ST, bool GATE, bool PRE>
 __device__ __forceinline__ void fox_backward_dq_producer(const FoxDqSmem<HD, BC, ST, PRE>& sm, const CUtensorMap* tmQ,
                                                          const CUtensorMap* tmG, const CUtensorMap* tmK,
@@ -3377,15 +3281,15 @@ __device__ __forceinline__ void fox_backward_dq_producer(const FoxDqSmem<HD, BC,
     });
 }
 
-// The per-row values of the dQ consumer's two rows: lse, Delta, c and the mask bounds (visible key
-// offsets, less 2 tq, from key 0)
+// The per-row values of the dQ consumer's two rows: lse, Delta, c and the mask bounds (visible key offsets, less 2 tq,
+// from key 0)
 struct FoxDqRows { float rl[2], rd[2], rc[2]; int lo0[2], hi0[2]; };
 
-// The dQ consumer's mainloop step on one seen key tile (stage st, first key j0), up to the issue of
-// dQ += dS K: S = Q K^T and dP = dO V^T, then (pending: the previous tile's dQ, issued before this
-// tile's wait, OVL) its wait and release, P, dS = P (dP - Delta). The rows' query terms are for the
-// tile's key block, with cb_l2 = c_b log2 e (c_b: c of the block's first key, the tile's own first key
-// at BC = 128); PRE: cb_l2 from the stage, the terms formed after the matmuls' issue (under them).
+// The dQ consumer's mainloop step on one seen key tile (stage st, first key j0), up to the issue of dQ += dS K: S = Q
+// K^T and dP = dO V^T, then (pending: the previous tile's dQ, issued before this tile's wait, OVL) its wait and
+// release, P, dS = P (dP - Delta). The rows' query terms are for the tile's key block, with cb_l2 = c_b log2 e (c_b:
+// c of the block's first key, the tile's own first key at BC = 128); PRE: cb_l2 from the stage, the terms formed after
+// the matmuls' issue (under them).
 template<int HD, int BC, int ST, bool GATE, bool PRE, typename Release>
 __device__ __forceinline__ void fox_backward_dq_tile(float* dqa, float rs[2], uint32_t (&sa)[BC / 16][4],
                                                      const FoxDqSmem<HD, BC, ST, PRE>& sm, const FoxDqRows& rw,
@@ -3472,8 +3376,8 @@ __device__ __forceinline__ void fox_backward_dq_store(bf16* dqb, float* dc_bh, c
     }
 }
 
-// The dQ consumers: cw owns queries i0 + 64 cw .. + 63 (a warp 16 of them). OVL: a tile's dQ is
-// waited for at the next seen tile, under its S and dP, and its stage released then
+// The dQ consumers: cw owns queries i0 + 64 cw .. + 63 (a warp 16 of them). OVL: a tile's dQ is waited for at the next
+// seen tile, under its S and dP, and its stage released then
 template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL>
 __device__ __forceinline__ void fox_backward_dq_consumer(const FoxDqSmem<HD, BC, ST, PRE>& sm, bf16* dqb,
                                                          float* dc_bh, const float* lse_bh, const float* delta_bh,
@@ -3500,8 +3404,8 @@ __device__ __forceinline__ void fox_backward_dq_consumer(const FoxDqSmem<HD, BC,
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
     uint32_t sa[BC / 16][4];  // A fragments of dS
-    // descriptors of k step 0: Q, dO (this consumer's 64 rows); K, V of stage 0 as K-major (S, dP)
-    // and K as N-major (dQ) operands; a stage is BC * HD * 2 bytes further
+    // descriptors of k step 0: Q, dO (this consumer's 64 rows); K, V of stage 0 as K-major (S, dP) and K as N-major
+    // (dQ) operands; a stage is BC * HD * 2 bytes further
     const uint64_t dQ0 = desc_k<BR>(sm.sQ, cw * 8, 0), dG0 = desc_k<BR>(sm.sG, cw * 8, 0);
     const uint64_t dK0 = desc_k<BC>(sm.sK, 0, 0), dV0 = desc_k<BC>(sm.sV, 0, 0);
     const uint64_t dKn0 = desc_mn<BC>(sm.sK, 0);
@@ -3520,8 +3424,8 @@ __device__ __forceinline__ void fox_backward_dq_consumer(const FoxDqSmem<HD, BC,
     for (int n = 0; n < ntiles; n++) {
         int st = n % ST, j0 = (jt_begin + n) * BC;
         mbar_wait(&sm.full[st], (n / ST) & 1);
-        // all of this consumer's queries past T, every key of the tile after its last query, or before
-        // the window of its first one: P = 0
+        // all of this consumer's queries past T, every key of the tile after its last query, or before the window of
+        // its first one: P = 0
         bool seen = i0w < T && j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
         if (seen) {
             fox_backward_dq_tile<HD, BC, ST, GATE, PRE>(dqa, rs, sa, sm, rw, cb, st, j0, i0w, pending, pst, dQ0, dG0,
@@ -3544,15 +3448,14 @@ __device__ __forceinline__ void fox_backward_dq_consumer(const FoxDqSmem<HD, BC,
     fox_backward_dq_store<HD, GATE>(dqb, dc_bh, dqa, rs, rows, T, stride_qkv, scale);
 }
 
-// Backward version 20 (hd 64: PRE, OVL) and 22 (hd 128: 128-key tiles, each waiting for its dQ), the
-// dQ kernel: dq_i = scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (above) for the 128-query tile
-// gridDim.x - 1 - blockIdx.x (Q, dO fixed; longest rows first). The kernel only assigns the roles:
-// the producer (fox_backward_dq_producer) and two consumers (fox_backward_dq_consumer) over the key
-// tiles the query tile sees, from the window's start to its diagonal, less the pruned ones (key_start
-// (B*H, ceil(T / 128)): the key tiles of 128 before key_start; NULL: none). Without OVL, at hd 128 with
-// BC = 128, dQ's 64 floats, the next S and dP (128) and dS's fragments (32) would take 224 of the
-// consumers' 240 registers, and ptxas would serialise the wgmmas. Grid (ceil(T / 128), B*H); shared
-// memory FoxDqSmem. Where it runs: see fox_attention_backward.
+// Backward version 20 (hd 64: PRE, OVL) and 22 (hd 128: 128-key tiles, each waiting for its dQ), the dQ kernel: dq_i =
+// scale sum_j dS_ij k_j, dc_i += sum_j dS_ij (above) for the 128-query tile gridDim.x - 1 - blockIdx.x (Q, dO fixed;
+// longest rows first). The kernel only assigns the roles: the producer (fox_backward_dq_producer) and two consumers
+// (fox_backward_dq_consumer) over the key tiles the query tile sees, from the window's start to its diagonal, less the
+// pruned ones (key_start (B*H, ceil(T / 128)): the key tiles of 128 before key_start; NULL: none). Without
+// OVL, at hd 128 with BC = 128, dQ's 64 floats, the next S and dP (128) and dS's fragments (32) would take 224 of the
+// consumers' 240 registers, and ptxas would serialise the wgmmas. Grid (ceil(T / 128), B*H); shared memory FoxDqSmem.
+// Where it runs: see fox_attention_backward.
 template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL>
 __global__ void __launch_bounds__(384, 1) fox_backward_dq_kernel20(bf16* dq, float* dc_row,
                                                                  const __grid_constant__ CUtensorMap tmQ,
@@ -3593,8 +3496,7 @@ __global__ void __launch_bounds__(384, 1) fox_backward_dq_kernel20(bf16* dq, flo
                                                          stride_qkv, window, scale_log2, scale);
 }
 
-// the dK/dV kernel (query tiles of BQ) and the dQ kernel (key tiles of BC) with their stages and PRE
-// (where they run: see fox_attention_backward)
+// the dK/dV kernel (query tiles of BQ) and the dQ kernel (key tiles of BC) with their stages, PRE and OVL
 template<int HD, int BQ, int BC, bool GATE>
 static void fox_backward20_gpu(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout,
                                const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
@@ -3605,11 +3507,8 @@ static void fox_backward20_gpu(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
     constexpr bool OVL = HD == 64;  // the dQ kernel's cross-tile overlap: at hd 64 only (its registers)
     constexpr size_t smem_kv = FoxDkdvSmem<HD, BQ, ST, PRE>::bytes;
     constexpr size_t smem_q = FoxDqSmem<HD, BC, ST, PRE>::bytes;
-    // the shared memory limit is a per-device attribute: set on every call (microseconds)
-    cudaCheck(cudaFuncSetAttribute(fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-    cudaCheck(cudaFuncSetAttribute(fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
+    smem_limit(smem_kv, fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE>);
+    smem_limit(smem_q, fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL>);
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
@@ -3627,13 +3526,12 @@ static void fox_backward20_gpu(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
     launchCheck();
 }
 
-// dq, dk, dv: bf16 (B, T, H, hd), token stride stride_qkv (like q, k, v; may be a packed dqkv).
-// dout, o: bf16 (B, T, H, hd), token stride stride_o. lse: from fox_attention_forward.
-// c: fp32 (B, H, T) or NULL (plain causal attention). dlogf: fp32 (B, H, T) gradient of log f,
-// written when c != NULL (may be NULL when c is NULL).
-// scratch_dc: fp32 scratch of 3*B*H*T floats: [0, BHT) column part of dc (gradient of c),
-// [BHT, 2BHT) row part of dc, [2BHT, 3BHT) Delta = rowsum(dO * O) (computed here unless delta_ready).
-// tables: fox_prune_tables' output for this q, k, c (the forward's tiles), or NULL (dense); needs c.
+// dq, dk, dv: bf16 (B, T, H, hd), token stride stride_qkv (like q, k, v; may be a packed dqkv). dout, o: bf16 (B, T, H,
+// hd), token stride stride_o. lse: from fox_attention_forward. c: fp32 (B, H, T) or NULL (plain causal attention).
+// dlogf: fp32 (B, H, T) gradient of log f, written when c != NULL (may be NULL when c is NULL). scratch_dc: fp32
+// scratch of 3*B*H*T floats: [0, BHT) column part of dc (gradient of c), [BHT, 2BHT) row part of dc, [2BHT, 3BHT)
+// Delta = rowsum(dO * O) (computed here unless delta_ready). tables: fox_prune_tables' output for this q, k, c (the
+// forward's tiles), or NULL (dense); needs c.
 void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch_dc, const bf16* dout,
                             const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse,
                             const float* c, int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
@@ -3649,16 +3547,11 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     if (tables && !c) {
         fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL");
     }
-    // What runs (this comment is the one place that says it; the versions are the rungs of
-    // dev/cuda/fox_attention_backward.cu, their history dev/cuda/LOG.md): fox_bwd_delta_kernel (unless
-    // delta_ready), the dK/dV and dQ kernels (384 threads: a producer warpgroup and two consumer warpgroups
-    // of 64 rows, 2-stage rings), then fox_bwd_dlogf_kernel:
-    // - hd 64, version 20: fox_backward_dkdv_kernel20<64, 128, 2, GATE, true> (128-query tiles streamed, the
-    //   producer forms the per-column logit terms: PRE) and fox_backward_dq_kernel20<64, 128, 2, GATE, true,
-    //   true> (128-key tiles, the cross-tile overlap OVL);
-    // - hd 128, version 22: fox_backward_dkdv_kernel20<128, 64, 2, GATE, false> (64-query tiles, the
-    //   consumers form the terms) and fox_backward_dq_kernel20<128, 128, 2, GATE, false, false> (128-key
-    //   tiles, each waiting for its dQ).
+    // What runs (the one place that says it; the versions are rungs of dev/cuda/fox_attention_backward.cu):
+    // fox_bwd_delta_kernel (unless delta_ready), fox_backward_dkdv_kernel20 and fox_backward_dq_kernel20, then
+    // fox_bwd_dlogf_kernel; at hd 64 (version 20) the dK/dV kernel <64, 128, 2, GATE, true> (128-query tiles, PRE) and
+    // the dQ kernel <64, 128, 2, GATE, true, true> (OVL); at hd 128 (version 22) <128, 64, 2, GATE, false>
+    // and <128, 128, 2, GATE, false, false>.
     int BHT = B * H * T;
     const int* key_start = tables;
     const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
@@ -3669,17 +3562,10 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         else fox_bwd_delta_kernel<128><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
         launchCheck();
     }
-    if (hd == 64) {
-        if (c) fox_backward20_gpu<64, 128, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                      stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_backward20_gpu<64, 128, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
-    } else {
-        if (c) fox_backward20_gpu<128, 64, 128, true>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                      stride_qkv, stride_o, window, key_start, query_end, s);
-        else fox_backward20_gpu<128, 64, 128, false>(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H,
-                                                     stride_qkv, stride_o, window, nullptr, nullptr, s);
-    }
+    auto run = hd == 64 ? (c ? fox_backward20_gpu<64, 128, 128, true> : fox_backward20_gpu<64, 128, 128, false>)
+                        : (c ? fox_backward20_gpu<128, 64, 128, true> : fox_backward20_gpu<128, 64, 128, false>);
+    run(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start,
+        query_end, s); // key_start, query_end: NULL without c (checked above)
     if (c) {
         fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
         launchCheck();
@@ -3688,18 +3574,16 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
 #endif // ENABLE_FP32
 
 // ---- the boundary used by gpu_forward / gpu_backward ----
-// attention_forward_gpu and attention_backward_gpu pick the fused kernels (bf16 build, hd 64 or 128)
-// or the simple kernel, and run the pruning tables' pass before the fused ones when -A 1 is on.
+// attention_forward_gpu and attention_backward_gpu pick the fused kernels (bf16 build, hd 64 or 128) or the simple
+// kernel, and run the pruning tables' pass before the fused ones when -A 1 is on.
 
 #ifndef ENABLE_FP32
-
 // whether this head size runs on the fused kernels
 static int attention_fused(int hd) { return hd == 64 || hd == 128; }
 #endif
 
-// Counts the moves of buffers that kernels read by a pointer they keep (the pruning tables) and the
-// changes of settings they take as arguments (pruning): a CUDA graph captured before one must not run
-// after it (gpu_train_micro_step).
+// Counts the moves of buffers that kernels read by a pointer they keep (the pruning tables) and the changes of settings
+// they take as arguments (pruning): a CUDA graph captured before one must not run after it (gpu_train_micro_step).
 static int g_buffer_epoch = 0;
 
 // adaptive computation pruning in the fused kernels (-A, -L), for the models run next
@@ -3718,9 +3602,9 @@ static void attention_set_pruning(int on, double ln_eps) {
 }
 
 #ifndef ENABLE_FP32
-// The pruning tiles of one layer's q, k, c (B, T, H, hd; c (B, H, T)), or NULL when pruning is off or
-// there is no forget gate. One buffer for every layer: the backward recomputes a layer's tables
-// from the same saved q, k, c, which gives the forward's tables (deterministic pass).
+// The pruning tiles of one layer's q, k, c (B, T, H, hd; c (B, H, T)), or NULL when pruning is off or there is no
+// forget gate. One buffer for every layer: the backward recomputes a layer's tables from the same saved q, k, c, which
+// gives the forward's tables (deterministic pass).
 static const int* attention_prune_tables(const floatX* q, const floatX* k, const float* c, int B, int T, int H,
                                          int hd) {
     static int* tables = NULL;
@@ -3759,8 +3643,8 @@ static void attention_prune_count_gpu(const int* tables, int BH, int T, int wind
 }
 #endif
 
-// share of attention tiles the forwards skipped since the last call (-A 1), and the count of
-// tiles they would have read densely; starts the next count
+// share of attention tiles the forwards skipped since the last call (-A 1), and the count of tiles they would have read
+// densely; starts the next count
 static double attention_pruned_share(unsigned long long* dense_tiles) {
     unsigned long long counts[2] = {0, 0};
 #ifndef ENABLE_FP32
@@ -3794,16 +3678,16 @@ static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const 
 #endif
     attention_prune_unsupported(c, hd);
     size_t smem = attention_forward_smem(hd);
-    cudaCheck(cudaFuncSetAttribute(attention_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    smem_limit(smem, attention_forward_kernel);
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
     attention_forward_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(o, lse, q, k, v, c, T, H, hd, window,
                                                                   1.0f / sqrtf((float)hd));
     launchCheck();
 }
 
-// dq, dk, dv (B, T, H, hd) written; dlogf (B, H, T), the gradient of log f, written when
-// c != NULL. scratch: 3 * B * H * T floats (dc column part, dc row part, Delta; with delta_ready
-// the caller wrote Delta = rowsum(dout * o) already: output_norm_gate_backward_kernel).
+// dq, dk, dv (B, T, H, hd) written; dlogf (B, H, T), the gradient of log f, written when c != NULL. scratch:
+// 3 * B * H * T floats (dc column part, dc row part, Delta; with delta_ready the caller wrote Delta = rowsum(dout * o)
+// already: output_norm_gate_backward_kernel).
 static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dlogf, float* scratch,
                                    const floatX* dout, const floatX* q, const floatX* k, const floatX* v,
                                    const floatX* o, const float* lse, const float* c, int B, int T, int H, int hd,
@@ -3824,13 +3708,11 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
         launchCheck();
     }
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
-    cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)smem));
+    smem_limit(smem, attention_backward_dq_kernel);
     attention_backward_dq_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dq, c != NULL ? dc_row : NULL, dout, q, k, v,
                                                                       lse, delta, c, T, H, hd, window, scale);
     launchCheck();
-    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)smem));
+    smem_limit(smem, attention_backward_dkdv_kernel);
     attention_backward_dkdv_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dk, dv, c != NULL ? dc_col : NULL, dout, q,
                                                                         k, v, lse, delta, c, T, H, hd, window, scale);
     launchCheck();
@@ -3843,9 +3725,9 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
 // ----------------------------------------------------------------------------
 // output norm and gate
 
-// Output norm and output gate on one (token, head) row, G lanes per row (see head_lanes); either
-// may be off (w == NULL: no norm, og == NULL: no gate). o_normed is written when both are on
-// (the gate's backward needs it); y is the input of W_o.
+// Output norm and output gate on one (token, head) row, G lanes per row (see head_lanes); either may be off (w == NULL:
+// no norm, og == NULL: no gate). o_normed is written when both are on (the gate's backward needs it); y is the input of
+// W_o.
 __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, float* rstd, const floatX* o,
                                                 const floatX* og, const float* w, size_t N, int H, int hd, float eps,
                                                 int G) {
@@ -3884,9 +3766,9 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
     }
 }
 
-// writes do_ (the attention output gradient), dog when the gate is on (rows ld long: a block of
-// dqkvg), don (the norm's output gradient, for the scale gradient) when the norm is on, and, when
-// delta is given, the attention backward's Delta = rowsum(do_ * o) (B, H, T) from the rounded do_
+// writes do_ (the attention output gradient), dog when the gate is on (rows ld long: a block of dqkvg), don (the norm's
+// output gradient, for the scale gradient) when the norm is on, and, when delta is given, the attention backward's
+// Delta = rowsum(do_ * o) (B, H, T) from the rounded do_
 __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int ld, floatX* don, float* delta,
                                                  const floatX* dy, const floatX* o, const floatX* o_normed,
                                                  const floatX* og, const float* w, const float* rstd, size_t N, int T,
@@ -3971,8 +3853,8 @@ static void output_norm_gate_backward_gpu(floatX* do_, floatX* dog, int ld, floa
 // ----------------------------------------------------------------------------
 // SwiGLU
 
-// SwiGLU: act = silu(g) * u, gu (N, 2I) holds the gate then the up projection of a row
-// XPACK consecutive hidden units of one row per thread (gpu_config_problem: I % XPACK == 0)
+// SwiGLU: act = silu(g) * u, gu (N, 2I) holds the gate then the up projection of a row; XPACK consecutive hidden
+// units of one row per thread (gpu_config_problem: I % XPACK == 0)
 __global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, int I) {
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * I) { return; }
@@ -4016,18 +3898,16 @@ static void swiglu_backward_gpu(floatX* dgu, const floatX* dact, const floatX* g
 // ----------------------------------------------------------------------------
 // cross-entropy
 
-// Cross-entropy over the first V logits of a row (pads V..Vp-1 masked), one block per row;
-// its loss is lse - logit_target. One pass for the lse: each thread keeps a running max m and sum
-// s of exp(x - m), rescaling s when m grows (s exp(m_old - m_new)); the block then combines the
-// threads' (m, s) in a fixed order. With GRAD (a training forward) the row then becomes, in place,
-// the gradient of dloss * loss, the probabilities never stored; the pass keeps the row in shared
-// memory for it when `staged` (the launch gives Vp logits of room), else reads it again. Both
-// variants form the same lse. Precision: m, s, lse in fp32; each exponential as 2^((x - m) log2 e)
-// by ex2.approx (relative error < 2^-22; x - m is exact, the product rounded at 2^-24 relative:
-// ~2e-6 for the terms that matter, |x - m| < 30), so lse is off by ~1e-7 relative for any row length
-// (s carries at most Vp / CE_THREADS terms a thread); the gradient, 2^(x log2 e - lse log2 e) by
-// one FFMA and ex2.approx, is then rounded to floatX (2^-8 relative in bf16), as every bf16
-// activation gradient is. Denormal results become 0 (ex2.approx.ftz).
+// Cross-entropy over the first V logits of a row (pads V..Vp-1 masked), one block per row; its loss is lse -
+// logit_target. One pass for the lse: each thread keeps a running max m and sum s of exp(x - m), rescaling s when m
+// grows (s exp(m_old - m_new)); the block then combines the threads' (m, s) in a fixed order. With GRAD (a training
+// forward) the row then becomes, in place, the gradient of dloss * loss, the probabilities never stored; the pass keeps
+// the row in shared memory for it when `staged` (the launch gives Vp logits of room), else reads it again. Both
+// variants form the same lse. Precision: m, s, lse in fp32; each exponential as 2^((x - m) log2 e) by ex2.approx
+// (relative error < 2^-22; x - m is exact, the product rounded at 2^-24 relative: ~2e-6 for the terms that
+// matter, |x - m| < 30), so lse is off by ~1e-7 relative for any row length (s carries at most Vp / CE_THREADS terms a
+// thread); the gradient, 2^(x log2 e - lse log2 e) by one FFMA and ex2.approx, is then rounded to floatX (2^-8
+// relative in bf16), as every bf16 activation gradient is. Denormal results become 0 (ex2.approx.ftz).
 #define CE_THREADS 1024
 
 // folds one pack (logits j0 .. j0 + XPACK - 1) into the running (m, s)
@@ -4085,8 +3965,8 @@ __global__ void __launch_bounds__(CE_THREADS) crossentropy_kernel(float* losses,
     }
 }
 
-// the cross-entropy of N rows into losses; with grad the logits become dloss times its gradient,
-// the row staged in shared memory where Vp logits fit (every GPT-2-sized vocabulary in bf16)
+// the cross-entropy of N rows into losses; with grad the logits become dloss times its gradient, the row staged in
+// shared memory where Vp logits fit (every GPT-2-sized vocabulary in bf16)
 static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, size_t N, int V, int Vp, int grad,
                              float dloss) {
     if (!grad) {
@@ -4096,10 +3976,7 @@ static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, 
     }
     size_t smem = (size_t)Vp * sizeof(floatX);
     int staged = smem + 1024 <= g_prop.sharedMemPerBlockOptin; // 1 KB: room for the static red[32] and margin
-    if (staged) {
-        cudaCheck(cudaFuncSetAttribute(crossentropy_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem));
-    }
+    if (staged) { smem_limit(smem, crossentropy_kernel<true>); }
     crossentropy_kernel<true><<<(unsigned)N, CE_THREADS, staged ? smem : 0>>>(losses, logits, targets, V, Vp, dloss,
                                                                               staged);
     launchCheck();
@@ -4111,11 +3988,11 @@ static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, 
 // [lo, lo + n) of a flat buffer; v: where it starts in the concatenation of its list's ranges
 typedef struct { size_t lo, n, v; } Range;
 
-// stage 1 of the gradient norm: fixed grid, fixed order, fp64 partial sums of squares over a
-// list of ranges (their concatenation, `total` long, cut into one equal chunk per block)
+// stage 1 of the gradient norm: fixed grid, fixed order, fp64 partial sums of squares over a list of ranges (their
+// concatenation, `total` long, cut into one equal chunk per block)
 #define NORM_BLOCKS 512
-// (a thread loads four of its strided elements at once, so four loads are in flight, and adds
-// them in the same order as one at a time)
+// (a thread loads four of its strided elements at once, so four loads are in flight, and adds them in the same order as
+// one at a time)
 __global__ void sumsq_partial_kernel(double* partial, const float* g, const Range* ranges, int count, size_t total) {
     __shared__ double red[256];
     double acc = 0.0;
@@ -4144,11 +4021,10 @@ __global__ void sumsq_partial_kernel(double* partial, const float* g, const Rang
     if (threadIdx.x == 0) { partial[blockIdx.x] = red[0]; }
 }
 
-// AdamW on every trainable parameter of this rank's optimizer ranges in one launch, the twin's
-// arithmetic; grad_scale applies the clipping; the matmul copy of the weight is refreshed.
-// A table of segments (adamw_segments) lists the ranges' trainable parts; each block updates
-// ADAMW_THREADS * ADAMW_PER_THREAD elements of one segment, a thread ADAMW_PER_THREAD of them
-// ADAMW_THREADS apart, all loaded before any is updated (loads in flight, coalesced).
+// AdamW on every trainable parameter of this rank's optimizer ranges in one launch, the twin's arithmetic; grad_scale
+// applies the clipping; the matmul copy of the weight is refreshed. A table of segments (adamw_segments) lists the
+// ranges' trainable parts; each block updates ADAMW_THREADS * ADAMW_PER_THREAD elements of one segment, a thread
+// ADAMW_PER_THREAD of them ADAMW_THREADS apart, all loaded before any is updated (loads in flight, coalesced).
 #define ADAMW_THREADS 256
 #define ADAMW_PER_THREAD 4
 
@@ -4220,13 +4096,12 @@ static void to_floatX_gpu(floatX* out, const float* in, size_t n) {
 }
 
 // ----------------------------------------------------------------------------
-// data parallel: one process per GPU, NCCL between them. Every rank holds buffers for all
-// weights (fp32 master and matmul copy) and gradients. ZeRO stage 0 all-reduces the gradients
-// and every rank runs AdamW on everything; stage 1 reduce-scatters them, each rank runs AdamW
-// on its shard (and holds only that shard's moments), then the weights are all-gathered (the
-// matmul weights as their bf16 copy: layout_params). Results that the host needs (losses, the
-// gradient norm) are gathered from every rank and summed on the host in rank order: the same bits
-// on every rank, every run.
+// data parallel: one process per GPU, NCCL between them. Every rank holds buffers for all weights (fp32 master and
+// matmul copy) and gradients. ZeRO stage 0 all-reduces the gradients and every rank runs AdamW on everything; stage 1
+// reduce-scatters them, each rank runs AdamW on its shard (and holds only that shard's moments), then the weights are
+// all-gathered (the matmul weights as their bf16 copy: layout_params). Results that the host needs (losses, the
+// gradient norm) are gathered from every rank and summed on the host in rank order: the same bits on every rank, every
+// run.
 
 #define DIST_TIMEOUT_S 900 // longest wait for a collective; a rank that died never arrives
 #define GATHER_MAX NORM_BLOCKS
@@ -4246,8 +4121,7 @@ typedef struct {
 
 static Dist g_single_process = {0, 1, 0, 0, "single process", NULL, 0, NULL, NULL, NULL, NULL, NULL, 0};
 
-// the collectives wait for the work queued so far on the default stream, and work queued after
-// them waits for them
+// the collectives wait for the work queued so far on the default stream, and work queued after them waits for them
 static void dist_stream_begin(const Dist* d) {
     cudaCheck(cudaEventRecord(d->ready, 0));
     cudaCheck(cudaStreamWaitEvent(d->stream, d->ready, 0));
@@ -4258,8 +4132,8 @@ static void dist_stream_end(const Dist* d) {
     cudaCheck(cudaStreamWaitEvent(0, d->done, 0));
 }
 
-// Waits for the collectives queued so far. A rank that failed never joins them and the others
-// would hang in NCCL forever: report that instead, after DIST_TIMEOUT_S.
+// Waits for the collectives queued so far. A rank that failed never joins them and the others would hang in NCCL
+// forever: report that instead, after DIST_TIMEOUT_S.
 static void dist_wait(const Dist* d) {
     if (d->comm == NULL) { cudaCheck(cudaDeviceSynchronize()); return; }
     double start = now_seconds();
@@ -4284,8 +4158,7 @@ static void dist_wait(const Dist* d) {
     }
 }
 
-// the n <= GATHER_MAX device doubles of every rank on the host, (world, n) in rank order (several
-// processes only)
+// the n <= GATHER_MAX device doubles of every rank on the host, (world, n) in rank order (several processes only)
 static const double* dist_gather(const Dist* d, const double* values_dev, int n) {
     dist_stream_begin(d);
     ncclCheck(ncclAllGather(values_dev, d->gather_dev, (size_t)n, ncclDouble, d->comm, d->stream));
@@ -4311,19 +4184,18 @@ static double dist_sum(const Dist* d, const double* values_dev, int n) {
     return sum;
 }
 
-// (the upload is a blocking copy: call it with no collective in flight, or a rank that died
-// would hang this one before dist_wait can notice)
+// (the upload is a blocking copy: call it with no collective in flight, or a rank that died would hang this one before
+// dist_wait can notice)
 static double dist_sum_scalar(const Dist* d, double v) {
     if (d->world == 1) { return v; }
     cudaCheck(cudaMemcpy(d->scalar_dev, &v, sizeof(double), cudaMemcpyHostToDevice));
     return dist_sum(d, d->scalar_dev, 1);
 }
 
-// A training step's loss, summed over the ranks as dist_sum_scalar does, and in the same
-// all-gather the rank whose forwards and backwards took longest (seconds from each rank's own step
-// start): the collectives after them wait for it. When the ranks start a step together (no sample or
-// checkpoint on rank 0 alone before it), how much longer it took is how long this rank waited.
-// (The upload blocks: call it with no collective in flight.)
+// A training step's loss, summed over the ranks as dist_sum_scalar does, and in the same all-gather the rank whose
+// forwards and backwards took longest (seconds from each rank's own step start): the collectives after them wait for
+// it. When the ranks start a step together (no sample or checkpoint on rank 0 alone before it), how much longer it
+// took is how long this rank waited. (The upload blocks: call it with no collective in flight.)
 static double dist_sum_loss(const Dist* d, double loss, double t_local, int* slowest, double* t_slowest) {
     *slowest = d->rank;
     *t_slowest = t_local;
@@ -4355,8 +4227,7 @@ static void dist_check_same(const Dist* d, double v, const char* what) {
     }
 }
 
-// stops every rank when one could not go on (ok 0; why: its message): that rank with its message, the
-// others naming it
+// stops every rank when one could not go on (ok 0; why: its message): that rank with its message, the others naming it
 static void dist_all_ok(const Dist* d, int ok, const char* why) {
     int bad = ok ? -1 : d->rank;
     if (d->world > 1) {
@@ -4408,8 +4279,7 @@ static void dist_exchange_id(Dist* d, ncclUniqueId* id, const char* rendezvous) 
     }
 }
 
-// Finds this process's rank and GPU, initialises the GPU and, with more than one process,
-// the NCCL communicator.
+// Finds this process's rank and GPU, initialises the GPU and, with more than one process, the NCCL communicator.
 static void dist_init(Dist* d, const Args* a, int argc, char** argv) {
     *d = g_single_process;
     Topology t;
@@ -4472,8 +4342,8 @@ static void dist_free(Dist* d) {
 }
 
 // ----------------------------------------------------------------------------
-// the GPU model: the twin's FoxModel holds the configuration, the parameter table and a
-// host copy of the weights (checkpoints, tests); the device holds everything else
+// the GPU model: the twin's FoxModel holds the configuration, the parameter table and a host copy of the weights
+// (checkpoints, tests); the device holds everything else
 
 typedef struct {
     float* resid;       // (L+1, N, C) fp32 residual stream entering each layer; [L] the final one
@@ -4609,11 +4479,10 @@ typedef struct {
 // The (C, C) projections of the attention input: q, k, v and the output gate
 static const int QKVG_TENSORS[4] = {P_WQ, P_WK, P_WV, P_WG};
 
-// The gradients of their outputs that a stage kernel writes (QK-norm/RoPE for q; the k shift,
-// else QK-norm/RoPE for k; the v shift for v; the output gate's backward) land side by side in
-// dqkvg, so the input's gradient takes one matmul for all of them; one whose stage is off is the
-// attention's own output and gets its own matmul. slot[j]: tensor j's block in dqkvg, -1 if none;
-// returns F, the number of blocks.
+// The gradients of their outputs that a stage kernel writes (QK-norm/RoPE for q; the k shift, else QK-norm/RoPE for k;
+// the v shift for v; the output gate's backward) land side by side in dqkvg, so the input's gradient takes one matmul
+// for all of them; one whose stage is off is the attention's own output and gets its own matmul. slot[j]: tensor j's
+// block in dqkvg, -1 if none; returns F, the number of blocks.
 static int qkvg_slots(const FoxConfig* cf, int slot[4]) {
     int staged[4] = {cf->qk_norm || cf->rope, cf->k_shift || cf->qk_norm || cf->rope, cf->v_shift, cf->output_gate};
     int F = 0;
@@ -4621,18 +4490,16 @@ static int qkvg_slots(const FoxConfig* cf, int slot[4]) {
     return F;
 }
 // ----------------------------------------------------------------------------
-// the GPU's parameter layout: the twin and the files keep each tensor for all layers together;
-// the GPU's flat buffers (weights, matmul copy, gradients) hold two buckets. BUCKET_FP32: the
-// tensors the forward reads in fp32 (the embedding, every layer's norm weights and gate bias,
-// the final norm). BUCKET_MATMUL: the matmul weights, layer by layer (layer_matrix_order: the
-// projections of qkvg_slots and those of head_proj_slots side by side in their slots' order, one
-// matmul each for their input's and their weights' gradients), then lm_head. ZeRO-1 all-gathers
-// BUCKET_MATMUL in bf16 (params_x, half the bytes, no conversion after it); the fp32 master of
-// its other ranks' shares is gathered only for checkpoints (gpu_gather_master), and the matmul
-// copy of BUCKET_FP32 is never read. Every slice starts at a multiple of LAYOUT_ALIGN elements,
-// except that the members of a group one matmul reads follow each other with no gap (C x C and H x C
-// slices: at least 16 bytes aligned); every bucket is padded to a multiple of world * LAYOUT_ALIGN,
-// and rank r's share (ZeRO-1 shard) of a bucket is its r-th of world equal parts. The padding is
+// the GPU's parameter layout: the twin and the files keep each tensor for all layers together; the GPU's flat buffers
+// (weights, matmul copy, gradients) hold two buckets. BUCKET_FP32: the tensors the forward reads in fp32 (the
+// embedding, every layer's norm weights and gate bias, the final norm). BUCKET_MATMUL: the matmul weights, layer by
+// layer (layer_matrix_order: the projections of qkvg_slots and those of head_proj_slots side by side in their slots'
+// order, one matmul each for their input's and their weights' gradients), then lm_head. ZeRO-1 all-gathers
+// BUCKET_MATMUL in bf16 (params_x, half the bytes, no conversion after it); the fp32 master of its other ranks'
+// shares is gathered only for checkpoints (gpu_gather_master), and the matmul copy of BUCKET_FP32 is never read. Every
+// slice starts at a multiple of LAYOUT_ALIGN elements, except that the members of a group one matmul reads follow each
+// other with no gap (C x C and H x C slices: at least 16 bytes aligned); every bucket is padded to a multiple of
+// world * LAYOUT_ALIGN, and rank r's share (ZeRO-1 shard) of a bucket is its r-th of world equal parts. The padding is
 // zeros and stays zeros (no kernel writes it; AdamW keeps zeros zero).
 #define LAYOUT_ALIGN 64
 
@@ -4641,9 +4508,9 @@ static size_t round_up(size_t n, size_t unit) { return (n + unit - 1) / unit * u
 // whether the forward reads tensor t in fp32 (BUCKET_FP32) rather than as a matmul weight
 static int param_read_fp32(const ParamSpec* spec, int t) { return t == P_WTE || spec[t].cols == 1; }
 
-// a layer's matmul weights in bucket order: the grouped projections (qkvg_slots's order), the head
-// projections (head_proj_slots's), the others; returns their count. packed[i]: order[i + 1] is the
-// next member of order[i]'s group, so it follows with no padding between (one matmul reads both).
+// a layer's matmul weights in bucket order: the grouped projections (qkvg_slots's order), the head projections
+// (head_proj_slots's), the others; returns their count. packed[i]: order[i + 1] is the next member of order[i]'s
+// group, so it follows with no padding between (one matmul reads both).
 static int layer_matrix_order(const FoxConfig* cf, const ParamSpec* spec, int order[NUM_PARAM_TENSORS],
                               int packed[NUM_PARAM_TENSORS]) {
     int slot[4], F = qkvg_slots(cf, slot), hp_slot[HP_MAX], P = head_proj_slots(cf, hp_slot), n = 0;
@@ -4706,8 +4573,8 @@ static float* pm(GPUModel* g, int tensor, int l) { return g->params + slice_offs
 static floatX* px(GPUModel* g, int tensor, int l) { return g->params_x + slice_offset(g, tensor, l); }
 static float* pg(GPUModel* g, int tensor, int l) { return g->grads + slice_offset(g, tensor, l); }
 
-// Copies one flat buffer between the device, in the GPU's layout, and the host, in the twin's,
-// one memcpy per tensor slice.
+// Copies one flat buffer between the device, in the GPU's layout, and the host, in the twin's, one memcpy per tensor
+// slice.
 static void gpu_layout_copy(const GPUModel* g, float* dev, float* host, cudaMemcpyKind kind) {
     const ParamSpec* spec = g->host->spec;
     size_t twin = 0;
@@ -4773,9 +4640,8 @@ static int slice_at_cmp(const void* a, const void* b) {
     return x < y ? -1 : x > y;
 }
 
-// AdamW's segment table for the ranges `opt`: each range's trainable parts, with neighbouring
-// slices of the same decay group (and the padding between them) in one segment; *count
-// segments, *blocks thread blocks in all
+// AdamW's segment table for the ranges `opt`: each range's trainable parts, with neighbouring slices of the same decay
+// group (and the padding between them) in one segment; *count segments, *blocks thread blocks in all
 static AdamWSegment* adamw_segment_table(const ParamLayout* lay, const ParamSpec* spec, int L, const RangeList* opt,
                                          int* count_out, unsigned* blocks_out) {
     int n_slices = 0;
@@ -4831,8 +4697,8 @@ static void* arena_take(char* base, size_t* offset, size_t bytes) {
     return p;
 }
 
-// Lays out the activations of a (B, T) batch; stages that are off alias their input. With
-// recompute the tensors marked (R) get one layer's slot, shared by all layers (see layer_acts).
+// Lays out the activations of a (B, T) batch; stages that are off alias their input. With recompute the tensors marked
+// (R) get one layer's slot, shared by all layers (see layer_acts).
 static size_t layout_activations(GPUActivations* a, const FoxConfig* cf, int B, int T, int recompute, char* base) {
     size_t L = (size_t)cf->n_layer, C = (size_t)cf->n_embd, H = (size_t)cf->n_head, I = (size_t)cf->mlp_hidden;
     size_t N = (size_t)B * T, Vp = (size_t)cf->padded_vocab_size, off = 0;
@@ -4980,21 +4846,26 @@ static const char* gpu_config_problem(const FoxConfig* cf) {
     return NULL;
 }
 
-// the RoPE table (len, hd/2, 2) of (cos, sin) on the host: the twin's angles, the same fp32 values
-static float* rope_table(const FoxConfig* cf, int len) {
+// the RoPE table (len, hd/2, 2) of (cos, sin) on the device (`what`): the twin's angles, the same fp32 values,
+// copied on `stream` before it returns
+static float* rope_table_gpu(const FoxConfig* cf, int len, cudaStream_t stream, const char* what) {
     int hd = cf->n_embd / cf->n_head, half = hd / 2;
-    float* table = (float*)malloc_check((size_t)len * half * 2 * sizeof(float), "RoPE table");
+    size_t bytes = (size_t)len * half * 2 * sizeof(float);
+    float* table = (float*)malloc_check(bytes, "RoPE table");
     for (int t = 0; t < len; t++) {
         for (int i = 0; i < half; i++) {
             float* cs = &table[((size_t)t * half + i) * 2];
             rope_angle(t, i, hd, cf->rope_theta, cs, cs + 1);
         }
     }
-    return table;
+    float* dev = (float*)gpu_malloc(bytes, what);
+    cudaCheck(cudaMemcpyAsync(dev, table, bytes, cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    free(table);
+    return dev;
 }
 
-// Builds the device side of `host` (whose weights are uploaded) for batches up to (B, T), as
-// one rank of `dist`.
+// Builds the device side of `host` (whose weights are uploaded) for batches up to (B, T), as one rank of `dist`.
 static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist* dist) {
     const FoxConfig* cf = &host->config;
     const char* problem = gpu_config_problem(cf);
@@ -5032,13 +4903,7 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     g->inputs = (int*)gpu_malloc(N * sizeof(int), "inputs");
     g->targets = (int*)gpu_malloc(N * sizeof(int), "targets");
     g->norm_partial = (double*)gpu_malloc(NORM_BLOCKS * sizeof(double), "norm partials");
-    if (cf->rope) {
-        size_t bytes = (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float);
-        float* table = rope_table(cf, T);
-        g->rope = (float*)gpu_malloc(bytes, "RoPE table");
-        cudaCheck(cudaMemcpy(g->rope, table, bytes, cudaMemcpyHostToDevice));
-        free(table);
-    }
+    if (cf->rope) { g->rope = rope_table_gpu(cf, T, 0, "RoPE table"); }
     g->losses_host = (float*)malloc_check(N * sizeof(float), "losses");
     g->enc_host = (int*)malloc_check((3 * N + 1 + (size_t)cf->vocab_size) * sizeof(int), "encoder lists");
     g->mean_loss = -1.0f;
@@ -5062,9 +4927,9 @@ static void gpu_free(GPUModel* g) {
 // ----------------------------------------------------------------------------
 // forward and backward of the whole model
 
-// Layer l's activations (of the current batch's N rows). A tensor with its own buffer lives in
-// layer l's slice, or in the one shared slot when recompute holds it for one layer only (R);
-// a stage that is off aliases its input, wherever that lives. Absent tensors are NULL.
+// Layer l's activations (of the current batch's N rows). A tensor with its own buffer lives in layer l's slice, or in
+// the one shared slot when recompute holds it for one layer only (R); a stage that is off aliases its input, wherever
+// that lives. Absent tensors are NULL.
 typedef struct {
     float *resid, *resid_mid, *resid_next;                       // (N, C) fp32
     float *rstd_a, *rstd_m;                                      // (N)
@@ -5106,8 +4971,8 @@ static LayerActs layer_acts(const GPUModel* g, int l) {
     return p;
 }
 
-// layer l's head projections that are on (see HeadProj), in the order k shift, v shift, forget
-// gate; with the forward's outputs and the backward's buffers
+// layer l's head projections that are on (see HeadProj), in the order k shift, v shift, forget gate; with the forward's
+// outputs and the backward's buffers
 static HeadProj head_proj_layer(GPUModel* g, const LayerActs* p, int l) {
     const FoxConfig* cf = &g->config;
     HeadProj hp;
@@ -5155,9 +5020,8 @@ static void output_norm_gate_forward_layer(GPUModel* g, const LayerActs* p, int 
                                  1e-6f);
 }
 
-// -r 1: layer l's (R) tensors again, by the forward's kernels on the inputs the forward kept
-// (and rewriting the same rstd values): the same bits as in the forward, so the gradients do
-// not change
+// -r 1: layer l's (R) tensors again, by the forward's kernels on the inputs the forward kept (and rewriting the same
+// rstd values): the same bits as in the forward, so the gradients do not change
 static void gpu_recompute_layer(GPUModel* g, const LayerActs* p, int l) {
     const FoxConfig* cf = &g->config;
     int B = g->B, T = g->T, C = cf->n_embd;
@@ -5170,11 +5034,10 @@ static void gpu_recompute_layer(GPUModel* g, const LayerActs* p, int l) {
     swiglu_forward_gpu(p->act, p->gu, N, cf->mlp_hidden);
 }
 
-// The forward in three parts (gpu_forward_pass runs them in turn): the batch checked and uploaded,
-// the kernels, the mean loss read back. inputs, targets (B, T) on the host; targets may be NULL (no
-// loss). Fills the logits and, with targets, the losses and mean_loss. With grad (targets needed)
-// the logits are then turned in place into the gradient of loss_scale * mean_loss, the start of
-// gpu_backward: gpu_forward_train.
+// The forward in three parts (gpu_forward_pass runs them in turn): the batch checked and uploaded, the kernels, the
+// mean loss read back. inputs, targets (B, T) on the host; targets may be NULL (no loss). Fills the logits and, with
+// targets, the losses and mean_loss. With grad (targets needed) the logits are then turned in place into the
+// gradient of loss_scale * mean_loss, the start of gpu_backward: gpu_forward_train.
 static void gpu_forward_begin(GPUModel* g, const int* inputs, const int* targets, int B, int T, int grad) {
     size_t N = (size_t)B * T;
     if (T > g->max_T || N > (size_t)g->max_B * g->max_T) {
@@ -5188,8 +5051,8 @@ static void gpu_forward_begin(GPUModel* g, const int* inputs, const int* targets
     if (targets != NULL) { cudaCheck(cudaMemcpy(g->targets, targets, N * sizeof(int), cudaMemcpyHostToDevice)); }
 }
 
-// the forward's kernels on the uploaded batch (gpu_forward_begin), the embedding to the loss: no
-// host work or synchronisation, so a CUDA graph can hold them (gpu_train_micro_step)
+// the forward's kernels on the uploaded batch (gpu_forward_begin), the embedding to the loss: no host work or
+// synchronisation, so a CUDA graph can hold them (gpu_train_micro_step)
 static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
     const FoxConfig* cf = &g->config;
     int B = g->B, T = g->T;
@@ -5259,8 +5122,8 @@ static void gpu_forward_train(GPUModel* g, const int* inputs, const int* targets
 
 static void gpu_zero_grad(GPUModel* g) { cudaCheck(cudaMemset(g->grads, 0, g->layout.size * sizeof(float))); }
 
-// the encoder backward's lists: distinct tokens, and for each its positions in increasing
-// order (a counting sort on the host, uploaded)
+// the encoder backward's lists: distinct tokens, and for each its positions in increasing order (a counting sort on the
+// host, uploaded)
 static int encoder_lists(GPUModel* g, size_t N) {
     int V = g->config.vocab_size;
     int* tokens = g->enc_host;           // (N)
@@ -5284,10 +5147,10 @@ static int encoder_lists(GPUModel* g, size_t N) {
     return u;
 }
 
-// Accumulates into the gradients the gradient of loss_scale * mean_loss of the last forward
-// (gpu_forward_train's: its logits are that loss's gradient already): gpu_backward_kernels, every
-// kernel down to layer 0 (no host work or synchronisation, so a CUDA graph can hold them), then
-// gpu_encoder_backward, whose lists the host builds from the batch.
+// Accumulates into the gradients the gradient of loss_scale * mean_loss of the last forward (gpu_forward_train's: its
+// logits are that loss's gradient already): gpu_backward_kernels, every kernel down to layer 0 (no host work or
+// synchronisation, so a CUDA graph can hold them), then gpu_encoder_backward, whose lists the host builds from the
+// batch.
 static void gpu_backward_kernels(GPUModel* g) {
     const FoxConfig* cf = &g->config;
     int B = g->B, T = g->T;
@@ -5296,8 +5159,8 @@ static void gpu_backward_kernels(GPUModel* g) {
     int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1;
     GPUActivations a = g->acts;
     GPUGradBuffers d = g->gb;
-    // the gradient buffers of stages that are off alias the gradient of their output; those of
-    // W_q x, W_k x, W_v x, W_g x that stage kernels write are blocks of dqkvg (rows W long)
+    // the gradient buffers of stages that are off alias the gradient of their output; those of W_q x, W_k x, W_v x,
+    // W_g x that stage kernels write are blocks of dqkvg (rows W long)
     floatX* d_o = cf->output_norm || cf->output_gate ? d.d_o : d.dy;
     int slot[4], F = qkvg_slots(cf, slot), W = F * C, first = -1;
     for (int j = 0; j < 4; j++) { first = slot[j] == 0 ? QKVG_TENSORS[j] : first; } // the grouped weights' first
@@ -5366,9 +5229,9 @@ static void gpu_backward_kernels(GPUModel* g) {
             if (cf->v_shift) { set[n++] = (KVShiftGradSet){draw[2], dhp[1], d.dv, p.v_raw, p.v_alpha}; }
             kv_shift_backward_gpu(set, n, W, PH, N, T, H, hd);
         }
-        // the attention input's gradient: the head projections' terms written, then dqkvg's in one
-        // matmul with the layer's grouped weights (side by side in the layout), then those of the
-        // blocks not in dqkvg; the grouped weights' gradients in one matmul too
+        // the attention input's gradient: the head projections' terms written, then dqkvg's in one matmul with the
+        // layer's grouped weights (side by side in the layout), then those of the blocks not in dqkvg; the grouped
+        // weights' gradients in one matmul too
         HeadProj hp = head_proj_layer(g, &p, l);
         float beta = hp.count > 0 ? 1.0f : 0.0f;
         if (hp.count > 0) { head_proj_backward_gpu(d.dxn, &hp, xa, N, C, H); }
@@ -5402,12 +5265,11 @@ static void gpu_backward(GPUModel* g) {
     gpu_encoder_backward(g);
 }
 
-// A training micro-step: gpu_forward_train then gpu_backward, the same work in the same order, the
-// kernels of both launched as one CUDA graph when g_step_graphs is on (launched one by one, the
-// step's many small kernels leave the GPU idle between them). A graph keeps the arguments it was
-// captured with, so it is captured for one (B, T, loss_scale) after an eager micro-step at that
-// shape (which does the lazy set-up: matmul plans, kernel attributes, buffers) and dropped when a
-// buffer it reads moves or a setting it holds changes (g_buffer_epoch). Same kernels, arguments and
+// A training micro-step: gpu_forward_train then gpu_backward, the same work in the same order, the kernels of both
+// launched as one CUDA graph when g_step_graphs is on (launched one by one, the step's many small kernels leave the GPU
+// idle between them). A graph keeps the arguments it was captured with, so it is captured for one (B, T, loss_scale)
+// after an eager micro-step at that shape (which does the lazy set-up: matmul plans, kernel attributes, buffers) and
+// dropped when a buffer it reads moves or a setting it holds changes (g_buffer_epoch). Same kernels, arguments and
 // order: the same bits as without it. The mean loss is read back at the end, not between the passes.
 static int g_step_graphs = 1;
 
@@ -5441,9 +5303,9 @@ static void gpu_train_micro_step(GPUModel* g, const int* inputs, const int* targ
     gpu_forward_loss(g);
 }
 
-// -X 1: one training forward and backward on random tokens with g_tuning set, so each matmul
-// plan's first call tunes it (matmul_tune); the step's results are thrown away (the gradients
-// zeroed). Prints how many plans changed and their time a step, each matmul timed alone.
+// -X 1: one training forward and backward on random tokens with g_tuning set, so each matmul plan's first call tunes it
+// (matmul_tune); the step's results are thrown away (the gradients zeroed). Prints how many plans changed and their
+// time a step, each matmul timed alone.
 static void gpu_tune_matmuls(GPUModel* g, int B, int T) {
     size_t N = (size_t)B * T;
     int* tokens = (int*)malloc_check(2 * N * sizeof(int), "tuning tokens");
@@ -5474,9 +5336,9 @@ static void gpu_tune_matmuls(GPUModel* g, int B, int T) {
 // ----------------------------------------------------------------------------
 // optimiser: the gradients' reduction (by bucket), the norm, AdamW with clipping, the ZeRO-1 gathers
 
-// Sums the gradients of all ranks (the backward scaled each rank's share by 1/(accum*world), so
-// the sum is the mean over the global batch): stage 0 everywhere (all-reduce), stage 1 only this
-// rank's share of each bucket (reduce-scatter, in place), after the backward.
+// Sums the gradients of all ranks (the backward scaled each rank's share by 1/(accum*world), so the sum is the mean
+// over the global batch): stage 0 everywhere (all-reduce), stage 1 only this rank's share of each bucket
+// (reduce-scatter, in place), after the backward.
 static void gpu_reduce_grads(GPUModel* g) {
     const Dist* d = g->dist;
     if (d->world == 1) { return; }
@@ -5495,17 +5357,15 @@ static void gpu_reduce_grads(GPUModel* g) {
     dist_stream_end(d);
 }
 
-// global gradient norm (after gpu_reduce_grads): fixed-grid fp64 partials over this rank's
-// shard (everything in one process), gathered and summed on the host in order (frozen tensors
-// have zero gradients and add nothing)
+// global gradient norm (after gpu_reduce_grads): fixed-grid fp64 partials over this rank's shard (everything in one
+// process), gathered and summed on the host in order (frozen tensors have zero gradients and add nothing)
 static double gpu_grad_norm(GPUModel* g) {
     sumsq_partial_gpu(g->norm_partial, g->grads, g->shard.dev, g->shard.count, g->shard.total);
     return sqrt(dist_sum(g->dist, g->norm_partial, NORM_BLOCKS));
 }
 
-// one AdamW step (step is 1-based) on this rank's optimizer ranges, the gradients clipped first
-// to global norm o->grad_clip when it is > 0 (the twin's rule: scale by grad_clip / (norm +
-// 1e-6) when that is below 1)
+// one AdamW step (step is 1-based) on this rank's optimizer ranges, the gradients clipped first to global norm
+// o->grad_clip when it is > 0 (the twin's rule: scale by grad_clip / (norm + 1e-6) when that is below 1)
 static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
     float grad_scale = 1.0f;
     if (o->grad_clip > 0) {
@@ -5518,8 +5378,8 @@ static void gpu_adamw(GPUModel* g, const AdamWConfig* o, float lr, int step, dou
               lr, o->weight_decay, o->beta1, o->beta2, c1, c2, o->eps, grad_scale);
 }
 
-// all-gathers buckets [b0, b1) of `buf` from each rank's share, which is in `shares` (one after
-// another, as the moments) or, when that is NULL, in buf (in place); a collective
+// all-gathers buckets [b0, b1) of `buf` from each rank's share, which is in `shares` (one after another, as the
+// moments) or, when that is NULL, in buf (in place); a collective
 template <typename T>
 static void gpu_gather_buckets(GPUModel* g, T* buf, const T* shares, int b0, int b1) {
     const Dist* d = g->dist;
@@ -5535,9 +5395,9 @@ static void gpu_gather_buckets(GPUModel* g, T* buf, const T* shares, int b0, int
     dist_stream_end(d);
 }
 
-// the optimizer step; under ZeRO-1 each rank's updated share is then all-gathered: BUCKET_FP32's
-// master weights, BUCKET_MATMUL's matmul copy (AdamW wrote it; the fp32 master there is this rank's
-// share only, until gpu_gather_master)
+// the optimizer step; under ZeRO-1 each rank's updated share is then all-gathered: BUCKET_FP32's master weights,
+// BUCKET_MATMUL's matmul copy (AdamW wrote it; the fp32 master there is this rank's share only, until
+// gpu_gather_master)
 static void gpu_update(GPUModel* g, const AdamWConfig* o, float lr, int step, double norm) {
     gpu_adamw(g, o, lr, step, norm);
     const Dist* d = g->dist;
@@ -5556,12 +5416,12 @@ static void gpu_gather_master(GPUModel* g) {
 }
 
 // ----------------------------------------------------------------------------
-// checkpoints (the twin's files: fp32 master weights; AdamW moments in the state file). With
-// several processes rank 0 writes both files: the weights are the same on every rank and
-// ZeRO-1 shards of the moments are gathered first, so a run resumes on any number of GPUs.
+// checkpoints (the twin's files: fp32 master weights; AdamW moments in the state file). With several processes rank 0
+// writes both files: the weights are the same on every rank and ZeRO-1 shards of the moments are gathered first, so a
+// run resumes on any number of GPUs.
 
-// all-gathers one ZeRO-1 moment buffer into the gradient buffer (free between steps) and
-// copies it to `host` on rank 0; a collective
+// all-gathers one ZeRO-1 moment buffer into the gradient buffer (free between steps) and copies it to `host` on rank 0;
+// a collective
 static void gpu_gather_moments(GPUModel* g, const float* shard, float* host) {
     gpu_gather_buckets(g, g->grads, shard, 0, NUM_BUCKETS);
     dist_wait(g->dist);
@@ -5591,8 +5451,7 @@ static void gpu_state_to_host(GPUModel* g) {
     }
 }
 
-// uploads the host weights and, when the host has them, this rank's ranges of the AdamW
-// moments (else zeros)
+// uploads the host weights and, when the host has them, this rank's ranges of the AdamW moments (else zeros)
 static void gpu_state_from_host(GPUModel* g) {
     FoxModel* m = g->host;
     gpu_params_from_host(g);
@@ -5622,9 +5481,9 @@ static void gpu_save_checkpoint(GPUModel* g, const char* dir, const TrainState* 
 // ----------------------------------------------------------------------------
 // main: training: the validation loss, then (not with FOX_NO_MAIN) resume, the run's steps over a TrainRun, main
 
-// Mean loss over max_batches batches of B sequences (0: the whole validation set). With
-// several processes each evaluates its slice of every batch and the sums are gathered: for
-// max_batches a multiple of the world size they cover the same sequences as one process.
+// Mean loss over max_batches batches of B sequences (0: the whole validation set). With several processes each
+// evaluates its slice of every batch and the sums are gathered: for max_batches a multiple of the world size they cover
+// the same sequences as one process.
 static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
     dataloader_set_position(val, 0, 0, 0);
     if (val->current_batches == 0) { dataloader_advance_shard(val); }
@@ -5646,10 +5505,9 @@ static float gpu_evaluate(GPUModel* g, DataLoader* val, int max_batches) {
 static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_t* rng);
 static int gpu_eval_main(const Args* a);
 
-// -y 1 on the GPU: resume_run on every rank (the checkpoint files on a filesystem all share: the newest
-// complete one into the host model, the training data moved to its position, translated when the number of
-// processes or the micro-batch changed), then each rank's slice of the moments to the device; returns the
-// run's state
+// -y 1 on the GPU: resume_run on every rank (the checkpoint files on a filesystem all share: the newest complete one
+// into the host model, the training data moved to its position, translated when the number of processes or the
+// micro-batch changed), then each rank's slice of the moments to the device; returns the run's state
 static TrainState gpu_resume(GPUModel* g, FoxModel* model, const Args* a, DataLoader* train) {
     const Dist* d = g->dist;
     dist_check_same(d, latest_checkpoint(a->out_dir),
@@ -5759,8 +5617,8 @@ static void train_check_same(const TrainRun* r) {
     dist_check_same(d, a->checkpoint_every * 2.0 + a->resume, "-n and -y");
 }
 
-// -o claimed by rank 0 (run_dir_claim: made, locked, write-tested) before anything is written there; every
-// rank learns whether that went well, so that all stop alike
+// -o claimed by rank 0 (run_dir_claim: made, locked, write-tested) before anything is written there; every rank learns
+// whether that went well, so that all stop alike
 static void train_claim_dir(TrainRun* r) {
     r->out = run_dir_unclaimed();
     if (r->a.out_dir == NULL) { return; }
@@ -5769,8 +5627,8 @@ static void train_claim_dir(TrainRun* r) {
     dist_all_ok(&r->dist, ok, why);
 }
 
-// the run's settings for the GPU (-r, -A) and its header: device, processes, model, the memory
-// estimate, the FLOPs a token that MFU counts
+// the run's settings for the GPU (-r, -A) and its header: device, processes, model, the memory estimate, the FLOPs a
+// token that MFU counts
 static void train_plan(TrainRun* r) {
     const Args* a = &r->a;
     const FoxConfig* cf = &r->model.config;
@@ -5843,8 +5701,8 @@ static void train_between_steps(TrainRun* r, long step, int last) {
     }
 }
 
-// the step's micro-steps (forward and backward of each micro-batch, from t0); returns the global batch's
-// mean loss, summed over the processes with their timings (before the gradients' collective)
+// the step's micro-steps (forward and backward of each micro-batch, from t0); returns the global batch's mean loss,
+// summed over the processes with their timings (before the gradients' collective)
 static double train_micro_steps(TrainRun* r, double t0, StepReport* rep) {
     const Args* a = &r->a;
     gpu_zero_grad(&r->gm);
@@ -5884,8 +5742,8 @@ static void train_step(TrainRun* r, long step, StepReport* rep) {
     rep->dt = now_seconds() - t0;
 }
 
-// the step's line: loss, norm, lr, time, throughput, MFU, the processes' waits; the guard's log record;
-// after the first step the peak memory
+// the step's line: loss, norm, lr, time, throughput, MFU, the processes' waits; the guard's log record; after the first
+// step the peak memory
 static void train_log_step(TrainRun* r, long step, const StepReport* rep) {
     const Args* a = &r->a;
     const FoxConfig* cf = &r->model.config;
@@ -5911,8 +5769,8 @@ static void train_log_step(TrainRun* r, long step, const StepReport* rep) {
     }
     printf("%s", progress);
     step_guard_log(&r->out, &r->guard, rep->verdict, step + 1, rep->loss, rep->why, rep->grad, fields);
-    // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA
-    // graph, captured later (the second micro-step: with one a step, the next step); it adds ~2 MiB
+    // every buffer is allocated up front and kept: the peak is reached by now, but for the step's CUDA graph, captured
+    // later (the second micro-step: with one a step, the next step); it adds ~2 MiB
     if (step == r->start) {
         size_t used = gpu_memory_used() - g_memory_baseline;
         printf("peak GPU memory %.1f MiB (estimate %.1f MiB, %+.1f%%), measured after the first step\n",
@@ -5958,17 +5816,16 @@ int main(int argc, char** argv) {
 #endif
 
 // ----------------------------------------------------------------------------
-// generation on the GPU: a paged KV cache, the prompts' prefill through gpu_forward, then one CUDA
-// graph per generated token (embedding, every layer, the head, sampling, the cache's upkeep) for B
-// sequences at once (GpuDecoder). The twin's FoxDecoder (train_fox.c) is the reference: the same
-// cache (keys after KV-shift, QK-norm and RoPE at their positions, values, c_j per kept position;
-// the running c and the last raw k and v carried from token to token), the same window and
-// eviction rule, the same sampling rule (sample_token).
-// Precision is the training forward's: the matvecs (for cuBLASLt; each fuses the RMSNorm or SwiGLU
-// before it and the residual add after it) read bf16 and sum in fp32; every value the forward stores
-// in bf16 is rounded at the same place; c, the softmax statistics, the residual stream and the
-// logits are fp32. So the logits differ from the twin's by the forward's bf16 tolerance. Batch-1
-// decoding is bound by latency: six launches a layer, programmatic dependent launch in the graph.
+// generation on the GPU: a paged KV cache, the prompts' prefill through gpu_forward, then one CUDA graph per generated
+// token (embedding, every layer, the head, sampling, the cache's upkeep) for B sequences at once (GpuDecoder). The
+// twin's FoxDecoder (train_fox.c) is the reference: the same cache (keys after KV-shift, QK-norm and RoPE at their
+// positions, values, c_j per kept position; the running c and the last raw k and v carried from token to token), the
+// same window and eviction rule, the same sampling rule (sample_token).
+// Precision is the training forward's: the matvecs (for cuBLASLt; each fuses the RMSNorm or SwiGLU before it and the
+// residual add after it) read bf16 and sum in fp32; every value the forward stores in bf16 is rounded at the same
+// place; c, the softmax statistics, the residual stream and the logits are fp32. So the logits differ from the
+// twin's by the forward's bf16 tolerance. Batch-1 decoding is bound by latency: six launches a layer, programmatic
+// dependent launch in the graph.
 
 #define KV_PAGE 64          // positions per cache page (a multiple of DEC_ALIGN)
 #define DEC_ALIGN 32        // key splits start at multiples of this, so a tile never straddles a page
@@ -5980,14 +5837,13 @@ int main(int argc, char** argv) {
 #define SAMPLE_THREADS 1024
 #define SAMPLE_SORT 1024    // top-k lists up to this long are sorted like the twin's (== SAMPLE_THREADS)
 
-// the first key query i sees (train_fox.c's attention_first_key)
-__device__ static inline int dec_first_key(int i, int window) {
-    return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+// the cache row (pool page and slot) of position j of the head whose page table is tb (its ring of max_pages)
+__device__ static inline size_t kv_row(const int* tb, int j, int max_pages) {
+    return (size_t)tb[(j / KV_PAGE) % max_pages] * KV_PAGE + j % KV_PAGE;
 }
 
-// W (OC, IC) of a matvec as up to GEMV_MAX_SEGS matrices stacked along the output rows: segment s
-// holds rows end[s - 1] .. end[s] - 1 (one launch for q, k, v, the output gate and the per-head
-// projections of a layer)
+// W (OC, IC) of a matvec as up to GEMV_MAX_SEGS matrices stacked along the output rows: segment s holds rows
+// end[s - 1] .. end[s] - 1 (one launch for q, k, v, the output gate and the per-head projections of a layer)
 typedef struct {
     const floatX* w[GEMV_MAX_SEGS];
     int end[GEMV_MAX_SEGS];
@@ -5996,23 +5852,23 @@ typedef struct {
 
 enum { GEMV_X_PLAIN, GEMV_X_RMSNORM, GEMV_X_SWIGLU, GEMV_MODES };
 
-// the instance of matvec kernel template K (gemv_kernel, gemv_mma_kernel) at input mode `mode` and batch
-// parameter r, one of r0, r1, r2 (gemv_kernel's RB, gemv_mma_kernel's NT)
+// the instance of matvec kernel template K (gemv_kernel, gemv_mma_kernel) at input mode `mode` and batch parameter r,
+// one of r0, r1, r2 (gemv_kernel's RB, gemv_mma_kernel's NT)
 #define GEMV_PICK_R(K, M, r, r0, r1, r2) ((r) == (r0) ? K<M, r0> : (r) == (r1) ? K<M, r1> : K<M, r2>)
 #define GEMV_PICK(K, mode, r, r0, r1, r2) \
     ((mode) == GEMV_X_PLAIN     ? GEMV_PICK_R(K, GEMV_X_PLAIN, r, r0, r1, r2)   \
      : (mode) == GEMV_X_RMSNORM ? GEMV_PICK_R(K, GEMV_X_RMSNORM, r, r0, r1, r2) \
                                 : GEMV_PICK_R(K, GEMV_X_SWIGLU, r, r0, r1, r2))
 
-// Programmatic dependent launch (sm_90): a kernel launched with it (decoder_launch) may start while
-// the one before it still runs; pdl_wait blocks until that one has finished and its writes are
-// visible (a no-op without the attribute), so before it a kernel reads only the weights. pdl_trigger
-// (after the wait) lets the next kernel launch once every block has passed it: at most two grids overlap.
+// Programmatic dependent launch (sm_90): a kernel launched with it (decoder_launch) may start while the one before it
+// still runs; pdl_wait blocks until that one has finished and its writes are visible (a no-op without the
+// attribute), so before it a kernel reads only the weights. pdl_trigger (after the wait) lets the next kernel launch
+// once every block has passed it: at most two grids overlap.
 __device__ static inline void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ static inline void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-// silu(g) u of four hidden units from the fp32 projections, g and u rounded to floatX first and the
-// product too: swiglu_forward_kernel's arithmetic on the forward's bf16 gu
+// silu(g) u of four hidden units from the fp32 projections, g and u rounded to floatX first and the product too:
+// swiglu_forward_kernel's arithmetic on the forward's bf16 gu
 __device__ static inline Pack4X swiglu4(float4 g4, float4 u4) {
     float g[4] = {g4.x, g4.y, g4.z, g4.w}, u[4] = {u4.x, u4.y, u4.z, u4.w};
     Pack4X a4;
@@ -6024,10 +5880,9 @@ __device__ static inline Pack4X swiglu4(float4 g4, float4 u4) {
     return a4;
 }
 
-// The matvecs' input for batch rows b0 .. b0 + R - 1 into shared memory xs (row stride ldx), by
-// the whole block (see gemv_kernel for the modes): every load 16 bytes with several in flight (the
-// prologue is latency-bound). RMSNORM: one row by the whole block (a block sum), more rows a warp
-// each (a warp sum, no block-wide syncs).
+// The matvecs' input for batch rows b0 .. b0 + R - 1 into shared memory xs (row stride ldx), by the whole block (see
+// gemv_kernel for the modes): every load 16 bytes with several in flight (the prologue is latency-bound). RMSNORM: one
+// row by the whole block (a block sum), more rows a warp each (a warp sum, no block-wide syncs).
 template <int MODE>
 __device__ static void gemv_prologue(floatX* xs, int ldx, const void* in, const float* norm_w, int IC, int b0, int R,
                                      float* red) {
@@ -6120,14 +5975,13 @@ __device__ static inline const floatX* gemv_row(const GemvSegments& W, int o, in
     return wseg + (size_t)(o - start) * IC;
 }
 
-// out (B, OC) (row stride out_stride) = x (B, IC) @ W^T in fp32, or out += that with accumulate
-// (the residual add in place: each output element is read and written by one thread). x comes
-// from `in` by MODE: PLAIN: in (B, IC) floatX as is (y); RMSNORM: RMSNorm(in (B, IC) fp32; norm_w,
-// eps 1e-6) rounded to floatX (the forward's xa, xm, xf); SWIGLU: swiglu4 of in (B, 2 IC) fp32 (act).
-// A pass holds up to `rows` <= RB batch rows of x in shared memory; a warp takes one output row at a
-// time, 16-byte loads of W along IC (IC % XPACK == 0, W 16-byte aligned), four in flight per lane,
-// RB accumulators, a warp sum per batch row: a fixed order, deterministic. The first row's first
-// loads are issued before pdl_wait. The CUDA-core path: the fp32 build, and IC % 32 != 0.
+// out (B, OC) (row stride out_stride) = x (B, IC) @ W^T in fp32, or out += that with accumulate (the residual add in
+// place: each output element is read and written by one thread). x comes from `in` by MODE: PLAIN: in (B, IC)
+// floatX as is (y); RMSNORM: RMSNorm(in (B, IC) fp32; norm_w, eps 1e-6) rounded to floatX (the forward's xa, xm, xf);
+// SWIGLU: swiglu4 of in (B, 2 IC) fp32 (act). A pass holds up to `rows` <= RB batch rows of x in shared memory; a warp
+// takes one output row at a time, 16-byte loads of W along IC (IC % XPACK == 0, W 16-byte aligned), four in flight per
+// lane, RB accumulators, a warp sum per batch row: a fixed order, deterministic. The first row's first loads are issued
+// before pdl_wait. The CUDA-core path: the fp32 build, and IC % 32 != 0.
 template <int MODE, int RB>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(float* out, int out_stride, int accumulate, GemvSegments W,
                                                             int OC, int IC, const void* in, const float* norm_w, int B,
@@ -6198,19 +6052,16 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(float* out, int out_
     }
 }
 
-
 #ifndef ENABLE_FP32
-// The matvec of gemv_kernel on tensor cores (bf16 build, IC % 32 == 0): out (B, OC) = x (B, IC) @ W^T
-// in fp32 (+= with accumulate), one block per tile of 16 output rows (M) at a time, the batch rows
-// of a pass as N (NT tiles of 8; rows past the batch hold anything: each output column is its own
-// dot product, and they are not written), mma m16n8k16 with fp32 accumulation. K comes in chunks of
-// 32, chunk c to warp c % 8, U chunks in flight per lane: lane 4 g + t loads 16 bytes of rows g and
-// g + 8 at k = 8 t .. 8 t + 7 of a chunk, and the same 16 bytes of batch row g of x from shared
-// memory (rows g and g + 1 start 64 bytes apart in the banks: no conflicts, gemv_mma_ldx). The
-// mma's k slots 2t, 2t+1 | 2t+8, 2t+9 of k-step j hold k = 8 t + 4 j + 0, 1 | 2, 3: one permutation
-// of the chunk for A and B alike, so each k-step sums 16 distinct k and the two steps all 32. The
-// warps' partial tiles are added in warp order (shared memory): deterministic. The first tile's
-// weights are loaded before pdl_wait.
+// The matvec of gemv_kernel on tensor cores (bf16 build, IC % 32 == 0): out (B, OC) = x (B, IC) @ W^T in fp32 (+= with
+// accumulate), one block per tile of 16 output rows (M) at a time, the batch rows of a pass as N (NT tiles of 8; rows
+// past the batch hold anything: each output column is its own dot product, and they are not written), mma m16n8k16 with
+// fp32 accumulation. K comes in chunks of 32, chunk c to warp c % 8, U chunks in flight per lane: lane 4 g + t loads 16
+// bytes of rows g and g + 8 at k = 8 t .. 8 t + 7 of a chunk, and the same 16 bytes of batch row g of x from shared
+// memory (rows g and g + 1 start 64 bytes apart in the banks: no conflicts, gemv_mma_ldx). The mma's k
+// slots 2t, 2t+1 | 2t+8, 2t+9 of k-step j hold k = 8 t + 4 j + 0, 1 | 2, 3: one permutation of the chunk for A and B
+// alike, so each k-step sums 16 distinct k and the two steps all 32. The warps' partial tiles are added in warp order
+// (shared memory): deterministic. The first tile's weights are loaded before pdl_wait.
 #define GEMV_MMA_U 4
 
 // the row stride of x in shared memory: rows 16 banks apart modulo 32
@@ -6306,10 +6157,10 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_mma_kernel(float* out, int 
 }
 #endif
 
-// What one decode-attention launch (one layer) reads and writes. The cache: pages of KV_PAGE
-// positions of one (layer, sequence, head), keys and values (KV_PAGE, hd) floatX and c (KV_PAGE) fp32;
-// a head's logical page p (positions p KV_PAGE ..) is pool page table[p % max_pages]; its live
-// positions are first .. pos (the newest, written by this launch).
+// What one decode-attention launch (one layer) reads and writes. The cache: pages of KV_PAGE positions of one (layer,
+// sequence, head), keys and values (KV_PAGE, hd) floatX and c (KV_PAGE) fp32; a head's logical page p (positions p
+// KV_PAGE ..) is pool page table[p % max_pages]; its live positions are first .. pos (the newest, written by this
+// launch).
 typedef struct {
     const float* proj;     // (B, proj_stride) the layer's projections: q at column 0, then k, v, ...
     int proj_stride, k_off, v_off, ks_off, vs_off, gate_off; // columns; -1: absent
@@ -6334,12 +6185,11 @@ typedef struct {
     int l, L, B, H, C, max_pages, S;
 } DecAttnArgs;
 
-// One head's vector of the new token through the forward's steps, by the whole block: raw (hd)
-// fp32 projection rounded to floatX (the forward's q_raw / k_raw / v_raw; also stored to raw_out
-// when given: the next token's shift input), the KV-shift with the last raw vector when prev is
-// given (alpha prev + (1 - alpha) x, rounded: k_shifted, v), RMSNorm over hd (w != NULL, eps 1e-5),
-// RoPE at pos (rope != NULL); out (hd) gets the result rounded to floatX (q, k). The arithmetic is
-// that of kv_shift_forward_kernel and qk_norm_rope_forward_kernel. tmp: (hd) shared scratch.
+// One head's vector of the new token through the forward's steps, by the whole block: raw (hd) fp32 projection
+// rounded to floatX (the forward's q_raw / k_raw / v_raw; also stored to raw_out when given: the next token's shift
+// input), the KV-shift with the last raw vector when prev is given (alpha prev + (1 - alpha) x, rounded: k_shifted, v),
+// RMSNorm over hd (w != NULL, eps 1e-5), RoPE at pos (rope != NULL); out (hd) gets the result rounded to floatX (q, k).
+// The arithmetic is that of kv_shift_forward_kernel and qk_norm_rope_forward_kernel. tmp: (hd) shared scratch.
 template <int HD>
 __device__ static void dec_head_vector(float* out, float* tmp, float* red, const float* raw, const floatX* prev,
                                        float alpha, const float* w, const float* rope, int pos, floatX* raw_out) {
@@ -6369,17 +6219,15 @@ __device__ static void dec_head_vector(float* out, float* tmp, float* red, const
     __syncthreads();
 }
 
-// Flash-decoding, one block per (split s, head h, sequence b): the query of the token at pos
-// against the head's live keys first .. pos, cut into S splits that start at multiples of
-// DEC_ALIGN; the block of the split holding pos first computes the new key, value and c and
-// writes them into the cache (and the next token's c_last and raw k, v), then reads them back
-// like the others (__syncthreads orders a block's global writes before its reads). Logits
-// s_ij = q.k_j / sqrt(hd) + c_i - c_j, q and k the bf16 values in fp32, masked to -inf outside
-// the split's range (keys there may be stale or unwritten: a mask is a selection, never a
-// product). Each group of G lanes (G = hd / XPACK) takes one key at a time, a warp KG = 32 / G keys:
-// a tile of KG U <= DEC_ALIGN keys in one page, a lane's U keys and values loaded before any is used;
-// each group keeps an online softmax (running max from -FLT_MAX: no inf - inf), combined in a fixed
-// order into the split's (max, sum, unnormalised output) for decode_combine_kernel. No atomics.
+// Flash-decoding, one block per (split s, head h, sequence b): the query of the token at pos against the head's live
+// keys first .. pos, cut into S splits that start at multiples of DEC_ALIGN; the block of the split holding pos first
+// computes the new key, value and c and writes them into the cache (and the next token's c_last and raw k, v), then
+// reads them back like the others (__syncthreads orders a block's global writes before its reads). Logits
+// s_ij = q.k_j / sqrt(hd) + c_i - c_j, q and k the bf16 values in fp32, masked to -inf outside the split's range (keys
+// there may be stale or unwritten: a mask is a selection, never a product). Each group of G lanes (G = hd / XPACK)
+// takes one key at a time, a warp KG = 32 / G keys: a tile of KG U <= DEC_ALIGN keys in one page, a lane's U keys and
+// values loaded before any is used; each group keeps an online softmax (running max from -FLT_MAX: no inf - inf),
+// combined in a fixed order into the split's (max, sum, unnormalised output) for decode_combine_kernel. No atomics.
 // Evicted and out-of-window keys lie before `first` and are never read.
 template <int G>
 __global__ void __launch_bounds__(DEC_ATT_THREADS) decode_attention_kernel(DecAttnArgs a) {
@@ -6486,8 +6334,8 @@ __global__ void __launch_bounds__(DEC_ATT_THREADS) decode_attention_kernel(DecAt
     }
 }
 
-// act (B, I) = swiglu4 of gu (B, 2I) fp32 (gemv_prologue's SWIGLU mode) once for the batch, which
-// the W_down matvec's blocks would each redo; a thread four hidden units
+// act (B, I) = swiglu4 of gu (B, 2I) fp32 (gemv_prologue's SWIGLU mode) once for the batch, which the W_down matvec's
+// blocks would each redo; a thread four hidden units
 __global__ void decode_swiglu_kernel(floatX* act, const float* gu, int B, int I) {
     pdl_wait();
     pdl_trigger();
@@ -6498,12 +6346,12 @@ __global__ void decode_swiglu_kernel(floatX* act, const float* gu, int B, int I)
     *(Pack4X*)(act + (q / n4) * (size_t)I + 4 * (q % n4)) = swiglu4(*(const float4*)src, *(const float4*)(src + I));
 }
 
-// The S splits of one (sequence, head) combined (m = max m_s, l = sum l_s e^(m_s - m), o = sum o_s
-// e^(m_s - m) / l; the statistics by lanes, S <= DEC_MAX_SPLITS, then each lane's channels summed in
-// split order with the loads of eight splits in flight), o rounded (the forward's o), then the
-// output norm (w != NULL, eps 1e-6) and gate (og_off >= 0: y = on sigmoid(og), og the projection
-// rounded like the forward's og_logit), y rounded: output_norm_gate_forward_kernel on one row. One
-// warp per (b, h), lane the channels lane + 32 i (hd <= MAX_HD). Fixed order: deterministic.
+// The S splits of one (sequence, head) combined (m = max m_s, l = sum l_s e^(m_s - m), o = sum o_s e^(m_s - m) / l; the
+// statistics by lanes, S <= DEC_MAX_SPLITS, then each lane's channels summed in split order with the loads of eight
+// splits in flight), o rounded (the forward's o), then the output norm (w != NULL, eps 1e-6) and gate (og_off >= 0:
+// y = on sigmoid(og), og the projection rounded like the forward's og_logit), y rounded:
+// output_norm_gate_forward_kernel on one row. One warp per (b, h), lane the channels lane + 32 i (hd <= MAX_HD). Fixed
+// order: deterministic.
 __global__ void decode_combine_kernel(floatX* y, const float* part_m, const float* part_l, const float* part_o,
                                       const float* proj, int proj_stride, int og_off, const float* w, int B, int H,
                                       int hd, int S) {
@@ -6561,9 +6409,8 @@ __global__ void decode_combine_kernel(floatX* y, const float* part_m, const floa
     }
 }
 
-// sum, exclusive prefix sum and minimum over a block of up to 1024 threads (blockDim a multiple of
-// 32), every thread gets the result; red: 32 entries of shared scratch. Integers: exact; the
-// doubles are summed in a fixed order.
+// sum, exclusive prefix sum and minimum over a block of up to 1024 threads (blockDim a multiple of 32), every thread
+// gets the result; red: 32 entries of shared scratch. Integers: exact; the doubles are summed in a fixed order.
 __device__ static int block_sum_int(int v, int* red) {
     return block_reduce(v, red, 0, [](int a, int b) { return a + b; });
 }
@@ -6625,15 +6472,14 @@ __device__ static inline void warp_first(float* v, int* i) {
     }
 }
 
-// The twin's sample_token on row b of logits (B, Vp) fp32, one block per row, writing tokens[b]:
-// temperature 0: the largest logit, the lowest id on ties (argmax_token; a coalesced pass). Else one draw u of the
-// row's splitmix64 state rng[b], then the first token j in the twin's order whose running sum of
-// exp((l_j - max) / T) (fp64) exceeds u times the total; the order is by id over all V, or with top-k
-// k < V the k largest logits (k-th by a bitwise search on the keys, ties taken by lowest id) sorted
-// by (logit down, id up) as the twin's qsort does, when k <= SAMPLE_SORT, else in id order (the
-// same distribution, another token for a given u). Thread t takes ids t chunk .. (t + 1) chunk - 1,
-// so prefix sums run in id order; the fp64 sums are summed in another order than the twin's, so a
-// draw can differ only when u times the total falls within rounding (about 1e-16) of a boundary.
+// The twin's sample_token on row b of logits (B, Vp) fp32, one block per row, writing tokens[b]: temperature 0: the
+// largest logit, the lowest id on ties (argmax_token; a coalesced pass). Else one draw u of the row's splitmix64 state
+// rng[b], then the first token j in the twin's order whose running sum of exp((l_j - max) / T) (fp64) exceeds u times
+// the total; the order is by id over all V, or with top-k k < V the k largest logits (k-th by a bitwise search on the
+// keys, ties taken by lowest id) sorted by (logit down, id up) as the twin's qsort does, when k <= SAMPLE_SORT,
+// else in id order (the same distribution, another token for a given u). Thread t takes ids t chunk .. (t + 1)
+// chunk - 1, so prefix sums run in id order; the fp64 sums are summed in another order than the twin's, so a draw can
+// differ only when u times the total falls within rounding (about 1e-16) of a boundary.
 __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(int* tokens, const float* logits, int Vp, int V,
                                                                 uint64_t* rng, double temperature, int top_k) {
     __shared__ int ired[32];
@@ -6759,13 +6605,12 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(int* tokens, con
     if (t == 0) { tokens[b] = token; }
 }
 
-// The cache's upkeep after a step, one block: per (layer, sequence, head) the eviction of keys
-// that can no longer matter (delta != NULL: the oldest while c_pos - c_f < delta and f < pos,
-// FoxDecoder's rule), the window of the next position, the pages wholly before the new first
-// pushed on the free stack and, when pos + 1 starts a page, a page popped for it; then pos += 1
-// for every sequence. Pushes and pops are placed by exclusive scans over the heads in order: the
-// same pages every run. status[0] is the free count (the stack's top); status[1] is set if a pop
-// finds the stack empty (the host grows the pool before each step, so that is a bug).
+// The cache's upkeep after a step, one block: per (layer, sequence, head) the eviction of keys that can no longer
+// matter (delta != NULL: the oldest while c_pos - c_f < delta and f < pos, FoxDecoder's rule), the window of the next
+// position, the pages wholly before the new first pushed on the free stack and, when pos + 1 starts a page, a page
+// popped for it; then pos += 1 for every sequence. Pushes and pops are placed by exclusive scans over the heads in
+// order: the same pages every run. status[0] is the free count (the stack's top); status[1] is set if a pop finds the
+// stack empty (the host grows the pool before each step, so that is a bug).
 typedef struct {
     int* first;           // (L, B, H)
     int* first_new;       // (L, B, H) scratch
@@ -6789,13 +6634,10 @@ __global__ void __launch_bounds__(1024) decode_manage_kernel(DecManageArgs a) {
         int l = i / (a.B * a.H), b = (i / a.H) % a.B, h = i % a.H, pos = a.pos[b], f = a.first[i];
         const int* tb = a.table + (size_t)i * a.max_pages;
         if (a.delta != NULL) {
-            float c_now = a.pool_c[(size_t)tb[(pos / KV_PAGE) % a.max_pages] * KV_PAGE + pos % KV_PAGE];
-            float d = a.delta[l * a.H + h];
-            while (f < pos && c_now - a.pool_c[(size_t)tb[(f / KV_PAGE) % a.max_pages] * KV_PAGE + f % KV_PAGE] < d) {
-                f++;
-            }
+            float c_now = a.pool_c[kv_row(tb, pos, a.max_pages)], d = a.delta[l * a.H + h];
+            while (f < pos && c_now - a.pool_c[kv_row(tb, f, a.max_pages)] < d) { f++; }
         }
-        f = max(f, dec_first_key(pos + 1, a.window));
+        f = max(f, first_key_gpu(pos + 1, a.window));
         a.first_new[i] = f;
         nfree += f / KV_PAGE - a.first[i] / KV_PAGE;
         nneed += (pos + 1) % KV_PAGE == 0 && pos + 1 < a.max_len;
@@ -6827,26 +6669,25 @@ __global__ void __launch_bounds__(1024) decode_manage_kernel(DecManageArgs a) {
     for (int b = threadIdx.x; b < a.B; b += blockDim.x) { a.pos[b] += 1; }
 }
 
-// The prompt's first kept position per (layer, sequence, head) of a prefilled group (Bg sequences,
-// the global index b0 + bg), as the twin's cache holds it after the prompt: the window of the next
-// position, and eviction by c of the prompt's last token (c from gpu_forward: c_acts (L, Bg, H, Tp)
-// or NULL without a gate). One thread per head.
+// The prompt's first kept position per (layer, sequence, head) of a prefilled group (Bg sequences, the global
+// index b0 + bg), as the twin's cache holds it after the prompt: the window of the next position, and eviction by c of
+// the prompt's last token (c from gpu_forward: c_acts (L, Bg, H, Tp) or NULL without a gate). One thread per head.
 __global__ void prefill_first_kernel(int* first, const float* c_acts, const int* lens, const float* delta, int L,
                                      int B, int b0, int Bg, int H, int Tp, int window) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= L * Bg * H) { return; }
     int h = idx % H, bg = (idx / H) % Bg, l = idx / (H * Bg), n = lens[bg];
-    int f = dec_first_key(n - 1, window);
+    int f = first_key_gpu(n - 1, window);
     if (delta != NULL && c_acts != NULL) {
         const float* c = c_acts + (((size_t)l * Bg + bg) * H + h) * Tp;
         float c_now = c[n - 1], d = delta[l * H + h];
         while (f < n - 1 && c_now - c[f] < d) { f++; }
     }
-    first[((size_t)l * B + b0 + bg) * H + h] = max(f, dec_first_key(n, window));
+    first[((size_t)l * B + b0 + bg) * H + h] = max(f, first_key_gpu(n, window));
 }
 
-// What prefill_fill_kernel copies: gpu_forward's activations of a group (Bg sequences of Tp
-// positions: k after shift, norm and RoPE, v, the raw k and v, c) into the cache.
+// What prefill_fill_kernel copies: gpu_forward's activations of a group (Bg sequences of Tp positions: k after shift,
+// norm and RoPE, v, the raw k and v, c) into the cache.
 typedef struct {
     const floatX* k;      // (L, Bg, Tp, C)
     const floatX* v;
@@ -6864,8 +6705,8 @@ typedef struct {
     int L, B, b0, Bg, Tp, H, hd, C, max_pages;
 } DecFillArgs;
 
-// Block (head (l, bg, h), position slice y): the kept positions first .. n - 1 into their pages,
-// XPACK channels per thread; block y = 0 also writes the next token's c_last and raw k, v (parity n & 1).
+// Block (head (l, bg, h), position slice y): the kept positions first .. n - 1 into their pages, XPACK channels per
+// thread; block y = 0 also writes the next token's c_last and raw k, v (parity n & 1).
 __global__ void prefill_fill_kernel(DecFillArgs a) {
     int i = blockIdx.x, h = i % a.H, bg = (i / a.H) % a.Bg, l = i / (a.H * a.Bg), b = a.b0 + bg;
     int n = a.lens[bg], packs = a.hd / XPACK, per = blockDim.x / packs;
@@ -6875,7 +6716,7 @@ __global__ void prefill_fill_kernel(DecFillArgs a) {
     int pk = threadIdx.x % packs, slot = threadIdx.x / packs;
     if (slot < per) {
         for (int j = a.first[lbh] + blockIdx.y * per + slot; j < n; j += gridDim.y * per) {
-            size_t row = (size_t)tb[(j / KV_PAGE) % a.max_pages] * KV_PAGE + j % KV_PAGE;
+            size_t row = kv_row(tb, j, a.max_pages);
             size_t src = (size_t)l * N * a.C + ((size_t)bg * a.Tp + j) * a.C + (size_t)h * a.hd + pk * XPACK;
             *(PackX*)(a.pool_k + row * a.hd + pk * XPACK) = *(const PackX*)(a.k + src);
             *(PackX*)(a.pool_v + row * a.hd + pk * XPACK) = *(const PackX*)(a.v + src);
@@ -6895,13 +6736,12 @@ __global__ void prefill_fill_kernel(DecFillArgs a) {
     }
 }
 
-// The GPU decoder: the cache of up to max_B sequences of up to max_len tokens, the state each
-// sequence carries from token to token, one step's activations, and the step's CUDA graph. The
-// pool of pages is shared by every (layer, sequence, head); a head holds the pages of its live
-// positions plus the page of its next position, and gives pages back as the window or eviction
-// moves past them (decode_manage_kernel): the pages in use follow the live keys. Without eviction
-// the pool is sized for the worst case at the start; with eviction it starts at what the prompts
-// keep and doubles when a step could run short (the step's graph is captured again).
+// The GPU decoder: the cache of up to max_B sequences of up to max_len tokens, the state each sequence carries from
+// token to token, one step's activations, and the step's CUDA graph. The pool of pages is shared by every (layer,
+// sequence, head); a head holds the pages of its live positions plus the page of its next position, and gives pages
+// back as the window or eviction moves past them (decode_manage_kernel): the pages in use follow the live keys. Without
+// eviction the pool is sized for the worst case at the start; with eviction it starts at what the prompts keep and
+// doubles when a step could run short (the step's graph is captured again).
 typedef struct {
     GPUModel* g;
     int L, C, H, hd, I, V, Vp;
@@ -6956,16 +6796,16 @@ typedef struct {
     int peak_pages;          // pages in use at most since the start of the run
 } GpuDecoder;
 
-// The decoder's copies, on its stream and finished on return: its kernels run on a non-blocking
-// stream, which does not wait for the default stream's copies, and a copy from pinned memory would
-// otherwise still be in flight when the host writes its source again. Set-up and per-run work only.
+// The decoder's copies, on its stream and finished on return: its kernels run on a non-blocking stream, which does not
+// wait for the default stream's copies, and a copy from pinned memory would otherwise still be in flight when the host
+// writes its source again. Set-up and per-run work only.
 static void decoder_copy(const GpuDecoder* d, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, kind, d->stream));
     cudaCheck(cudaStreamSynchronize(d->stream));
 }
 
-// what the decoder cannot run (a message), or NULL: head sizes whose rows split into 4, 8, 16
-// or 32 lanes of XPACK channels
+// what the decoder cannot run (a message), or NULL: head sizes whose rows split into 4, 8, 16 or 32 lanes of XPACK
+// channels
 static const char* gpu_decoder_problem(const FoxConfig* cf) {
     int hd = cf->n_embd / cf->n_head, G = hd / XPACK;
     if (hd % XPACK != 0 || (G != 4 && G != 8 && G != 16 && G != 32)) {
@@ -6982,9 +6822,9 @@ static int decoder_head_pages(const FoxConfig* cf, int max_len) {
     return w < all ? w : all;
 }
 
-// key splits per (sequence, head): about four blocks per SM over the batch, at most DEC_MAX_SPLITS
-// and no more than the 512-key pieces of the longest live range (a block's fixed work, the query's
-// norm and its share of the combine, is worth about that many keys)
+// key splits per (sequence, head): about four blocks per SM over the batch, at most DEC_MAX_SPLITS and no more than
+// the 512-key pieces of the longest live range (a block's fixed work, the query's norm and its share of the combine, is
+// worth about that many keys)
 static int decoder_splits(const GpuDecoder* d, int B) {
     int sms = g_prop.multiProcessorCount > 0 ? g_prop.multiProcessorCount : 132;
     int s = (int)ceil_div((size_t)4 * sms, (size_t)B * d->H);
@@ -6998,8 +6838,8 @@ static size_t decoder_page_bytes(const FoxConfig* cf) {
     return (size_t)KV_PAGE * ((size_t)2 * (cf->n_embd / cf->n_head) * sizeof(floatX) + sizeof(float));
 }
 
-// device bytes of a decoder for max_B sequences of max_len tokens with a pool of `pages` (the
-// buffers besides the pool are small: one step's activations and the per-sequence state)
+// device bytes of a decoder for max_B sequences of max_len tokens with a pool of `pages` (the buffers besides the pool
+// are small: one step's activations and the per-sequence state)
 static size_t gpu_decoder_bytes(const FoxConfig* cf, int max_B, int max_len, size_t pages) {
     size_t L = (size_t)cf->n_layer, C = (size_t)cf->n_embd, H = (size_t)cf->n_head, hd = C / H, B = (size_t)max_B;
     size_t heads = L * B * H, mp = (size_t)decoder_head_pages(cf, max_len);
@@ -7016,9 +6856,9 @@ static size_t decoder_worst_pages(const FoxConfig* cf, int max_B, int max_len) {
     return (size_t)cf->n_layer * max_B * cf->n_head * decoder_head_pages(cf, max_len);
 }
 
-// delta_h of every (layer, head) from the QK-norm weights, as fox_decoder_evict_init, with the
-// bound U raised by 1% instead of 0.1%: here q and k are rounded to bf16 after the norm (at most
-// 2^-8 relative each, (1 + 2^-8)^2 < 1.01), so the twin's margin would not cover them
+// delta_h of every (layer, head) from the QK-norm weights, as fox_decoder_evict_init, with the bound U raised by 1%
+// instead of 0.1%: here q and k are rounded to bf16 after the norm (at most 2^-8 relative
+// each, (1 + 2^-8)^2 < 1.01), so the twin's margin would not cover them
 static void gpu_decoder_evict_init(GpuDecoder* d, float ln_eps, int delta_len) {
     const FoxConfig* cf = &d->g->host->config;
     size_t L = (size_t)cf->n_layer, H = (size_t)cf->n_head;
@@ -7028,9 +6868,9 @@ static void gpu_decoder_evict_init(GpuDecoder* d, float ln_eps, int delta_len) {
     free(delta);
 }
 
-// Sets up a decoder on g's weights for up to max_B sequences of up to max_len tokens. evict: the
-// eviction of -A 1 (needs a forget gate and QK-norm: else off), thresholds from ln_eps and
-// delta_len (the twin's max_len: -t). The host weights must be those on the device.
+// Sets up a decoder on g's weights for up to max_B sequences of up to max_len tokens. evict: the eviction of -A 1
+// (needs a forget gate and QK-norm: else off), thresholds from ln_eps and delta_len (the twin's max_len: -t). The host
+// weights must be those on the device.
 static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len, int evict, float ln_eps,
                              int delta_len) {
     const FoxConfig* cf = &g->config;
@@ -7080,13 +6920,7 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     d->gu = (float*)gpu_malloc(B * 2 * d->I * sizeof(float), "decoder MLP");
     d->act = (floatX*)gpu_malloc(B * d->I * sizeof(floatX), "decoder MLP activation");
     d->logits = (float*)gpu_malloc(B * d->Vp * sizeof(float), "decoder logits");
-    if (cf->rope) {
-        size_t bytes = (size_t)max_len * d->hd * sizeof(float);
-        float* table = rope_table(cf, max_len);
-        d->rope = (float*)gpu_malloc(bytes, "decoder RoPE table");
-        decoder_copy(d, d->rope, table, bytes, cudaMemcpyHostToDevice);
-        free(table);
-    }
+    if (cf->rope) { d->rope = rope_table_gpu(cf, max_len, d->stream, "decoder RoPE table"); }
     if (evict && cf->gate != GATE_NONE && cf->qk_norm) { gpu_decoder_evict_init(d, ln_eps, delta_len); }
     cudaCheck(cudaMallocHost(&d->host_tokens, B * sizeof(int)));
     cudaCheck(cudaMallocHost(&d->host_status, 2 * sizeof(int)));
@@ -7095,11 +6929,9 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     for (int mode = 0; mode < GEMV_MODES; mode++) { // every matvec instance may take GEMV_SMEM
         for (int i = 0; i < 3; i++) {
             int rb = i == 0 ? 1 : i == 1 ? 8 : 32;
-            cudaCheck(cudaFuncSetAttribute(GEMV_PICK(gemv_kernel, mode, rb, 1, 8, 32),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
+            smem_limit(GEMV_SMEM, GEMV_PICK(gemv_kernel, mode, rb, 1, 8, 32));
 #ifndef ENABLE_FP32
-            cudaCheck(cudaFuncSetAttribute(GEMV_PICK(gemv_mma_kernel, mode, 1 << i, 1, 2, 4),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_SMEM));
+            smem_limit(GEMV_SMEM, GEMV_PICK(gemv_mma_kernel, mode, 1 << i, 1, 2, 4));
 #endif
         }
     }
@@ -7110,8 +6942,8 @@ static void gpu_decoder_drop_graph(GpuDecoder* d) {
     d->graph_ready = 0;
 }
 
-// pushes pages lo .. hi - 1 on the free stack above its first `top` entries (popped lowest id first)
-// and uploads the status: top + hi - lo free pages, none short
+// pushes pages lo .. hi - 1 on the free stack above its first `top` entries (popped lowest id first) and uploads the
+// status: top + hi - lo free pages, none short
 static void decoder_push_pages(GpuDecoder* d, int top, int lo, int hi) {
     int* ids = (int*)malloc_check((size_t)(hi - lo) * sizeof(int), "free pages");
     for (int i = 0; i < hi - lo; i++) { ids[i] = hi - 1 - i; }
@@ -7122,8 +6954,8 @@ static void decoder_push_pages(GpuDecoder* d, int top, int lo, int hi) {
     decoder_copy(d, d->status, d->host_status, 2 * sizeof(int), cudaMemcpyHostToDevice);
 }
 
-// Grows the pool to `pages` (at most worst_pages): the pages so far are copied, the new ones go on
-// the free stack, and the step's graph is captured again (new pointers).
+// Grows the pool to `pages` (at most worst_pages): the pages so far are copied, the new ones go on the free stack, and
+// the step's graph is captured again (new pointers).
 static void gpu_decoder_grow(GpuDecoder* d, int pages) {
     if (pages > d->worst_pages) { pages = d->worst_pages; }
     if (pages <= d->pool_pages) { return; }
@@ -7147,9 +6979,8 @@ static void gpu_decoder_grow(GpuDecoder* d, int pages) {
     gpu_decoder_drop_graph(d);
 }
 
-// Starts a run of B sequences: sampling by temperature (0: greedy) and top_k from the states
-// seeds (B) (generate_seed). The cache is then filled by gpu_decoder_prefill or
-// gpu_decoder_start_empty.
+// Starts a run of B sequences: sampling by temperature (0: greedy) and top_k from the states seeds (B) (generate_seed).
+// The cache is then filled by gpu_decoder_prefill or gpu_decoder_start_empty.
 static void gpu_decoder_begin(GpuDecoder* d, int B, double temperature, int top_k, const uint64_t* seeds) {
     if (B < 1 || B > d->max_B) { fail("internal: %d sequences for a decoder of %d" BUG_HINT, B, d->max_B); }
     if (B != d->B || temperature != d->temperature || top_k != d->top_k) { gpu_decoder_drop_graph(d); }
@@ -7171,10 +7002,10 @@ static void gpu_decoder_begin(GpuDecoder* d, int B, double temperature, int top_
     }
 }
 
-// Pops pages off the free stack (top first, as decode_manage_kernel does) for the live positions
-// first[i] / KV_PAGE .. last[b] / KV_PAGE of every head i of sequences b0 .. b0 + Bg - 1 (first
-// (L, B, H) on the host; last[b]: the position of b's next token, whose page must exist), in head
-// order, growing the pool when it is short, and uploads the tables and first positions.
+// Pops pages off the free stack (top first, as decode_manage_kernel does) for the live positions first[i] / KV_PAGE ..
+// last[b] / KV_PAGE of every head i of sequences b0 .. b0 + Bg - 1 (first (L, B, H) on the host; last[b]: the
+// position of b's next token, whose page must exist), in head order, growing the pool when it is short, and uploads the
+// tables and first positions.
 static void gpu_decoder_assign_pages(GpuDecoder* d, int b0, int Bg, const int* first, const int* last) {
     size_t heads = (size_t)d->L * d->B * d->H, need = 0;
     for (int l = 0; l < d->L; l++) {
@@ -7253,8 +7084,8 @@ static void decoder_launch(GpuDecoder* d, void (*kernel)(KArgs...), dim3 grid, d
 }
 
 #ifndef ENABLE_FP32
-// batch tiles of 8 rows a pass of gemv_mma_kernel: 1, 2 or 4 as d->B needs, fewer where the pass's
-// input rows would not fit GEMV_SMEM (the kernel loops over passes); 0: not even one fits
+// batch tiles of 8 rows a pass of gemv_mma_kernel: 1, 2 or 4 as d->B needs, fewer where the pass's input rows would not
+// fit GEMV_SMEM (the kernel loops over passes); 0: not even one fits
 static int gemv_mma_tiles(const GpuDecoder* d, int IC) {
     int NT = d->B <= 8 ? 1 : d->B <= 16 ? 2 : 4;
     size_t row_bytes = (size_t)gemv_mma_ldx(IC) * sizeof(floatX);
@@ -7263,9 +7094,9 @@ static int gemv_mma_tiles(const GpuDecoder* d, int IC) {
 }
 #endif
 
-// The matvecs of a step: tensor cores in the bf16 build when IC is a multiple of 32 (gemv_mma_kernel:
-// NT tiles of 8 batch rows a pass, gemv_mma_tiles; a block per 16-row tile), else CUDA cores (gemv_kernel:
-// RB accumulators for the batch, 1, 8 or 32 rows a pass); at most four blocks per SM (the rest loop).
+// The matvecs of a step: tensor cores in the bf16 build when IC is a multiple of 32 (gemv_mma_kernel: NT tiles of 8
+// batch rows a pass, gemv_mma_tiles; a block per 16-row tile), else CUDA cores (gemv_kernel: RB accumulators for the
+// batch, 1, 8 or 32 rows a pass); at most four blocks per SM (the rest loop).
 static void gemv_gpu(GpuDecoder* d, int mode, float* out, int out_stride, int accumulate, const GemvSegments* W, int OC,
                      int IC, const void* in, const float* norm_w) {
     void (*kernel)(float*, int, int, GemvSegments, int, int, const void*, const float*, int, int);
@@ -7365,9 +7196,9 @@ static void decode_mlp_up_gpu(GpuDecoder* d, int l) {
     gemv_gpu(d, GEMV_X_RMSNORM, d->gu, 2 * d->I, 0, &wgu, 2 * d->I, d->C, d->resid, pm(d->g, P_MLP_NORM, l));
 }
 
-// resid += W_down act. A few sequences: the matvec's prologue forms act = silu(g) u in each of its
-// blocks (no launch more); DEC_SWIGLU_APART or more: decode_swiglu_kernel forms it once (the same
-// operations, the same bits), since every block redoing it for the whole batch costs more than a launch
+// resid += W_down act. A few sequences: the matvec's prologue forms act = silu(g) u in each of its blocks (no launch
+// more); DEC_SWIGLU_APART or more: decode_swiglu_kernel forms it once (the same operations, the same bits), since every
+// block redoing it for the whole batch costs more than a launch
 #define DEC_SWIGLU_APART 8
 static void decode_mlp_down_gpu(GpuDecoder* d, int l) {
     GemvSegments wd = gemv_one(px(d->g, P_WDOWN, l), d->C);
@@ -7381,8 +7212,8 @@ static void decode_mlp_down_gpu(GpuDecoder* d, int l) {
     gemv_gpu(d, GEMV_X_PLAIN, d->resid, d->C, 1, &wd, d->C, d->I, d->act, NULL);
 }
 
-// the prompts' first kept positions (heads of sequences b0 .. b0 + Bg - 1, lens_d their lengths on the device;
-// c: the prefill forward's (L, Bg, H, Tp), NULL without a gate)
+// the prompts' first kept positions (heads of sequences b0 .. b0 + Bg - 1, lens_d their lengths on the device; c: the
+// prefill forward's (L, Bg, H, Tp), NULL without a gate)
 static void prefill_first_gpu(GpuDecoder* d, const float* c, const int* lens_d, int b0, int Bg, int Tp) {
     prefill_first_kernel<<<(unsigned)ceil_div((size_t)d->L * Bg * d->H, 256), 256, 0, d->stream>>>(
         d->first, c, lens_d, d->delta, d->L, d->B, b0, Bg, d->H, Tp, d->g->config.window);
@@ -7423,8 +7254,8 @@ static void decode_step_kernels(GpuDecoder* d) {
     cudaCheck(cudaMemcpyAsync(d->host_status, d->status, 2 * sizeof(int), cudaMemcpyDeviceToHost, d->stream));
 }
 
-// captures the step's graph when it is not there (at the start of a run, so that the first step
-// does not pay for it, and after the pool grew)
+// captures the step's graph when it is not there (at the start of a run, so that the first step does not pay for it,
+// and after the pool grew)
 static void gpu_decoder_capture(GpuDecoder* d) {
     if (!d->use_graph || d->graph_ready) { return; }
     cudaGraph_t graph;
@@ -7436,10 +7267,9 @@ static void gpu_decoder_capture(GpuDecoder* d) {
     d->graph_ready = 1;
 }
 
-// Feeds every sequence its next token (d->tokens) at its position: the logits (B, Vp) of what
-// follows land in d->logits, the sampled tokens in d->tokens and d->host_tokens. One graph
-// launch: the kernels' arguments never change between steps (positions, lengths and tokens are
-// read from device memory).
+// Feeds every sequence its next token (d->tokens) at its position: the logits (B, Vp) of what follows land in
+// d->logits, the sampled tokens in d->tokens and d->host_tokens. One graph launch: the kernels' arguments never change
+// between steps (positions, lengths and tokens are read from device memory).
 static void gpu_decoder_step(GpuDecoder* d) {
     for (int b = 0; b < d->B; b++) {
         if (d->host_pos[b] >= d->max_len) {
@@ -7464,8 +7294,8 @@ static void gpu_decoder_step(GpuDecoder* d) {
     if (used > d->peak_pages) { d->peak_pages = used; }
 }
 
-// An empty cache: every sequence starts at position 0 with tokens[b] as its first token (a prompt
-// is then fed through steps, the host writing d->tokens between them); gpu_sample's path.
+// An empty cache: every sequence starts at position 0 with tokens[b] as its first token (a prompt is then fed through
+// steps, the host writing d->tokens between them); gpu_sample's path.
 static void gpu_decoder_start_empty(GpuDecoder* d, const int* tokens) {
     size_t heads = (size_t)d->L * d->B * d->H;
     int* zero = (int*)calloc_check(heads, sizeof(int), "cache first positions");
@@ -7478,11 +7308,10 @@ static void gpu_decoder_start_empty(GpuDecoder* d, const int* tokens) {
     gpu_decoder_capture(d);
 }
 
-// Fills the cache with the prompts (B of them, prompt b in tokens[b * stride ..], lens[b] tokens)
-// through gpu_forward, in groups of up to g->max_B sequences right-padded to the longest prompt
-// (causal attention never lets the padding reach a prompt's positions), then samples every
-// sequence's first new token from the logits after its prompt. gpu_forward must keep every
-// layer's activations (no -r 1).
+// Fills the cache with the prompts (B of them, prompt b in tokens[b * stride ..], lens[b] tokens) through
+// gpu_forward, in groups of up to g->max_B sequences right-padded to the longest prompt (causal attention never lets
+// the padding reach a prompt's positions), then samples every sequence's first new token from the logits after its
+// prompt. gpu_forward must keep every layer's activations (no -r 1).
 static void gpu_decoder_prefill(GpuDecoder* d, const int* tokens, int stride, const int* lens) {
     GPUModel* g = d->g;
     int B = d->B, H = d->H, L = d->L, Tp = 0;
@@ -7537,8 +7366,8 @@ static int compare_ints(const void* a, const void* b) {
     return (x > y) - (x < y);
 }
 
-// under eviction: how the live keys spread over the (layer, head) caches of the first sequence
-// (first[i]: the first live position of cache i), so a long-memory head shows as one that keeps all
+// under eviction: how the live keys spread over the (layer, head) caches of the first sequence (first[i]: the first
+// live position of cache i), so a long-memory head shows as one that keeps all
 static void decoder_report_heads(const GpuDecoder* d, const int* first) {
     int n = d->L * d->H, len = d->host_pos[0], all = 0, full = len - attention_first_key(len, d->g->config.window);
     int* live = (int*)malloc_check((size_t)n * sizeof(int), "live keys per head");
@@ -7600,20 +7429,25 @@ static void gpu_decoder_free(GpuDecoder* d) {
 // ----------------------------------------------------------------------------
 // sampling on the GPU: the samples that training prints
 
-// generates from the EOT token, recomputing the full forward at each step (where the decoder
-// cannot run: gpu_decoder_problem)
-static void gpu_sample_full(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_t* rng) {
+// out (V) = row n of the last forward's logits in fp32; row_x: (V) host scratch
+static void gpu_logits_row(const GPUModel* g, size_t n, floatX* row_x, float* out) {
     int V = g->config.vocab_size, Vp = g->config.padded_vocab_size;
+    cudaCheck(cudaMemcpy(row_x, g->acts.logits + n * Vp, (size_t)V * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (int j = 0; j < V; j++) { out[j] = to_float(row_x[j]); }
+}
+
+// generates from the EOT token, recomputing the full forward at each step (where the decoder cannot run:
+// gpu_decoder_problem)
+static void gpu_sample_full(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_t* rng) {
+    int V = g->config.vocab_size;
     int* tokens = (int*)malloc_check((size_t)gen_tokens * sizeof(int), "sample");
-    floatX* row_x = (floatX*)malloc_check((size_t)Vp * sizeof(floatX), "logits row");
-    float* row = (float*)malloc_check((size_t)Vp * sizeof(float), "logits row");
+    floatX* row_x = (floatX*)malloc_check((size_t)V * sizeof(floatX), "logits row");
+    float* row = (float*)malloc_check((size_t)V * sizeof(float), "logits row");
     tokens[0] = tk->eot;
     printf("sample: ");
     for (int t = 1; t < gen_tokens; t++) {
         gpu_forward(g, tokens, NULL, 1, t);
-        cudaCheck(cudaMemcpy(row_x, g->acts.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
-                             cudaMemcpyDeviceToHost));
-        for (int j = 0; j < V; j++) { row[j] = to_float(row_x[j]); }
+        gpu_logits_row(g, (size_t)(t - 1), row_x, row);
         tokens[t] = sample_from_logits(row, V, 1.0f, rng);
         tokenizer_print(tk, tokens[t]);
     }
@@ -7621,8 +7455,8 @@ static void gpu_sample_full(GPUModel* g, const Tokenizer* tk, int gen_tokens, ui
     free(tokens); free(row_x); free(row);
 }
 
-// generates from the EOT token as the twin's fox_sample does (temperature 1 over every token,
-// the same draws of rng), with the KV cache of a GpuDecoder: one graph per token
+// generates from the EOT token as the twin's fox_sample does (temperature 1 over every token, the same draws of rng),
+// with the KV cache of a GpuDecoder: one graph per token
 static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_t* rng) {
     if (gpu_decoder_problem(&g->config) != NULL) { gpu_sample_full(g, tk, gen_tokens, rng); return; }
     GpuDecoder d;
@@ -7640,15 +7474,14 @@ static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_
 }
 
 // ----------------------------------------------------------------------------
-// the evaluation modes on the GPU: gpu_forward behind the twin's ForwardBackend, so eval and
-// niah run the twin's code on GPU logits and losses; generation runs the GpuDecoder above (every
-// prompt at once, gpu_backend_generate), or recomputes the full forward for every new token where
-// the decoder cannot run. NIAH keeps its one teacher-forced forward over prompt and answer: the
-// decoder would need the same forward over the prompt (its prefill) and then a step per answer
-// token, never less work. Maps run on the twin (exact fp32).
+// the evaluation modes on the GPU: gpu_forward behind the twin's ForwardBackend, so eval and niah run the twin's
+// code on GPU logits and losses; generation runs the GpuDecoder above (every prompt at once, gpu_backend_generate), or
+// recomputes the full forward for every new token where the decoder cannot run. NIAH keeps its one teacher-forced
+// forward over prompt and answer: the decoder would need the same forward over the prompt (its prefill) and then a step
+// per answer token, never less work. Maps run on the twin (exact fp32).
 
-// the device memory -M generate needs: the prefill's model for Bp sequences of Tp tokens (gpu_build's
-// buffers) and a decoder for B sequences of up to max_len tokens whose pool starts at `pages`
+// the device memory -M generate needs: the prefill's model for Bp sequences of Tp tokens (gpu_build's buffers) and a
+// decoder for B sequences of up to max_len tokens whose pool starts at `pages`
 static size_t gpu_generate_bytes(const FoxConfig* cf, int Bp, int Tp, int B, int max_len, size_t pages) {
     return gpu_memory_needed(cf, Bp, Tp, &g_single_process) + gpu_decoder_bytes(cf, B, max_len, pages);
 }
@@ -7664,8 +7497,8 @@ static void gpu_generate_check_memory(size_t need, size_t free_b, int B, int max
          need / 1048576.0, cache / 1048576.0, free_b / 1048576.0, GENERATE_MEMORY_HINT);
 }
 
-// the twin's ForwardBackend on the GPU: a model built for the mode's batch (own), or for the prompts
-// by generation, which also keeps its decoder
+// the twin's ForwardBackend on the GPU: a model built for the mode's batch (own), or for the prompts by generation,
+// which also keeps its decoder
 typedef struct {
     GPUModel* g;        // &own once built
     floatX* row_x;      // (V) one row of logits, as stored on the device
@@ -7683,8 +7516,8 @@ static void gpu_backend_build(GpuBackend* gb, int B, int T) {
     gb->g = &gb->own;
 }
 
-// -M generate (ForwardBackend.generate): sizes the prefill batch to the free memory, builds the model
-// for it, prefills every prompt into the decoder and runs one graph per token
+// -M generate (ForwardBackend.generate): sizes the prefill batch to the free memory, builds the model for it, prefills
+// every prompt into the decoder and runs one graph per token
 static void gpu_backend_generate(void* ctx, GenerateJob* job) {
     GpuBackend* gb = (GpuBackend*)ctx;
     const FoxConfig* cf = &gb->host->config;
@@ -7731,9 +7564,7 @@ static void gpu_backend_forward(void* ctx, const int* inputs, const int* targets
 
 static void gpu_backend_logits_row(void* ctx, size_t n, float* out) {
     GpuBackend* gb = (GpuBackend*)ctx;
-    int V = gb->g->config.vocab_size, Vp = gb->g->config.padded_vocab_size;
-    cudaCheck(cudaMemcpy(gb->row_x, gb->g->acts.logits + n * Vp, (size_t)V * sizeof(floatX), cudaMemcpyDeviceToHost));
-    for (int j = 0; j < V; j++) { out[j] = to_float(gb->row_x[j]); }
+    gpu_logits_row(gb->g, n, gb->row_x, out);
 }
 
 static void gpu_backend_reset(void* ctx) { (void)ctx; } // nothing cached
