@@ -3336,8 +3336,10 @@ static double logits_error(const float* a, const float* b, size_t n, int V, int 
 // Each document of the batch against the same tokens run alone as a sequence of its own (c restarts, the KV-shift
 // starts from 0): the same fp32 operations in the same order without RoPE, so bit-identical; with RoPE (relative) the
 // rotations differ by ulps: 1e-5 of the logit scale, as the KV cache test. Then the key-range invariant: the last
-// non-EOT token of each document changed, no logit outside that document moves, to the bit (-A 0: with -A 1 the bound
-// U of a sequence, hence its pruned tiles, would see every document's q and k).
+// non-EOT token of each document changed, no logit outside that document moves, to the bit, and neither does the
+// gradient of any input row outside it (the loss's gradient reaches a row only from its own document: a reverse sum
+// of the gate or a KV-shift that crossed a boundary would carry the other document's rounding). -A 0: with -A 1 the
+// bound U of a sequence, hence its pruned tiles, would see every document's q and k.
 static void test_documents_apart(void) {
     const char* presets[] = {"fox-pro-tiny", "transformer-llama-tiny", "fox-llama-tiny"};
     int inputs[DOC_B * DOC_T], targets[DOC_B * DOC_T], changed[DOC_B * DOC_T];
@@ -3348,10 +3350,16 @@ static void test_documents_apart(void) {
         m.doc_eot = DOC_EOT;
         int Vp = m.config.padded_vocab_size, docs = 0;
         size_t rows = (size_t)DOC_B * DOC_T;
+        size_t C = (size_t)m.config.n_embd;
+        float* dres = (float*)malloc_check(rows * C * sizeof(float), "input gradients");
+        fox_forward(&m, inputs, targets, DOC_B, DOC_T);
+        fox_zero_grad(&m);
+        fox_backward(&m, 1.0f);
+        memcpy(dres, m.grad_acts.resid, rows * C * sizeof(float)); // layer 0's: the gradient of each input row
         fox_forward(&m, inputs, NULL, DOC_B, DOC_T);
         float* packed = (float*)malloc_check(rows * Vp * sizeof(float), "logits");
         memcpy(packed, m.logits, rows * Vp * sizeof(float));
-        double err = 0.0, moved = 0.0;
+        double err = 0.0, moved = 0.0, moved_grad = 0.0;
         for (int b = 0; b < DOC_B; b++) {
             for (int s = 0, e = 1; e <= DOC_T; e++) {
                 if (e < DOC_T && inputs[b * DOC_T + e] != DOC_EOT) { continue; }
@@ -3363,10 +3371,18 @@ static void test_documents_apart(void) {
                 if (t >= s) {
                     memcpy(changed, inputs, sizeof(changed));
                     changed[b * DOC_T + t] = (changed[b * DOC_T + t] + 1) % DOC_EOT;
-                    fox_forward(&m, changed, NULL, DOC_B, DOC_T);
+                    fox_forward(&m, changed, targets, DOC_B, DOC_T);
                     for (size_t r = 0; r < rows; r++) {
                         if (r >= (size_t)(b * DOC_T + s) && r < (size_t)(b * DOC_T + e)) { continue; }
                         moved = fmax(moved, logits_error(m.logits + r * Vp, packed + r * Vp, 1, DOC_V, Vp));
+                    }
+                    fox_zero_grad(&m);
+                    fox_backward(&m, 1.0f);
+                    for (size_t r = 0; r < rows; r++) {
+                        if (r >= (size_t)(b * DOC_T + s) && r < (size_t)(b * DOC_T + e)) { continue; }
+                        for (size_t i = 0; i < C; i++) {
+                            moved_grad = fmax(moved_grad, fabs(m.grad_acts.resid[r * C + i] - dres[r * C + i]));
+                        }
                     }
                 }
                 docs++;
@@ -3378,9 +3394,9 @@ static void test_documents_apart(void) {
               "documents (-f 1): %s, each of the %d documents of a packed batch (one empty, one of a token, one "
               "begun before its sequence) gives the logits it gives alone %s (max err %.1e of the scale)", presets[p],
               docs, rope ? "within 1e-5 (RoPE is relative)" : "bit for bit", err);
-        check(moved == 0.0, "documents (-f 1): %s, a changed token moves no logit outside its document (max %.1e)",
-              presets[p], moved);
-        free(packed);
+        check(moved == 0.0 && moved_grad == 0.0, "documents (-f 1): %s, a changed token moves no logit (max %.1e) and "
+              "no input row's gradient (max %.1e) outside its document", presets[p], moved, moved_grad);
+        free(packed); free(dres);
         fox_free(&m);
     }
 }
@@ -3558,6 +3574,28 @@ static void test_documents_flag(void) {
     static const char* flag[] = {"-f", "1", NULL};
     Args on = args_of(flag), off = default_args();
     check(on.documents == 1 && off.documents == 0, "documents: -f 1 parsed, -f 0 the default");
+    // resume_notes names a changed -f, and only then: its output of a run saved with -f 0, resumed with -f 1 and 0
+    TrainState s;
+    memset(&s, 0, sizeof(s));
+    s.has_settings = 1;
+    int noted[2];
+    for (int f = 0; f < 2; f++) {
+        char path[600], text[4096] = "";
+        snprintf(path, sizeof(path), "%s/notes%d.txt", test_dir, f);
+        fflush(stdout);
+        int saved = dup(1), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        resume_notes(&s, f ? &on : &off);
+        fflush(stdout);
+        dup2(saved, 1);
+        close(fd); close(saved);
+        FILE* fp = fopen(path, "r");
+        size_t n = fp != NULL ? fread(text, 1, sizeof(text) - 1, fp) : 0;
+        text[n] = '\0';
+        if (fp != NULL) { fclose(fp); }
+        noted[f] = strstr(text, "the run had -f 0, this one -f 1") != NULL;
+    }
+    check(noted[1] && !noted[0], "documents: a resume with another -f is noted (and one with the same is not)");
 }
 
 // ----------------------------------------------------------------------------

@@ -23,8 +23,8 @@ encoder_forward through fox_backward, then main):
   the parameter table               ParamSpec, param_table, param_hf_name
   activations                       ActivationTensors, activation_sizes
   the model                         FoxModel, fox_build, fox_init, fox_ensure_activations
-  layers, forward and backward      matmul_, rmsnorm_, kv_shift_, rope_apply; the gate:
-                                    forget_gate_forward / _backward; pruning: prune_tiles;
+  layers, forward and backward      matmul_, rmsnorm_, kv_shift_, rope_apply; documents kept apart (-f 1):
+                                    document_starts; the gate: forget_gate_forward / _backward; pruning: prune_tiles;
                                     attention_forward / attention_backward; swiglu_, crossentropy_
   the whole model                   fox_forward, fox_backward
   optimiser                         fox_grad_norm, fox_clip_grads, fox_update (AdamW), lr_at_tokens
@@ -2770,8 +2770,8 @@ static void usage(void) {
 "  -A <0|1>    adaptive computation pruning of attention: skip the tiles whose forget-gate decay\n"
 "              bound leaves them less than eps of any row's weight (default 0; README.md)\n"
 "  -L <float>  ln eps of the pruning bound, < 0 (default -10)\n"
-"  -f <0|1>    documents kept apart (training and evaluation): each EOT token (50256) starts a fresh\n"
-"              context that sees nothing before it, the EOT itself only itself (default 0; README.md)\n"
+"  -f <0|1>    documents kept apart (training and evaluation; train_fox_cpu only so far): each EOT token\n"
+"              (50256) starts a fresh context that sees nothing before it, the EOT only itself (default 0)\n"
 "  -r <0|1>    activation recompute (train_fox on GPUs): 0 keeps every activation (default), 1 recomputes\n"
 "              the element-wise and normalisation outputs in the backward (less memory, same gradients)\n"
 "  -X <0|1>    matmul tuning (train_fox on GPUs): 1 times cuBLASLt's candidates for each matmul at start\n"
