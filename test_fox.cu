@@ -101,6 +101,7 @@ static const DebugRecord* debug_find(const DebugState* ds, const char* name) {
 // the training settings of a debug state, next to the model configuration
 typedef struct {
     int B, T, n_steps;
+    int documents, eot; // documents kept apart at the token eot (train_fox -f 1; the model's doc_eot)
     AdamWConfig opt;
     LRSchedule sched;
 } DebugTraining;
@@ -122,6 +123,8 @@ static void debug_config(const DebugState* ds, FoxConfig* c, DebugTraining* tr) 
         if (strcmp(key, "batch") == 0) { tr->B = (int)v; }
         else if (strcmp(key, "seq_len") == 0) { tr->T = (int)v; }
         else if (strcmp(key, "n_steps") == 0) { tr->n_steps = (int)v; }
+        else if (strcmp(key, "documents") == 0) { tr->documents = (int)v; }
+        else if (strcmp(key, "eot") == 0) { tr->eot = (int)v; }
         else if (strcmp(key, "lr") == 0) { tr->opt.lr = (float)v; tr->sched.peak_lr = v; }
         else if (strcmp(key, "weight_decay") == 0) { tr->opt.weight_decay = (float)v; }
         else if (strcmp(key, "beta1") == 0) { tr->opt.beta1 = (float)v; }
@@ -204,6 +207,7 @@ static int fixture_load(const char* path, DebugState* ds, char* name, size_t nam
     snprintf(name, name_len, "%.*s", (int)(strlen(base) > 5 ? strlen(base) - 5 : strlen(base)), base);
     debug_config(ds, c, tr);
     fox_build(m, c);
+    m->doc_eot = tr->documents ? tr->eot : -1;
     return load_debug_params(m, ds);
 }
 
@@ -365,29 +369,34 @@ static void fd_check_tensor(FoxModel* m, int tensor, const int* inputs, const in
 }
 
 static void test_finite_differences(void) {
-    const char* fixtures[] = {"dev/fixtures/fox-pro.fxds", "dev/fixtures/fox-pro-gate-bias_only.fxds"};
-    for (int f = 0; f < 2; f++) {
+    const char* fixtures[] = {"dev/fixtures/fox-pro.fxds", "dev/fixtures/fox-pro-gate-bias_only.fxds",
+                              "dev/fixtures/fox-pro-documents.fxds"};
+    for (int f = 0; f < 3; f++) {
         DebugState ds;
-        debug_state_read(&ds, fixtures[f]);
+        char name[128];
         FoxConfig c;
         DebugTraining tr;
-        debug_config(&ds, &c, &tr);
         FoxModel m;
-        fox_build(&m, &c);
-        load_debug_params(&m, &ds);
+        fixture_load(fixtures[f], &ds, name, sizeof(name), &c, &tr, &m);
         const int* inputs = (const int*)debug_find(&ds, "inputs")->data;
         const int* targets = (const int*)debug_find(&ds, "targets")->data;
         fox_forward(&m, inputs, targets, tr.B, tr.T);
         fox_zero_grad(&m);
         fox_backward(&m, 1.0f);
-        char what[128];
-        snprintf(what, sizeof(what), "%s d(gate bias), through d(log f) and the reverse cumsum", GATE_NAMES[c.gate]);
+        char what[160];
+        const char* docs = tr.documents ? ", documents apart" : "";
+        snprintf(what, sizeof(what), "%s d(gate bias), through d(log f) and the reverse cumsum%s", GATE_NAMES[c.gate],
+                 docs);
         fd_check_tensor(&m, P_BF, inputs, targets, tr.B, tr.T, what);
-        if (c.gate == GATE_FULL) { fd_check_tensor(&m, P_WF, inputs, targets, tr.B, tr.T, "full gate d(w_f)"); }
-        if (f == 0) {
-            fd_check_tensor(&m, P_WK_SHIFT, inputs, targets, tr.B, tr.T, "k shift d(w_s)");
-            fd_check_tensor(&m, P_WV_SHIFT, inputs, targets, tr.B, tr.T, "v shift d(w_s)");
-            fd_check_tensor(&m, P_WK, inputs, targets, tr.B, tr.T, "k projection through the shift");
+        snprintf(what, sizeof(what), "full gate d(w_f)%s", docs);
+        if (c.gate == GATE_FULL) { fd_check_tensor(&m, P_WF, inputs, targets, tr.B, tr.T, what); }
+        if (f != 1) {
+            const char* names[] = {"k shift d(w_s)", "v shift d(w_s)", "k projection through the shift"};
+            int tensors[] = {P_WK_SHIFT, P_WV_SHIFT, P_WK};
+            for (int i = 0; i < 3; i++) {
+                snprintf(what, sizeof(what), "%s%s", names[i], docs);
+                fd_check_tensor(&m, tensors[i], inputs, targets, tr.B, tr.T, what);
+            }
         }
         fox_free(&m);
         debug_state_free(&ds);
@@ -483,9 +492,9 @@ static void test_attention_dlogf(void) {
     // the loss is L = sum(o * w), so dout = w
     c[0] = logf_[0];
     for (int t = 1; t < T; t++) { c[t] = c[t - 1] + logf_[t]; }
-    attention_forward(o, lse, q, k, v, c, B, T, H, hd, 0, NULL, scratch);
+    attention_forward(o, lse, q, k, v, c, NULL, B, T, H, hd, 0, NULL, scratch);
     memset(dq, 0, sizeof(dq)); memset(dk, 0, sizeof(dk)); memset(dv, 0, sizeof(dv)); memset(dc, 0, sizeof(dc));
-    attention_backward(dq, dk, dv, dc, w, q, k, v, o, lse, c, B, T, H, hd, 0, NULL);
+    attention_backward(dq, dk, dv, dc, w, q, k, v, o, lse, c, NULL, B, T, H, hd, 0, NULL);
     float acc = 0.0f;
     for (int t = T - 1; t >= 0; t--) { acc += dc[t]; dlogf[t] = acc; }
     double worst = 0.0, scale = 0.0;
@@ -498,7 +507,7 @@ static void test_attention_dlogf(void) {
             lf[t] += s == 0 ? 1e-2f : -1e-2f;
             cc[0] = lf[0];
             for (int u = 1; u < T; u++) { cc[u] = cc[u - 1] + lf[u]; }
-            attention_forward(o, lse, q, k, v, cc, B, T, H, hd, 0, NULL, scratch);
+            attention_forward(o, lse, q, k, v, cc, NULL, B, T, H, hd, 0, NULL, scratch);
             double sum = 0.0;
             for (size_t i = 0; i < N; i++) { sum += (double)o[i] * w[i]; }
             lpm[s] = sum;
@@ -521,6 +530,8 @@ typedef struct {
     double excess;     // largest |pruned - dense| beyond its bound, over o, lse, dq, dk, dv, dc
     double skipped;    // share of the visible tiles skipped
     int tables_agree;  // key_start and query_end describe the same tiles
+    double doc_skipped; // with documents: share of the tiles the document-only tables (no decay bound) skip
+    int doc_exact;      // with documents: attention with those tables bit-identical to dense
 } PruneResult;
 
 // Pruned against dense attention on one random case. The bounds, per row i with dense weights p,
@@ -530,10 +541,17 @@ typedef struct {
 //   |dq'_i| <= scale sum_j E_ij |k_j|, |dk'_j| <= scale sum_i E_ij |q_i|,
 //   |dv'_j| <= sum_i |p'_ij - p_ij| |dO_i|, |dc'_t| <= sum_j E_tj + sum_i E_it (differences)
 // each plus fp32 rounding: FTOL of the tensor's largest magnitude (sums of up to T terms in fp32).
+// doc_len > 0: documents kept apart, each token starting one with probability 1 / doc_len, c restarted at
+// each; the tables then also skip the tiles before a document (exact), which a second set of tables
+// without the decay bound must do alone, bit-identical to dense.
 #define PRUNE_FTOL 1e-5
 static float* prune_buf(size_t n) { return (float*)calloc_check(n, sizeof(float), "pruning test"); }
+static int prune_doc_visible(const int* doc, int b, int T, int block, int qt, int kt) {
+    return doc == NULL || kt == qt || kt * block + block - 1 >= doc[(size_t)b * T + qt * block];
+}
+
 static PruneResult prune_case(int T, int H, int hd, int window, int block, double rate, float sigma, float ln_eps,
-                              uint64_t seed) {
+                              int doc_len, uint64_t seed) {
     const int B = 2;
     size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T, C = (size_t)H * hd;
     int nt = (T + block - 1) / block, threads = 1;
@@ -552,27 +570,40 @@ static PruneResult prune_case(int T, int H, int hd, int window, int block, doubl
     for (int a = 0; a < 4; a++) {
         for (size_t i = 0; i < n; i++) { in[a][i] = (a < 2 ? sigma : 1.0f) * (float)rng_normal(&s); }
     }
+    int* doc = doc_len > 0 ? (int*)calloc_check((size_t)B * T, sizeof(int), "documents") : NULL;
+    for (int b = 0; b < B && doc != NULL; b++) {
+        int start = 0;
+        for (int t = 1; t < T; t++) {
+            if (rng_uniform(&s) * doc_len < 1.0) { start = t; }
+            doc[(size_t)b * T + t] = start;
+        }
+    }
     for (size_t bh = 0; bh < nh / T; bh++) {
         float acc = 0.0f;
-        for (int t = 0; t < T; t++) { acc += (float)(-rate * (0.5 + rng_uniform(&s))); c[bh * T + t] = acc; }
+        for (int t = 0; t < T; t++) {
+            if (starts_context(doc, bh / H * T + t, t)) { acc = 0.0f; }
+            acc += (float)(-rate * (0.5 + rng_uniform(&s)));
+            c[bh * T + t] = acc;
+        }
     }
     float* U = prune_buf(nh / T);
     int* tables = (int*)calloc_check(2 * (nh / T) * nt, sizeof(int), "tiles");
     prune_bound(U, q, k, B, T, H, hd);
-    prune_tiles(tables, tables + (nh / T) * nt, c, U, B, H, T, block, ln_eps);
+    prune_tiles(tables, tables + (nh / T) * nt, c, U, doc, B, H, T, block, ln_eps);
     AttnPrune pr = {block, tables};
     for (int r = 0; r < 2; r++) { // r = 0 dense, 1 pruned
-        attention_forward(o[r], lse[r], q, k, v, c, B, T, H, hd, window, r ? &pr : NULL, scratch);
-        attention_backward(dq[r], dk[r], dv[r], dc[r], dout, q, k, v, o[r], lse[r], c, B, T, H, hd, window,
+        attention_forward(o[r], lse[r], q, k, v, c, doc, B, T, H, hd, window, r ? &pr : NULL, scratch);
+        attention_backward(dq[r], dk[r], dv[r], dc[r], dout, q, k, v, o[r], lse[r], c, doc, B, T, H, hd, window,
                            r ? &pr : NULL);
     }
-    PruneResult res = {0.0, -INFINITY, 0.0, 1};
+    PruneResult res = {0.0, -INFINITY, 0.0, 1, 0.0, 0};
     double visible = 0.0, skipped = 0.0;
     for (size_t bh = 0; bh < nh / T; bh++) {
         const int *ks = tables + bh * nt, *qe = tables + (nh / T) * nt + bh * nt;
         for (int qt = 0; qt < nt; qt++) {
             for (int kt = 0; kt <= qt; kt++) {
                 int win_ok = window == 0 || kt * block + block - 1 > qt * block - window; // some pair visible
+                win_ok &= prune_doc_visible(doc, (int)(bh / H), T, block, qt, kt);
                 visible += win_ok; skipped += win_ok && kt < ks[qt];
                 res.tables_agree &= (kt < ks[qt]) == (qt >= qe[kt]);
             }
@@ -593,7 +624,9 @@ static PruneResult prune_case(int T, int H, int hd, int window, int block, doubl
             size_t bh = (size_t)b * H + h;
             const float* ch = c + bh * T;
             for (int i = 0; i < T; i++) {
-                int j0 = attention_first_key(i, window), jp = attention_first_key_pruned(i, window, &pr, bh, T);
+                int doc_i = doc != NULL ? doc[(size_t)b * T + i] : 0;
+                int j0 = attention_first_key_pruned(i, window, doc_i, NULL, bh, T);
+                int jp = attention_first_key_pruned(i, window, doc_i, &pr, bh, T);
                 size_t oi = ((size_t)b * T + i) * C + (size_t)h * hd;
                 double w = 0.0, delta = 0.0, g1 = 0.0, vmin[256], vmax[256];
                 for (int d = 0; d < hd; d++) {
@@ -648,11 +681,37 @@ static PruneResult prune_case(int T, int H, int hd, int window, int block, doubl
     // determinism: a second pruned run is bit-identical
     float* o2 = prune_buf(n);
     float* lse2 = prune_buf(nh);
-    attention_forward(o2, lse2, q, k, v, c, B, T, H, hd, window, &pr, scratch);
+    attention_forward(o2, lse2, q, k, v, c, doc, B, T, H, hd, window, &pr, scratch);
     if (memcmp(o2, o[1], n * sizeof(float)) != 0 || memcmp(lse2, lse[1], nh * sizeof(float)) != 0) {
         res.excess = INFINITY;
     }
-    free(o2); free(lse2);
+    if (doc != NULL) { // the document tiles alone: exact, so the same bits as dense
+        int* both = (int*)malloc_check((nh / T) * nt * sizeof(int), "tiles");
+        memcpy(both, tables, (nh / T) * nt * sizeof(int));
+        prune_tiles(tables, tables + (nh / T) * nt, c, NULL, doc, B, H, T, block, ln_eps);
+        float *dq2 = prune_buf(n), *dk2 = prune_buf(n), *dv2 = prune_buf(n), *dc2 = prune_buf(nh);
+        attention_forward(o2, lse2, q, k, v, c, doc, B, T, H, hd, window, &pr, scratch);
+        attention_backward(dq2, dk2, dv2, dc2, dout, q, k, v, o2, lse2, c, doc, B, T, H, hd, window, &pr);
+        res.doc_exact = memcmp(o2, o[0], n * sizeof(float)) == 0 && memcmp(lse2, lse[0], nh * sizeof(float)) == 0
+                        && memcmp(dq2, dq[0], n * sizeof(float)) == 0 && memcmp(dk2, dk[0], n * sizeof(float)) == 0
+                        && memcmp(dv2, dv[0], n * sizeof(float)) == 0 && memcmp(dc2, dc[0], nh * sizeof(float)) == 0;
+        double all = 0.0, doc_skipped = 0.0;
+        for (size_t bh = 0; bh < nh / T; bh++) {
+            for (int qt = 0; qt < nt; qt++) {
+                all += qt + 1;
+                doc_skipped += tables[bh * nt + qt];
+                res.doc_exact &= tables[bh * nt + qt] <= both[bh * nt + qt]; // the decay bound skips them too
+                for (int kt = 0; kt < qt; kt++) { // exactly the tiles no pair of which is visible
+                    int skip = kt < tables[bh * nt + qt];
+                    res.doc_exact &= skip == !prune_doc_visible(doc, (int)(bh / H), T, block, qt, kt);
+                    res.tables_agree &= skip == (qt >= tables[(nh / T) * nt + bh * nt + kt]);
+                }
+            }
+        }
+        res.doc_skipped = doc_skipped / all;
+        free(dq2); free(dk2); free(dv2); free(dc2); free(both);
+    }
+    free(o2); free(lse2); free(doc);
     free(bo); free(bq); free(bk); free(bv); free(bc); free(bl); free(p); free(U); free(tables); free(scratch);
     free(q); free(k); free(v); free(dout); free(c);
     for (int r = 0; r < 2; r++) { free(o[r]); free(lse[r]); free(dq[r]); free(dk[r]); free(dv[r]); free(dc[r]); }
@@ -672,7 +731,7 @@ static void test_attention_pruning(void) {
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         PruneResult r = prune_case(cases[i].T, cases[i].H, cases[i].hd, cases[i].window, cases[i].block, cases[i].rate,
-                                   cases[i].sigma, ln_eps, 500 + i);
+                                   cases[i].sigma, ln_eps, 0, 500 + i);
         int expect_skips = cases[i].rate >= 0.1; // a case that should prune must prune something
         check(r.w_max <= eps && r.excess <= 0.0 && r.tables_agree && (!expect_skips || r.skipped > 0.0),
               "pruned attention T=%d window=%d tile %d rate %g: pruned weight %.1e <= eps %.1e per row, outputs and "
@@ -682,11 +741,28 @@ static void test_attention_pruning(void) {
               r.tables_agree ? "" : "NOT ", 100.0 * r.skipped);
     }
     // negative control: ln eps = +10 makes delta too large; the weight check must catch it
-    PruneResult bad = prune_case(256, 2, 16, 0, 16, 0.1, 0.5f, 10.0f, 502);
+    PruneResult bad = prune_case(256, 2, 16, 0, 16, 0.1, 0.5f, 10.0f, 0, 502);
     check(bad.w_max > eps,
           "pruned attention negative control: ln eps = +10 prunes %.1e of a row's weight, caught by the "
           "<= eps check (%.1e)",
           bad.w_max, eps);
+    // documents kept apart (-f 1): the tiles before a query tile's document are skipped too, exactly
+    struct { int T, window, block, doc_len; double rate; } docs[] = {
+        {256, 0, 16, 40, 1e-3}, // flat gates: only the documents prune
+        {300, 50, 16, 60, 0.5}, // decay, a window, T not a tile multiple
+        {400, 0, 128, 120, 0.1}, // the model's tile size
+    };
+    for (size_t i = 0; i < sizeof(docs) / sizeof(docs[0]); i++) {
+        PruneResult r = prune_case(docs[i].T, 2, 16, docs[i].window, docs[i].block, docs[i].rate, 0.5f, ln_eps,
+                                   docs[i].doc_len, 520 + i);
+        check(r.w_max <= eps && r.excess <= 0.0 && r.tables_agree && r.doc_exact && r.doc_skipped > 0.0,
+              "pruned attention with documents (mean length %d) T=%d window=%d tile %d rate %g: pruned weight %.1e <= "
+              "eps, within the bound (excess %.1e <= 0), tables %sagree, %.0f%% of the visible tiles skipped by the "
+              "decay; the document tiles alone (%.0f%% of all, skipped with the decay too) are exactly those no pair "
+              "of which is visible, and attention with them is %sbit-identical to dense", docs[i].doc_len, docs[i].T,
+              docs[i].window, docs[i].block, docs[i].rate, r.w_max, r.excess, r.tables_agree ? "" : "NOT ",
+              100.0 * r.skipped, 100.0 * r.doc_skipped, r.doc_exact ? "" : "NOT ");
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -1177,7 +1253,7 @@ static void test_checkpoints(void) {
     char model_path[512], state_path[512];
     checkpoint_paths(test_dir, 1, model_path, state_path, sizeof(model_path));
     TrainState s = {1, 0, 1, 2, 1, 8, 8, 1, 0x1234567890abcdefull, 0xfedcba0987654321ull, 48, 3000000000ll, 4800.5,
-                    1, 3e-4, 0.05, 0.5, SCHEDULE_LINEAR, 1e9, 1, -7.5, 1, 3.5};
+                    1, 3e-4, 0.05, 0.5, SCHEDULE_LINEAR, 1e9, 1, -7.5, 1, 3.5, 1};
     save_model(&m, model_path);
     save_state(&m, &s, state_path);
     FoxModel l;
@@ -1192,10 +1268,10 @@ static void test_checkpoints(void) {
                ls.shards == s.shards && ls.total_batch_tokens == 48 && ls.tokens_seen == 3000000000ll &&
                ls.warmup_tokens == 4800.5 && ls.has_settings == 1 && ls.lr == 3e-4 && ls.weight_decay == 0.05 &&
                ls.grad_clip == 0.5 && ls.schedule == SCHEDULE_LINEAR && ls.end_tokens == 1e9 && ls.prune == 1 &&
-               ls.prune_ln_eps == -7.5 && ls.on_nonfinite == 1 && ls.spike_z == 3.5;
+               ls.prune_ln_eps == -7.5 && ls.on_nonfinite == 1 && ls.spike_z == 3.5 && ls.documents == 1;
     check(same, "checkpoint round trip: configuration, %zu parameters, AdamW moments, data position and run "
-          "settings (-t, -R, -S, shards, -d, tokens seen past 2^31, warmup, -l -c -a -k, the schedule's end, -A -L -G -Z) "
-          "bit for bit", m.num_parameters);
+          "settings (-t, -R, -S, shards, -d, tokens seen past 2^31, warmup, -l -c -a -k, the schedule's end, "
+          "-A -L -G -Z -f) bit for bit", m.num_parameters);
     check(latest_checkpoint(test_dir) == 1, "checkpoint: the newest complete checkpoint is found");
     // names that only look like checkpoints are not taken: a lone state, a step past int,
     // a sign, a letter, a model without its state, a model not named as train_fox names it
@@ -1243,6 +1319,16 @@ static void test_checkpoints(void) {
     snprintf(bad_T, sizeof(bad_T), "%s/bad_T.bin", test_dir);
     patch_header(state_path, bad_T, 11, 0, 11, 0); // T
     expect_failure(load_state_child, bad_T, "state file with -t 0");
+    static char bad_docs[512], no_docs[512];
+    snprintf(bad_docs, sizeof(bad_docs), "%s/bad_docs.bin", test_dir);
+    patch_header(state_path, bad_docs, 38, 2, 38, 2); // -f
+    expect_failure(load_state_child, bad_docs, "state file with -f 2");
+    snprintf(no_docs, sizeof(no_docs), "%s/no_docs.bin", test_dir);
+    patch_header(state_path, no_docs, 38, 0, 38, 0); // a version-3 file written before -f: its slot is 0
+    TrainState nd;
+    load_state(&l, &nd, no_docs);
+    check(nd.documents == 0 && nd.has_settings && nd.prune == 1,
+          "a version-3 state file without -f (its slot 0) reads as -f 0 with its other settings");
     set_position_args[0] = 0; set_position_args[1] = 2; set_position_args[2] = 0;
     expect_failure(set_position_child, NULL, "data position at shard 2 of 2");
     set_position_args[0] = 0; set_position_args[1] = 0; set_position_args[2] = 11;
@@ -1428,7 +1514,8 @@ static void resume_dir_init(ResumeDir* r, const char* name, int window) {
     uint16_t tokens[801];
     for (int i = 0; i < 801; i++) { tokens[i] = (uint16_t)((i * 7 + 3) % 300); }
     write_shard(shard, tokens, 801, SHARD_MAGIC, 801);
-    const char* flags[] = {"-o", r->dir, "-y", "1", "-i", r->pattern, "-b", "2", "-t", "8", "-x", "10", "-S", "7", NULL};
+    const char* flags[] = {"-o", r->dir, "-y", "1", "-i", r->pattern, "-b", "2", "-t", "8", "-x", "10", "-S", "7",
+                           NULL};
     r->a = args_of(flags);
     r->a.total_batch_tokens = 16;
     config_from_preset(&r->c, "fox-pro-tiny");
@@ -1502,7 +1589,8 @@ static void test_resume_fallback(void) {
     dataloader_next_batch(&ref);
     dataloader_next_batch(&d);
     check(d.epoch == ref.epoch && d.shard_pos == ref.shard_pos && d.batch_pos == ref.batch_pos &&
-              memcmp(d.inputs, ref.inputs, 16 * sizeof(int)) == 0 && memcmp(d.targets, ref.targets, 16 * sizeof(int)) == 0,
+              memcmp(d.inputs, ref.inputs, 16 * sizeof(int)) == 0
+              && memcmp(d.targets, ref.targets, 16 * sizeof(int)) == 0,
           "resume: the data loader goes on with the batch after step 1 (position %d %d %d)", pos1[0], pos1[1], pos1[2]);
     dataloader_free(&d); dataloader_free(&ref); fox_free(&m); free(p1); free(m1);
     // every checkpoint damaged: refused
@@ -3106,13 +3194,19 @@ static void test_niah(void) {
 
 // A rows sum to 1, A @ V = the attention output of fox_forward, F = exp(c_i - c_j) below the
 // diagonal, the window respected
-static void maps_check(const char* preset, const char* const* ov, const char* what) {
+// docs: documents kept apart at the token V - 1, placed at 0, 6, 7 and 15 (an empty document at 6)
+static void maps_check(const char* preset, const char* const* ov, int docs, const char* what) {
     enum { T = 20, V = 1000 };
     FoxModel m;
     eval_test_model(&m, preset, ov, V, 4.0f);
-    int tokens[T];
+    int tokens[T], doc[T];
     uint64_t rng = 5;
-    for (int i = 0; i < T; i++) { tokens[i] = (int)(rng_next(&rng) % V); }
+    for (int i = 0; i < T; i++) { tokens[i] = (int)(rng_next(&rng) % (V - 1)); }
+    if (docs) {
+        m.doc_eot = V - 1;
+        tokens[0] = tokens[6] = tokens[7] = tokens[15] = V - 1;
+    }
+    document_starts(doc, tokens, 1, T, m.doc_eot);
     fox_forward(&m, tokens, NULL, 1, T);
     const FoxConfig* cf = &m.config;
     int H = cf->n_head, hd = cf->n_embd / H, C = cf->n_embd;
@@ -3131,9 +3225,9 @@ static void maps_check(const char* preset, const char* const* ov, const char* wh
                 double rs = 0.0;
                 for (int j = 0; j < T; j++) {
                     rs += A[i * T + j];
-                    int inside = j <= i && j >= attention_first_key(i, cf->window);
+                    int inside = j <= i && j >= attention_first_key(i, cf->window) && j >= doc[i];
                     if (!inside && A[i * T + j] != 0.0f) { mask_ok = 0; }
-                    double f = j <= i ? (c != NULL ? exp((double)c[i] - c[j]) : 1.0) : 0.0;
+                    double f = j <= i && j >= doc[i] ? (c != NULL ? exp((double)c[i] - c[j]) : 1.0) : 0.0;
                     f_err = fmax(f_err, fabs(F[i * T + j] - f) / fmax(f, 1e-30) * (f > 0)
                                         + (f == 0) * fabs(F[i * T + j]));
                 }
@@ -3154,16 +3248,19 @@ static void maps_check(const char* preset, const char* const* ov, const char* wh
     check(row_err <= 1e-6 && av_err <= 1e-5 && f_err <= 1e-6 && mask_ok && cross > 1e-3,
           "maps: %s: rows of A sum to 1 (err %.1e <= 1e-6), "
           "A @ V = fox_forward's attention output (err %.1e <= 1e-5 of max|o|), "
-          "F = exp(c_i - c_j) (rel err %.1e <= 1e-6), zero outside the causal window; "
-          "negative control: the other head's A misses (err %.1e > 1e-3)", what, row_err, av_err, f_err, cross);
+          "F = exp(c_i - c_j) (rel err %.1e <= 1e-6), zero outside the causal window%s; "
+          "negative control: the other head's A misses (err %.1e > 1e-3)", what, row_err, av_err, f_err,
+          docs ? " and the query's document" : "", cross);
     fox_free(&m);
 }
 
 static void test_maps(void) {
     static const char* window[] = {"window", "6", NULL};
-    maps_check("fox-pro-tiny", NULL, "fox-pro");
-    maps_check("fox-pro-tiny", window, "fox-pro, window 6");
-    maps_check("transformer-llama-tiny", NULL, "transformer-llama (F = 1)");
+    maps_check("fox-pro-tiny", NULL, 0, "fox-pro");
+    maps_check("fox-pro-tiny", window, 0, "fox-pro, window 6");
+    maps_check("transformer-llama-tiny", NULL, 0, "transformer-llama (F = 1)");
+    maps_check("fox-pro-tiny", window, 1, "fox-pro, window 6, documents apart (-f 1)");
+    maps_check("transformer-llama-tiny", NULL, 1, "transformer-llama, documents apart (-f 1)");
 }
 
 static void eval_main_child(const void* arg) {
@@ -3239,6 +3336,304 @@ static void test_eval_bad_input(void) {
 #ifndef NO_GPT2_ENCODER
     expect_failure(missing_ranks_child, test_dir, "a prompt without the merge ranks (make data)");
 #endif
+}
+
+// ----------------------------------------------------------------------------
+// documents kept apart (-f 1; the layers against the reference are in the fixtures *-documents): each document of a
+// packed batch as if alone, the key-range invariant, one document bit-equal to -f 0, pruning, the KV cache, the flag
+
+enum { DOC_B = 2, DOC_T = 40, DOC_V = 1000, DOC_EOT = DOC_V - 1 };
+
+// (DOC_B, DOC_T) ids below DOC_EOT with EOTs at fixed positions: sequence 0 starts with a document, holds an empty one
+// (EOT EOT at 9, 10), one of a single token (10-11) and ends on a lone EOT; sequence 1 starts inside a document
+static void doc_test_batch(int* inputs, int* targets, uint64_t seed) {
+    static const int eots[DOC_B][6] = {{0, 9, 10, 12, 25, 39}, {17, 30, 31, -1, -1, -1}};
+    uint64_t rng = seed;
+    for (int i = 0; i < DOC_B * DOC_T; i++) {
+        inputs[i] = (int)(rng_next(&rng) % DOC_EOT);
+        targets[i] = (int)(rng_next(&rng) % DOC_V);
+    }
+    for (int b = 0; b < DOC_B; b++) {
+        for (int k = 0; k < 6 && eots[b][k] >= 0; k++) { inputs[b * DOC_T + eots[b][k]] = DOC_EOT; }
+    }
+}
+
+// max |a - b| over n rows of V logits (row stride Vp), relative to max(1, max |b|)
+static double logits_error(const float* a, const float* b, size_t n, int V, int Vp) {
+    double mx = 1.0, diff = 0.0;
+    for (size_t r = 0; r < n; r++) {
+        for (int j = 0; j < V; j++) {
+            mx = fmax(mx, fabs(b[r * Vp + j]));
+            double d = fabs((double)a[r * Vp + j] - b[r * Vp + j]);
+            diff = isnan(d) ? INFINITY : fmax(diff, d);
+        }
+    }
+    return diff / mx;
+}
+
+// Each document of the batch against the same tokens run alone as a sequence of its own (c restarts, the KV-shift
+// starts from 0): the same fp32 operations in the same order without RoPE, so bit-identical; with RoPE (relative) the
+// rotations differ by ulps: 1e-5 of the logit scale, as the KV cache test. Then the key-range invariant: the last
+// non-EOT token of each document changed, no logit outside that document moves, to the bit, and neither does the
+// gradient of any input row outside it (the loss's gradient reaches a row only from its own document: a reverse sum
+// of the gate or a KV-shift that crossed a boundary would carry the other document's rounding). -A 0: with -A 1 the
+// bound U of a sequence, hence its pruned tiles, would see every document's q and k.
+static void test_documents_apart(void) {
+    const char* presets[] = {"fox-pro-tiny", "transformer-llama-tiny", "fox-llama-tiny"};
+    int inputs[DOC_B * DOC_T], targets[DOC_B * DOC_T], changed[DOC_B * DOC_T];
+    doc_test_batch(inputs, targets, 9);
+    for (int p = 0; p < 3; p++) {
+        FoxModel m;
+        eval_test_model(&m, presets[p], NULL, DOC_V, 3.0f);
+        m.doc_eot = DOC_EOT;
+        int Vp = m.config.padded_vocab_size, docs = 0;
+        size_t rows = (size_t)DOC_B * DOC_T;
+        size_t C = (size_t)m.config.n_embd;
+        float* dres = (float*)malloc_check(rows * C * sizeof(float), "input gradients");
+        fox_forward(&m, inputs, targets, DOC_B, DOC_T);
+        fox_zero_grad(&m);
+        fox_backward(&m, 1.0f);
+        memcpy(dres, m.grad_acts.resid, rows * C * sizeof(float)); // layer 0's: the gradient of each input row
+        fox_forward(&m, inputs, NULL, DOC_B, DOC_T);
+        float* packed = (float*)malloc_check(rows * Vp * sizeof(float), "logits");
+        memcpy(packed, m.logits, rows * Vp * sizeof(float));
+        double err = 0.0, moved = 0.0, moved_grad = 0.0;
+        for (int b = 0; b < DOC_B; b++) {
+            for (int s = 0, e = 1; e <= DOC_T; e++) {
+                if (e < DOC_T && inputs[b * DOC_T + e] != DOC_EOT) { continue; }
+                fox_forward(&m, inputs + b * DOC_T + s, NULL, 1, e - s); // document [s, e) alone
+                err = fmax(err, logits_error(m.logits, packed + (size_t)(b * DOC_T + s) * Vp, (size_t)(e - s), DOC_V,
+                                             Vp));
+                int t = e - 1;
+                while (t >= s && inputs[b * DOC_T + t] == DOC_EOT) { t--; }
+                if (t >= s) {
+                    memcpy(changed, inputs, sizeof(changed));
+                    changed[b * DOC_T + t] = (changed[b * DOC_T + t] + 1) % DOC_EOT;
+                    fox_forward(&m, changed, targets, DOC_B, DOC_T);
+                    for (size_t r = 0; r < rows; r++) {
+                        if (r >= (size_t)(b * DOC_T + s) && r < (size_t)(b * DOC_T + e)) { continue; }
+                        moved = fmax(moved, logits_error(m.logits + r * Vp, packed + r * Vp, 1, DOC_V, Vp));
+                    }
+                    fox_zero_grad(&m);
+                    fox_backward(&m, 1.0f);
+                    for (size_t r = 0; r < rows; r++) {
+                        if (r >= (size_t)(b * DOC_T + s) && r < (size_t)(b * DOC_T + e)) { continue; }
+                        for (size_t i = 0; i < C; i++) {
+                            moved_grad = fmax(moved_grad, fabs(m.grad_acts.resid[r * C + i] - dres[r * C + i]));
+                        }
+                    }
+                }
+                docs++;
+                s = e;
+            }
+        }
+        int rope = m.config.rope;
+        check(rope ? err <= 1e-5 : err == 0.0,
+              "documents (-f 1): %s, each of the %d documents of a packed batch (one empty, one of a token, one "
+              "begun before its sequence) gives the logits it gives alone %s (max err %.1e of the scale)", presets[p],
+              docs, rope ? "within 1e-5 (RoPE is relative)" : "bit for bit", err);
+        check(moved == 0.0 && moved_grad == 0.0, "documents (-f 1): %s, a changed token moves no logit (max %.1e) and "
+              "no input row's gradient (max %.1e) outside its document", presets[p], moved, moved_grad);
+        free(packed); free(dres);
+        fox_free(&m);
+    }
+}
+
+// the loss of one forward and backward of m with documents (doc_eot) and pruning set; its gradients into grads
+static float doc_run(FoxModel* m, int doc_eot, int prune, const int* inputs, const int* targets, int B, int T,
+                     float* grads) {
+    m->doc_eot = doc_eot;
+    m->prune = prune;
+    m->prune_ln_eps = -1e4f; // the decay bound drops nothing
+    fox_forward(m, inputs, targets, B, T);
+    fox_zero_grad(m);
+    fox_backward(m, 1.0f);
+    memcpy(grads, m->grads_memory, m->num_parameters * sizeof(float));
+    return m->mean_loss;
+}
+
+// One context per sequence (no EOT; an EOT at position 0 only): -f 1 gives the bits of -f 0, the loss and every
+// gradient, with -A 1 too. With EOTs at 0 and 200 of T = 300 the model's tables skip key tile 0 for query tile 2
+// (wholly before the second document) and the results stay those of -A 0, bit for bit.
+static void test_documents_one_context(void) {
+    enum { B = 2, T = 300 };
+    const char* presets[] = {"fox-pro-tiny", "transformer-llama-tiny"};
+    int inputs[B * T], targets[B * T];
+    uint64_t rng = 21;
+    for (int i = 0; i < B * T; i++) {
+        inputs[i] = (int)(rng_next(&rng) % DOC_EOT);
+        targets[i] = (int)(rng_next(&rng) % DOC_V);
+    }
+    for (int p = 0; p < 2; p++) {
+        FoxModel m;
+        eval_test_model(&m, presets[p], NULL, DOC_V, 2.0f);
+        size_t bytes = m.num_parameters * sizeof(float);
+        float* g0 = (float*)malloc_check(bytes, "grads");
+        float* g1 = (float*)malloc_check(bytes, "grads");
+        int same = 1;
+        for (int eot0 = 0; eot0 < 2; eot0++) {
+            for (int b = 0; b < B; b++) { inputs[b * T] = eot0 ? DOC_EOT : 1; }
+            for (int prune = 0; prune < 2; prune++) {
+                float l0 = doc_run(&m, -1, prune, inputs, targets, B, T, g0);
+                float l1 = doc_run(&m, DOC_EOT, prune, inputs, targets, B, T, g1);
+                same &= l0 == l1 && memcmp(g0, g1, bytes) == 0;
+            }
+        }
+        for (int b = 0; b < B; b++) { inputs[b * T + 200] = DOC_EOT; }
+        float l0 = doc_run(&m, DOC_EOT, 0, inputs, targets, B, T, g0);
+        float l1 = doc_run(&m, DOC_EOT, 1, inputs, targets, B, T, g1);
+        int tables_ok = m.prune_tables[2] == 1 && m.prune_tables[1] == 0; // sequence 0, head 0 of the last layer
+        check(same && tables_ok && l0 == l1 && memcmp(g0, g1, bytes) == 0,
+              "documents (-f 1): %s, one context per sequence (no EOT; an EOT at 0): the loss and every gradient of "
+              "-f 0 bit for bit, -A 1 too; a second document at 200 of 300: the tables skip key tile 0 for query "
+              "tile 2 (%s) and the results equal -A 0's bit for bit", presets[p], tables_ok ? "yes" : "NO");
+        for (int b = 0; b < B; b++) { inputs[b * T + 200] = 2; }
+        free(g0); free(g1);
+        fox_free(&m);
+    }
+}
+
+// Generation after an EOT: the KV cache restarts (c, the KV-shift) and frees what no later query sees. Its logits
+// against the full forward on the same tokens (EOTs at 0, 9, 10, 12 and 30 of 48): bit for bit without RoPE, 1e-5 with
+// it (kv_cache_run says why); after 40 tokens every head keeps 10 positions, in the 16 slots a fresh buffer has.
+// Returns the worst error; restart 0 decodes with -f 0 (the negative control).
+static double kv_doc_run(const char* preset, int restart, int* cache_ok) {
+    enum { N = 48 };
+    FoxModel m;
+    eval_test_model(&m, preset, NULL, DOC_V, 4.0f);
+    int tokens[N];
+    uint64_t rng = 13;
+    for (int i = 0; i < N; i++) { tokens[i] = (int)(rng_next(&rng) % DOC_EOT); }
+    tokens[0] = tokens[9] = tokens[10] = tokens[12] = tokens[30] = DOC_EOT;
+    CpuBackend cb;
+    ForwardBackend be = cpu_backend_init(&cb, &m, 1, N);
+    float row[DOC_V];
+    double worst = 0.0;
+    const FoxConfig* cf = &m.config;
+    size_t heads = (size_t)cf->n_layer * cf->n_head, entry = (2 * (size_t)(cf->n_embd / cf->n_head) + 1) * 4;
+    be.reset(be.ctx);
+    *cache_ok = 0;
+    for (int t = 1; t <= N; t++) {
+        m.doc_eot = restart ? DOC_EOT : -1;
+        be.next_logits(be.ctx, tokens, t, row);
+        if (t == 40) {
+            *cache_ok = fox_decoder_live(&cb.dec) == heads * 10 && fox_decoder_bytes(&cb.dec) == heads * 16 * entry;
+        }
+        m.doc_eot = DOC_EOT;
+        fox_forward(&m, tokens, NULL, 1, t);
+        float full[DOC_V];
+        memcpy(full, m.logits + (size_t)(t - 1) * cf->padded_vocab_size, sizeof(full));
+        worst = fmax(worst, logits_error(row, full, 1, DOC_V, DOC_V));
+    }
+    fox_decoder_free(&cb.dec);
+    fox_free(&m);
+    return worst;
+}
+
+static void test_documents_kv_cache(void) {
+    const char* presets[] = {"fox-pro-tiny", "transformer-pro-tiny"};
+    for (int p = 0; p < 2; p++) {
+        int cache_ok;
+        double err = kv_doc_run(presets[p], 1, &cache_ok);
+        int rope = p == 1;
+        check((rope ? err <= 1e-5 : err == 0.0) && cache_ok,
+              "documents (-f 1): kv cache, %s, 48 tokens with 5 EOTs: logits as the full forward's %s (max err %.1e); "
+              "after the EOT at 30 each head keeps only its 10 positions since, in a fresh 16-slot buffer", presets[p],
+              rope ? "within 1e-5" : "bit for bit", err);
+    }
+    int cache_ok;
+    double bad = kv_doc_run("fox-pro-tiny", 0, &cache_ok);
+    check(bad > 1e-3 && !cache_ok, "documents (-f 1): kv cache, negative control: a cache that does not restart at "
+          "an EOT misses (err %.1e > 1e-3) and keeps what it no longer needs", bad);
+}
+
+// -M eval -f 1 end to end (cpu_eval_main: the flag to the model, the model to the per-token loss): L(i) of the CSV
+// equals the per-token losses of fox_forward with documents on the same batches, and differs from -f 0's
+static void test_documents_eval(void) {
+    enum { B = 2, T = 16, NTOK = B * T + 1 };
+    static char pattern[512], prefix[2][600];
+    snprintf(pattern, sizeof(pattern), "%s/doc_val_*.bin", test_dir);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/doc_val_000.bin", test_dir);
+    uint16_t toks[NTOK];
+    uint64_t rng = 31;
+    for (int i = 0; i < NTOK; i++) { toks[i] = (uint16_t)(i % 5 == 0 ? GPT2_EOT : rng_next(&rng) % GPT2_EOT); }
+    write_shard(path, toks, NTOK, SHARD_MAGIC, NTOK);
+    double L[2][T];
+    for (int f = 0; f < 2; f++) {
+        snprintf(prefix[f], sizeof(prefix[f]), "%s/doc_eval%d", test_dir, f);
+        const char* argv[] = {"train_fox", "-M", "eval", "-e", "fox-pro-tiny", "-j", pattern, "-b", "2", "-t", "16",
+                              "-m", "1", "-O", prefix[f], "-f", f ? "1" : "0", NULL};
+        Args a;
+        parse_args(&a, 17, (char**)argv);
+        quiet_stdout(1);
+        cpu_eval_main(&a);
+        quiet_stdout(0);
+        char csv[700], line[256];
+        snprintf(csv, sizeof(csv), "%s.loss.csv", prefix[f]);
+        FILE* fp = fopen(csv, "r");
+        int rows = 0;
+        while (fp != NULL && read_line(fp, line, sizeof(line))) {
+            int pos;
+            double v;
+            if (sscanf(line, "%d,%lf", &pos, &v) == 2 && pos >= 1 && pos <= T) { L[f][pos - 1] = v; rows++; }
+        }
+        if (fp != NULL) { fclose(fp); }
+        if (rows != T) { check(0, "documents (-f 1): eval wrote %d of %d rows to %s", rows, T, csv); return; }
+    }
+    const char* argv[] = {"train_fox", "-e", "fox-pro-tiny", "-f", "1", NULL};
+    Args a;
+    parse_args(&a, 5, (char**)argv);
+    FoxModel m;
+    build_model(&m, &a);
+    DataLoader val;
+    dataloader_init(&val, pattern, B, T, 0, 1, 0, 0, 1, m.config.vocab_size);
+    dataloader_next_batch(&val);
+    fox_forward(&m, val.inputs, val.targets, B, T);
+    double err = 0.0, off = 0.0;
+    for (int t = 0; t < T; t++) {
+        double direct = ((double)m.losses[t] + m.losses[T + t]) / B;
+        err = fmax(err, fabs(direct - L[1][t]) / direct);
+        off = fmax(off, fabs(L[0][t] - L[1][t]) / direct);
+    }
+    check(m.doc_eot == GPT2_EOT && err <= 1e-8 && off > 1e-3,
+          "documents (-f 1): -M eval -f 1 on a shard with an EOT every 5 tokens: L(i) equals fox_forward's with "
+          "documents apart (rel err %.1e <= 1e-8, the CSV's %%.9g) and differs from -f 0 (by up to %.1e > 1e-3)",
+          err, off);
+    dataloader_free(&val);
+    fox_free(&m);
+}
+
+static void test_documents_flag(void) {
+    static const char* bad_value[] = {"train_fox", "-f", "2", NULL};
+    static const char* small_vocab[] = {"train_fox", "-f", "1", "--vocab_size", "1000", NULL};
+    expect_failure(parse_args_child, bad_value, "-f 2");
+    expect_failure(parse_args_child, small_vocab, "-f 1 with a vocabulary of 1000, which has no EOT 50256");
+    static const char* flag[] = {"-f", "1", NULL};
+    Args on = args_of(flag), off = default_args();
+    check(on.documents == 1 && off.documents == 0, "documents: -f 1 parsed, -f 0 the default");
+    // resume_notes names a changed -f, and only then: its output of a run saved with -f 0, resumed with -f 1 and 0
+    TrainState s;
+    memset(&s, 0, sizeof(s));
+    s.has_settings = 1;
+    int noted[2];
+    for (int f = 0; f < 2; f++) {
+        char path[600], text[4096] = "";
+        snprintf(path, sizeof(path), "%s/notes%d.txt", test_dir, f);
+        fflush(stdout);
+        int saved = dup(1), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        resume_notes(&s, f ? &on : &off);
+        fflush(stdout);
+        dup2(saved, 1);
+        close(fd); close(saved);
+        FILE* fp = fopen(path, "r");
+        size_t n = fp != NULL ? fread(text, 1, sizeof(text) - 1, fp) : 0;
+        text[n] = '\0';
+        if (fp != NULL) { fclose(fp); }
+        noted[f] = strstr(text, "the run had -f 0, this one -f 1") != NULL;
+    }
+    check(noted[1] && !noted[0], "documents: a resume with another -f is noted (and one with the same is not)");
 }
 
 // ----------------------------------------------------------------------------
@@ -3500,6 +3895,12 @@ static void gpu_test_fixture(const char* path) {
     DebugTraining tr;
     FoxModel twin;
     fixture_load(path, &ds, name, sizeof(name), &c, &tr, &twin);
+    if (tr.documents) { // the twin alone keeps documents apart so far (train_fox -f 1 refuses)
+        printf("skipped: gpu: %s (documents apart: not yet on the GPU)\n", name);
+        fox_free(&twin);
+        debug_state_free(&ds);
+        return;
+    }
     float* initial = (float*)malloc_check(twin.num_parameters * sizeof(float), "initial weights");
     memcpy(initial, twin.params_memory, twin.num_parameters * sizeof(float));
     const int* inputs = (const int*)debug_find(&ds, "inputs")->data;
@@ -4143,12 +4544,12 @@ static void attn_reference(AttnCase* t, int window, const AttnPrune* pr) {
 #endif
     float* scratch = attn_buf((size_t)threads * 2 * T);
     float* dc = attn_buf(nh);
-    attention_forward(t->o_ref, t->lse_ref, t->q, t->k, t->v, c, B, T, H, hd, window, pr, scratch);
+    attention_forward(t->o_ref, t->lse_ref, t->q, t->k, t->v, c, NULL, B, T, H, hd, window, pr, scratch);
     memset(t->dq_ref, 0, n * sizeof(float));
     memset(t->dk_ref, 0, n * sizeof(float));
     memset(t->dv_ref, 0, n * sizeof(float));
-    attention_backward(t->dq_ref, t->dk_ref, t->dv_ref, dc, t->dout, t->q, t->k, t->v, t->o, t->lse_ref, c, B, T, H,
-                       hd, window, pr);
+    attention_backward(t->dq_ref, t->dk_ref, t->dv_ref, dc, t->dout, t->q, t->k, t->v, t->o, t->lse_ref, c, NULL, B, T,
+                       H, hd, window, pr);
     for (size_t bh = 0; bh < (size_t)B * H; bh++) {
         double acc = 0.0;
         for (int tt = T - 1; tt >= 0; tt--) {
@@ -4365,7 +4766,7 @@ static void gpu_prune_case(int B, int T, int H, int hd, int window, float ln_eps
     prune_bound(U_cpu, t.q, t.k, B, T, H, hd);
     double u_err = 0.0;
     for (size_t i = 0; i < BH; i++) { u_err = fmax(u_err, fabs((double)U_gpu[i] - U_cpu[i]) / U_cpu[i]); }
-    prune_tiles(tab_cpu, tab_cpu + BH * nt, t.c, U_gpu, B, H, T, PRUNE_BLOCK, ln_eps);
+    prune_tiles(tab_cpu, tab_cpu + BH * nt, t.c, U_gpu, NULL, B, H, T, PRUNE_BLOCK, ln_eps);
     int same_tiles = memcmp(tab_gpu, tab_cpu, 2 * BH * nt * sizeof(int)) == 0;
     // tiles; with the window as the step line counts
     long skipped = 0, causal = 0, window_skipped = 0, window_dense = 0;
@@ -5412,6 +5813,12 @@ int main(int argc, char** argv) {
     test_eval_bad_input();
     test_prompt_from_shard();
     test_generate_prompts();
+    test_group("documents kept apart (-f 1)");
+    test_documents_apart();
+    test_documents_one_context();
+    test_documents_kv_cache();
+    test_documents_eval();
+    test_documents_flag();
     test_group("GPU trainer against the twin");
     run_gpu_tests();
     test_group("GPU generation");

@@ -23,8 +23,8 @@ encoder_forward through fox_backward, then main):
   the parameter table               ParamSpec, param_table, param_hf_name
   activations                       ActivationTensors, activation_sizes
   the model                         FoxModel, fox_build, fox_init, fox_ensure_activations
-  layers, forward and backward      matmul_, rmsnorm_, kv_shift_, rope_apply; the gate:
-                                    forget_gate_forward / _backward; pruning: prune_tiles;
+  layers, forward and backward      matmul_, rmsnorm_, kv_shift_, rope_apply; documents kept apart (-f 1):
+                                    document_starts; the gate: forget_gate_forward / _backward; pruning: prune_tiles;
                                     attention_forward / attention_backward; swiglu_, crossentropy_
   the whole model                   fox_forward, fox_backward
   optimiser                         fox_grad_norm, fox_clip_grads, fox_update (AdamW), lr_at_tokens
@@ -678,6 +678,8 @@ typedef struct {
     float* scratch;  // per-thread rows for attention, (threads, T) x 2
     int prune;          // adaptive computation pruning of attention (-A), set by the caller
     float prune_ln_eps; // ln eps of the pruning bound (-L)
+    int doc_eot;        // -f 1: the token that starts a document (GPT-2's EOT); -1: documents not kept apart
+    int* doc_start;     // (B, T) of the last forward when doc_eot >= 0: its document's first position (document_starts)
     float* prune_u;     // (B, H) the bound U of the current layer
     int* prune_tables;  // (B, H, nt) key_start, then (B, H, nt) query_end
     int B, T;        // shape of the last forward
@@ -715,12 +717,13 @@ static void fox_build(FoxModel* m, const FoxConfig* config) {
     param_pointers(&m->grads, ptrs);
     point_tensors(ptrs, sizes, NUM_PARAM_TENSORS, m->grads_memory);
     m->mean_loss = -1.0f;
+    m->doc_eot = -1;
 }
 
 static void fox_free(FoxModel* m) {
     free(m->params_memory); free(m->grads_memory); free(m->m_memory); free(m->v_memory);
     free(m->acts_memory); free(m->grad_acts_memory); free(m->logits); free(m->losses);
-    free(m->scratch); free(m->prune_u); free(m->prune_tables);
+    free(m->scratch); free(m->prune_u); free(m->prune_tables); free(m->doc_start);
     memset(m, 0, sizeof(*m));
 }
 
@@ -801,6 +804,7 @@ static void fox_ensure_activations(FoxModel* m, int B, int T) {
     threads = omp_get_max_threads();
 #endif
     m->scratch = (float*)calloc_check((size_t)threads * 2 * (size_t)T, sizeof(float), "attention rows");
+    m->doc_start = (int*)calloc_check(N, sizeof(int), "document starts");
 }
 
 // ----------------------------------------------------------------------------
@@ -939,8 +943,29 @@ static void sigmoid_inplace(float* x, size_t n) {
     for (size_t i = 0; i < n; i++) { x[i] = sigmoidf(x[i]); }
 }
 
-// KV-shift, per head: out_t = alpha_t * raw_{t-1} + (1 - alpha_t) * raw_t, raw_{-1} = 0
-static void kv_shift_forward(float* out, const float* raw, const float* alpha, int B, int T,
+// Documents kept apart (-f 1; dev/fox.md, "Documents kept apart"). doc (B, T): for the token at position t of
+// sequence b, the position in that sequence of its document's first token: the last t' <= t whose input is the EOT
+// token, or 0 when the document began at or before the sequence's start. Each document follows its EOT separator, so
+// an EOT is the first token of its document and attends only to itself. No query sees a key of an earlier document:
+// attention's first key is at least doc, c restarts at each document start (exactly a gate of -inf at the boundary,
+// as if the document were a sequence of its own), the KV-shift takes raw_{t-1} = 0 there, as at t = 0. RoPE is
+// relative and keeps the sequence's positions. The layers take doc = NULL when documents are not kept apart.
+static void document_starts(int* doc, const int* inputs, int B, int T, int eot) {
+    for (int b = 0; b < B; b++) {
+        int start = 0;
+        for (int t = 0; t < T; t++) {
+            if (inputs[(size_t)b * T + t] == eot) { start = t; }
+            doc[(size_t)b * T + t] = start;
+        }
+    }
+}
+
+// whether token n = (b, t) starts its sequence or a document: nothing before it is seen
+static int starts_context(const int* doc, size_t n, int t) { return t == 0 || (doc != NULL && doc[n] == t); }
+
+// KV-shift, per head: out_t = alpha_t * raw_{t-1} + (1 - alpha_t) * raw_t, raw_{t-1} = 0 where t starts the
+// sequence or a document (doc (B, T) or NULL)
+static void kv_shift_forward(float* out, const float* raw, const float* alpha, const int* doc, int B, int T,
                              int H, int hd) {
     size_t C = (size_t)H * hd;
     #pragma omp parallel for collapse(2)
@@ -952,7 +977,7 @@ static void kv_shift_forward(float* out, const float* raw, const float* alpha, i
                 const float* cur = raw + n * C + (size_t)h * hd;
                 float* o = out + n * C + (size_t)h * hd;
                 for (int i = 0; i < hd; i++) {
-                    float prev = t > 0 ? cur[i - (ptrdiff_t)C] : 0.0f;
+                    float prev = starts_context(doc, n, t) ? 0.0f : cur[i - (ptrdiff_t)C];
                     o[i] = a * prev + (1.0f - a) * cur[i];
                 }
             }
@@ -960,11 +985,12 @@ static void kv_shift_forward(float* out, const float* raw, const float* alpha, i
     }
 }
 
-static void kv_shift_backward(float* draw, float* dalpha_logit, const float* dout,
-                              const float* raw, const float* alpha, int B, int T, int H, int hd) {
+static void kv_shift_backward(float* draw, float* dalpha_logit, const float* dout, const float* raw,
+                              const float* alpha, const int* doc, int B, int T, int H, int hd) {
     // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
     // draw_t += (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
     // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
+    // raw_{t-1} = 0 where t starts a context: then a_t takes no raw_{t-1} and t - 1 gets nothing from t
     size_t C = (size_t)H * hd;
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
@@ -972,13 +998,14 @@ static void kv_shift_backward(float* draw, float* dalpha_logit, const float* dou
             size_t n = (size_t)b * T + t;
             for (int h = 0; h < H; h++) {
                 float a = alpha[n * H + h];
-                float a_next = t + 1 < T ? alpha[(n + 1) * H + h] : 0.0f;
+                int next = t + 1 < T && !starts_context(doc, n + 1, t + 1);
+                float a_next = next ? alpha[(n + 1) * H + h] : 0.0f;
                 size_t off = n * C + (size_t)h * hd;
                 float da = 0.0f;
                 for (int i = 0; i < hd; i++) {
-                    float d_next = t + 1 < T ? dout[off + C + i] : 0.0f;
+                    float d_next = next ? dout[off + C + i] : 0.0f;
                     draw[off + i] += (1.0f - a) * dout[off + i] + a_next * d_next;
-                    float prev = t > 0 ? raw[off - C + i] : 0.0f;
+                    float prev = starts_context(doc, n, t) ? 0.0f : raw[off - C + i];
                     da += dout[off + i] * (prev - raw[off + i]);
                 }
                 dalpha_logit[n * H + h] += da * a * (1.0f - a);
@@ -1016,33 +1043,61 @@ static void rope_apply(float* out, const float* inp, int B, int T, int H, int hd
     }
 }
 
-// The forget gate: log f = logsigmoid(gate_logit), c = cumulative sum over time in fp32.
-// gate_logit (B, T, H) -> c (B, H, T)
-static void forget_gate_forward(float* c, const float* gate_logit, int B, int T, int H) {
+// one past the last position of the context that starts at t: the next document start, or T (doc (T), a sequence's
+// row of document starts, or NULL)
+static int context_end(const int* doc, int T, int t) {
+    int e = t + 1;
+    while (doc != NULL && e < T && doc[e] != e) { e++; }
+    return doc != NULL ? e : T;
+}
+
+// c (n) = the running sum of log f = logsigmoid(gate_logit) over n positions (gate_logit's stride H), from 0
+static void gate_running_sum(float* c, const float* gate_logit, int n, int H) {
+    float acc = 0.0f;
+    for (int t = 0; t < n; t++) {
+        acc += logsigmoidf(gate_logit[(size_t)t * H]);
+        c[t] = acc;
+    }
+}
+
+// The forget gate: log f = logsigmoid(gate_logit), c = cumulative sum over time in fp32, restarted
+// at each document start (doc (B, T) or NULL: only at t = 0). gate_logit (B, T, H) -> c (B, H, T)
+static void forget_gate_forward(float* c, const float* gate_logit, const int* doc, int B, int T, int H) {
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
-            float acc = 0.0f;
-            for (int t = 0; t < T; t++) {
-                acc += logsigmoidf(gate_logit[((size_t)b * T + t) * H + h]);
-                c[((size_t)b * H + h) * T + t] = acc;
+            const int* db = doc != NULL ? doc + (size_t)b * T : NULL;
+            for (int s = 0, e; s < T; s = e) {
+                e = context_end(db, T, s);
+                gate_running_sum(c + ((size_t)b * H + h) * T + s, gate_logit + ((size_t)b * T + s) * H + h, e - s, H);
             }
         }
     }
 }
 
-static void forget_gate_backward(float* dgate_logit, const float* dc, const float* gate_logit,
+// dlogf_t = sum_{s>=t} dc_s over n positions (reverse cumulative sum); dx_t += dlogf_t * sigmoid(-x_t), x the gate
+// logits (stride H, as dgate_logit)
+static void gate_reverse_sum(float* dgate_logit, const float* dc, const float* gate_logit, int n, int H) {
+    float acc = 0.0f;
+    for (int t = n - 1; t >= 0; t--) {
+        acc += dc[t];
+        dgate_logit[(size_t)t * H] += acc * sigmoidf(-gate_logit[(size_t)t * H]);
+    }
+}
+
+static void forget_gate_backward(float* dgate_logit, const float* dc, const float* gate_logit, const int* doc,
                                  int B, int T, int H) {
-    // forward: c_t = sum_{s<=t} log f_s, log f_s = logsigmoid(x_s)
-    // dlogf_t = sum_{s>=t} dc_s (reverse cumulative sum); dx_t = dlogf_t * sigmoid(-x_t)
+    // forward: c_t = sum_{s<=t} log f_s over s in t's document, log f_s = logsigmoid(x_s)
+    // dlogf_t = sum_{s>=t} dc_s over s in t's document; dx_t = dlogf_t * sigmoid(-x_t).
+    // The boundary's gate of -inf is a constant: it carries no gradient.
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
-            float acc = 0.0f;
-            for (int t = T - 1; t >= 0; t--) {
-                acc += dc[((size_t)b * H + h) * T + t];
-                size_t i = ((size_t)b * T + t) * H + h;
-                dgate_logit[i] += acc * sigmoidf(-gate_logit[i]);
+            const int* db = doc != NULL ? doc + (size_t)b * T : NULL;
+            for (int s = 0, e; s < T; s = e) {
+                e = context_end(db, T, s);
+                size_t off = ((size_t)b * T + s) * H + h;
+                gate_reverse_sum(dgate_logit + off, dc + ((size_t)b * H + h) * T + s, gate_logit + off, e - s, H);
             }
         }
     }
@@ -1092,35 +1147,45 @@ static void prune_bound(float* U, const float* q, const float* k, int B, int T, 
 // compare c_i0 - c_j1 against the same float
 static float prune_delta_base(float ln_eps, int T) { return ln_eps - logf((float)T); }
 
-// tile (query tile qt, key tile kt) is skipped; never the diagonal tile, so every row keeps a key
-static int prune_skip(const float* ch, int block, int qt, int kt, float delta) {
-    return kt < qt && ch[qt * block] - ch[kt * block + block - 1] < delta;
+// Tile (query tile qt, key tile kt) is skipped; never the diagonal tile, so every row keeps a key. With documents
+// (doc: the sequence's row of document starts, else NULL) a tile that ends before the document of its first query
+// i0 starts holds no allowed pair (exactly zero weight, no eps). Else i0 and the tile's last key are in one document,
+// the only one that can meet both tiles, inside which c is non-increasing: the decay bound holds as without
+// documents (ch NULL: no decay bound, only the documents).
+static int prune_skip(const float* ch, const int* doc, int block, int qt, int kt, float delta) {
+    if (kt >= qt) { return 0; }
+    if (doc != NULL && doc[qt * block] > kt * block + block - 1) { return 1; }
+    return ch != NULL && ch[qt * block] - ch[kt * block + block - 1] < delta;
 }
 
 // key_start (B, H, nt): first key tile each query tile visits; query_end (B, H, nt): one past
 // the last query tile that visits each key tile (the dk/dv loop's end). nt = ceil(T / block).
-// c, U as above. Skipped tiles are a prefix of each query tile's keys and a suffix of each key
-// tile's queries (c is non-increasing), so the two tables describe the same tiles.
-static void prune_tiles(int* key_start, int* query_end, const float* c, const float* U, int B, int H, int T,
-                        int block, float ln_eps) {
+// c, U as above, or U = NULL: no decay bound; doc (B, T) or NULL as in prune_skip. Skipped tiles are a
+// prefix of each query tile's keys and a suffix of each key tile's queries (c is non-increasing within a
+// document, document starts non-decreasing), so the two tables describe the same tiles.
+static void prune_tiles(int* key_start, int* query_end, const float* c, const float* U, const int* doc, int B, int H,
+                        int T, int block, float ln_eps) {
     int nt = (T + block - 1) / block;
     float base = prune_delta_base(ln_eps, T);
     for (size_t bh = 0; bh < (size_t)B * H; bh++) {
-        const float* ch = c + bh * T;
-        float delta = base - 2.0f * U[bh];
+        const float* ch = U != NULL ? c + bh * T : NULL;
+        const int* db = doc != NULL ? doc + bh / H * T : NULL;
+        float delta = U != NULL ? base - 2.0f * U[bh] : 0.0f;
         for (int t = 0; t < nt; t++) {
             int s = 0, e = t + 1;
-            while (prune_skip(ch, block, t, s, delta)) { s++; }
-            while (e < nt && !prune_skip(ch, block, e, t, delta)) { e++; }
+            while (prune_skip(ch, db, block, t, s, delta)) { s++; }
+            while (e < nt && !prune_skip(ch, db, block, e, t, delta)) { e++; }
             key_start[bh * nt + t] = s;
             query_end[bh * nt + t] = e;
         }
     }
 }
 
-// first key that query i of head bh visits, with the window and pruning
-static int attention_first_key_pruned(int i, int window, const AttnPrune* pr, size_t bh, int T) {
+// first key that query i of head bh visits, with the window, its document's start doc_i (0 without
+// documents) and pruning
+static int attention_first_key_pruned(int i, int window, int doc_i, const AttnPrune* pr, size_t bh, int T) {
     int j0 = attention_first_key(i, window);
+    j0 = doc_i > j0 ? doc_i : j0;
     if (pr == NULL) { return j0; }
     int nt = (T + pr->block - 1) / pr->block;
     int jp = pr->key_start[bh * nt + i / pr->block] * pr->block;
@@ -1129,10 +1194,11 @@ static int attention_first_key_pruned(int i, int window, const AttnPrune* pr, si
 
 // Forgetting attention, one materialised row at a time:
 // s_ij = q_i . k_j / sqrt(hd) + c_i - c_j for first_key(i) <= j <= i, o_i = softmax(s_i) v.
-// q, k, v, o (B, T, H, hd); c, lse (B, H, T); c == NULL for no gate. scratch: T floats a thread.
-// pr: skip the pruned tiles, or NULL (dense).
-static void attention_forward(float* o, float* lse, const float* q, const float* k,
-                              const float* v, const float* c, int B, int T, int H, int hd,
+// q, k, v, o (B, T, H, hd); c, lse (B, H, T); c == NULL for no gate. doc (B, T): document starts, the
+// first key of each row at least its document's start (for gate none too: a mask), or NULL.
+// scratch: T floats a thread. pr: skip the pruned tiles, or NULL (dense).
+static void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v,
+                              const float* c, const int* doc, int B, int T, int H, int hd,
                               int window, const AttnPrune* pr, float* scratch) {
     size_t C = (size_t)H * hd;
     float scale = 1.0f / sqrtf((float)hd);
@@ -1147,7 +1213,8 @@ static void attention_forward(float* o, float* lse, const float* q, const float*
                 float* s = scratch + (size_t)tid * 2 * T;
                 const float* qi = q + ((size_t)b * T + i) * C + (size_t)h * hd;
                 const float* ch = c != NULL ? c + ((size_t)b * H + h) * T : NULL;
-                int j0 = attention_first_key_pruned(i, window, pr, (size_t)b * H + h, T);
+                int doc_i = doc != NULL ? doc[(size_t)b * T + i] : 0;
+                int j0 = attention_first_key_pruned(i, window, doc_i, pr, (size_t)b * H + h, T);
                 float mx = -INFINITY;
                 for (int j = j0; j <= i; j++) {
                     const float* kj = k + ((size_t)b * T + j) * C + (size_t)h * hd;
@@ -1173,7 +1240,7 @@ static void attention_forward(float* o, float* lse, const float* q, const float*
 
 static void attention_backward(float* dq, float* dk, float* dv, float* dc, const float* dout,
                                const float* q, const float* k, const float* v, const float* o,
-                               const float* lse, const float* c, int B, int T, int H, int hd,
+                               const float* lse, const float* c, const int* doc, int B, int T, int H, int hd,
                                int window, const AttnPrune* pr) {
     // forward: s_ij = scale q_i.k_j + c_i - c_j, p_ij = exp(s_ij - lse_i), o_i = sum_j p_ij v_j
     // dp_ij = dout_i . v_j, Delta_i = dout_i . o_i, ds_ij = p_ij (dp_ij - Delta_i)
@@ -1193,7 +1260,8 @@ static void attention_backward(float* dq, float* dk, float* dv, float* dc, const
                 float delta = 0.0f;
                 for (int d = 0; d < hd; d++) { delta += dout[oi + d] * o[oi + d]; }
                 float ds_row = 0.0f;
-                for (int j = attention_first_key_pruned(i, window, pr, (size_t)b * H + h, T); j <= i; j++) {
+                int doc_i = doc != NULL ? doc[(size_t)b * T + i] : 0;
+                for (int j = attention_first_key_pruned(i, window, doc_i, pr, (size_t)b * H + h, T); j <= i; j++) {
                     size_t oj = ((size_t)b * T + j) * C + (size_t)h * hd;
                     float dot = 0.0f, dp = 0.0f;
                     for (int d = 0; d < hd; d++) { dot += q[oi + d] * k[oj + d]; dp += dout[oi + d] * v[oj + d]; }
@@ -1298,11 +1366,16 @@ static void check_tokens(const int* tokens, size_t n, int V, const char* what) {
     }
 }
 
-// The pruned tiles of one layer from its q, k (B, T, H, hd) and c (B, H, T) into *pr; NULL when
-// pruning is off or there is no forget gate (nothing decays, nothing can be pruned).
+// the document starts (B, T) of the last forward, or NULL when documents are not kept apart (-f 0)
+static const int* fox_documents(const FoxModel* m) { return m->doc_eot >= 0 ? m->doc_start : NULL; }
+
+// The skipped tiles of one layer into *pr: with -A 1 and a forget gate those the decay bound of q, k (B, T, H, hd)
+// and c (B, H, T) drops; with documents (doc (B, T), else NULL) those wholly before the document of their first
+// query (exact). NULL when neither applies (without a gate nothing decays).
 static const AttnPrune* fox_prune(FoxModel* m, AttnPrune* pr, const float* q, const float* k, const float* c,
-                                  int B, int T) {
-    if (!m->prune || c == NULL) { return NULL; }
+                                  const int* doc, int B, int T) {
+    int decay = m->prune && c != NULL;
+    if (!decay && doc == NULL) { return NULL; }
     int H = m->config.n_head, hd = m->config.n_embd / H;
     size_t nt = ((size_t)T + PRUNE_BLOCK - 1) / PRUNE_BLOCK;
     if (m->prune_u == NULL) { // for the largest batch, (max_B, max_T), like the activations
@@ -1310,9 +1383,9 @@ static const AttnPrune* fox_prune(FoxModel* m, AttnPrune* pr, const float* q, co
         m->prune_u = (float*)calloc_check(BH, sizeof(float), "pruning bound");
         m->prune_tables = (int*)calloc_check(2 * BH * nt_max, sizeof(int), "pruning tiles");
     }
-    prune_bound(m->prune_u, q, k, B, T, H, hd);
-    prune_tiles(m->prune_tables, m->prune_tables + (size_t)B * H * nt, c, m->prune_u, B, H, T, PRUNE_BLOCK,
-                m->prune_ln_eps);
+    if (decay) { prune_bound(m->prune_u, q, k, B, T, H, hd); }
+    prune_tiles(m->prune_tables, m->prune_tables + (size_t)B * H * nt, c, decay ? m->prune_u : NULL, doc, B, H, T,
+                PRUNE_BLOCK, m->prune_ln_eps);
     pr->block = PRUNE_BLOCK;
     pr->key_start = m->prune_tables;
     return pr;
@@ -1330,6 +1403,8 @@ static void fox_forward(FoxModel* m, const int* inputs, const int* targets, int 
     check_tokens(inputs, N, V, "input");
     if (targets != NULL) { check_tokens(targets, N, V, "target"); }
     m->B = B; m->T = T; m->inputs = inputs; m->targets = targets;
+    if (m->doc_eot >= 0) { document_starts(m->doc_start, inputs, B, T, m->doc_eot); }
+    const int* doc = fox_documents(m);
     ParameterTensors p = m->params;
     ActivationTensors a = m->acts;
     encoder_forward(a.resid, inputs, p.wte, N, C);
@@ -1356,14 +1431,14 @@ static void fox_forward(FoxModel* m, const int* inputs, const int* targets, int 
         if (cf->k_shift) {
             matmul_forward(k_alpha, xa, LAYER(p.wk_shift, l, (size_t)H * C), NULL, N, C, H);
             sigmoid_inplace(k_alpha, NH);
-            kv_shift_forward(k_shifted, k_raw, k_alpha, B, T, H, hd);
+            kv_shift_forward(k_shifted, k_raw, k_alpha, doc, B, T, H, hd);
         } else {
             memcpy(k_shifted, k_raw, NC * sizeof(float));
         }
         if (cf->v_shift) {
             matmul_forward(v_alpha, xa, LAYER(p.wv_shift, l, (size_t)H * C), NULL, N, C, H);
             sigmoid_inplace(v_alpha, NH);
-            kv_shift_forward(v, v_raw, v_alpha, B, T, H, hd);
+            kv_shift_forward(v, v_raw, v_alpha, doc, B, T, H, hd);
         } else {
             memcpy(v, v_raw, NC * sizeof(float));
         }
@@ -1390,11 +1465,11 @@ static void fox_forward(FoxModel* m, const int* inputs, const int* targets, int 
         } else if (cf->gate != GATE_NONE) {
             for (size_t n = 0; n < N; n++) { memcpy(gate_logit + n * H, LAYER(p.bf, l, H), (size_t)H * sizeof(float)); }
         }
-        if (cf->gate != GATE_NONE) { forget_gate_forward(c, gate_logit, B, T, H); }
+        if (cf->gate != GATE_NONE) { forget_gate_forward(c, gate_logit, doc, B, T, H); }
         AttnPrune pr;
         const float* cg = cf->gate != GATE_NONE ? c : NULL;
-        attention_forward(o, LAYER(a.lse, l, BHT), q, k, v, cg, B, T, H, hd, cf->window,
-                          fox_prune(m, &pr, q, k, cg, B, T), m->scratch);
+        attention_forward(o, LAYER(a.lse, l, BHT), q, k, v, cg, doc, B, T, H, hd, cf->window,
+                          fox_prune(m, &pr, q, k, cg, doc, B, T), m->scratch);
         if (cf->output_norm) {
             rmsnorm_forward(o_normed, LAYER(a.rstd_o, l, NH), o, LAYER(p.o_norm, l, C), NH, hd, H, 1e-6f);
         } else {
@@ -1437,6 +1512,7 @@ static void fox_backward(FoxModel* m, float loss_scale) {
     int L = cf->n_layer, C = cf->n_embd, H = cf->n_head, hd = C / H, I = cf->mlp_hidden;
     size_t N = (size_t)B * T, NC = N * C, NH = N * H, BHT = (size_t)B * H * T;
     int groups_qk = cf->qk_norm_shared ? 1 : H;
+    const int* doc = fox_documents(m);
     size_t total = 0;
     for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) { total += m->act_sizes[i]; }
     memset(m->grad_acts_memory, 0, total * sizeof(float));
@@ -1476,16 +1552,16 @@ static void fox_backward(FoxModel* m, float loss_scale) {
         } else {
             add_backward(LAYER(d.o, l, NC), NULL, LAYER(d.o_normed, l, NC), NC);
         }
-        // the same tiles as the forward: recomputed from the saved q, k, c (deterministic)
+        // the same tiles as the forward: recomputed from the saved q, k, c and document starts (deterministic)
         AttnPrune pr;
         const float* cg = cf->gate != GATE_NONE ? LAYER(a.c, l, BHT) : NULL;
         attention_backward(LAYER(d.q, l, NC), LAYER(d.k, l, NC), LAYER(d.v, l, NC), LAYER(d.c, l, BHT),
                            LAYER(d.o, l, NC), LAYER(a.q, l, NC), LAYER(a.k, l, NC), LAYER(a.v, l, NC),
-                           LAYER(a.o, l, NC), LAYER(a.lse, l, BHT), cg, B, T, H, hd, cf->window,
-                           fox_prune(m, &pr, LAYER(a.q, l, NC), LAYER(a.k, l, NC), cg, B, T));
+                           LAYER(a.o, l, NC), LAYER(a.lse, l, BHT), cg, doc, B, T, H, hd, cf->window,
+                           fox_prune(m, &pr, LAYER(a.q, l, NC), LAYER(a.k, l, NC), cg, doc, B, T));
         if (cf->gate != GATE_NONE) {
             float* dgl = LAYER(d.gate_logit, l, NH);
-            forget_gate_backward(dgl, LAYER(d.c, l, BHT), LAYER(a.gate_logit, l, NH), B, T, H);
+            forget_gate_backward(dgl, LAYER(d.c, l, BHT), LAYER(a.gate_logit, l, NH), doc, B, T, H);
             if (cf->gate == GATE_FULL) {
                 matmul_backward(dxa, LAYER(g.wf, l, (size_t)H * C), LAYER(g.bf, l, H), dgl, xa,
                                 LAYER(p.wf, l, (size_t)H * C), N, C, H);
@@ -1516,7 +1592,7 @@ static void fox_backward(FoxModel* m, float loss_scale) {
         }
         if (cf->k_shift) {
             kv_shift_backward(LAYER(d.k_raw, l, NC), LAYER(d.k_alpha, l, NH), LAYER(d.k_shifted, l, NC),
-                              LAYER(a.k_raw, l, NC), LAYER(a.k_alpha, l, NH), B, T, H, hd);
+                              LAYER(a.k_raw, l, NC), LAYER(a.k_alpha, l, NH), doc, B, T, H, hd);
             matmul_backward(dxa, LAYER(g.wk_shift, l, (size_t)H * C), NULL, LAYER(d.k_alpha, l, NH), xa,
                             LAYER(p.wk_shift, l, (size_t)H * C), N, C, H);
         } else {
@@ -1524,7 +1600,7 @@ static void fox_backward(FoxModel* m, float loss_scale) {
         }
         if (cf->v_shift) {
             kv_shift_backward(LAYER(d.v_raw, l, NC), LAYER(d.v_alpha, l, NH), LAYER(d.v, l, NC),
-                              LAYER(a.v_raw, l, NC), LAYER(a.v_alpha, l, NH), B, T, H, hd);
+                              LAYER(a.v_raw, l, NC), LAYER(a.v_alpha, l, NH), doc, B, T, H, hd);
             matmul_backward(dxa, LAYER(g.wv_shift, l, (size_t)H * C), NULL, LAYER(d.v_alpha, l, NH), xa,
                             LAYER(p.wv_shift, l, (size_t)H * C), N, C, H);
         } else {
@@ -2052,7 +2128,7 @@ static void tokenizer_print(const Tokenizer* tk, int token) {
 #define MODEL_VERSION 2 // 2: the checksum at the end
 #define STATE_MAGIC 20261102
 #define STATE_VERSION 3 // 2: T, -R, seed, the shards' identity, -d, the warmup and the tokens seen;
-                        // 3: the checksum, -l -k -c -a, the schedule's end, -A -L -G -Z
+                        // 3: the checksum, -l -k -c -a, the schedule's end, -A -L -G -Z, -f
 #define HEADER_INTS 256
 
 // XXH64 (seed 0), streamed: xxHash's published 64-bit algorithm, four lanes over 32-byte stripes, so it
@@ -2335,6 +2411,7 @@ typedef struct {
     double end_tokens;                  // where the schedule ends, in tokens (from -x and -d)
     int prune; double prune_ln_eps;     // -A, -L
     int on_nonfinite; double spike_z;   // -G, -Z
+    int documents;                      // -f; a version-3 file without it has 0 in its slot: -f 0, as that run had
 } TrainState;
 
 static void save_state(const FoxModel* m, const TrainState* s, const char* path) {
@@ -2362,6 +2439,7 @@ static void save_state(const FoxModel* m, const TrainState* s, const char* path)
     write_f64(header + 33, s->prune_ln_eps);
     header[35] = s->on_nonfinite;
     write_f64(header + 36, s->spike_z);
+    header[38] = s->documents;
     const void* parts[] = {m->m_memory, m->v_memory};
     write_checked(path, header, parts, m->num_parameters * sizeof(float), m->m_memory != NULL ? 2 : 0);
 }
@@ -2390,6 +2468,7 @@ static void state_from_header(TrainState* s, const int* header) {
     s->prune_ln_eps = read_f64(header + 33);
     s->on_nonfinite = header[35];
     s->spike_z = read_f64(header + 36);
+    s->documents = header[38];
 }
 
 // whether a state's fields are in range (the checksum is checked after the moments are read)
@@ -2402,7 +2481,7 @@ static int state_in_range(const TrainState* s) {
            && s->weight_decay <= 10.0 && s->grad_clip >= 0.0 && s->grad_clip <= 1e9 && s->end_tokens >= 0.0
            && s->end_tokens < 1e30 && (s->prune == 0 || s->prune == 1) && s->prune_ln_eps >= -1e4
            && s->prune_ln_eps <= 0.0 && (s->on_nonfinite == 0 || s->on_nonfinite == 1) && s->spike_z >= 0.0
-           && s->spike_z <= 1e9;
+           && s->spike_z <= 1e9 && (s->documents == 0 || s->documents == 1);
 }
 
 // A state file of m's model into s and m's AdamW moments (allocated here when m has none). A version-2
@@ -2453,7 +2532,7 @@ static int read_state(FoxModel* m, TrainState* s, const char* path, FileError* e
                           version >= 3, e);
         if (rc == 0 && version == 2) {
             printf("warning: '%s' is a version-2 state file: it has no checksum, and another -l, -k, -c, -a, -x, "
-                   "-A, -L, -G or -Z on resume cannot be noted\n", path);
+                   "-A, -L, -G, -Z or -f on resume cannot be noted\n", path);
         }
     }
     fclose(f);
@@ -2649,6 +2728,7 @@ typedef struct {
     int tune;      // the GPU trainer's timed search of matmul algorithms (-X)
     int graphs;    // the GPU trainer's CUDA graph of each training micro-step (-C)
     int prune; double prune_ln_eps; // adaptive computation pruning of attention (-A, -L)
+    int documents;                  // documents kept apart: each EOT starts a fresh context (-f)
     int world, rank, zero_stage; const char* rendezvous; // data parallel (GPU trainer); -1 / NULL: not given
     int mode; const char* prompt; double temperature; int top_k; const char* out_prefix;
     int depths; const char* list; // -E, -D: meaning depends on the mode
@@ -2690,6 +2770,8 @@ static void usage(void) {
 "  -A <0|1>    adaptive computation pruning of attention: skip the tiles whose forget-gate decay\n"
 "              bound leaves them less than eps of any row's weight (default 0; README.md)\n"
 "  -L <float>  ln eps of the pruning bound, < 0 (default -10)\n"
+"  -f <0|1>    documents kept apart (training and evaluation; train_fox_cpu only so far): each EOT token\n"
+"              (50256) starts a fresh context that sees nothing before it, the EOT only itself (default 0)\n"
 "  -r <0|1>    activation recompute (train_fox on GPUs): 0 keeps every activation (default), 1 recomputes\n"
 "              the element-wise and normalisation outputs in the backward (less memory, same gradients)\n"
 "  -X <0|1>    matmul tuning (train_fox on GPUs): 1 times cuBLASLt's candidates for each matmul at start\n"
@@ -2835,6 +2917,7 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'X': a->tune = (int)flag_int(arg, v, 0, 1); break;
             case 'C': a->graphs = (int)flag_int(arg, v, 0, 1); break;
             case 'A': a->prune = (int)flag_int(arg, v, 0, 1); break;
+            case 'f': a->documents = (int)flag_int(arg, v, 0, 1); break;
             case 'L':
                 a->prune_ln_eps = flag_float(arg, v, -1e4, 0.0);
                 if (a->prune_ln_eps == 0.0) { bad_flag(arg, v, "a number < 0"); }
@@ -2892,6 +2975,11 @@ static void build_model(FoxModel* m, const Args* a) {
     }
     m->prune = a->prune;
     m->prune_ln_eps = (float)a->prune_ln_eps;
+    if (a->documents && m->config.vocab_size <= GPT2_EOT) {
+        fail("-f 1 keeps documents apart at the EOT token %d, which a vocabulary of %d cannot hold\n"
+             "HINT: use a GPT-2 vocabulary (vocab_size 50257), or drop -f", GPT2_EOT, m->config.vocab_size);
+    }
+    m->doc_eot = a->documents ? GPT2_EOT : -1;
 }
 
 // ----------------------------------------------------------------------------
@@ -3112,7 +3200,7 @@ static TrainState train_state(int step, const DataLoader* d, const LRSchedule* s
     TrainState s = {step, d->epoch, d->shard_pos, d->batch_pos, d->world, d->B * d->world, d->T, d->roll,
                     d->seed, shards_identity(d), (int64_t)sched->tokens_per_step, tokens_seen, sched->warmup_tokens,
                     1, sched->peak_lr, a->weight_decay, a->grad_clip, sched->type, sched->total_tokens,
-                    a->prune, a->prune_ln_eps, a->on_nonfinite, a->spike_z};
+                    a->prune, a->prune_ln_eps, a->on_nonfinite, a->spike_z, a->documents};
     return s;
 }
 
@@ -3156,7 +3244,8 @@ static int resume_notes(const TrainState* s, const Args* a) {
                NONFINITE_NAMES[a->on_nonfinite]);
         n++;
     }
-    return n + resume_note("-Z", s->spike_z, a->spike_z, "the spike guard changes");
+    n += resume_note("-Z", s->spike_z, a->spike_z, "the spike guard changes");
+    return n + resume_note("-f", s->documents, a->documents, "what attention sees across documents changes");
 }
 
 // One checkpoint of -y 1 into the model and s: 0, or -1 with e set (e->damaged: a resume may go on to an
@@ -3679,6 +3768,8 @@ static uint64_t generate_seed(uint64_t seed, int b) {
 // exp(2U_h + c_i - c_j) <= exp(2U_h + c_now - c_j) (c only decreases). Once c_now - c_j < delta_h
 // = ln eps - ln max_len - 2U_h, key j carries less than eps / max_len of every later row, less
 // than eps all evicted keys together: it is dropped (the head's first kept position moves past it).
+// Documents (-f 1): a step whose token is the EOT restarts the context at its position (fox_decoder_restart), as
+// fox_forward's document starts do; the cache of what no later query sees is freed.
 
 typedef struct {
     float *resid, *xa, *rstd, *q_raw, *k_raw, *v_raw, *alpha, *k_shifted, *v_shifted;
@@ -3756,18 +3847,26 @@ static int head_cache_slot(HeadCache* hc, int pos, int hd, int slot_cap) {
     return pos - hc->base;
 }
 
-static void fox_decoder_reset(FoxDecoder* d) {
+// A fresh context from position pos on: c and the KV-shift's last raw k and v restart from 0 (k~_{pos-1} = 0), and
+// every head's buffers are freed, its first kept position pos. At pos 0 a new sequence; later the start of a
+// document (-f 1: its EOT token), which sees nothing before it, at the sequence's positions (RoPE is relative).
+static void fox_decoder_restart(FoxDecoder* d, int pos) {
     const FoxConfig* cf = &d->m->config;
     size_t L = (size_t)cf->n_layer;
-    d->len = 0;
     memset(d->c_last, 0, L * cf->n_head * sizeof(float));
-    memset(d->k_raw_last, 0, L * cf->n_embd * sizeof(float)); // k~_{-1} = 0
+    memset(d->k_raw_last, 0, L * cf->n_embd * sizeof(float));
     memset(d->v_raw_last, 0, L * cf->n_embd * sizeof(float));
     for (size_t i = 0; i < L * cf->n_head; i++) {
         HeadCache* hc = &d->heads[i];
         free(hc->k); free(hc->v); free(hc->c);
         memset(hc, 0, sizeof(*hc));
+        hc->base = hc->first = pos;
     }
+}
+
+static void fox_decoder_reset(FoxDecoder* d) {
+    fox_decoder_restart(d, 0);
+    d->len = 0;
     d->peak_bytes = 0;
 }
 
@@ -3973,6 +4072,7 @@ static void fox_decode_step(FoxDecoder* d, int token) {
     check_tokens(&token, 1, cf->vocab_size, "input");
     if (d->len >= d->max_len) { fail("internal: the KV cache holds at most %d tokens" BUG_HINT, d->max_len); }
     int pos = d->len;
+    if (token == d->m->doc_eot) { fox_decoder_restart(d, pos); } // a document starts: a fresh context
     ParameterTensors p = d->m->params;
     DecoderRow* r = &d->row;
     memcpy(r->resid, p.wte + (size_t)token * C, (size_t)C * sizeof(float));
@@ -4688,8 +4788,9 @@ static int run_niah(const Args* a, ForwardBackend* be) {
 
 // ----------------------------------------------------------------------------
 // -M maps: the forget-gate matrix F_ij = exp(c_i - c_j) (j <= i, 0 above the diagonal; 1 on the
-// lower triangle without a gate) and the attention A = softmax_j(q_i.k_j / sqrt(hd) + c_i - c_j)
-// (zero outside the causal window) of chosen heads, on one sequence run by the twin.
+// lower triangle without a gate; with -f 1, 0 before the query's document) and the attention
+// A = softmax_j(q_i.k_j / sqrt(hd) + c_i - c_j) (zero outside the causal window and, with -f 1, the
+// query's document) of chosen heads, on one sequence run by the twin.
 // File: int32 header[256] (magic 20261121, version 1, T, number of maps, window), then per map
 // int32 layer, int32 head, F (T, T) fp32, A (T, T) fp32, rows = queries.
 
@@ -4703,15 +4804,17 @@ static void attention_maps(const FoxModel* m, int layer, int head, float* F, flo
     const float* q = LAYER(m->acts.q, layer, NC) + (size_t)head * hd;
     const float* k = LAYER(m->acts.k, layer, NC) + (size_t)head * hd;
     const float* c = cf->gate != GATE_NONE ? LAYER(m->acts.c, layer, (size_t)H * T) + (size_t)head * T : NULL;
+    const int* doc = fox_documents(m);
     double scale = 1.0 / sqrt((double)hd);
     #pragma omp parallel for
     for (int i = 0; i < T; i++) {
         float* Fi = F + (size_t)i * T;
         float* Ai = A + (size_t)i * T;
-        int j0 = attention_first_key(i, cf->window);
+        int doc_i = doc != NULL ? doc[i] : 0;
+        int j0 = attention_first_key_pruned(i, cf->window, doc_i, NULL, 0, T);
         double mx = -INFINITY, sum = 0.0;
         for (int j = 0; j < T; j++) {
-            Fi[j] = j <= i ? (c != NULL ? (float)exp((double)c[i] - c[j]) : 1.0f) : 0.0f;
+            Fi[j] = j <= i && j >= doc_i ? (c != NULL ? (float)exp((double)c[i] - c[j]) : 1.0f) : 0.0f;
             Ai[j] = 0.0f;
         }
         for (int j = j0; j <= i; j++) {

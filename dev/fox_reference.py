@@ -14,6 +14,8 @@ The C and CUDA trainers are diffed against these files.
 Presets: fox-pro, fox-llama, transformer-pro, transformer-llama, on small defaults (2 layers,
 C = 32, 2 heads, V = 64, B = 2, T = 24) with the MLP size from the model document's formula. A fixture is a
 preset plus mlp_hidden = 64, its own seed and its own overrides; --set applies on top of either.
+documents=1 keeps documents apart (train_fox -f 1): the token eot (default V - 1) starts a document that
+sees nothing before it; the batch then holds EOTs at fixed positions (DOC_EOTS).
 Parameters use a test initialisation (not the paper's): large enough that every path matters,
 drawn from splitmix64 so that the files do not depend on the torch or numpy version.
 Runs on PyTorch 1.13 and 2.x (basic ops only).
@@ -42,8 +44,10 @@ CONFIG_KEYS = [
     ("window", int), ("batch", int), ("seq_len", int), ("seed", int), ("lr", float),
     ("weight_decay", float), ("beta1", float), ("beta2", float), ("adam_eps", float),
     ("grad_clip", float), ("warmup_tokens", int), ("total_tokens", int), ("schedule", str),
-    ("n_steps", int),
+    ("n_steps", int), ("documents", int), ("eot", int),
 ]
+# written into a fixture's config record only when documents=1, so the other fixtures' records stay as they are
+DOCUMENT_KEYS = ("documents", "eot")
 BOOL_KEYS = ["k_shift", "v_shift", "qk_norm", "qk_norm_shared", "output_gate", "output_norm", "rope"]
 
 # None = derived in resolve_config: mlp_hidden from dev/fox.md's formula, warmup 2 steps, total 10
@@ -52,7 +56,7 @@ DEFAULTS = dict(
     decay_time_min=2.0, decay_time_max=128.0, k_shift=1, v_shift=1, qk_norm=1, qk_norm_shared=0,
     output_gate=1, output_norm=1, rope=0, rope_theta=500000.0, window=0, batch=2, seq_len=24,
     seed=1337, lr=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=1.0,
-    warmup_tokens=None, total_tokens=None, schedule="cosine", n_steps=10,
+    warmup_tokens=None, total_tokens=None, schedule="cosine", n_steps=10, documents=0, eot=None,
 )
 
 PRO_ON = dict(block="pro", k_shift=1, v_shift=1, qk_norm=1, output_gate=1, output_norm=1)
@@ -83,7 +87,14 @@ FIXTURES = [
     ("fox-pro-no-onorm", "fox-pro", dict(seed=115, output_norm=0)),
     ("fox-llama-rope", "fox-llama", dict(seed=116, rope=1)),
     ("fox-pro-linear-schedule", "fox-pro", dict(seed=117, schedule="linear", warmup_tokens=0)),
+    ("fox-pro-documents", "fox-pro", dict(seed=118, documents=1)),
+    ("transformer-llama-documents", "transformer-llama", dict(seed=119, documents=1)),
+    ("fox-pro-documents-window8", "fox-pro", dict(seed=120, documents=1, window=8)),
 ]
+# EOT positions of sequence b (b even, b odd) in a documents batch, those below T: sequence 0 starts with a
+# document, holds an empty one (EOT EOT at 6, 7), one of a single token (7-8) and ends on a lone EOT; sequence 1
+# starts in the middle of a document
+DOC_EOTS = ([0, 6, 7, 9, 17, 23], [11, 12, 20])
 FIXTURE_BASE = dict(mlp_hidden=64)
 
 
@@ -111,6 +122,8 @@ def resolve_config(preset, overrides):
         cfg["warmup_tokens"] = 2 * tokens_per_step
     if cfg["total_tokens"] is None:
         cfg["total_tokens"] = 10 * tokens_per_step
+    if cfg["eot"] is None:
+        cfg["eot"] = cfg["vocab_size"] - 1
     validate_config(cfg)
     return cfg
 
@@ -121,7 +134,7 @@ def validate_config(cfg):
     for key, allowed in choices.items():
         if cfg[key] not in allowed:
             fail(f"{key}={cfg[key]} is not valid. HINT: use one of {', '.join(allowed)}")
-    for key in BOOL_KEYS:
+    for key in BOOL_KEYS + ["documents"]:
         if cfg[key] not in (0, 1):
             fail(f"{key}={cfg[key]} must be 0 or 1. HINT: --set {key}=1")
     for key in ("n_layer", "n_embd", "n_head", "vocab_size", "mlp_hidden", "batch", "seq_len", "n_steps"):
@@ -134,6 +147,8 @@ def validate_config(cfg):
         fail("RoPE needs an even head size. HINT: change n_embd or n_head, or --set rope=0")
     if cfg["qk_norm_shared"] and not cfg["qk_norm"]:
         fail("qk_norm_shared=1 needs qk_norm=1. HINT: --set qk_norm=1")
+    if not 0 <= cfg["eot"] < cfg["vocab_size"]:
+        fail(f"eot={cfg['eot']} is not a token of the vocabulary. HINT: leave it out (V - 1)")
     if cfg["window"] < 0:
         fail(f"window={cfg['window']} is negative. HINT: 0 turns the sliding window off")
     if not 0 < cfg["decay_time_min"] <= cfg["decay_time_max"]:
@@ -159,7 +174,8 @@ def parse_overrides(items):
 
 def config_text(cfg):
     # one key=value line per key; floats as Python's repr (shortest round trip), ints as decimal
-    return "".join(f"{key}={repr(float(cfg[key])) if kind is float else cfg[key]}\n" for key, kind in CONFIG_KEYS)
+    keys = [(k, kind) for k, kind in CONFIG_KEYS if cfg["documents"] or k not in DOCUMENT_KEYS]
+    return "".join(f"{key}={repr(float(cfg[key])) if kind is float else cfg[key]}\n" for key, kind in keys)
 
 
 # ----------------------------------------------------------------------------
@@ -264,13 +280,24 @@ def random_ids(rng, shape, vocab_size):
     return np.array([rng.below(vocab_size) for _ in range(int(np.prod(shape)))], dtype=np.int32).reshape(shape)
 
 
+def document_inputs(rng, cfg):
+    # ids below eot (none is an EOT by chance; eot = V - 1 by default), then the EOTs of DOC_EOTS
+    B, T, eot = cfg["batch"], cfg["seq_len"], cfg["eot"]
+    inputs = random_ids(rng, (B, T), eot)
+    for b in range(B):
+        for t in DOC_EOTS[b % 2]:
+            if t < T:
+                inputs[b, t] = eot
+    return inputs
+
+
 def build(cfg):
     # returns (specs, float32 params, torch float64 params, inputs, targets)
     specs = param_specs(cfg)
     rng = SplitMix64(cfg["seed"])
     init = init_params(cfg, specs, rng)
     shape = (cfg["batch"], cfg["seq_len"])
-    inputs = random_ids(rng, shape, cfg["vocab_size"])
+    inputs = document_inputs(rng, cfg) if cfg["documents"] else random_ids(rng, shape, cfg["vocab_size"])
     targets = random_ids(rng, shape, cfg["vocab_size"])
     P = {name: torch.tensor(init[name], dtype=torch.float64).requires_grad_(trainable)
          for name, _, _, _, trainable in specs}
@@ -291,13 +318,26 @@ def head_rmsnorm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.view(-1, 1, hd)
 
 
-def kv_shift(y, x, w_shift, n_head):
-    # y (B, T, C) the projected k~ or v~, x (B, T, C) the layer input, w_shift (H, C)
-    # y_t <- a_t y~_{t-1} + (1 - a_t) y~_t per head, a_t = sigmoid(w_s . x_t), y~_{-1} = 0
+def document_starts(inputs, eot):
+    # doc (B, T): the position of the first token (the EOT) of the document of each token; 0 when the document
+    # began at or before the sequence's start
+    B, T = inputs.shape
+    doc = np.zeros((B, T), dtype=np.int64)
+    for b in range(B):
+        for t in range(1, T):
+            doc[b, t] = t if inputs[b, t] == eot else doc[b, t - 1]
+    return torch.as_tensor(doc)
+
+
+def kv_shift(y, x, w_shift, n_head, doc):
+    # y (B, T, C) the projected k~ or v~, x (B, T, C) the layer input, w_shift (H, C), doc (B, T)
+    # y_t <- a_t y~_{t-1} + (1 - a_t) y~_t per head, a_t = sigmoid(w_s . x_t), y~_{-1} = 0 and y~_{t-1} = 0 where a
+    # document starts at t
     B, T, C = y.shape
     a = torch.sigmoid(x @ w_shift.t()).unsqueeze(-1)  # (B, T, H, 1)
     y = y.view(B, T, n_head, C // n_head)
     prev = torch.cat([torch.zeros_like(y[:, :1]), y[:, :-1]], dim=1)
+    prev = prev * (doc != torch.arange(T)).to(y.dtype).view(B, T, 1, 1)
     return (a * prev + (1 - a) * y).reshape(B, T, C)
 
 
@@ -323,18 +363,29 @@ def log_forget(cfg, P, pre, x):
     return torch.zeros(B, H, T, dtype=x.dtype)
 
 
-def attention_mask(T, window):
-    # True where query i may attend key j: j <= i, and i - window < j when the window is on
+def attention_mask(T, window, doc):
+    # (B, 1, T, T) True where query i may attend key j: j <= i, i - window < j when the window is on, and j in
+    # i's document (doc (B, T): j >= doc_i)
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
     allowed = j <= i
     if window > 0:
         allowed = allowed & (j > i - window)
-    return allowed
+    return (allowed[None] & (j[None] >= doc[:, :, None]))[:, None]
 
 
-def attention(cfg, P, pre, x, logf_delta):
-    # x (B, T, C) the normed stream; logf_delta (B, H, T) or None is added to log f (for tests)
+def document_cumsum(logf, doc):
+    # c_t = sum of log f_s over s in t's document, s <= t: (B, H, T) through the 0/1 matrix M_ts = [doc_t <= s <= t]
+    T = logf.shape[-1]
+    s = torch.arange(T)[None, None, :]
+    t = torch.arange(T)[None, :, None]
+    M = ((s <= t) & (s >= doc[:, :, None])).to(logf.dtype)  # (B, T, T)
+    return torch.einsum("bts,bhs->bht", M, logf)
+
+
+def attention(cfg, P, pre, x, logf_delta, doc):
+    # x (B, T, C) the normed stream; logf_delta (B, H, T) or None is added to log f (for tests); doc (B, T) the
+    # document starts (all 0 when documents are not kept apart: one document a sequence)
     B, T, C = x.shape
     H = cfg["n_head"]
     hd = C // H
@@ -343,7 +394,7 @@ def attention(cfg, P, pre, x, logf_delta):
     for kv in ("k", "v"):
         if cfg[f"{kv}_shift"]:
             y = x @ P[pre + f"{kv}_proj.linear.weight"].t()
-            proj[kv] = kv_shift(y, x, P[pre + f"{kv}_proj.shift_proj.weight"], H)
+            proj[kv] = kv_shift(y, x, P[pre + f"{kv}_proj.shift_proj.weight"], H, doc)
         else:
             proj[kv] = x @ P[pre + f"{kv}_proj.weight"].t()
 
@@ -359,10 +410,10 @@ def attention(cfg, P, pre, x, logf_delta):
     logf = log_forget(cfg, P, pre, x)
     if logf_delta is not None:
         logf = logf + logf_delta
-    c = torch.cumsum(logf, dim=-1)  # (B, H, T)
+    c = torch.cumsum(logf, dim=-1) if not cfg["documents"] else document_cumsum(logf, doc)  # (B, H, T)
     s = q @ k.transpose(-2, -1) / math.sqrt(hd) + c[..., :, None] - c[..., None, :]  # (B, H, T, T)
     # mask before exp: above the diagonal c_i - c_j > 0 can be huge
-    s = s.masked_fill(~attention_mask(T, cfg["window"]), float("-inf"))
+    s = s.masked_fill(~attention_mask(T, cfg["window"], doc), float("-inf"))
     o = torch.softmax(s, dim=-1) @ v  # (B, H, T, hd)
     if cfg["output_norm"]:
         o = head_rmsnorm(o, P[pre + "output_norm.weight"], 1e-6)
@@ -382,10 +433,12 @@ def mlp(cfg, P, pre, x):
 def forward(cfg, P, inputs, targets, logf_deltas=None):
     # inputs, targets (B, T) int; returns logits (B, T, V) and the mean cross-entropy
     h = P["model.embeddings.weight"][torch.as_tensor(inputs, dtype=torch.long)]  # (B, T, C)
+    eot = cfg["eot"] if cfg["documents"] else -1  # -1: no token starts a document
+    doc = document_starts(inputs, eot)
     for i in range(cfg["n_layer"]):
         pre = f"model.layers.{i}."
         delta = logf_deltas[i] if logf_deltas is not None else None
-        h = h + attention(cfg, P, pre + "attn.", rmsnorm(h, P[pre + "attn_norm.weight"], 1e-6), delta)
+        h = h + attention(cfg, P, pre + "attn.", rmsnorm(h, P[pre + "attn_norm.weight"], 1e-6), delta, doc)
         h = h + mlp(cfg, P, pre + "mlp.", rmsnorm(h, P[pre + "mlp_norm.weight"], 1e-6))
     logits = rmsnorm(h, P["model.norm.weight"], 1e-6) @ P["lm_head.weight"].t()
     V = cfg["vocab_size"]
@@ -534,9 +587,11 @@ def check_gradients(checks, name, cfg, n_entries=3, h=1e-5, tol=1e-6):
             print(f"     {name}: {tname} relative error {max(errors):.2e}")
     checks.check(worst < tol, f"{name}: finite differences, {n_checked} entries of {len(tensors)} tensors, "
                               f"worst relative error {worst:.2e} (< {tol:.0e})")
-    # c_0 cancels in every row, so dL/dlog f_0 is 0 up to rounding
-    ratio = max(float(d.grad[..., 0].abs().max() / d.grad.abs().max()) for d in deltas)
-    checks.check(ratio < 1e-12, f"{name}: dL/dlog f_0 = 0 (max |d0| / max |d| = {ratio:.1e} < 1e-12)")
+    # c_0 cancels in every row, so dL/dlog f_0 is 0 up to rounding; so does c at every document start
+    starts = document_starts(inputs, cfg["eot"] if cfg["documents"] else -1) == torch.arange(T)  # (B, T)
+    ratio = max(float(d.grad.transpose(1, 2)[starts].abs().max() / d.grad.abs().max()) for d in deltas)
+    where = "every document start" if cfg["documents"] else "t = 0"
+    checks.check(ratio < 1e-12, f"{name}: dL/dlog f = 0 at {where} (max |d| there / max |d| = {ratio:.1e} < 1e-12)")
     frozen = [n for n, _, _, _, trainable in specs if not trainable]
     if frozen:
         checks.check(all(P[n].grad is None for n in frozen), f"{name}: frozen tensors get no gradient")
@@ -568,6 +623,32 @@ def check_receptive_field(checks, name, cfg, pos=4):
     ok = float(quiet.max()) <= 1e-12 * scale and float(diff[last]) > 1e-6 and float(diff[pos]) > 1e-6
     checks.check(ok, f"{name} (1 layer, window {w}): token {pos} moves positions {pos}..{last} "
                      f"(last by {float(diff[last]):.1e}); before {before:.1e}, after {after:.1e}")
+
+
+def check_documents_apart(checks, name, cfg):
+    # documents=1: each document of the batch gives the logits it gives alone, as a sequence of its own (c
+    # restarts, the KV-shift starts from 0, RoPE is relative), to float64 rounding; and a changed token of each
+    # document moves no logit of any other document, to the bit
+    _, _, P, inputs, targets = build(cfg)
+    doc = document_starts(inputs, cfg["eot"])
+    worst, pieces, moved = 0.0, 0, 0.0
+    with torch.no_grad():
+        logits = forward(cfg, P, inputs, targets)[0]
+        scale = float(logits.abs().max())
+        for b in range(cfg["batch"]):
+            starts = sorted(set(doc[b].tolist()))
+            for s, e in zip(starts, starts[1:] + [cfg["seq_len"]]):
+                alone = forward(cfg, P, inputs[b:b + 1, s:e], targets[b:b + 1, s:e])[0][0]
+                worst = max(worst, float((alone - logits[b, s:e]).abs().max()) / scale)
+                pieces += 1
+                changed = inputs.copy()
+                changed[b, e - 1] = (changed[b, e - 1] + 1) % cfg["eot"]  # never an EOT
+                diff = (forward(cfg, P, changed, targets)[0] - logits).abs()
+                diff[b, s:e] = 0
+                moved = max(moved, float(diff.max()))
+    checks.check(worst < 1e-12 and moved == 0.0, f"{name}: each of {pieces} documents gives its logits alone "
+                                                 f"(max err {worst:.1e} < 1e-12); a changed token moves no logit "
+                                                 f"outside its document (max {moved:.1e} = 0)")
 
 
 def check_init_facts(checks):
@@ -607,6 +688,9 @@ def self_test():
         check_gradients(checks, name, fixture_config(name))
     for name, _, _ in FIXTURES:
         cfg = fixture_config(name)
+        if cfg["documents"]:
+            check_documents_apart(checks, name, cfg)
+            continue
         check_receptive_field(checks, name, dict(cfg, window=0))
         check_receptive_field(checks, name, dict(cfg, window=8))
     check_training(checks)
