@@ -5935,6 +5935,7 @@ static void train_finish(TrainRun* r) {
 
 int main(int argc, char** argv) {
     static TrainRun r; // static: zeroed, and off the stack
+    threads_init();
     parse_args(&r.a, argc, argv);
     if (r.a.mode != MODE_TRAIN) { return gpu_eval_main(&r.a); }
     train_setup(&r, argc, argv);
