@@ -442,14 +442,111 @@ static double accumulation_error(FoxModel* m, const int* inputs, const int* targ
     return worst;
 }
 
-static void test_grad_accumulation(void) {
-    enum { B = 2, T = 16, MAX_ACCUM = 3, V = 300 };
+// one AdamW step of a twin on one batch; returns the gradient norm
+static double twin_step(FoxModel* m, const int* inputs, const int* targets, int B, int T, const AdamWConfig* opt,
+                        float lr, int step) {
+    fox_forward(m, inputs, targets, B, T);
+    fox_zero_grad(m);
+    fox_backward(m, 1.0f);
+    double norm = fox_grad_norm(m);
+    if (opt->grad_clip > 0) { fox_clip_grads(m, norm, opt->grad_clip); }
+    fox_update(m, opt, lr, step);
+    return norm;
+}
+
+// fox-pro-tiny with a vocabulary of V tokens, initialised from seed
+static void tiny_model(FoxModel* m, int V, uint64_t seed) {
     FoxConfig c;
     config_from_preset(&c, "fox-pro-tiny");
     c.vocab_size = V; c.padded_vocab_size = padded_vocab(V);
+    fox_build(m, &c);
+    fox_init(m, seed);
+}
+
+#ifdef _OPENMP
+// One clipped AdamW step of fox-pro-tiny (FoX Pro: every component on) with every parallel loop split over `threads`
+// threads (test hook parallel_always), however small: its loss, gradient norm and the logits, gradients and
+// weights after it, one buffer.
+static float* step_on_threads(int threads, float* loss, double* norm, size_t* count) {
+    enum { B = 2, T = 24, V = 300 };
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(threads); // before the activations: attention_forward's scratch has a row per thread
+    test_hooks.parallel_always = 1;
     FoxModel m;
-    fox_build(&m, &c);
-    fox_init(&m, 11);
+    tiny_model(&m, V, 23);
+    int inputs[B * T], targets[B * T];
+    uint64_t rng = 29;
+    for (int i = 0; i < B * T; i++) { inputs[i] = (int)(rng_next(&rng) % V); targets[i] = (int)(rng_next(&rng) % V); }
+    AdamWConfig opt = {1e-3f, 0.1f, 0.9f, 0.95f, 1e-8f, 0.5f}; // clipped: the norm is ~4 here
+    *norm = twin_step(&m, inputs, targets, B, T, &opt, 1e-3f, 1);
+    *loss = m.mean_loss;
+    size_t nl = (size_t)B * T * m.config.padded_vocab_size, np = m.num_parameters;
+    *count = nl + 2 * np;
+    float* out = (float*)malloc_check(*count * sizeof(float), "test");
+    memcpy(out, m.logits, nl * sizeof(float)); // dlogits: the backward turns the logits into their gradient
+    memcpy(out + nl, m.grads_memory, np * sizeof(float));
+    memcpy(out + nl + np, m.params_memory, np * sizeof(float));
+    fox_free(&m);
+    test_hooks.parallel_always = 0;
+    omp_set_num_threads(saved);
+    return out;
+}
+
+// Every sum of the twin runs in an order of its own (sum_squares in fixed blocks), never in the order threads
+// finish: a training step gives the same bits on 1, 2, 3 and 7 threads, every loop split among them.
+static void test_thread_count_bits(void) {
+    float loss1; double norm1; size_t n1;
+    float* one = step_on_threads(1, &loss1, &norm1, &n1);
+    int threads[] = {2, 3, 7};
+    for (int i = 0; i < 3; i++) {
+        float loss; double norm; size_t n;
+        float* many = step_on_threads(threads[i], &loss, &norm, &n);
+        int same = n == n1 && memcmp(many, one, n * sizeof(float)) == 0 && memcmp(&loss, &loss1, sizeof(float)) == 0
+                   && memcmp(&norm, &norm1, sizeof(double)) == 0;
+        check(same, "threads: a clipped AdamW step on %d threads equals 1 thread's bit for bit (loss %.6f, norm %.6f; "
+              "dlogits, gradients, weights)", threads[i], loss, norm);
+        free(many);
+    }
+    free(one);
+}
+
+// the default thread count: the processors, at most THREADS_DEFAULT_MAX, unless OMP_NUM_THREADS is set; a loop
+// goes parallel from PARALLEL_MIN_WORK iterations a thread
+static void test_threads(void) {
+    int saved = omp_get_max_threads();
+    const char* env = getenv("OMP_NUM_THREADS");
+    char* kept = env != NULL ? strdup(env) : NULL;
+    const int most = THREADS_DEFAULT_MAX;
+    int rule = threads_default(1) == 1 && threads_default(2) == 2 && threads_default(most) == most &&
+               threads_default(most + 1) == most && threads_default(8 * most) == most;
+    unsetenv("OMP_NUM_THREADS");
+    omp_set_num_threads(37);
+    threads_init();
+    int unset = omp_get_max_threads();
+    setenv("OMP_NUM_THREADS", "37", 1);
+    omp_set_num_threads(37);
+    threads_init();
+    int set = omp_get_max_threads();
+    if (kept != NULL) { setenv("OMP_NUM_THREADS", kept, 1); } else { unsetenv("OMP_NUM_THREADS"); }
+    free(kept);
+    check(rule && unset == threads_default(omp_get_num_procs()) && set == 37, "threads: the default is the %d "
+          "processors, at most %d (%d), OMP_NUM_THREADS=37 keeps 37 (%d)", omp_get_num_procs(), THREADS_DEFAULT_MAX,
+          unset, set);
+    omp_set_num_threads(5);
+    size_t w = (size_t)PARALLEL_MIN_WORK * 5;
+    check(!parallel_pays(0) && !parallel_pays(w - 1) && parallel_pays(w), "threads: a loop of 5 threads goes "
+          "parallel from %zu iterations (%d a thread)", w, PARALLEL_MIN_WORK);
+    omp_set_num_threads(saved);
+}
+#else
+static void test_thread_count_bits(void) { printf("skipped: thread counts (built without OpenMP)\n"); }
+static void test_threads(void) { printf("skipped: the default thread count (built without OpenMP)\n"); }
+#endif
+
+static void test_grad_accumulation(void) {
+    enum { B = 2, T = 16, MAX_ACCUM = 3, V = 300 };
+    FoxModel m;
+    tiny_model(&m, V, 11);
     for (size_t i = 0; i < m.num_parameters; i++) { m.params_memory[i] *= 3.0f; } // gates, attention far from uniform
     fox_ensure_activations(&m, MAX_ACCUM * B, T); // sized once, for the largest batch
     int inputs[MAX_ACCUM * B * T], targets[MAX_ACCUM * B * T];
@@ -3840,18 +3937,6 @@ static void gpu_vs_twin_batch(FoxModel* twin, const int* inputs, const int* targ
     fox_free(&probe);
 }
 
-// one AdamW step of a twin on one batch; returns the gradient norm
-static double twin_step(FoxModel* m, const int* inputs, const int* targets, int B, int T, const AdamWConfig* opt,
-                        float lr, int step) {
-    fox_forward(m, inputs, targets, B, T);
-    fox_zero_grad(m);
-    fox_backward(m, 1.0f);
-    double norm = fox_grad_norm(m);
-    if (opt->grad_clip > 0) { fox_clip_grads(m, norm, opt->grad_clip); }
-    fox_update(m, opt, lr, step);
-    return norm;
-}
-
 // n_steps AdamW steps on the same batch on the GPU, the twin and the probe: the losses and
 // grad norms of the GPU must follow the twin's
 static void gpu_vs_twin_steps(FoxModel* twin, const int* inputs, const int* targets, int B, int T,
@@ -5750,6 +5835,7 @@ static void test_group(const char* title) {
 // ./test_fox runs every group; ./test_fox gpu only the GPU part (a short run on a lent GPU); ./test_fox gpu-gen
 // only the GPU generation tests
 int main(int argc, char** argv) {
+    threads_init();
     if (argc > 1 && strcmp(argv[1], "gpu-gen") == 0) { // the GPU generation tests alone
         run_gpu_gen_tests();
         printf("%d passed, %d failed\n", tests_passed, tests_failed);
@@ -5771,6 +5857,7 @@ int main(int argc, char** argv) {
     test_group("finite differences, gradient accumulation");
     test_finite_differences();
     test_grad_accumulation();
+    test_thread_count_bits();
     test_attention_dlogf();
     test_attention_pruning();
     test_group("numerical guards, extreme forget gates");
@@ -5779,6 +5866,7 @@ int main(int argc, char** argv) {
     test_extreme_forget_gates();
     test_group("configuration, schedule, command line");
     test_config();
+    test_threads();
     test_schedule_resume();
     test_progress();
     test_command_line();

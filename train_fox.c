@@ -23,6 +23,7 @@ encoder_forward through fox_backward, then main):
   the parameter table               ParamSpec, param_table, param_hf_name
   activations                       ActivationTensors, activation_sizes
   the model                         FoxModel, fox_build, fox_init, fox_ensure_activations
+  threads                           parallel_pays (the if() of every parallel loop), threads_init
   layers, forward and backward      matmul_, rmsnorm_, kv_shift_, rope_apply; documents kept apart (-f 1):
                                     document_starts; the gate: forget_gate_forward / _backward; pruning: prune_tiles;
                                     attention_forward / attention_backward; swiglu_, crossentropy_
@@ -97,6 +98,7 @@ typedef struct {
     int attention_any_head;   // the bf16 GPU build runs head sizes other than 64 and 128 on the simple kernel
     int tune_last;            // the GPU's matmul tuning keeps its last bit-equal candidate, not the fastest
     int ignore_checksums;     // checkpoint checksums are computed but not compared (the fuzzers reach the checks)
+    int parallel_always;      // every parallel loop takes the whole team, however little its work (parallel_pays)
 } TestHooks;
 static TestHooks test_hooks;
 #define TEST_HOOK(field, value) (test_hooks.field)
@@ -808,12 +810,50 @@ static void fox_ensure_activations(FoxModel* m, int B, int T) {
 }
 
 // ----------------------------------------------------------------------------
+// threads. Waking a team and the barrier that ends its loop cost microseconds, more with more threads, and far
+// more when threads outnumber the cores; so a loop runs on the whole team only when each thread gets at least
+// PARALLEL_MIN_WORK of its inner iterations (some microseconds of arithmetic), else on the calling thread
+// alone. Never a team of another size: libgomp ends the threads a smaller team leaves out and starts them again
+// for the next larger one. Each loop computes every output alone, in an order of its own: the thread count
+// never changes a bit (sum_squares splits its sum into fixed blocks for that).
+
+#define PARALLEL_MIN_WORK 65536
+// the default thread count caps at this: the twin's loops are too short to gain from more, and many-core hosts
+// are often shared (OMP_NUM_THREADS still sets any count)
+#define THREADS_DEFAULT_MAX 16
+
+#ifdef _OPENMP
+// the if() of every parallel loop; work: the loop's inner iterations in all (multiply-adds, elements, ...)
+static int parallel_pays(size_t work) {
+    if (TEST_HOOK(parallel_always, 0)) { return 1; }
+    return work >= (size_t)PARALLEL_MIN_WORK * (size_t)omp_get_max_threads();
+}
+
+// multiply-adds of an attention pass: B * H heads of T queries, each over hd-wide keys, T / 2 of them on average
+// (causal) or at most the window
+static size_t attention_work(int B, int T, int H, int hd, int window) {
+    size_t keys = window > 0 && window < T ? (size_t)window : (size_t)T / 2 + 1;
+    return (size_t)B * H * T * keys * hd;
+}
+
+// the thread count when OMP_NUM_THREADS sets none, for `procs` processors to run on
+static int threads_default(int procs) { return procs < THREADS_DEFAULT_MAX ? procs : THREADS_DEFAULT_MAX; }
+#endif
+
+// first thing in main: the default thread count (libgomp's own is every processor)
+static void threads_init(void) {
+#ifdef _OPENMP
+    if (getenv("OMP_NUM_THREADS") == NULL) { omp_set_num_threads(threads_default(omp_get_num_procs())); }
+#endif
+}
+
+// ----------------------------------------------------------------------------
 // layers, forward and backward. Every backward accumulates (+=) into its input gradients;
 // fox_backward zeroes the activation gradients first.
 
 static void encoder_forward(float* out, const int* tokens, const float* wte, size_t N, int C) {
     // out (N, C) = wte[tokens]
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(N * C))
     for (size_t n = 0; n < N; n++) {
         memcpy(out + n * C, wte + (size_t)tokens[n] * C, (size_t)C * sizeof(float));
     }
@@ -822,7 +862,7 @@ static void encoder_forward(float* out, const int* tokens, const float* wte, siz
 static void encoder_backward(float* dwte, const float* dout, const int* tokens, size_t N, int C) {
     // parallel over channels: two rows with the same token never race, and the order of the
     // sum over positions is fixed, so the result is deterministic
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(N * C))
     for (int c = 0; c < C; c++) {
         for (size_t n = 0; n < N; n++) { dwte[(size_t)tokens[n] * C + c] += dout[n * C + c]; }
     }
@@ -834,7 +874,7 @@ static void matmul_forward(float* out, const float* inp, const float* w, const f
                            size_t N, int IC, int OC) {
     const size_t TILE = 8;
     size_t tiles = (N + TILE - 1) / TILE;
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(N * IC * OC))
     for (size_t tile = 0; tile < tiles; tile++) {
         size_t n0 = tile * TILE, n1 = n0 + TILE < N ? n0 + TILE : N;
         for (int o = 0; o < OC; o++) {
@@ -853,7 +893,7 @@ static void matmul_backward(float* dinp, float* dw, float* dbias, const float* d
                             const float* inp, const float* w, size_t N, int IC, int OC) {
     // forward: out = inp @ w^T + bias
     // dinp += dout @ w;  dw += dout^T @ inp;  dbias += sum over rows of dout
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(N * IC * OC))
     for (size_t n = 0; n < N; n++) {
         const float* d = dout + n * OC;
         float* di = dinp + n * IC;
@@ -863,7 +903,7 @@ static void matmul_backward(float* dinp, float* dw, float* dbias, const float* d
             for (int i = 0; i < IC; i++) { di[i] += g * wrow[i]; }
         }
     }
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(N * IC * OC))
     for (int o = 0; o < OC; o++) {
         float* dwrow = dw + (size_t)o * IC;
         float db = 0.0f;
@@ -882,7 +922,7 @@ static void matmul_backward(float* dinp, float* dw, float* dbias, const float* d
 // norms over (N, H, hd) rows, or 1 when the heads share one scale.
 static void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, size_t rows,
                             int D, int groups, float eps) {
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(rows * D))
     for (size_t r = 0; r < rows; r++) {
         const float* xr = x + r * D;
         const float* wr = w + (r % (size_t)groups) * D;
@@ -898,7 +938,7 @@ static void rmsnorm_backward(float* dx, float* dw, const float* dout, const floa
                              const float* w, const float* rstd, size_t rows, int D, int groups) {
     // forward: out_i = x_i * s * w_i with s = (mean(x^2) + eps)^(-1/2), ds/dx_i = -s^3 x_i / D
     // dx_i = s * w_i dout_i - x_i * s^3 / D * sum_j(w_j dout_j x_j);  dw_i += dout_i x_i s
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(rows * D))
     for (size_t r = 0; r < rows; r++) {
         const float* xr = x + r * D;
         const float* dr = dout + r * D;
@@ -908,7 +948,7 @@ static void rmsnorm_backward(float* dx, float* dw, const float* dout, const floa
         float k = dot * s * s * s / (float)D;
         for (int i = 0; i < D; i++) { dx[r * D + i] += s * wr[i] * dr[i] - xr[i] * k; }
     }
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(rows * D))
     for (int gi = 0; gi < groups * D; gi++) {
         int g = gi / D, i = gi % D;
         float acc = 0.0f;
@@ -920,13 +960,13 @@ static void rmsnorm_backward(float* dx, float* dw, const float* dout, const floa
 }
 
 static void add_forward(float* out, const float* a, const float* b, size_t n) {
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(n))
     for (size_t i = 0; i < n; i++) { out[i] = a[i] + b[i]; }
 }
 
 // backward of out = a + b, and of out = a (pass b = NULL) for stages that are switched off
 static void add_backward(float* da, float* db, const float* dout, size_t n) {
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(n))
     for (size_t i = 0; i < n; i++) {
         da[i] += dout[i];
         if (db != NULL) { db[i] += dout[i]; }
@@ -939,7 +979,7 @@ static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 static float logsigmoidf(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x))); }
 
 static void sigmoid_inplace(float* x, size_t n) {
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(n))
     for (size_t i = 0; i < n; i++) { x[i] = sigmoidf(x[i]); }
 }
 
@@ -968,7 +1008,7 @@ static int starts_context(const int* doc, size_t n, int t) { return t == 0 || (d
 static void kv_shift_forward(float* out, const float* raw, const float* alpha, const int* doc, int B, int T,
                              int H, int hd) {
     size_t C = (size_t)H * hd;
-    #pragma omp parallel for collapse(2)
+    #pragma omp parallel for collapse(2) if(parallel_pays((size_t)B * T * C))
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             size_t n = (size_t)b * T + t;
@@ -992,7 +1032,7 @@ static void kv_shift_backward(float* draw, float* dalpha_logit, const float* dou
     // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
     // raw_{t-1} = 0 where t starts a context: then a_t takes no raw_{t-1} and t - 1 gets nothing from t
     size_t C = (size_t)H * hd;
-    #pragma omp parallel for collapse(2)
+    #pragma omp parallel for collapse(2) if(parallel_pays((size_t)B * T * C))
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             size_t n = (size_t)b * T + t;
@@ -1025,7 +1065,7 @@ static void rope_angle(int t, int i, int hd, float theta, float* cs, float* sn) 
 static void rope_apply(float* out, const float* inp, int B, int T, int H, int hd, float theta,
                        int direction) {
     int half = hd / 2;
-    #pragma omp parallel for collapse(2)
+    #pragma omp parallel for collapse(2) if(parallel_pays((size_t)B * T * H * hd))
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             for (int i = 0; i < half; i++) {
@@ -1063,7 +1103,7 @@ static void gate_running_sum(float* c, const float* gate_logit, int n, int H) {
 // The forget gate: log f = logsigmoid(gate_logit), c = cumulative sum over time in fp32, restarted
 // at each document start (doc (B, T) or NULL: only at t = 0). gate_logit (B, T, H) -> c (B, H, T)
 static void forget_gate_forward(float* c, const float* gate_logit, const int* doc, int B, int T, int H) {
-    #pragma omp parallel for collapse(2)
+    #pragma omp parallel for collapse(2) if(parallel_pays((size_t)B * T * H))
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
             const int* db = doc != NULL ? doc + (size_t)b * T : NULL;
@@ -1090,7 +1130,7 @@ static void forget_gate_backward(float* dgate_logit, const float* dc, const floa
     // forward: c_t = sum_{s<=t} log f_s over s in t's document, log f_s = logsigmoid(x_s)
     // dlogf_t = sum_{s>=t} dc_s over s in t's document; dx_t = dlogf_t * sigmoid(-x_t).
     // The boundary's gate of -inf is a constant: it carries no gradient.
-    #pragma omp parallel for collapse(2)
+    #pragma omp parallel for collapse(2) if(parallel_pays((size_t)B * T * H))
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
             const int* db = doc != NULL ? doc + (size_t)b * T : NULL;
@@ -1127,7 +1167,7 @@ typedef struct {
 // bound max|w_q| max|w_k| sqrt(hd), and valid for every model. q, k (B, T, H, hd).
 static void prune_bound(float* U, const float* q, const float* k, int B, int T, int H, int hd) {
     size_t C = (size_t)H * hd;
-    #pragma omp parallel for collapse(2)
+    #pragma omp parallel for collapse(2) if(parallel_pays((size_t)B * T * C))
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
             float mq = 0.0f, mk = 0.0f;
@@ -1202,7 +1242,7 @@ static void attention_forward(float* o, float* lse, const float* q, const float*
                               int window, const AttnPrune* pr, float* scratch) {
     size_t C = (size_t)H * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    #pragma omp parallel for collapse(3)
+    #pragma omp parallel for collapse(3) if(parallel_pays(attention_work(B, T, H, hd, window)))
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
             for (int i = 0; i < T; i++) {
@@ -1249,7 +1289,7 @@ static void attention_backward(float* dq, float* dk, float* dv, float* dc, const
     // One thread owns a whole (b, h): every write stays inside it, so nothing races.
     size_t C = (size_t)H * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    #pragma omp parallel for collapse(2)
+    #pragma omp parallel for collapse(2) if(parallel_pays(attention_work(B, T, H, hd, window)))
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
             const float* ch = c != NULL ? c + ((size_t)b * H + h) * T : NULL;
@@ -1283,14 +1323,14 @@ static void attention_backward(float* dq, float* dk, float* dv, float* dc, const
 
 // y = x * sigmoid(g), the output gate
 static void output_gate_forward(float* y, const float* x, const float* g, size_t n) {
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(n))
     for (size_t i = 0; i < n; i++) { y[i] = x[i] * sigmoidf(g[i]); }
 }
 
 static void output_gate_backward(float* dx, float* dg, const float* dy, const float* x,
                                  const float* g, size_t n) {
     // forward: y = x * sigmoid(g);  dx += dy sigmoid(g);  dg += dy x sigmoid(g) (1 - sigmoid(g))
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(n))
     for (size_t i = 0; i < n; i++) {
         float s = sigmoidf(g[i]);
         dx[i] += dy[i] * s;
@@ -1300,7 +1340,7 @@ static void output_gate_backward(float* dx, float* dg, const float* dy, const fl
 
 // SwiGLU: act = silu(gate) * up, gu (N, 2I) holds the gate then the up projection of a row
 static void swiglu_forward(float* act, const float* gu, size_t N, int I) {
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(N * I))
     for (size_t n = 0; n < N; n++) {
         for (int i = 0; i < I; i++) {
             float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
@@ -1312,7 +1352,7 @@ static void swiglu_forward(float* act, const float* gu, size_t N, int I) {
 static void swiglu_backward(float* dgu, const float* dact, const float* gu, size_t N, int I) {
     // forward: act = g sigmoid(g) u
     // dg = dact u sigmoid(g) (1 + g (1 - sigmoid(g))),  du = dact g sigmoid(g)
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(N * I))
     for (size_t n = 0; n < N; n++) {
         for (int i = 0; i < I; i++) {
             float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i], s = sigmoidf(g);
@@ -1326,7 +1366,7 @@ static void swiglu_backward(float* dgu, const float* dact, const float* gu, size
 // Cross-entropy over the first V logits of each row; the pad logits V..Vp-1 are masked.
 static void crossentropy_forward(float* losses, const float* logits, const int* targets,
                                  size_t N, int V, int Vp) {
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(N * V))
     for (size_t n = 0; n < N; n++) {
         const float* row = logits + n * Vp;
         float mx = -INFINITY, sum = 0.0f;
@@ -1339,7 +1379,7 @@ static void crossentropy_forward(float* losses, const float* logits, const int* 
 // turns logits into dlogits in place: (softmax - onehot(target)) * dloss, pads 0
 static void crossentropy_backward_inplace(float* logits, const int* targets, size_t N, int V,
                                           int Vp, float dloss) {
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(N * Vp))
     for (size_t n = 0; n < N; n++) {
         float* row = logits + n * Vp;
         float mx = -INFINITY, sum = 0.0f;
@@ -1631,7 +1671,7 @@ typedef struct {
 #define SUM_BLOCKS 64
 static double sum_squares(const float* x, size_t n) {
     double partial[SUM_BLOCKS];
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if(parallel_pays(n))
     for (int b = 0; b < SUM_BLOCKS; b++) {
         size_t i0 = n * (size_t)b / SUM_BLOCKS, i1 = n * (size_t)(b + 1) / SUM_BLOCKS;
         double s = 0.0;
@@ -1657,7 +1697,7 @@ static void fox_clip_grads(FoxModel* m, double norm, float max_norm) {
     double coef = max_norm / (norm + 1e-6);
     if (coef >= 1.0) { return; }
     float s = (float)coef;
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays(m->num_parameters))
     for (size_t i = 0; i < m->num_parameters; i++) { m->grads_memory[i] *= s; }
 }
 
@@ -1677,7 +1717,7 @@ static void fox_update(FoxModel* m, const AdamWConfig* o, float lr, int step) {
             const float* gr = m->grads_memory + offset;
             float* mm = m->m_memory + offset;
             float* vv = m->v_memory + offset;
-            #pragma omp parallel for
+            #pragma omp parallel for if(parallel_pays(n))
             for (size_t i = 0; i < n; i++) {
                 mm[i] = o->beta1 * mm[i] + (1.0f - o->beta1) * gr[i];
                 vv[i] = o->beta2 * vv[i] + (1.0f - o->beta2) * gr[i] * gr[i];
@@ -3940,7 +3980,7 @@ static void fox_decoder_free(FoxDecoder* d) {
 // out (OC) = w (OC, IC) @ x (IC) + bias (OC): matmul_forward's sum for one row, parallel over
 // the outputs (matmul_forward parallelises over rows, and a step has one)
 static void matvec_forward(float* out, const float* x, const float* w, const float* bias, int IC, int OC) {
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays((size_t)IC * OC))
     for (int o = 0; o < OC; o++) {
         const float* wrow = w + (size_t)o * IC;
         float acc = bias != NULL ? bias[o] : 0.0f;
@@ -4053,7 +4093,7 @@ static void decode_attention_layer(FoxDecoder* d, int l, int pos, const float* q
         memcpy(hc->v + slot * hd, v_new + (size_t)h * hd, (size_t)hd * sizeof(float));
         hc->c[slot] = c_new != NULL ? c_new[h] : 0.0f;
     }
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays((size_t)H * hd * (pos + 1)))
     for (int h = 0; h < H; h++) {
         decode_attention_head(o + (size_t)h * hd, q + (size_t)h * hd, &heads[h], pos, hd, c_new != NULL,
                               d->row.scores + (size_t)h * d->max_kept);
@@ -4806,7 +4846,7 @@ static void attention_maps(const FoxModel* m, int layer, int head, float* F, flo
     const float* c = cf->gate != GATE_NONE ? LAYER(m->acts.c, layer, (size_t)H * T) + (size_t)head * T : NULL;
     const int* doc = fox_documents(m);
     double scale = 1.0 / sqrt((double)hd);
-    #pragma omp parallel for
+    #pragma omp parallel for if(parallel_pays((size_t)T * T * hd))
     for (int i = 0; i < T; i++) {
         float* Fi = F + (size_t)i * T;
         float* Ai = A + (size_t)i * T;
@@ -4940,6 +4980,7 @@ static int cpu_eval_main(const Args* a) {
 
 #ifndef FOX_NO_MAIN
 int main(int argc, char** argv) {
+    threads_init();
     Args a;
     parse_args(&a, argc, argv);
     if (a.world > 1 || a.rank > 0 || a.rendezvous != NULL || a.zero_stage >= 0) {

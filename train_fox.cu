@@ -5793,6 +5793,7 @@ static void train_finish(TrainRun* r) {
 
 int main(int argc, char** argv) {
     static TrainRun r; // static: zeroed, and off the stack
+    threads_init();
     parse_args(&r.a, argc, argv);
     if (r.a.documents) { // the kernels do not take document starts yet: refused, never ignored
         fail("-f 1 (documents kept apart) is not yet on the GPU\nHINT: use the CPU twin, train_fox_cpu, or drop -f");

@@ -4,7 +4,8 @@ The repo's reading rules, checked (`make docs-check`, part of `make test`):
 - every relative link in a tracked .md file points to a tracked file, and its #anchor to a heading there;
 - no tracked file refers to notes outside the repo or to issue numbers (the repo speaks for itself);
 - README.md is a front door of at most 400 lines, dev/cuda/README.md at most 100;
-- no line of the root C/CUDA files is longer than 120 columns.
+- no line of the root C/CUDA files is longer than 120 columns;
+- every parallel loop of the twin (train_fox.c) asks parallel_pays whether its work pays for the threads.
 Prints each problem as file:line: what, and exits 1 if there is any.
 """
 import os
@@ -63,6 +64,8 @@ def main():
                 problems.append(f"{path}:{n}: refers to notes outside the repo or to an issue number")
             if path in ROOT_CODE and len(line) > 120:
                 problems.append(f"{path}:{n}: {len(line)} columns (at most 120)")
+            if path == "train_fox.c" and "#pragma omp parallel" in line and "if(parallel_pays(" not in line:
+                problems.append(f"{path}:{n}: a parallel loop without if(parallel_pays(work))")
         if path in MAX_LINES and len(lines) - 1 > MAX_LINES[path]:
             problems.append(f"{path}: {len(lines) - 1} lines (at most {MAX_LINES[path]})")
         if path.endswith(".md"):

@@ -1024,6 +1024,7 @@ static void fox_hf_cli(int argc, char** argv) {
 
 #ifndef FOX_NO_MAIN
 int main(int argc, char** argv) {
+    threads_init();
     fox_hf_cli(argc - 1, argv + 1);
     return 0;
 }
