@@ -3371,9 +3371,11 @@ static double logits_error(const float* a, const float* b, size_t n, int V, int 
     return diff / mx;
 }
 
-// Each document of the batch against the same tokens run alone as a sequence of its own (c restarts, the KV-shift
-// starts from 0): the same fp32 operations in the same order without RoPE, so bit-identical; with RoPE (relative) the
-// rotations differ by ulps: 1e-5 of the logit scale, as the KV cache test. Then the key-range invariant: the last
+// Each document of the batch against the same tokens run alone: one that starts the sequence as a sequence of its
+// own, one that starts at t0 > 0 after one token of another document (so that its start is a document start too,
+// whose gate c does not hold: at t = 0 of a sequence log f_0 counts). c restarts, the KV-shift starts from 0: the
+// same fp32 operations in the same order without RoPE, so bit-identical; with RoPE (relative) the rotations differ by
+// ulps: 1e-5 of the logit scale, as the KV cache test. Then the key-range invariant: the last
 // non-EOT token of each document changed, no logit outside that document moves, to the bit, and neither does the
 // gradient of any input row outside it (the loss's gradient reaches a row only from its own document: a reverse sum
 // of the gate or a KV-shift that crossed a boundary would carry the other document's rounding). -A 0: with -A 1 the
@@ -3401,9 +3403,12 @@ static void test_documents_apart(void) {
         for (int b = 0; b < DOC_B; b++) {
             for (int s = 0, e = 1; e <= DOC_T; e++) {
                 if (e < DOC_T && inputs[b * DOC_T + e] != DOC_EOT) { continue; }
-                fox_forward(&m, inputs + b * DOC_T + s, NULL, 1, e - s); // document [s, e) alone
-                err = fmax(err, logits_error(m.logits, packed + (size_t)(b * DOC_T + s) * Vp, (size_t)(e - s), DOC_V,
-                                             Vp));
+                int alone[DOC_T + 1], lead = s > 0; // document [s, e) alone, after a token of another when s > 0
+                alone[0] = 1;
+                memcpy(alone + lead, inputs + b * DOC_T + s, (size_t)(e - s) * sizeof(int));
+                fox_forward(&m, alone, NULL, 1, e - s + lead);
+                err = fmax(err, logits_error(m.logits + (size_t)lead * Vp, packed + (size_t)(b * DOC_T + s) * Vp,
+                                             (size_t)(e - s), DOC_V, Vp));
                 int t = e - 1;
                 while (t >= s && inputs[b * DOC_T + t] == DOC_EOT) { t--; }
                 if (t >= s) {
@@ -3435,6 +3440,47 @@ static void test_documents_apart(void) {
         check(moved == 0.0 && moved_grad == 0.0, "documents (-f 1): %s, a changed token moves no logit (max %.1e) and "
               "no input row's gradient (max %.1e) outside its document", presets[p], moved, moved_grad);
         free(packed); free(dres);
+        fox_free(&m);
+    }
+}
+
+// A document start t0 > 0 is a forget gate of -inf (dev/fox.md, "Documents kept apart"): c_t0 = 0 and the gate logit
+// of t0 gets no gradient at all, exactly 0 in every layer and head (a restart c_t0 = log f_t0 would give it the
+// rounded sum of the document's dc), while every other position's after 0 is nonzero. The batch's 8 starts include
+// an empty document and one of a single token; the full, bias-only and fixed gates.
+static void test_documents_gate_gradient(void) {
+    const char* gates[] = {"full", "bias_only", "fixed"};
+    int inputs[DOC_B * DOC_T], targets[DOC_B * DOC_T];
+    doc_test_batch(inputs, targets, 5);
+    for (int gi = 0; gi < 3; gi++) {
+        FoxModel m;
+        const char* gate[] = {"gate", gates[gi], NULL};
+        eval_test_model(&m, "fox-pro-tiny", gate, DOC_V, 2.0f);
+        m.doc_eot = DOC_EOT;
+        fox_forward(&m, inputs, targets, DOC_B, DOC_T);
+        fox_zero_grad(&m);
+        fox_backward(&m, 1.0f);
+        int L = m.config.n_layer, H = m.config.n_head, starts = 0, c_zero = 1, others_nonzero = 1;
+        double at_starts = 0.0;
+        for (int l = 0; l < L; l++) {
+            for (int b = 0; b < DOC_B; b++) {
+                for (int t = 0; t < DOC_T; t++) {
+                    int start = t > 0 && inputs[b * DOC_T + t] == DOC_EOT;
+                    starts += start && l == 0;
+                    for (int h = 0; h < H; h++) {
+                        size_t n = ((size_t)l * DOC_B * DOC_T + (size_t)b * DOC_T + t) * H + h;
+                        float g = m.grad_acts.gate_logit[n];
+                        float c = m.acts.c[(((size_t)l * DOC_B + b) * H + h) * DOC_T + t];
+                        if (start) { at_starts = fmax(at_starts, fabs(g)); c_zero &= c == 0.0f; }
+                        else if (t > 0) { others_nonzero &= g != 0.0f; }
+                    }
+                }
+            }
+        }
+        check(starts == 8 && at_starts == 0.0 && c_zero && others_nonzero,
+              "documents (-f 1): gate %s, at the %d document starts t0 > 0 c_t0 = 0 (%s) and the gate logit's gradient "
+              "is exactly 0 in every layer and head (max %.1e), nonzero at every other position (%s)", gates[gi],
+              starts, c_zero ? "yes" : "NO", at_starts, others_nonzero ? "yes" : "NO");
         fox_free(&m);
     }
 }
@@ -5815,6 +5861,7 @@ int main(int argc, char** argv) {
     test_generate_prompts();
     test_group("documents kept apart (-f 1)");
     test_documents_apart();
+    test_documents_gate_gradient();
     test_documents_one_context();
     test_documents_kv_cache();
     test_documents_eval();
