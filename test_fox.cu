@@ -3468,9 +3468,11 @@ static double logits_error(const float* a, const float* b, size_t n, int V, int 
     return diff / mx;
 }
 
-// Each document of the batch against the same tokens run alone as a sequence of its own (c restarts, the KV-shift
-// starts from 0): the same fp32 operations in the same order without RoPE, so bit-identical; with RoPE (relative) the
-// rotations differ by ulps: 1e-5 of the logit scale, as the KV cache test. Then the key-range invariant: the last
+// Each document of the batch against the same tokens run alone: one that starts the sequence as a sequence of its
+// own, one that starts at t0 > 0 after one token of another document (so that its start is a document start too,
+// whose gate c does not hold: at t = 0 of a sequence log f_0 counts). c restarts, the KV-shift starts from 0: the
+// same fp32 operations in the same order without RoPE, so bit-identical; with RoPE (relative) the rotations differ by
+// ulps: 1e-5 of the logit scale, as the KV cache test. Then the key-range invariant: the last
 // non-EOT token of each document changed, no logit outside that document moves, to the bit, and neither does the
 // gradient of any input row outside it (the loss's gradient reaches a row only from its own document: a reverse sum
 // of the gate or a KV-shift that crossed a boundary would carry the other document's rounding). -A 0: with -A 1 the
@@ -3498,9 +3500,12 @@ static void test_documents_apart(void) {
         for (int b = 0; b < DOC_B; b++) {
             for (int s = 0, e = 1; e <= DOC_T; e++) {
                 if (e < DOC_T && inputs[b * DOC_T + e] != DOC_EOT) { continue; }
-                fox_forward(&m, inputs + b * DOC_T + s, NULL, 1, e - s); // document [s, e) alone
-                err = fmax(err, logits_error(m.logits, packed + (size_t)(b * DOC_T + s) * Vp, (size_t)(e - s), DOC_V,
-                                             Vp));
+                int alone[DOC_T + 1], lead = s > 0; // document [s, e) alone, after a token of another when s > 0
+                alone[0] = 1;
+                memcpy(alone + lead, inputs + b * DOC_T + s, (size_t)(e - s) * sizeof(int));
+                fox_forward(&m, alone, NULL, 1, e - s + lead);
+                err = fmax(err, logits_error(m.logits + (size_t)lead * Vp, packed + (size_t)(b * DOC_T + s) * Vp,
+                                             (size_t)(e - s), DOC_V, Vp));
                 int t = e - 1;
                 while (t >= s && inputs[b * DOC_T + t] == DOC_EOT) { t--; }
                 if (t >= s) {
@@ -3532,6 +3537,47 @@ static void test_documents_apart(void) {
         check(moved == 0.0 && moved_grad == 0.0, "documents (-f 1): %s, a changed token moves no logit (max %.1e) and "
               "no input row's gradient (max %.1e) outside its document", presets[p], moved, moved_grad);
         free(packed); free(dres);
+        fox_free(&m);
+    }
+}
+
+// A document start t0 > 0 is a forget gate of -inf (dev/fox.md, "Documents kept apart"): c_t0 = 0 and the gate logit
+// of t0 gets no gradient at all, exactly 0 in every layer and head (a restart c_t0 = log f_t0 would give it the
+// rounded sum of the document's dc), while every other position's after 0 is nonzero. The batch's 8 starts include
+// an empty document and one of a single token; the full, bias-only and fixed gates.
+static void test_documents_gate_gradient(void) {
+    const char* gates[] = {"full", "bias_only", "fixed"};
+    int inputs[DOC_B * DOC_T], targets[DOC_B * DOC_T];
+    doc_test_batch(inputs, targets, 5);
+    for (int gi = 0; gi < 3; gi++) {
+        FoxModel m;
+        const char* gate[] = {"gate", gates[gi], NULL};
+        eval_test_model(&m, "fox-pro-tiny", gate, DOC_V, 2.0f);
+        m.doc_eot = DOC_EOT;
+        fox_forward(&m, inputs, targets, DOC_B, DOC_T);
+        fox_zero_grad(&m);
+        fox_backward(&m, 1.0f);
+        int L = m.config.n_layer, H = m.config.n_head, starts = 0, c_zero = 1, others_nonzero = 1;
+        double at_starts = 0.0;
+        for (int l = 0; l < L; l++) {
+            for (int b = 0; b < DOC_B; b++) {
+                for (int t = 0; t < DOC_T; t++) {
+                    int start = t > 0 && inputs[b * DOC_T + t] == DOC_EOT;
+                    starts += start && l == 0;
+                    for (int h = 0; h < H; h++) {
+                        size_t n = ((size_t)l * DOC_B * DOC_T + (size_t)b * DOC_T + t) * H + h;
+                        float g = m.grad_acts.gate_logit[n];
+                        float c = m.acts.c[(((size_t)l * DOC_B + b) * H + h) * DOC_T + t];
+                        if (start) { at_starts = fmax(at_starts, fabs(g)); c_zero &= c == 0.0f; }
+                        else if (t > 0) { others_nonzero &= g != 0.0f; }
+                    }
+                }
+            }
+        }
+        check(starts == 8 && at_starts == 0.0 && c_zero && others_nonzero,
+              "documents (-f 1): gate %s, at the %d document starts t0 > 0 c_t0 = 0 (%s) and the gate logit's gradient "
+              "is exactly 0 in every layer and head (max %.1e), nonzero at every other position (%s)", gates[gi],
+              starts, c_zero ? "yes" : "NO", at_starts, others_nonzero ? "yes" : "NO");
         fox_free(&m);
     }
 }
@@ -3800,6 +3846,59 @@ static void random_tokens(int* out, size_t n, int V, uint64_t seed) {
     for (size_t i = 0; i < n; i++) { out[i] = (int)(rng_next(&s) % (uint64_t)V); }
 }
 
+// Documents kept apart for (B, T) sequences: (2, B, T) ints, the twin's document_starts of a token stream with an EOT
+// at each start, then their ends (document_ends: the GPU's FoxDocs). Each position t > 0 starts a document with
+// probability 1 / mean_len, except in [T / 3, T / 3 + span) (one document across several tiles); besides, every
+// sequence has a one-position document at 5 (an EOT followed by an EOT), a two-position one at 6, and ends on a lone
+// EOT at T - 1 (T >= 12). Sequence 1 (B > 1) begins inside a document.
+static int* doc_layout(int B, int T, int mean_len, int span, uint64_t seed) {
+    int* inputs = (int*)malloc_check((size_t)B * T * sizeof(int), "documents");
+    int* doc = (int*)malloc_check(2 * (size_t)B * T * sizeof(int), "documents");
+    uint64_t s = seed;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            int in_span = t >= T / 3 && t < T / 3 + span;
+            int start = t > 0 && !in_span && rng_uniform(&s) * mean_len < 1.0;
+            if (T >= 12 && (t == 5 || t == 6 || t == 8 || t == T - 1)) { start = 1; }
+            if (T >= 12 && t == 7) { start = 0; }
+            inputs[(size_t)b * T + t] = start ? 1 : 0;
+        }
+        inputs[(size_t)b * T] = b == 0; // sequence 0 starts with an EOT (a start at 0 changes nothing)
+    }
+    document_starts(doc, inputs, B, T, 1);
+    document_ends(doc + (size_t)B * T, doc, B, T);
+    free(inputs);
+    return doc;
+}
+
+// the position count of the starts t > 0 in a doc_layout
+static int doc_starts_count(const int* doc, int B, int T) {
+    int n = 0;
+    for (int i = 0; i < B * T; i++) { n += i % T > 0 && doc[i] == i % T; }
+    return n;
+}
+
+// (B, T) tokens below V - 1 (the EOT) with an EOT at each start of doc_layout(B, T, mean_len, 0, seed), and targets
+static void doc_tokens(int* inputs, int* targets, int B, int T, int V, int mean_len, uint64_t seed) {
+    int* doc = doc_layout(B, T, mean_len, 0, seed);
+    random_tokens(inputs, (size_t)B * T, V - 1, seed + 1);
+    random_tokens(targets, (size_t)B * T, V, seed + 2);
+    for (int i = 0; i < B * T; i++) {
+        if (doc[i] == i % T && (i % T > 0 || i / T == 0)) { inputs[i] = V - 1; }
+    }
+    free(doc);
+}
+
+// preset at width n_embd with n_head heads, V = 500, its MLP size derived, and key = value set (key NULL: none)
+static void test_config(FoxConfig* c, const char* preset, int n_embd, int n_head, const char* key, const char* value) {
+    config_from_preset(c, preset);
+    c->n_embd = n_embd;
+    c->n_head = n_head;
+    config_set(c, "vocab_size", "500");
+    if (key != NULL) { config_set(c, key, value); }
+    c->mlp_hidden = derived_mlp_hidden(c->n_embd, c->block);
+}
+
 // a twin model of the configuration with the paper's initialisation
 static void twin_from_config(FoxModel* m, const FoxConfig* c, uint64_t seed) {
     fox_build(m, c);
@@ -3980,12 +4079,6 @@ static void gpu_test_fixture(const char* path) {
     DebugTraining tr;
     FoxModel twin;
     fixture_load(path, &ds, name, sizeof(name), &c, &tr, &twin);
-    if (tr.documents) { // the twin alone keeps documents apart so far (train_fox -f 1 refuses)
-        printf("skipped: gpu: %s (documents apart: not yet on the GPU)\n", name);
-        fox_free(&twin);
-        debug_state_free(&ds);
-        return;
-    }
     float* initial = (float*)malloc_check(twin.num_parameters * sizeof(float), "initial weights");
     memcpy(initial, twin.params_memory, twin.num_parameters * sizeof(float));
     const int* inputs = (const int*)debug_find(&ds, "inputs")->data;
@@ -4001,35 +4094,43 @@ static void gpu_test_fixture(const char* path) {
 // Configurations the fixtures do not reach: head sizes 64 and 128, several key tiles
 // (T = 100, not a multiple of the tile), sliding windows, RoPE with QK-norm, three layers, and
 // gradient accumulation over two micro-batches. Random initialisation, random tokens, V = 500
-// (padded to 512, so pad logits are masked).
+// (padded to 512, so pad logits are masked). The cases with mean_len > 0 keep documents apart (-f 1)
+// with EOT = V - 1 at doc_layout's starts (documents of 2 to a few hundred tokens) on the fused
+// kernels: FoX at head sizes 64 and 128, a window, a Transformer (the key mask, RoPE), three layers.
 static void gpu_test_larger_heads(void) {
-    struct { const char* preset; int n_embd, n_head, T; const char* key; const char* value; } cases[] = {
-        {"fox-pro-tiny", 128, 2, 100, "window", "0"},
-        {"fox-pro-tiny", 128, 2, 100, "window", "37"},
-        {"fox-llama-tiny", 128, 1, 100, "rope", "1"},
-        {"transformer-pro-tiny", 128, 2, 100, "window", "40"},
-        {"fox-pro-tiny", 256, 2, 70, "qk_norm_shared", "1"},
-        {"fox-pro-tiny", 128, 2, 100, "n_layer", "3"},
+    struct { const char* preset; int n_embd, n_head, T; const char* key; const char* value; int mean_len; } cases[] = {
+        {"fox-pro-tiny", 128, 2, 100, "window", "0", 0},
+        {"fox-pro-tiny", 128, 2, 100, "window", "37", 0},
+        {"fox-llama-tiny", 128, 1, 100, "rope", "1", 0},
+        {"transformer-pro-tiny", 128, 2, 100, "window", "40", 0},
+        {"fox-pro-tiny", 256, 2, 70, "qk_norm_shared", "1", 0},
+        {"fox-pro-tiny", 128, 2, 100, "n_layer", "3", 0},
+        {"fox-pro-tiny", 128, 2, 300, "window", "0", 40},
+        {"fox-pro-tiny", 128, 1, 300, "window", "37", 60},
+        {"transformer-llama-tiny", 128, 2, 200, "window", "0", 30},
+        {"fox-llama-tiny", 128, 2, 260, "n_layer", "3", 90},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         FoxConfig c;
-        config_from_preset(&c, cases[i].preset);
-        c.n_embd = cases[i].n_embd;
-        c.n_head = cases[i].n_head;
-        config_set(&c, "vocab_size", "500");
-        config_set(&c, cases[i].key, cases[i].value);
-        c.mlp_hidden = derived_mlp_hidden(c.n_embd, c.block);
-        char name[160];
-        snprintf(name, sizeof(name), "%s C=%d hd=%d T=%d %s=%s", cases[i].preset, c.n_embd, c.n_embd / c.n_head,
-                 cases[i].T, cases[i].key, cases[i].value);
+        test_config(&c, cases[i].preset, cases[i].n_embd, cases[i].n_head, cases[i].key, cases[i].value);
         FoxModel twin;
         twin_from_config(&twin, &c, 7 + i);
-        int B = 2, T = cases[i].T, micro = 2;
+        int B = 2, T = cases[i].T, micro = 2, starts = 0;
         size_t n = (size_t)micro * B * T;
         int* inputs = (int*)malloc_check(n * sizeof(int), "tokens");
         int* targets = (int*)malloc_check(n * sizeof(int), "tokens");
         random_tokens(inputs, n, c.vocab_size, 100 + i);
         random_tokens(targets, n, c.vocab_size, 200 + i);
+        for (int k = 0; cases[i].mean_len > 0 && k < micro; k++) {
+            twin.doc_eot = c.vocab_size - 1;
+            doc_tokens(inputs + (size_t)k * B * T, targets + (size_t)k * B * T, B, T, c.vocab_size, cases[i].mean_len,
+                       1700 + 10 * i + k);
+            for (int j = 0; j < B * T; j++) { starts += j % T > 0 && inputs[(size_t)k * B * T + j] == twin.doc_eot; }
+        }
+        char name[160], docs[48] = "";
+        if (starts > 0) { snprintf(docs, sizeof(docs), ", documents (-f 1): %d starts", starts); }
+        snprintf(name, sizeof(name), "%s C=%d hd=%d T=%d %s=%s%s", cases[i].preset, c.n_embd, c.n_embd / c.n_head,
+                 cases[i].T, cases[i].key, cases[i].value, docs);
         gpu_vs_twin_batch(&twin, inputs, targets, B, T, micro, name);
         free(inputs); free(targets);
         fox_free(&twin);
@@ -4159,56 +4260,59 @@ static void bit_run_train(const BitRun* t, GPUModel* g, int graph, int eval, flo
 // second captured, the other 4 replayed: 5 launches), with and without pruning tables (-A 1: the
 // graph reads them by pointer) and activation recompute (-r 1), the same losses and weights. Then
 // a new loss scale must re-key the graph (an eager micro-step, then a new capture), each with the
-// eager path's gradients, and a pruning setting changed must drop it.
+// eager path's gradients, and a pruning setting changed must drop it. With documents kept apart (-f 1,
+// EOTs every 37 tokens: the graph reads the document starts uploaded with each batch) too.
 static void gpu_test_step_graphs(void) {
     BitRun t;
     bit_run_init(&t);
+    struct { int prune, recompute, docs; } runs[] = {{0, 0, 0}, {0, 1, 0}, {0, 1, 1}, {1, 0, 0}, {1, 1, 0}, {1, 1, 1}};
 #ifndef ENABLE_FP32
-    int prunes = 2; // the pruning tables are a bf16 feature
+    int nruns = 6; // the pruning tables are a bf16 feature
 #else
-    int prunes = 1;
+    int nruns = 3;
 #endif
-    for (int prune = 0; prune < prunes; prune++) {
-        for (int recompute = 0; recompute < 2; recompute++) {
-            g_prune = prune;
-            g_recompute = recompute;
-            float loss[2][3];
-            FoxModel h[2];
-            GPUModel g[2];
-            for (int r = 0; r < 2; r++) {
-                twin_from_config(&h[r], &t.c, 7);
-                gpu_build(&g[r], &h[r], t.B, t.T);
-                bit_run_train(&t, &g[r], r, 1, loss[r]);
-            }
-            StepGraph* sg = &g[1].step_graph;
-            long launches = sg->launches;
-            gpu_params_to_host(&g[1]);
-            int same = memcmp(loss[0], loss[1], sizeof(loss[0])) == 0 &&
-                       gpu_same_as_twin(&g[0], g[0].params, h[1].params_memory);
-            check(same && sg->state == 2 && launches == 5 && isfinite(loss[1][2]),
-                  "gpu CUDA graph of the micro-step (pruning %d, recompute %d): %ld launches (5), the same losses "
-                  "and weights bit for bit as without it over 3 steps of 2 micro-batches: %s (last loss %.6f)",
-                  prune, recompute, launches, same ? "yes" : "no", loss[1][2]);
-            size_t n = h[0].num_parameters;
-            float* grads[2] = {(float*)malloc_check(n * sizeof(float), "gradients"),
-                               (float*)malloc_check(n * sizeof(float), "gradients")};
-            int rekeyed = 1;
-            for (int rep = 0; rep < 2; rep++) { // the loss scale 0.25: eager, then captured
-                for (int r = 0; r < 2; r++) {
-                    gpu_zero_grad(&g[r]);
-                    bit_run_micro(&t, &g[r], r, 0, 0.25f);
-                    gpu_download(&g[r], g[r].grads, grads[r]);
-                }
-                rekeyed &= memcmp(grads[0], grads[1], n * sizeof(float)) == 0 && sg->state == 1 + rep;
-            }
-            attention_set_pruning(prune, -10.0);
-            bit_run_micro(&t, &g[1], 1, 0, 0.25f);
-            check(rekeyed && sg->state == 1, "gpu CUDA graph (pruning %d, recompute %d): a new loss scale runs "
-                  "eagerly, then captures, with the gradients of the eager path; a pruning setting drops it", prune,
-                  recompute);
-            free(grads[0]); free(grads[1]);
-            for (int r = 0; r < 2; r++) { gpu_free(&g[r]); fox_free(&h[r]); }
+    for (int ri = 0; ri < nruns; ri++) {
+        int prune = runs[ri].prune, recompute = runs[ri].recompute, docs = runs[ri].docs;
+        for (size_t j = 0; docs && j < (size_t)t.micro * t.B * t.T; j += 37) { t.inputs[j] = t.c.vocab_size - 1; }
+        g_prune = prune;
+        g_recompute = recompute;
+        float loss[2][3];
+        FoxModel h[2];
+        GPUModel g[2];
+        for (int r = 0; r < 2; r++) {
+            twin_from_config(&h[r], &t.c, 7);
+            h[r].doc_eot = docs ? t.c.vocab_size - 1 : -1;
+            gpu_build(&g[r], &h[r], t.B, t.T);
+            bit_run_train(&t, &g[r], r, 1, loss[r]);
         }
+        StepGraph* sg = &g[1].step_graph;
+        long launches = sg->launches;
+        gpu_params_to_host(&g[1]);
+        int same = memcmp(loss[0], loss[1], sizeof(loss[0])) == 0 &&
+                   gpu_same_as_twin(&g[0], g[0].params, h[1].params_memory);
+        check(same && sg->state == 2 && launches == 5 && isfinite(loss[1][2]),
+              "gpu CUDA graph of the micro-step (pruning %d, recompute %d, documents %d): %ld launches (5), the "
+              "same losses and weights bit for bit as without it over 3 steps of 2 micro-batches: %s (last loss "
+              "%.6f)", prune, recompute, docs, launches, same ? "yes" : "no", loss[1][2]);
+        size_t n = h[0].num_parameters;
+        float* grads[2] = {(float*)malloc_check(n * sizeof(float), "gradients"),
+                           (float*)malloc_check(n * sizeof(float), "gradients")};
+        int rekeyed = 1;
+        for (int rep = 0; rep < 2; rep++) { // the loss scale 0.25: eager, then captured
+            for (int r = 0; r < 2; r++) {
+                gpu_zero_grad(&g[r]);
+                bit_run_micro(&t, &g[r], r, 0, 0.25f);
+                gpu_download(&g[r], g[r].grads, grads[r]);
+            }
+            rekeyed &= memcmp(grads[0], grads[1], n * sizeof(float)) == 0 && sg->state == 1 + rep;
+        }
+        attention_set_pruning(prune, -10.0);
+        bit_run_micro(&t, &g[1], 1, 0, 0.25f);
+        check(rekeyed && sg->state == 1, "gpu CUDA graph (pruning %d, recompute %d, documents %d): a new loss "
+              "scale runs eagerly, then captures, with the gradients of the eager path; a pruning setting drops "
+              "it", prune, recompute, docs);
+        free(grads[0]); free(grads[1]);
+        for (int r = 0; r < 2; r++) { gpu_free(&g[r]); fox_free(&h[r]); }
     }
     g_prune = 0;
     g_recompute = 0;
@@ -4575,6 +4679,7 @@ typedef struct {
     float *q, *k, *v, *dout, *c;                        // inputs, floatX-rounded, c fp32 (B, H, T)
     float *o, *lse, *dq, *dk, *dv, *dlogf;              // GPU results
     float *o_ref, *lse_ref, *dq_ref, *dk_ref, *dv_ref, *dlogf_ref;  // twin
+    int* doc;                                           // documents kept apart (attn_case_documents), or NULL
 } AttnCase;
 
 static float* attn_buf(size_t n) { return (float*)calloc_check(n, sizeof(float), "attention test"); }
@@ -4611,6 +4716,11 @@ static void attn_case_free(AttnCase* t) {
     float* all[] = {t->q, t->k, t->v, t->dout, t->c, t->o, t->lse, t->dq, t->dk, t->dv, t->dlogf,
                     t->o_ref, t->lse_ref, t->dq_ref, t->dk_ref, t->dv_ref, t->dlogf_ref};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) { free(all[i]); }
+    free(t->doc);
+}
+
+static void attn_case_documents(AttnCase* t, int mean_len, int span, uint64_t seed) {
+    t->doc = doc_layout(t->B, t->T, mean_len, span, seed);
 }
 
 // the twin's forward and backward at `window`, pruned by pr (NULL: dense); dlogf by the reverse
@@ -4629,17 +4739,20 @@ static void attn_reference(AttnCase* t, int window, const AttnPrune* pr) {
 #endif
     float* scratch = attn_buf((size_t)threads * 2 * T);
     float* dc = attn_buf(nh);
-    attention_forward(t->o_ref, t->lse_ref, t->q, t->k, t->v, c, NULL, B, T, H, hd, window, pr, scratch);
+    attention_forward(t->o_ref, t->lse_ref, t->q, t->k, t->v, c, t->doc, B, T, H, hd, window, pr, scratch);
     memset(t->dq_ref, 0, n * sizeof(float));
     memset(t->dk_ref, 0, n * sizeof(float));
     memset(t->dv_ref, 0, n * sizeof(float));
-    attention_backward(t->dq_ref, t->dk_ref, t->dv_ref, dc, t->dout, t->q, t->k, t->v, t->o, t->lse_ref, c, NULL, B, T,
-                       H, hd, window, pr);
-    for (size_t bh = 0; bh < (size_t)B * H; bh++) {
+    attention_backward(t->dq_ref, t->dk_ref, t->dv_ref, dc, t->dout, t->q, t->k, t->v, t->o, t->lse_ref, c, t->doc, B,
+                       T, H, hd, window, pr);
+    for (size_t bh = 0; bh < (size_t)B * H; bh++) { // with documents: per document, 0 at a start t0 > 0 (the twin's)
+        const int* db = t->doc != NULL ? t->doc + bh / H * T : NULL;
         double acc = 0.0;
         for (int tt = T - 1; tt >= 0; tt--) {
+            if (db != NULL && tt + 1 < T && db[tt + 1] == tt + 1) { acc = 0.0; }
             acc += dc[bh * T + tt];
-            t->dlogf_ref[bh * T + tt] = t->gate ? (float)acc : 0.0f;
+            int start = db != NULL && tt > 0 && db[tt] == tt;
+            t->dlogf_ref[bh * T + tt] = t->gate && !start ? (float)acc : 0.0f;
         }
     }
     free(dc); free(scratch);
@@ -4653,6 +4766,15 @@ static void attn_gpu(AttnCase* t) {
            *dout = attn_upload(t->dout, n);
     floatX *o, *dq, *dk, *dv;
     float *c = NULL, *lse, *dlogf, *scratch;
+    int* doc = NULL;
+    FoxDocs fd;
+    if (t->doc != NULL) {
+        cudaCheck(cudaMalloc(&doc, 2 * (size_t)B * T * sizeof(int)));
+        cudaCheck(cudaMemcpy(doc, t->doc, 2 * (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice));
+        fd.start = doc;
+        fd.end = doc + (size_t)B * T;
+    }
+    const FoxDocs* docs = t->doc != NULL ? &fd : NULL;
     cudaCheck(cudaMalloc(&o, n * sizeof(floatX))); cudaCheck(cudaMalloc(&dq, n * sizeof(floatX)));
     cudaCheck(cudaMalloc(&dk, n * sizeof(floatX))); cudaCheck(cudaMalloc(&dv, n * sizeof(floatX)));
     cudaCheck(cudaMalloc(&lse, nh * sizeof(float))); cudaCheck(cudaMalloc(&dlogf, nh * sizeof(float)));
@@ -4665,13 +4787,13 @@ static void attn_gpu(AttnCase* t) {
     cudaCheck(cudaMemset(dq, 0xFF, n * sizeof(floatX))); cudaCheck(cudaMemset(dk, 0xFF, n * sizeof(floatX)));
     cudaCheck(cudaMemset(dv, 0xFF, n * sizeof(floatX))); cudaCheck(cudaMemset(dlogf, 0xFF, nh * sizeof(float)));
     cudaCheck(cudaMemset(scratch, 0xFF, 3 * nh * sizeof(float)));
-    attention_forward_gpu(o, lse, q, k, v, c, B, T, H, hd, t->window);
-    attention_backward_gpu(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, t->window, 0);
+    attention_forward_gpu(o, lse, q, k, v, c, B, T, H, hd, t->window, docs);
+    attention_backward_gpu(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, t->window, 0, docs);
     cudaCheck(cudaDeviceSynchronize());
     attn_download(t->o, o, n); attn_download(t->dq, dq, n); attn_download(t->dk, dk, n); attn_download(t->dv, dv, n);
     cudaCheck(cudaMemcpy(t->lse, lse, nh * sizeof(float), cudaMemcpyDeviceToHost));
     if (t->gate) { cudaCheck(cudaMemcpy(t->dlogf, dlogf, nh * sizeof(float), cudaMemcpyDeviceToHost)); }
-    void* bufs[] = {q, k, v, dout, o, dq, dk, dv, c, lse, dlogf, scratch};
+    void* bufs[] = {q, k, v, dout, o, dq, dk, dv, c, lse, dlogf, scratch, doc};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cudaCheck(cudaFree(bufs[i])); }
 }
 
@@ -4701,7 +4823,17 @@ static int attn_compare(const AttnCase* t, char* line, size_t len) {
         for (int bh = 0; bh < t->B * t->H; bh++) { d0 = fmax(d0, fabs((double)t->dlogf[(size_t)bh * t->T])); }
         d0 = isnan(d0) ? INFINITY : d0 / fmax(dlogf_max, 1e-30);
         ok = ok && d0 <= 1e-4;
-        snprintf(line + used, len - used, ", dlogf_0 %.1e of max", d0);
+        used += (size_t)snprintf(line + used, len - used, ", dlogf_0 %.1e of max", d0);
+    }
+    if (t->gate && t->doc != NULL) { // a document start t0 > 0: its gate c does not hold, dlogf_t0 = 0 exactly
+        int nonzero = 0;
+        for (size_t i = 0; i < nh; i++) {
+            int tt = (int)(i % t->T);
+            const int* db = t->doc + i / ((size_t)t->H * t->T) * t->T;
+            nonzero += tt > 0 && db[tt] == tt && t->dlogf[i] != 0.0f;
+        }
+        ok = ok && nonzero == 0;
+        snprintf(line + used, len - used, ", dlogf at the starts: %d not 0", nonzero);
     }
     return ok;
 }
@@ -4750,18 +4882,34 @@ static void gpu_test_attention_rescale(void) {
     }
 }
 
+// The attention kernels against the twin's attention on the same inputs. The cases with mean_len > 0 keep documents
+// apart (doc_layout: random starts, a one-position and a two-position document, a lone EOT at the end; span: one
+// document across tiles), the twin with the same document starts, at the same tolerances (the documents change which
+// keys a row sees, not the arithmetic of a logit); c is the plain running sum the GPU's gate gives (within a document
+// its differences are the twin's). The fused kernels get the documents' tables (-A 0: no decay bound) and mask inside
+// tiles; dlogf is 0 at every start t0 > 0 exactly (attn_compare). Each of them has its negative control: the same GPU
+// outputs against the twin without documents must fail.
 static void gpu_test_attention(void) {
-    struct { int B, T, H, hd, window, gate; } cases[] = {
-        {1, 1, 1, 64, 0, 1},     // one token
-        {2, 70, 3, 64, 0, 1},    // B, H > 1; T not a tile multiple
-        {1, 197, 2, 128, 0, 1},
-        {2, 197, 2, 64, 37, 1},  // sliding window
-        {1, 130, 2, 128, 1, 1},  // window 1: the diagonal only
-        {1, 300, 2, 64, 0, 1},   // several tiles of every kernel
-        {1, 256, 2, 128, 100, 1},
-        {2, 70, 2, 64, 0, 0},    // gate none (c == NULL)
-        {1, 197, 2, 128, 37, 0},
-        {1, 70, 2, 16, 0, 1},    // head size 16: the simple kernel in both builds
+    struct { int B, T, H, hd, window, gate, mean_len, span; } cases[] = {
+        {1, 1, 1, 64, 0, 1, 0, 0},     // one token
+        {2, 70, 3, 64, 0, 1, 0, 0},    // B, H > 1; T not a tile multiple
+        {1, 197, 2, 128, 0, 1, 0, 0},
+        {2, 197, 2, 64, 37, 1, 0, 0},  // sliding window
+        {1, 130, 2, 128, 1, 1, 0, 0},  // window 1: the diagonal only
+        {1, 300, 2, 64, 0, 1, 0, 0},   // several tiles of every kernel
+        {1, 256, 2, 128, 100, 1, 0, 0},
+        {2, 70, 2, 64, 0, 0, 0, 0},    // gate none (c == NULL)
+        {1, 197, 2, 128, 37, 0, 0, 0},
+        {1, 70, 2, 16, 0, 1, 0, 0},    // head size 16: the simple kernel in both builds
+        {2, 300, 2, 64, 0, 1, 40, 0},     // documents: several a tile
+        {1, 1100, 4, 128, 0, 1, 300, 400}, // across tiles
+        {2, 197, 2, 64, 37, 1, 30, 0},    // with a sliding window
+        {1, 130, 2, 128, 3, 1, 5, 0},
+        {2, 300, 2, 64, 0, 0, 40, 0},     // gate none: a key mask
+        {1, 197, 2, 128, 37, 0, 50, 100},
+        {2, 300, 3, 64, 0, 1, 2, 0},      // mostly one- and two-position documents
+        {1, 70, 2, 16, 0, 1, 10, 0},      // the simple kernel
+        {2, 100, 2, 16, 9, 1, 12, 0},
     };
     char line[512];
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -4777,13 +4925,25 @@ static void gpu_test_attention(void) {
 #endif
             AttnCase t;
             attn_case_init(&t, cases[i].B, cases[i].T, cases[i].H, cases[i].hd, cases[i].window, cases[i].gate, 31 + i);
+            if (cases[i].mean_len > 0) { attn_case_documents(&t, cases[i].mean_len, cases[i].span, 401 + i); }
             attn_gpu(&t);
             attn_reference(&t, t.window, NULL);
             int ok = attn_compare(&t, line, sizeof(line));
-            char grid[32] = "";
+            char grid[32] = "", docs[96] = "";
             if (caps[ci]) snprintf(grid, sizeof(grid), ", forward on %d block(s)", caps[ci]);
-            check(ok, "gpu attention B=%d T=%d H=%d hd=%d window=%d gate %s (%s%s): %s", t.B, t.T, t.H, t.hd, t.window,
-                  t.gate ? "on" : "none", attention_kernel_name(t.hd), grid, line);
+            if (t.doc != NULL) { // the negative control: the twin without documents
+                int* doc = t.doc;
+                t.doc = NULL;
+                attn_reference(&t, t.window, NULL);
+                char line_apart[512];
+                int caught = !attn_compare(&t, line_apart, sizeof(line_apart));
+                t.doc = doc;
+                ok = ok && caught;
+                snprintf(docs, sizeof(docs), ", documents: %d starts, the twin without them %s",
+                         doc_starts_count(t.doc, t.B, t.T), caught ? "differs" : "MATCHES");
+            }
+            check(ok, "gpu attention B=%d T=%d H=%d hd=%d window=%d gate %s (%s%s%s): %s", t.B, t.T, t.H, t.hd,
+                  t.window, t.gate ? "on" : "none", attention_kernel_name(t.hd), grid, docs, line);
             attn_case_free(&t);
         }
 #ifndef ENABLE_FP32
@@ -4840,7 +5000,7 @@ static void gpu_prune_case(int B, int T, int H, int hd, int window, float ln_eps
     cudaCheck(cudaMalloc(&partial, BH * ceil_div(T, PRUNE_NORM_ROWS) * sizeof(float2)));
     cudaCheck(cudaMalloc(&tables, 2 * BH * nt * sizeof(int)));
     cudaCheck(cudaMemcpy(c, t.c, nh * sizeof(float), cudaMemcpyHostToDevice));
-    fox_prune_tables(tables, U, partial, q, k, c, B, T, H, hd, H * hd, ln_eps, 0);
+    fox_prune_tables(tables, U, partial, q, k, c, B, T, H, hd, H * hd, ln_eps, NULL, 0);
     cudaCheck(cudaDeviceSynchronize());
     float* U_gpu = (float*)malloc_check(BH * sizeof(float), "U");
     float* U_cpu = (float*)malloc_check(BH * sizeof(float), "U");
@@ -4928,11 +5088,15 @@ static void gpu_test_attention_pruning(void) {
 // The evaluation modes through the GPU backend against the twin's backend, at the paper's
 // initialisation (where the bf16 tolerances above were set): per-position losses of a batch
 // (what -M eval sums), next-token logits of generation (GPU: full recompute; twin: KV cache)
-// and a NIAH score. Errors relative to the tensor's scale, tolerance GTOL_LOGITS.
-static void gpu_test_eval_backend(void) {
+// and a NIAH score. Errors relative to the tensor's scale, tolerance GTOL_LOGITS. docs: documents
+// kept apart (-f 1) with EOTs at 7, 20, 47 and 100 of every sequence (the generation steps cross the
+// one at 7: the twin's cache restarts there, the GPU's forward masks).
+static void gpu_test_eval_backend(int docs) {
     enum { B = 2, T = 150, V = 50257, PROMPT = 5, STEPS = 8 };
     FoxModel m;
     eval_test_model(&m, "fox-pro-tiny", NULL, V, 1.0f);
+    m.doc_eot = docs ? GPT2_EOT : -1;
+    const char* how = docs ? " (-f 1)" : "";
     CpuBackend cb;
     ForwardBackend cpu = cpu_backend_init(&cb, &m, B, T);
     GPUModel g;
@@ -4944,6 +5108,10 @@ static void gpu_test_eval_backend(void) {
     int* targets = (int*)malloc_check((size_t)B * T * sizeof(int), "tokens");
     random_tokens(inputs, (size_t)B * T, V, 11);
     random_tokens(targets, (size_t)B * T, V, 12);
+    for (int b = 0; docs && b < B; b++) {
+        int at[] = {7, 20, 47, 100};
+        for (int e = 0; e < 4; e++) { inputs[b * T + at[e]] = GPT2_EOT; }
+    }
     static float lc[B * T], lg[B * T];
     cpu.forward(cpu.ctx, inputs, targets, B, T, lc);
     gpu.forward(gpu.ctx, inputs, targets, B, T, lg);
@@ -4952,8 +5120,8 @@ static void gpu_test_eval_backend(void) {
         loss_err = fmax(loss_err, fabs(lc[i] - lg[i]));
         loss_scale = fmax(loss_scale, fabs(lc[i]));
     }
-    check(loss_err / loss_scale <= GTOL_LOGITS, "gpu eval: per-token losses of a %dx%d batch, rel err %.1e <= %.0e",
-          B, T, loss_err / loss_scale, GTOL_LOGITS);
+    check(loss_err / loss_scale <= GTOL_LOGITS, "gpu eval%s: per-token losses of a %dx%d batch, rel err %.1e <= %.0e",
+          how, B, T, loss_err / loss_scale, GTOL_LOGITS);
     static float rc[V], rg[V];
     cpu.reset(cpu.ctx);
     gpu.reset(gpu.ctx);
@@ -4966,9 +5134,8 @@ static void gpu_test_eval_backend(void) {
         logit_err = fmax(logit_err, err / scale);
     }
     check(logit_err <= GTOL_LOGITS,
-          "gpu generate: next-token logits (full recompute) against the twin's KV cache over %d steps, "
-          "rel err %.1e <= %.0e",
-          STEPS, logit_err, GTOL_LOGITS);
+          "gpu generate%s: next-token logits (full recompute) against the twin's KV cache over %d steps, "
+          "rel err %.1e <= %.0e", how, STEPS, logit_err, GTOL_LOGITS);
     NiahTexts tx;
     niah_texts_init(&tx, 0);
     static int prompt[T], seq[T + NIAH_MAX_PIECE];
@@ -4978,8 +5145,8 @@ static void gpu_test_eval_backend(void) {
     NiahScore sc = niah_score(&cpu, &tx, prompt, CTX, seq, losses, rc);
     NiahScore sg = niah_score(&gpu, &tx, prompt, CTX, seq, losses, rg);
     double e = fabs(sc.logprob - sg.logprob) / fabs(sc.logprob);
-    check(e <= GTOL_LOGITS, "gpu niah: log p(answer) %.4f vs twin %.4f, rel err %.1e <= %.0e", sg.logprob, sc.logprob,
-          e, GTOL_LOGITS);
+    check(e <= GTOL_LOGITS, "gpu niah%s: log p(answer) %.4f vs twin %.4f, rel err %.1e <= %.0e", how, sg.logprob,
+          sc.logprob, e, GTOL_LOGITS);
     free(inputs); free(targets); free(gb.row_x);
     gpu_free(&g);
     if (cb.dec.m != NULL) { fox_decoder_free(&cb.dec); }
@@ -5286,6 +5453,278 @@ static void gpu_test_head_proj(void) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// GPU: documents kept apart (-f 1): the attention kernels, the tables, the gate's scan and the KV-shift with
+// documents against the twin's functions on the same inputs, then the whole model (gpu_test_documents_model)
+
+#ifndef ENABLE_FP32
+// The tables with documents: fox_prune_tables against the twin's prune_tiles from the same U, c and document starts,
+// without the decay bound (c NULL: -f 1 -A 0) and with it (-A 1), at lengths where the scans take several 32-tile
+// steps; some tiles must be skipped by the documents alone. Then the pruned attention with documents (-A 1 -f 1)
+// through the trainer's boundary against the twin's attention pruned by its own tables, at the dense tolerances.
+static void gpu_test_documents_tables(void) {
+    struct { int B, T, H, hd, mean_len; float ln_eps; } cases[] = {
+        {2, 1000, 4, 64, 200, -10.0f}, {1, 9000, 2, 128, 600, -10.0f}, {2, 9000, 4, 64, 3000, -10.0f},
+        {1, 1100, 4, 128, 150, 60.0f},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int B = cases[i].B, T = cases[i].T, H = cases[i].H, hd = cases[i].hd;
+        AttnCase t;
+        attn_case_init(&t, B, T, H, hd, 0, 1, 501 + i);
+        attn_case_documents(&t, cases[i].mean_len, 0, 601 + i);
+        size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T, BH = (size_t)B * H;
+        int nt = ceil_div(T, PRUNE_BLOCK);
+        floatX *q = attn_upload(t.q, n), *k = attn_upload(t.k, n);
+        float *c, *U;
+        float2* partial;
+        int *tables, *doc;
+        cudaCheck(cudaMalloc(&c, nh * sizeof(float))); cudaCheck(cudaMalloc(&U, BH * sizeof(float)));
+        cudaCheck(cudaMalloc(&partial, BH * ceil_div(T, PRUNE_NORM_ROWS) * sizeof(float2)));
+        cudaCheck(cudaMalloc(&tables, 2 * BH * nt * sizeof(int)));
+        cudaCheck(cudaMalloc(&doc, 2 * (size_t)B * T * sizeof(int)));
+        cudaCheck(cudaMemcpy(c, t.c, nh * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(doc, t.doc, 2 * (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice));
+        FoxDocs fd = {doc, doc + (size_t)B * T};
+        int* tab_gpu = (int*)malloc_check(2 * BH * nt * sizeof(int), "tiles");
+        int* tab_cpu = (int*)malloc_check(2 * BH * nt * sizeof(int), "tiles");
+        float* U_gpu = (float*)malloc_check(BH * sizeof(float), "U");
+        int same[2], skipped[2];
+        for (int decay = 0; decay < 2; decay++) {
+            cudaCheck(cudaMemset(tables, 0xFF, 2 * BH * nt * sizeof(int)));
+            fox_prune_tables(tables, U, partial, q, k, decay ? c : NULL, B, T, H, hd, H * hd, cases[i].ln_eps, &fd, 0);
+            cudaCheck(cudaMemcpy(tab_gpu, tables, 2 * BH * nt * sizeof(int), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(U_gpu, U, BH * sizeof(float), cudaMemcpyDeviceToHost));
+            prune_tiles(tab_cpu, tab_cpu + BH * nt, t.c, decay ? U_gpu : NULL, t.doc, B, H, T, PRUNE_BLOCK,
+                        cases[i].ln_eps);
+            same[decay] = memcmp(tab_gpu, tab_cpu, 2 * BH * nt * sizeof(int)) == 0;
+            skipped[decay] = 0;
+            for (size_t j = 0; j < BH * nt; j++) { skipped[decay] += tab_cpu[j]; }
+        }
+        // the pruned attention with documents, at short lengths (the twin's attention is O(T^2))
+        char line[512] = "not run (long rows)";
+        int ok = 1;
+        if (T <= 1100) {
+            AttnPrune pr = {PRUNE_BLOCK, tab_cpu}; // the last tables: with the decay bound
+            attention_set_pruning(1, cases[i].ln_eps);
+            attn_gpu(&t);
+            attention_set_pruning(0, -10.0);
+            attn_reference(&t, t.window, &pr);
+            ok = attn_compare(&t, line, sizeof(line));
+        }
+        check(same[0] && same[1] && skipped[0] > 0 && skipped[1] >= skipped[0] && ok,
+              "gpu tables with documents B=%d T=%d H=%d hd=%d (%d starts, ln eps %g): the documents' tables (-A 0) %s "
+              "the twin's (%d key tiles skipped), with the decay bound (-A 1) %s (%d); pruned attention against the "
+              "twin's pruned reference: %s", B, T, H, hd, doc_starts_count(t.doc, B, T), cases[i].ln_eps,
+              same[0] ? "equal" : "DIFFER from", skipped[0], same[1] ? "equal" : "DIFFER", skipped[1], line);
+        void* bufs[] = {q, k, c, U, partial, tables, doc};
+        for (size_t j = 0; j < sizeof(bufs) / sizeof(bufs[0]); j++) { cudaCheck(cudaFree(bufs[j])); }
+        free(tab_gpu); free(tab_cpu); free(U_gpu);
+        attn_case_free(&t);
+    }
+}
+#endif
+
+// The gate's backward scan with documents (fox_bwd_dlogf_gpu, then forget_gate_backward_gpu) against the twin's rule
+// in fp64: dlogf_t = sum of dc over s >= t in t's document, 0 at a start t0 > 0, and the gate logit's gradient there
+// exactly 0. Lengths from one position a scan thread (T <= 1024) to chunks of 69; documents from two positions to
+// longer than a chunk, and starts on chunk boundaries (every chunk-th position in a stretch). fp64 inside and one
+// rounding to fp32: 1e-6 of max |dlogf| (a start missed or misplaced moves a value by O(1) of it; the control below
+// runs the scan without documents).
+static void gpu_test_documents_gate_scan(void) {
+    struct { int B, T, H, mean_len; } cases[] = {{2, 100, 3, 7}, {1, 3000, 2, 50}, {2, 16421, 5, 300},
+                                                 {1, 70000, 2, 2000}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int B = cases[k].B, T = cases[k].T, H = cases[k].H, chunk = ceil_div(T, FOX_SCAN_THREADS);
+        size_t n = (size_t)B * H * T;
+        int* doc = doc_layout(B, T, cases[k].mean_len, 0, 900 + k);
+        for (int b = 0; b < B; b++) { // starts on chunk boundaries in the middle third
+            for (int t = T / 3; t < 2 * T / 3; t += 7 * chunk) { doc[(size_t)b * T + t] = t; }
+        }
+        for (int b = 0; b < B; b++) { // the starts and ends of the edited layout
+            int* inputs = (int*)calloc_check((size_t)T, sizeof(int), "test");
+            for (int t = 0; t < T; t++) { inputs[t] = doc[(size_t)b * T + t] == t; }
+            document_starts(doc + (size_t)b * T, inputs, 1, T, 1);
+            free(inputs);
+        }
+        document_ends(doc + (size_t)B * T, doc, B, T);
+        uint64_t s = 9100 + k;
+        float* host = (float*)malloc_check(4 * n * sizeof(float), "test"); // dc_col, dc_row, dlogf, gate logits
+        for (size_t i = 0; i < 2 * n; i++) { host[i] = (float)rng_normal(&s); }
+        for (size_t i = 3 * n; i < 4 * n; i++) { host[i] = 2.0f * (float)rng_normal(&s); }
+        float* dev;
+        int* doc_d;
+        cudaCheck(cudaMalloc(&dev, 5 * n * sizeof(float))); // + dz
+        cudaCheck(cudaMalloc(&doc_d, 2 * (size_t)B * T * sizeof(int)));
+        cudaCheck(cudaMemcpy(dev, host, 4 * n * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(doc_d, doc, 2 * (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(dev + 2 * n, 0xFF, n * sizeof(float)));
+        cudaCheck(cudaMemset(dev + 4 * n, 0xFF, n * sizeof(float)));
+        FoxDocs fd = {doc_d, doc_d + (size_t)B * T};
+        double err[2] = {0.0, 0.0}, scale = 1e-30;
+        int zero_dlogf = 1, zero_dz = 1, starts = 0;
+        float* got = (float*)malloc_check(2 * n * sizeof(float), "test"); // dlogf (B, H, T), dz (B, T, H)
+        for (int apart = 1; apart >= 0; apart--) { // apart 0: the scan without documents, the negative control
+            fox_bwd_dlogf_gpu(dev + 2 * n, dev, dev + n, B, T, H, apart ? &fd : NULL, 0);
+            forget_gate_backward_gpu(dev + 4 * n, NULL, 0, dev + 2 * n, dev + 3 * n, B, T, H);
+            cudaCheck(cudaMemcpy(got, dev + 2 * n, n * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(got + n, dev + 4 * n, n * sizeof(float), cudaMemcpyDeviceToHost));
+            for (size_t bh = 0; bh < (size_t)B * H; bh++) {
+                const int* db = doc + bh / H * T;
+                double acc = 0.0;
+                for (int t = T - 1; t >= 0; t--) {
+                    if (t + 1 < T && db[t + 1] == t + 1) { acc = 0.0; }
+                    acc += (double)host[bh * T + t] + host[n + bh * T + t];
+                    int start = t > 0 && db[t] == t;
+                    double ref = start ? 0.0 : acc, d = fabs(got[bh * T + t] - ref);
+                    err[apart] = isnan(d) ? INFINITY : fmax(err[apart], d);
+                    scale = fmax(scale, fabs(ref));
+                    if (apart && start) {
+                        starts++;
+                        zero_dlogf &= got[bh * T + t] == 0.0f;
+                        zero_dz &= got[n + ((bh / H) * T + t) * H + bh % H] == 0.0f;
+                    }
+                }
+            }
+        }
+        check(err[1] / scale <= 1e-6 && zero_dlogf && zero_dz && err[0] / scale > 1e-2,
+              "gpu gate scan with documents B=%d T=%d H=%d (chunks of %d, %d starts): dlogf rel err %.1e <= 1e-6, "
+              "exactly 0 at every start t0 > 0 (%s), the gate logit's gradient too (%s); without documents the scan "
+              "misses by %.1e > 1e-2", B, T, H, chunk, starts, err[1] / scale, zero_dlogf ? "yes" : "NO",
+              zero_dz ? "yes" : "NO", err[0] / scale);
+        cudaCheck(cudaFree(dev)); cudaCheck(cudaFree(doc_d));
+        free(host); free(got); free(doc);
+    }
+}
+
+// The KV-shift kernels with documents (both sets, k and v, in one launch) against the twin's kv_shift_forward /
+// _backward on the same floatX-rounded inputs: raw_{t-1} = 0 at a start, and t - 1 gets nothing from t. Per element
+// |gpu - twin| <= tol |twin| + 1e-6 for out and draw (one rounding to floatX of a two-term sum: tol 4e-3 = 2^-9 plus
+// the sigmoid's ulps in bf16, 1e-5 in fp32), dalpha within tol of max |dalpha| (a sum over hd, in another order, then
+// rounded); control: the twin without documents misses at the starts by more than 10 tol.
+static void gpu_test_documents_kv_shift(void) {
+    struct { int B, T, H, hd, mean_len; } cases[] = {{2, 300, 3, 64, 20}, {1, 257, 2, 128, 3}, {2, 70, 4, 16, 6}};
+#ifdef ENABLE_FP32
+    const double tol = 1e-5;
+#else
+    const double tol = 4e-3;
+#endif
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int B = cases[k].B, T = cases[k].T, H = cases[k].H, hd = cases[k].hd;
+        size_t N = (size_t)B * T, C = (size_t)H * hd, NC = N * C, NH = N * H;
+        int* doc = doc_layout(B, T, cases[k].mean_len, 0, 1300 + k);
+        uint64_t s = 1400 + k;
+        float* h = (float*)malloc_check((2 * NC + NH) * sizeof(float), "test"); // raw, dout, alpha logits
+        for (size_t i = 0; i < 2 * NC; i++) { h[i] = to_float(to_floatX((float)rng_normal(&s))); }
+        for (size_t i = 0; i < NH; i++) { h[2 * NC + i] = 2.0f * (float)rng_normal(&s); }
+        float* alpha = (float*)malloc_check(NH * sizeof(float), "test");
+        for (size_t i = 0; i < NH; i++) { alpha[i] = sigmoidf(h[2 * NC + i]); }
+        floatX *raw = attn_upload(h, NC), *dout = attn_upload(h + NC, NC), *out, *draw, *dal;
+        float* al;
+        int* doc_d;
+        cudaCheck(cudaMalloc(&out, 2 * NC * sizeof(floatX))); cudaCheck(cudaMalloc(&draw, 2 * NC * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dal, 2 * NH * sizeof(floatX))); cudaCheck(cudaMalloc(&al, NH * sizeof(float)));
+        cudaCheck(cudaMalloc(&doc_d, 2 * N * sizeof(int)));
+        cudaCheck(cudaMemcpy(al, h + 2 * NC, NH * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(doc_d, doc, 2 * N * sizeof(int), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(out, 0xFF, 2 * NC * sizeof(floatX)));
+        cudaCheck(cudaMemset(draw, 0xFF, 2 * NC * sizeof(floatX)));
+        cudaCheck(cudaMemset(dal, 0xFF, 2 * NH * sizeof(floatX)));
+        FoxDocs fd = {doc_d, doc_d + N};
+        KVShiftSet set[2] = {{out, raw, al}, {out + NC, raw, al}};
+        kv_shift_forward_gpu(set, 2, N, T, H, hd, &fd);
+        KVShiftGradSet gset[2] = {{draw, dal, dout, raw, al}, {draw + NC, dal + NH, dout, raw, al}};
+        kv_shift_backward_gpu(gset, 2, (int)C, H, N, T, H, hd, &fd);
+        float* g = (float*)malloc_check((4 * NC + 2 * NH) * sizeof(float), "test"); // out x2, draw x2, dalpha x2
+        attn_download(g, out, 2 * NC); attn_download(g + 2 * NC, draw, 2 * NC); attn_download(g + 4 * NC, dal, 2 * NH);
+        float* r = (float*)calloc_check(2 * NC + NH, sizeof(float), "test"); // the twin's out, draw, dalpha
+        double e_out = 0.0, e_draw = 0.0, e_dal = 0.0, miss = 0.0, dal_max = 1e-30;
+        for (int apart = 1; apart >= 0; apart--) {
+            memset(r, 0, (2 * NC + NH) * sizeof(float));
+            kv_shift_forward(r, h, alpha, apart ? doc : NULL, B, T, H, hd);
+            kv_shift_backward(r + NC, r + 2 * NC, h + NC, h, alpha, apart ? doc : NULL, B, T, H, hd);
+            for (int set_i = 0; set_i < 2; set_i++) {
+                for (size_t i = 0; i < NC; i++) {
+                    double eo = fabs(g[set_i * NC + i] - r[i]) - tol * fabs(r[i]) - 1e-6;
+                    double ed = fabs(g[2 * NC + set_i * NC + i] - r[NC + i]) - tol * fabs(r[NC + i]) - 1e-6;
+                    if (apart) { e_out = nan_max(e_out, eo); e_draw = nan_max(e_draw, ed); }
+                    else { miss = fmax(miss, fmax(eo, ed) / tol); }
+                }
+                for (size_t i = 0; i < NH && apart; i++) {
+                    dal_max = fmax(dal_max, fabs(r[2 * NC + i]));
+                    e_dal = nan_max(e_dal, fabs(g[4 * NC + set_i * NH + i] - r[2 * NC + i]));
+                }
+            }
+        }
+        check(e_out <= 0.0 && e_draw <= 0.0 && e_dal / dal_max <= tol && miss > 10.0,
+              "gpu KV-shift with documents B=%d T=%d H=%d hd=%d (%d starts), k and v: out and draw within %.0e of the "
+              "twin's (worst excess %.1e, %.1e), dalpha %.1e of max <= %.0e; the twin without documents misses by %.0f "
+              "tol", B, T, H, hd, doc_starts_count(doc, B, T), tol, e_out, e_draw, e_dal / dal_max, tol, miss);
+        void* bufs[] = {raw, dout, out, draw, dal, al, doc_d};
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cudaCheck(cudaFree(bufs[i])); }
+        free(h); free(alpha); free(g); free(r); free(doc);
+    }
+}
+
+// -f 1 on batches with one context a sequence (no EOT, or one at position 0 only) runs the DOCS kernels on documents
+// that change nothing: the loss and every gradient bit for bit those of -f 0, with and without -A 1, on the fused
+// kernels (hd 64, FoX; hd 128, a Transformer) and the simple ones (hd 16): the documents' paths add no arithmetic.
+static void gpu_test_documents_one_context(void) {
+    struct { const char* preset; int n_embd, n_head; } cases[] = {
+        {"fox-pro-tiny", 128, 2}, {"transformer-pro-tiny", 128, 1}, {"fox-pro-tiny", 32, 2}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        FoxConfig c;
+        test_config(&c, cases[i].preset, cases[i].n_embd, cases[i].n_head, NULL, NULL);
+#ifndef ENABLE_FP32
+        test_hooks.attention_any_head = c.n_embd / c.n_head == 16;
+#endif
+        FoxModel twin;
+        twin_from_config(&twin, &c, 27 + i);
+        enum { B = 2, T = 300 };
+        int inputs[B * T], targets[B * T];
+        random_tokens(inputs, B * T, c.vocab_size - 1, 2100 + i);
+        random_tokens(targets, B * T, c.vocab_size, 2200 + i);
+        GPUModel g;
+        gpu_build(&g, &twin, B, T);
+        size_t np = g.num_parameters;
+        float* grads = (float*)malloc_check(2 * np * sizeof(float), "gradients");
+        int same = 1, runs = 0;
+#ifndef ENABLE_FP32
+        int prune_max = attention_fused(c.n_embd / c.n_head) && c.gate != GATE_NONE; // -A 1 runs in the fused kernels
+#else
+        int prune_max = 0;
+#endif
+        for (int eot0 = 0; eot0 < 2; eot0++) {
+            inputs[0] = eot0 ? c.vocab_size - 1 : 1;
+            for (int prune = 0; prune <= prune_max; prune++) {
+                attention_set_pruning(prune, -10.0);
+                float loss[2];
+                for (int apart = 0; apart < 2; apart++) {
+                    twin.doc_eot = apart ? c.vocab_size - 1 : -1;
+                    gpu_poison(&g);
+                    gpu_zero_grad(&g);
+                    gpu_forward_train(&g, inputs, targets, B, T, 1.0f);
+                    gpu_backward(&g);
+                    loss[apart] = g.mean_loss;
+                    gpu_download(&g, g.grads, grads + apart * np);
+                }
+                same &= loss[0] == loss[1] && memcmp(grads, grads + np, np * sizeof(float)) == 0;
+                runs++;
+            }
+        }
+        attention_set_pruning(0, -10.0);
+        twin.doc_eot = -1;
+        check(same, "gpu documents (-f 1): %s C=%d hd=%d, one context a sequence (no EOT; an EOT at 0)%s: the loss and "
+              "every gradient of -f 0 bit for bit (%d runs)", cases[i].preset, c.n_embd, c.n_embd / c.n_head,
+              prune_max ? ", -A 0 and 1" : "", runs);
+#ifndef ENABLE_FP32
+        test_hooks.attention_any_head = 0;
+#endif
+        free(grads);
+        gpu_free(&g);
+        fox_free(&twin);
+    }
+}
+
 void run_gpu_tests(void) {
     char why[256];
     if (!gpu_available(why, sizeof(why))) {
@@ -5301,6 +5740,7 @@ void run_gpu_tests(void) {
         printf("skipped: no GPU (%s): -r 1 against -r 0, bit for bit\n", why);
         printf("skipped: no GPU (%s): ZeRO-1 slices against one process\n", why);
         printf("skipped: no GPU (%s): evaluation modes through the GPU backend\n", why);
+        printf("skipped: no GPU (%s): documents kept apart (-f 1): kernels, tables, gate scan, KV-shift, model\n", why);
         return;
     }
     gpu_init();
@@ -5339,7 +5779,14 @@ void run_gpu_tests(void) {
 #ifndef ENABLE_FP32
     test_hooks.attention_any_head = 0;
 #endif
-    gpu_test_eval_backend();
+    gpu_test_eval_backend(0);
+    gpu_test_eval_backend(1);
+#ifndef ENABLE_FP32
+    gpu_test_documents_tables();
+#endif
+    gpu_test_documents_gate_scan();
+    gpu_test_documents_kv_shift();
+    gpu_test_documents_one_context();
 }
 #endif // __CUDACC__
 
@@ -5513,6 +5960,7 @@ typedef struct {
     int prune;       // -A 1: eviction
     float ln_eps;
     int evict_model; // gates that forget fast (b_f = -6) and QK-norm scales 1, as the twin's eviction test
+    int docs;        // documents kept apart (-f 1): EOT = GEN_V - 1 at gen_doc_eots in every prompt; 2: the twin only
 } GenCase;
 
 typedef struct {
@@ -5520,13 +5968,17 @@ typedef struct {
     int tokens, same;    // greedy tokens compared, equal to the twin's argmax
     double worst_gap;    // the largest twin top-two gap (of max |twin|) among the tokens that differ
     size_t live, full;   // cache entries at the end
+    size_t twin_live;    // the twin's (fox_decoder_live)
     int peak_pages;
+    int pages_end, pages_live; // pages in use at the end, and those the heads' live positions (and the next) span
     int* out;            // (B, gen) the GPU's tokens
     float* last;         // (B, V) the last logits
     float* all;          // (gen, B, V) the logits of every step
 } GenResult;
 
 enum { GEN_V = 512 };
+// GenCase.docs: EOTs at these positions of each prompt (those below its length), sequence b's shifted by 3 b past 12
+static const int gen_doc_eots[] = {9, 10, 12, 30, 55, 70};
 static int gen_use_mma = 1; // the decoder's matvecs on tensor cores (bf16 build) or CUDA cores
 
 static double gen_row_error(const float* got, const float* ref, int V) {
@@ -5559,13 +6011,20 @@ static void gen_run(const GenCase* c, int use_graph, int corrupt, GenResult* r) 
         for (size_t i = 0; i < (size_t)cf->n_layer * cf->n_head; i++) { m.params.bf[i] = -6.0f; }
     }
     m.prune = c->prune; m.prune_ln_eps = c->ln_eps;
+    m.doc_eot = c->docs ? V - 1 : -1;
     twin_rounded_copy(&mr, &m);
-    mr.prune = m.prune; mr.prune_ln_eps = m.prune_ln_eps;
+    mr.prune = m.prune; mr.prune_ln_eps = m.prune_ln_eps; mr.doc_eot = m.doc_eot;
     int B = c->B, Tp = 0;
     for (int b = 0; b < B; b++) { Tp = c->lens[b] > Tp ? c->lens[b] : Tp; }
     int cap = Tp + c->gen;
     int* tokens = (int*)malloc_check((size_t)B * cap * sizeof(int), "test");
-    random_tokens(tokens, (size_t)B * cap, V, 77);
+    random_tokens(tokens, (size_t)B * cap, c->docs ? V - 1 : V, 77);
+    for (int b = 0; c->docs && b < B; b++) {
+        for (size_t e = 0; e < sizeof(gen_doc_eots) / sizeof(gen_doc_eots[0]); e++) {
+            int at = gen_doc_eots[e] + (gen_doc_eots[e] > 12 ? 3 * b : 0);
+            if (at < c->lens[b]) { tokens[(size_t)b * cap + at] = V - 1; }
+        }
+    }
     FoxDecoder* tw = (FoxDecoder*)calloc_check((size_t)B, sizeof(FoxDecoder), "test");
     FoxDecoder* tr = (FoxDecoder*)calloc_check((size_t)B, sizeof(FoxDecoder), "test");
     for (int b = 0; b < B; b++) { fox_decoder_init(&tw[b], &m, cap); fox_decoder_init(&tr[b], &mr, cap); }
@@ -5574,6 +6033,7 @@ static void gen_run(const GenCase* c, int use_graph, int corrupt, GenResult* r) 
     gpu_poison(&gm);
     GpuDecoder d;
     gpu_decoder_init(&d, &gm, B, cap, c->prune, c->ln_eps, cap);
+    if (c->docs == 2) { d.eot = -1; } // the negative control: the GPU's cache never restarts
     d.use_graph = use_graph;
     d.use_mma = gen_use_mma;
     uint64_t seeds[48];
@@ -5649,8 +6109,11 @@ static void gen_run(const GenCase* c, int use_graph, int corrupt, GenResult* r) 
         int len = d.host_pos[(i / d.H) % B];
         r->live += (size_t)(len - first[i]);
         r->full += (size_t)(len - attention_first_key(len, cf->window));
+        r->pages_live += len / KV_PAGE - first[i] / KV_PAGE + 1;
     }
+    for (int b = 0; b < B; b++) { r->twin_live += fox_decoder_live(&tw[b]); }
     r->peak_pages = d.peak_pages;
+    r->pages_end = decoder_pages_in_use(&d);
     free(first); free(lg); free(tokens);
     gpu_decoder_free(&d);
     gpu_free(&gm);
@@ -5806,6 +6269,43 @@ static void gpu_gen_test_eviction(void) {
     gen_result_free(&r_on); gen_result_free(&r_off); gen_result_free(&r_bad);
 }
 
+// Generation with documents kept apart (-f 1): EOTs in the prompts and among the fed tokens (gen_doc_eots: an empty
+// document, one of a single token, one across a page at 70), the twin's caches restarting there (fox_decoder_restart)
+// and the GPU's (decode_attention_kernel, decode_manage_kernel; prefill_first_kernel after a prefill). Against the
+// twin at gen_check's tolerance; the GPU's live cache equals the twin's (every head keeps what follows the last EOT)
+// and the pages in use are exactly those its live positions and the next one span (the pages before an EOT went
+// back to the pool). Negative control: a GPU cache that never restarts misses the twin's logits.
+static void gpu_gen_test_documents(void) {
+    static const char* none[] = {NULL};
+    static const char* window8[] = {"window", "8", NULL};
+    GenCase cases[] = {
+        {"fox-pro-tiny", none, "fox-pro, -f 1, EOTs fed token by token", 1, {100}, 24, 1, 0, -10.0f, 0, 1},
+        {"transformer-pro-tiny", none, "transformer-pro, -f 1, 2 sequences fed", 2, {100, 100}, 24, 1, 0, -10.0f, 0,
+         1},
+        {"fox-pro-tiny", window8, "fox-pro, window 8, -f 1, fed", 1, {80}, 24, 1, 0, -10.0f, 0, 1},
+        {"fox-pro-tiny", none, "fox-pro, -f 1, prompts with EOTs (prefill)", 3, {37, 100, 64}, 28, 0, 0, -10.0f, 0, 1},
+        {"fox-llama-tiny", none, "fox-llama, -f 1, a prompt ending on an EOT", 1, {71}, 24, 0, 0, -10.0f, 0, 1},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        GenResult r;
+        gen_run(&cases[i], 1, 0, &r);
+        gen_check(&cases[i], &r);
+        check(r.live == r.twin_live && r.pages_end == r.pages_live,
+              "gpu generate, %s: the live cache as the twin's (%zu = %zu entries, %zu without documents); pages in "
+              "use %d = %d, those of the live positions", cases[i].what, r.live, r.twin_live, r.full, r.pages_end,
+              r.pages_live);
+        gen_result_free(&r);
+    }
+    GenCase bad = cases[0];
+    bad.docs = 2;
+    GenResult r;
+    gen_run(&bad, 1, 0, &r);
+    double tol = tolerance(GEN_TOL_LOGITS, r.sens);
+    check(r.err > tol, "gpu generate, -f 1: negative control, a GPU cache that does not restart at an EOT misses the "
+          "twin's logits (err %.1e > %.1e)", r.err, tol);
+    gen_result_free(&r);
+}
+
 static void run_gpu_gen_tests(void) {
     char why[256];
     if (!gpu_available(why, sizeof(why))) {
@@ -5817,6 +6317,7 @@ static void run_gpu_gen_tests(void) {
     gpu_gen_test_sampler();
     gpu_gen_test_models();
     gpu_gen_test_eviction();
+    gpu_gen_test_documents();
 }
 #else
 static void run_gpu_gen_tests(void) { printf("skipped: GPU generation tests (built without nvcc)\n"); }
@@ -5903,6 +6404,7 @@ int main(int argc, char** argv) {
     test_generate_prompts();
     test_group("documents kept apart (-f 1)");
     test_documents_apart();
+    test_documents_gate_gradient();
     test_documents_one_context();
     test_documents_kv_cache();
     test_documents_eval();

@@ -987,8 +987,8 @@ static void sigmoid_inplace(float* x, size_t n) {
 // sequence b, the position in that sequence of its document's first token: the last t' <= t whose input is the EOT
 // token, or 0 when the document began at or before the sequence's start. Each document follows its EOT separator, so
 // an EOT is the first token of its document and attends only to itself. No query sees a key of an earlier document:
-// attention's first key is at least doc, c restarts at each document start (exactly a gate of -inf at the boundary,
-// as if the document were a sequence of its own), the KV-shift takes raw_{t-1} = 0 there, as at t = 0. RoPE is
+// attention's first key is at least doc; a document start t0 > 0 is a forget gate of -inf, so c restarts there from
+// c_t0 = 0 and the gate logit of t0 gets no gradient; the KV-shift takes raw_{t-1} = 0 there, as at t = 0. RoPE is
 // relative and keeps the sequence's positions. The layers take doc = NULL when documents are not kept apart.
 static void document_starts(int* doc, const int* inputs, int B, int T, int eot) {
     for (int b = 0; b < B; b++) {
@@ -1091,10 +1091,13 @@ static int context_end(const int* doc, int T, int t) {
     return doc != NULL ? e : T;
 }
 
-// c (n) = the running sum of log f = logsigmoid(gate_logit) over n positions (gate_logit's stride H), from 0
-static void gate_running_sum(float* c, const float* gate_logit, int n, int H) {
+// c (n) = the running sum of log f = logsigmoid(gate_logit) over n positions (gate_logit's stride H), from 0. restart:
+// position 0 is a document start t0 > 0, whose gate is one of -inf, which the sum does not hold: c_t0 = 0 and c_t sums
+// (t0, t], so c_i - c_j is exact within the document; at t = 0 of a sequence (restart = 0) log f_0 counts.
+static void gate_running_sum(float* c, const float* gate_logit, int n, int H, int restart) {
     float acc = 0.0f;
-    for (int t = 0; t < n; t++) {
+    if (restart) { c[0] = 0.0f; }
+    for (int t = restart; t < n; t++) {
         acc += logsigmoidf(gate_logit[(size_t)t * H]);
         c[t] = acc;
     }
@@ -1109,17 +1112,20 @@ static void forget_gate_forward(float* c, const float* gate_logit, const int* do
             const int* db = doc != NULL ? doc + (size_t)b * T : NULL;
             for (int s = 0, e; s < T; s = e) {
                 e = context_end(db, T, s);
-                gate_running_sum(c + ((size_t)b * H + h) * T + s, gate_logit + ((size_t)b * T + s) * H + h, e - s, H);
+                gate_running_sum(c + ((size_t)b * H + h) * T + s, gate_logit + ((size_t)b * T + s) * H + h, e - s, H,
+                                 s > 0);
             }
         }
     }
 }
 
 // dlogf_t = sum_{s>=t} dc_s over n positions (reverse cumulative sum); dx_t += dlogf_t * sigmoid(-x_t), x the gate
-// logits (stride H, as dgate_logit)
-static void gate_reverse_sum(float* dgate_logit, const float* dc, const float* gate_logit, int n, int H) {
+// logits (stride H, as dgate_logit). restart: position 0 is a document start t0 > 0, whose gate c does not hold: its
+// logit gets nothing (not even a rounded zero), and dc_t0, the gradient of the constant c_t0 = 0, goes nowhere.
+static void gate_reverse_sum(float* dgate_logit, const float* dc, const float* gate_logit, int n, int H,
+                             int restart) {
     float acc = 0.0f;
-    for (int t = n - 1; t >= 0; t--) {
+    for (int t = n - 1; t >= restart; t--) {
         acc += dc[t];
         dgate_logit[(size_t)t * H] += acc * sigmoidf(-gate_logit[(size_t)t * H]);
     }
@@ -1127,9 +1133,9 @@ static void gate_reverse_sum(float* dgate_logit, const float* dc, const float* g
 
 static void forget_gate_backward(float* dgate_logit, const float* dc, const float* gate_logit, const int* doc,
                                  int B, int T, int H) {
-    // forward: c_t = sum_{s<=t} log f_s over s in t's document, log f_s = logsigmoid(x_s)
-    // dlogf_t = sum_{s>=t} dc_s over s in t's document; dx_t = dlogf_t * sigmoid(-x_t).
-    // The boundary's gate of -inf is a constant: it carries no gradient.
+    // forward: c_t = sum of log f_s over s <= t in t's document, less its start t0 > 0; log f_s = logsigmoid(x_s)
+    // dlogf_t = sum_{s>=t} dc_s over s in t's document; dx_t = dlogf_t * sigmoid(-x_t), and dx_t0 = 0 exactly:
+    // the boundary's gate of -inf is a constant.
     #pragma omp parallel for collapse(2) if(parallel_pays((size_t)B * T * H))
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
@@ -1137,7 +1143,8 @@ static void forget_gate_backward(float* dgate_logit, const float* dc, const floa
             for (int s = 0, e; s < T; s = e) {
                 e = context_end(db, T, s);
                 size_t off = ((size_t)b * T + s) * H + h;
-                gate_reverse_sum(dgate_logit + off, dc + ((size_t)b * H + h) * T + s, gate_logit + off, e - s, H);
+                gate_reverse_sum(dgate_logit + off, dc + ((size_t)b * H + h) * T + s, gate_logit + off, e - s, H,
+                                 s > 0);
             }
         }
     }
@@ -2810,8 +2817,8 @@ static void usage(void) {
 "  -A <0|1>    adaptive computation pruning of attention: skip the tiles whose forget-gate decay\n"
 "              bound leaves them less than eps of any row's weight (default 0; README.md)\n"
 "  -L <float>  ln eps of the pruning bound, < 0 (default -10)\n"
-"  -f <0|1>    documents kept apart (training and evaluation; train_fox_cpu only so far): each EOT token\n"
-"              (50256) starts a fresh context that sees nothing before it, the EOT only itself (default 0)\n"
+"  -f <0|1>    documents kept apart (training and evaluation): each EOT token (50256) starts a fresh\n"
+"              context that sees nothing before it, the EOT only itself (default 0)\n"
 "  -r <0|1>    activation recompute (train_fox on GPUs): 0 keeps every activation (default), 1 recomputes\n"
 "              the element-wise and normalisation outputs in the backward (less memory, same gradients)\n"
 "  -X <0|1>    matmul tuning (train_fox on GPUs): 1 times cuBLASLt's candidates for each matmul at start\n"
@@ -3889,7 +3896,8 @@ static int head_cache_slot(HeadCache* hc, int pos, int hd, int slot_cap) {
 
 // A fresh context from position pos on: c and the KV-shift's last raw k and v restart from 0 (k~_{pos-1} = 0), and
 // every head's buffers are freed, its first kept position pos. At pos 0 a new sequence; later the start of a
-// document (-f 1: its EOT token), which sees nothing before it, at the sequence's positions (RoPE is relative).
+// document (-f 1: its EOT token), which sees nothing before it, at the sequence's positions (RoPE is relative), and
+// whose gate c does not hold (c_pos = 0: fox_decode_step adds no log f there).
 static void fox_decoder_restart(FoxDecoder* d, int pos) {
     const FoxConfig* cf = &d->m->config;
     size_t L = (size_t)cf->n_layer;
@@ -4112,7 +4120,8 @@ static void fox_decode_step(FoxDecoder* d, int token) {
     check_tokens(&token, 1, cf->vocab_size, "input");
     if (d->len >= d->max_len) { fail("internal: the KV cache holds at most %d tokens" BUG_HINT, d->max_len); }
     int pos = d->len;
-    if (token == d->m->doc_eot) { fox_decoder_restart(d, pos); } // a document starts: a fresh context
+    int doc_start = token == d->m->doc_eot && pos > 0; // a document starts: a fresh context from c_pos = 0
+    if (token == d->m->doc_eot) { fox_decoder_restart(d, pos); }
     ParameterTensors p = d->m->params;
     DecoderRow* r = &d->row;
     memcpy(r->resid, p.wte + (size_t)token * C, (size_t)C * sizeof(float));
@@ -4153,13 +4162,15 @@ static void fox_decode_step(FoxDecoder* d, int token) {
             memcpy(k_new, r->k_normed, (size_t)C * sizeof(float));
         }
         float* c_last = LAYER(d->c_last, l, H);
-        if (cf->gate != GATE_NONE) { // c continues from the last token: O(1) per token
+        if (cf->gate != GATE_NONE) { // c continues from the last token (O(1) per token); a document start's stays 0
             if (cf->gate == GATE_FULL) {
                 matvec_forward(r->gate_logit, r->xa, LAYER(p.wf, l, (size_t)H * C), LAYER(p.bf, l, H), C, H);
             } else {
                 memcpy(r->gate_logit, LAYER(p.bf, l, H), (size_t)H * sizeof(float));
             }
-            for (int h = 0; h < H; h++) { c_last[h] += logsigmoidf(r->gate_logit[h]); }
+            if (!doc_start) {
+                for (int h = 0; h < H; h++) { c_last[h] += logsigmoidf(r->gate_logit[h]); }
+            }
         }
         decode_attention_layer(d, l, pos, r->q, k_new, v_new, cf->gate != GATE_NONE ? c_last : NULL, r->o);
         if (cf->output_norm) {

@@ -31,7 +31,8 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: gpu_init_device, gpu_init, gpu_available, gpu_peak_flops
 // device helpers shared by the kernels
 // defines: warp_sum, warp_max, block_sum, block_max, sigmoid_gpu, logsigmoid_gpu, ex2_ftz, warp_blocks,
-// defines: elem_blocks, PackX, Pack4X, load_floats, head_lanes, head_blocks, group_sum
+// defines: elem_blocks, PackX, Pack4X, load_floats, head_lanes, head_blocks, group_sum, FoxDocs, docs_or_none,
+// defines: doc_starts_at
 // encoder
 // defines: encoder_forward_kernel, encoder_backward_kernel, encoder_forward_gpu, encoder_backward_gpu
 // matmuls
@@ -59,9 +60,9 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // Forgetting attention
 // defines: attention_forward_kernel, attention_backward_dq_kernel, attention_backward_dkdv_kernel,
 // defines: fox_prune_count_kernel, attention_delta_kernel, fox_bwd_delta_kernel, fox_bwd_dlogf_kernel,
-// defines: fox_prune_tables, fox_forward_kernel16, fox_attention_forward, fox_backward_dkdv_kernel20,
-// defines: fox_backward_dq_kernel20, fox_attention_backward, attention_set_pruning, attention_pruned_share,
-// defines: attention_forward_gpu, attention_backward_gpu
+// defines: fox_bwd_dlogf_gpu, fox_prune_tables, fox_forward_kernel16, FOX_PICK, fox_attention_forward,
+// defines: fox_backward_dkdv_kernel20, fox_backward_dq_kernel20, fox_attention_backward, attention_set_pruning,
+// defines: attention_pruned_share, tiles_counted, attention_forward_gpu, attention_backward_gpu
 // output norm and gate
 // defines: output_norm_gate_forward_kernel, output_norm_gate_backward_kernel, output_norm_gate_forward_gpu,
 // defines: output_norm_gate_backward_gpu
@@ -81,8 +82,8 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: layout_activations, layout_grad_buffers, gpu_memory_needed, gpu_config_problem, gpu_build_dist,
 // defines: gpu_build, gpu_free
 // forward and backward of the whole model
-// defines: LayerActs, layer_acts, head_proj_layer, kv_shift_forward_layer, qk_norm_rope_forward_layer,
-// defines: output_norm_gate_forward_layer, gpu_recompute_layer, gpu_forward_kernels, gpu_forward,
+// defines: LayerActs, layer_acts, head_proj_layer, gpu_docs, kv_shift_forward_layer, qk_norm_rope_forward_layer,
+// defines: output_norm_gate_forward_layer, gpu_recompute_layer, document_ends, gpu_forward_kernels, gpu_forward,
 // defines: gpu_forward_train, gpu_backward_kernels, gpu_encoder_backward, gpu_backward, gpu_train_micro_step,
 // defines: gpu_tune_matmuls
 // optimiser
@@ -396,6 +397,20 @@ __device__ static inline float head_rstd(float ss, int norm, float* rstd, size_t
     float s = 1.0f / sqrtf(group_sum(ss, G) / (float)hd + eps);
     if (store) { rstd[row] = s; }
     return s;
+}
+
+// Documents kept apart (-f 1; dev/fox.md, "Documents kept apart") as the kernels read them: for token n = (b, t) of a
+// (B, T) batch, start[n] the position in sequence b of its document's first token (the twin's document_starts) and
+// end[n] one past its last: the next document start after t, or T. A kernel that takes them has a template flag DOCS
+// whose false instance is its code without documents; its launcher takes a FoxDocs pointer, NULL without documents.
+typedef struct { const int* start; const int* end; } FoxDocs;
+static FoxDocs docs_or_none(const FoxDocs* docs) {
+    FoxDocs none = {NULL, NULL};
+    return docs != NULL ? *docs : none;
+}
+// whether token n, at position t of its sequence, starts a document after the sequence's start
+__device__ static inline bool doc_starts_at(const FoxDocs& docs, size_t n, int t) {
+    return t > 0 && docs.start[n] == t;
 }
 
 // ----------------------------------------------------------------------------
@@ -1503,15 +1518,17 @@ static void head_proj_backward_gpu(float* dx, const HeadProj* hp, const floatX* 
 typedef struct { floatX* out; const floatX* raw; const float* alpha_logit; } KVShiftSet;
 
 // KV-shift, per head: out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t, raw_{-1} = 0, a = sigmoid(z); XPACK consecutive
-// channels of one token per thread (one head's: hd % XPACK == 0, see head_lanes)
-__global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, int T, int H, int hd) {
+// channels of one token per thread (one head's: hd % XPACK == 0, see head_lanes). DOCS: raw_{t-1} = 0 also where t
+// starts a document.
+template <bool DOCS>
+__global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, int T, int H, int hd, FoxDocs docs) {
     floatX* out = blockIdx.y ? s1.out : s0.out;
     const floatX* raw = blockIdx.y ? s1.raw : s0.raw;
     const float* alpha_logit = blockIdx.y ? s1.alpha_logit : s0.alpha_logit;
     size_t C = (size_t)H * hd, idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * C) { return; }
     size_t n = idx / C;
-    int has_prev = n % T > 0;
+    int has_prev = n % T > 0 && !(DOCS && doc_starts_at(docs, n, (int)(n % T)));
     float a = sigmoid_gpu(alpha_logit[n * H + (idx % C) / hd]);
     PackX cur = *(const PackX*)(raw + idx), res;
     PackX prev = has_prev ? *(const PackX*)(raw + idx - C) : cur;
@@ -1530,12 +1547,14 @@ typedef struct {
     const floatX *dout, *raw;
     const float* alpha_logit;
 } KVShiftGradSet;
+template <bool DOCS>
 __global__ void __launch_bounds__(HEAD_THREADS, 5)
 kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a, size_t N, int T, int H, int hd,
-                         int G) {
+                         int G, FoxDocs docs) {
     // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
     // draw_t = (1 - a_t) dout_t + a_{t+1} dout_{t+1}   (gathered, so rows never race)
     // dz_t = a_t (1 - a_t) * sum_i dout_t,i (raw_{t-1},i - raw_t,i)
+    // DOCS: where t starts a document raw_{t-1} = 0, and t - 1 gets nothing from t
     floatX* draw = blockIdx.y ? s1.draw : s0.draw;
     floatX* dalpha_logit = blockIdx.y ? s1.dalpha_logit : s0.dalpha_logit;
     const floatX* dout = blockIdx.y ? s1.dout : s0.dout;
@@ -1547,7 +1566,8 @@ kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a,
     size_t n = row / H, C = (size_t)H * hd;
     float a = 0.0f, da = 0.0f;
     if (active) {
-        int has_prev = n % T > 0, has_next = n % T + 1 < (size_t)T;
+        int has_prev = n % T > 0 && !(DOCS && doc_starts_at(docs, n, (int)(n % T)));
+        int has_next = n % T + 1 < (size_t)T && !(DOCS && doc_starts_at(docs, n + 1, (int)(n % T) + 1));
         a = sigmoid_gpu(alpha_logit[row]);
         float a_next = has_next ? sigmoid_gpu(alpha_logit[row + H]) : 0.0f;
         for (int e = j * XPACK; e < hd; e += half) { // the lane's two packs
@@ -1570,20 +1590,23 @@ kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a,
 }
 
 // out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head for the n <= 2 sets set[0 .. n - 1] (k, v: those whose shift is
-// on); out, raw (B, T, H, hd), alpha_logit (B, T, H); N = B T
-static void kv_shift_forward_gpu(const KVShiftSet set[2], int n, size_t N, int T, int H, int hd) {
+// on); out, raw (B, T, H, hd), alpha_logit (B, T, H); N = B T; docs: cut at the document starts, or NULL
+static void kv_shift_forward_gpu(const KVShiftSet set[2], int n, size_t N, int T, int H, int hd,
+                                 const FoxDocs* docs) {
     if (n == 0) { return; }
     size_t NC = N * H * hd;
-    kv_shift_forward_kernel<<<dim3(elem_blocks(NC / XPACK), n), 256>>>(set[0], set[n - 1], N, T, H, hd);
+    auto kernel = docs != NULL ? kv_shift_forward_kernel<true> : kv_shift_forward_kernel<false>;
+    kernel<<<dim3(elem_blocks(NC / XPACK), n), 256>>>(set[0], set[n - 1], N, T, H, hd, docs_or_none(docs));
     launchCheck();
 }
 
 // the sets' draw (rows ld long) and dalpha_logit (rows ld_a long) from dout (n >= 1)
 static void kv_shift_backward_gpu(const KVShiftGradSet set[2], int n, int ld, int ld_a, size_t N, int T, int H,
-                                  int hd) {
+                                  int hd, const FoxDocs* docs) {
     int G = head_lanes(hd);
-    kv_shift_backward_kernel<<<dim3(head_blocks(N * H, G), n), HEAD_THREADS>>>(set[0], set[n - 1], ld, ld_a, N, T, H,
-                                                                               hd, G);
+    auto kernel = docs != NULL ? kv_shift_backward_kernel<true> : kv_shift_backward_kernel<false>;
+    kernel<<<dim3(head_blocks(N * H, G), n), HEAD_THREADS>>>(set[0], set[n - 1], ld, ld_a, N, T, H, hd, G,
+                                                             docs_or_none(docs));
     launchCheck();
 }
 
@@ -1750,6 +1773,14 @@ static void qk_norm_rope_backward_gpu(QKNormGradSet q, QKNormGradSet k, int grou
 // sums a contiguous chunk, a scan over the chunk totals gives each chunk its carry, then each thread re-walks its chunk
 // from it; the order is fixed, so the result is deterministic. gate_logit's column is H floats a step apart and the
 // work is latency bound: each thread issues GATE_BATCH loads before it uses the first.
+// Documents (-f 1): c stays this plain running sum over the sequence. The attention kernels mask the keys before each
+// query's document (FoxDocs), and within a document c_i - c_j is the twin's c_i - c_j, the sum over (j, i], in exact
+// arithmetic: the twin restarts c at every document start t0 > 0 (c_t0 = 0), which only moves a document's c by the
+// constant c_t0, cancelling in every logit. The attention's tile arithmetic takes c relative to one reference per tile
+// and needs c never to increase (fox_lean_logits, fox_lean_qterm), which a restart would break at every document start.
+// Precision: c_i - c_j is formed from values of the sequence's magnitude, as with -f 0 at the same T (the twin's from a
+// document's). The backward segments (fox_bwd_dlogf_kernel): dlogf sums dc over t's document only and is 0 at a
+// document start t0 > 0, whose gate c does not hold, so its logit's gradient is exactly 0, as the twin's.
 #define GATE_THREADS 1024
 #define GATE_BATCH 8
 __global__ void __launch_bounds__(GATE_THREADS)
@@ -1871,9 +1902,12 @@ static size_t attention_forward_smem(int hd) {
 }
 
 // o (B, T, H, hd) and lse (B, H, T) of WARPS_PER_BLOCK query rows per block, a warp each; lane = key of the
-// ATT_TILE-key tile, the softmax online over the tiles (fp32 throughout)
+// ATT_TILE-key tile, the softmax online over the tiles (fp32 throughout). DOCS: query i sees no key before its
+// document's start, and the tiles before the first row's document are not read (every logit there masked).
+template <bool DOCS>
 __global__ void attention_forward_kernel(floatX* o, float* lse, const floatX* q, const floatX* k, const floatX* v,
-                                         const float* c, int T, int H, int hd, int window, float scale) {
+                                         const float* c, int T, int H, int hd, int window, float scale,
+                                         FoxDocs docs) {
     extern __shared__ float smem[];
     int ld = hd + 1; // odd stride: the lanes of a warp read distinct banks
     float* ks = smem;                      // (ATT_TILE, ld)
@@ -1886,16 +1920,18 @@ __global__ void attention_forward_kernel(floatX* o, float* lse, const floatX* q,
     const float* ch = c != NULL ? c + (size_t)bh * T : NULL;
     load_head_rows(qs, hd, q, b, h, i0, WARPS_PER_BLOCK, T, H, hd);
     float ci = live && ch != NULL ? ch[i] : 0.0f;
+    int j_first = first_key_gpu(i0, window), doc_i = DOCS && live ? docs.start[(size_t)b * T + i] : 0;
+    if (DOCS) { j_first = max(j_first, docs.start[(size_t)b * T + i0]); }
     float m = -INFINITY, l = 0.0f, acc[MAX_HD_LANE];
     #pragma unroll
     for (int r = 0; r < MAX_HD_LANE; r++) { acc[r] = 0.0f; }
-    for (int j0 = first_key_gpu(i0, window) / ATT_TILE * ATT_TILE; j0 <= i_last; j0 += ATT_TILE) {
+    for (int j0 = j_first / ATT_TILE * ATT_TILE; j0 <= i_last; j0 += ATT_TILE) {
         __syncthreads(); // the previous tile is consumed
         load_head_rows(ks, ld, k, b, h, j0, ATT_TILE, T, H, hd);
         load_head_rows(vs, ld, v, b, h, j0, ATT_TILE, T, H, hd);
         __syncthreads();
         int j = j0 + lane;
-        int valid = live && j <= i && j >= first_key_gpu(i, window);
+        int valid = live && j <= i && j >= first_key_gpu(i, window) && !(DOCS && j < doc_i);
         float s = -INFINITY; // masked before exponentiating: never exp of c_i - c_j above the diagonal
         if (valid) {
             float dot = 0.0f;
@@ -1933,10 +1969,13 @@ static size_t attention_backward_smem(int hd) {
     return sizeof(float) * ((size_t)ATT_TILE * (hd + 1) * 2 + (size_t)WARPS_PER_BLOCK * hd * 2 + 3 * ATT_TILE);
 }
 
-// dq and the row part of dc, one warp per query row (it owns dq_i and dc_row_i); key tiles staged in shared memory
+// dq and the row part of dc, one warp per query row (it owns dq_i and dc_row_i); key tiles staged in shared memory.
+// DOCS: as the forward's
+template <bool DOCS>
 __global__ void attention_backward_dq_kernel(floatX* dq, float* dc_row, const floatX* dout, const floatX* q,
                                              const floatX* k, const floatX* v, const float* lse, const float* delta,
-                                             const float* c, int T, int H, int hd, int window, float scale) {
+                                             const float* c, int T, int H, int hd, int window, float scale,
+                                             FoxDocs docs) {
     // forward: s_ij = scale q_i.k_j + c_i - c_j, p_ij = exp(s_ij - lse_i), o_i = sum_j p_ij v_j
     // dp_ij = dout_i . v_j, ds_ij = p_ij (dp_ij - Delta_i), dq_i = scale sum_j ds_ij k_j
     // dc_row_i = sum_j ds_ij (as query); the key kernel writes the column part
@@ -1955,17 +1994,19 @@ __global__ void attention_backward_dq_kernel(floatX* dq, float* dc_row, const fl
     load_head_rows(dos, hd, dout, b, h, i0, WARPS_PER_BLOCK, T, H, hd);
     float ci = live && ch != NULL ? ch[i] : 0.0f;
     float row_lse = live ? lse[(size_t)bh * T + i] : 0.0f, row_delta = live ? delta[(size_t)bh * T + i] : 0.0f;
+    int j_first = first_key_gpu(i0, window), doc_i = DOCS && live ? docs.start[(size_t)b * T + i] : 0;
+    if (DOCS) { j_first = max(j_first, docs.start[(size_t)b * T + i0]); }
     float acc[MAX_HD_LANE], ds_sum = 0.0f;
     #pragma unroll
     for (int r = 0; r < MAX_HD_LANE; r++) { acc[r] = 0.0f; }
-    for (int j0 = first_key_gpu(i0, window) / ATT_TILE * ATT_TILE; j0 <= i_last; j0 += ATT_TILE) {
+    for (int j0 = j_first / ATT_TILE * ATT_TILE; j0 <= i_last; j0 += ATT_TILE) {
         __syncthreads();
         load_head_rows(ks, ld, k, b, h, j0, ATT_TILE, T, H, hd);
         load_head_rows(vs, ld, v, b, h, j0, ATT_TILE, T, H, hd);
         __syncthreads();
         int j = j0 + lane;
         float ds = 0.0f;
-        if (live && j <= i && j >= first_key_gpu(i, window)) {
+        if (live && j <= i && j >= first_key_gpu(i, window) && !(DOCS && j < doc_i)) {
             float dot = 0.0f, dp = 0.0f;
             for (int d = 0; d < hd; d++) {
                 dot += qs[warp * hd + d] * ks[lane * ld + d];
@@ -1995,11 +2036,13 @@ __global__ void attention_backward_dq_kernel(floatX* dq, float* dc_row, const fl
 }
 
 // dk, dv and the column part of dc, one warp per key row (it owns dk_j, dv_j, dc_col_j: no atomics); query tiles
-// staged in shared memory
+// staged in shared memory. DOCS: key j is seen by no query past its document's end, and the query tiles past the
+// last key's document are not read.
+template <bool DOCS>
 __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc_col, const floatX* dout,
                                                const floatX* q, const floatX* k, const floatX* v, const float* lse,
                                                const float* delta, const float* c, int T, int H, int hd, int window,
-                                               float scale) {
+                                               float scale, FoxDocs docs) {
     // dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i
     // dc_j = sum_i ds_ji - sum_i ds_ij (row sum as query, minus column sum as key); this
     // kernel writes dc_col_j = -sum_i ds_ij, the dq kernel the row sum (see fox_bwd_dlogf_kernel)
@@ -2017,6 +2060,8 @@ __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc
     int j_first = blockIdx.x * WARPS_PER_BLOCK, j = j_first + warp;
     int live = j < T, j_last = min(j_first + WARPS_PER_BLOCK - 1, T - 1);
     int i_end = window > 0 ? min(T - 1, j_last + window - 1) : T - 1;
+    int end_j = DOCS && live ? docs.end[(size_t)b * T + j] : T;
+    if (DOCS) { i_end = min(i_end, docs.end[(size_t)b * T + j_last] - 1); }
     const float* ch = c != NULL ? c + (size_t)bh * T : NULL;
     load_head_rows(ks, hd, k, b, h, j_first, WARPS_PER_BLOCK, T, H, hd);
     load_head_rows(vs, hd, v, b, h, j_first, WARPS_PER_BLOCK, T, H, hd);
@@ -2037,7 +2082,7 @@ __global__ void attention_backward_dkdv_kernel(floatX* dk, floatX* dv, float* dc
         __syncthreads();
         int i = i0 + lane;
         float p = 0.0f, ds = 0.0f;
-        if (live && i < T && i >= j && (window == 0 || i - j < window)) {
+        if (live && i < T && i >= j && (window == 0 || i - j < window) && !(DOCS && i >= end_j)) {
             float dot = 0.0f, dp = 0.0f;
             for (int d = 0; d < hd; d++) {
                 dot += qs[lane * ld + d] * ks[warp * hd + d];
@@ -2139,28 +2184,48 @@ __global__ void fox_bwd_delta_kernel(float* delta, const bf16* dout, const bf16*
 // dlogf_t = sum_{s>=t} dc_s, dc = dc_col + dc_row, one (b, h) per block: each thread sums a contiguous chunk, a suffix
 // scan over the chunk sums gives each chunk its carry; fp64 inside, fixed order. The row part is 0 in exact arithmetic
 // but not with Delta from the rounded o: keeping it makes dlogf_0 = sum_t dc_t cancel to ~0, as it must (c_0 cancels in
-// every row).
+// every row). DOCS (docs: the batch's, H heads) segments the scan at the document starts, as the twin's
+// forget_gate_backward: dlogf_t sums s from t to the end of t's document only (a chunk's sum stops at the first start
+// after its first position, and the scan adds no chunk past a start: end[t0] is the first start after t0), and
+// dlogf_t0 = 0 exactly at a document start t0 > 0.
 #define FOX_SCAN_THREADS 1024
+template <bool DOCS>
 __global__ void __launch_bounds__(FOX_SCAN_THREADS) fox_bwd_dlogf_kernel(float* dlogf, const float* dc_col,
-                                                                         const float* dc_row, int T) {
+                                                                         const float* dc_row, int T, FoxDocs docs,
+                                                                         int H) {
     __shared__ double part[FOX_SCAN_THREADS];
     const float* xc = dc_col + (size_t)blockIdx.x * T;
     const float* xr = dc_row + (size_t)blockIdx.x * T;
     float* y = dlogf + (size_t)blockIdx.x * T;
+    size_t b0 = (size_t)(blockIdx.x / H) * T; // DOCS: the sequence's first token
     int tid = threadIdx.x, chunk = (int)ceil_div(T, FOX_SCAN_THREADS);
     int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
     double sum = 0;
-    for (int t = t0; t < t1; t++) sum += (double)xc[t] + xr[t];
+    int stop = DOCS && t0 < T ? min(t1, docs.end[b0 + t0]) : t1;
+    for (int t = t0; t < stop; t++) sum += (double)xc[t] + xr[t];
     part[tid] = sum;
     __syncthreads();
     for (int off = 1; off < FOX_SCAN_THREADS; off <<= 1) {  // inclusive suffix scan
         double add = tid + off < FOX_SCAN_THREADS ? part[tid + off] : 0.0;
+        if (DOCS && t0 < T && docs.end[b0 + t0] <= min(T, (tid + off) * chunk)) add = 0.0; // a start in between
         __syncthreads();
         part[tid] += add;
         __syncthreads();
     }
     double run = tid + 1 < FOX_SCAN_THREADS ? part[tid + 1] : 0.0;
-    for (int t = t1 - 1; t >= t0; t--) { run += (double)xc[t] + xr[t]; y[t] = (float)run; }
+    for (int t = t1 - 1; t >= t0; t--) {
+        if (DOCS && t + 1 < T && doc_starts_at(docs, b0 + t + 1, t + 1)) run = 0.0;
+        run += (double)xc[t] + xr[t];
+        y[t] = DOCS && doc_starts_at(docs, b0 + t, t) ? 0.f : (float)run;
+    }
+}
+
+// dlogf (B, H, T) from dc's two parts, segmented at the document starts of docs (or NULL: not)
+static void fox_bwd_dlogf_gpu(float* dlogf, const float* dc_col, const float* dc_row, int B, int T, int H,
+                              const FoxDocs* docs, cudaStream_t s) {
+    auto kernel = docs != NULL ? fox_bwd_dlogf_kernel<true> : fox_bwd_dlogf_kernel<false>;
+    kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc_col, dc_row, T, docs_or_none(docs), H);
+    launchCheck();
 }
 
 // ---- the fused kernels (bf16 build): shared pieces ----
@@ -2293,31 +2358,42 @@ __global__ void fox_prune_bound_kernel(float* U, const float2* partial, int BH, 
     U[bh] = sqrtf(mq) * sqrtf(mk) / sqrtf((float)hd);
 }
 
-// prune_skip of train_fox.c
-__device__ __forceinline__ bool fox_prune_skip(const float* ch, int qt, int kt, float delta) {
+// prune_skip of train_fox.c. DOCS: start, the sequence's document starts, skips the tiles before the document of the
+// query tile's first query; ch NULL: no decay bound (then only the documents prune)
+template <bool DOCS>
+__device__ __forceinline__ bool fox_prune_skip(const float* ch, const int* start, int qt, int kt, float delta) {
+    if (DOCS) {
+        if (kt >= qt) return false;
+        if (start[qt * PRUNE_BLOCK] > kt * PRUNE_BLOCK + PRUNE_BLOCK - 1) return true;
+        return ch != nullptr && ch[qt * PRUNE_BLOCK] - ch[kt * PRUNE_BLOCK + PRUNE_BLOCK - 1] < delta;
+    }
     return kt < qt && ch[qt * PRUNE_BLOCK] - ch[kt * PRUNE_BLOCK + PRUNE_BLOCK - 1] < delta;
 }
 
 // key_start, query_end (B*H, nt) as prune_tiles, base: prune_delta_base. A warp per (b, h, tile) runs the twin's two
 // linear scans 32 tiles a step (a ballot, then the lowest lane that stops): the same first kept key tile and the same
-// end as the twin, in nt / 32 steps instead of nt.
+// end as the twin, in nt / 32 steps instead of nt. DOCS: with the documents' rule (docs: the batch's, H heads); c, U
+// NULL: without the decay bound.
+template <bool DOCS>
 __global__ void fox_prune_tiles_kernel(int* key_start, int* query_end, const float* c, const float* U, int BH, int T,
-                                       int nt, float base) {
+                                       int nt, float base, FoxDocs docs, int H) {
     size_t idx = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (idx >= (size_t)BH * nt) return; // the whole warp
     size_t bh = idx / nt;
     int t = (int)(idx % nt);
-    const float* ch = c + bh * T;
-    float delta = base - 2.0f * U[bh];
+    const float* ch = !DOCS || c != nullptr ? c + bh * T : nullptr;
+    const int* start = DOCS ? docs.start + bh / H * T : nullptr;
+    float delta = !DOCS || U != nullptr ? base - 2.0f * U[bh] : 0.f;
     int s = 0; // the first key tile that is not skipped: at most t (the diagonal tile is kept)
     for (;; s += 32) {
-        unsigned kept = __ballot_sync(0xffffffffu, !fox_prune_skip(ch, t, s + lane, delta));
+        unsigned kept = __ballot_sync(0xffffffffu, !fox_prune_skip<DOCS>(ch, start, t, s + lane, delta));
         if (kept != 0) { s += __ffs(kept) - 1; break; }
     }
     int e = t + 1; // the first query tile that skips key tile t, or nt
     for (; e < nt; e += 32) {
-        unsigned skips = __ballot_sync(0xffffffffu, e + lane < nt && fox_prune_skip(ch, e + lane, t, delta));
+        bool skip = e + lane < nt && fox_prune_skip<DOCS>(ch, start, e + lane, t, delta);
+        unsigned skips = __ballot_sync(0xffffffffu, skip);
         if (skips != 0) { e += __ffs(skips) - 1; break; }
     }
     if (lane == 0) {
@@ -2327,19 +2403,26 @@ __global__ void fox_prune_tiles_kernel(int* key_start, int* query_end, const flo
 }
 
 // Fills `tables` (2 * B*H*nt ints: key_start, then query_end) and U (B*H) for q, k, c; partial: scratch of B*H*ceil(T /
-// PRUNE_NORM_ROWS) float2. The twin computes the same tables from the same U and c (test_fox.cu checks they match).
+// PRUNE_NORM_ROWS) float2. docs: with the documents' rule, or NULL; c NULL (with docs only): no decay bound, and no U.
+// The twin computes the same tables from the same U, c and document starts (test_fox.cu checks they match).
 static void fox_prune_tables(int* tables, float* U, float2* partial, const bf16* q, const bf16* k, const float* c,
-                             int B, int T, int H, int hd, int stride_qkv, float ln_eps, cudaStream_t s) {
+                             int B, int T, int H, int hd, int stride_qkv, float ln_eps, const FoxDocs* docs,
+                             cudaStream_t s) {
+    if (c == NULL && docs == NULL) { fail("fox_prune_tables: no decay bound and no documents" BUG_HINT); }
     int BH = B * H, nt = ceil_div(T, PRUNE_BLOCK), chunks = ceil_div(T, PRUNE_NORM_ROWS);
     dim3 grid((unsigned)chunks, (unsigned)BH);
-    if (hd == 64) fox_prune_norms_kernel<64><<<grid, PRUNE_NORM_ROWS, 0, s>>>(partial, q, k, T, H, stride_qkv);
-    else fox_prune_norms_kernel<128><<<grid, PRUNE_NORM_ROWS, 0, s>>>(partial, q, k, T, H, stride_qkv);
-    launchCheck();
-    fox_prune_bound_kernel<<<(unsigned)ceil_div(BH, 128), 128, 0, s>>>(U, partial, BH, chunks, hd);
-    launchCheck();
+    if (c != NULL) {
+        if (hd == 64) fox_prune_norms_kernel<64><<<grid, PRUNE_NORM_ROWS, 0, s>>>(partial, q, k, T, H, stride_qkv);
+        else fox_prune_norms_kernel<128><<<grid, PRUNE_NORM_ROWS, 0, s>>>(partial, q, k, T, H, stride_qkv);
+        launchCheck();
+        fox_prune_bound_kernel<<<(unsigned)ceil_div(BH, 128), 128, 0, s>>>(U, partial, BH, chunks, hd);
+        launchCheck();
+    }
     // a warp per (b, h, tile), 8 warps a block
-    fox_prune_tiles_kernel<<<(unsigned)ceil_div(BH * nt, 8), 256, 0, s>>>(tables, tables + (size_t)BH * nt, c, U, BH,
-                                                                         T, nt, prune_delta_base(ln_eps, T));
+    auto kernel = docs != NULL ? fox_prune_tiles_kernel<true> : fox_prune_tiles_kernel<false>;
+    kernel<<<(unsigned)ceil_div(BH * nt, 8), 256, 0, s>>>(tables, tables + (size_t)BH * nt, c, c != NULL ? U : NULL,
+                                                          BH, T, nt, prune_delta_base(ln_eps, T), docs_or_none(docs),
+                                                          H);
     launchCheck();
 }
 
@@ -2536,22 +2619,25 @@ __device__ __forceinline__ void fox_forward_producer(const FoxForwardSmem<HD, BC
 }
 
 // The forward's online softmax of one tile, in the consumer after S = Q K^T landed (s: the tile's scores, turned into
-// P): the logits (masked only in the tiles that touch the diagonal, the window edge or T), K's stage released, the lazy
-// maximum (alpha: O's rescale, applied by the caller after the previous P V; returns whether it is
+// P): the logits (masked only in the tiles that touch the diagonal, the window edge or T, and DOCS: a document start
+// of the warpgroup's rows, the last of which is doc_last; row_doc: the thread's rows' document starts), K's stage
+// released, the lazy maximum (alpha: O's rescale, applied by the caller after the previous P V; returns whether it is
 // needed), p = 2^(x - m) and l.
-template<int BC, bool GATE>
+template<int BC, bool GATE, bool DOCS>
 __device__ __forceinline__ bool fox_forward_softmax(float* s, float m[2], float l[2], float alpha[2],
                                                     uint64_t* emptyK, const float* sCb, float cref_l2,
                                                     const int rows[2], int j0, int i0w, int T, int window,
-                                                    float scale_log2) {
+                                                    float scale_log2, const int row_doc[2], int doc_last) {
     int lane = threadIdx.x % 32, tq = lane % 4;
     float mx[2];
-    if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+    if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window) ||
+        (DOCS && j0 < doc_last)) {
         int hi[2], lo[2];  // visible column offsets of each row, less this thread's 2 tq
         #pragma unroll
         for (int r = 0; r < 2; r++) {
             hi[r] = min(rows[r], T - 1) - j0 - 2 * tq;
             lo[r] = (window > 0 ? rows[r] - window + 1 - j0 : -BC) - 2 * tq;
+            if (DOCS) lo[r] = max(lo[r], row_doc[r] - j0 - 2 * tq);
         }
         fox_lean_logits<BC, GATE, true>(s, mx, sCb, cref_l2, tq, scale_log2, hi, lo);
     } else {
@@ -2602,13 +2688,13 @@ __device__ __forceinline__ void fox_forward_pv_last(float* acc, uint32_t (&pa)[B
 // The forward consumer's mainloop over one pair's visible tiles [na, nb) (ring tiles it + n): tile n's S = Q K^T and
 // tile n-1's O += P V issued back to back, a wait for S only, tile n's softmax under P V, then the wait for it, O
 // rescaled (alpha from before the wait) and P refilled; then the last tile's P V. K(n) is released after tile n's
-// logits, V(n-1) after its P V; no block-wide barrier.
-template<int HD, int BC, int ST, int NWG, bool GATE>
+// logits, V(n-1) after its P V; no block-wide barrier. row_doc, doc_last: DOCS, see fox_forward_softmax.
+template<int HD, int BC, int ST, int NWG, bool GATE, bool DOCS>
 __device__ __forceinline__ void fox_forward_mainloop(float* acc, float m[2], float l[2],
                                                      const FoxForwardSmem<HD, BC, ST, NWG>& sm, uint64_t dQ,
                                                      uint64_t dK0, uint64_t dV0, float cref_l2, const int rows[2],
                                                      int i0w, int jt_end, int it, int na, int nb, int T, int window,
-                                                     float scale_log2) {
+                                                     float scale_log2, const int row_doc[2], int doc_last) {
     constexpr int BR = 64 * NWG;
     constexpr uint32_t STAGE = BC * HD * sizeof(bf16);
     int lane = threadIdx.x % 32;
@@ -2638,8 +2724,9 @@ __device__ __forceinline__ void fox_forward_mainloop(float* acc, float m[2], flo
         wgmma_pin<BC / 2>(s);
 
         float alpha[2];
-        bool resc = fox_forward_softmax<BC, GATE>(s, m, l, alpha, &sm.emptyK[st], sm.sC + st * BC, cref_l2, rows,
-                                                  (jt_end - 1 - n) * BC, i0w, T, window, scale_log2);
+        bool resc = fox_forward_softmax<BC, GATE, DOCS>(s, m, l, alpha, &sm.emptyK[st], sm.sC + st * BC, cref_l2,
+                                                        rows, (jt_end - 1 - n) * BC, i0w, T, window, scale_log2,
+                                                        row_doc, doc_last);
         wgmma_wait0();  // the previous tile's P V: its V stage is free, O can be rescaled, pa refilled
         wgmma_pin<HD / 2>(acc); wgmma_use_a<BC / 16>(pa);
         if (n > na && lane == 0) mbar_arrive(&sm.emptyV[pst]);
@@ -2661,11 +2748,12 @@ __device__ __forceinline__ void fox_forward_mainloop(float* acc, float m[2], flo
 // The forward's consumers: warpgroup cw owns rows i0 + 64 cw .. of each pair, a warp 16 of them (rows g, g + 8 per
 // thread). A warpgroup computes only the tiles [na, nb) its rows see (its diagonal, window and pruning tile's
 // key_start) and releases the others once landed (skip). The epilogue stores o and lse (fox_store_rows, with m back in
-// absolute log2 units); the next pair's loads run under it.
-template<int HD, int BC, int ST, int NWG, bool GATE>
+// absolute log2 units); the next pair's loads run under it. DOCS: the rows' document starts from docs.
+template<int HD, int BC, int ST, int NWG, bool GATE, bool DOCS>
 __device__ __forceinline__ void fox_forward_consumer(const FoxForwardSmem<HD, BC, ST, NWG>& sm,
                                                      const FoxForwardScheduler<BC, NWG>& sched, bf16* o, float* lse,
-                                                     const float* c, int H, int stride_o, float scale_log2) {
+                                                     const float* c, int H, int stride_o, float scale_log2,
+                                                     FoxDocs docs) {
     constexpr int BR = 64 * NWG;
     int T = sched.T, window = sched.window;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
@@ -2695,14 +2783,21 @@ __device__ __forceinline__ void fox_forward_consumer(const FoxForwardSmem<HD, BC
             nb = jt_end - sched.first_tile(pr.bh, i0w);
         }
         float cref_l2 = GATE ? cb[min(rows[0], T - 1)] * LOG2E : 0.f;  // c_ref log2(e), rounded once
+        int row_doc[2] = {0, 0}, doc_last = 0;  // DOCS: the thread's rows' document starts, the warpgroup's last row's
+        if (DOCS && i0w < T) {
+            const int* sb = docs.start + (size_t)b * T;
+            row_doc[0] = sb[min(rows[0], T - 1)];
+            row_doc[1] = sb[min(rows[1], T - 1)];
+            doc_last = sb[min(i0w + 63, T - 1)];
+        }
         // m: row maxima of x so far (lazy); below any logit until the first visible key
         float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.f, 0.f}, acc[HD / 2];
         #pragma unroll
         for (int e = 0; e < HD / 2; e++) acc[e] = 0.f;
         for (int n = 0; n < na; n++) skip(it + n);
         mbar_wait(sm.barQ, k & 1);
-        fox_forward_mainloop<HD, BC, ST, NWG, GATE>(acc, m, l, sm, dQ, dK0, dV0, cref_l2, rows, i0w, jt_end, it, na,
-                                                    nb, T, window, scale_log2);
+        fox_forward_mainloop<HD, BC, ST, NWG, GATE, DOCS>(acc, m, l, sm, dQ, dK0, dV0, cref_l2, rows, i0w, jt_end, it,
+                                                          na, nb, T, window, scale_log2, row_doc, doc_last);
         for (int n = nb; n < ntiles; n++) skip(it + n);
         it += ntiles;
         if (i0w >= T) continue;
@@ -2720,15 +2815,15 @@ __device__ __forceinline__ void fox_forward_consumer(const FoxForwardSmem<HD, BC
 // fox_forward_producer) and NWG consumer warpgroups of 64 query rows (fox_forward_consumer): at hd 64 three
 // (setmaxnreg 160: 24 * 128 + 160 * 384 <= 65536 registers), at hd 128 two (240 each: O of 64 x 128 fp32, S of 64 x 128
 // and the previous P live together, ~190 registers). Both walk the pairs of FoxForwardScheduler. Where it runs: see
-// fox_attention_forward.
-template<int HD, int BC, int ST, int NWG, bool GATE>
+// fox_attention_forward. DOCS: no row sees a key before its document (docs), whose earlier tiles key_start skips.
+template<int HD, int BC, int ST, int NWG, bool GATE, bool DOCS>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_forward_kernel16(bf16* o, float* lse,
                                                                          const __grid_constant__ CUtensorMap tmQ,
                                                                          const __grid_constant__ CUtensorMap tmK,
                                                                          const __grid_constant__ CUtensorMap tmV,
                                                                          const float* c, int T, int H, int BH,
                                                                          int stride_o, int window, float scale_log2,
-                                                                         const int* key_start) {
+                                                                         const int* key_start, FoxDocs docs) {
     constexpr int CREG = NWG == 3 ? 160 : 240;  // consumer registers: (65536 - 24 * 128) / (128 NWG), rounded to 8
     static_assert(BC == 128 && ((HD == 64 && NWG == 3) || (HD == 128 && NWG == 2)),
                   "the register budgets argued: hd 64 with three consumers, hd 128 with two; 128-key tiles");
@@ -2749,17 +2844,17 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) fox_forward_kernel16(bf16*
         return;
     }
     setmaxnreg_inc<CREG>();
-    fox_forward_consumer<HD, BC, ST, NWG, GATE>(sm, sched, o, lse, c, H, stride_o, scale_log2);
+    fox_forward_consumer<HD, BC, ST, NWG, GATE, DOCS>(sm, sched, o, lse, c, H, stride_o, scale_log2, docs);
 }
 
 // fox_forward_kernel16 with its tiles and stages (see fox_attention_forward); a block per SM, at most one per pair
-template<int HD, bool GATE>
+template<int HD, bool GATE, bool DOCS>
 static void fox_forward16_gpu(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                               int B, int T, int H, int stride_qkv, int stride_o, int window, const int* key_start,
-                              cudaStream_t s) {
+                              FoxDocs docs, cudaStream_t s) {
     constexpr int BC = 128, NWG = HD == 64 ? 3 : 2, ST = HD == 64 ? 3 : 2, BR = 64 * NWG;
     constexpr size_t smem = FoxForwardSmem<HD, BC, ST, NWG>::bytes;
-    smem_limit(smem, fox_forward_kernel16<HD, BC, ST, NWG, GATE>);
+    smem_limit(smem, fox_forward_kernel16<HD, BC, ST, NWG, GATE, DOCS>);
     int dev, sms;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -2769,30 +2864,38 @@ static void fox_forward16_gpu(bf16* o, float* lse, const bf16* q, const bf16* k,
     int npairs = ceil_div(T, BR) * B * H;
     float scale_log2 = LOG2E / sqrtf((float)HD);
     int grid = min(npairs, TEST_HOOK(fwd_max_blocks, 0) > 0 ? TEST_HOOK(fwd_max_blocks, 0) : sms);
-    fox_forward_kernel16<HD, BC, ST, NWG, GATE><<<grid, 128 * (NWG + 1), smem, s>>>(
-        o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start);
+    fox_forward_kernel16<HD, BC, ST, NWG, GATE, DOCS><<<grid, 128 * (NWG + 1), smem, s>>>(
+        o, lse, tq, tk, tv, c, T, H, B * H, stride_o, window, scale_log2, key_start, docs);
     launchCheck();
 }
+
+// the instance F<hd, gate, docs> of a launcher template over the head size (64 or 128) and two flags
+#define FOX_PICK(F, hd, gate, docs)                                                                              \
+    ((hd) == 64 ? ((gate) ? ((docs) ? F<64, true, true> : F<64, true, false>)                                   \
+                          : ((docs) ? F<64, false, true> : F<64, false, false>))                                \
+                : ((gate) ? ((docs) ? F<128, true, true> : F<128, true, false>)                                 \
+                          : ((docs) ? F<128, false, true> : F<128, false, false>)))
 
 // o: bf16 (B, T, H, hd), token stride stride_o; lse: fp32 (B, H, T), saved for the backward. q, k, v: bf16 (B, T, H,
 // hd), token stride stride_qkv (H*hd separate, 3*H*hd packed qkv). c: fp32 (B, H, T) cumulative log forget gate, or
 // NULL for plain causal attention.
 // window: query i sees keys i - window < j <= i; 0 means no window.
-// key_start: (B*H, ceil(T / PRUNE_BLOCK)) from fox_prune_tables, or NULL (dense); needs c.
+// key_start: (B*H, ceil(T / PRUNE_BLOCK)) from fox_prune_tables, or NULL (dense); needs c or docs.
+// docs: documents kept apart (query i sees no key before its document's start), or NULL.
 void fox_attention_forward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, const float* c,
                            int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
-                           const int* key_start, cudaStream_t s) {
+                           const int* key_start, const FoxDocs* docs, cudaStream_t s) {
     fox_check_args("fox_attention_forward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
-    if (key_start && !c) {
-        fail("fox_attention_forward: pruning tiles without a forget gate\nHINT: pass key_start = NULL when c is NULL");
+    if (key_start && !c && !docs) {
+        fail("fox_attention_forward: pruning tiles without a forget gate or documents\n"
+             "HINT: pass key_start = NULL when c and docs are NULL");
     }
-    // What runs (the one place that says it): hd 64: fox_forward_kernel16<64, 128, 3, 3, GATE> (512 threads: three
-    // consumer warpgroups, 192 query rows a pair, K and V rings of 3 stages, 122.6 KB of shared memory); hd 128:
-    // fox_forward_kernel16<128, 128, 2, 2, GATE> (384 threads: two consumers, 128 rows a pair, 2 stages, 162.1 KB).
-    // Without c, GATE = false and no pruning.
-    auto run = hd == 64 ? (c ? fox_forward16_gpu<64, true> : fox_forward16_gpu<64, false>)
-                        : (c ? fox_forward16_gpu<128, true> : fox_forward16_gpu<128, false>);
-    run(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, s); // key_start: NULL without c
+    // What runs (the one place that says it): hd 64: fox_forward_kernel16<64, 128, 3, 3, GATE, DOCS> (512 threads:
+    // three consumer warpgroups, 192 query rows a pair, K and V rings of 3 stages, 122.6 KB of shared memory); hd 128:
+    // fox_forward_kernel16<128, 128, 2, 2, GATE, DOCS> (384 threads: two consumers, 128 rows a pair, 2 stages, 162.1
+    // KB). Without c, GATE = false and no decay pruning; without docs, DOCS = false.
+    auto run = FOX_PICK(fox_forward16_gpu, hd, c != NULL, docs != NULL);
+    run(o, lse, q, k, v, c, B, T, H, stride_qkv, stride_o, window, key_start, docs_or_none(docs), s);
 }
 
 // ---- the fused backward ----
@@ -3039,14 +3142,15 @@ __device__ __forceinline__ void fox_backward_dkdv_producer(const FoxDkdvSmem<HD,
 // - BQ = 128 (hd 64, PRE): dS^T first, then dV and dK in one commit group: S^T, dP^T (64 + 64 floats), the accumulators
 //   (32 + 32) and P^T's A fragments (32, read by an in-flight dV) would not fit the consumers' 240 registers together.
 // The A_i and Delta_i are read from the stage where they are used. The descriptors d*0 are of k step 0 and stage 0:
-// K, V (this consumer's 64 rows), Q, dO as K-major (S^T, dP^T) and N-major (dK, dV).
-template<int HD, int BQ, int ST, bool GATE, bool PRE>
+// K, V (this consumer's 64 rows), Q, dO as K-major (S^T, dP^T) and N-major (dK, dV). DOCS: end_first, the end of the
+// consumer's first key's document (the earliest of its keys'), also masks the tiles that reach past it.
+template<int HD, int BQ, int ST, bool GATE, bool PRE, bool DOCS>
 __device__ __forceinline__ void fox_backward_dkdv_tile(float* dka, float* dva, float dcs[2],
                                                        const FoxDkdvSmem<HD, BQ, ST, PRE>& sm, int st, int i0,
                                                        int j0w, uint64_t dK0, uint64_t dV0, uint64_t dQ0,
                                                        uint64_t dG0, uint64_t dQn0, uint64_t dGn0, float cb_l2,
                                                        const float B[2], const int lo0[2], const int hi0[2], int T,
-                                                       int window, float scale_log2) {
+                                                       int window, float scale_log2, int end_first) {
     constexpr int BK = 128;
     constexpr uint32_t STAGE = BQ * HD * sizeof(bf16);
     int tq = threadIdx.x % 4;
@@ -3065,8 +3169,9 @@ __device__ __forceinline__ void fox_backward_dkdv_tile(float* dka, float* dva, f
     wgmma_commit();
     wgmma_wait<1>();
     wgmma_pin<BQ / 2>(s);
-    // P^T in place; the tiles that touch the diagonal, the window's edge or T are masked
-    if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window)) {
+    // P^T in place; the tiles that touch the diagonal, the window's edge, T or (DOCS) a key's document end are masked
+    if ((i0 < j0w + 63) || (i0 + BQ > T) || (window > 0 && i0 + BQ - 1 - j0w >= window) ||
+        (DOCS && i0 + BQ > end_first)) {
         int lo[2] = {lo0[0] - i0, lo0[1] - i0}, hi[2] = {hi0[0] - i0, hi0[1] - i0};
         fox_bwd_lean_pt<BQ, GATE, true, PRE>(s, sLb, sCb, cb_l2, B, scale_log2, tq, lo, hi);
     } else {
@@ -3128,12 +3233,14 @@ __device__ __forceinline__ void fox_backward_dkdv_store(bf16* dkb, bf16* dvb, fl
 }
 
 // The dK/dV consumers: cw owns keys j0 + 64 cw .. + 63 (a warp 16 of them, rows g, g + 8 per thread); a query tile
-// none of whose queries sees those keys is released unread
-template<int HD, int BQ, int ST, bool GATE, bool PRE>
+// none of whose queries sees those keys is released unread. DOCS: endb, the sequence's document ends: key j is seen by
+// the queries before its document's end only.
+template<int HD, int BQ, int ST, bool GATE, bool PRE, bool DOCS>
 __device__ __forceinline__ void fox_backward_dkdv_consumer(const FoxDkdvSmem<HD, BQ, ST, PRE>& sm, bf16* dkb,
                                                            bf16* dvb, float* dc_bh, const float* cb, int j0,
                                                            int it_begin, int ntiles, int T, int stride_qkv,
-                                                           int window, float scale_log2, float scale) {
+                                                           int window, float scale_log2, float scale,
+                                                           const int* endb) {
     constexpr int BK = 128;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
     int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
@@ -3147,7 +3254,9 @@ __device__ __forceinline__ void fox_backward_dkdv_consumer(const FoxDkdvSmem<HD,
         cj[r] = (GATE && keys[r] < T) ? cb[keys[r]] : 0.f;
         lo0[r] = keys[r] - 2 * tq;
         hi0[r] = (window > 0 ? min(T - 1, keys[r] + window - 1) : T - 1) - 2 * tq;
+        if (DOCS) hi0[r] = min(hi0[r], endb[min(keys[r], T - 1)] - 1 - 2 * tq);
     }
+    int end_first = DOCS ? endb[min(j0w, T - 1)] : T;
     float cb_l2 = GATE ? __fmul_rn(cb[j0], LOG2E) : 0.f;  // c of the block's first key, log2 units
     float B[2] = {fox_lean_kterm(cj[0], cb_l2), fox_lean_kterm(cj[1], cb_l2)};  // the rows' key terms
     float dka[HD / 2], dva[HD / 2];
@@ -3163,8 +3272,9 @@ __device__ __forceinline__ void fox_backward_dkdv_consumer(const FoxDkdvSmem<HD,
         // every query of the tile before this consumer's first key, or past the window of its last one: P = 0
         bool seen = i0 + BQ > j0w && !(window > 0 && i0 - (j0w + 63) >= window);
         if (seen) {
-            fox_backward_dkdv_tile<HD, BQ, ST, GATE, PRE>(dka, dva, dcs, sm, st, i0, j0w, dK0, dV0, dQ0, dG0, dQn0,
-                                                          dGn0, cb_l2, B, lo0, hi0, T, window, scale_log2);
+            fox_backward_dkdv_tile<HD, BQ, ST, GATE, PRE, DOCS>(dka, dva, dcs, sm, st, i0, j0w, dK0, dV0, dQ0, dG0,
+                                                                dQn0, dGn0, cb_l2, B, lo0, hi0, T, window, scale_log2,
+                                                                end_first);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(&sm.empty[st]);  // this warp is done with the stage's Q, dO and floats
@@ -3178,8 +3288,8 @@ __device__ __forceinline__ void fox_backward_dkdv_consumer(const FoxDkdvSmem<HD,
 // (fox_backward_dkdv_producer) and two consumers (fox_backward_dkdv_consumer) over the query tiles that see the key
 // tile: from its diagonal to the window's end, less the pruned ones (query_end (B*H, ceil(T / 128)): the query
 // tiles of 128 from query_end on; NULL: none). Grid (ceil(T / 128), B*H); shared memory FoxDkdvSmem. Where it runs: see
-// fox_attention_backward.
-template<int HD, int BQ, int ST, bool GATE, bool PRE>
+// fox_attention_backward. DOCS: no query sees a key of an earlier document (docs).
+template<int HD, int BQ, int ST, bool GATE, bool PRE, bool DOCS>
 __global__ void __launch_bounds__(384, 1) fox_backward_dkdv_kernel20(bf16* dk, bf16* dv, float* dc,
                                                                    const __grid_constant__ CUtensorMap tmQ,
                                                                    const __grid_constant__ CUtensorMap tmG,
@@ -3188,7 +3298,7 @@ __global__ void __launch_bounds__(384, 1) fox_backward_dkdv_kernel20(bf16* dk, b
                                                                    const float* lse, const float* delta,
                                                                    const float* c, int T, int H, int stride_qkv,
                                                                    int window, float scale_log2, float scale,
-                                                                   const int* query_end) {
+                                                                   const int* query_end, FoxDocs docs) {
     constexpr int BK = 128;
     static_assert(BK == PRUNE_BLOCK && PRUNE_BLOCK % BQ == 0 && BQ % 32 == 0, "a key tile is one pruning tile");
     static_assert(PRE == (BQ == 128), "the two configurations that run: BQ 128 with PRE (hd 64), 64 without");
@@ -3214,10 +3324,11 @@ __global__ void __launch_bounds__(384, 1) fox_backward_dkdv_kernel20(bf16* dk, b
         return;
     }
     setmaxnreg_inc<240>();
-    fox_backward_dkdv_consumer<HD, BQ, ST, GATE, PRE>(sm, dk + (size_t)b * T * stride_qkv + (size_t)h * HD,
-                                                      dv + (size_t)b * T * stride_qkv + (size_t)h * HD,
-                                                      dc + (size_t)bh * T, cb, j0, it_begin, ntiles, T, stride_qkv,
-                                                      window, scale_log2, scale);
+    fox_backward_dkdv_consumer<HD, BQ, ST, GATE, PRE, DOCS>(sm, dk + (size_t)b * T * stride_qkv + (size_t)h * HD,
+                                                            dv + (size_t)b * T * stride_qkv + (size_t)h * HD,
+                                                            dc + (size_t)bh * T, cb, j0, it_begin, ntiles, T,
+                                                            stride_qkv, window, scale_log2, scale,
+                                                            DOCS ? docs.end + (size_t)b * T : nullptr);
 }
 
 // the dQ kernel's shared memory: Q, dO of the query tile; ST stages of K, V and the keys' c (PRE: their terms B_j,
@@ -3282,15 +3393,15 @@ __device__ __forceinline__ void fox_backward_dq_producer(const FoxDqSmem<HD, BC,
 }
 
 // The per-row values of the dQ consumer's two rows: lse, Delta, c and the mask bounds (visible key offsets, less 2 tq,
-// from key 0)
-struct FoxDqRows { float rl[2], rd[2], rc[2]; int lo0[2], hi0[2]; };
+// from key 0); with documents doc_last, the document start of the consumer's last row (the latest of its rows')
+struct FoxDqRows { float rl[2], rd[2], rc[2]; int lo0[2], hi0[2], doc_last; };
 
 // The dQ consumer's mainloop step on one seen key tile (stage st, first key j0), up to the issue of dQ += dS K: S = Q
 // K^T and dP = dO V^T, then (pending: the previous tile's dQ, issued before this tile's wait, OVL) its wait and
 // release, P, dS = P (dP - Delta). The rows' query terms are for the tile's key block, with cb_l2 = c_b log2 e (c_b:
 // c of the block's first key, the tile's own first key at BC = 128); PRE: cb_l2 from the stage, the terms formed after
-// the matmuls' issue (under them).
-template<int HD, int BC, int ST, bool GATE, bool PRE, typename Release>
+// the matmuls' issue (under them). DOCS: a tile before a row's document start is masked too.
+template<int HD, int BC, int ST, bool GATE, bool PRE, bool DOCS, typename Release>
 __device__ __forceinline__ void fox_backward_dq_tile(float* dqa, float rs[2], uint32_t (&sa)[BC / 16][4],
                                                      const FoxDqSmem<HD, BC, ST, PRE>& sm, const FoxDqRows& rw,
                                                      const float* cb, int st, int j0, int i0w, bool pending, int pst,
@@ -3332,7 +3443,8 @@ __device__ __forceinline__ void fox_backward_dq_tile(float* dqa, float rs[2], ui
     }
     wgmma_wait<1>();  // S done; P's exponentials overlap the dP matmul
     wgmma_pin<BC / 2>(s);
-    if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window)) {
+    if ((j0 + BC - 1 > i0w) || (j0 + BC > T) || (window > 0 && j0 <= i0w + 63 - window) ||
+        (DOCS && j0 < rw.doc_last)) {
         int lo[2] = {rw.lo0[0] - j0, rw.lo0[1] - j0}, hi[2] = {rw.hi0[0] - j0, rw.hi0[1] - j0};
         fox_bwd_lean_p<BC, GATE, true, PRE>(s, sCb, cb_l2, A, scale_log2, tq, lo, hi);
     } else {
@@ -3377,12 +3489,14 @@ __device__ __forceinline__ void fox_backward_dq_store(bf16* dqb, float* dc_bh, c
 }
 
 // The dQ consumers: cw owns queries i0 + 64 cw .. + 63 (a warp 16 of them). OVL: a tile's dQ is waited for at the next
-// seen tile, under its S and dP, and its stage released then
-template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL>
+// seen tile, under its S and dP, and its stage released then. DOCS: startb, the sequence's document starts: query i
+// sees no key before its document's start.
+template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL, bool DOCS>
 __device__ __forceinline__ void fox_backward_dq_consumer(const FoxDqSmem<HD, BC, ST, PRE>& sm, bf16* dqb,
                                                          float* dc_bh, const float* lse_bh, const float* delta_bh,
                                                          const float* cb, int i0, int jt_begin, int ntiles, int T,
-                                                         int stride_qkv, int window, float scale_log2, float scale) {
+                                                         int stride_qkv, int window, float scale_log2, float scale,
+                                                         const int* startb) {
     constexpr int BR = 128;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4;
     int cw = __shfl_sync(0xffffffff, wg - 1, 0);  // warp-uniform, so are the descriptors below
@@ -3399,7 +3513,9 @@ __device__ __forceinline__ void fox_backward_dq_consumer(const FoxDqSmem<HD, BC,
         rw.rc[r] = GATE ? cb[min(row, T - 1)] : 0.f;  // past T: a finite logit (its Q, dO rows are 0)
         rw.hi0[r] = min(row, T - 1) - 2 * tq;
         rw.lo0[r] = (window > 0 ? row - window + 1 : -BC) - 2 * tq;  // -BC: below every tile offset
+        if (DOCS) rw.lo0[r] = max(rw.lo0[r], startb[min(row, T - 1)] - 2 * tq);
     }
+    rw.doc_last = DOCS ? startb[min(i0w + 63, T - 1)] : 0;
     float dqa[HD / 2], rs[2] = {0.f, 0.f};  // rs: row sums of dS
     #pragma unroll
     for (int e = 0; e < HD / 2; e++) dqa[e] = 0.f;
@@ -3428,8 +3544,8 @@ __device__ __forceinline__ void fox_backward_dq_consumer(const FoxDqSmem<HD, BC,
         // its first one: P = 0
         bool seen = i0w < T && j0 <= i0w + 63 && !(window > 0 && i0w - (j0 + BC - 1) >= window);
         if (seen) {
-            fox_backward_dq_tile<HD, BC, ST, GATE, PRE>(dqa, rs, sa, sm, rw, cb, st, j0, i0w, pending, pst, dQ0, dG0,
-                                                        dK0, dV0, dKn0, T, window, scale_log2, release);
+            fox_backward_dq_tile<HD, BC, ST, GATE, PRE, DOCS>(dqa, rs, sa, sm, rw, cb, st, j0, i0w, pending, pst, dQ0,
+                                                              dG0, dK0, dV0, dKn0, T, window, scale_log2, release);
             if (OVL) {  // waited for at the next tile, under its S and dP
                 pending = true;
                 pst = st;
@@ -3455,8 +3571,8 @@ __device__ __forceinline__ void fox_backward_dq_consumer(const FoxDqSmem<HD, BC,
 // pruned ones (key_start (B*H, ceil(T / 128)): the key tiles of 128 before key_start; NULL: none). Without
 // OVL, at hd 128 with BC = 128, dQ's 64 floats, the next S and dP (128) and dS's fragments (32) would take 224 of the
 // consumers' 240 registers, and ptxas would serialise the wgmmas. Grid (ceil(T / 128), B*H); shared memory FoxDqSmem.
-// Where it runs: see fox_attention_backward.
-template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL>
+// Where it runs: see fox_attention_backward. DOCS: no query sees a key of an earlier document (docs).
+template<int HD, int BC, int ST, bool GATE, bool PRE, bool OVL, bool DOCS>
 __global__ void __launch_bounds__(384, 1) fox_backward_dq_kernel20(bf16* dq, float* dc_row,
                                                                  const __grid_constant__ CUtensorMap tmQ,
                                                                  const __grid_constant__ CUtensorMap tmG,
@@ -3465,7 +3581,7 @@ __global__ void __launch_bounds__(384, 1) fox_backward_dq_kernel20(bf16* dq, flo
                                                                  const float* lse, const float* delta,
                                                                  const float* c, int T, int H, int stride_qkv,
                                                                  int window, float scale_log2, float scale,
-                                                                 const int* key_start) {
+                                                                 const int* key_start, FoxDocs docs) {
     constexpr int BR = 128;
     static_assert(BR == PRUNE_BLOCK && PRUNE_BLOCK % BC == 0, "a query tile is one pruning tile");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -3490,25 +3606,27 @@ __global__ void __launch_bounds__(384, 1) fox_backward_dq_kernel20(bf16* dq, flo
         return;
     }
     setmaxnreg_inc<240>();
-    fox_backward_dq_consumer<HD, BC, ST, GATE, PRE, OVL>(sm, dq + (size_t)b * T * stride_qkv + (size_t)h * HD,
-                                                         dc_row + (size_t)bh * T, lse + (size_t)bh * T,
-                                                         delta + (size_t)bh * T, cb, i0, jt_begin, ntiles, T,
-                                                         stride_qkv, window, scale_log2, scale);
+    fox_backward_dq_consumer<HD, BC, ST, GATE, PRE, OVL, DOCS>(sm, dq + (size_t)b * T * stride_qkv + (size_t)h * HD,
+                                                               dc_row + (size_t)bh * T, lse + (size_t)bh * T,
+                                                               delta + (size_t)bh * T, cb, i0, jt_begin, ntiles, T,
+                                                               stride_qkv, window, scale_log2, scale,
+                                                               DOCS ? docs.start + (size_t)b * T : nullptr);
 }
 
-// the dK/dV kernel (query tiles of BQ) and the dQ kernel (key tiles of BC) with their stages, PRE and OVL
-template<int HD, int BQ, int BC, bool GATE>
+// the dK/dV kernel (query tiles of BQ: 128 at hd 64, 64 at hd 128) and the dQ kernel (key tiles of BC = 128) with
+// their stages, PRE and OVL
+template<int HD, bool GATE, bool DOCS>
 static void fox_backward20_gpu(bf16* dq, bf16* dk, bf16* dv, float* dc, float* dc_row, const bf16* dout,
                                const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
                                const float* c, int B, int T, int H, int stride_qkv, int stride_o, int window,
-                               const int* key_start, const int* query_end, cudaStream_t s) {
-    constexpr int ST = 2;
+                               const int* key_start, const int* query_end, FoxDocs docs, cudaStream_t s) {
+    constexpr int ST = 2, BQ = HD == 64 ? 128 : 64, BC = 128;
     constexpr bool PRE = HD == 64;  // the producer's per-column terms: at hd 64 only
     constexpr bool OVL = HD == 64;  // the dQ kernel's cross-tile overlap: at hd 64 only (its registers)
     constexpr size_t smem_kv = FoxDkdvSmem<HD, BQ, ST, PRE>::bytes;
     constexpr size_t smem_q = FoxDqSmem<HD, BC, ST, PRE>::bytes;
-    smem_limit(smem_kv, fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE>);
-    smem_limit(smem_q, fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL>);
+    smem_limit(smem_kv, fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE, DOCS>);
+    smem_limit(smem_q, fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL, DOCS>);
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * LOG2E;
     dim3 grid((unsigned)ceil_div(T, 128), (unsigned)(B * H));
     // the dK/dV kernel streams Q, dO in tiles of BQ rows; the dQ kernel holds 128 of them
@@ -3516,13 +3634,13 @@ static void fox_backward20_gpu(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
     CUtensorMap tg = fox_tensor_map(dout, B, T, H, HD, stride_o, BQ);
     CUtensorMap tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, 128);
     CUtensorMap tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, 128);
-    fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE><<<grid, 384, smem_kv, s>>>(
-        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end);
+    fox_backward_dkdv_kernel20<HD, BQ, ST, GATE, PRE, DOCS><<<grid, 384, smem_kv, s>>>(
+        dk, dv, dc, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, query_end, docs);
     launchCheck();
     tq = fox_tensor_map(q, B, T, H, HD, stride_qkv, 128); tg = fox_tensor_map(dout, B, T, H, HD, stride_o, 128);
     tk = fox_tensor_map(k, B, T, H, HD, stride_qkv, BC); tv = fox_tensor_map(v, B, T, H, HD, stride_qkv, BC);
-    fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL><<<grid, 384, smem_q, s>>>(
-        dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start);
+    fox_backward_dq_kernel20<HD, BC, ST, GATE, PRE, OVL, DOCS><<<grid, 384, smem_q, s>>>(
+        dq, dc_row, tq, tg, tk, tv, lse, delta, c, T, H, stride_qkv, window, scale_log2, scale, key_start, docs);
     launchCheck();
 }
 
@@ -3531,11 +3649,12 @@ static void fox_backward20_gpu(bf16* dq, bf16* dk, bf16* dv, float* dc, float* d
 // dlogf: fp32 (B, H, T) gradient of log f, written when c != NULL (may be NULL when c is NULL). scratch_dc: fp32
 // scratch of 3*B*H*T floats: [0, BHT) column part of dc (gradient of c), [BHT, 2BHT) row part of dc, [2BHT, 3BHT)
 // Delta = rowsum(dO * O) (computed here unless delta_ready). tables: fox_prune_tables' output for this q, k, c (the
-// forward's tiles), or NULL (dense); needs c.
+// forward's tiles), or NULL (dense); needs c or docs. docs: documents kept apart, as the forward's, or NULL; dlogf then
+// sums over each document only and is 0 at a document start.
 void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* scratch_dc, const bf16* dout,
                             const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse,
                             const float* c, int B, int T, int H, int hd, int stride_qkv, int stride_o, int window,
-                            const int* tables, int delta_ready, cudaStream_t s) {
+                            const int* tables, int delta_ready, const FoxDocs* docs, cudaStream_t s) {
     fox_check_args("fox_attention_backward", q, k, v, B, T, H, hd, stride_qkv, stride_o, window);
     if (((uintptr_t)dq | (uintptr_t)dk | (uintptr_t)dv | (uintptr_t)dout | (uintptr_t)o) % 16 || stride_o % 8) {
         fail("fox_attention_backward: dq/dk/dv/dout/o must be 16-byte aligned, stride_o %% 8 == 0\n"
@@ -3544,14 +3663,15 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
     if (c && !dlogf) {
         fail("fox_attention_backward: c is given but dlogf is NULL\nHINT: pass a (B, H, T) fp32 buffer for dlogf");
     }
-    if (tables && !c) {
-        fail("fox_attention_backward: pruning tiles without a forget gate\nHINT: pass tables = NULL when c is NULL");
+    if (tables && !c && !docs) {
+        fail("fox_attention_backward: pruning tiles without a forget gate or documents\n"
+             "HINT: pass tables = NULL when c and docs are NULL");
     }
     // What runs (the one place that says it; the versions are rungs of dev/cuda/fox_attention_backward.cu):
     // fox_bwd_delta_kernel (unless delta_ready), fox_backward_dkdv_kernel20 and fox_backward_dq_kernel20, then
-    // fox_bwd_dlogf_kernel; at hd 64 (version 20) the dK/dV kernel <64, 128, 2, GATE, true> (128-query tiles, PRE) and
-    // the dQ kernel <64, 128, 2, GATE, true, true> (OVL); at hd 128 (version 22) <128, 64, 2, GATE, false>
-    // and <128, 128, 2, GATE, false, false>.
+    // fox_bwd_dlogf_kernel<DOCS>; at hd 64 (version 20) the dK/dV kernel <64, 128, 2, GATE, true, DOCS> (128-query
+    // tiles, PRE) and the dQ kernel <64, 128, 2, GATE, true, true, DOCS> (OVL); at hd 128 (version 22) <128, 64, 2,
+    // GATE, false, DOCS> and <128, 128, 2, GATE, false, false, DOCS>.
     int BHT = B * H * T;
     const int* key_start = tables;
     const int* query_end = tables ? tables + (size_t)B * H * ceil_div(T, PRUNE_BLOCK) : nullptr;
@@ -3562,20 +3682,16 @@ void fox_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dlogf, float* s
         else fox_bwd_delta_kernel<128><<<delta_blocks, 256, 0, s>>>(delta, dout, o, BHT, T, H, stride_o);
         launchCheck();
     }
-    auto run = hd == 64 ? (c ? fox_backward20_gpu<64, 128, 128, true> : fox_backward20_gpu<64, 128, 128, false>)
-                        : (c ? fox_backward20_gpu<128, 64, 128, true> : fox_backward20_gpu<128, 64, 128, false>);
+    auto run = FOX_PICK(fox_backward20_gpu, hd, c != NULL, docs != NULL);
     run(dq, dk, dv, dc, dc_row, dout, q, k, v, lse, delta, c, B, T, H, stride_qkv, stride_o, window, key_start,
-        query_end, s); // key_start, query_end: NULL without c (checked above)
-    if (c) {
-        fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS, 0, s>>>(dlogf, dc, dc_row, T);
-        launchCheck();
-    }
+        query_end, docs_or_none(docs), s); // key_start, query_end: NULL without c and docs (checked above)
+    if (c) { fox_bwd_dlogf_gpu(dlogf, dc, dc_row, B, T, H, docs, s); }
 }
 #endif // ENABLE_FP32
 
 // ---- the boundary used by gpu_forward / gpu_backward ----
 // attention_forward_gpu and attention_backward_gpu pick the fused kernels (bf16 build, hd 64 or 128) or the simple
-// kernel, and run the pruning tables' pass before the fused ones when -A 1 is on.
+// kernel, and run the pruning tables' pass before the fused ones when -A 1 or documents (-f 1) are on.
 
 #ifndef ENABLE_FP32
 // whether this head size runs on the fused kernels
@@ -3602,16 +3718,18 @@ static void attention_set_pruning(int on, double ln_eps) {
 }
 
 #ifndef ENABLE_FP32
-// The pruning tiles of one layer's q, k, c (B, T, H, hd; c (B, H, T)), or NULL when pruning is off or there is no
-// forget gate. One buffer for every layer: the backward recomputes a layer's tables from the same saved q, k, c, which
-// gives the forward's tables (deterministic pass).
+// The pruning tiles of one layer's q, k, c (B, T, H, hd; c (B, H, T)) and documents (docs, or NULL), or NULL when
+// neither pruning with a forget gate (the decay bound) nor documents (the tiles before a document) are on. One buffer
+// for every layer: the backward recomputes a layer's tables from the same saved q, k, c, which gives the forward's
+// tables (deterministic pass).
 static const int* attention_prune_tables(const floatX* q, const floatX* k, const float* c, int B, int T, int H,
-                                         int hd) {
+                                         int hd, const FoxDocs* docs) {
     static int* tables = NULL;
     static float* U = NULL;
     static float2* partial = NULL;
     static size_t cap = 0, cap_partial = 0;
-    if (!g_prune || c == NULL) { return NULL; }
+    const float* decay = g_prune ? c : NULL; // the decay bound's c
+    if (decay == NULL && docs == NULL) { return NULL; }
     size_t BH = (size_t)B * H, need = 2 * BH * (size_t)ceil_div(T, PRUNE_BLOCK);
     size_t need_partial = BH * (size_t)ceil_div(T, PRUNE_NORM_ROWS);
     if (need > cap) { // first use, or a larger shape (evaluation): grow; cudaFree waits for the GPU
@@ -3627,7 +3745,7 @@ static const int* attention_prune_tables(const floatX* q, const floatX* k, const
         cap_partial = need_partial;
         g_buffer_epoch++;
     }
-    fox_prune_tables(tables, U, partial, q, k, c, B, T, H, hd, H * hd, g_prune_ln_eps, 0);
+    fox_prune_tables(tables, U, partial, q, k, decay, B, T, H, hd, H * hd, g_prune_ln_eps, docs, 0);
     return tables;
 }
 
@@ -3657,6 +3775,9 @@ static double attention_pruned_share(unsigned long long* dense_tiles) {
     return counts[1] > 0 ? (double)counts[0] / (double)counts[1] : 0.0;
 }
 
+// whether the fused attention skips tiles by its tables, and counts them (attention_pruned_share): -A 1 or -f 1
+static int tiles_counted(const Args* a) { return g_prune || a->documents; }
+
 // pruning runs in the fused kernels only
 static void attention_prune_unsupported(const float* c, int hd) {
     if (g_prune && c != NULL) {
@@ -3665,23 +3786,25 @@ static void attention_prune_unsupported(const float* c, int hd) {
     }
 }
 
-// q, k, v, o (B, T, H, hd) floatX; c, lse (B, H, T) fp32; c == NULL for no forget gate
+// q, k, v, o (B, T, H, hd) floatX; c, lse (B, H, T) fp32; c == NULL for no forget gate; docs: documents kept apart,
+// or NULL
 static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const floatX* k, const floatX* v,
-                                  const float* c, int B, int T, int H, int hd, int window) {
+                                  const float* c, int B, int T, int H, int hd, int window, const FoxDocs* docs) {
 #ifndef ENABLE_FP32
     if (attention_fused(hd)) {
-        const int* tables = attention_prune_tables(q, k, c, B, T, H, hd);
-        fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, H * hd, H * hd, window, tables, 0);
+        const int* tables = attention_prune_tables(q, k, c, B, T, H, hd, docs);
+        fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, H * hd, H * hd, window, tables, docs, 0);
         if (tables != NULL) { attention_prune_count_gpu(tables, B * H, T, window); }
         return;
     }
 #endif
     attention_prune_unsupported(c, hd);
     size_t smem = attention_forward_smem(hd);
-    smem_limit(smem, attention_forward_kernel);
+    auto fwd_kernel = docs != NULL ? attention_forward_kernel<true> : attention_forward_kernel<false>;
+    smem_limit(smem, fwd_kernel);
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
-    attention_forward_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(o, lse, q, k, v, c, T, H, hd, window,
-                                                                  1.0f / sqrtf((float)hd));
+    fwd_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(o, lse, q, k, v, c, T, H, hd, window, 1.0f / sqrtf((float)hd),
+                                                     docs_or_none(docs));
     launchCheck();
 }
 
@@ -3691,11 +3814,11 @@ static void attention_forward_gpu(floatX* o, float* lse, const floatX* q, const 
 static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dlogf, float* scratch,
                                    const floatX* dout, const floatX* q, const floatX* k, const floatX* v,
                                    const floatX* o, const float* lse, const float* c, int B, int T, int H, int hd,
-                                   int window, int delta_ready) {
+                                   int window, int delta_ready, const FoxDocs* docs) {
 #ifndef ENABLE_FP32
     if (attention_fused(hd)) {
         fox_attention_backward(dq, dk, dv, dlogf, scratch, dout, q, k, v, o, lse, c, B, T, H, hd, H * hd, H * hd,
-                               window, attention_prune_tables(q, k, c, B, T, H, hd), delta_ready, 0);
+                               window, attention_prune_tables(q, k, c, B, T, H, hd, docs), delta_ready, docs, 0);
         return;
     }
 #endif
@@ -3708,18 +3831,17 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
         launchCheck();
     }
     dim3 grid((unsigned)ceil_div(T, WARPS_PER_BLOCK), (unsigned)(B * H));
-    smem_limit(smem, attention_backward_dq_kernel);
-    attention_backward_dq_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dq, c != NULL ? dc_row : NULL, dout, q, k, v,
-                                                                      lse, delta, c, T, H, hd, window, scale);
+    auto dq_kernel = docs != NULL ? attention_backward_dq_kernel<true> : attention_backward_dq_kernel<false>;
+    smem_limit(smem, dq_kernel);
+    dq_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dq, c != NULL ? dc_row : NULL, dout, q, k, v, lse, delta, c, T, H,
+                                                    hd, window, scale, docs_or_none(docs));
     launchCheck();
-    smem_limit(smem, attention_backward_dkdv_kernel);
-    attention_backward_dkdv_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dk, dv, c != NULL ? dc_col : NULL, dout, q,
-                                                                        k, v, lse, delta, c, T, H, hd, window, scale);
+    auto dkdv_kernel = docs != NULL ? attention_backward_dkdv_kernel<true> : attention_backward_dkdv_kernel<false>;
+    smem_limit(smem, dkdv_kernel);
+    dkdv_kernel<<<grid, 32 * WARPS_PER_BLOCK, smem>>>(dk, dv, c != NULL ? dc_col : NULL, dout, q, k, v, lse, delta, c,
+                                                      T, H, hd, window, scale, docs_or_none(docs));
     launchCheck();
-    if (c != NULL) {
-        fox_bwd_dlogf_kernel<<<B * H, FOX_SCAN_THREADS>>>(dlogf, dc_col, dc_row, T);
-        launchCheck();
-    }
+    if (c != NULL) { fox_bwd_dlogf_gpu(dlogf, dc_col, dc_row, B, T, H, docs, 0); }
 }
 
 // ----------------------------------------------------------------------------
@@ -4464,6 +4586,9 @@ typedef struct {
     float* rope;        // (max_T, hd/2, 2) cos, sin; NULL without RoPE
     int* inputs;        // (B, T) device copies
     int* targets;
+    int* docs_dev;      // (2, B, T) with documents kept apart (-f 1): the batch's document starts, then ends (FoxDocs)
+    int* docs_host;     // (2, B, T) their host copy
+    int docs_on;        // the batch keeps documents apart (the host model's doc_eot >= 0)
     double* norm_partial; // (NORM_BLOCKS)
     // host side
     int B, T;
@@ -4796,7 +4921,7 @@ static size_t gpu_memory_needed(const FoxConfig* cf, int B, int T, const Dist* d
     layout_free(&lay);
     size_t rope = cf->rope ? (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float) : 0;
     return params + layout_activations(&a, cf, B, T, g_recompute, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) +
-           rope + 2 * (size_t)B * T * sizeof(int) + WORKSPACE_BYTES;
+           rope + 4 * (size_t)B * T * sizeof(int) + WORKSPACE_BYTES; // + inputs, targets, document starts and ends
 }
 
 // uploads the host copy of the weights (master and matmul copy)
@@ -4902,6 +5027,8 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     size_t N = (size_t)B * T;
     g->inputs = (int*)gpu_malloc(N * sizeof(int), "inputs");
     g->targets = (int*)gpu_malloc(N * sizeof(int), "targets");
+    g->docs_dev = (int*)gpu_malloc(2 * N * sizeof(int), "document starts");
+    g->docs_host = (int*)malloc_check(2 * N * sizeof(int), "document starts");
     g->norm_partial = (double*)gpu_malloc(NORM_BLOCKS * sizeof(double), "norm partials");
     if (cf->rope) { g->rope = rope_table_gpu(cf, T, 0, "RoPE table"); }
     g->losses_host = (float*)malloc_check(N * sizeof(float), "losses");
@@ -4918,8 +5045,8 @@ static void gpu_free(GPUModel* g) {
     range_list_free(&g->shard); range_list_free(&g->opt); layout_free(&g->layout);
     cudaCheck(cudaFree(g->adam_m)); cudaCheck(cudaFree(g->adam_v)); cudaCheck(cudaFree(g->acts_memory));
     cudaCheck(cudaFree(g->grad_memory)); cudaCheck(cudaFree(g->inputs)); cudaCheck(cudaFree(g->targets));
-    cudaCheck(cudaFree(g->norm_partial)); cudaCheck(cudaFree(g->rope));
-    free(g->losses_host); free(g->enc_host);
+    cudaCheck(cudaFree(g->norm_partial)); cudaCheck(cudaFree(g->rope)); cudaCheck(cudaFree(g->docs_dev));
+    free(g->losses_host); free(g->enc_host); free(g->docs_host);
     step_graph_drop(&g->step_graph);
     memset(g, 0, sizeof(*g));
 }
@@ -4990,6 +5117,14 @@ static HeadProj head_proj_layer(GPUModel* g, const LayerActs* p, int l) {
     return hp;
 }
 
+// the batch's documents for the kernels (into *out), or NULL when they are not kept apart
+static const FoxDocs* gpu_docs(const GPUModel* g, FoxDocs* out) {
+    if (!g->docs_on) { return NULL; }
+    out->start = g->docs_dev;
+    out->end = g->docs_dev + (size_t)g->B * g->T;
+    return out;
+}
+
 // layer l's k and v through the shifts that are on
 static void kv_shift_forward_layer(GPUModel* g, const LayerActs* p, int B, int T) {
     const FoxConfig* cf = &g->config;
@@ -4997,7 +5132,8 @@ static void kv_shift_forward_layer(GPUModel* g, const LayerActs* p, int B, int T
     KVShiftSet set[2];
     if (cf->k_shift) { set[n++] = (KVShiftSet){p->k_shifted, p->k_raw, p->k_alpha}; }
     if (cf->v_shift) { set[n++] = (KVShiftSet){p->v, p->v_raw, p->v_alpha}; }
-    kv_shift_forward_gpu(set, n, (size_t)B * T, T, H, hd);
+    FoxDocs fd;
+    kv_shift_forward_gpu(set, n, (size_t)B * T, T, H, hd, gpu_docs(g, &fd));
 }
 
 // q and k of layer l through QK-norm and RoPE (nothing when both are off)
@@ -5034,6 +5170,18 @@ static void gpu_recompute_layer(GPUModel* g, const LayerActs* p, int l) {
     swiglu_forward_gpu(p->act, p->gu, N, cf->mlp_hidden);
 }
 
+// end (B, T) from doc (B, T) of document_starts: one past the last position of each token's document (the next
+// document start after it, or T)
+static void document_ends(int* end, const int* doc, int B, int T) {
+    for (int b = 0; b < B; b++) {
+        int e = T;
+        for (int t = T - 1; t >= 0; t--) {
+            end[(size_t)b * T + t] = e;
+            if (t > 0 && doc[(size_t)b * T + t] == t) { e = t; }
+        }
+    }
+}
+
 // The forward in three parts (gpu_forward_pass runs them in turn): the batch checked and uploaded, the kernels, the
 // mean loss read back. inputs, targets (B, T) on the host; targets may be NULL (no loss). Fills the logits and, with
 // targets, the losses and mean_loss. With grad (targets needed) the logits are then turned in place into the
@@ -5049,6 +5197,13 @@ static void gpu_forward_begin(GPUModel* g, const int* inputs, const int* targets
     g->has_targets = targets != NULL; g->has_dlogits = grad && targets != NULL;
     cudaCheck(cudaMemcpy(g->inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
     if (targets != NULL) { cudaCheck(cudaMemcpy(g->targets, targets, N * sizeof(int), cudaMemcpyHostToDevice)); }
+    int docs = g->host->doc_eot >= 0;
+    if (docs != g->docs_on) { g->docs_on = docs; g_buffer_epoch++; } // a captured graph holds the other kernels
+    if (docs) { // -f 1: the inputs' documents (the twin's document_starts, then their ends), uploaded with them
+        document_starts(g->docs_host, inputs, B, T, g->host->doc_eot);
+        document_ends(g->docs_host + N, g->docs_host, B, T);
+        cudaCheck(cudaMemcpy(g->docs_dev, g->docs_host, 2 * N * sizeof(int), cudaMemcpyHostToDevice));
+    }
 }
 
 // the forward's kernels on the uploaded batch (gpu_forward_begin), the embedding to the loss: no host work or
@@ -5060,6 +5215,8 @@ static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
     int V = cf->vocab_size, Vp = cf->padded_vocab_size;
     size_t N = (size_t)B * T, NC = N * C;
     GPUActivations a = g->acts;
+    FoxDocs fd;
+    const FoxDocs* docs = gpu_docs(g, &fd);
     encoder_forward_gpu(a.resid, g->inputs, pm(g, P_WTE, 0), N, C);
     for (int l = 0; l < L; l++) {
         LayerActs p = layer_acts(g, l);
@@ -5075,7 +5232,8 @@ static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
         if (cf->gate != GATE_NONE) {
             forget_gate_forward_gpu(p.c, p.gate_logit, pm(g, P_BF, l), cf->gate == GATE_FULL, B, T, H);
         }
-        attention_forward_gpu(p.o, p.lse, p.q, p.k, p.v, cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window);
+        attention_forward_gpu(p.o, p.lse, p.q, p.k, p.v, cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window,
+                              docs);
         if (cf->output_gate) { matmul_forward_gpu(p.og_logit, CUDA_R_X, NULL, p.xa, px(g, P_WG, l), N, C, C); }
         output_norm_gate_forward_layer(g, &p, l, N);
         matmul_forward_gpu(p.resid_mid, CUDA_R_32F, p.resid, p.y, px(g, P_WO, l), N, C, C); // resid + W_o y
@@ -5159,6 +5317,8 @@ static void gpu_backward_kernels(GPUModel* g) {
     int groups_qk = cf->qk_norm_shared ? 1 : H, fold_qk = cf->qk_norm_shared ? H : 1;
     GPUActivations a = g->acts;
     GPUGradBuffers d = g->gb;
+    FoxDocs fd;
+    const FoxDocs* docs = gpu_docs(g, &fd);
     // the gradient buffers of stages that are off alias the gradient of their output; those of W_q x, W_k x, W_v x,
     // W_g x that stage kernels write are blocks of dqkvg (rows W long)
     floatX* d_o = cf->output_norm || cf->output_gate ? d.d_o : d.dy;
@@ -5203,7 +5363,7 @@ static void gpu_backward_kernels(GPUModel* g) {
         }
         attention_backward_gpu(d.dq, d.dk, d.dv, d.dlogf, d.attn_scratch, d_o, p.q, p.k, p.v, p.o, p.lse,
                                cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window,
-                               cf->output_norm || cf->output_gate);
+                               cf->output_norm || cf->output_gate, docs);
         if (cf->gate != GATE_NONE) {
             forget_gate_backward_gpu(d.dgl, dhp[2], PH, d.dlogf, p.gate_logit, B, T, H);
             if (cf->gate != GATE_FIXED) { // the fixed gate's bias is frozen
@@ -5227,7 +5387,7 @@ static void gpu_backward_kernels(GPUModel* g) {
             int n = 0;
             if (cf->k_shift) { set[n++] = (KVShiftGradSet){draw[1], dhp[0], dk_shifted, p.k_raw, p.k_alpha}; }
             if (cf->v_shift) { set[n++] = (KVShiftGradSet){draw[2], dhp[1], d.dv, p.v_raw, p.v_alpha}; }
-            kv_shift_backward_gpu(set, n, W, PH, N, T, H, hd);
+            kv_shift_backward_gpu(set, n, W, PH, N, T, H, hd, docs);
         }
         // the attention input's gradient: the head projections' terms written, then dqkvg's in one matmul with the
         // layer's grouped weights (side by side in the layout), then those of the blocks not in dqkvg; the grouped
@@ -5722,7 +5882,7 @@ static double train_micro_steps(TrainRun* r, double t0, StepReport* rep) {
 
 // one step: the micro-steps, the gradients' reduction and norm, the guard's verdict, the update
 static void train_step(TrainRun* r, long step, StepReport* rep) {
-    if (g_prune) { unsigned long long tiles; attention_pruned_share(&tiles); } // counts this step's forwards only
+    if (tiles_counted(&r->a)) { unsigned long long tiles; attention_pruned_share(&tiles); } // this step's forwards
     double t0 = now_seconds();
     rep->loss = train_micro_steps(r, t0, rep);
     gpu_reduce_grads(&r->gm);
@@ -5749,9 +5909,9 @@ static void train_log_step(TrainRun* r, long step, const StepReport* rep) {
     const FoxConfig* cf = &r->model.config;
     int world = r->dist.world;
     double tok_s = a->total_batch_tokens / rep->dt;
-    // with pruning (-A 1) the attention term counts the tiles computed, not the skipped ones
+    // with pruning (-A 1) or documents (-f 1) the attention term counts the tiles computed, not the skipped ones
     unsigned long long tiles = 0;
-    double pruned = g_prune ? attention_pruned_share(&tiles) : 0.0;
+    double pruned = tiles_counted(a) ? attention_pruned_share(&tiles) : 0.0;
     double flops = r->flops_per_token - 6.0 * cf->n_layer * cf->n_embd * (double)a->T * pruned;
     char mfu[32] = "n/a", per_gpu[48] = "";
     if (r->peak > 0) { snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops * tok_s / (r->peak * world)); }
@@ -5762,7 +5922,7 @@ static void train_log_step(TrainRun* r, long step, const StepReport* rep) {
     step_log_fields(fields, sizeof(fields), rep->lr, rep->norm, tok_s, r->tokens_seen);
     printf("step %5ld/%ld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s | MFU %s", step + 1, a->steps,
            rep->loss, rep->norm, rep->lr, rep->dt * 1e3, tok_s, per_gpu, mfu);
-    if (g_prune) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
+    if (tiles_counted(a)) { printf(" | pruned %.1f%% of tiles", 100.0 * pruned); }
     if (world > 1) { // waits, collectives, update
         printf(" | sync+comm %.1f ms (slowest rank %d, +%.1f ms)", (rep->dt - rep->t_local) * 1e3, rep->slowest,
                (rep->t_slowest - rep->t_local) * 1e3);
@@ -5795,9 +5955,6 @@ int main(int argc, char** argv) {
     static TrainRun r; // static: zeroed, and off the stack
     threads_init();
     parse_args(&r.a, argc, argv);
-    if (r.a.documents) { // the kernels do not take document starts yet: refused, never ignored
-        fail("-f 1 (documents kept apart) is not yet on the GPU\nHINT: use the CPU twin, train_fox_cpu, or drop -f");
-    }
     if (r.a.mode != MODE_TRAIN) { return gpu_eval_main(&r.a); }
     train_setup(&r, argc, argv);
     train_check_same(&r);
@@ -6187,21 +6344,26 @@ typedef struct {
     float* part_o;         // (B, H, S, hd)
     float scale;           // 1 / sqrt(hd)
     int l, L, B, H, C, max_pages, S;
+    const int* tokens;     // (B) the tokens being fed (DOCS: an EOT starts a document)
+    int eot;               // DOCS: the EOT token
 } DecAttnArgs;
 
 // One head's vector of the new token through the forward's steps, by the whole block: raw (hd) fp32 projection
 // rounded to floatX (the forward's q_raw / k_raw / v_raw; also stored to raw_out when given: the next token's shift
-// input), the KV-shift with the last raw vector when prev is given (alpha prev + (1 - alpha) x, rounded: k_shifted, v),
-// RMSNorm over hd (w != NULL, eps 1e-5), RoPE at pos (rope != NULL); out (hd) gets the result rounded to floatX (q, k).
-// The arithmetic is that of kv_shift_forward_kernel and qk_norm_rope_forward_kernel. tmp: (hd) shared scratch.
+// input), the KV-shift with the last raw vector when prev is given (alpha prev + (1 - alpha) x, rounded: k_shifted, v;
+// prev_zero: a document's first token, whose last raw vector is 0), RMSNorm over hd (w != NULL, eps 1e-5), RoPE at pos
+// (rope != NULL); out (hd) gets the result rounded to floatX (q, k). The arithmetic is that of kv_shift_forward_kernel
+// and qk_norm_rope_forward_kernel. tmp: (hd) shared scratch.
 template <int HD>
 __device__ static void dec_head_vector(float* out, float* tmp, float* red, const float* raw, const floatX* prev,
-                                       float alpha, const float* w, const float* rope, int pos, floatX* raw_out) {
+                                       float alpha, const float* w, const float* rope, int pos, floatX* raw_out,
+                                       bool prev_zero) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < HD; i += blockDim.x) {
         float xr = to_float(to_floatX(raw[i]));
         if (raw_out != NULL) { raw_out[i] = to_floatX(xr); }
-        float x = prev != NULL ? to_float(to_floatX(alpha * to_float(prev[i]) + (1.0f - alpha) * xr)) : xr;
+        float p = prev != NULL && !prev_zero ? to_float(prev[i]) : 0.0f;
+        float x = prev != NULL ? to_float(to_floatX(alpha * p + (1.0f - alpha) * xr)) : xr;
         tmp[i] = x;
         ss += x * x;
     }
@@ -6232,8 +6394,10 @@ __device__ static void dec_head_vector(float* out, float* tmp, float* red, const
 // takes one key at a time, a warp KG = 32 / G keys: a tile of KG U <= DEC_ALIGN keys in one page, a lane's U keys and
 // values loaded before any is used; each group keeps an online softmax (running max from -FLT_MAX: no inf - inf),
 // combined in a fixed order into the split's (max, sum, unnormalised output) for decode_combine_kernel. No atomics.
-// Evicted and out-of-window keys lie before `first` and are never read.
-template <int G>
+// Evicted and out-of-window keys lie before `first` and are never read. DOCS (-f 1): a token EOT at pos > 0 starts a
+// document (fox_decoder_restart): its key alone is live (first = pos; decode_manage_kernel frees the others' pages
+// after the step), c_pos = 0 and its KV-shift takes k~_{pos-1} = 0.
+template <int G, bool DOCS>
 __global__ void __launch_bounds__(DEC_ATT_THREADS) decode_attention_kernel(DecAttnArgs a) {
     constexpr int HD = G * XPACK, KG = 32 / G, U = KG >= 8 ? 4 : 8, TILE = KG * U;
     constexpr int WARPS = DEC_ATT_THREADS / 32, GROUPS = WARPS * KG;
@@ -6246,28 +6410,30 @@ __global__ void __launch_bounds__(DEC_ATT_THREADS) decode_attention_kernel(DecAt
     size_t LBH = (size_t)a.L * a.B * a.H, lbh = ((size_t)a.l * a.B + b) * a.H + h;
     int pos = a.pos[b], par = pos & 1;
     const float* pr = a.proj + (size_t)b * a.proj_stride;
+    bool restart = DOCS && pos > 0 && a.tokens[b] == a.eot;
     float c_i = 0.0f;
-    if (a.bf != NULL) {
+    if (a.bf != NULL && !restart) {
         float z = a.gate_full ? pr[a.gate_off + h] + a.bf[h] : a.bf[h];
         c_i = a.c_last[par * LBH + lbh] + logsigmoid_gpu(z);
     }
-    int first = a.first[lbh], base = first & ~(DEC_ALIGN - 1);
+    int first = restart ? pos : a.first[lbh], base = first & ~(DEC_ALIGN - 1);
     int chunk = ((pos + 1 - base + a.S - 1) / a.S + DEC_ALIGN - 1) & ~(DEC_ALIGN - 1);
     int j0 = max(first, base + s * chunk), j1 = min(pos + 1, base + (s + 1) * chunk);
     const int* table = a.table + lbh * a.max_pages;
     int qk = a.q_norm != NULL;
     dec_head_vector<HD>(q_s, tmp, red, pr + (size_t)h * HD, NULL, 0.0f,
-                        qk ? a.q_norm + (size_t)(h % a.groups_qk) * HD : NULL, a.rope, pos, NULL);
+                        qk ? a.q_norm + (size_t)(h % a.groups_qk) * HD : NULL, a.rope, pos, NULL, false);
     if ((pos - base) / chunk == s) { // this block owns the new token
         size_t next = (((size_t)(1 - par) * a.L + a.l) * a.B + b) * 2 * a.C + (size_t)h * HD;
         size_t last = (((size_t)par * a.L + a.l) * a.B + b) * 2 * a.C + (size_t)h * HD;
         float ak = a.ks_off >= 0 ? sigmoid_gpu(pr[a.ks_off + h]) : 0.0f;
         float av = a.vs_off >= 0 ? sigmoid_gpu(pr[a.vs_off + h]) : 0.0f;
         dec_head_vector<HD>(k_s, tmp, red, pr + a.k_off + (size_t)h * HD, a.ks_off >= 0 ? a.kv_last + last : NULL, ak,
-                            qk ? a.k_norm + (size_t)(h % a.groups_qk) * HD : NULL, a.rope, pos, a.kv_last + next);
+                            qk ? a.k_norm + (size_t)(h % a.groups_qk) * HD : NULL, a.rope, pos, a.kv_last + next,
+                            restart);
         dec_head_vector<HD>(v_s, tmp, red, pr + a.v_off + (size_t)h * HD,
                             a.vs_off >= 0 ? a.kv_last + last + a.C : NULL, av, NULL, NULL, pos,
-                            a.kv_last + next + a.C);
+                            a.kv_last + next + a.C, restart);
         size_t row = (size_t)table[(pos / KV_PAGE) % a.max_pages] * KV_PAGE + pos % KV_PAGE;
         for (int i = threadIdx.x; i < HD; i += blockDim.x) {
             a.pool_k[row * HD + i] = to_floatX(k_s[i]);
@@ -6614,7 +6780,9 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(int* tokens, con
 // position, the pages wholly before the new first pushed on the free stack and, when pos + 1 starts a page, a page
 // popped for it; then pos += 1 for every sequence. Pushes and pops are placed by exclusive scans over the heads in
 // order: the same pages every run. status[0] is the free count (the stack's top); status[1] is set if a pop finds the
-// stack empty (the host grows the pool before each step, so that is a bug).
+// stack empty (the host grows the pool before each step, so that is a bug). DOCS: a sequence fed an EOT at pos > 0
+// keeps pos only (a document starts there: decode_attention_kernel). It runs before the sampler, which overwrites the
+// fed tokens.
 typedef struct {
     int* first;           // (L, B, H)
     int* first_new;       // (L, B, H) scratch
@@ -6625,8 +6793,11 @@ typedef struct {
     const float* pool_c;  // (pages, KV_PAGE)
     const float* delta;   // (L, H) eviction thresholds, NULL: no eviction
     int L, B, H, max_pages, window, max_len;
+    const int* tokens;    // (B) the tokens fed this step
+    int eot;              // DOCS: the EOT token
 } DecManageArgs;
 
+template <bool DOCS>
 __global__ void __launch_bounds__(1024) decode_manage_kernel(DecManageArgs a) {
     __shared__ int red[32];
     pdl_wait();
@@ -6636,6 +6807,7 @@ __global__ void __launch_bounds__(1024) decode_manage_kernel(DecManageArgs a) {
     int nfree = 0, nneed = 0;
     for (int i = i0; i < i1; i++) {
         int l = i / (a.B * a.H), b = (i / a.H) % a.B, h = i % a.H, pos = a.pos[b], f = a.first[i];
+        if (DOCS && pos > 0 && a.tokens[b] == a.eot) { f = pos; }
         const int* tb = a.table + (size_t)i * a.max_pages;
         if (a.delta != NULL) {
             float c_now = a.pool_c[kv_row(tb, pos, a.max_pages)], d = a.delta[l * a.H + h];
@@ -6676,12 +6848,15 @@ __global__ void __launch_bounds__(1024) decode_manage_kernel(DecManageArgs a) {
 // The prompt's first kept position per (layer, sequence, head) of a prefilled group (Bg sequences, the global
 // index b0 + bg), as the twin's cache holds it after the prompt: the window of the next position, and eviction by c of
 // the prompt's last token (c from gpu_forward: c_acts (L, Bg, H, Tp) or NULL without a gate). One thread per head.
+// DOCS: nothing before the last token's document start (doc_start (Bg, Tp), gpu_forward's FoxDocs).
+template <bool DOCS>
 __global__ void prefill_first_kernel(int* first, const float* c_acts, const int* lens, const float* delta, int L,
-                                     int B, int b0, int Bg, int H, int Tp, int window) {
+                                     int B, int b0, int Bg, int H, int Tp, int window, const int* doc_start) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= L * Bg * H) { return; }
     int h = idx % H, bg = (idx / H) % Bg, l = idx / (H * Bg), n = lens[bg];
     int f = first_key_gpu(n - 1, window);
+    if (DOCS) { f = max(f, doc_start[(size_t)bg * Tp + n - 1]); }
     if (delta != NULL && c_acts != NULL) {
         const float* c = c_acts + (((size_t)l * Bg + bg) * H + h) * Tp;
         float c_now = c[n - 1], d = delta[l * H + h];
@@ -6756,6 +6931,7 @@ typedef struct {
     int part_rows;           // (sequence, head, split) rows the partial buffers hold
     cudaStream_t stream;
     int proj_cols, ks_off, vs_off, gate_off, og_off; // the attention projections' columns (-1: absent)
+    int eot;                 // documents kept apart (-f 1): the EOT token, which starts a document; -1: not
     // the cache
     floatX* pool_k;          // (pool_pages, KV_PAGE, hd)
     floatX* pool_v;
@@ -6885,6 +7061,7 @@ static void gpu_decoder_init(GpuDecoder* d, GPUModel* g, int max_B, int max_len,
     d->L = cf->n_layer; d->C = cf->n_embd; d->H = cf->n_head; d->hd = d->C / d->H; d->I = cf->mlp_hidden;
     d->V = cf->vocab_size; d->Vp = cf->padded_vocab_size;
     d->max_B = max_B; d->max_len = max_len;
+    d->eot = g->host->doc_eot;
     d->max_pages = decoder_head_pages(cf, max_len);
     size_t worst = decoder_worst_pages(cf, max_B, max_len);
     if (worst > (size_t)INT32_MAX) { // page ids are ints
@@ -7129,6 +7306,14 @@ static void gemv_gpu(GpuDecoder* d, int mode, float* out, int out_stride, int ac
                    *W, OC, IC, in, norm_w, d->B, rows);
 }
 
+// decode_attention_kernel<G, DOCS> for G = hd / XPACK lanes a key (4, 8, 16 or 32: gpu_decoder_problem)
+typedef void (*DecAttnKernel)(DecAttnArgs);
+template <bool DOCS>
+static DecAttnKernel decode_attention_instance(int G) {
+    return G == 4 ? decode_attention_kernel<4, DOCS> : G == 8 ? decode_attention_kernel<8, DOCS>
+           : G == 16 ? decode_attention_kernel<16, DOCS> : decode_attention_kernel<32, DOCS>;
+}
+
 static void decode_attention_gpu(GpuDecoder* d, int l) {
     GPUModel* g = d->g;
     const FoxConfig* cf = &g->config;
@@ -7148,11 +7333,11 @@ static void decode_attention_gpu(GpuDecoder* d, int l) {
     a.part_m = d->part_m; a.part_l = d->part_l; a.part_o = d->part_o;
     a.scale = 1.0f / sqrtf((float)d->hd);
     a.l = l; a.L = d->L; a.B = d->B; a.H = d->H; a.C = d->C; a.max_pages = d->max_pages; a.S = d->splits;
+    a.tokens = d->tokens; a.eot = d->eot;
     dim3 grid((unsigned)d->splits, (unsigned)d->H, (unsigned)d->B);
-    int G = d->hd / XPACK; // 4, 8, 16 or 32 (gpu_decoder_problem)
-    decoder_launch(d, G == 4 ? decode_attention_kernel<4> : G == 8 ? decode_attention_kernel<8>
-                      : G == 16 ? decode_attention_kernel<16> : decode_attention_kernel<32>,
-                   grid, DEC_ATT_THREADS, 0, a);
+    int G = d->hd / XPACK;
+    decoder_launch(d, d->eot >= 0 ? decode_attention_instance<true>(G) : decode_attention_instance<false>(G), grid,
+                   DEC_ATT_THREADS, 0, a);
 }
 
 // the head on d->resid: final RMSNorm, lm_head (the first V rows) into fp32 logits, then sampling
@@ -7219,8 +7404,9 @@ static void decode_mlp_down_gpu(GpuDecoder* d, int l) {
 // the prompts' first kept positions (heads of sequences b0 .. b0 + Bg - 1, lens_d their lengths on the device; c: the
 // prefill forward's (L, Bg, H, Tp), NULL without a gate)
 static void prefill_first_gpu(GpuDecoder* d, const float* c, const int* lens_d, int b0, int Bg, int Tp) {
-    prefill_first_kernel<<<(unsigned)ceil_div((size_t)d->L * Bg * d->H, 256), 256, 0, d->stream>>>(
-        d->first, c, lens_d, d->delta, d->L, d->B, b0, Bg, d->H, Tp, d->g->config.window);
+    auto kernel = d->eot >= 0 ? prefill_first_kernel<true> : prefill_first_kernel<false>;
+    kernel<<<(unsigned)ceil_div((size_t)d->L * Bg * d->H, 256), 256, 0, d->stream>>>(
+        d->first, c, lens_d, d->delta, d->L, d->B, b0, Bg, d->H, Tp, d->g->config.window, d->g->docs_dev);
     launchCheck();
 }
 
@@ -7236,11 +7422,12 @@ static void prefill_fill_gpu(GpuDecoder* d, const GPUActivations* ac, const floa
 
 static void decode_manage_gpu(GpuDecoder* d) {
     DecManageArgs m = {d->first, d->first_new, d->table, d->pos, d->stack, d->status, d->pool_c, d->delta,
-                       d->L, d->B, d->H, d->max_pages, d->g->config.window, d->max_len};
-    decoder_launch(d, decode_manage_kernel, 1, 1024, 0, m);
+                       d->L, d->B, d->H, d->max_pages, d->g->config.window, d->max_len, d->tokens, d->eot};
+    decoder_launch(d, d->eot >= 0 ? decode_manage_kernel<true> : decode_manage_kernel<false>, 1, 1024, 0, m);
 }
 
-// One token for every sequence: the kernels of a step, on d->stream (captured into the graph)
+// One token for every sequence: the kernels of a step, on d->stream (captured into the graph); the cache's upkeep
+// before the head, whose sampler overwrites the fed tokens (the two touch no common buffer)
 static void decode_step_kernels(GpuDecoder* d) {
     decode_embed_gpu(d);
     for (int l = 0; l < d->L; l++) {
@@ -7251,8 +7438,8 @@ static void decode_step_kernels(GpuDecoder* d) {
         decode_mlp_up_gpu(d, l);
         decode_mlp_down_gpu(d, l);
     }
-    decode_head_gpu(d);
     decode_manage_gpu(d);
+    decode_head_gpu(d);
     int B = d->B;
     cudaCheck(cudaMemcpyAsync(d->host_tokens, d->tokens, (size_t)B * sizeof(int), cudaMemcpyDeviceToHost, d->stream));
     cudaCheck(cudaMemcpyAsync(d->host_status, d->status, 2 * sizeof(int), cudaMemcpyDeviceToHost, d->stream));
@@ -7612,11 +7799,12 @@ static int gpu_eval_main(const Args* a) {
                          gpu_backend_next_logits, generate && problem == NULL ? gpu_backend_generate : NULL};
     printf("device: %s, precision %s\n", g_prop.name, PRECISION_NAME);
     int rc = run_eval_mode(a, &model, &be, how);
-    if (!generate && g_prune) {
+    if (!generate && tiles_counted(a)) {
         unsigned long long tiles;
         double share = attention_pruned_share(&tiles);
-        printf("attention pruning (-A 1, ln eps %g): %.1f%% of %llu attention tiles (128 x 128) skipped\n",
-               a->prune_ln_eps, 100.0 * share, tiles);
+        if (g_prune) { printf("attention pruning (-A 1, ln eps %g%s)", a->prune_ln_eps, a->documents ? ", -f 1" : ""); }
+        else { printf("attention with documents kept apart (-f 1)"); }
+        printf(": %.1f%% of %llu attention tiles (128 x 128) skipped\n", 100.0 * share, tiles);
     }
     if (gb.dec.g != NULL) {
         gpu_decoder_report(&gb.dec);

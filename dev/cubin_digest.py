@@ -4,12 +4,17 @@
     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --default-stream per-thread -cubin -o a.cubin train_fox.cu
     python3 dev/cubin_digest.py a.cubin > before.txt     # edit, build again, then
     python3 dev/cubin_digest.py a.cubin | diff before.txt -
+    python3 dev/cubin_digest.py --text a.cubin    # the SASS bytes alone (see below)
 
 One line per kernel: a hash of its SASS bytes (.text.<kernel>), its attributes (.nv.info.<kernel>:
 registers, parameters, barriers), its static shared memory and constant bank, and its relocations
 with the symbols resolved to names (so moving functions around the file does not change it), then
 the mangled name. Reads the ELF directly: no cuobjdump needed, so it runs on a build machine without
-a GPU. `cuobjdump -sass` of two builds with equal digests prints the same instructions."""
+a GPU. `cuobjdump -sass` of two builds with equal digests prints the same instructions.
+
+--text: one line per kernel, a hash of its .text section alone, then the mangled name. A kernel that gained a
+template flag or a trailing parameter (its name and parameter records change) keeps the hash of its instructions:
+`comm -23` of the sorted hashes of two builds lists the old machine code that no kernel of the new build has."""
 import hashlib
 import struct
 import sys
@@ -54,7 +59,7 @@ def info_attributes(b, symbol):
     return b'\n'.join(out)
 
 
-def main(path):
+def main(path, text_only=False):
     try:
         data = open(path, 'rb').read()
     except OSError as e:
@@ -73,6 +78,8 @@ def main(path):
         if part is None:
             continue
         body = data[s['off']:s['off'] + s['size']] if s['type'] != SHT_NOBITS else b'nobits %d' % s['size']
+        if text_only and part != '.text.':
+            continue
         if part == '.nv.info.':
             body = info_attributes(body, symbol)
         elif part.startswith('.rel'):
@@ -88,6 +95,8 @@ def main(path):
 
 
 if __name__ == '__main__':
-    if len(sys.argv) != 2:
-        sys.exit("usage: dev/cubin_digest.py file.cubin")
-    main(sys.argv[1])
+    args = sys.argv[1:]
+    text = args[:1] == ['--text']
+    if len(args) != 1 + text:
+        sys.exit("usage: dev/cubin_digest.py [--text] file.cubin")
+    main(args[-1], text)

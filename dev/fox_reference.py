@@ -375,11 +375,13 @@ def attention_mask(T, window, doc):
 
 
 def document_cumsum(logf, doc):
-    # c_t = sum of log f_s over s in t's document, s <= t: (B, H, T) through the 0/1 matrix M_ts = [doc_t <= s <= t]
+    # c_t = sum of log f_s over s <= t in t's document, less its start when that is t0 > 0 (a forget gate of -inf:
+    # c_t0 = 0 and log f_t0 takes no part): (B, H, T) through the 0/1 matrix M_ts = [doc_t <= s <= t, s != t0 > 0]
     T = logf.shape[-1]
     s = torch.arange(T)[None, None, :]
     t = torch.arange(T)[None, :, None]
-    M = ((s <= t) & (s >= doc[:, :, None])).to(logf.dtype)  # (B, T, T)
+    start = doc[:, :, None]
+    M = ((s <= t) & (s >= start) & ~((s == start) & (start > 0))).to(logf.dtype)  # (B, T, T)
     return torch.einsum("bts,bhs->bht", M, logf)
 
 
@@ -587,11 +589,17 @@ def check_gradients(checks, name, cfg, n_entries=3, h=1e-5, tol=1e-6):
             print(f"     {name}: {tname} relative error {max(errors):.2e}")
     checks.check(worst < tol, f"{name}: finite differences, {n_checked} entries of {len(tensors)} tensors, "
                               f"worst relative error {worst:.2e} (< {tol:.0e})")
-    # c_0 cancels in every row, so dL/dlog f_0 is 0 up to rounding; so does c at every document start
+    # c_0 cancels in every row, so dL/dlog f_0 is 0 up to rounding; at a document start t0 > 0 log f takes no part
+    # in c, so its gradient is 0 exactly
     starts = document_starts(inputs, cfg["eot"] if cfg["documents"] else -1) == torch.arange(T)  # (B, T)
-    ratio = max(float(d.grad.transpose(1, 2)[starts].abs().max() / d.grad.abs().max()) for d in deltas)
-    where = "every document start" if cfg["documents"] else "t = 0"
-    checks.check(ratio < 1e-12, f"{name}: dL/dlog f = 0 at {where} (max |d| there / max |d| = {ratio:.1e} < 1e-12)")
+    ratio = max(float(d.grad.transpose(1, 2)[:, 0].abs().max() / d.grad.abs().max()) for d in deltas)
+    checks.check(ratio < 1e-12, f"{name}: dL/dlog f = 0 at t = 0 (max |d| there / max |d| = {ratio:.1e} < 1e-12)")
+    if cfg["documents"]:
+        starts[:, 0] = False
+        at_starts = max(float(d.grad.transpose(1, 2)[starts].abs().max()) for d in deltas)
+        checks.check(at_starts == 0.0 and bool(starts.any()),
+                     f"{name}: dL/dlog f = 0 exactly at the {int(starts.sum())} document starts t0 > 0 "
+                     f"(max |d| there {at_starts:.1e})")
     frozen = [n for n, _, _, _, trainable in specs if not trainable]
     if frozen:
         checks.check(all(P[n].grad is None for n in frozen), f"{name}: frozen tensors get no gradient")
@@ -627,7 +635,8 @@ def check_receptive_field(checks, name, cfg, pos=4):
 
 def check_documents_apart(checks, name, cfg):
     # documents=1: each document of the batch gives the logits it gives alone, as a sequence of its own (c
-    # restarts, the KV-shift starts from 0, RoPE is relative), to float64 rounding; and a changed token of each
+    # restarts, the KV-shift starts from 0, RoPE is relative), to float64 rounding (c's reference differs by log f of
+    # its first token, which counts at t = 0 of a sequence and not at a document start); and a changed token of each
     # document moves no logit of any other document, to the bit
     _, _, P, inputs, targets = build(cfg)
     doc = document_starts(inputs, cfg["eot"])

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The GPU evidence of one sitting on a GPU machine, in one command:
 #   1. ./test_fox in the bf16 and the fp32 build (the GPU against the CPU twin);
-#   2. compute-sanitizer memcheck and racecheck over three short training runs that take every
+#   2. compute-sanitizer memcheck and racecheck over five short training runs that take every
 #      training kernel (fused attention forward and backward at head sizes 64 and 128, at a T
-#      that is not a multiple of the tile, pruning, evaluation and the optimizer included);
+#      that is not a multiple of the tile, pruning, documents kept apart (-f 1), evaluation and
+#      the optimizer included);
 #   3. bit-exact resume: 12 steps straight against 6 steps, stop, resume, 6 steps: the losses and
 #      the final checkpoints must be equal bit for bit.
 #
-#   dev/gpu_check.sh [log dir]        (default log_gpu_check; about 12 minutes on one H200)
+#   dev/gpu_check.sh [log dir]        (default log_gpu_check; about 12 minutes on one H200 without the two
+#                                     -f 1 runs of part 2, which add about 7 at the others' rates)
 #
 # Exit status: non-zero when a step fails. Environment: SKIP_FP32=1 skips the fp32 build; PARTS
 # (default "tests memcheck racecheck resume") runs some of them, e.g. PARTS="racecheck resume"
@@ -47,8 +49,13 @@ make train_fox > "$LOG/build_train_fox.txt" 2>&1 || { say "FAIL build train_fox"
 # T = 300: not a multiple of the attention tiles. -A 1: the pruning pass and the pruned loop
 # ranges (the fast-forgetting gates at initialisation skip tiles even at this T; the step lines
 # say how many). Head size 128 (--n_head 1) runs the fused kernels' hd-128 instantiations.
+# -f 1 on shards of short documents (20 to 100 tokens): the kernels' DOCS instances and the documents' tables.
 SHORT="-e fox-pro-tiny -b 2 -t 300 -x 2 -v 2 -m 1 -s 0"
-RUNS=("$SHORT" "$SHORT -A 1" "$SHORT --n_head 1 -A 1")
+python3 dev/make_doc_shard.py -o "$LOG/docs/d_train_000000.bin" -n 200000 --min 20 --max 100 > /dev/null &&
+    python3 dev/make_doc_shard.py -o "$LOG/docs/d_val_000000.bin" -n 50000 --min 20 --max 100 --seed 2 > /dev/null ||
+    { say "FAIL dev/make_doc_shard.py"; exit 1; }
+DOCS="-i $LOG/docs/d_train_*.bin -j $LOG/docs/d_val_*.bin -f 1"
+RUNS=("$SHORT" "$SHORT -A 1" "$SHORT --n_head 1 -A 1" "$SHORT $DOCS" "$SHORT --n_head 1 -A 1 $DOCS")
 for i in "${!RUNS[@]}"; do
     part memcheck || break
     run=${RUNS[$i]}

@@ -9,9 +9,8 @@ count. Python's standard library only; the same --seed gives the same bytes.
   python3 dev/make_doc_shard.py -o data/docs/docs_train_000000.bin -n 8388608
   python3 dev/make_doc_shard.py -o data/docs/docs_val_000000.bin -n 1048576 --seed 2
 
-The benchmark (fox-pro-125m at 2 x 16384 on a GPU, once train_fox.cu runs -f 1):
-  ./train_fox -e fox-pro-125m -b 2 -t 16384 -i "data/docs/docs_train_*.bin" -j "data/docs/docs_val_*.bin" \\
-      -x 30 -v 0 -s 0 -A 1 -f 0      # then the same with -f 1: compare the step times and "pruned" shares
+The benchmark (fox-pro-125m at 2 x 16384 on a GPU, -A 1 with -f 0 and -f 1: step times and "pruned" shares) makes
+these two shards itself: dev/bench_documents.sh
 """
 import argparse
 import array

@@ -189,7 +189,7 @@ struct BwdArgs {
 };
 
 // Delta = rowsum(dO * O) (train_fox.cu's fox_bwd_delta_kernel), the version's kernels
-// (kernels(dc, dc_row, delta)), then the fp64 d(log f) scan (fox_bwd_dlogf_kernel). scratch:
+// (kernels(dc, dc_row, delta)), then the fp64 d(log f) scan (fox_bwd_dlogf_gpu). scratch:
 // 3 * B*H*T floats, as fox_attention_backward's: dc's column part, its row part, Delta.
 template<class F> static void bwd_frame(const BwdArgs& a, F kernels) {
     int BHT = a.B * a.H * a.T;
@@ -200,8 +200,7 @@ template<class F> static void bwd_frame(const BwdArgs& a, F kernels) {
     launchCheck();
     kernels(dc, dc_row, delta);
     if (a.c) {
-        fox_bwd_dlogf_kernel<<<a.B * a.H, FOX_SCAN_THREADS>>>(a.dlogf, dc, dc_row, a.T);
-        launchCheck();
+        fox_bwd_dlogf_gpu(a.dlogf, dc, dc_row, a.B, a.T, a.H, nullptr, 0);
     }
 }
 
@@ -1706,7 +1705,8 @@ static void run_backward(int version, const FoxProblem& p, const FoxDev& d, cons
         case 9: case 12: fox_backward9(a, version); break;
         // train_fox.cu's backward, exactly as it trains: version 20 at hd 64, 22 at hd 128
         case 20: fox_attention_backward(a.dq, a.dk, a.dv, a.dlogf, a.scratch, a.dout, a.q, a.k, a.v, a.o, a.lse, a.c,
-                                        a.B, a.T, a.H, a.hd, a.stride_qkv, a.stride_o, a.window, a.tables, 0, 0); break;
+                                        a.B, a.T, a.H, a.hd, a.stride_qkv, a.stride_o, a.window, a.tables, 0, nullptr,
+                                        0); break;
         default: fprintf(stderr, "version %d is not in this ladder\nHINT: see dev/cuda/README.md\n", version);
                  exit(EXIT_FAILURE);
     }
@@ -1714,7 +1714,7 @@ static void run_backward(int version, const FoxProblem& p, const FoxDev& d, cons
 // the forward the backward versions are checked and timed with: train_fox.cu's (key_start: the pruning tables)
 static void run_fwd(const FoxProblem& p, const FoxDev& d, const int* key_start = nullptr) {
     fox_attention_forward(d.o, d.lse, d.qkv + p.q_off, d.qkv + p.k_off, d.qkv + p.v_off, d.c,
-                          p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, key_start, 0);
+                          p.B, p.T, p.H, p.hd, p.stride_qkv, p.stride_o, p.window, key_start, nullptr, 0);
 }
 
 // references: dq, dk, dv (B, T, H, hd) compact, dlogf (B, H, T), all double. dq, dk, dv, dlogf in

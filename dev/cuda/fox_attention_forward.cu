@@ -1298,7 +1298,8 @@ static void run_forward(int version, bf16* o, float* lse, const bf16* q, const b
         case 12: fox_forward10<2>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, key_start); break;
         case 14: fox_forward10<0, true>(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, key_start); break;
         // train_fox.cu's forward, exactly as it trains (pruned only where c is given)
-        case 16: fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, c ? key_start : nullptr, 0); break;
+        case 16: fox_attention_forward(o, lse, q, k, v, c, B, T, H, hd, sq, so, w, c ? key_start : nullptr, nullptr, 0);
+                 break;
         default: fprintf(stderr, "version %d is not in this ladder\nHINT: see dev/cuda/README.md\n", version);
                  exit(EXIT_FAILURE);
     }

@@ -14,7 +14,7 @@ extern "C" {
 void fox_fwd(void* o, void* lse, const void* q, const void* k, const void* v, const void* c,
              int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, void* stream) {
     fox_attention_forward((bf16*)o, (float*)lse, (const bf16*)q, (const bf16*)k, (const bf16*)v, (const float*)c,
-                          B, T, H, hd, stride_qkv, stride_o, window, nullptr, caller_stream(stream));
+                          B, T, H, hd, stride_qkv, stride_o, window, nullptr, nullptr, caller_stream(stream));
 }
 // scratch_dc: 3 * B*H*T floats; Delta is formed here (delta_ready = 0)
 void fox_bwd(void* dq, void* dk, void* dv, void* dlogf, void* scratch_dc, const void* dout, const void* q,
@@ -22,7 +22,7 @@ void fox_bwd(void* dq, void* dk, void* dv, void* dlogf, void* scratch_dc, const 
              int B, int T, int H, int hd, int stride_qkv, int stride_o, int window, void* stream) {
     fox_attention_backward((bf16*)dq, (bf16*)dk, (bf16*)dv, (float*)dlogf, (float*)scratch_dc, (const bf16*)dout,
                            (const bf16*)q, (const bf16*)k, (const bf16*)v, (const bf16*)o, (const float*)lse,
-                           (const float*)c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, 0,
+                           (const float*)c, B, T, H, hd, stride_qkv, stride_o, window, nullptr, 0, nullptr,
                            caller_stream(stream));
 }
 }
