@@ -6,6 +6,7 @@
 # field or the checksum added) are compared by what follows the 1,024-byte header, over the shorter.
 #
 #   dev/compare_bits.sh OLD_BINARY NEW_BINARY [work dir]     (about 3 minutes on one H200)
+#   ONLY="16x2048_A0 2x16384_A1" dev/compare_bits.sh ...        (some of the four configurations)
 #
 # Needs the default shards (make data). Exit status: the number of configurations that differ.
 set -u
@@ -26,6 +27,7 @@ for shape in "16 2048" "2 16384"; do
     set -- $shape
     for prune in 0 1; do
         name=${1}x${2}_A$prune
+        [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $name "* ]] || continue
         for which in old new; do
             bin=$OLD; [ $which = new ] && bin=$NEW
             dir=$WORK/${name}_$which
