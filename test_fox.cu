@@ -3637,6 +3637,276 @@ static void test_documents_flag(void) {
 }
 
 // ----------------------------------------------------------------------------
+// FP8 numerics (-q): the twin's conversions against the formats' definitions (OCP FP8; Micikevicius et al. 2022),
+// computed here from sign, exponent and mantissa, and against CUDA's host conversion where nvcc builds the tests
+
+#include <float.h>
+#ifdef __CUDACC__
+#include <cuda_fp8.h>
+#endif
+
+typedef struct {
+    const char* name;
+    const Fp8Format* f; // the twin's format under test
+    int ebits, mbits, bias, ieee; // the definition: E4M3 (fn) has no inf and one NaN; E5M2 is IEEE-like
+} Fp8Def;
+
+static const Fp8Def FP8_DEFS[2] = {{"E4M3", &FP8_E4M3, 4, 3, 7, 0}, {"E5M2", &FP8_E5M2, 5, 2, 15, 1}};
+
+// the value of code c by the definition: NaN, +-inf or a finite value (ldexp, exact in double)
+static double fp8_def_value(int c, const Fp8Def* d) {
+    int E = (c >> d->mbits) & ((1 << d->ebits) - 1), M = c & ((1 << d->mbits) - 1), top = (1 << d->ebits) - 1;
+    double v;
+    if (d->ieee && E == top) { v = M == 0 ? INFINITY : NAN; }
+    else if (!d->ieee && E == top && M == (1 << d->mbits) - 1) { v = NAN; }
+    else if (E == 0) { v = ldexp(M, 1 - d->bias - d->mbits); }
+    else { v = ldexp((1 << d->mbits) + M, E - d->bias - d->mbits); }
+    return (c & 0x80) ? -v : v;
+}
+
+// the fp32 bits of a code's value, the sign of zero included
+static uint32_t fp8_def_bits(int c, const Fp8Def* d) {
+    return f32_bits((float)fabs(fp8_def_value(c, d))) | ((uint32_t)(c & 0x80) << 24);
+}
+
+// the largest finite magnitude code of a format (by the definition)
+static int fp8_def_max_code(const Fp8Def* d) {
+    int c = 0x7F;
+    while (!isfinite(fp8_def_value(c, d))) { c--; }
+    return c;
+}
+
+// The plain reference encoder: the nearest of the finite values of x's sign by exhaustive search (ties to the even
+// code). Past the largest value, the largest is the nearest (saturation; said outright, since the distances to two
+// values far below |x| may round to the same double). NaN gives -1.
+static int fp8_ref_encode(float x, const Fp8Def* d) {
+    if (isnan(x)) { return -1; }
+    int s = (f32_bits(x) >> 24) & 0x80, best = 0, top = fp8_def_max_code(d);
+    double ax = fabs((double)x), bd = INFINITY;
+    if (ax >= fp8_def_value(top, d)) { return s | top; }
+    for (int c = 0; c <= top; c++) {
+        double dist = fabs(ax - fp8_def_value(c, d));
+        if (dist < bd || (dist == bd && (c & 1) == 0)) { bd = dist; best = c; }
+    }
+    return s | best;
+}
+
+// the encoder's code for x matches the expected code (NaN: any NaN code, by the definition)
+static int fp8_code_is(float x, const Fp8Def* d, int want) {
+    int got = fp8_encode(x, d->f);
+    return want < 0 ? isnan(fp8_def_value(got, d)) : got == want;
+}
+
+// all 256 codes decode to the definition's values (bits, -0 included; NaN by class); enc(dec(c)) == c for each
+// finite c
+static void test_fp8_decode(const Fp8Def* d) {
+    int bad = 0, round_trip = 1;
+    for (int c = 0; c < 256; c++) {
+        double v = fp8_def_value(c, d);
+        float got = fp8_decode((uint8_t)c, d->f);
+        int ok = isnan(v) ? isnan(got) : f32_bits(got) == fp8_def_bits(c, d);
+        if (!ok && bad++ == 0) { printf("  code 0x%02x: decoded %g, the definition %g\n", c, got, v); }
+        if (isfinite(v)) { round_trip &= fp8_encode(got, d->f) == c; }
+    }
+    check(bad == 0 && round_trip, "fp8 %s: all 256 codes decode to the format's values (bits, -0; NaN by class), %d "
+          "wrong; every finite code encodes back to itself (%s)", d->name, bad, round_trip ? "yes" : "no");
+}
+
+// Every pair of adjacent finite values (both signs, subnormals and max included): each value and its fp32
+// neighbours give its code, the midpoint the even code, the midpoint's neighbours the two codes; the saturation
+// threshold max + ulp/2 (a tie) and beyond, FLT_MAX and inf give max; half the smallest subnormal (a tie) gives 0 and
+// its upper neighbour the smallest subnormal; fp32 denormals give 0; NaN stays NaN.
+static void test_fp8_edges(const Fp8Def* d) {
+    int top = fp8_def_max_code(d), bad = 0, checks = 0;
+    float first_bad = 0.0f;
+#define FP8_EXPECT(x, code) do { float x_ = (x); checks++; \
+        if (!fp8_code_is(x_, d, code) && bad++ == 0) { first_bad = x_; } } while (0)
+    for (int s = 0; s <= 0x80; s += 0x80) {
+        float sg = s ? -1.0f : 1.0f;
+        for (int c = 0; c < top; c++) {
+            float lo = (float)fp8_def_value(c, d), hi = (float)fp8_def_value(c + 1, d);
+            float mid = (float)(0.5 * ((double)lo + (double)hi)); // at most 5 significant bits: exact
+            int even = (c & 1) ? c + 1 : c;
+            FP8_EXPECT(sg * lo, s | c);
+            FP8_EXPECT(sg * nextafterf(lo, INFINITY), s | c);
+            if (c > 0) { FP8_EXPECT(sg * nextafterf(lo, 0.0f), s | c); }
+            FP8_EXPECT(sg * mid, s | even);
+            FP8_EXPECT(sg * nextafterf(mid, 0.0f), s | c);
+            FP8_EXPECT(sg * nextafterf(mid, INFINITY), s | (c + 1));
+        }
+        float mx = (float)fp8_def_value(top, d), below = (float)fp8_def_value(top - 1, d);
+        float sat = mx + 0.5f * (mx - below); // the top binade's half ulp past max
+        FP8_EXPECT(sg * mx, s | top);
+        FP8_EXPECT(sg * nextafterf(sat, 0.0f), s | top);
+        FP8_EXPECT(sg * sat, s | top);
+        FP8_EXPECT(sg * nextafterf(sat, INFINITY), s | top);
+        FP8_EXPECT(sg * FLT_MAX, s | top);
+        FP8_EXPECT(sg * INFINITY, s | top);
+        float half = (float)(0.5 * fp8_def_value(1, d));
+        FP8_EXPECT(sg * half, s);
+        FP8_EXPECT(sg * nextafterf(half, 0.0f), s);
+        FP8_EXPECT(sg * nextafterf(half, INFINITY), s | 1);
+        FP8_EXPECT(sg * FLT_MIN * 0.5f, s);
+        FP8_EXPECT(sg * f32_from_bits(1), s);
+        FP8_EXPECT(sg * NAN, -1);
+    }
+#undef FP8_EXPECT
+    double mx = fp8_def_value(top, d), sat = mx + 0.5 * (mx - fp8_def_value(top - 1, d));
+    check(bad == 0, "fp8 %s: every adjacent pair of values, both signs (%d checks: the values, the midpoints to the "
+          "even code, their fp32 neighbours; saturation from %g on, FLT_MAX, inf; zero up to %g; denormals; NaN): %d "
+          "wrong (the first at %a)", d->name, checks, sat, 0.5 * fp8_def_value(1, d), bad, first_bad);
+}
+
+// random fp32 values: half near the format's range (random exponent, mantissa and sign), half any bit pattern
+static float fp8_random_input(uint64_t* rng, const Fp8Def* d) {
+    uint64_t r = rng_next(rng);
+    if (r & 1) { return f32_from_bits((uint32_t)(r >> 32)); }
+    int lo = 1 - d->bias - d->mbits - 3, hi = (1 << d->ebits) - d->bias + 2;
+    int e = lo + (int)((r >> 8) % (uint64_t)(hi - lo + 1));
+    uint32_t bits = (uint32_t)(e + 127) << 23 | (uint32_t)(r >> 40) & 0x7FFFFFu;
+    return f32_from_bits(bits | (uint32_t)(r & 2) << 30);
+}
+
+#define FP8_SWEEP (1 << 20)
+static void test_fp8_sweep(const Fp8Def* d) {
+    uint64_t rng = 0xF8F8F8F8ull + (uint64_t)d->mbits;
+    int bad = 0;
+    float first = 0.0f;
+    for (int i = 0; i < FP8_SWEEP; i++) {
+        float x = fp8_random_input(&rng, d);
+        if (!fp8_code_is(x, d, fp8_ref_encode(x, d)) && bad++ == 0) { first = x; }
+    }
+    check(bad == 0, "fp8 %s: %d random fp32 values encode as the nearest of the format's values (exhaustive search, "
+          "ties to the even code): %d differ (the first %a)", d->name, FP8_SWEEP, bad, first);
+}
+
+#ifdef __CUDACC__
+// CUDA's host conversion (cuda_fp8.h), saturating: the same codes on the sweep's values and every edge value
+// (midpoints and their neighbours); NaN by class
+static int cuda_fp8_code(float x, const Fp8Def* d) {
+    return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, d->ieee ? __NV_E5M2 : __NV_E4M3);
+}
+
+static void test_fp8_cuda_host(const Fp8Def* d) {
+    uint64_t rng = 0xC0DAull + (uint64_t)d->mbits;
+    int bad = 0, n = 0, top = fp8_def_max_code(d);
+    float first = 0.0f;
+    for (int i = 0; i < FP8_SWEEP + 8 * top; i++, n++) {
+        float x;
+        if (i < FP8_SWEEP) {
+            x = fp8_random_input(&rng, d);
+        } else { // a value, or the midpoint above it, or the midpoint's neighbours; both signs
+            int j = i - FP8_SWEEP, c = j % top, kind = j / top;
+            float v = (float)fp8_def_value(c, d), mid = (float)(0.5 * (v + fp8_def_value(c + 1, d)));
+            float at[4] = {v, mid, nextafterf(mid, 0.0f), nextafterf(mid, INFINITY)};
+            x = (kind < 4 ? 1.0f : -1.0f) * at[kind % 4];
+        }
+        int want = cuda_fp8_code(x, d), got = fp8_encode(x, d->f);
+        int same = isnan(fp8_def_value(want, d)) ? isnan(fp8_def_value(got, d)) : got == want;
+        if (!same && bad++ == 0) { first = x; }
+    }
+    check(bad == 0, "fp8 %s: CUDA's host __nv_cvt_float_to_fp8(x, __NV_SATFINITE) gives the twin's codes on %d values "
+          "(the sweep's, every value, midpoint and their neighbours): %d differ (the first %a)", d->name, n, bad,
+          first);
+}
+#else
+static void test_fp8_cuda_host(const Fp8Def* d) {
+    printf("skipped: fp8 %s against CUDA's host conversion (built without nvcc)\n", d->name);
+}
+#endif
+
+// fp8_scale_exp: the largest k with amax 2^k <= max 2^-margin (in double), on amaxes across fp32's range, the edges
+// 1.75 x 2^e and their neighbours; 0 for 0, inf and NaN; clamped at +-100
+static void test_fp8_scale_exp(void) {
+    uint64_t rng = 99;
+    int bad = 0, n = 0;
+    for (int i = 0; i < 200000; i++) {
+        const Fp8Def* d = &FP8_DEFS[i & 1];
+        int margin = (i >> 1) % 3;
+        float amax;
+        if (i < 3000) {
+            float edge = ldexpf(1.75f, (i / 6) % 250 - 125);
+            amax = (i / 2) % 3 == 0 ? edge : nextafterf(edge, (i / 2) % 3 == 1 ? 0.0f : INFINITY);
+        } else {
+            amax = f32_from_bits((uint32_t)(rng_next(&rng) >> 33) | 1u); // positive, finite or not
+        }
+        if (!isfinite(amax) || amax == 0.0f) { continue; }
+        int k = fp8_scale_exp(amax, d->f, margin);
+        double mx = fp8_def_value(fp8_def_max_code(d), d) * ldexp(1.0, -margin);
+        int ok = (k == 100 || (double)amax * ldexp(1.0, k + 1) > mx)
+                 && (k == -100 || (double)amax * ldexp(1.0, k) <= mx) && k >= -100 && k <= 100;
+        n++;
+        if (!ok && bad++ == 0) { printf("  amax %a margin %d: k %d\n", amax, margin, k); }
+    }
+    int specials = fp8_scale_exp(0.0f, &FP8_E4M3, 0) == 0 && fp8_scale_exp(INFINITY, &FP8_E5M2, 1) == 0
+                   && fp8_scale_exp(NAN, &FP8_E4M3, 0) == 0 && fp8_scale_exp(1e-40f, &FP8_E4M3, 0) == 100
+                   && fp8_scale_exp(FLT_MAX, &FP8_E5M2, 0) == -100;
+    check(bad == 0 && specials, "fp8 scale exponent: amax 2^k <= max 2^-margin < amax 2^(k+1) on %d amaxes (edges "
+          "1.75 x 2^e and neighbours, random), margins 0-2, %d wrong; 0 for 0, inf, NaN; clamped to 100",
+          n, bad);
+}
+
+// bf16_round against the nearer of the two bf16 values around x (ties to the even one; past the largest, inf);
+// fp8_amax against a serial max, with a NaN or an inf planted (under OpenMP); fp8_round_tensor against the reference
+// encoder at the scales 2^5 and 2^-3
+static void test_fp8_helpers(void) {
+    uint64_t rng = 5;
+    int bf_bad = 0;
+    for (int i = 0; i < (1 << 20); i++) {
+        float x = f32_from_bits((uint32_t)(rng_next(&rng) >> 32));
+        if (!isfinite(x)) { continue; }
+        uint32_t lo = f32_bits(x) & 0xFFFF0000u, hi = lo + 0x10000u; // toward zero, one bf16 step away from it
+        double a = f32_from_bits(lo), b = (hi & 0x7FFFFFFFu) == 0x7F800000u ? copysign(ldexp(1.0, 128), x)
+                                                                             : (double)f32_from_bits(hi);
+        double da = fabs((double)x - a), db = fabs(b - (double)x);
+        float want = (da < db || (da == db && (lo & 0x10000u) == 0)) ? (float)a : f32_from_bits(hi);
+        bf_bad += f32_bits(bf16_round(x)) != f32_bits(want);
+    }
+    check(bf_bad == 0, "bf16_round: 2^20 random fp32 values round to the nearer bf16 (ties to even, overflow to "
+          "inf): %d wrong", bf_bad);
+    size_t n = 100003;
+    float* x = (float*)malloc_check(n * sizeof(float), "fp8 test");
+    float* out = (float*)malloc_check(n * sizeof(float), "fp8 test");
+    float serial = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)(rng_normal(&rng) * ldexp(1.0, (int)(rng_next(&rng) % 40) - 20));
+        serial = fabsf(x[i]) > serial ? fabsf(x[i]) : serial;
+    }
+    float plain = fp8_amax(x, n);
+    x[77777] = -INFINITY;
+    float inf = fp8_amax(x, n);
+    x[66666] = NAN;
+    float nan = fp8_amax(x, n);
+    check(plain == serial && serial > 0.0f && isinf(inf) && inf > 0.0f && isnan(nan),
+          "fp8_amax: %zu values, the serial max %g (got %g); -inf planted: inf (%g); NaN planted: NaN (%g)", n,
+          serial, plain, inf, nan);
+    int rt_bad = 0;
+    for (int t = 0; t < 2; t++) {
+        const Fp8Def* d = &FP8_DEFS[t];
+        int k = t ? -3 : 5;
+        fp8_round_tensor(out, x, 50000, k, d->f); // before the planted values
+        for (size_t i = 0; i < 50000; i++) {
+            int c = fp8_ref_encode((float)((double)x[i] * ldexp(1.0, k)), d);
+            rt_bad += f32_bits(out[i]) != f32_bits((float)(fp8_def_value(c, d) * ldexp(1.0, -k)));
+        }
+    }
+    check(rt_bad == 0, "fp8_round_tensor: 50000 values of 40 binades as E4M3 at 2^5 and E5M2 at 2^-3 equal the "
+          "reference encoder's values, scaled back (%d wrong)", rt_bad);
+    free(x); free(out);
+}
+
+static void test_fp8_conversion(void) {
+    for (int t = 0; t < 2; t++) {
+        test_fp8_decode(&FP8_DEFS[t]);
+        test_fp8_edges(&FP8_DEFS[t]);
+        test_fp8_sweep(&FP8_DEFS[t]);
+        test_fp8_cuda_host(&FP8_DEFS[t]);
+    }
+    test_fp8_scale_exp();
+    test_fp8_helpers();
+}
+
+// ----------------------------------------------------------------------------
 
 #ifndef __CUDACC__
 static void run_gpu_tests(void) { printf("skipped: GPU tests (built without nvcc)\n"); }
@@ -5819,6 +6089,8 @@ int main(int argc, char** argv) {
     test_documents_kv_cache();
     test_documents_eval();
     test_documents_flag();
+    test_group("FP8 numerics (-q)");
+    test_fp8_conversion();
     test_group("GPU trainer against the twin");
     run_gpu_tests();
     test_group("GPU generation");

@@ -654,6 +654,114 @@ static void activation_pointers(ActivationTensors* a, float** out[NUM_ACTIVATION
 }
 
 // ----------------------------------------------------------------------------
+// FP8 numerics (-q; dev/fox.md, "FP8 numerics"): the twin emulates the GPU's FP8 matmuls. An operand x of scale 2^k
+// is stored as the codes enc(x 2^k); the GEMM multiplies decoded codes (exact in fp32) and scales its sums by
+// 2^-(kA+kB). The twin rounds the operand to dec(enc(x 2^k)) 2^-k (fp8_round_tensor), which is exact apart from the
+// rounding to FP8 itself: k is an integer kept in [-100, 100] here, so x 2^k (when it does not saturate) and the
+// codes' values times 2^-k are fp32 numbers of the same significands. The fp32 matmul of rounded operands then differs
+// from the GPU's only in the order of its sums.
+
+// E4M3 is the "fn" variant (no inf; S.1111.111 is NaN, max 448); E5M2 is IEEE-like (inf, NaNs; max 57344).
+// Both saturate: a finite value beyond the largest code and +-inf become the largest finite code (CUDA's
+// __NV_SATFINITE, TransformerEngine's casts). A delayed scale is up to a step stale, so a value may exceed what its
+// scale holds: inf (E5M2) or NaN (E4M3) there would poison every sum it enters, while the largest finite code is the
+// nearest value the format has. Saturation is not silent: every delayed operand's amax is checked (fp8_step_end), and
+// a non-finite one stops or skips the step like a non-finite gradient.
+typedef struct {
+    int m;              // mantissa bits
+    int bias;           // exponent bias
+    int emin, emax;     // exponents of the smallest normal and of the largest finite value
+    unsigned max_code;  // the largest finite magnitude, 1.75 x 2^emax in both formats
+    unsigned nan_code;  // the magnitude code of the NaN the encoder writes
+    uint32_t sat_bits;  // fp32 magnitudes from these bits up saturate: max + half its ulp (a tie) and beyond, inf
+    uint32_t zero_bits; // fp32 magnitudes up to these bits give 0: half the smallest subnormal (a tie: 0 is even)
+    int has_inf;        // the exponent field all ones holds inf (mantissa 0) and NaNs (E5M2)
+} Fp8Format;
+
+// 464 = 448 + 16 is E4M3's tie between 448 (even) and the NaN code: 448. 61440 is E5M2's tie between 57344 and inf
+// (even): round to nearest even would overflow, saturation gives 57344. Zero up to 2^-10 (E4M3) and 2^-17 (E5M2).
+static const Fp8Format FP8_E4M3 = {3, 7, -6, 8, 0x7E, 0x7F, 0x43E80000u, 0x3A800000u, 0};
+static const Fp8Format FP8_E5M2 = {2, 15, -14, 15, 0x7B, 0x7E, 0x47700000u, 0x37000000u, 1};
+#define FP8_K_MAX 100 // scale exponents lie in [-FP8_K_MAX, FP8_K_MAX]
+
+static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, sizeof(u)); return u; }
+static float f32_from_bits(uint32_t u) { float x; memcpy(&x, &u, sizeof(x)); return x; }
+
+// fp32 -> FP8 code: round to nearest, ties to even, saturating; NaN stays NaN. Integer operations only, so neither
+// the twin's -fassociative-math nor FMA contraction can touch it. Past the three early exits x is a normal fp32.
+static uint8_t fp8_encode(float x, const Fp8Format* f) {
+    uint32_t u = f32_bits(x), s = (u >> 24) & 0x80, a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) { return (uint8_t)(s | f->nan_code); }
+    if (a >= f->sat_bits) { return (uint8_t)(s | f->max_code); }
+    if (a <= f->zero_bits) { return (uint8_t)s; }                // fp32 denormals included
+    int e = (int)(a >> 23) - 127;
+    uint32_t sig = (a & 0x7FFFFFu) | 0x800000u;                   // 1.mantissa x 2^23
+    int ee = e > f->emin ? e : f->emin;                           // below emin the FP8 value is subnormal
+    int sh = 23 - f->m + (ee - e);                                // bits dropped: 20..24 (E4M3), 21..24 (E5M2)
+    uint32_t q = sig >> sh, r = sig & ((1u << sh) - 1), h = 1u << (sh - 1);
+    q += (r > h || (r == h && (q & 1))) ? 1 : 0;
+    // subnormals have ee + bias - 1 = 0; a carry out of q moves into the exponent (or from subnormal to normal)
+    return (uint8_t)(s | (((uint32_t)(ee + f->bias - 1) << f->m) + q));
+}
+
+// FP8 code -> fp32, exact: normal (2^m + M) 2^(E - bias - m), subnormal M 2^(emin - m), built as fp32 bits
+static float fp8_decode(uint8_t c, const Fp8Format* f) {
+    uint32_t s = (uint32_t)(c & 0x80) << 24, mag = c & 0x7Fu;
+    uint32_t E = mag >> f->m, M = mag & ((1u << f->m) - 1), top = 0x7Fu >> f->m;
+    if (f->has_inf && E == top) { return f32_from_bits(s | (M == 0 ? 0x7F800000u : 0x7FC00000u)); }
+    if (!f->has_inf && mag == f->nan_code) { return f32_from_bits(s | 0x7FC00000u); }
+    if (mag == 0) { return f32_from_bits(s); }
+    int e = (int)E - f->bias;
+    if (E == 0) { // subnormal: shift M up to 1.xxx, one binade down per step
+        for (e = f->emin; M < (1u << f->m); e--) { M <<= 1; }
+        M -= 1u << f->m;
+    }
+    return f32_from_bits(s | (uint32_t)(e + 127) << 23 | M << (23 - f->m));
+}
+
+// 2^k as an fp32, for |k| <= 126
+static float fp8_pow2(int k) { return f32_from_bits((uint32_t)(k + 127) << 23); }
+
+// The scale exponent of an operand whose magnitudes are at most amax: the largest k with amax 2^k <= max 2^-margin.
+// Both formats' max is 1.75 x 2^emax, so k = emax - e(amax) - [significand(amax) > 1.75] - margin, clamped to
+// [-FP8_K_MAX, FP8_K_MAX] (an fp32 denormal amax gives the upper end). 0 for an amax of 0, inf or NaN.
+static int fp8_scale_exp(float amax, const Fp8Format* f, int margin) {
+    uint32_t a = f32_bits(amax) & 0x7FFFFFFFu;
+    if (a == 0 || a >= 0x7F800000u) { return 0; }
+    int k = f->emax - ((int)(a >> 23) - 127) - ((a & 0x7FFFFFu) > 0x600000u ? 1 : 0) - margin;
+    return k < -FP8_K_MAX ? -FP8_K_MAX : k > FP8_K_MAX ? FP8_K_MAX : k;
+}
+
+// fp32 -> the nearest bf16 (ties to even) as an fp32: the GPU's matmul copy of a weight (__float2bfloat16)
+static float bf16_round(float x) {
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) { return x; }
+    u += 0x7FFFu + ((u >> 16) & 1);
+    return f32_from_bits(u & 0xFFFF0000u);
+}
+
+// the larger of two magnitudes, NaN above inf: magnitudes' bit patterns order as unsigned integers
+static float fp8_max(float a, float b) { return f32_bits(a) >= f32_bits(b) ? a : b; }
+
+// max |x| over n values, NaN when one is NaN; exact and order-free (deterministic under OpenMP)
+static float fp8_amax(const float* x, size_t n) {
+    uint32_t mx = 0;
+    #pragma omp parallel for reduction(max : mx)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a = f32_bits(x[i]) & 0x7FFFFFFFu;
+        mx = a > mx ? a : mx;
+    }
+    return f32_from_bits(mx);
+}
+
+// out = dec(enc(x 2^k)) 2^-k elementwise (out may be x): the values an FP8 operand of scale 2^k holds
+static void fp8_round_tensor(float* out, const float* x, size_t n, int k, const Fp8Format* f) {
+    float up = fp8_pow2(k), down = fp8_pow2(-k);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) { out[i] = fp8_decode(fp8_encode(x[i] * up, f), f) * down; }
+}
+
+// ----------------------------------------------------------------------------
 // the model
 
 typedef struct {
