@@ -22,11 +22,14 @@ encoder_forward through fox_backward, then main):
   model configuration               FoxConfig, config_from_preset, config_set, config_problem
   the parameter table               ParamSpec, param_table, param_hf_name
   activations                       ActivationTensors, activation_sizes
+  FP8 numerics (-q)                 Fp8Format, fp8_encode, fp8_decode, fp8_scale_exp, fp8_round_tensor, Fp8State
   the model                         FoxModel, fox_build, fox_init, fox_ensure_activations
   layers, forward and backward      matmul_, rmsnorm_, kv_shift_, rope_apply; documents kept apart (-f 1):
                                     document_starts; the gate: forget_gate_forward / _backward; pruning: prune_tiles;
                                     attention_forward / attention_backward; swiglu_, crossentropy_
+  the model's FP8 operands          fp8_matmul_weights, fp8_norm_output, fp8_delayed (called by the next two)
   the whole model                   fox_forward, fox_backward
+  FP8 steps                         fp8_step_begin, fp8_calibrate, fp8_step_end
   optimiser                         fox_grad_norm, fox_clip_grads, fox_update (AdamW), lr_at_tokens
   numerical guards                  step_guard_check, nonfinite_grad_name
   data                              DataLoader: dataloader_init (every token id checked), dataloader_next_batch
@@ -35,7 +38,7 @@ encoder_forward through fox_backward, then main):
   training samples, validation      fox_sample, evaluate
   command line                      Args, usage, parse_args, build_model
   the output directory              RunDir: run_dir_claim (made, locked, write-tested), log_line
-  run helpers                       check_run_start, step_guard_stop, step_guard_log, save_checkpoint
+  run helpers                       check_run_start, fox_train_micro_steps, step_guard_stop, save_checkpoint
   data-parallel processes           Topology, dist_topology, the NCCL id's rendezvous (train_fox.cu's)
   evaluation modes                  -M eval, generate, niah, maps (not needed to train): ForwardBackend,
                                     FoxDecoder, run_eval, run_generate, run_niah, run_maps, cpu_eval_main
@@ -3540,7 +3543,8 @@ static int probe_run_dir(const char* dir, char* why, size_t n) {
 }
 
 // the sizes of one checkpoint's files for a model of configuration c, as save_model and save_state
-// write them: the fp32 parameters, or the two fp32 AdamW moments (checkpoint_file_bytes adds the rest)
+// write them: the fp32 parameters, or the two fp32 AdamW moments (checkpoint_file_bytes adds the rest; -q adds
+// the FP8 histories, kilobytes: fp8_history_bytes)
 static void checkpoint_sizes(const FoxConfig* c, size_t* model_bytes, size_t* state_bytes) {
     size_t params = config_num_parameters(c) * sizeof(float);
     *model_bytes = checkpoint_file_bytes(params, 1);
