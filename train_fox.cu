@@ -5797,6 +5797,10 @@ int main(int argc, char** argv) {
     if (r.a.documents) { // the kernels do not take document starts yet: refused, never ignored
         fail("-f 1 (documents kept apart) is not yet on the GPU\nHINT: use the CPU twin, train_fox_cpu, or drop -f");
     }
+    if (r.a.fp8 != FP8_MODE_OFF) { // no FP8 matmuls here yet: refused, never ignored
+        fail("-q %s (FP8 matmuls) is not yet on the GPU\nHINT: the CPU twin, train_fox_cpu, emulates it; or drop -q",
+             FP8_MODE_NAMES[r.a.fp8]);
+    }
     if (r.a.mode != MODE_TRAIN) { return gpu_eval_main(&r.a); }
     train_setup(&r, argc, argv);
     train_check_same(&r);
