@@ -1,13 +1,13 @@
 /*
 test_fox.cu: the tests of train_fox, one program.
 
-CPU part (any machine): the CPU twin (train_fox.c) against the debug states of the
-independent PyTorch reference (dev/fox_reference.py, float64) for every preset and toggle:
-logits, loss, every gradient tensor and 10 AdamW steps; finite differences of d(log f) and
-of the KV-shift gradients; schedule, data loader, checkpoint and decode-table tests; bad
-input. GPU part: the GPU trainer against the CPU twin, skipped with a reason when there is
-no GPU. One line per check, then "N passed, M failed"; the exit status is non-zero on any
-failure.
+CPU part (any machine): the CPU twin (train_fox.c) against the debug states of the independent
+PyTorch reference (dev/fox_reference.py, float64) for every preset and toggle: logits, loss, every
+gradient tensor and 10 AdamW steps; finite differences of d(log f) and of the KV-shift gradients;
+schedule, data loader, checkpoint and decode-table tests; bad input; FP8 numerics (the conversions
+against the formats' definitions, the -q training path against fp64). GPU part: the GPU trainer
+against the CPU twin, skipped with a reason when there is no GPU. One line per check, then "N
+passed, M failed"; the exit status is non-zero on any failure.
 
 Builds with nvcc (as CUDA) or with any C++ compiler (CPU part only).
 */
@@ -3780,6 +3780,841 @@ static void test_documents_flag(void) {
 }
 
 // ----------------------------------------------------------------------------
+// FP8 numerics (-q): the twin's conversions against the formats' definitions (OCP FP8; Micikevicius et al. 2022),
+// computed here from sign, exponent and mantissa, and against CUDA's host conversion where nvcc builds the tests
+
+#include <float.h>
+#ifdef __CUDACC__
+#include <cuda_fp8.h>
+#endif
+
+typedef struct {
+    const char* name;
+    const Fp8Format* f; // the twin's format under test
+    int ebits, mbits, bias, ieee; // the definition: E4M3 (fn) has no inf and one NaN; E5M2 is IEEE-like
+} Fp8Def;
+
+static const Fp8Def FP8_DEFS[2] = {{"E4M3", &FP8_E4M3, 4, 3, 7, 0}, {"E5M2", &FP8_E5M2, 5, 2, 15, 1}};
+
+// the value of code c by the definition: NaN, +-inf or a finite value (ldexp, exact in double)
+static double fp8_def_value(int c, const Fp8Def* d) {
+    int E = (c >> d->mbits) & ((1 << d->ebits) - 1), M = c & ((1 << d->mbits) - 1), top = (1 << d->ebits) - 1;
+    double v;
+    if (d->ieee && E == top) { v = M == 0 ? INFINITY : NAN; }
+    else if (!d->ieee && E == top && M == (1 << d->mbits) - 1) { v = NAN; }
+    else if (E == 0) { v = ldexp(M, 1 - d->bias - d->mbits); }
+    else { v = ldexp((1 << d->mbits) + M, E - d->bias - d->mbits); }
+    return (c & 0x80) ? -v : v;
+}
+
+// the fp32 bits of a code's value, the sign of zero included
+static uint32_t fp8_def_bits(int c, const Fp8Def* d) {
+    return f32_bits((float)fabs(fp8_def_value(c, d))) | ((uint32_t)(c & 0x80) << 24);
+}
+
+// the largest finite magnitude code of a format (by the definition)
+static int fp8_def_max_code(const Fp8Def* d) {
+    int c = 0x7F;
+    while (!isfinite(fp8_def_value(c, d))) { c--; }
+    return c;
+}
+
+// The plain reference encoder: the nearest of the finite values of x's sign by exhaustive search (ties to the even
+// code). Past the largest value, the largest is the nearest (saturation; said outright, since the distances to two
+// values far below |x| may round to the same double). NaN gives -1.
+static int fp8_ref_encode(float x, const Fp8Def* d) {
+    if (isnan(x)) { return -1; }
+    int s = (f32_bits(x) >> 24) & 0x80, best = 0, top = fp8_def_max_code(d);
+    double ax = fabs((double)x), bd = INFINITY;
+    if (ax >= fp8_def_value(top, d)) { return s | top; }
+    for (int c = 0; c <= top; c++) {
+        double dist = fabs(ax - fp8_def_value(c, d));
+        if (dist < bd || (dist == bd && (c & 1) == 0)) { bd = dist; best = c; }
+    }
+    return s | best;
+}
+
+// the encoder's code for x matches the expected code (NaN: any NaN code, by the definition)
+static int fp8_code_is(float x, const Fp8Def* d, int want) {
+    int got = fp8_encode(x, d->f);
+    return want < 0 ? isnan(fp8_def_value(got, d)) : got == want;
+}
+
+// all 256 codes decode to the definition's values (bits, -0 included; NaN by class); enc(dec(c)) == c for each
+// finite c
+static void test_fp8_decode(const Fp8Def* d) {
+    int bad = 0, round_trip = 1;
+    for (int c = 0; c < 256; c++) {
+        double v = fp8_def_value(c, d);
+        float got = fp8_decode((uint8_t)c, d->f);
+        int ok = isnan(v) ? isnan(got) : f32_bits(got) == fp8_def_bits(c, d);
+        if (!ok && bad++ == 0) { printf("  code 0x%02x: decoded %g, the definition %g\n", c, got, v); }
+        if (isfinite(v)) { round_trip &= fp8_encode(got, d->f) == c; }
+    }
+    check(bad == 0 && round_trip, "fp8 %s: all 256 codes decode to the format's values (bits, -0; NaN by class), %d "
+          "wrong; every finite code encodes back to itself (%s)", d->name, bad, round_trip ? "yes" : "no");
+}
+
+// Every pair of adjacent finite values (both signs, subnormals and max included): each value and its fp32
+// neighbours give its code, the midpoint the even code, the midpoint's neighbours the two codes; the saturation
+// threshold max + ulp/2 (a tie) and beyond, FLT_MAX and inf give max; half the smallest subnormal (a tie) gives 0 and
+// its upper neighbour the smallest subnormal; fp32 denormals give 0; NaN stays NaN.
+static void test_fp8_edges(const Fp8Def* d) {
+    int top = fp8_def_max_code(d), bad = 0, checks = 0;
+    float first_bad = 0.0f;
+#define FP8_EXPECT(x, code) do { float x_ = (x); checks++; \
+        if (!fp8_code_is(x_, d, code) && bad++ == 0) { first_bad = x_; } } while (0)
+    for (int s = 0; s <= 0x80; s += 0x80) {
+        float sg = s ? -1.0f : 1.0f;
+        for (int c = 0; c < top; c++) {
+            float lo = (float)fp8_def_value(c, d), hi = (float)fp8_def_value(c + 1, d);
+            float mid = (float)(0.5 * ((double)lo + (double)hi)); // at most 5 significant bits: exact
+            int even = (c & 1) ? c + 1 : c;
+            FP8_EXPECT(sg * lo, s | c);
+            FP8_EXPECT(sg * nextafterf(lo, INFINITY), s | c);
+            if (c > 0) { FP8_EXPECT(sg * nextafterf(lo, 0.0f), s | c); }
+            FP8_EXPECT(sg * mid, s | even);
+            FP8_EXPECT(sg * nextafterf(mid, 0.0f), s | c);
+            FP8_EXPECT(sg * nextafterf(mid, INFINITY), s | (c + 1));
+        }
+        float mx = (float)fp8_def_value(top, d), below = (float)fp8_def_value(top - 1, d);
+        float sat = mx + 0.5f * (mx - below); // the top binade's half ulp past max
+        FP8_EXPECT(sg * mx, s | top);
+        FP8_EXPECT(sg * nextafterf(sat, 0.0f), s | top);
+        FP8_EXPECT(sg * sat, s | top);
+        FP8_EXPECT(sg * nextafterf(sat, INFINITY), s | top);
+        FP8_EXPECT(sg * FLT_MAX, s | top);
+        FP8_EXPECT(sg * INFINITY, s | top);
+        float half = (float)(0.5 * fp8_def_value(1, d));
+        FP8_EXPECT(sg * half, s);
+        FP8_EXPECT(sg * nextafterf(half, 0.0f), s);
+        FP8_EXPECT(sg * nextafterf(half, INFINITY), s | 1);
+        FP8_EXPECT(sg * FLT_MIN * 0.5f, s);
+        FP8_EXPECT(sg * f32_from_bits(1), s);
+        FP8_EXPECT(sg * NAN, -1);
+    }
+#undef FP8_EXPECT
+    double mx = fp8_def_value(top, d), sat = mx + 0.5 * (mx - fp8_def_value(top - 1, d));
+    check(bad == 0, "fp8 %s: every adjacent pair of values, both signs (%d checks: the values, the midpoints to the "
+          "even code, their fp32 neighbours; saturation from %g on, FLT_MAX, inf; zero up to %g; denormals; NaN): %d "
+          "wrong (the first at %a)", d->name, checks, sat, 0.5 * fp8_def_value(1, d), bad, first_bad);
+}
+
+// random fp32 values: half near the format's range (random exponent, mantissa and sign), half any bit pattern
+static float fp8_random_input(uint64_t* rng, const Fp8Def* d) {
+    uint64_t r = rng_next(rng);
+    if (r & 1) { return f32_from_bits((uint32_t)(r >> 32)); }
+    int lo = 1 - d->bias - d->mbits - 3, hi = (1 << d->ebits) - d->bias + 2;
+    int e = lo + (int)((r >> 8) % (uint64_t)(hi - lo + 1));
+    uint32_t bits = (uint32_t)(e + 127) << 23 | ((uint32_t)(r >> 40) & 0x7FFFFFu);
+    return f32_from_bits(bits | (uint32_t)(r & 2) << 30);
+}
+
+#define FP8_SWEEP (1 << 20)
+static void test_fp8_sweep(const Fp8Def* d) {
+    uint64_t rng = 0xF8F8F8F8ull + (uint64_t)d->mbits;
+    int bad = 0;
+    float first = 0.0f;
+    for (int i = 0; i < FP8_SWEEP; i++) {
+        float x = fp8_random_input(&rng, d);
+        if (!fp8_code_is(x, d, fp8_ref_encode(x, d)) && bad++ == 0) { first = x; }
+    }
+    check(bad == 0, "fp8 %s: %d random fp32 values encode as the nearest of the format's values (exhaustive search, "
+          "ties to the even code): %d differ (the first %a)", d->name, FP8_SWEEP, bad, first);
+}
+
+#ifdef __CUDACC__
+// CUDA's host conversion (cuda_fp8.h), saturating: the same codes on the sweep's values and every edge value
+// (midpoints and their neighbours); NaN by class
+static int cuda_fp8_code(float x, const Fp8Def* d) {
+    return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, d->ieee ? __NV_E5M2 : __NV_E4M3);
+}
+
+static void test_fp8_cuda_host(const Fp8Def* d) {
+    uint64_t rng = 0xC0DAull + (uint64_t)d->mbits;
+    int bad = 0, n = 0, top = fp8_def_max_code(d);
+    float first = 0.0f;
+    for (int i = 0; i < FP8_SWEEP + 8 * top; i++, n++) {
+        float x;
+        if (i < FP8_SWEEP) {
+            x = fp8_random_input(&rng, d);
+        } else { // a value, or the midpoint above it, or the midpoint's neighbours; both signs
+            int j = i - FP8_SWEEP, c = j % top, kind = j / top;
+            float v = (float)fp8_def_value(c, d), mid = (float)(0.5 * (v + fp8_def_value(c + 1, d)));
+            float at[4] = {v, mid, nextafterf(mid, 0.0f), nextafterf(mid, INFINITY)};
+            x = (kind < 4 ? 1.0f : -1.0f) * at[kind % 4];
+        }
+        int want = cuda_fp8_code(x, d), got = fp8_encode(x, d->f);
+        int same = isnan(fp8_def_value(want, d)) ? isnan(fp8_def_value(got, d)) : got == want;
+        if (!same && bad++ == 0) { first = x; }
+    }
+    check(bad == 0, "fp8 %s: CUDA's host __nv_cvt_float_to_fp8(x, __NV_SATFINITE) gives the twin's codes on %d values "
+          "(the sweep's, every value, midpoint and their neighbours): %d differ (the first %a)", d->name, n, bad,
+          first);
+}
+#else
+static void test_fp8_cuda_host(const Fp8Def* d) {
+    printf("skipped: fp8 %s against CUDA's host conversion (built without nvcc)\n", d->name);
+}
+#endif
+
+// fp8_scale_exp: the largest k with amax 2^k <= max 2^-margin (in double), on amaxes across fp32's range, the edges
+// 1.75 x 2^e and their neighbours; 0 for 0, inf and NaN; clamped at +-100
+static void test_fp8_scale_exp(void) {
+    uint64_t rng = 99;
+    int bad = 0, n = 0;
+    for (int i = 0; i < 200000; i++) {
+        const Fp8Def* d = &FP8_DEFS[i & 1];
+        int margin = (i >> 1) % 3;
+        float amax;
+        if (i < 3000) {
+            float edge = ldexpf(1.75f, (i / 6) % 250 - 125);
+            amax = (i / 2) % 3 == 0 ? edge : nextafterf(edge, (i / 2) % 3 == 1 ? 0.0f : INFINITY);
+        } else {
+            amax = f32_from_bits((uint32_t)(rng_next(&rng) >> 33) | 1u); // positive, finite or not
+        }
+        if (!isfinite(amax) || amax == 0.0f) { continue; }
+        int k = fp8_scale_exp(amax, d->f, margin);
+        double mx = fp8_def_value(fp8_def_max_code(d), d) * ldexp(1.0, -margin);
+        int ok = (k == 100 || (double)amax * ldexp(1.0, k + 1) > mx)
+                 && (k == -100 || (double)amax * ldexp(1.0, k) <= mx) && k >= -100 && k <= 100;
+        n++;
+        if (!ok && bad++ == 0) { printf("  amax %a margin %d: k %d\n", amax, margin, k); }
+    }
+    int specials = fp8_scale_exp(0.0f, &FP8_E4M3, 0) == 0 && fp8_scale_exp(INFINITY, &FP8_E5M2, 1) == 0
+                   && fp8_scale_exp(NAN, &FP8_E4M3, 0) == 0 && fp8_scale_exp(1e-40f, &FP8_E4M3, 0) == 100
+                   && fp8_scale_exp(FLT_MAX, &FP8_E5M2, 0) == -100;
+    check(bad == 0 && specials, "fp8 scale exponent: amax 2^k <= max 2^-margin < amax 2^(k+1) on %d amaxes (edges "
+          "1.75 x 2^e and neighbours, random), margins 0-2, %d wrong; 0 for 0, inf, NaN; clamped to 100",
+          n, bad);
+}
+
+// the nearer to a finite x of the two bf16 values around it (ties to the even one; past the largest, inf)
+static float bf16_ref(float x) {
+    uint32_t lo = f32_bits(x) & 0xFFFF0000u, hi = lo + 0x10000u; // toward zero, one bf16 step away from it
+    double a = f32_from_bits(lo), b = (hi & 0x7FFFFFFFu) == 0x7F800000u ? copysign(ldexp(1.0, 128), x)
+                                                                         : (double)f32_from_bits(hi);
+    double da = fabs((double)x - a), db = fabs(b - (double)x);
+    return (da < db || (da == db && (lo & 0x10000u) == 0)) ? (float)a : f32_from_bits(hi);
+}
+
+// bf16_round against the nearer of the two bf16 values around x (ties to the even one; past the largest, inf);
+// fp8_amax against a serial max, with a NaN or an inf planted (under OpenMP); fp8_round_tensor against the reference
+// encoder at the scales 2^5 and 2^-3
+static void test_fp8_helpers(void) {
+    uint64_t rng = 5;
+    int bf_bad = 0;
+    for (int i = 0; i < (1 << 20); i++) {
+        float x = f32_from_bits((uint32_t)(rng_next(&rng) >> 32));
+        if (isfinite(x)) { bf_bad += f32_bits(bf16_round(x)) != f32_bits(bf16_ref(x)); }
+    }
+    check(bf_bad == 0, "bf16_round: 2^20 random fp32 values round to the nearer bf16 (ties to even, overflow to "
+          "inf): %d wrong", bf_bad);
+    size_t n = 100003;
+    float* x = (float*)malloc_check(n * sizeof(float), "fp8 test");
+    float* out = (float*)malloc_check(n * sizeof(float), "fp8 test");
+    float serial = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)(rng_normal(&rng) * ldexp(1.0, (int)(rng_next(&rng) % 40) - 20));
+        serial = fabsf(x[i]) > serial ? fabsf(x[i]) : serial;
+    }
+    float plain = fp8_amax(x, n);
+    x[77777] = -INFINITY;
+    float inf = fp8_amax(x, n);
+    x[66666] = NAN;
+    float nan = fp8_amax(x, n);
+    check(plain == serial && serial > 0.0f && isinf(inf) && inf > 0.0f && isnan(nan),
+          "fp8_amax: %zu values, the serial max %g (got %g); -inf planted: inf (%g); NaN planted: NaN (%g)", n,
+          serial, plain, inf, nan);
+    int rt_bad = 0;
+    for (int t = 0; t < 2; t++) {
+        const Fp8Def* d = &FP8_DEFS[t];
+        int k = t ? -3 : 5;
+        fp8_round_tensor(out, x, 50000, k, d->f); // before the planted values
+        for (size_t i = 0; i < 50000; i++) {
+            int c = fp8_ref_encode((float)((double)x[i] * ldexp(1.0, k)), d);
+            rt_bad += f32_bits(out[i]) != f32_bits((float)(fp8_def_value(c, d) * ldexp(1.0, -k)));
+        }
+    }
+    check(rt_bad == 0, "fp8_round_tensor: 50000 values of 40 binades as E4M3 at 2^5 and E5M2 at 2^-3 equal the "
+          "reference encoder's values, scaled back (%d wrong)", rt_bad);
+    free(x); free(out);
+}
+
+static void test_fp8_conversion(void) {
+    for (int t = 0; t < 2; t++) {
+        test_fp8_decode(&FP8_DEFS[t]);
+        test_fp8_edges(&FP8_DEFS[t]);
+        test_fp8_sweep(&FP8_DEFS[t]);
+        test_fp8_cuda_host(&FP8_DEFS[t]);
+    }
+    test_fp8_scale_exp();
+    test_fp8_helpers();
+}
+
+// ----------------------------------------------------------------------------
+// FP8 training (-q): every FP8 matmul of the twin's forward and backward against fp64 sums of products of operands
+// the test rounds itself (the reference encoder, scales from the design's rules worked out here in double), on a
+// batch after a calibration whose histories the test edits; the layers between the matmuls are the twin's, checked
+// against the PyTorch reference above. The products of two FP8 values are exact in fp32, so a matmul differs from
+// the fp64 sum only by its fp32 additions: |err| <= K 2^-24 sum |a b| (the head projections' fp32 products add one
+// rounding each); the bound used is twice that. Rounded operands must equal the test's bit for bit.
+
+// the largest k with a 2^k <= limit, clamped to [-100, 100]; 0 for a = 0
+static int ref_scale_exp(double a, double limit) {
+    if (!(a > 0.0)) { return 0; }
+    int k = (int)floor(log2(limit / a));
+    while (a * ldexp(1.0, k + 1) <= limit) { k++; }
+    while (a * ldexp(1.0, k) > limit) { k--; }
+    return k < -100 ? -100 : k > 100 ? 100 : k;
+}
+
+static double fp8_def_max(const Fp8Def* d) { return fp8_def_value(fp8_def_max_code(d), d); }
+
+// x rounded as an FP8 operand of scale 2^k: the reference encoder's value, scaled back
+static float ref_round(float x, int k, const Fp8Def* d) {
+    int c = fp8_ref_encode((float)((double)x * ldexp(1.0, k)), d);
+    return (float)(fp8_def_value(c, d) * ldexp(1.0, -k));
+}
+
+// the bounded scale of an RMSNorm output over D values with weights w: max|w| sqrt(D) rounded up to 2^c, in E4M3
+static int ref_norm_exp(const float* w, size_t nw, int D) {
+    double mx = 0.0;
+    for (size_t i = 0; i < nw; i++) { mx = fmax(mx, fabs((double)w[i])); }
+    return ref_scale_exp(mx * ldexp(1.0, (int)ceil(0.5 * log2((double)D))), fp8_def_max(&FP8_DEFS[0]));
+}
+
+typedef struct { const float* a; size_t sai, sak; const float* b; size_t sbk, sbj, K; } GemmTerm;
+
+// the worst |got - sum over the terms of A B| against 2 (K + terms) 2^-24 sum |a b| over got (M, N), in fp64
+static double gemm_ratio(const float* got, size_t M, size_t N, const GemmTerm* t, int nt) {
+    double worst = 0.0;
+    for (size_t i = 0; i < M; i++) {
+        for (size_t j = 0; j < N; j++) {
+            double sum = 0.0, mag = 0.0, K = nt;
+            for (int q = 0; q < nt; q++) {
+                for (size_t k = 0; k < t[q].K; k++) {
+                    double p = (double)t[q].a[i * t[q].sai + k * t[q].sak] * t[q].b[k * t[q].sbk + j * t[q].sbj];
+                    sum += p; mag += fabs(p);
+                }
+                K += (double)t[q].K;
+            }
+            worst = fmax(worst, fabs((double)got[i * N + j] - sum) / (2.0 * K * ldexp(1.0, -24) * mag + 1e-300));
+        }
+    }
+    return worst;
+}
+
+// the products of out (N, OC) = inp (N, IC) w (OC, IC)^T: the output, the input gradient dinp = dout w, the weight
+// gradient dw = dout^T inp
+static GemmTerm gemm_out(const float* inp, const float* w, size_t IC) {
+    GemmTerm t = {inp, IC, 1, w, 1, IC, IC};
+    return t;
+}
+static GemmTerm gemm_dinp(const float* dout, const float* w, size_t IC, size_t OC) {
+    GemmTerm t = {dout, OC, 1, w, IC, 1, OC};
+    return t;
+}
+static GemmTerm gemm_dw(const float* dout, const float* inp, size_t N, size_t IC, size_t OC) {
+    GemmTerm t = {dout, 1, OC, inp, IC, 1, N};
+    return t;
+}
+
+// What an FP8 check found: operands not rounded as the test rounds them, scales or amaxes that differ, and the
+// worst matmul against its bound
+typedef struct {
+    size_t rounded_bad, rounded_n;
+    int scale_bad, amax_bad;
+    double gemm_worst;
+    const char* worst_at;
+} Fp8Check;
+
+// x8 (n values) against the test's rounding of x at 2^k
+static void fp8_check_rounded(Fp8Check* r, const float* x8, const float* x, size_t n, int k, const Fp8Def* d) {
+    for (size_t i = 0; i < n; i++) { r->rounded_bad += f32_bits(x8[i]) != f32_bits(ref_round(x[i], k, d)); }
+    r->rounded_n += n;
+}
+
+static void fp8_check_gemm(Fp8Check* r, const char* what, const float* got, size_t M, size_t N, const GemmTerm* t,
+                           int nt) {
+    double ratio = gemm_ratio(got, M, N, t, nt);
+    if (ratio > r->gemm_worst) { r->gemm_worst = ratio; r->worst_at = what; }
+}
+
+// the step's amax of a delayed operand against max |x| (n values, before rounding)
+static void fp8_check_amax(Fp8Check* r, float amax, const float* x, size_t n) {
+    float mx = 0.0f;
+    for (size_t i = 0; i < n; i++) { mx = fabsf(x[i]) > mx ? fabsf(x[i]) : mx; }
+    r->amax_bad += amax != mx;
+}
+
+static float* fp8_scratch(size_t n) { return (float*)calloc_check(n, sizeof(float), "fp8 test"); }
+
+static const Fp8Def* fp8_def_of(const Fp8Format* f) { return f == &FP8_E4M3 ? &FP8_DEFS[0] : &FP8_DEFS[1]; }
+
+// one weight group (`parts` slices of n values): its bf16 copy (the test's bf16 rounding) rounded at the scale of the
+// group's amax
+static void fp8_check_weight_group(Fp8Check* r, const float* const* w8, const float* const* w, int parts, size_t n) {
+    float* bf = fp8_scratch(n * parts);
+    double amax = 0.0;
+    for (size_t i = 0; i < n * parts; i++) {
+        bf[i] = bf16_ref(w[i / n][i % n]);
+        amax = fmax(amax, fabs((double)bf[i]));
+    }
+    int k = ref_scale_exp(amax, fp8_def_max(&FP8_DEFS[0]));
+    for (int q = 0; q < parts; q++) { fp8_check_rounded(r, w8[q], bf + q * n, n, k, &FP8_DEFS[0]); }
+    free(bf);
+}
+
+// the FP8 weights: q, k, v, g one group per layer, W_o, W_gu, W_down, the lm head each its own; with -q body the lm
+// head is the fp32 parameter itself
+static void fp8_check_weights(Fp8Check* r, const FoxModel* m) {
+    const FoxConfig* c = &m->config;
+    size_t C = (size_t)c->n_embd, I = (size_t)c->mlp_hidden, CC = C * C;
+    ParameterTensors p = m->params, w = m->fp8.weights;
+    for (int l = 0; l < c->n_layer; l++) {
+        const float* in[4] = {LAYER(p.wq, l, CC), LAYER(p.wk, l, CC), LAYER(p.wv, l, CC), LAYER(p.wg, l, CC)};
+        const float* out[4] = {LAYER(w.wq, l, CC), LAYER(w.wk, l, CC), LAYER(w.wv, l, CC), LAYER(w.wg, l, CC)};
+        fp8_check_weight_group(r, out, in, c->output_gate ? 4 : 3, CC);
+        const float* one_in[3] = {LAYER(p.wo, l, CC), LAYER(p.wgu, l, 2 * I * C), LAYER(p.wdown, l, C * I)};
+        const float* one_out[3] = {LAYER(w.wo, l, CC), LAYER(w.wgu, l, 2 * I * C), LAYER(w.wdown, l, C * I)};
+        size_t n[3] = {CC, 2 * I * C, C * I};
+        for (int g = 0; g < 3; g++) { fp8_check_weight_group(r, &one_out[g], &one_in[g], 1, n[g]); }
+    }
+    if (m->fp8.mode == FP8_MODE_BODY) { r->rounded_bad += w.lm_head != p.lm_head; }
+    else { fp8_check_weight_group(r, &w.lm_head, &p.lm_head, 1, (size_t)c->padded_vocab_size * C); }
+}
+
+// layer l's forward: q, k, v, g from the test's rounding of xa (into xa8, kept for the backward), y, xm, act rounded
+// at their scales, the matmuls they feed, act's (and y's, without an output norm) amax
+static void fp8_check_forward(Fp8Check* r, const FoxModel* m, int l, float* xa8) {
+    const FoxConfig* cf = &m->config;
+    size_t N = (size_t)m->B * m->T, C = (size_t)cf->n_embd, I = (size_t)cf->mlp_hidden, NC = N * C, CC = C * C;
+    int hd = cf->n_embd / cf->n_head;
+    ActivationTensors a = m->acts;
+    ParameterTensors p = m->params, w = m->fp8.weights;
+    const float* amax = m->fp8.amax + (size_t)l * FP8_SLOTS;
+    const int* k = m->fp8.k + (size_t)l * FP8_SLOTS;
+    const Fp8Def* e4m3 = &FP8_DEFS[0];
+    int kxa = ref_norm_exp(LAYER(p.attn_norm, l, C), C, (int)C);
+    for (size_t i = 0; i < NC; i++) { xa8[i] = ref_round(LAYER(a.xa, l, NC)[i], kxa, e4m3); }
+    const float* ws[4] = {LAYER(w.wq, l, CC), LAYER(w.wk, l, CC), LAYER(w.wv, l, CC), LAYER(w.wg, l, CC)};
+    const float* outs[4] = {LAYER(a.q_raw, l, NC), LAYER(a.k_raw, l, NC), LAYER(a.v_raw, l, NC),
+                            LAYER(a.og_logit, l, NC)};
+    for (int q = 0; q < (cf->output_gate ? 4 : 3); q++) {
+        GemmTerm t = gemm_out(xa8, ws[q], C);
+        fp8_check_gemm(r, "q, k, v, g = xa W^T", outs[q], N, C, &t, 1);
+    }
+    float* y = fp8_scratch(NC);
+    if (cf->output_gate) { output_gate_forward(y, LAYER(a.o_normed, l, NC), LAYER(a.og_logit, l, NC), NC); }
+    else { memcpy(y, LAYER(a.o_normed, l, NC), NC * sizeof(float)); }
+    int ky = cf->output_norm ? ref_norm_exp(LAYER(p.o_norm, l, C), C, hd) : k[FP8_Y];
+    fp8_check_rounded(r, LAYER(a.y, l, NC), y, NC, ky, e4m3);
+    if (cf->output_norm) { r->amax_bad += amax[FP8_Y] != 0.0f; } // bounded: no history
+    else { fp8_check_amax(r, amax[FP8_Y], y, NC); }
+    GemmTerm to = gemm_out(LAYER(a.y, l, NC), LAYER(w.wo, l, CC), C);
+    fp8_check_gemm(r, "attproj = y W_o^T", LAYER(a.attproj, l, NC), N, C, &to, 1);
+    float* xm = fp8_scratch(NC);
+    float* rstd = fp8_scratch(N);
+    rmsnorm_forward(xm, rstd, LAYER(a.resid_mid, l, NC), LAYER(p.mlp_norm, l, C), N, (int)C, 1, 1e-6f);
+    fp8_check_rounded(r, LAYER(a.xm, l, NC), xm, NC, ref_norm_exp(LAYER(p.mlp_norm, l, C), C, (int)C), e4m3);
+    GemmTerm tg = gemm_out(LAYER(a.xm, l, NC), LAYER(w.wgu, l, 2 * I * C), C);
+    fp8_check_gemm(r, "gu = xm W_gu^T", LAYER(a.gu, l, N * 2 * I), N, 2 * I, &tg, 1);
+    float* act = fp8_scratch(N * I);
+    swiglu_forward(act, LAYER(a.gu, l, N * 2 * I), N, (int)I);
+    fp8_check_amax(r, amax[FP8_ACT], act, N * I);
+    fp8_check_rounded(r, LAYER(a.act, l, N * I), act, N * I, k[FP8_ACT], e4m3);
+    GemmTerm td = gemm_out(LAYER(a.act, l, N * I), LAYER(w.wdown, l, C * I), I);
+    fp8_check_gemm(r, "mlpproj = act W_down^T", LAYER(a.mlpproj, l, NC), N, C, &td, 1);
+    free(y); free(xm); free(rstd); free(act);
+}
+
+// the head: xf rounded at its bound (fp32 with -q body), the logits (the forward's, in `logits`), dlogits rounded
+// to E5M2 at the bound dloss = 1 / N, and the two matmuls of the backward
+static void fp8_check_head(Fp8Check* r, const FoxModel* m, const float* logits) {
+    const FoxConfig* cf = &m->config;
+    size_t N = (size_t)m->B * m->T, C = (size_t)cf->n_embd, NC = N * C, Vp = (size_t)cf->padded_vocab_size;
+    int body = m->fp8.mode == FP8_MODE_BODY;
+    ActivationTensors a = m->acts;
+    const float* lm = body ? m->params.lm_head : m->fp8.weights.lm_head;
+    float* xf = fp8_scratch(NC);
+    float* rstd = fp8_scratch(N);
+    float* dl = fp8_scratch(N * Vp);
+    rmsnorm_forward(xf, rstd, LAYER(a.resid, cf->n_layer, NC), m->params.norm_f, N, (int)C, 1, 1e-6f);
+    memcpy(dl, logits, N * Vp * sizeof(float));
+    crossentropy_backward_inplace(dl, m->targets, N, cf->vocab_size, (int)Vp, 1.0f / (float)N);
+    if (body) {
+        r->rounded_bad += memcmp(a.xf, xf, NC * sizeof(float)) != 0 || memcmp(m->logits, dl, N * Vp * 4) != 0;
+    } else {
+        fp8_check_rounded(r, a.xf, xf, NC, ref_norm_exp(m->params.norm_f, C, (int)C), &FP8_DEFS[0]);
+        int kd = ref_scale_exp((double)(1.0f / (float)N), fp8_def_max(&FP8_DEFS[1]));
+        fp8_check_rounded(r, m->logits, dl, N * Vp, kd, &FP8_DEFS[1]);
+    }
+    GemmTerm t[3] = {gemm_out(a.xf, lm, C), gemm_dinp(m->logits, lm, C, Vp), gemm_dw(m->logits, a.xf, N, C, Vp)};
+    fp8_check_gemm(r, "logits = xf W_lm^T", logits, N, Vp, &t[0], 1);
+    fp8_check_gemm(r, "dxf = dlogits W_lm", m->grad_acts.xf, N, C, &t[1], 1);
+    fp8_check_gemm(r, "dW_lm = dlogits^T xf", m->grads.lm_head, Vp, C, &t[2], 1);
+    free(xf); free(rstd); free(dl);
+}
+
+// the gradients of q_raw, k_raw, v_raw and og_logit before rounding (pre: 4 x (N, C)), recomputed with the twin's
+// layers from the fp32 gradients after them
+static void fp8_dqkvg_before(const FoxModel* m, int l, float* pre) {
+    const FoxConfig* cf = &m->config;
+    int B = m->B, T = m->T, H = cf->n_head, C = cf->n_embd, hd = C / H;
+    size_t N = (size_t)B * T, NC = N * C, NH = N * H, qk_per = m->spec[P_Q_NORM].rows;
+    ActivationTensors a = m->acts, d = m->grad_acts;
+    ParameterTensors p = m->params;
+    float* dw = fp8_scratch((size_t)C);
+    float* dx = fp8_scratch(NC);
+    memset(pre, 0, 4 * NC * sizeof(float));
+    if (cf->qk_norm) {
+        rmsnorm_backward(pre, dw, LAYER(d.q_normed, l, NC), LAYER(a.q_raw, l, NC), LAYER(p.q_norm, l, qk_per),
+                         LAYER(a.rstd_q, l, NH), NH, hd, cf->qk_norm_shared ? 1 : H);
+    } else {
+        memcpy(pre, LAYER(d.q_normed, l, NC), NC * sizeof(float));
+    }
+    const float* dshift[2] = {LAYER(d.k_shifted, l, NC), LAYER(d.v, l, NC)};
+    const float* raw[2] = {LAYER(a.k_raw, l, NC), LAYER(a.v_raw, l, NC)};
+    const float* alpha[2] = {LAYER(a.k_alpha, l, NH), LAYER(a.v_alpha, l, NH)};
+    int shift[2] = {cf->k_shift, cf->v_shift};
+    for (int s = 0; s < 2; s++) {
+        float* out = pre + (1 + s) * NC;
+        if (shift[s]) { kv_shift_backward(out, dx, dshift[s], raw[s], alpha[s], NULL, B, T, H, hd); }
+        else { memcpy(out, dshift[s], NC * sizeof(float)); }
+    }
+    if (cf->output_gate) {
+        output_gate_backward(dx, pre + 3 * NC, LAYER(d.y, l, NC), LAYER(a.o_normed, l, NC), LAYER(a.og_logit, l, NC),
+                             NC);
+    }
+    free(dw); free(dx);
+}
+
+// layer l's backward: each FP8 matmul's output gradient rounded at its delayed scale (q, k, v, g one), its amax,
+// the input and weight gradients of the matmuls (xa8: the test's rounding of xa), dxa with the fp32 head projections
+static void fp8_check_backward(Fp8Check* r, const FoxModel* m, int l, const float* xa8) {
+    const FoxConfig* cf = &m->config;
+    size_t N = (size_t)m->B * m->T, C = (size_t)cf->n_embd, I = (size_t)cf->mlp_hidden, H = (size_t)cf->n_head;
+    size_t NC = N * C, CC = C * C;
+    ActivationTensors a = m->acts, d = m->grad_acts;
+    ParameterTensors g = m->grads, w = m->fp8.weights, p = m->params;
+    const float* amax = m->fp8.amax + (size_t)l * FP8_SLOTS;
+    const int* k = m->fp8.k + (size_t)l * FP8_SLOTS;
+    const Fp8Def* gf = fp8_def_of(fp8_slot_format(m->fp8.mode, FP8_DGU));
+    // W_down: the gradient from the next layer, dresid
+    fp8_check_amax(r, amax[FP8_DRES_DOWN], LAYER(d.resid, l + 1, NC), NC);
+    fp8_check_rounded(r, LAYER(d.mlpproj, l, NC), LAYER(d.resid, l + 1, NC), NC, k[FP8_DRES_DOWN], gf);
+    GemmTerm t[2] = {gemm_dinp(LAYER(d.mlpproj, l, NC), LAYER(w.wdown, l, C * I), I, C),
+                     gemm_dw(LAYER(d.mlpproj, l, NC), LAYER(a.act, l, N * I), N, I, C)};
+    fp8_check_gemm(r, "dact = dres W_down", LAYER(d.act, l, N * I), N, I, &t[0], 1);
+    fp8_check_gemm(r, "dW_down = dres^T act", LAYER(g.wdown, l, C * I), C, I, &t[1], 1);
+    // W_gu
+    float* dgu = fp8_scratch(N * 2 * I);
+    swiglu_backward(dgu, LAYER(d.act, l, N * I), LAYER(a.gu, l, N * 2 * I), N, (int)I);
+    fp8_check_amax(r, amax[FP8_DGU], dgu, N * 2 * I);
+    fp8_check_rounded(r, LAYER(d.gu, l, N * 2 * I), dgu, N * 2 * I, k[FP8_DGU], gf);
+    t[0] = gemm_dinp(LAYER(d.gu, l, N * 2 * I), LAYER(w.wgu, l, 2 * I * C), C, 2 * I);
+    t[1] = gemm_dw(LAYER(d.gu, l, N * 2 * I), LAYER(a.xm, l, NC), N, C, 2 * I);
+    fp8_check_gemm(r, "dxm = dgu W_gu", LAYER(d.xm, l, NC), N, C, &t[0], 1);
+    fp8_check_gemm(r, "dW_gu = dgu^T xm", LAYER(g.wgu, l, 2 * I * C), 2 * I, C, &t[1], 1);
+    // W_o: the gradient of the residual after attention
+    fp8_check_amax(r, amax[FP8_DRES_O], LAYER(d.resid_mid, l, NC), NC);
+    fp8_check_rounded(r, LAYER(d.attproj, l, NC), LAYER(d.resid_mid, l, NC), NC, k[FP8_DRES_O], gf);
+    t[0] = gemm_dinp(LAYER(d.attproj, l, NC), LAYER(w.wo, l, CC), C, C);
+    t[1] = gemm_dw(LAYER(d.attproj, l, NC), LAYER(a.y, l, NC), N, C, C);
+    fp8_check_gemm(r, "dy = dres W_o", LAYER(d.y, l, NC), N, C, &t[0], 1);
+    fp8_check_gemm(r, "dW_o = dres^T y", LAYER(g.wo, l, CC), C, C, &t[1], 1);
+    // q, k, v, g: one scale, one amax
+    int nq = cf->output_gate ? 4 : 3;
+    float* pre = fp8_scratch(4 * NC);
+    fp8_dqkvg_before(m, l, pre);
+    fp8_check_amax(r, amax[FP8_DQKVG], pre, nq * NC); // the four blocks are adjacent
+    const float* d8[4] = {LAYER(d.q_raw, l, NC), LAYER(d.k_raw, l, NC), LAYER(d.v_raw, l, NC),
+                          LAYER(d.og_logit, l, NC)};
+    const float* w8[4] = {LAYER(w.wq, l, CC), LAYER(w.wk, l, CC), LAYER(w.wv, l, CC), LAYER(w.wg, l, CC)};
+    const float* gw[4] = {LAYER(g.wq, l, CC), LAYER(g.wk, l, CC), LAYER(g.wv, l, CC), LAYER(g.wg, l, CC)};
+    GemmTerm dxa[7];
+    int nt = 0;
+    for (int q = 0; q < nq; q++) {
+        fp8_check_rounded(r, d8[q], pre + q * NC, NC, k[FP8_DQKVG], gf);
+        GemmTerm tw = gemm_dw(d8[q], xa8, N, C, C);
+        fp8_check_gemm(r, "dW_qkvg = dqkvg^T xa", gw[q], C, C, &tw, 1);
+        dxa[nt++] = gemm_dinp(d8[q], w8[q], C, C);
+    }
+    if (cf->k_shift) { dxa[nt++] = gemm_dinp(LAYER(d.k_alpha, l, N * H), LAYER(p.wk_shift, l, H * C), C, H); }
+    if (cf->v_shift) { dxa[nt++] = gemm_dinp(LAYER(d.v_alpha, l, N * H), LAYER(p.wv_shift, l, H * C), C, H); }
+    if (cf->gate == GATE_FULL) { dxa[nt++] = gemm_dinp(LAYER(d.gate_logit, l, N * H), LAYER(p.wf, l, H * C), C, H); }
+    fp8_check_gemm(r, "dxa = dqkvg W_qkvg + the fp32 head projections", LAYER(d.xa, l, NC), N, C, dxa, nt);
+    free(dgu); free(pre);
+}
+
+// tokens below the test models' vocabulary of 64
+static void random_fp8_tokens(int* out, size_t n, uint64_t* rng) {
+    for (size_t i = 0; i < n; i++) { out[i] = (int)(rng_next(rng) % 64); }
+}
+
+// A small model of `preset` for the FP8 tests: 2 layers, C 32, V 64; norm weights spread over [0.5, 1.5] (the bounds
+// depend on them), W_k, W_v, W_g scaled by 3, 1/4, 6 (their group's scale is not each one's: it moves the subnormal
+// edge), with -q mode
+static void fp8_test_model(FoxModel* m, const char* preset, int mode) {
+    FoxConfig c;
+    config_from_preset(&c, preset);
+    c.n_layer = 2; c.n_embd = 32; c.n_head = 2; c.vocab_size = 64; c.padded_vocab_size = padded_vocab(64);
+    c.mlp_hidden = 64;
+    fox_build(m, &c);
+    fox_init(m, 11);
+    uint64_t rng = 3;
+    int tensors[] = {P_ATTN_NORM, P_Q_NORM, P_K_NORM, P_O_NORM, P_MLP_NORM, P_NORM_F, P_WK, P_WV, P_WG};
+    for (int t = 0; t < 9; t++) {
+        float* w = param_tensor(&m->params, tensors[t]);
+        for (size_t i = 0; i < param_numel(&m->spec[tensors[t]], c.n_layer); i++) {
+            w[i] = t < 6 ? 0.5f + (float)rng_uniform(&rng) : w[i] * (t == 6 ? 3.0f : t == 7 ? 0.25f : 6.0f);
+        }
+    }
+    fp8_setup(m, mode);
+}
+
+// The model of fp8_test_model calibrated by the twin on a batch, some histories given a larger amax three steps
+// back (the scale must follow the history's max), then one FP8 micro-step on that batch, checked whole
+static void fp8_model_case(const char* preset, int mode) {
+    FoxModel m;
+    fp8_test_model(&m, preset, mode);
+    const FoxConfig c = m.config;
+    uint64_t rng = 4;
+    enum { B = 2, T = 24 };
+    int inputs[B * T], targets[B * T];
+    random_fp8_tokens(inputs, B * T, &rng);
+    random_fp8_tokens(targets, B * T, &rng);
+    quiet_stdout(1);
+    fp8_step_begin(&m);
+    fp8_calibrate(&m, inputs, targets, B, T, 1.0f, 1);
+    quiet_stdout(0);
+    size_t slots = (size_t)c.n_layer * FP8_SLOTS, U = (size_t)m.fp8.history_len;
+    for (size_t i = 0; i < slots; i += 2) { m.fp8.history[i * U + U - 3] = 3.0f * m.fp8.history[i * U]; }
+    fp8_update_scales(&m);
+    Fp8Check r;
+    memset(&r, 0, sizeof(r));
+    r.worst_at = "";
+    for (size_t i = 0; i < slots; i++) { // the delayed scales: the history's max, less the margin
+        int slot = (int)(i % FP8_SLOTS), act = slot == FP8_ACT || slot == FP8_Y;
+        const Fp8Def* d = act || mode == FP8_MODE_E4M3 ? &FP8_DEFS[0] : &FP8_DEFS[1];
+        double mx = 0.0;
+        for (size_t j = 0; j < U; j++) { mx = fmax(mx, (double)m.fp8.history[i * U + j]); }
+        r.scale_bad += m.fp8.k[i] != ref_scale_exp(mx, fp8_def_max(d) * (act ? 1.0 : 0.5));
+    }
+    fp8_step_begin(&m);
+    fox_forward(&m, inputs, targets, B, T);
+    float loss8 = m.mean_loss;
+    size_t N = B * T, NC = N * c.n_embd, Vp = (size_t)c.padded_vocab_size;
+    float* logits = fp8_scratch(N * Vp);
+    memcpy(logits, m.logits, N * Vp * sizeof(float));
+    fox_backward(&m, 1.0f);
+    fp8_check_weights(&r, &m);
+    float* xa8 = fp8_scratch(c.n_layer * NC);
+    for (int l = 0; l < c.n_layer; l++) { fp8_check_forward(&r, &m, l, xa8 + l * NC); }
+    fp8_check_head(&r, &m, logits);
+    for (int l = 0; l < c.n_layer; l++) { fp8_check_backward(&r, &m, l, xa8 + l * NC); }
+    // the same batch in fp32: the FP8 step differs, by what FP8 rounding gives (a loose sanity bound)
+    float* g8 = fp8_scratch(m.num_parameters);
+    memcpy(g8, m.grads_memory, m.num_parameters * sizeof(float));
+    fp8_step_end(&m, 1, 0);
+    fox_zero_grad(&m);
+    fox_forward(&m, inputs, targets, B, T);
+    fox_backward(&m, 1.0f);
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < m.num_parameters; i++) {
+        num += ((double)g8[i] - m.grads_memory[i]) * ((double)g8[i] - m.grads_memory[i]);
+        den += (double)m.grads_memory[i] * m.grads_memory[i];
+    }
+    double grad_rel = sqrt(num / den), loss_rel = fabs(loss8 - m.mean_loss) / m.mean_loss;
+    check(m.fp8.calibrated && r.rounded_bad == 0 && r.scale_bad == 0 && r.amax_bad == 0 && r.gemm_worst <= 1.0
+              && grad_rel > 1e-4 && grad_rel < 0.25 && loss_rel < 0.02,
+          "fp8 -q %s, %s: %zu rounded operand values as the test rounds them (%zu differ), delayed scales from the "
+          "histories' max (%d differ), amaxes (%d differ); every FP8 matmul within its fp32 sum bound (worst %.2f "
+          "of it, at %s); against fp32: gradients %.3f (in (1e-4, 0.25)), loss %.1e (< 0.02)", FP8_MODE_NAMES[mode],
+          preset, r.rounded_n, r.rounded_bad, r.scale_bad, r.amax_bad, r.gemm_worst, r.worst_at, grad_rel, loss_rel);
+    free(logits); free(xa8); free(g8);
+    fox_free(&m);
+}
+
+// the twin's optimizer steps from..to (exclusive) as main runs them: micro-steps (calibration on the first), the
+// update, the FP8 step's end
+static void fp8_train(FoxModel* m, DataLoader* d, int from, int to) {
+    AdamWConfig opt = {3e-3f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
+    quiet_stdout(1);
+    for (int step = from; step < to; step++) {
+        fox_train_micro_steps(m, d, 2, step + 1);
+        double norm = fp8_amax_finite(m) ? fox_grad_norm(m) : NAN;
+        fox_clip_grads(m, norm, opt.grad_clip);
+        fox_update(m, &opt, opt.lr, step + 1);
+        fp8_step_end(m, step + 1, 1);
+    }
+    quiet_stdout(0);
+}
+
+// whether two models hold the same weights, moments and FP8 state (histories, position, scales), bit for bit
+static int fp8_same_run(const FoxModel* a, const FoxModel* b) {
+    size_t bytes = a->num_parameters * sizeof(float), slots = (size_t)a->config.n_layer * FP8_SLOTS;
+    return memcmp(a->params_memory, b->params_memory, bytes) == 0 && memcmp(a->m_memory, b->m_memory, bytes) == 0
+           && memcmp(a->v_memory, b->v_memory, bytes) == 0 && a->fp8.pos == b->fp8.pos
+           && a->fp8.calibrated == b->fp8.calibrated
+           && memcmp(a->fp8.history, b->fp8.history, slots * a->fp8.history_len * sizeof(float)) == 0
+           && memcmp(a->fp8.k, b->fp8.k, slots * sizeof(int)) == 0;
+}
+
+static ResumeDir fp8_dir; // the run of test_fp8_resume
+static void fp8_load_state_child(const void* arg) {
+    FoxModel m;
+    fox_build(&m, &fp8_dir.c);
+    fp8_setup(&m, FP8_MODE_HYBRID);
+    TrainState s;
+    load_state(&m, &s, (const char*)arg);
+}
+
+// The FP8 state through a checkpoint: 20 steps with -q hybrid straight against 10, a checkpoint, a resume into a
+// fresh model and 10 more (weights, moments, histories, ring position, scales bit for bit; the ring of 16 wraps);
+// the resumed FP8 state equals the saved one bit for bit; a resume that drops the histories (negative control)
+// trains other bits; a flipped history byte is refused; the file read without -q, with histories of another length
+// (calibrates), and a version-3 file (calibrates)
+static void test_fp8_resume(void) {
+    resume_dir_init(&fp8_dir, "fp8", 0);
+    Args* a = &fp8_dir.a;
+    a->fp8 = FP8_MODE_HYBRID; a->steps = 20; a->total_batch_tokens = 32;
+    FoxModel run, resumed, dropped;
+    fox_build(&run, &fp8_dir.c);
+    fox_init(&run, 3);
+    fp8_setup(&run, FP8_MODE_HYBRID);
+    DataLoader d;
+    dataloader_init(&d, fp8_dir.pattern, 2, 8, 0, 1, 1, 0, 7, 300);
+    LRSchedule sched = run_schedule(a, NULL);
+    fp8_train(&run, &d, 0, 10);
+    // an amax 8 times the largest, eight steps before it leaves the ring: the next steps' scales 3 binades lower
+    // than a calibration would give, so that only the saved histories resume exactly
+    size_t slots = (size_t)fp8_dir.c.n_layer * FP8_SLOTS, hist_bytes = slots * FP8_HISTORY * sizeof(float);
+    for (size_t i = 0; i < slots; i++) {
+        float* h = run.fp8.history + i * FP8_HISTORY;
+        h[(run.fp8.pos + 8) % FP8_HISTORY] = 8.0f * fp8_amax(h, FP8_HISTORY);
+    }
+    fp8_update_scales(&run);
+    TrainState s = train_state(10, &d, &sched, 320, a);
+    quiet_stdout(1);
+    save_checkpoint(&run, fp8_dir.dir, &s);
+    quiet_stdout(0);
+    float saved_hist[2 * FP8_SLOTS * FP8_HISTORY];
+    int saved_k[2 * FP8_SLOTS], saved_pos = run.fp8.pos;
+    memcpy(saved_hist, run.fp8.history, hist_bytes);
+    memcpy(saved_k, run.fp8.k, slots * sizeof(int));
+    fp8_train(&run, &d, 10, 20);
+    FoxModel* others[2] = {&resumed, &dropped};
+    DataLoader od[2];
+    int same_state = 0;
+    for (int i = 0; i < 2; i++) {
+        fox_build(others[i], &fp8_dir.c);
+        fox_init(others[i], 99);
+        fp8_setup(others[i], FP8_MODE_HYBRID);
+        dataloader_init(&od[i], fp8_dir.pattern, 2, 8, 0, 1, 1, 0, 7, 300);
+        quiet_stdout(1);
+        resume_run(others[i], a, &od[i]);
+        quiet_stdout(0);
+        if (i == 0) {
+            same_state = others[i]->fp8.calibrated && others[i]->fp8.pos == saved_pos
+                         && memcmp(others[i]->fp8.history, saved_hist, hist_bytes) == 0
+                         && memcmp(others[i]->fp8.k, saved_k, slots * sizeof(int)) == 0;
+        }
+        if (i == 1) { others[i]->fp8.calibrated = 0; } // the histories dropped: it calibrates again
+        fp8_train(others[i], &od[i], 10, 20);
+    }
+    check(same_state, "fp8 state file: the histories (%zu floats), ring position %d, calibrated flag and scales of "
+          "step 10 read back bit for bit", slots * FP8_HISTORY, saved_pos);
+    int dropped_differs = memcmp(run.params_memory, dropped.params_memory, run.num_parameters * sizeof(float)) != 0;
+    check(fp8_same_run(&run, &resumed) && dropped_differs,
+          "fp8 resume: 20 steps of -q hybrid straight == 10 + checkpoint + resume + 10 (weights, moments, histories, "
+          "position, scales bit for bit; the ring of %d wraps); without the saved histories the weights differ (%s)",
+          FP8_HISTORY, dropped_differs ? "yes" : "no");
+    // the state file: a flipped history byte; read without -q; another history length; a version-3 file
+    char model_path[600], state_path[600], flipped[700], v3[700];
+    checkpoint_paths(fp8_dir.dir, 10, model_path, state_path, sizeof(model_path));
+    snprintf(flipped, sizeof(flipped), "%s/flipped_history.bin", fp8_dir.dir);
+    struct stat st;
+    stat(state_path, &st);
+    flip_bytes(state_path, flipped, (long)(st.st_size - 8 - hist_bytes / 2), 1);
+    expect_failure(fp8_load_state_child, flipped, "fp8: a state file with a flipped history byte (checksum)");
+    FoxModel plain, other_len;
+    fox_build(&plain, &fp8_dir.c);
+    fox_build(&other_len, &fp8_dir.c);
+    fp8_setup(&other_len, FP8_MODE_HYBRID);
+    other_len.fp8.history_len = FP8_HISTORY / 2;
+    TrainState ps, os, v3s;
+    load_state(&plain, &ps, state_path);
+    load_state(&other_len, &os, state_path);
+    snprintf(v3, sizeof(v3), "%s/state_v3.bin", fp8_dir.dir);
+    save_state(&plain, &ps, flipped); // written without -q: no histories
+    patch_header(flipped, v3, 1, 3, 1, 3);
+    load_state(&resumed, &v3s, v3);
+    check(ps.fp8 == FP8_MODE_HYBRID && ps.fp8_history == FP8_HISTORY && plain.fp8.mode == FP8_MODE_OFF
+              && !other_len.fp8.calibrated && v3s.fp8 == FP8_MODE_OFF && !resumed.fp8.calibrated,
+          "fp8 state file: read without -q (it says -q hybrid, %d steps); with histories of %d steps the model "
+          "calibrates again; a version-3 file (no FP8 state) too", ps.fp8_history, FP8_HISTORY / 2);
+    // -q parsed; a resume with another -q noted
+    static const char* bad_mode[] = {"train_fox", "-q", "fp16", NULL};
+    expect_failure(parse_args_child, bad_mode, "-q fp16");
+    Args off = *a;
+    off.fp8 = FP8_MODE_OFF;
+    TrainState was_off = train_state(10, &d, &sched, 320, &off);
+    quiet_stdout(1);
+    int notes_on = resume_notes(&was_off, a), notes_same = resume_notes(&s, a);
+    quiet_stdout(0);
+    check(notes_on == 1 && notes_same == 0, "fp8: a resume with -q hybrid after -q off is noted (%d note), one with "
+          "the same -q is not (%d)", notes_on, notes_same);
+    for (int i = 0; i < 2; i++) { dataloader_free(&od[i]); fox_free(others[i]); }
+    dataloader_free(&d);
+    fox_free(&run); fox_free(&plain); fox_free(&other_len);
+}
+
+
+// The step's amax of each operand is the max over its micro-steps: batches a and b each alone, then both in a step
+static void test_fp8_step_amax(void) {
+    FoxModel m;
+    fp8_test_model(&m, "fox-pro-tiny", FP8_MODE_HYBRID);
+    enum { B = 2, T = 24 };
+    int in[2][B * T], tg[2][B * T];
+    uint64_t rng = 8;
+    for (int k = 0; k < 2; k++) { random_fp8_tokens(in[k], B * T, &rng); random_fp8_tokens(tg[k], B * T, &rng); }
+    size_t slots = (size_t)m.config.n_layer * FP8_SLOTS;
+    float amax[3][2 * FP8_SLOTS];
+    quiet_stdout(1);
+    for (int run = 0; run < 3; run++) { // a alone, b alone, a then b
+        fp8_step_begin(&m);
+        if (run == 0) { fp8_calibrate(&m, in[0], tg[0], B, T, 0.5f, 1); }
+        for (int k = run == 1; k <= (run > 0); k++) {
+            fox_forward(&m, in[k], tg[k], B, T);
+            fox_backward(&m, 0.5f);
+        }
+        memcpy(amax[run], m.fp8.amax, slots * sizeof(float));
+        fp8_step_end(&m, 1, 0);
+    }
+    quiet_stdout(0);
+    int same = 1, a_larger = 0, b_larger = 0;
+    for (size_t i = 0; i < slots; i++) {
+        same &= amax[2][i] == fmaxf(amax[0][i], amax[1][i]);
+        a_larger += amax[0][i] > amax[1][i];
+        b_larger += amax[1][i] > amax[0][i];
+    }
+    check(same && a_larger > 0 && b_larger > 0, "fp8: a step's amaxes are the max over its micro-steps (%zu operands; "
+          "the first micro-batch's larger in %d, the second's in %d)", slots, a_larger, b_larger);
+    fox_free(&m);
+}
+
+static void test_fp8_training(void) {
+    fp8_model_case("fox-pro-tiny", FP8_MODE_HYBRID);
+    fp8_model_case("fox-pro-tiny", FP8_MODE_E4M3);
+    fp8_model_case("fox-pro-tiny", FP8_MODE_BODY);
+    fp8_model_case("transformer-llama-tiny", FP8_MODE_HYBRID);
+    test_fp8_step_amax();
+    test_fp8_resume();
+}
+
+// ----------------------------------------------------------------------------
 
 #ifndef __CUDACC__
 static void run_gpu_tests(void) { printf("skipped: GPU tests (built without nvcc)\n"); }
@@ -6409,6 +7244,9 @@ int main(int argc, char** argv) {
     test_documents_kv_cache();
     test_documents_eval();
     test_documents_flag();
+    test_group("FP8 numerics (-q)");
+    test_fp8_conversion();
+    test_fp8_training();
     test_group("GPU trainer against the twin");
     run_gpu_tests();
     test_group("GPU generation");

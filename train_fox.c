@@ -22,12 +22,15 @@ encoder_forward through fox_backward, then main):
   model configuration               FoxConfig, config_from_preset, config_set, config_problem
   the parameter table               ParamSpec, param_table, param_hf_name
   activations                       ActivationTensors, activation_sizes
-  the model                         FoxModel, fox_build, fox_init, fox_ensure_activations
   threads                           parallel_pays (the if() of every parallel loop), threads_init
+  FP8 numerics (-q)                 Fp8Format, fp8_encode, fp8_decode, fp8_scale_exp, fp8_round_tensor, Fp8State
+  the model                         FoxModel, fox_build, fox_init, fox_ensure_activations
   layers, forward and backward      matmul_, rmsnorm_, kv_shift_, rope_apply; documents kept apart (-f 1):
                                     document_starts; the gate: forget_gate_forward / _backward; pruning: prune_tiles;
                                     attention_forward / attention_backward; swiglu_, crossentropy_
+  the model's FP8 operands          fp8_matmul_weights, fp8_norm_output, fp8_delayed (called by the next two)
   the whole model                   fox_forward, fox_backward
+  FP8 steps                         fp8_step_begin, fp8_calibrate, fp8_step_end
   optimiser                         fox_grad_norm, fox_clip_grads, fox_update (AdamW), lr_at_tokens
   numerical guards                  step_guard_check, nonfinite_grad_name
   data                              DataLoader: dataloader_init (every token id checked), dataloader_next_batch
@@ -36,7 +39,7 @@ encoder_forward through fox_backward, then main):
   training samples, validation      fox_sample, evaluate
   command line                      Args, usage, parse_args, build_model
   the output directory              RunDir: run_dir_claim (made, locked, write-tested), log_line
-  run helpers                       check_run_start, step_guard_stop, step_guard_log, save_checkpoint
+  run helpers                       check_run_start, fox_train_micro_steps, step_guard_stop, save_checkpoint
   data-parallel processes           Topology, dist_topology, the NCCL id's rendezvous (train_fox.cu's)
   evaluation modes                  -M eval, generate, niah, maps (not needed to train): ForwardBackend,
                                     FoxDecoder, run_eval, run_generate, run_niah, run_maps, cpu_eval_main
@@ -656,6 +659,180 @@ static void activation_pointers(ActivationTensors* a, float** out[NUM_ACTIVATION
 }
 
 // ----------------------------------------------------------------------------
+// threads. Waking a team and the barrier that ends its loop cost microseconds, more with more threads, and far
+// more when threads outnumber the cores; so a loop runs on the whole team only when each thread gets at least
+// PARALLEL_MIN_WORK of its inner iterations (some microseconds of arithmetic), else on the calling thread
+// alone. Never a team of another size: libgomp ends the threads a smaller team leaves out and starts them again
+// for the next larger one. Each loop computes every output alone, in an order of its own: the thread count
+// never changes a bit (sum_squares splits its sum into fixed blocks for that).
+
+#define PARALLEL_MIN_WORK 65536
+// the default thread count caps at this: the twin's loops are too short to gain from more, and many-core hosts
+// are often shared (OMP_NUM_THREADS still sets any count)
+#define THREADS_DEFAULT_MAX 16
+
+#ifdef _OPENMP
+// the if() of every parallel loop; work: the loop's inner iterations in all (multiply-adds, elements, ...)
+static int parallel_pays(size_t work) {
+    if (TEST_HOOK(parallel_always, 0)) { return 1; }
+    return work >= (size_t)PARALLEL_MIN_WORK * (size_t)omp_get_max_threads();
+}
+
+// multiply-adds of an attention pass: B * H heads of T queries, each over hd-wide keys, T / 2 of them on average
+// (causal) or at most the window
+static size_t attention_work(int B, int T, int H, int hd, int window) {
+    size_t keys = window > 0 && window < T ? (size_t)window : (size_t)T / 2 + 1;
+    return (size_t)B * H * T * keys * hd;
+}
+
+// the thread count when OMP_NUM_THREADS sets none, for `procs` processors to run on
+static int threads_default(int procs) { return procs < THREADS_DEFAULT_MAX ? procs : THREADS_DEFAULT_MAX; }
+#endif
+
+// first thing in main: the default thread count (libgomp's own is every processor)
+static void threads_init(void) {
+#ifdef _OPENMP
+    if (getenv("OMP_NUM_THREADS") == NULL) { omp_set_num_threads(threads_default(omp_get_num_procs())); }
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// FP8 numerics (-q; dev/fox.md, "FP8 numerics"): the twin emulates the GPU's FP8 matmuls. An operand x of scale 2^k
+// is stored as the codes enc(x 2^k); the GEMM multiplies decoded codes (exact in fp32) and scales its sums by
+// 2^-(kA+kB). The twin rounds the operand to dec(enc(x 2^k)) 2^-k (fp8_round_tensor), which is exact apart from the
+// rounding to FP8 itself: k is an integer kept in [-100, 100] here, so x 2^k (when it does not saturate) and the
+// codes' values times 2^-k are fp32 numbers of the same significands. The fp32 matmul of rounded operands then differs
+// from the GPU's only in the order of its sums.
+
+// E4M3 is the "fn" variant (no inf; S.1111.111 is NaN, max 448); E5M2 is IEEE-like (inf, NaNs; max 57344).
+// Both saturate: a finite value beyond the largest code and +-inf become the largest finite code (CUDA's
+// __NV_SATFINITE, TransformerEngine's casts). A delayed scale is up to a step stale, so a value may exceed what its
+// scale holds: inf (E5M2) or NaN (E4M3) there would poison every sum it enters, while the largest finite code is the
+// nearest value the format has. Saturation is not silent: every delayed operand's amax is checked (fp8_step_end), and
+// a non-finite one stops or skips the step like a non-finite gradient.
+typedef struct {
+    int m;              // mantissa bits
+    int bias;           // exponent bias
+    int emin, emax;     // exponents of the smallest normal and of the largest finite value
+    unsigned max_code;  // the largest finite magnitude, 1.75 x 2^emax in both formats
+    unsigned nan_code;  // the magnitude code of the NaN the encoder writes
+    uint32_t sat_bits;  // fp32 magnitudes from these bits up saturate: max + half its ulp (a tie) and beyond, inf
+    uint32_t zero_bits; // fp32 magnitudes up to these bits give 0: half the smallest subnormal (a tie: 0 is even)
+    int has_inf;        // the exponent field all ones holds inf (mantissa 0) and NaNs (E5M2)
+} Fp8Format;
+
+// 464 = 448 + 16 is E4M3's tie between 448 (even) and the NaN code: 448. 61440 is E5M2's tie between 57344 and inf
+// (even): round to nearest even would overflow, saturation gives 57344. Zero up to 2^-10 (E4M3) and 2^-17 (E5M2).
+static const Fp8Format FP8_E4M3 = {3, 7, -6, 8, 0x7E, 0x7F, 0x43E80000u, 0x3A800000u, 0};
+static const Fp8Format FP8_E5M2 = {2, 15, -14, 15, 0x7B, 0x7E, 0x47700000u, 0x37000000u, 1};
+#define FP8_K_MAX 100 // scale exponents lie in [-FP8_K_MAX, FP8_K_MAX]
+
+static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, sizeof(u)); return u; }
+static float f32_from_bits(uint32_t u) { float x; memcpy(&x, &u, sizeof(x)); return x; }
+
+// fp32 -> FP8 code: round to nearest, ties to even, saturating; NaN stays NaN. Integer operations only, so neither
+// the twin's -fassociative-math nor FMA contraction can touch it. Past the three early exits x is a normal fp32.
+static uint8_t fp8_encode(float x, const Fp8Format* f) {
+    uint32_t u = f32_bits(x), s = (u >> 24) & 0x80, a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) { return (uint8_t)(s | f->nan_code); }
+    if (a >= f->sat_bits) { return (uint8_t)(s | f->max_code); }
+    if (a <= f->zero_bits) { return (uint8_t)s; }                // fp32 denormals included
+    int e = (int)(a >> 23) - 127;
+    uint32_t sig = (a & 0x7FFFFFu) | 0x800000u;                   // 1.mantissa x 2^23
+    int ee = e > f->emin ? e : f->emin;                           // below emin the FP8 value is subnormal
+    int sh = 23 - f->m + (ee - e);                                // bits dropped: 20..24 (E4M3), 21..24 (E5M2)
+    uint32_t q = sig >> sh, r = sig & ((1u << sh) - 1), h = 1u << (sh - 1);
+    q += (r > h || (r == h && (q & 1))) ? 1 : 0;
+    // subnormals have ee + bias - 1 = 0; a carry out of q moves into the exponent (or from subnormal to normal)
+    return (uint8_t)(s | (((uint32_t)(ee + f->bias - 1) << f->m) + q));
+}
+
+// FP8 code -> fp32, exact: normal (2^m + M) 2^(E - bias - m), subnormal M 2^(emin - m), built as fp32 bits
+static float fp8_decode(uint8_t c, const Fp8Format* f) {
+    uint32_t s = (uint32_t)(c & 0x80) << 24, mag = c & 0x7Fu;
+    uint32_t E = mag >> f->m, M = mag & ((1u << f->m) - 1), top = 0x7Fu >> f->m;
+    if (f->has_inf && E == top) { return f32_from_bits(s | (M == 0 ? 0x7F800000u : 0x7FC00000u)); }
+    if (!f->has_inf && mag == f->nan_code) { return f32_from_bits(s | 0x7FC00000u); }
+    if (mag == 0) { return f32_from_bits(s); }
+    int e = (int)E - f->bias;
+    if (E == 0) { // subnormal: shift M up to 1.xxx, one binade down per step
+        for (e = f->emin; M < (1u << f->m); e--) { M <<= 1; }
+        M -= 1u << f->m;
+    }
+    return f32_from_bits(s | (uint32_t)(e + 127) << 23 | M << (23 - f->m));
+}
+
+// 2^k as an fp32, for |k| <= 126
+static float fp8_pow2(int k) { return f32_from_bits((uint32_t)(k + 127) << 23); }
+
+// The scale exponent of an operand whose magnitudes are at most amax: the largest k with amax 2^k <= max 2^-margin.
+// Both formats' max is 1.75 x 2^emax, so k = emax - e(amax) - [significand(amax) > 1.75] - margin, clamped to
+// [-FP8_K_MAX, FP8_K_MAX] (an fp32 denormal amax gives the upper end). 0 for an amax of 0, inf or NaN.
+static int fp8_scale_exp(float amax, const Fp8Format* f, int margin) {
+    uint32_t a = f32_bits(amax) & 0x7FFFFFFFu;
+    if (a == 0 || a >= 0x7F800000u) { return 0; }
+    int k = f->emax - ((int)(a >> 23) - 127) - ((a & 0x7FFFFFu) > 0x600000u ? 1 : 0) - margin;
+    return k < -FP8_K_MAX ? -FP8_K_MAX : k > FP8_K_MAX ? FP8_K_MAX : k;
+}
+
+// fp32 -> the nearest bf16 (ties to even) as an fp32: the GPU's matmul copy of a weight (__float2bfloat16)
+static float bf16_round(float x) {
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) { return x; }
+    u += 0x7FFFu + ((u >> 16) & 1);
+    return f32_from_bits(u & 0xFFFF0000u);
+}
+
+// the larger of two magnitudes, NaN above inf: magnitudes' bit patterns order as unsigned integers
+static float fp8_max(float a, float b) { return f32_bits(a) >= f32_bits(b) ? a : b; }
+
+// max |x| over n values, NaN when one is NaN; exact and order-free (deterministic under OpenMP)
+static float fp8_amax(const float* x, size_t n) {
+    uint32_t mx = 0;
+    #pragma omp parallel for reduction(max : mx) if(parallel_pays(n))
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a = f32_bits(x[i]) & 0x7FFFFFFFu;
+        mx = a > mx ? a : mx;
+    }
+    return f32_from_bits(mx);
+}
+
+// out = dec(enc(x 2^k)) 2^-k elementwise (out may be x): the values an FP8 operand of scale 2^k holds
+static void fp8_round_tensor(float* out, const float* x, size_t n, int k, const Fp8Format* f) {
+    float up = fp8_pow2(k), down = fp8_pow2(-k);
+    #pragma omp parallel for if(parallel_pays(n))
+    for (size_t i = 0; i < n; i++) { out[i] = fp8_decode(fp8_encode(x[i] * up, f), f) * down; }
+}
+
+// -q: which matmuls run in FP8. hybrid: E4M3 weights and activations, E5M2 gradients; e4m3: E4M3 gradients too
+// (dlogits stay E5M2); body: hybrid with the lm head in fp32 (the GPU's bf16)
+enum { FP8_MODE_OFF, FP8_MODE_HYBRID, FP8_MODE_E4M3, FP8_MODE_BODY, FP8_MODES };
+static const char* FP8_MODE_NAMES[] = {"off", "hybrid", "e4m3", "body"};
+
+// The operands of a layer with delayed scales, each with an amax history: the SwiGLU output act, y without the
+// output norm (with it, y is bounded by the norm's weights), and the output gradients of W_down, W_gu, W_o and of
+// q, k, v, g together (one operand of the GPU's fused backward).
+enum { FP8_ACT, FP8_Y, FP8_DRES_DOWN, FP8_DGU, FP8_DRES_O, FP8_DQKVG, FP8_SLOTS };
+static const char* FP8_SLOT_NAMES[] = {"act", "y", "dres (W_down)", "dgu", "dres (W_o)", "dqkvg"};
+#define FP8_HISTORY 16       // steps of amax history a run keeps
+#define FP8_MAX_HISTORY 1024 // the most a state file may hold
+
+typedef struct {
+    int mode;             // FP8_MODE_*; with FP8_MODE_OFF the rest is unused
+    int on;               // set around a training step's micro-steps: fox_forward and fox_backward quantise
+    int calibrating;      // fp8_calibrate's micro-step: amaxes taken, nothing rounded
+    int history_len;      // U: amaxes kept per operand
+    int calibrated;       // the histories hold at least one step (else the next step calibrates first)
+    int pos;              // where the next step's amaxes go in the histories, a ring of U
+    float* history;       // (L, FP8_SLOTS, U)
+    float* amax;          // (L, FP8_SLOTS) of the current step, the max over its micro-steps
+    int* k;               // (L, FP8_SLOTS) the current step's scale exponents, from the histories
+    float* weights_memory;    // the FP8 matmul weights as fp32 values, in the parameters' layout
+    ParameterTensors weights; // the matmul weights of an FP8 step: those copies, or the parameters (fp32 matmuls)
+    float* xa;            // (N, C) the FP8 copy of one layer's attention input
+} Fp8State;
+
+// ----------------------------------------------------------------------------
 // the model
 
 typedef struct {
@@ -684,6 +861,7 @@ typedef struct {
     int* doc_start;     // (B, T) of the last forward when doc_eot >= 0: its document's first position (document_starts)
     float* prune_u;     // (B, H) the bound U of the current layer
     int* prune_tables;  // (B, H, nt) key_start, then (B, H, nt) query_end
+    Fp8State fp8;       // FP8 matmuls (-q), set by fp8_setup
     int B, T;        // shape of the last forward
     const int* inputs;
     const int* targets;
@@ -726,6 +904,7 @@ static void fox_free(FoxModel* m) {
     free(m->params_memory); free(m->grads_memory); free(m->m_memory); free(m->v_memory);
     free(m->acts_memory); free(m->grad_acts_memory); free(m->logits); free(m->losses);
     free(m->scratch); free(m->prune_u); free(m->prune_tables); free(m->doc_start);
+    free(m->fp8.history); free(m->fp8.amax); free(m->fp8.k); free(m->fp8.weights_memory); free(m->fp8.xa);
     memset(m, 0, sizeof(*m));
 }
 
@@ -807,44 +986,6 @@ static void fox_ensure_activations(FoxModel* m, int B, int T) {
 #endif
     m->scratch = (float*)calloc_check((size_t)threads * 2 * (size_t)T, sizeof(float), "attention rows");
     m->doc_start = (int*)calloc_check(N, sizeof(int), "document starts");
-}
-
-// ----------------------------------------------------------------------------
-// threads. Waking a team and the barrier that ends its loop cost microseconds, more with more threads, and far
-// more when threads outnumber the cores; so a loop runs on the whole team only when each thread gets at least
-// PARALLEL_MIN_WORK of its inner iterations (some microseconds of arithmetic), else on the calling thread
-// alone. Never a team of another size: libgomp ends the threads a smaller team leaves out and starts them again
-// for the next larger one. Each loop computes every output alone, in an order of its own: the thread count
-// never changes a bit (sum_squares splits its sum into fixed blocks for that).
-
-#define PARALLEL_MIN_WORK 65536
-// the default thread count caps at this: the twin's loops are too short to gain from more, and many-core hosts
-// are often shared (OMP_NUM_THREADS still sets any count)
-#define THREADS_DEFAULT_MAX 16
-
-#ifdef _OPENMP
-// the if() of every parallel loop; work: the loop's inner iterations in all (multiply-adds, elements, ...)
-static int parallel_pays(size_t work) {
-    if (TEST_HOOK(parallel_always, 0)) { return 1; }
-    return work >= (size_t)PARALLEL_MIN_WORK * (size_t)omp_get_max_threads();
-}
-
-// multiply-adds of an attention pass: B * H heads of T queries, each over hd-wide keys, T / 2 of them on average
-// (causal) or at most the window
-static size_t attention_work(int B, int T, int H, int hd, int window) {
-    size_t keys = window > 0 && window < T ? (size_t)window : (size_t)T / 2 + 1;
-    return (size_t)B * H * T * keys * hd;
-}
-
-// the thread count when OMP_NUM_THREADS sets none, for `procs` processors to run on
-static int threads_default(int procs) { return procs < THREADS_DEFAULT_MAX ? procs : THREADS_DEFAULT_MAX; }
-#endif
-
-// first thing in main: the default thread count (libgomp's own is every processor)
-static void threads_init(void) {
-#ifdef _OPENMP
-    if (getenv("OMP_NUM_THREADS") == NULL) { omp_set_num_threads(threads_default(omp_get_num_procs())); }
-#endif
 }
 
 // ----------------------------------------------------------------------------
@@ -1398,11 +1539,140 @@ static void crossentropy_backward_inplace(float* logits, const int* targets, siz
     }
 }
 
-// ----------------------------------------------------------------------------
-// forward and backward of the whole model
-
 // pointer to layer l's slice of a stacked tensor of `per` elements per layer
 #define LAYER(ptr, l, per) ((ptr) + (size_t)(l) * (per))
+
+// ----------------------------------------------------------------------------
+// the FP8 operands of the model (-q): where the GPU's matmuls take FP8 (dev/fox.md, "FP8 numerics"), fox_forward and
+// fox_backward round the operands with the GPU's scales; the rest stays fp32. FP8 matmuls: W_q, W_k, W_v, W_g, W_o,
+// W_gu, W_down and the lm head (not with -q body), with their inputs and output gradients; the head projections
+// (KV-shift, forget gate) and every layer between the matmuls stay fp32. Scales, all powers of two:
+//   weights          E4M3, current: the amax of their bf16 copy, in every forward (one value per step)
+//   xa, xm, xf, y    E4M3, bounded by the RMSNorm (output norm) before them: |x| <= sqrt(D) max|w|
+//   act, y (no norm) E4M3, delayed: the max of the amax history, margin 0
+//   output grads     E5M2 (-q e4m3: E4M3), delayed, margin 1
+//   dlogits          E5M2, bounded: |softmax - onehot| dloss <= dloss
+
+// the FP8 state of a model for -q `mode`: the histories empty, so the first step calibrates
+static void fp8_setup(FoxModel* m, int mode) {
+    Fp8State* s = &m->fp8;
+    s->mode = mode;
+    if (mode == FP8_MODE_OFF) { return; }
+    size_t slots = (size_t)m->config.n_layer * FP8_SLOTS;
+    s->history_len = FP8_HISTORY;
+    s->history = (float*)calloc_check(slots * FP8_HISTORY, sizeof(float), "FP8 amax histories");
+    s->amax = (float*)calloc_check(slots, sizeof(float), "FP8 amaxes");
+    s->k = (int*)calloc_check(slots, sizeof(int), "FP8 scales");
+}
+
+static const Fp8Format* fp8_slot_format(int mode, int slot) {
+    return slot == FP8_ACT || slot == FP8_Y || mode == FP8_MODE_E4M3 ? &FP8_E4M3 : &FP8_E5M2;
+}
+
+// binades kept free below the format's max: 0 for activations, 1 for gradients (E5M2 has range to spare)
+static int fp8_slot_margin(int slot) { return slot == FP8_ACT || slot == FP8_Y ? 0 : 1; }
+
+// every delayed scale from its history: k = fp8_scale_exp(the history's max) (an empty history gives 0)
+static void fp8_update_scales(FoxModel* m) {
+    Fp8State* s = &m->fp8;
+    size_t U = (size_t)s->history_len;
+    for (size_t i = 0; i < (size_t)m->config.n_layer * FP8_SLOTS; i++) {
+        int slot = (int)(i % FP8_SLOTS);
+        float mx = fp8_amax(s->history + i * U, U);
+        s->k[i] = fp8_scale_exp(mx, fp8_slot_format(s->mode, slot), fp8_slot_margin(slot));
+    }
+}
+
+// The scale of an RMSNorm output over D values with the scale vector w (nw values): |x_i s w_i| <= sqrt(D) max|w|
+// (s <= 1 / rms(x) makes |x_i| s <= sqrt(D)), and sqrt(D) <= 2^c for the least c with 4^c >= D, taken as a margin of
+// c binades. It never saturates: an fp32 result an ulp past the bound still rounds to the largest code.
+static int fp8_norm_exp(const float* w, size_t nw, int D) {
+    int c = 0;
+    while (((size_t)1 << (2 * c)) < (size_t)D) { c++; }
+    return fp8_scale_exp(fp8_amax(w, nw), &FP8_E4M3, c);
+}
+
+// the FP8 copy of the operand x (n values) at scale 2^k into out (which may be x); x itself while calibrating
+static const float* fp8_operand(const FoxModel* m, float* out, const float* x, size_t n, int k, const Fp8Format* f) {
+    if (m->fp8.calibrating) { return x; }
+    fp8_round_tensor(out, x, n, k, f);
+    return out;
+}
+
+// an RMSNorm output x (n values) rounded in place with its bounded scale (the norm's weights w, nw values, over D)
+static void fp8_norm_output(FoxModel* m, float* x, size_t n, const float* w, size_t nw, int D) {
+    fp8_operand(m, x, x, n, fp8_norm_exp(w, nw, D), &FP8_E4M3);
+}
+
+// the FP8 copy of layer l's attention input xa (N, C), into scratch: xa itself feeds the fp32 head projections. The
+// backward makes it again from the same xa and weights: the same codes.
+static const float* fp8_attn_input(FoxModel* m, const float* xa, int l, size_t N) {
+    int C = m->config.n_embd;
+    if (m->fp8.xa == NULL) {
+        m->fp8.xa = (float*)calloc_check((size_t)m->max_B * m->max_T * C, sizeof(float), "FP8 attention input");
+    }
+    int k = fp8_norm_exp(LAYER(m->params.attn_norm, l, C), (size_t)C, C);
+    return fp8_operand(m, m->fp8.xa, xa, N * C, k, &FP8_E4M3);
+}
+
+// a delayed-scaled operand of layer l, rounded in place with the step's scale; its amax joins the step's
+static void fp8_delayed(FoxModel* m, float* x, size_t n, int l, int slot) {
+    size_t i = (size_t)l * FP8_SLOTS + slot;
+    m->fp8.amax[i] = fp8_max(m->fp8.amax[i], fp8_amax(x, n));
+    fp8_operand(m, x, x, n, m->fp8.k[i], fp8_slot_format(m->fp8.mode, slot));
+}
+
+// One weight group's FP8 copy (current scaling): bf16(w), the GPU's matmul copy, rounded to E4M3 at the scale of its
+// amax. `parts` slices of n values share the scale (q, k, v, g: one operand of the GPU's fused backward).
+static void fp8_weight_group(float* const* out, float* const* w, int parts, size_t n) {
+    float amax = 0.0f;
+    for (int i = 0; i < parts; i++) {
+        #pragma omp parallel for if(parallel_pays(n))
+        for (size_t j = 0; j < n; j++) { out[i][j] = bf16_round(w[i][j]); }
+        amax = fp8_max(amax, fp8_amax(out[i], n));
+    }
+    int k = fp8_scale_exp(amax, &FP8_E4M3, 0);
+    for (int i = 0; i < parts; i++) { fp8_round_tensor(out[i], out[i], n, k, &FP8_E4M3); }
+}
+
+// m's parameter tensors at the same offsets in another buffer of the parameters' layout
+static ParameterTensors param_tensors_in(const FoxModel* m, float* memory) {
+    ParameterTensors t = m->params;
+    float** ptrs[NUM_PARAM_TENSORS];
+    param_pointers(&t, ptrs);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { *ptrs[i] = memory + (*ptrs[i] - m->params_memory); }
+    return t;
+}
+
+// The matmul weights of an FP8 micro-step (also kept in m->fp8.weights for the backward): FP8 copies of the FP8
+// matmuls' weights, the fp32 parameters for the others. Made in each forward: the same for every micro-step of a step.
+static ParameterTensors fp8_matmul_weights(FoxModel* m) {
+    const FoxConfig* cf = &m->config;
+    size_t C = (size_t)cf->n_embd, I = (size_t)cf->mlp_hidden, CC = C * C;
+    if (m->fp8.weights_memory == NULL) {
+        m->fp8.weights_memory = (float*)calloc_check(m->num_parameters, sizeof(float), "FP8 weights");
+    }
+    ParameterTensors p = m->params, q = param_tensors_in(m, m->fp8.weights_memory), w = p;
+    for (int l = 0; l < cf->n_layer; l++) {
+        float* qkvg_out[4] = {LAYER(q.wq, l, CC), LAYER(q.wk, l, CC), LAYER(q.wv, l, CC), LAYER(q.wg, l, CC)};
+        float* qkvg[4] = {LAYER(p.wq, l, CC), LAYER(p.wk, l, CC), LAYER(p.wv, l, CC), LAYER(p.wg, l, CC)};
+        fp8_weight_group(qkvg_out, qkvg, cf->output_gate ? 4 : 3, CC);
+        float* out[3] = {LAYER(q.wo, l, CC), LAYER(q.wgu, l, 2 * I * C), LAYER(q.wdown, l, C * I)};
+        float* in[3] = {LAYER(p.wo, l, CC), LAYER(p.wgu, l, 2 * I * C), LAYER(p.wdown, l, C * I)};
+        size_t n[3] = {CC, 2 * I * C, C * I};
+        for (int i = 0; i < 3; i++) { fp8_weight_group(&out[i], &in[i], 1, n[i]); }
+    }
+    w.wq = q.wq; w.wk = q.wk; w.wv = q.wv; w.wg = q.wg; w.wo = q.wo; w.wgu = q.wgu; w.wdown = q.wdown;
+    if (m->fp8.mode != FP8_MODE_BODY) {
+        fp8_weight_group(&q.lm_head, &p.lm_head, 1, (size_t)cf->padded_vocab_size * C);
+        w.lm_head = q.lm_head;
+    }
+    m->fp8.weights = w;
+    return w;
+}
+
+// ----------------------------------------------------------------------------
+// forward and backward of the whole model
 
 static void check_tokens(const int* tokens, size_t n, int V, const char* what) {
     for (size_t i = 0; i < n; i++) {
@@ -1454,6 +1724,8 @@ static void fox_forward(FoxModel* m, const int* inputs, const int* targets, int 
     const int* doc = fox_documents(m);
     ParameterTensors p = m->params;
     ActivationTensors a = m->acts;
+    int q8 = m->fp8.on; // an FP8 training micro-step: the FP8 matmuls' operands rounded (fp8_calibrate: amaxes only)
+    ParameterTensors w = q8 && !m->fp8.calibrating ? fp8_matmul_weights(m) : p; // the weights of those matmuls
     encoder_forward(a.resid, inputs, p.wte, N, C);
     for (int l = 0; l < L; l++) {
         float* resid = LAYER(a.resid, l, NC);
@@ -1472,9 +1744,10 @@ static void fox_forward(FoxModel* m, const int* inputs, const int* targets, int 
         size_t qk_per = (size_t)m->spec[P_Q_NORM].rows;
         // attention
         rmsnorm_forward(xa, LAYER(a.rstd_a, l, N), resid, LAYER(p.attn_norm, l, C), N, C, 1, 1e-6f);
-        matmul_forward(q_raw, xa, LAYER(p.wq, l, (size_t)C * C), NULL, N, C, C);
-        matmul_forward(k_raw, xa, LAYER(p.wk, l, (size_t)C * C), NULL, N, C, C);
-        matmul_forward(v_raw, xa, LAYER(p.wv, l, (size_t)C * C), NULL, N, C, C);
+        const float* xa8 = q8 ? fp8_attn_input(m, xa, l, N) : xa;
+        matmul_forward(q_raw, xa8, LAYER(w.wq, l, (size_t)C * C), NULL, N, C, C);
+        matmul_forward(k_raw, xa8, LAYER(w.wk, l, (size_t)C * C), NULL, N, C, C);
+        matmul_forward(v_raw, xa8, LAYER(w.wv, l, (size_t)C * C), NULL, N, C, C);
         if (cf->k_shift) {
             matmul_forward(k_alpha, xa, LAYER(p.wk_shift, l, (size_t)H * C), NULL, N, C, H);
             sigmoid_inplace(k_alpha, NH);
@@ -1523,22 +1796,28 @@ static void fox_forward(FoxModel* m, const int* inputs, const int* targets, int 
             memcpy(o_normed, o, NC * sizeof(float));
         }
         if (cf->output_gate) {
-            matmul_forward(og_logit, xa, LAYER(p.wg, l, (size_t)C * C), NULL, N, C, C);
+            matmul_forward(og_logit, xa8, LAYER(w.wg, l, (size_t)C * C), NULL, N, C, C);
             output_gate_forward(y, o_normed, og_logit, NC);
         } else {
             memcpy(y, o_normed, NC * sizeof(float));
         }
-        matmul_forward(LAYER(a.attproj, l, NC), y, LAYER(p.wo, l, (size_t)C * C), NULL, N, C, C);
+        // y, xm, act and xf feed only their matmuls: rounded in place
+        if (q8 && cf->output_norm) { fp8_norm_output(m, y, NC, LAYER(p.o_norm, l, C), (size_t)C, hd); }
+        else if (q8) { fp8_delayed(m, y, NC, l, FP8_Y); }
+        matmul_forward(LAYER(a.attproj, l, NC), y, LAYER(w.wo, l, (size_t)C * C), NULL, N, C, C);
         add_forward(resid_mid, resid, LAYER(a.attproj, l, NC), NC);
         // MLP
         rmsnorm_forward(xm, LAYER(a.rstd_m, l, N), resid_mid, LAYER(p.mlp_norm, l, C), N, C, 1, 1e-6f);
-        matmul_forward(gu, xm, LAYER(p.wgu, l, (size_t)2 * I * C), NULL, N, C, 2 * I);
+        if (q8) { fp8_norm_output(m, xm, NC, LAYER(p.mlp_norm, l, C), (size_t)C, C); }
+        matmul_forward(gu, xm, LAYER(w.wgu, l, (size_t)2 * I * C), NULL, N, C, 2 * I);
         swiglu_forward(act, gu, N, I);
-        matmul_forward(LAYER(a.mlpproj, l, NC), act, LAYER(p.wdown, l, (size_t)C * I), NULL, N, I, C);
+        if (q8) { fp8_delayed(m, act, N * I, l, FP8_ACT); }
+        matmul_forward(LAYER(a.mlpproj, l, NC), act, LAYER(w.wdown, l, (size_t)C * I), NULL, N, I, C);
         add_forward(LAYER(a.resid, l + 1, NC), resid_mid, LAYER(a.mlpproj, l, NC), NC);
     }
     rmsnorm_forward(a.xf, a.rstd_f, LAYER(a.resid, L, NC), p.norm_f, N, C, 1, 1e-6f);
-    matmul_forward(m->logits, a.xf, p.lm_head, NULL, N, C, Vp);
+    if (q8 && m->fp8.mode != FP8_MODE_BODY) { fp8_norm_output(m, a.xf, NC, p.norm_f, (size_t)C, C); }
+    matmul_forward(m->logits, a.xf, w.lm_head, NULL, N, C, Vp);
     m->mean_loss = -1.0f;
     if (targets != NULL) {
         crossentropy_forward(m->losses, m->logits, targets, N, V, Vp);
@@ -1565,31 +1844,43 @@ static void fox_backward(FoxModel* m, float loss_scale) {
     memset(m->grad_acts_memory, 0, total * sizeof(float));
     ParameterTensors p = m->params, g = m->grads;
     ActivationTensors a = m->acts, d = m->grad_acts;
-    crossentropy_backward_inplace(m->logits, m->targets, N, cf->vocab_size, cf->padded_vocab_size,
-                                  loss_scale / (float)N);
-    matmul_backward(d.xf, g.lm_head, NULL, m->logits, a.xf, p.lm_head, N, C, cf->padded_vocab_size);
+    int q8 = m->fp8.on; // as in fox_forward, whose FP8 weights and rounded y, xm, act, xf the matmuls read here
+    ParameterTensors w = q8 && !m->fp8.calibrating ? m->fp8.weights : p;
+    size_t NVp = N * (size_t)cf->padded_vocab_size;
+    float dloss = loss_scale / (float)N;
+    crossentropy_backward_inplace(m->logits, m->targets, N, cf->vocab_size, cf->padded_vocab_size, dloss);
+    if (q8 && m->fp8.mode != FP8_MODE_BODY) { // |dlogits| <= dloss: a bounded scale, E5M2 in every mode
+        fp8_operand(m, m->logits, m->logits, NVp, fp8_scale_exp(dloss, &FP8_E5M2, 0), &FP8_E5M2);
+    }
+    matmul_backward(d.xf, g.lm_head, NULL, m->logits, a.xf, w.lm_head, N, C, cf->padded_vocab_size);
     rmsnorm_backward(LAYER(d.resid, L, NC), g.norm_f, d.xf, LAYER(a.resid, L, NC), p.norm_f, a.rstd_f, N, C, 1);
     for (int l = L - 1; l >= 0; l--) {
         size_t qk_per = (size_t)m->spec[P_Q_NORM].rows;
         float* xa = LAYER(a.xa, l, NC); float* dxa = LAYER(d.xa, l, NC);
         // MLP
+        // the output gradients of the FP8 matmuls (dmlpproj, dgu, dattproj, dqkvg) feed only them: rounded in place
         add_backward(LAYER(d.resid_mid, l, NC), LAYER(d.mlpproj, l, NC), LAYER(d.resid, l + 1, NC), NC);
+        if (q8) { fp8_delayed(m, LAYER(d.mlpproj, l, NC), NC, l, FP8_DRES_DOWN); }
         matmul_backward(LAYER(d.act, l, N * I), LAYER(g.wdown, l, (size_t)C * I), NULL, LAYER(d.mlpproj, l, NC),
-                        LAYER(a.act, l, N * I), LAYER(p.wdown, l, (size_t)C * I), N, I, C);
+                        LAYER(a.act, l, N * I), LAYER(w.wdown, l, (size_t)C * I), N, I, C);
         swiglu_backward(LAYER(d.gu, l, N * 2 * I), LAYER(d.act, l, N * I), LAYER(a.gu, l, N * 2 * I), N, I);
+        if (q8) { fp8_delayed(m, LAYER(d.gu, l, N * 2 * I), N * 2 * I, l, FP8_DGU); }
         matmul_backward(LAYER(d.xm, l, NC), LAYER(g.wgu, l, (size_t)2 * I * C), NULL, LAYER(d.gu, l, N * 2 * I),
-                        LAYER(a.xm, l, NC), LAYER(p.wgu, l, (size_t)2 * I * C), N, C, 2 * I);
+                        LAYER(a.xm, l, NC), LAYER(w.wgu, l, (size_t)2 * I * C), N, C, 2 * I);
         rmsnorm_backward(LAYER(d.resid_mid, l, NC), LAYER(g.mlp_norm, l, C), LAYER(d.xm, l, NC),
                          LAYER(a.resid_mid, l, NC), LAYER(p.mlp_norm, l, C), LAYER(a.rstd_m, l, N), N, C, 1);
         // attention
         add_backward(LAYER(d.resid, l, NC), LAYER(d.attproj, l, NC), LAYER(d.resid_mid, l, NC), NC);
+        if (q8) { fp8_delayed(m, LAYER(d.attproj, l, NC), NC, l, FP8_DRES_O); }
         matmul_backward(LAYER(d.y, l, NC), LAYER(g.wo, l, (size_t)C * C), NULL, LAYER(d.attproj, l, NC),
-                        LAYER(a.y, l, NC), LAYER(p.wo, l, (size_t)C * C), N, C, C);
+                        LAYER(a.y, l, NC), LAYER(w.wo, l, (size_t)C * C), N, C, C);
+        const float* xa8 = q8 ? fp8_attn_input(m, xa, l, N) : xa;
         if (cf->output_gate) {
             output_gate_backward(LAYER(d.o_normed, l, NC), LAYER(d.og_logit, l, NC), LAYER(d.y, l, NC),
                                  LAYER(a.o_normed, l, NC), LAYER(a.og_logit, l, NC), NC);
-            matmul_backward(dxa, LAYER(g.wg, l, (size_t)C * C), NULL, LAYER(d.og_logit, l, NC), xa,
-                            LAYER(p.wg, l, (size_t)C * C), N, C, C);
+            if (q8) { fp8_delayed(m, LAYER(d.og_logit, l, NC), NC, l, FP8_DQKVG); }
+            matmul_backward(dxa, LAYER(g.wg, l, (size_t)C * C), NULL, LAYER(d.og_logit, l, NC), xa8,
+                            LAYER(w.wg, l, (size_t)C * C), N, C, C);
         } else {
             add_backward(LAYER(d.o_normed, l, NC), NULL, LAYER(d.y, l, NC), NC);
         }
@@ -1653,16 +1944,99 @@ static void fox_backward(FoxModel* m, float loss_scale) {
         } else {
             add_backward(LAYER(d.v_raw, l, NC), NULL, LAYER(d.v, l, NC), NC);
         }
-        matmul_backward(dxa, LAYER(g.wq, l, (size_t)C * C), NULL, LAYER(d.q_raw, l, NC), xa,
-                        LAYER(p.wq, l, (size_t)C * C), N, C, C);
-        matmul_backward(dxa, LAYER(g.wk, l, (size_t)C * C), NULL, LAYER(d.k_raw, l, NC), xa,
-                        LAYER(p.wk, l, (size_t)C * C), N, C, C);
-        matmul_backward(dxa, LAYER(g.wv, l, (size_t)C * C), NULL, LAYER(d.v_raw, l, NC), xa,
-                        LAYER(p.wv, l, (size_t)C * C), N, C, C);
+        if (q8) {
+            fp8_delayed(m, LAYER(d.q_raw, l, NC), NC, l, FP8_DQKVG);
+            fp8_delayed(m, LAYER(d.k_raw, l, NC), NC, l, FP8_DQKVG);
+            fp8_delayed(m, LAYER(d.v_raw, l, NC), NC, l, FP8_DQKVG);
+        }
+        matmul_backward(dxa, LAYER(g.wq, l, (size_t)C * C), NULL, LAYER(d.q_raw, l, NC), xa8,
+                        LAYER(w.wq, l, (size_t)C * C), N, C, C);
+        matmul_backward(dxa, LAYER(g.wk, l, (size_t)C * C), NULL, LAYER(d.k_raw, l, NC), xa8,
+                        LAYER(w.wk, l, (size_t)C * C), N, C, C);
+        matmul_backward(dxa, LAYER(g.wv, l, (size_t)C * C), NULL, LAYER(d.v_raw, l, NC), xa8,
+                        LAYER(w.wv, l, (size_t)C * C), N, C, C);
         rmsnorm_backward(LAYER(d.resid, l, NC), LAYER(g.attn_norm, l, C), dxa, LAYER(a.resid, l, NC),
                          LAYER(p.attn_norm, l, C), LAYER(a.rstd_a, l, N), N, C, 1);
     }
     encoder_backward(g.wte, d.resid, m->inputs, N, C);
+}
+
+// ----------------------------------------------------------------------------
+// FP8 steps (-q): the delayed scales stay fixed for a whole optimizer step; its amax per operand is the max over its
+// micro-steps; an updating step pushes them into the histories (a ring of U), from which the next step's scales
+// follow. Every function here does nothing without -q.
+
+// the start of a training step's micro-steps: the step's amaxes cleared, fox_forward and fox_backward quantise
+static void fp8_step_begin(FoxModel* m) {
+    if (m->fp8.mode == FP8_MODE_OFF) { return; }
+    memset(m->fp8.amax, 0, (size_t)m->config.n_layer * FP8_SLOTS * sizeof(float));
+    m->fp8.on = 1;
+}
+
+// whether every amax of the step is finite (NaN and inf would otherwise hide in saturated codes)
+static int fp8_amax_finite(const FoxModel* m) {
+    if (m->fp8.mode == FP8_MODE_OFF) { return 1; }
+    return f32_bits(fp8_amax(m->fp8.amax, (size_t)m->config.n_layer * FP8_SLOTS)) < 0x7F800000u;
+}
+
+// the step's amaxes into the histories at the ring's position; the scales follow
+static void fp8_push(FoxModel* m) {
+    Fp8State* s = &m->fp8;
+    size_t U = (size_t)s->history_len;
+    for (size_t i = 0; i < (size_t)m->config.n_layer * FP8_SLOTS; i++) { s->history[i * U + s->pos] = s->amax[i]; }
+    s->pos = (s->pos + 1) % s->history_len;
+    fp8_update_scales(m);
+}
+
+// The first micro-step of a run without histories (a fresh run, or a resume from a state without them): a forward and
+// backward without rounding, thrown away (the gradients zeroed), whose amaxes alone fill the histories. Only finite
+// amaxes calibrate; else the next step tries again. Call before the step's first micro-step, with its batch.
+static void fp8_calibrate(FoxModel* m, const int* inputs, const int* targets, int B, int T, float loss_scale,
+                          long step) {
+    Fp8State* s = &m->fp8;
+    if (s->mode == FP8_MODE_OFF || s->calibrated) { return; }
+    s->calibrating = 1;
+    fox_forward(m, inputs, targets, B, T);
+    fox_backward(m, loss_scale);
+    s->calibrating = 0;
+    fox_zero_grad(m);
+    if (fp8_amax_finite(m)) {
+        memset(s->history, 0, (size_t)m->config.n_layer * FP8_SLOTS * s->history_len * sizeof(float));
+        s->pos = 0;
+        fp8_push(m);
+        s->calibrated = 1;
+        printf("fp8: scales calibrated on the first micro-batch of step %ld\n", step);
+    }
+    memset(s->amax, 0, (size_t)m->config.n_layer * FP8_SLOTS * sizeof(float));
+}
+
+// Names the first FP8 operand whose amax is not finite, for the step guard's message; 0 if none.
+static int fp8_nonfinite_name(const FoxModel* m, char* out, size_t n) {
+    for (size_t i = 0; m->fp8.mode != FP8_MODE_OFF && i < (size_t)m->config.n_layer * FP8_SLOTS; i++) {
+        if (isfinite(m->fp8.amax[i])) { continue; }
+        snprintf(out, n, "the FP8 operand %s of layer %zu has amax %g", FP8_SLOT_NAMES[i % FP8_SLOTS], i / FP8_SLOTS,
+                 m->fp8.amax[i]);
+        return 1;
+    }
+    return 0;
+}
+
+// The end of a training step: with an update, its amaxes go into the histories (a skipped step leaves them) and each
+// operand that saturated (its amax beyond what its scale held) is reported; the next step adapts.
+static void fp8_step_end(FoxModel* m, long step, int updated) {
+    Fp8State* s = &m->fp8;
+    if (s->mode == FP8_MODE_OFF) { return; }
+    s->on = 0;
+    if (!updated) { return; }
+    for (size_t i = 0; i < (size_t)m->config.n_layer * FP8_SLOTS; i++) {
+        const Fp8Format* f = fp8_slot_format(s->mode, (int)(i % FP8_SLOTS));
+        float held = fp8_decode((uint8_t)f->max_code, f) * fp8_pow2(-s->k[i]);
+        if (s->amax[i] > held) {
+            printf("fp8: %s of layer %zu saturated at step %ld (amax %g, its scale holds %g)\n",
+                   FP8_SLOT_NAMES[i % FP8_SLOTS], i / FP8_SLOTS, step, s->amax[i], held);
+        }
+    }
+    fp8_push(m);
 }
 
 // ----------------------------------------------------------------------------
@@ -2168,14 +2542,14 @@ static void tokenizer_print(const Tokenizer* tk, int token) {
 // ----------------------------------------------------------------------------
 // checkpoints: a model file (header with the whole configuration, then fp32 parameters) and
 // an optimiser-state file (step, data position, what the position and the schedule depend on,
-// the optimiser's and the guards' settings, AdamW moments). Each file ends with the XXH64 checksum
-// of all its bytes before it, checked on every load: a changed byte anywhere is found.
+// the optimiser's and the guards' settings, AdamW moments, with -q the FP8 amax histories). Each file
+// ends with the XXH64 checksum of all its bytes before it, checked on every load: a changed byte anywhere is found.
 
 #define MODEL_MAGIC 20261101
 #define MODEL_VERSION 2 // 2: the checksum at the end
 #define STATE_MAGIC 20261102
-#define STATE_VERSION 3 // 2: T, -R, seed, the shards' identity, -d, the warmup and the tokens seen;
-                        // 3: the checksum, -l -k -c -a, the schedule's end, -A -L -G -Z, -f
+#define STATE_VERSION 4 // 2: T, -R, seed, the shards' identity, -d, the warmup and the tokens seen;
+                        // 3: the checksum, -l -k -c -a, the schedule's end, -A -L -G -Z, -f; 4: -q, FP8 histories
 #define HEADER_INTS 256
 
 // XXH64 (seed 0), streamed: xxHash's published 64-bit algorithm, four lanes over 32-byte stripes, so it
@@ -2300,16 +2674,18 @@ static FILE* open_checkpoint(const char* path, int* header, long* size, const ch
     return NULL;
 }
 
-// reads the rest of a checkpoint (`n` bytes into each of `parts`), then the checksum stored after them, and
+// reads the rest of a checkpoint (`sizes[i]` bytes into each of `parts`), then the checksum stored after them, and
 // compares it with the header's and the parts' (unless the file's version has none: has_checksum 0)
-static int read_checked(FILE* f, const char* path, const int* header, void* const* parts, size_t n, int num_parts,
-                        int has_checksum, FileError* e) {
+static int read_checked(FILE* f, const char* path, const int* header, void* const* parts, const size_t* sizes,
+                        int num_parts, int has_checksum, FileError* e) {
     Checksum c;
     checksum_init(&c);
     checksum_update(&c, header, HEADER_INTS * sizeof(int));
     for (int i = 0; i < num_parts; i++) {
-        if (fread(parts[i], 1, n, f) != n) { return file_error(e, 1, DAMAGED_HINT, "could not read '%s'", path); }
-        checksum_update(&c, parts[i], n);
+        if (fread(parts[i], 1, sizes[i], f) != sizes[i]) {
+            return file_error(e, 1, DAMAGED_HINT, "could not read '%s'", path);
+        }
+        checksum_update(&c, parts[i], sizes[i]);
     }
     if (!has_checksum) { return 0; }
     uint64_t stored;
@@ -2362,8 +2738,9 @@ static uint64_t read_u64(const int* slot) { uint64_t v; memcpy(&v, slot, sizeof(
 static void write_f64(int* slot, double v) { memcpy(slot, &v, sizeof(v)); }
 static double read_f64(const int* slot) { double v; memcpy(&v, slot, sizeof(v)); return v; }
 
-// writes `n` bytes of each of `parts` after the header, then the checksum of all of it, atomically
-static void write_checked(const char* path, const int* header, const void* const* parts, size_t n, int num_parts) {
+// writes `sizes[i]` bytes of each of `parts` after the header, then the checksum of all of it, atomically
+static void write_checked(const char* path, const int* header, const void* const* parts, const size_t* sizes,
+                          int num_parts) {
     char tmp[4096];
     FILE* f = atomic_open(path, tmp, sizeof(tmp));
     Checksum c;
@@ -2371,8 +2748,8 @@ static void write_checked(const char* path, const int* header, const void* const
     checksum_update(&c, header, HEADER_INTS * sizeof(int));
     atomic_write(header, sizeof(int), HEADER_INTS, f, tmp, path);
     for (int i = 0; i < num_parts; i++) {
-        checksum_update(&c, parts[i], n);
-        atomic_write(parts[i], 1, n, f, tmp, path);
+        checksum_update(&c, parts[i], sizes[i]);
+        atomic_write(parts[i], 1, sizes[i], f, tmp, path);
     }
     uint64_t digest = checksum_digest(&c);
     atomic_write(&digest, sizeof(digest), 1, f, tmp, path);
@@ -2386,7 +2763,8 @@ static void save_model(const FoxModel* m, const char* path) {
     config_to_header(&m->config, header + 2);
     write_size(header + 24, m->num_parameters);
     const void* parts[] = {m->params_memory};
-    write_checked(path, header, parts, m->num_parameters * sizeof(float), 1);
+    size_t sizes[] = {m->num_parameters * sizeof(float)};
+    write_checked(path, header, parts, sizes, 1);
 }
 
 // A model file into m (built here; freed again on an error): its header, configuration and size checked
@@ -2424,7 +2802,8 @@ static int read_model(FoxModel* m, const char* path, FileError* e) {
     if (rc == 0) {
         fox_build(m, &c);
         void* parts[] = {m->params_memory};
-        rc = read_checked(f, path, header, parts, n * sizeof(float), 1, version >= 2, e);
+        size_t sizes[] = {n * sizeof(float)};
+        rc = read_checked(f, path, header, parts, sizes, 1, version >= 2, e);
         if (rc != 0) { fox_free(m); }
         else if (version == 1) { printf("warning: '%s' is a version-1 model file: it has no checksum\n", path); }
     }
@@ -2459,7 +2838,15 @@ typedef struct {
     int prune; double prune_ln_eps;     // -A, -L
     int on_nonfinite; double spike_z;   // -G, -Z
     int documents;                      // -f; a version-3 file without it has 0 in its slot: -f 0, as that run had
+    // the model's FP8 state (version 4; 0 before): -q, then its histories' length, calibrated flag and ring position
+    // (save_state writes them from the model; the histories follow the moments in the file)
+    int fp8, fp8_history, fp8_calibrated, fp8_pos;
 } TrainState;
+
+// the bytes of a state file's FP8 amax histories of U steps (with -q)
+static size_t fp8_history_bytes(const FoxConfig* c, int U) {
+    return (size_t)c->n_layer * FP8_SLOTS * (size_t)U * sizeof(float);
+}
 
 static void save_state(const FoxModel* m, const TrainState* s, const char* path) {
     int header[HEADER_INTS] = {0};
@@ -2487,11 +2874,20 @@ static void save_state(const FoxModel* m, const TrainState* s, const char* path)
     header[35] = s->on_nonfinite;
     write_f64(header + 36, s->spike_z);
     header[38] = s->documents;
-    const void* parts[] = {m->m_memory, m->v_memory};
-    write_checked(path, header, parts, m->num_parameters * sizeof(float), m->m_memory != NULL ? 2 : 0);
+    const Fp8State* q = &m->fp8;
+    header[39] = q->mode; header[40] = q->history_len; header[41] = q->calibrated; header[42] = q->pos;
+    const void* parts[3];
+    size_t sizes[3];
+    int n = 0;
+    if (m->m_memory != NULL) {
+        parts[n] = m->m_memory; sizes[n++] = m->num_parameters * sizeof(float);
+        parts[n] = m->v_memory; sizes[n++] = m->num_parameters * sizeof(float);
+    }
+    if (q->mode != FP8_MODE_OFF) { parts[n] = q->history; sizes[n++] = fp8_history_bytes(&m->config, q->history_len); }
+    write_checked(path, header, parts, sizes, n);
 }
 
-// the fields of a state file's header (version 2 or 3) into s
+// the fields of a state file's header (version 2, 3 or 4) into s
 static void state_from_header(TrainState* s, const int* header) {
     memset(s, 0, sizeof(*s));
     s->step = header[2]; s->epoch = header[5]; s->shard_pos = header[6]; s->batch_pos = header[7];
@@ -2516,6 +2912,15 @@ static void state_from_header(TrainState* s, const int* header) {
     s->on_nonfinite = header[35];
     s->spike_z = read_f64(header + 36);
     s->documents = header[38];
+    if (header[1] < 4) { return; }
+    s->fp8 = header[39]; s->fp8_history = header[40]; s->fp8_calibrated = header[41]; s->fp8_pos = header[42];
+}
+
+// the FP8 fields: none without -q; with it a history of 1 to FP8_MAX_HISTORY steps and a position in it
+static int fp8_state_in_range(const TrainState* s) {
+    if (s->fp8 == FP8_MODE_OFF) { return s->fp8_history == 0 && s->fp8_calibrated == 0 && s->fp8_pos == 0; }
+    return s->fp8 > 0 && s->fp8 < FP8_MODES && s->fp8_history >= 1 && s->fp8_history <= FP8_MAX_HISTORY
+           && (s->fp8_calibrated == 0 || s->fp8_calibrated == 1) && s->fp8_pos >= 0 && s->fp8_pos < s->fp8_history;
 }
 
 // whether a state's fields are in range (the checksum is checked after the moments are read)
@@ -2528,12 +2933,25 @@ static int state_in_range(const TrainState* s) {
            && s->weight_decay <= 10.0 && s->grad_clip >= 0.0 && s->grad_clip <= 1e9 && s->end_tokens >= 0.0
            && s->end_tokens < 1e30 && (s->prune == 0 || s->prune == 1) && s->prune_ln_eps >= -1e4
            && s->prune_ln_eps <= 0.0 && (s->on_nonfinite == 0 || s->on_nonfinite == 1) && s->spike_z >= 0.0
-           && s->spike_z <= 1e9 && (s->documents == 0 || s->documents == 1);
+           && s->spike_z <= 1e9 && (s->documents == 0 || s->documents == 1) && fp8_state_in_range(s);
 }
 
-// A state file of m's model into s and m's AdamW moments (allocated here when m has none). A version-2
-// file (before checksums and the settings) is read with a warning; version 1 is refused with what to do.
-// Returns 0, or -1 with e set; m's moments are then undefined.
+// The FP8 state of a state file (s, its header's fields; hist, its histories) into m when m trains with -q: taken
+// when the file has calibrated histories of m's length (their amaxes do not depend on the format, so another -q
+// mode keeps them); otherwise m calibrates on its next step (fp8_calibrate).
+static void fp8_restore(FoxModel* m, const TrainState* s, const float* hist) {
+    Fp8State* q = &m->fp8;
+    if (q->mode == FP8_MODE_OFF) { return; }
+    q->calibrated = s->fp8 != FP8_MODE_OFF && s->fp8_history == q->history_len && s->fp8_calibrated;
+    if (!q->calibrated) { return; }
+    memcpy(q->history, hist, fp8_history_bytes(&m->config, q->history_len));
+    q->pos = s->fp8_pos;
+    fp8_update_scales(m);
+}
+
+// A state file of m's model into s, m's AdamW moments (allocated here when m has none) and m's FP8 state
+// (fp8_restore). A version-2 file (before checksums and the settings) is read with a warning; version 1 is
+// refused with what to do. Returns 0, or -1 with e set; m's moments are then undefined.
 static int read_state(FoxModel* m, TrainState* s, const char* path, FileError* e) {
     int header[HEADER_INTS];
     long size = 0;
@@ -2542,7 +2960,8 @@ static int read_state(FoxModel* m, TrainState* s, const char* path, FileError* e
     int version = header[1], has_moments = header[9], rc = 0;
     state_from_header(s, header);
     size_t moments = (has_moments == 1 ? 2 * m->num_parameters * sizeof(float) : 0);
-    size_t expected = checkpoint_file_bytes(moments, version >= 3);
+    size_t fp8_bytes = s->fp8 != FP8_MODE_OFF ? fp8_history_bytes(&m->config, s->fp8_history) : 0;
+    size_t expected = checkpoint_file_bytes(moments + fp8_bytes, version >= 3);
     if (header[0] != STATE_MAGIC) {
         rc = file_error(e, 1, "pass the state_*.bin written with the model",
                         "'%s' is not a train_fox state file (magic %d)", path, header[0]);
@@ -2550,18 +2969,18 @@ static int read_state(FoxModel* m, TrainState* s, const char* path, FileError* e
         rc = file_error(e, 0, "resume it with the train_fox that wrote it, or start a new run from its weights with "
                         "-e <its model_*.bin> (step 0, fresh AdamW moments)",
                         "'%s' is a version-1 state file: it lacks what an exact resume checks (-t, -R, -S, the "
-                        "shards, the tokens seen); this build reads versions 2 and %d", path, STATE_VERSION);
-    } else if (version != 2 && version != STATE_VERSION) {
+                        "shards, the tokens seen); this build reads versions 2 to %d", path, STATE_VERSION);
+    } else if (version < 2 || version > STATE_VERSION) {
         rc = file_error(e, 0, "use the train_fox version that wrote it",
-                        "'%s' is state file version %d; this build reads versions 2 and %d", path, version,
+                        "'%s' is state file version %d; this build reads versions 2 to %d", path, version,
                         STATE_VERSION);
     } else if (read_size(header + 3) != m->num_parameters) {
         rc = file_error(e, 0, "resume with the model file of the same run",
                         "'%s' belongs to a model of %zu parameters, not %zu", path, read_size(header + 3),
                         m->num_parameters);
     } else if (!state_in_range(s) || (has_moments != 0 && has_moments != 1)) {
-        rc = file_error(e, 1, DAMAGED_HINT, "'%s' holds an invalid step, data position, run setting or moments "
-                        "flag", path);
+        rc = file_error(e, 1, DAMAGED_HINT, "'%s' holds an invalid step, data position, run setting, moments "
+                        "flag or FP8 state", path);
     } else if ((size_t)size != expected) {
         rc = file_error(e, 1, DAMAGED_HINT, "'%s' is %ld bytes, expected %zu: it is truncated or damaged", path,
                         size, expected);
@@ -2574,12 +2993,21 @@ static int read_state(FoxModel* m, TrainState* s, const char* path, FileError* e
             memset(m->m_memory, 0, m->num_parameters * sizeof(float));
             memset(m->v_memory, 0, m->num_parameters * sizeof(float));
         }
-        void* parts[] = {m->m_memory, m->v_memory};
-        rc = read_checked(f, path, header, parts, m->num_parameters * sizeof(float), has_moments ? 2 : 0,
-                          version >= 3, e);
+        float* hist = fp8_bytes > 0 ? (float*)malloc_check(fp8_bytes, "FP8 amax histories") : NULL;
+        void* parts[3];
+        size_t sizes[3];
+        int n = 0;
+        if (has_moments) {
+            parts[n] = m->m_memory; sizes[n++] = m->num_parameters * sizeof(float);
+            parts[n] = m->v_memory; sizes[n++] = m->num_parameters * sizeof(float);
+        }
+        if (hist != NULL) { parts[n] = hist; sizes[n++] = fp8_bytes; }
+        rc = read_checked(f, path, header, parts, sizes, n, version >= 3, e);
+        if (rc == 0) { fp8_restore(m, s, hist); }
+        free(hist);
         if (rc == 0 && version == 2) {
             printf("warning: '%s' is a version-2 state file: it has no checksum, and another -l, -k, -c, -a, -x, "
-                   "-A, -L, -G, -Z or -f on resume cannot be noted\n", path);
+                   "-A, -L, -G, -Z, -f or -q on resume cannot be noted\n", path);
         }
     }
     fclose(f);
@@ -2776,6 +3204,7 @@ typedef struct {
     int graphs;    // the GPU trainer's CUDA graph of each training micro-step (-C)
     int prune; double prune_ln_eps; // adaptive computation pruning of attention (-A, -L)
     int documents;                  // documents kept apart: each EOT starts a fresh context (-f)
+    int fp8;                        // FP8 matmuls in training (-q): FP8_MODE_OFF, _HYBRID, _E4M3, _BODY
     int world, rank, zero_stage; const char* rendezvous; // data parallel (GPU trainer); -1 / NULL: not given
     int mode; const char* prompt; double temperature; int top_k; const char* out_prefix;
     int depths; const char* list; // -E, -D: meaning depends on the mode
@@ -2819,6 +3248,9 @@ static void usage(void) {
 "  -L <float>  ln eps of the pruning bound, < 0 (default -10)\n"
 "  -f <0|1>    documents kept apart (training and evaluation): each EOT token (50256) starts a fresh\n"
 "              context that sees nothing before it, the EOT only itself (default 0)\n"
+"  -q <mode>   FP8 matmuls in training (train_fox_cpu emulates them; the GPU's are coming): off (default),\n"
+"              hybrid (E4M3 weights and activations, E5M2 gradients), e4m3 (E4M3 gradients too),\n"
+"              body (hybrid with the lm head in bf16); per-tensor power-of-two scales, fp32 master weights\n"
 "  -r <0|1>    activation recompute (train_fox on GPUs): 0 keeps every activation (default), 1 recomputes\n"
 "              the element-wise and normalisation outputs in the backward (less memory, same gradients)\n"
 "  -X <0|1>    matmul tuning (train_fox on GPUs): 1 times cuBLASLt's candidates for each matmul at start\n"
@@ -2965,6 +3397,10 @@ static void parse_args(Args* a, int argc, char** argv) {
             case 'C': a->graphs = (int)flag_int(arg, v, 0, 1); break;
             case 'A': a->prune = (int)flag_int(arg, v, 0, 1); break;
             case 'f': a->documents = (int)flag_int(arg, v, 0, 1); break;
+            case 'q':
+                a->fp8 = parse_choice(v, FP8_MODE_NAMES, FP8_MODES);
+                if (a->fp8 < 0) { bad_flag(arg, v, "off, hybrid, e4m3 or body"); }
+                break;
             case 'L':
                 a->prune_ln_eps = flag_float(arg, v, -1e4, 0.0);
                 if (a->prune_ln_eps == 0.0) { bad_flag(arg, v, "a number < 0"); }
@@ -3027,6 +3463,7 @@ static void build_model(FoxModel* m, const Args* a) {
              "HINT: use a GPT-2 vocabulary (vocab_size 50257), or drop -f", GPT2_EOT, m->config.vocab_size);
     }
     m->doc_eot = a->documents ? GPT2_EOT : -1;
+    fp8_setup(m, a->fp8);
 }
 
 // ----------------------------------------------------------------------------
@@ -3153,7 +3590,8 @@ static int probe_run_dir(const char* dir, char* why, size_t n) {
 }
 
 // the sizes of one checkpoint's files for a model of configuration c, as save_model and save_state
-// write them: the fp32 parameters, or the two fp32 AdamW moments (checkpoint_file_bytes adds the rest)
+// write them: the fp32 parameters, or the two fp32 AdamW moments (checkpoint_file_bytes adds the rest; -q adds
+// the FP8 histories, kilobytes: fp8_history_bytes)
 static void checkpoint_sizes(const FoxConfig* c, size_t* model_bytes, size_t* state_bytes) {
     size_t params = config_num_parameters(c) * sizeof(float);
     *model_bytes = checkpoint_file_bytes(params, 1);
@@ -3247,11 +3685,28 @@ static TrainState train_state(int step, const DataLoader* d, const LRSchedule* s
     TrainState s = {step, d->epoch, d->shard_pos, d->batch_pos, d->world, d->B * d->world, d->T, d->roll,
                     d->seed, shards_identity(d), (int64_t)sched->tokens_per_step, tokens_seen, sched->warmup_tokens,
                     1, sched->peak_lr, a->weight_decay, a->grad_clip, sched->type, sched->total_tokens,
-                    a->prune, a->prune_ln_eps, a->on_nonfinite, a->spike_z, a->documents};
+                    a->prune, a->prune_ln_eps, a->on_nonfinite, a->spike_z, a->documents, a->fp8, 0, 0, 0};
     return s;
 }
 
 static LRSchedule run_schedule(const Args* a, const TrainState* resumed);
+
+// The twin's micro-steps of optimizer step `step` (from 1): the gradients of `accum` batches of d summed, each
+// scaled by 1 / accum; with -q the FP8 step begins (its scales calibrated first when there are none). Returns the
+// mean loss. The step ends with fp8_step_end, after the update or the guard's skip.
+static double fox_train_micro_steps(FoxModel* m, DataLoader* d, int accum, long step) {
+    fox_zero_grad(m);
+    fp8_step_begin(m);
+    double loss = 0.0;
+    for (int micro = 0; micro < accum; micro++) {
+        dataloader_next_batch(d);
+        if (micro == 0) { fp8_calibrate(m, d->inputs, d->targets, d->B, d->T, 1.0f / accum, step); }
+        fox_forward(m, d->inputs, d->targets, d->B, d->T);
+        fox_backward(m, 1.0f / accum);
+        loss += m->mean_loss / accum;
+    }
+    return loss;
+}
 
 // one setting that a resume changes: said, so that a resume is exact, refused or noted; 1 when said
 static int resume_note(const char* flag, double was, double is, const char* what) {
@@ -3292,7 +3747,14 @@ static int resume_notes(const TrainState* s, const Args* a) {
         n++;
     }
     n += resume_note("-Z", s->spike_z, a->spike_z, "the spike guard changes");
-    return n + resume_note("-f", s->documents, a->documents, "what attention sees across documents changes");
+    n += resume_note("-f", s->documents, a->documents, "what attention sees across documents changes");
+    if (s->fp8 != a->fp8) {
+        printf("note: the run had -q %s, this one -q %s: the matmuls' precision changes from here%s\n",
+               FP8_MODE_NAMES[s->fp8], FP8_MODE_NAMES[a->fp8], s->fp8 == FP8_MODE_OFF ? " (FP8 scales calibrated "
+               "on the first step)" : a->fp8 == FP8_MODE_OFF ? " (the FP8 amax histories are dropped)" : "");
+        n++;
+    }
+    return n;
 }
 
 // One checkpoint of -y 1 into the model and s: 0, or -1 with e set (e->damaged: a resume may go on to an
@@ -5074,19 +5536,14 @@ int main(int argc, char** argv) {
         }
         if (last) { break; }
         double t0 = now_seconds();
-        fox_zero_grad(&model);
-        double loss = 0.0;
-        for (int micro = 0; micro < accum; micro++) {
-            dataloader_next_batch(&train);
-            fox_forward(&model, train.inputs, train.targets, a.B, a.T);
-            fox_backward(&model, 1.0f / accum);
-            loss += model.mean_loss / accum;
-        }
-        double norm = fox_grad_norm(&model);
+        double loss = fox_train_micro_steps(&model, &train, accum, step + 1);
+        // a non-finite FP8 amax counts as a non-finite gradient: the saturating casts would hide it
+        double norm = fp8_amax_finite(&model) ? fox_grad_norm(&model) : NAN;
         char why[256], grad[320] = "";
         int verdict = step_guard_check(&guard, loss, norm, why, sizeof(why));
-        if (verdict != STEP_UPDATE && !isfinite(norm)) {
-            nonfinite_grad_name(cf, model.grads_memory, grad, sizeof(grad));
+        if (verdict != STEP_UPDATE && !isfinite(norm) && !nonfinite_grad_name(cf, model.grads_memory, grad,
+                                                                               sizeof(grad))) {
+            fp8_nonfinite_name(&model, grad, sizeof(grad));
         }
         if (verdict == STEP_STOP) { step_guard_stop(step + 1, why, grad); }
         float lr = (float)lr_at_tokens(&sched, (double)tokens_seen);
@@ -5094,6 +5551,7 @@ int main(int argc, char** argv) {
             if (a.grad_clip > 0) { fox_clip_grads(&model, norm, (float)a.grad_clip); }
             fox_update(&model, &opt, lr, (int)step + 1);
         }
+        fp8_step_end(&model, step + 1, verdict == STEP_UPDATE);
         tokens_seen += a.total_batch_tokens;
         double dt = now_seconds() - t0;
         run_clock_tick(&clock);

@@ -5955,6 +5955,10 @@ int main(int argc, char** argv) {
     static TrainRun r; // static: zeroed, and off the stack
     threads_init();
     parse_args(&r.a, argc, argv);
+    if (r.a.fp8 != FP8_MODE_OFF) { // no FP8 matmuls here yet: refused, never ignored
+        fail("-q %s (FP8 matmuls) is not yet on the GPU\nHINT: the CPU twin, train_fox_cpu, emulates it; or drop -q",
+             FP8_MODE_NAMES[r.a.fp8]);
+    }
     if (r.a.mode != MODE_TRAIN) { return gpu_eval_main(&r.a); }
     train_setup(&r, argc, argv);
     train_check_same(&r);

@@ -72,6 +72,12 @@ static void checkpoint_seeds(const char* model_dir, const char* state_dir) {
             fox_update(&m, &opt, 1e-3f, 1);
             snprintf(path, sizeof(path), "%s/moments.bin", state_dir);
             save_state(&m, &s, path);
+            fp8_setup(&m, FP8_MODE_HYBRID); // -q: the FP8 amax histories after the moments
+            for (size_t i = 0; i < (size_t)FP8_SLOTS * FP8_HISTORY; i++) { m.fp8.history[i] = 0.25f * (float)i; }
+            m.fp8.calibrated = 1;
+            m.fp8.pos = 3;
+            snprintf(path, sizeof(path), "%s/fp8_histories.bin", state_dir);
+            save_state(&m, &s, path);
         }
         fox_free(&m);
     }
