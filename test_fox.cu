@@ -463,12 +463,14 @@ static void tiny_model(FoxModel* m, int V, uint64_t seed) {
     fox_init(m, seed);
 }
 
+static void quiet_stdout(int on);
+
 #ifdef _OPENMP
-// One clipped AdamW step of fox-pro-tiny (FoX Pro: every component on) with every parallel loop split over `threads`
-// threads (test hook parallel_always), however small: its loss, gradient norm and the logits, gradients and
-// weights after it, one buffer.
-static float* step_on_threads(int threads, float* loss, double* norm, size_t* count) {
-    enum { B = 2, T = 24, V = 300 };
+// One clipped AdamW step of fox-pro-tiny (FoX Pro: every component on; docs_fp8: documents kept apart and FP8
+// matmuls too) with every parallel loop split over `threads` threads (test hook parallel_always), however small: its
+// loss, gradient norm and the logits, gradients and weights after it, one buffer.
+static float* step_on_threads(int threads, int docs_fp8, float* loss, double* norm, size_t* count) {
+    enum { B = 2, T = 24, V = 300, EOT = 5 };
     int saved = omp_get_max_threads();
     omp_set_num_threads(threads); // before the activations: attention_forward's scratch has a row per thread
     test_hooks.parallel_always = 1;
@@ -478,8 +480,18 @@ static float* step_on_threads(int threads, float* loss, double* norm, size_t* co
     uint64_t rng = 29;
     for (int i = 0; i < B * T; i++) { inputs[i] = (int)(rng_next(&rng) % V); targets[i] = (int)(rng_next(&rng) % V); }
     AdamWConfig opt = {1e-3f, 0.1f, 0.9f, 0.95f, 1e-8f, 0.5f}; // clipped: the norm is ~4 here
+    if (docs_fp8) { // documents (starts at 0, 7, 8 and 30 of the 48 tokens) and FP8 matmuls, calibrated first
+        m.doc_eot = EOT;
+        inputs[0] = inputs[7] = inputs[8] = inputs[30] = EOT;
+        fp8_setup(&m, FP8_MODE_HYBRID);
+        fp8_step_begin(&m);
+        quiet_stdout(1);
+        fp8_calibrate(&m, inputs, targets, B, T, 1.0f, 1);
+        quiet_stdout(0);
+    }
     *norm = twin_step(&m, inputs, targets, B, T, &opt, 1e-3f, 1);
     *loss = m.mean_loss;
+    if (docs_fp8) { fp8_step_end(&m, 1, 1); }
     size_t nl = (size_t)B * T * m.config.padded_vocab_size, np = m.num_parameters;
     *count = nl + 2 * np;
     float* out = (float*)malloc_check(*count * sizeof(float), "test");
@@ -495,19 +507,22 @@ static float* step_on_threads(int threads, float* loss, double* norm, size_t* co
 // Every sum of the twin runs in an order of its own (sum_squares in fixed blocks), never in the order threads
 // finish: a training step gives the same bits on 1, 2, 3 and 7 threads, every loop split among them.
 static void test_thread_count_bits(void) {
-    float loss1; double norm1; size_t n1;
-    float* one = step_on_threads(1, &loss1, &norm1, &n1);
-    int threads[] = {2, 3, 7};
-    for (int i = 0; i < 3; i++) {
-        float loss; double norm; size_t n;
-        float* many = step_on_threads(threads[i], &loss, &norm, &n);
-        int same = n == n1 && memcmp(many, one, n * sizeof(float)) == 0 && memcmp(&loss, &loss1, sizeof(float)) == 0
-                   && memcmp(&norm, &norm1, sizeof(double)) == 0;
-        check(same, "threads: a clipped AdamW step on %d threads equals 1 thread's bit for bit (loss %.6f, norm %.6f; "
-              "dlogits, gradients, weights)", threads[i], loss, norm);
-        free(many);
+    for (int docs_fp8 = 0; docs_fp8 <= 1; docs_fp8++) {
+        float loss1; double norm1; size_t n1;
+        float* one = step_on_threads(1, docs_fp8, &loss1, &norm1, &n1);
+        int threads[] = {2, 3, 7};
+        for (int i = 0; i < 3; i++) {
+            float loss; double norm; size_t n;
+            float* many = step_on_threads(threads[i], docs_fp8, &loss, &norm, &n);
+            int same = n == n1 && memcmp(many, one, n * sizeof(float)) == 0
+                       && memcmp(&loss, &loss1, sizeof(float)) == 0 && memcmp(&norm, &norm1, sizeof(double)) == 0;
+            check(same, "threads: a clipped AdamW step%s on %d threads equals 1 thread's bit for bit (loss %.6f, norm "
+                  "%.6f; dlogits, gradients, weights)", docs_fp8 ? " with documents and -q hybrid" : "", threads[i],
+                  loss, norm);
+            free(many);
+        }
+        free(one);
     }
-    free(one);
 }
 
 // the default thread count: the processors, at most THREADS_DEFAULT_MAX, unless OMP_NUM_THREADS is set; a loop
@@ -647,6 +662,41 @@ static int prune_doc_visible(const int* doc, int b, int T, int block, int qt, in
     return doc == NULL || kt == qt || kt * block + block - 1 >= doc[(size_t)b * T + qt * block];
 }
 
+// prune_case's documents (doc): the tables of the document tiles alone (no decay bound) skip exactly the tiles no
+// pair of which is visible, fewer than with the bound, and the pruned run on them has the dense run's bits (o[0] ..)
+static void prune_doc_exact(PruneResult* res, const AttnPrune* pr, int* tables, const float* q, const float* k,
+                            const float* v, const float* dout, const float* c, const int* doc, float* const* o,
+                            float* const* lse, float* const* dq, float* const* dk, float* const* dv, float* const* dc,
+                            int B, int T, int H, int hd, int window, float ln_eps, float* scratch) {
+    int block = pr->block, nt = (T + block - 1) / block; // tables: pr's key_start, then its query_end
+    size_t n = (size_t)B * T * H * hd, nh = (size_t)B * H * T;
+    int* both = (int*)malloc_check((nh / T) * nt * sizeof(int), "tiles");
+    memcpy(both, tables, (nh / T) * nt * sizeof(int));
+    prune_tiles(tables, tables + (nh / T) * nt, c, NULL, doc, B, H, T, block, ln_eps);
+    float *o2 = prune_buf(n), *lse2 = prune_buf(nh);
+    float *dq2 = prune_buf(n), *dk2 = prune_buf(n), *dv2 = prune_buf(n), *dc2 = prune_buf(nh);
+    attention_forward(o2, lse2, q, k, v, c, doc, B, T, H, hd, window, pr, scratch);
+    attention_backward(dq2, dk2, dv2, dc2, dout, q, k, v, o2, lse2, c, doc, B, T, H, hd, window, pr);
+    res->doc_exact = memcmp(o2, o[0], n * sizeof(float)) == 0 && memcmp(lse2, lse[0], nh * sizeof(float)) == 0
+                     && memcmp(dq2, dq[0], n * sizeof(float)) == 0 && memcmp(dk2, dk[0], n * sizeof(float)) == 0
+                     && memcmp(dv2, dv[0], n * sizeof(float)) == 0 && memcmp(dc2, dc[0], nh * sizeof(float)) == 0;
+    double all = 0.0, doc_skipped = 0.0;
+    for (size_t bh = 0; bh < nh / T; bh++) {
+        for (int qt = 0; qt < nt; qt++) {
+            all += qt + 1;
+            doc_skipped += tables[bh * nt + qt];
+            res->doc_exact &= tables[bh * nt + qt] <= both[bh * nt + qt]; // the decay bound skips them too
+            for (int kt = 0; kt < qt; kt++) { // exactly the tiles no pair of which is visible
+                int skip = kt < tables[bh * nt + qt];
+                res->doc_exact &= skip == !prune_doc_visible(doc, (int)(bh / H), T, block, qt, kt);
+                res->tables_agree &= skip == (qt >= tables[(nh / T) * nt + bh * nt + kt]);
+            }
+        }
+    }
+    res->doc_skipped = doc_skipped / all;
+    free(o2); free(lse2); free(dq2); free(dk2); free(dv2); free(dc2); free(both);
+}
+
 static PruneResult prune_case(int T, int H, int hd, int window, int block, double rate, float sigma, float ln_eps,
                               int doc_len, uint64_t seed) {
     const int B = 2;
@@ -782,31 +832,9 @@ static PruneResult prune_case(int T, int H, int hd, int window, int block, doubl
     if (memcmp(o2, o[1], n * sizeof(float)) != 0 || memcmp(lse2, lse[1], nh * sizeof(float)) != 0) {
         res.excess = INFINITY;
     }
-    if (doc != NULL) { // the document tiles alone: exact, so the same bits as dense
-        int* both = (int*)malloc_check((nh / T) * nt * sizeof(int), "tiles");
-        memcpy(both, tables, (nh / T) * nt * sizeof(int));
-        prune_tiles(tables, tables + (nh / T) * nt, c, NULL, doc, B, H, T, block, ln_eps);
-        float *dq2 = prune_buf(n), *dk2 = prune_buf(n), *dv2 = prune_buf(n), *dc2 = prune_buf(nh);
-        attention_forward(o2, lse2, q, k, v, c, doc, B, T, H, hd, window, &pr, scratch);
-        attention_backward(dq2, dk2, dv2, dc2, dout, q, k, v, o2, lse2, c, doc, B, T, H, hd, window, &pr);
-        res.doc_exact = memcmp(o2, o[0], n * sizeof(float)) == 0 && memcmp(lse2, lse[0], nh * sizeof(float)) == 0
-                        && memcmp(dq2, dq[0], n * sizeof(float)) == 0 && memcmp(dk2, dk[0], n * sizeof(float)) == 0
-                        && memcmp(dv2, dv[0], n * sizeof(float)) == 0 && memcmp(dc2, dc[0], nh * sizeof(float)) == 0;
-        double all = 0.0, doc_skipped = 0.0;
-        for (size_t bh = 0; bh < nh / T; bh++) {
-            for (int qt = 0; qt < nt; qt++) {
-                all += qt + 1;
-                doc_skipped += tables[bh * nt + qt];
-                res.doc_exact &= tables[bh * nt + qt] <= both[bh * nt + qt]; // the decay bound skips them too
-                for (int kt = 0; kt < qt; kt++) { // exactly the tiles no pair of which is visible
-                    int skip = kt < tables[bh * nt + qt];
-                    res.doc_exact &= skip == !prune_doc_visible(doc, (int)(bh / H), T, block, qt, kt);
-                    res.tables_agree &= skip == (qt >= tables[(nh / T) * nt + bh * nt + kt]);
-                }
-            }
-        }
-        res.doc_skipped = doc_skipped / all;
-        free(dq2); free(dk2); free(dv2); free(dc2); free(both);
+    if (doc != NULL) {
+        prune_doc_exact(&res, &pr, tables, q, k, v, dout, c, doc, o, lse, dq, dk, dv, dc, B, T, H, hd, window, ln_eps,
+                        scratch);
     }
     free(o2); free(lse2); free(doc);
     free(bo); free(bq); free(bk); free(bv); free(bc); free(bl); free(p); free(U); free(tables); free(scratch);
@@ -1708,6 +1736,40 @@ static void test_resume_fallback(void) {
     expect_failure(resume_run_child, NULL, "-y 1 of a --window 16 checkpoint into a window-0 model");
 }
 
+// -y 1 and a newest state file whose version or parameter count a damaged byte changed: skipped for step 1's (the
+// checksum fails, so the field is no other build's); the same field in an intact file (resealed) stops the run
+static void test_resume_header_damage(void) {
+    const struct { long at; const char* what; } cases[] = {{4, "version"}, {13, "parameter count"}};
+    for (int i = 0; i < 2; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "header_damage_%d", i);
+        ResumeDir r;
+        resume_dir_init(&r, name, 0);
+        float *p1, *m1;
+        int pos1[3];
+        resume_dir_write(&r, &p1, &m1, pos1);
+        free(p1); free(m1);
+        char model_path[600], state_path[600];
+        checkpoint_paths(r.dir, 2, model_path, state_path, sizeof(model_path));
+        flip_bytes(state_path, state_path, cases[i].at, 1);
+        FoxModel m;
+        fox_build(&m, &r.c);
+        DataLoader d;
+        dataloader_init(&d, r.pattern, 2, 8, 0, 1, 1, 0, 7, 300);
+        TrainState s = resume_run(&m, &r.a, &d);
+        check(s.step == 1, "resume: a newest state file whose %s byte is damaged is skipped for step 1's (step %d)",
+              cases[i].what, s.step);
+        dataloader_free(&d);
+        fox_free(&m);
+        reseal(state_path);
+        resume_child_dir = r;
+        resume_child_window = 0;
+        char what[128];
+        snprintf(what, sizeof(what), "-y 1 with an intact state file of another %s", cases[i].what);
+        expect_failure(resume_run_child, NULL, what);
+    }
+}
+
 // resume_notes: nothing for the same flags; one note for each flag that changes the steps, two for -d (the
 // schedule's end moves with it), none from a version-2 file's missing settings but -d's
 static void test_resume_notes(void) {
@@ -1784,6 +1846,52 @@ static uint64_t pattern_identity(const char* pattern, int B, int T) {
     uint64_t id = shards_identity(&d);
     dataloader_free(&d);
     return id;
+}
+
+// the checks at a run's start: check_fresh_run_dir (a model checkpoint refuses the directory; a lone state, nothing,
+// or no directory yet do not), check_resume_steps, check_run_start
+static void test_run_start_checks(void) {
+    static const uint16_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    char path[700];
+    static char with_model[600], lone_state[600], empty[600], absent[600];
+    snprintf(with_model, sizeof(with_model), "%s/fresh_model", test_dir);
+    snprintf(lone_state, sizeof(lone_state), "%s/fresh_state", test_dir);
+    snprintf(empty, sizeof(empty), "%s/fresh_empty", test_dir);
+    snprintf(absent, sizeof(absent), "%s/fresh_absent", test_dir);
+    const char* fresh[] = {with_model, lone_state, empty};
+    for (int k = 0; k < 3; k++) {
+        if (mkdir(fresh[k], 0755) != 0) { fail("test: mkdir %s", fresh[k]); }
+    }
+    snprintf(path, sizeof(path), "%s/model_00000003.bin", with_model);
+    write_shard(path, a, 8, SHARD_MAGIC, 8); // any file: the name is what counts
+    snprintf(path, sizeof(path), "%s/state_00000003.bin", lone_state);
+    write_shard(path, a, 8, SHARD_MAGIC, 8);
+    expect_failure(fresh_dir_child, with_model, "a fresh run into an -o holding model_00000003.bin");
+    int ok_state = child_succeeds(fresh_dir_child, lone_state), ok_empty = child_succeeds(fresh_dir_child, empty);
+    int ok_absent = child_succeeds(fresh_dir_child, absent);
+    check(ok_state && ok_empty && ok_absent,
+          "fresh run directory: accepted with a lone state_*.bin (%d), empty (%d), not yet made (%d)", ok_state,
+          ok_empty, ok_absent);
+
+    // check_resume_steps: -x must lie past the checkpoint's step
+    resume_steps_args[0] = 10; resume_steps_args[1] = 10;
+    expect_failure(resume_steps_child, NULL, "-y 1 from step 10 with -x 10");
+    resume_steps_args[1] = 5;
+    expect_failure(resume_steps_child, NULL, "-y 1 from step 10 with -x 5");
+    resume_steps_args[1] = 11;
+    check(child_succeeds(resume_steps_child, NULL), "resume steps: from step 10 with -x 11 is accepted");
+
+    // check_run_start: a decode table whose EOT the model cannot embed refuses a run with samples
+    run_start_args[0] = 100; run_start_args[1] = 50256;
+    expect_failure(run_start_child, NULL, "samples on (-s 100), decode table EOT 50256 >= vocabulary 300");
+    run_start_args[1] = 300;
+    expect_failure(run_start_child, NULL, "samples on (-s 100), decode table EOT 300 = vocabulary 300");
+    run_start_args[1] = 299;
+    int ok_last = child_succeeds(run_start_child, NULL);
+    run_start_args[0] = 0; run_start_args[1] = 50256;
+    int ok_off = child_succeeds(run_start_child, NULL);
+    check(ok_last && ok_off, "run start: EOT 299 of vocabulary 300 with samples on (%d) and EOT 50256 with "
+          "samples off, -s 0 (%d), are accepted", ok_last, ok_off);
 }
 
 static void test_resume(void) {
@@ -1902,47 +2010,7 @@ static void test_resume(void) {
     check(child_succeeds(resume_position_child, &copy_ok),
           "resume position: the same shards copied to another directory are accepted (positive control)");
 
-    // check_fresh_run_dir: a model checkpoint refuses the directory; a lone state, nothing, or no
-    // directory yet do not
-    static char with_model[600], lone_state[600], empty[600], absent[600];
-    snprintf(with_model, sizeof(with_model), "%s/fresh_model", test_dir);
-    snprintf(lone_state, sizeof(lone_state), "%s/fresh_state", test_dir);
-    snprintf(empty, sizeof(empty), "%s/fresh_empty", test_dir);
-    snprintf(absent, sizeof(absent), "%s/fresh_absent", test_dir);
-    const char* fresh[] = {with_model, lone_state, empty};
-    for (int k = 0; k < 3; k++) {
-        if (mkdir(fresh[k], 0755) != 0) { fail("test: mkdir %s", fresh[k]); }
-    }
-    snprintf(path, sizeof(path), "%s/model_00000003.bin", with_model);
-    write_shard(path, a, 8, SHARD_MAGIC, 8); // any file: the name is what counts
-    snprintf(path, sizeof(path), "%s/state_00000003.bin", lone_state);
-    write_shard(path, a, 8, SHARD_MAGIC, 8);
-    expect_failure(fresh_dir_child, with_model, "a fresh run into an -o holding model_00000003.bin");
-    int ok_state = child_succeeds(fresh_dir_child, lone_state), ok_empty = child_succeeds(fresh_dir_child, empty);
-    int ok_absent = child_succeeds(fresh_dir_child, absent);
-    check(ok_state && ok_empty && ok_absent,
-          "fresh run directory: accepted with a lone state_*.bin (%d), empty (%d), not yet made (%d)", ok_state,
-          ok_empty, ok_absent);
-
-    // check_resume_steps: -x must lie past the checkpoint's step
-    resume_steps_args[0] = 10; resume_steps_args[1] = 10;
-    expect_failure(resume_steps_child, NULL, "-y 1 from step 10 with -x 10");
-    resume_steps_args[1] = 5;
-    expect_failure(resume_steps_child, NULL, "-y 1 from step 10 with -x 5");
-    resume_steps_args[1] = 11;
-    check(child_succeeds(resume_steps_child, NULL), "resume steps: from step 10 with -x 11 is accepted");
-
-    // check_run_start: a decode table whose EOT the model cannot embed refuses a run with samples
-    run_start_args[0] = 100; run_start_args[1] = 50256;
-    expect_failure(run_start_child, NULL, "samples on (-s 100), decode table EOT 50256 >= vocabulary 300");
-    run_start_args[1] = 300;
-    expect_failure(run_start_child, NULL, "samples on (-s 100), decode table EOT 300 = vocabulary 300");
-    run_start_args[1] = 299;
-    int ok_last = child_succeeds(run_start_child, NULL);
-    run_start_args[0] = 0; run_start_args[1] = 50256;
-    int ok_off = child_succeeds(run_start_child, NULL);
-    check(ok_last && ok_off, "run start: EOT 299 of vocabulary 300 with samples on (%d) and EOT 50256 with "
-          "samples off, -s 0 (%d), are accepted", ok_last, ok_off);
+    test_run_start_checks();
 }
 
 // ----------------------------------------------------------------------------
@@ -2092,6 +2160,10 @@ static void test_out_flags(void) {
     expect_failure(parse_args_child, n0_no_dir, "-n 0 (given) without -o");
     check(child_succeeds(parse_args_child, n_dir) && child_succeeds(parse_args_child, neither),
           "-n: -n 1 -o run, and neither -n nor -o (-n's default 0), are accepted");
+    static const char* q_eval[] = {"train_fox", "-M", "eval", "-q", "hybrid", NULL};
+    static const char* q_train[] = {"train_fox", "-q", "hybrid", NULL};
+    expect_failure(parse_args_child, q_eval, "-q hybrid in -M eval (a training setting)");
+    check(child_succeeds(parse_args_child, q_train), "-q hybrid in training is accepted");
 }
 
 // run_dir_claim: parents made, a file as -o or as a parent refused, the lock (a second claim refused
@@ -4018,14 +4090,16 @@ static void test_fp8_helpers(void) {
         x[i] = (float)(rng_normal(&rng) * ldexp(1.0, (int)(rng_next(&rng) % 40) - 20));
         serial = fabsf(x[i]) > serial ? fabsf(x[i]) : serial;
     }
+    test_hooks.parallel_always = 1; // the reduction on the whole team, however few the values
     float plain = fp8_amax(x, n);
     x[77777] = -INFINITY;
     float inf = fp8_amax(x, n);
     x[66666] = NAN;
     float nan = fp8_amax(x, n);
+    test_hooks.parallel_always = 0;
     check(plain == serial && serial > 0.0f && isinf(inf) && inf > 0.0f && isnan(nan),
-          "fp8_amax: %zu values, the serial max %g (got %g); -inf planted: inf (%g); NaN planted: NaN (%g)", n,
-          serial, plain, inf, nan);
+          "fp8_amax: %zu values on every thread, the serial max %g (got %g); -inf planted: inf (%g); NaN planted: "
+          "NaN (%g)", n, serial, plain, inf, nan);
     int rt_bad = 0;
     for (int t = 0; t < 2; t++) {
         const Fp8Def* d = &FP8_DEFS[t];
@@ -7212,6 +7286,7 @@ int main(int argc, char** argv) {
     test_resume();
     test_checkpoint_checksums();
     test_resume_fallback();
+    test_resume_header_damage();
     test_resume_notes();
     test_run_edges();
     test_shard_tokens();

@@ -2000,13 +2000,12 @@ static void fp8_calibrate(FoxModel* m, const int* inputs, const int* targets, in
     fox_backward(m, loss_scale);
     s->calibrating = 0;
     fox_zero_grad(m);
-    if (fp8_amax_finite(m)) {
-        memset(s->history, 0, (size_t)m->config.n_layer * FP8_SLOTS * s->history_len * sizeof(float));
-        s->pos = 0;
-        fp8_push(m);
-        s->calibrated = 1;
-        printf("fp8: scales calibrated on the first micro-batch of step %ld\n", step);
-    }
+    if (!fp8_amax_finite(m)) { return; } // the non-finite amax stays: the step guard stops or skips this step
+    memset(s->history, 0, (size_t)m->config.n_layer * FP8_SLOTS * s->history_len * sizeof(float));
+    s->pos = 0;
+    fp8_push(m);
+    s->calibrated = 1;
+    printf("fp8: scales calibrated on the first micro-batch of step %ld\n", step);
     memset(s->amax, 0, (size_t)m->config.n_layer * FP8_SLOTS * sizeof(float));
 }
 
@@ -2674,6 +2673,30 @@ static FILE* open_checkpoint(const char* path, int* header, long* size, const ch
     return NULL;
 }
 
+// whether a checkpoint file of `size` bytes ends with the XXH64 of all its bytes before it: tells a file of another
+// version or model (intact: not for this build) from one whose header a damaged byte changed
+static int whole_file_intact(FILE* f, long size) {
+    if (size < 8 || fseek(f, 0, SEEK_SET) != 0) { return 0; }
+    Checksum c;
+    checksum_init(&c);
+    unsigned char buf[1 << 16];
+    for (long left = size - 8; left > 0;) {
+        size_t take = left < (long)sizeof(buf) ? (size_t)left : sizeof(buf);
+        if (fread(buf, 1, take, f) != take) { return 0; }
+        checksum_update(&c, buf, take);
+        left -= (long)take;
+    }
+    uint64_t stored;
+    return fread(&stored, sizeof(stored), 1, f) == 1 && stored == checksum_digest(&c);
+}
+
+// a header field that says "not for this build" (a version, a parameter count): so when the file is intact, else
+// the field itself is damaged (then -y 1 goes on to an older checkpoint)
+static int not_for_this_build(FileError* e, FILE* f, long size, const char* path, const char* hint, const char* why) {
+    if (whole_file_intact(f, size)) { return file_error(e, 0, hint, "'%s' %s", path, why); }
+    return file_error(e, 1, DAMAGED_HINT, "'%s' %s, and fails its checksum: the header is damaged", path, why);
+}
+
 // reads the rest of a checkpoint (`sizes[i]` bytes into each of `parts`), then the checksum stored after them, and
 // compares it with the header's and the parts' (unless the file's version has none: has_checksum 0)
 static int read_checked(FILE* f, const char* path, const int* header, void* const* parts, const size_t* sizes,
@@ -2784,9 +2807,10 @@ static int read_model(FoxModel* m, const char* path, FileError* e) {
         rc = file_error(e, 1, "pass a model_*.bin written by train_fox, or a preset name",
                         "'%s' is not a train_fox model checkpoint (magic %d)", path, header[0]);
     } else if (version != 1 && version != MODEL_VERSION) {
-        rc = file_error(e, 0, "use the train_fox version that wrote it",
-                        "'%s' is checkpoint version %d; this build reads versions 1 and %d", path, version,
-                        MODEL_VERSION);
+        char why[128];
+        snprintf(why, sizeof(why), "is checkpoint version %d; this build reads versions 1 and %d", version,
+                 MODEL_VERSION);
+        rc = not_for_this_build(e, f, size, path, "use the train_fox version that wrote it", why);
     } else if (config_from_header(&c, header + 2), (problem = config_problem(&c)) != NULL) {
         rc = file_error(e, 1, DAMAGED_HINT, "'%s' holds an invalid configuration (%s)", path, problem);
     } else if ((n = read_size(header + 24)) != config_num_parameters(&c)) {
@@ -2971,13 +2995,15 @@ static int read_state(FoxModel* m, TrainState* s, const char* path, FileError* e
                         "'%s' is a version-1 state file: it lacks what an exact resume checks (-t, -R, -S, the "
                         "shards, the tokens seen); this build reads versions 2 to %d", path, STATE_VERSION);
     } else if (version < 2 || version > STATE_VERSION) {
-        rc = file_error(e, 0, "use the train_fox version that wrote it",
-                        "'%s' is state file version %d; this build reads versions 2 to %d", path, version,
-                        STATE_VERSION);
+        char why[128];
+        snprintf(why, sizeof(why), "is state file version %d; this build reads versions 2 to %d", version,
+                 STATE_VERSION);
+        rc = not_for_this_build(e, f, size, path, "use the train_fox version that wrote it", why);
     } else if (read_size(header + 3) != m->num_parameters) {
-        rc = file_error(e, 0, "resume with the model file of the same run",
-                        "'%s' belongs to a model of %zu parameters, not %zu", path, read_size(header + 3),
-                        m->num_parameters);
+        char why[128];
+        snprintf(why, sizeof(why), "belongs to a model of %zu parameters, not %zu", read_size(header + 3),
+                 m->num_parameters);
+        rc = not_for_this_build(e, f, size, path, "resume with the model file of the same run", why);
     } else if (!state_in_range(s) || (has_moments != 0 && has_moments != 1)) {
         rc = file_error(e, 1, DAMAGED_HINT, "'%s' holds an invalid step, data position, run setting, moments "
                         "flag or FP8 state", path);
@@ -3414,6 +3440,10 @@ static void parse_args(Args* a, int argc, char** argv) {
     if (checkpoint_every_given && a->out_dir == NULL) {
         fail("-n %d needs -o: checkpoints are written there, and without -o none is\n"
              "HINT: add -o <dir>, or drop -n", a->checkpoint_every);
+    }
+    if (a->mode != MODE_TRAIN && a->fp8 != FP8_MODE_OFF) { // never silently ignored
+        fail("-q %s is a training setting: the evaluation modes run the weights unrounded\nHINT: drop -q",
+             FP8_MODE_NAMES[a->fp8]);
     }
 }
 

@@ -45,7 +45,9 @@ run() {
             }
             n++
         }
-        END { if (n > 0) printf "%8.1f ms a step %9.0f tok/s   %5.1f%% of tiles skipped", ms / n, tok / n, pruned / n }')
+        END {
+            if (n > 0) { printf "%8.1f ms a step %9.0f tok/s   %5.1f%% of tiles skipped", ms / n, tok / n, pruned / n }
+        }')
     printf '%-6s %-14s rc=%d  %s\n' "$name" "$*" "$rc" "${stats:-no step lines}"
 }
 

@@ -3,8 +3,8 @@
 # and without pruning (-A 1), from each binary: the step lines of main.log (tokens/s left out) and the
 # final model and state files must be equal byte for byte. For a change that must not move training
 # (a refactor, a new option off by default). Files of two checkpoint formats (another version in the
-# header) are compared by what follows the 1,024-byte header, over the shorter, less its last 8 bytes
-# (the checksum, which covers the header).
+# header) are compared by what follows the 1,024-byte header, over the shorter, less the checksum (its last 8
+# bytes, which cover the header) when both have one.
 #
 #   dev/compare_bits.sh OLD_BINARY NEW_BINARY [work dir]     (about 3 minutes on one H200)
 #   ONLY="16x2048_A0 2x16384_A1" dev/compare_bits.sh ...        (some of the four configurations)
@@ -17,14 +17,16 @@ OLD=$1 NEW=$2 WORK=${3:-out_compare_bits}
 mkdir -p "$WORK"
 differ=0
 # two checkpoint files alike: byte for byte, or, when their versions (header slot 1) differ, past the header
-# over the shorter less the checksum
+# over the shorter, less the checksum when both have one
 same_file() {
     local na nb
     na=$(stat -c %s "$1" 2>/dev/null) && nb=$(stat -c %s "$2" 2>/dev/null) || return 1
     cmp -s "$1" "$2" && return 0
     cmp -s -i 4 -n 4 "$1" "$2" && return 1
+    local tail=8 # both end with a checksum; sizes 8 apart: the shorter is from before checksums
+    [ "$na" = "$nb" ] || tail=0
     [ "$na" -lt "$nb" ] || na=$nb
-    cmp -s -i 1024 -n $((na - 1024 - 8)) "$1" "$2"
+    cmp -s -i 1024 -n $((na - 1024 - tail)) "$1" "$2"
 }
 for shape in "16 2048" "2 16384"; do
     set -- $shape

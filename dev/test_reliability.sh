@@ -216,6 +216,21 @@ if "$BIN" "${GUARD_FLAGS[@]}" -G skip -o "$WORK/skip" > "$WORK/skip.out" 2>&1 &&
 else
     bad "guard -G skip: wrong outcome"; tail -5 "$WORK/skip.out"
 fi
+# the same with FP8 matmuls (-q hybrid): NaN in the FP8 operands' amaxes too; the saturating casts must not hide it
+if "$BIN" "${GUARD_FLAGS[@]}" -q hybrid > "$WORK/stop8.out" 2> "$WORK/stop8.err"; then
+    bad "guard -G stop -q hybrid: a NaN model trained on"
+elif grep -q "not finite" "$WORK/stop8.err" && grep -q HINT "$WORK/stop8.err"; then
+    pass "guard -G stop -q hybrid: non-zero exit with \"$(head -1 "$WORK/stop8.err")\""
+else
+    bad "guard -G stop -q hybrid: wrong message"; cat "$WORK/stop8.err"
+fi
+if "$BIN" "${GUARD_FLAGS[@]}" -q hybrid -G skip -o "$WORK/skip8" > "$WORK/skip8.out" 2>&1 &&
+   grep -q "skip:3" "$WORK/skip8/main.log" &&
+   cmp -s <(tail -c +1025 "$nan_model") <(tail -c +1025 "$(ckpt "$WORK/skip8" model 3)"); then
+    pass "guard -G skip -q hybrid: all 3 steps skipped, the weights untouched"
+else
+    bad "guard -G skip -q hybrid: wrong outcome"; tail -5 "$WORK/skip8.out"
+fi
 
 # --- 5. a resume that changes the run: exact or refused ------------------------------------------
 R=(-e fox-pro-tiny --n_layer 2 --n_embd 32 --n_head 2 -l 3e-3 -u 256 -v 0 -s 0)
