@@ -93,7 +93,7 @@ fox_hf: dev/fox_hf.c train_fox.c
 	$(CC) $(CFLAGS) $(WARN) -Wno-unused-function $(OMP_FLAGS) $< -o $@ $(LDLIBS)
 
 ifneq ($(HAVE_GPU_TRAINER),)
-train_fox: train_fox.cu train_fox.c $(BPE_OBJ)
+train_fox: train_fox.cu dev/generate.cuh train_fox.c $(BPE_OBJ)
 	@test -n "$(NVCC)" || { echo "error: nvcc not found. HINT: install the CUDA toolkit or put nvcc on PATH"; exit 1; }
 	@test -z "$(filter -DNO_NCCL,$(NVCC_FLAGS))" || echo "note: NCCL not found: train_fox is built for one GPU (NCCL_HOME=<dir> for several)"
 	$(NVCC) $(NVCC_FLAGS) $(ENCODER_DEFS) $< $(BPE_OBJ) -o $@ $(NVCC_LIBS) $(BPE_LIBS)
@@ -101,7 +101,7 @@ endif
 
 # The tests build with nvcc when there is one (so the GPU code is compiled everywhere and
 # cannot rot), else with the C++ compiler (CPU part only).
-TEST_DEPS = test_fox.cu train_fox.c dev/fox_hf.c $(HAVE_GPU_TRAINER) $(BPE_OBJ)
+TEST_DEPS = test_fox.cu train_fox.c dev/fox_hf.c $(HAVE_GPU_TRAINER) $(if $(HAVE_GPU_TRAINER),dev/generate.cuh) $(BPE_OBJ)
 test_fox: $(TEST_DEPS)
 ifneq ($(NVCC),)
 	$(NVCC) $(NVCC_FLAGS) $(ENCODER_DEFS) $< $(BPE_OBJ) -o $@ $(NVCC_LIBS) $(BPE_LIBS)
