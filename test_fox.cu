@@ -6244,6 +6244,136 @@ static void gpu_test_rmsnorm(void) {
     }
 }
 
+#ifndef ENABLE_FP32
+// The FP8 casts (fp8_cast_gpu: row-major and transposed, from fp32 and floatX) against the twin's fp8_encode, bit for
+// bit (NaN by class: the NaN code is not the twin's business): random normals times 2^-40 .. 2^40 (both formats'
+// subnormal and saturation edges at every k), the twin's thresholds (448, its tie with the NaN code 464 and above;
+// 57344, 61440; half the smallest subnormals 2^-10, 2^-17), +-0 and +-inf; k = -7, 0, 9; a part-filled 64 x 64 tile in
+// both directions. Outputs poisoned first (0xFF: a NaN code in both formats, so a code left unwritten fails unless
+// the twin's is NaN too, which the finite inputs never give). The blocks' amaxes, finished by fp8_amax_gpu, equal the
+// twin's fp8_amax of the inputs, bit for bit, also with a NaN among them.
+static void gpu_test_fp8_casts(void) {
+    const int rows = 200, cols = 136;
+    const size_t n = (size_t)rows * cols;
+    const float edges[] = {0.0f, -0.0f, INFINITY, -INFINITY, 448.0f, 464.0f, 465.0f, -464.0f, 57344.0f, 61440.0f,
+                           61441.0f, 0x1p-10f, 0x1.000002p-10f, 0x1p-17f, 0x1.000002p-17f, 0x1p-9f, 0x1p-16f};
+    float* x = (float*)malloc_check(n * sizeof(float), "fp8 inputs");
+    floatX* xh = (floatX*)malloc_check(n * sizeof(floatX), "fp8 inputs");
+    float* xv = (float*)malloc_check(n * sizeof(float), "fp8 input values");
+    uint8_t* got = (uint8_t*)malloc_check(n, "fp8 codes");
+    uint64_t s = 8100;
+    for (size_t i = 0; i < n; i++) {
+        double mag = ldexp(1.0, (int)(rng_uniform(&s) * 81.0) - 40);
+        x[i] = i < sizeof(edges) / sizeof(edges[0]) ? edges[i] : (float)(rng_normal(&s) * mag);
+    }
+    uint8_t* out_d;
+    void* x_d;
+    unsigned *part_d, *amax_d;
+    int* k_d;
+    size_t parts = fp8_cast_blocks(rows, cols, 1) > 1024 ? fp8_cast_blocks(rows, cols, 1) : 1024;
+    cudaCheck(cudaMalloc(&out_d, n)); cudaCheck(cudaMalloc(&x_d, n * sizeof(float)));
+    cudaCheck(cudaMalloc(&part_d, parts * sizeof(unsigned))); cudaCheck(cudaMalloc(&amax_d, sizeof(unsigned)));
+    cudaCheck(cudaMalloc(&k_d, sizeof(int)));
+    int bad = 0, runs = 0, amax_bad = 0;
+    const int ks[3] = {-7, 0, 9};
+    for (int nan = 0; nan < 2; nan++) {
+        x[777] = nan ? NAN : 1.5f;
+        for (size_t i = 0; i < n; i++) { xh[i] = to_floatX(x[i]); }
+        for (int v = 0; v < 24; v++) { // format, k, input type, transpose
+            int e5m2 = v % 2, k = ks[(v / 2) % 3], bf = (v / 6) % 2, tr = v / 12;
+            const Fp8Format* f = e5m2 ? &FP8_E5M2 : &FP8_E4M3;
+            for (size_t i = 0; i < n; i++) { xv[i] = bf ? to_float(xh[i]) : x[i]; }
+            cudaCheck(cudaMemcpy(x_d, bf ? (const void*)xh : (const void*)x, n * (bf ? sizeof(floatX) : sizeof(float)),
+                                 cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(k_d, &k, sizeof(int), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemset(out_d, 0xFF, n));
+            if (bf) { fp8_cast_gpu(out_d, (const floatX*)x_d, rows, cols, tr, k_d, e5m2, part_d); }
+            else { fp8_cast_gpu(out_d, (const float*)x_d, rows, cols, tr, k_d, e5m2, part_d); }
+            fp8_amax_gpu(amax_d, part_d, fp8_cast_blocks(rows, cols, tr));
+            unsigned amax;
+            cudaCheck(cudaMemcpy(got, out_d, n, cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(&amax, amax_d, sizeof(amax), cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < n; i++) {
+                size_t r = i / cols, c = i % cols, at = tr ? c * rows + r : i;
+                uint8_t want = fp8_encode(xv[i] * fp8_pow2(k), f);
+                int same = isnan(fp8_decode(want, f)) ? isnan(fp8_decode(got[at], f)) : got[at] == want;
+                bad += !same;
+            }
+            amax_bad += amax != f32_bits(fp8_amax(xv, n));
+            runs++;
+        }
+    }
+    check(bad == 0 && amax_bad == 0, "gpu fp8 casts: %d runs of %zu values (E4M3 / E5M2, k = -7, 0, 9, fp32 / "
+          "floatX in, row-major / transposed, with and without a NaN): %d codes differ from the twin's fp8_encode, %d "
+          "amaxes from its fp8_amax", runs, n, bad, amax_bad);
+    cudaCheck(cudaFree(out_d)); cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(part_d)); cudaCheck(cudaFree(amax_d));
+    cudaCheck(cudaFree(k_d));
+    free(x); free(xh); free(xv); free(got);
+}
+
+// FP8 matmuls (matmul_fp8_gpu) against fp64 on the same codes: random E4M3 w (M, K) and E4M3 or E5M2 x (N, K), decoded
+// exactly by the twin's fp8_decode, scales 2^-kx and 2^-kw; ref = sum_k x w in fp64. The products are exact; cuBLASLt
+// sums them in the tensor cores and promotes partial sums to fp32 (FAST_ACCUM off), so the error is bounded by the
+// accumulator's precision times sum |x w|: we hold it to 2^-12 sum |x w| (the FP8 accumulator keeps at least 13
+// bits between promotions; the bound the test prints is what dev/bench_matmul_algos.cu FP8=1 measures), plus the
+// output's rounding (2^-8 |ref| for floatX). Shapes as a forward (floatX out), an input gradient (E5M2 x, fp32 out)
+// and a weight gradient (K = the tokens, fp32 out, beta 1 onto a fixed C). Outputs poisoned (NaN) or the pattern C.
+static void gpu_test_fp8_matmul(void) {
+    struct { int N, M, K, e5m2, f32, beta; } cases[] = {{256, 192, 128, 0, 0, 0}, {256, 128, 320, 1, 1, 0},
+                                                        {96, 160, 512, 1, 1, 1}};
+    for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
+        int N = cases[t].N, M = cases[t].M, K = cases[t].K, e5m2 = cases[t].e5m2, f32 = cases[t].f32;
+        float beta = (float)cases[t].beta;
+        const Fp8Format* fx = e5m2 ? &FP8_E5M2 : &FP8_E4M3;
+        size_t nx = (size_t)N * K, nw = (size_t)M * K, nd = (size_t)N * M, de = f32 ? sizeof(float) : sizeof(floatX);
+        uint8_t* x8 = (uint8_t*)malloc_check(nx, "fp8 x");
+        uint8_t* w8 = (uint8_t*)malloc_check(nw, "fp8 w");
+        float* cpat = (float*)malloc_check(nd * sizeof(float), "C");
+        void* out = malloc_check(nd * de, "out");
+        uint64_t s = 8200 + t;
+        int kx = e5m2 ? 12 : 4, kw = 5;
+        for (size_t i = 0; i < nx; i++) { x8[i] = fp8_encode((float)rng_normal(&s) * fp8_pow2(kx - 2), fx); }
+        for (size_t i = 0; i < nw; i++) { w8[i] = fp8_encode((float)rng_normal(&s) * fp8_pow2(kw - 2), &FP8_E4M3); }
+        for (size_t i = 0; i < nd; i++) { cpat[i] = (float)rng_normal(&s); }
+        float sc[2] = {fp8_pow2(-kx), fp8_pow2(-kw)};
+        uint8_t *x_d, *w_d;
+        float* sc_d;
+        void* out_d;
+        cudaCheck(cudaMalloc(&x_d, nx)); cudaCheck(cudaMalloc(&w_d, nw)); cudaCheck(cudaMalloc(&sc_d, sizeof(sc)));
+        cudaCheck(cudaMalloc(&out_d, nd * de));
+        cudaCheck(cudaMemcpy(x_d, x8, nx, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(w_d, w8, nw, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(sc_d, sc, sizeof(sc), cudaMemcpyHostToDevice));
+        if (beta != 0.0f) { cudaCheck(cudaMemcpy(out_d, cpat, nd * sizeof(float), cudaMemcpyHostToDevice)); }
+        else { cudaCheck(cudaMemset(out_d, 0xFF, nd * de)); } // NaN in fp32 and bf16
+        matmul_fp8_gpu(out_d, f32 ? CUDA_R_32F : CUDA_R_X, x_d, e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, sc_d, w_d,
+                       sc_d + 1, (size_t)N, M, K, beta);
+        cudaCheck(cudaMemcpy(out, out_d, nd * de, cudaMemcpyDeviceToHost));
+        double worst = 0.0; // err / bound over all outputs; NaN -> infinity
+        for (int r = 0; r < N; r++) {
+            for (int c = 0; c < M; c++) {
+                double ref = 0.0, mag = 0.0;
+                for (int k = 0; k < K; k++) {
+                    double p = (double)fp8_decode(x8[(size_t)r * K + k], fx) *
+                               fp8_decode(w8[(size_t)c * K + k], &FP8_E4M3);
+                    ref += p; mag += fabs(p);
+                }
+                ref = ref * sc[0] * sc[1] + beta * cpat[(size_t)r * M + c];
+                mag *= (double)sc[0] * sc[1];
+                double g = f32 ? ((float*)out)[(size_t)r * M + c] : to_float(((floatX*)out)[(size_t)r * M + c]);
+                double bound = mag / 4096.0 + (f32 ? 1e-6 * fabs(ref) : fabs(ref) / 256.0) + 1e-30;
+                worst = nan_max(worst, fabs(g - ref) / bound);
+            }
+        }
+        check(worst <= 1.0, "gpu fp8 matmul (%d, %d) = x (%d, %d) %s @ w^T E4M3, %s out%s: err %.3f of its bound "
+              "(2^-12 sum |x w| + the output's rounding)", N, M, N, K, e5m2 ? "E5M2" : "E4M3", f32 ? "fp32" : "floatX",
+              beta != 0.0f ? ", beta 1" : "", worst);
+        cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(w_d)); cudaCheck(cudaFree(sc_d)); cudaCheck(cudaFree(out_d));
+        free(x8); free(w8); free(cpat); free(out);
+    }
+}
+#endif
+
 // The forget gate's forward (forget_gate_forward_kernel) against fp64: z = xw + b must be the fp32
 // sum bit for bit (for the bias-only gate, b whatever gate_logit held: NaN here); c, poisoned with NaN,
 // against the fp64 cumulative sum of logsigmoid(z). Every log f is <= 0, so the terms never cancel and
@@ -6642,6 +6772,7 @@ void run_gpu_tests(void) {
         printf("skipped: no GPU (%s): attention kernels against the twin's attention\n", why);
         printf("skipped: no GPU (%s): head projections against the twin's matmuls\n", why);
         printf("skipped: no GPU (%s): the cross-entropy kernel against fp64\n", why);
+        printf("skipped: no GPU (%s): FP8 casts and matmuls against the twin's FP8 numerics\n", why);
         printf("skipped: no GPU (%s): the forget gate's cumulative sum against fp64\n", why);
         printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
         printf("skipped: no GPU (%s): matmul tuning: the same bits as untuned\n", why);
@@ -6671,6 +6802,10 @@ void run_gpu_tests(void) {
     gpu_test_rmsnorm();
     gpu_test_forget_gate();
     gpu_test_crossentropy();
+#ifndef ENABLE_FP32
+    gpu_test_fp8_casts();
+    gpu_test_fp8_matmul();
+#endif
     gpu_test_attention();
     gpu_test_attention_rescale();
 #ifndef ENABLE_FP32
@@ -7251,6 +7386,20 @@ int main(int argc, char** argv) {
         printf("%d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed != 0;
     }
+#if defined(__CUDACC__) && !defined(ENABLE_FP32)
+    if (argc > 1 && strcmp(argv[1], "gpu-fp8") == 0) { // the GPU's FP8 casts and matmuls alone
+        char why[256];
+        if (gpu_available(why, sizeof(why))) {
+            gpu_init();
+            gpu_test_fp8_casts();
+            gpu_test_fp8_matmul();
+        } else {
+            printf("skipped: no GPU (%s): FP8 casts and matmuls against the twin's FP8 numerics\n", why);
+        }
+        printf("%d passed, %d failed\n", tests_passed, tests_failed);
+        return tests_failed != 0;
+    }
+#endif
     if (argc > 1 && strcmp(argv[1], "gpu") == 0) {
         test_group("GPU trainer against the twin");
         run_gpu_tests();

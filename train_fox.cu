@@ -36,8 +36,11 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // encoder
 // defines: encoder_forward_kernel, encoder_backward_kernel, encoder_forward_gpu, encoder_backward_gpu
 // matmuls
-// defines: MatmulPlan, matmul_plan, matmul_tune, digest_gpu, pattern_gpu, matmul_lt, matmul_forward_gpu,
+// defines: MatmulPlan, matmul_plan, matmul_tune, digest_gpu, pattern_gpu, matmul_typed, matmul_lt, matmul_forward_gpu,
 // defines: matmul_backward_input_gpu, matmul_backward_weight_gpu
+// FP8 operands (bf16 build)
+// defines: fp8_code, fp8_in, fp8_pow2_gpu, fp8_block_amax, fp8_cast_kernel, fp8_cast_transpose_kernel, fp8_amax_kernel,
+// defines: fp8_cast_blocks, fp8_cast_gpu, fp8_amax_gpu, matmul_fp8_gpu
 // RMSNorm and column sums
 // defines: rmsnorm_forward_kernel, rmsnorm_backward_kernel, colsum_partial_kernel, colsum_scale_partial_kernel,
 // defines: colsum_finish_kernel, rms_nv, rmsnorm_forward_nv, rmsnorm_forward_gpu, rmsnorm_backward_nv,
@@ -460,7 +463,7 @@ static void encoder_backward_gpu(float* dwte, const float* dout, const int* toke
 
 typedef struct {
     int m, n, k, trans_a, trans_b, ldb; // ldb: B's leading dimension (a column block of a wider matrix)
-    cudaDataType_t d_type;
+    cudaDataType_t a_type, b_type, d_type; // operands floatX, or FP8 (E4M3 / E5M2, both K-major: -q)
     unsigned align[4];
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c, d;
@@ -504,25 +507,27 @@ static void matmul_plans_drop(int keep_tuned) {
 
 // Descriptors and algorithm for one shape, made once and reused (the heuristic query costs more than many small
 // matmuls).
-static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, int ldb, cudaDataType_t d_type,
-                               const unsigned align[4]) {
+static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, int ldb, cudaDataType_t a_type,
+                               cudaDataType_t b_type, cudaDataType_t d_type, const unsigned align[4]) {
     for (int i = 0; i < g_num_plans; i++) {
         MatmulPlan* p = &g_plans[i];
         if (p->m == m && p->n == n && p->k == k && p->trans_a == trans_a && p->trans_b == trans_b && p->ldb == ldb &&
-            p->d_type == d_type && memcmp(p->align, align, sizeof(p->align)) == 0) { return p; }
+            p->a_type == a_type && p->b_type == b_type && p->d_type == d_type &&
+            memcmp(p->align, align, sizeof(p->align)) == 0) { return p; }
     }
     if (g_num_plans == MAX_MATMUL_PLANS) { matmul_plans_drop(1); } // sampling meets a new shape per length
     if (g_num_plans == MAX_MATMUL_PLANS) { matmul_plans_drop(0); }
     MatmulPlan* p = &g_plans[g_num_plans];
-    p->m = m; p->n = n; p->k = k; p->trans_a = trans_a; p->trans_b = trans_b; p->ldb = ldb; p->d_type = d_type;
+    p->m = m; p->n = n; p->k = k; p->trans_a = trans_a; p->trans_b = trans_b; p->ldb = ldb;
+    p->a_type = a_type; p->b_type = b_type; p->d_type = d_type;
     memcpy(p->align, align, sizeof(p->align));
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     // stored shapes: op(A) is (m, k), op(B) is (k, n)
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_X, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_X, trans_b ? n : k, trans_b ? k : n, ldb));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->a, a_type, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->b, b_type, trans_b ? n : k, trans_b ? k : n, ldb));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->c, d_type, m, n, m));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->d, d_type, m, n, m));
     cublasLtMatmulPreference_t pref;
@@ -591,7 +596,7 @@ static void pattern_gpu(void* d, cudaDataType_t d_type, size_t n) {
 
 // D = A B + beta C with plan p and algorithm algo, on the thread's default stream
 static cublasStatus_t matmul_run(const MatmulPlan* p, const cublasLtMatmulAlgo_t* algo, void* d, const void* c,
-                                 const floatX* a, const floatX* b, float beta) {
+                                 const void* a, const void* b, float beta) {
     float alpha = 1.0f;
     return cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta, c, p->c, d, p->d, algo, g_workspace,
                           WORKSPACE_BYTES, cudaStreamPerThread);
@@ -599,7 +604,7 @@ static cublasStatus_t matmul_run(const MatmulPlan* p, const cublasLtMatmulAlgo_t
 
 // candidate i's bits on the call's operands: the digest of D after D = A B (beta 0) and after D = A B + pattern
 // (beta 1, C = D: where an algorithm adds C in its reduction shows); false when cuBLASLt refuses the candidate
-static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floatX* a, const floatX* b,
+static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const void* a, const void* b,
                                  unsigned long long digest[2]) {
     size_t n = (size_t)p->m * p->n, bytes = n * (p->d_type == CUDA_R_32F ? sizeof(float) : sizeof(floatX));
     for (int k = 0; k < 2; k++) {
@@ -614,7 +619,7 @@ static int matmul_candidate_bits(const MatmulPlan* p, int i, void* d, const floa
 }
 
 // ms per call of candidate i on the operands (beta 0, D written), over 5 calls
-static float matmul_time_candidate(const MatmulPlan* p, int i, void* d, const floatX* a, const floatX* b) {
+static float matmul_time_candidate(const MatmulPlan* p, int i, void* d, const void* a, const void* b) {
     float ms = 0.0f;
     cudaEvent_t t0, t1;
     cudaCheck(cudaEventCreate(&t0)); cudaCheck(cudaEventCreate(&t1));
@@ -638,7 +643,7 @@ static void algo_reduction(const cublasLtMatmulAlgo_t* algo, int32_t* splitk, ui
 }
 
 // p's fastest candidate that sums as the first does (same split-K count, reduction scheme and bits); overwrites D
-static void matmul_tune(MatmulPlan* p, void* d, const floatX* a, const floatX* b) {
+static void matmul_tune(MatmulPlan* p, void* d, const void* a, const void* b) {
     unsigned long long first[2], bits[2];
     int32_t splitk0, splitk;
     uint32_t scheme0, scheme;
@@ -662,18 +667,31 @@ static void matmul_tune(MatmulPlan* p, void* d, const floatX* a, const floatX* b
     p->tuned = 1;
 }
 
-// ldb 0: B is dense (its leading dimension the stored rows)
-static void matmul_lt(void* d, cudaDataType_t d_type, const void* c, const floatX* a, const floatX* b,
-                      int m, int n, int k, int trans_a, int trans_b, int ldb, float beta) {
+// The plan of a matmul with operands of types a_type, b_type (their scales by device pointer when FP8), tuned in the
+// tuning step; ldb 0: B is dense (its leading dimension the stored rows)
+static void matmul_typed(void* d, cudaDataType_t d_type, const void* c, const void* a, cudaDataType_t a_type,
+                         const float* a_scale, const void* b, cudaDataType_t b_type, const float* b_scale, int m,
+                         int n, int k, int trans_a, int trans_b, int ldb, float beta) {
     const void* c_ptr = c != NULL ? c : d;
     unsigned align[4] = {ptr_alignment(a), ptr_alignment(b), ptr_alignment(c_ptr), ptr_alignment(d)};
     if (ldb == 0) { ldb = trans_b ? n : k; }
-    MatmulPlan* p = matmul_plan(m, n, k, trans_a, trans_b, ldb, d_type, align);
+    MatmulPlan* p = matmul_plan(m, n, k, trans_a, trans_b, ldb, a_type, b_type, d_type, align);
+    if (a_scale != NULL) { // D = a_scale b_scale (A B) + beta C: the dequantisation of FP8 operands
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                                   sizeof(a_scale)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
+                                                   sizeof(b_scale)));
+    }
     if (g_tuning) {
         if (!p->tuned) { matmul_tune(p, d, a, b); }
         p->calls++;
     }
     cublasCheck(matmul_run(p, &p->algo, d, c_ptr, a, b, beta));
+}
+
+static void matmul_lt(void* d, cudaDataType_t d_type, const void* c, const floatX* a, const floatX* b,
+                      int m, int n, int k, int trans_a, int trans_b, int ldb, float beta) {
+    matmul_typed(d, d_type, c, a, CUDA_R_X, NULL, b, CUDA_R_X, NULL, m, n, k, trans_a, trans_b, ldb, beta);
 }
 
 // out (N, OC) = inp (N, IC) @ w (OC, IC)^T, plus `add` (N, OC) when given (the residual)
@@ -691,6 +709,125 @@ static void matmul_backward_input_gpu(void* dinp, cudaDataType_t dinp_type, cons
 static void matmul_backward_weight_gpu(float* dw, const floatX* dout, const floatX* inp, size_t N, int IC, int OC) {
     matmul_lt(dw, CUDA_R_32F, NULL, inp, dout, IC, OC, (int)N, 0, 1, 0, 1.0f);
 }
+
+// ----------------------------------------------------------------------------
+// FP8 operands (-q; the twin's "FP8 numerics" is their specification): an operand x of scale 2^k is stored as the
+// codes enc(x 2^k), E4M3 or E5M2, rounded to nearest even and saturating (__NV_SATFINITE: a finite value past the
+// largest code and +-inf give the largest code, NaN stays NaN), the twin's fp8_encode; 2^k is exact, so the codes are
+// the twin's bit for bit. Each block also writes the max |x| it saw (before scaling) as fp32 bits, which order as
+// unsigned integers with NaN above inf; fp8_amax_gpu finishes the max (exact and order-free: no atomics). Hopper's FP8
+// matmuls take both operands K-major: out (N, M) = x (N, K) w (M, K)^T (matmul_fp8_gpu), so a weight gradient's
+// operands are token-contiguous copies (fp8_cast_gpu with transpose).
+#ifndef ENABLE_FP32
+#include <cuda_fp8.h>
+#define FP8_TILE 64 // the transposing cast's tile: 64 x 64 values through shared memory
+
+__device__ static inline uint8_t fp8_code(float x, int e5m2) {
+    return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+// an input value as fp32 (exact); overloads, as floatX converts from float implicitly
+__device__ static inline float fp8_in(float x) { return x; }
+__device__ static inline float fp8_in(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// 2^k as a float, |k| <= 126 (the twin's fp8_pow2)
+__host__ __device__ static inline float fp8_pow2_gpu(int k) {
+    uint32_t u = (uint32_t)(k + 127) << 23;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+// the block's max of the magnitude bits mx into partial[slot] (256 threads)
+__device__ static void fp8_block_amax(unsigned mx, unsigned* partial, size_t slot) {
+    __shared__ unsigned red[32];
+    mx = block_reduce(mx, red, 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });
+    if (threadIdx.x == 0) { partial[slot] = mx; }
+}
+
+// out (n codes) = enc(x 2^k), row-major as x (n values of T: float or floatX), and this block's max |x| into
+// partial[blockIdx.x]; k is read from the device (a scale slot), so a captured graph follows the scale
+template <typename T>
+__global__ void fp8_cast_kernel(uint8_t* out, const T* x, size_t n, const int* k, int e5m2, unsigned* partial) {
+    float up = fp8_pow2_gpu(*k);
+    unsigned mx = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = fp8_in(x[i]);
+        unsigned a = __float_as_uint(v) & 0x7FFFFFFFu;
+        mx = a > mx ? a : mx;
+        out[i] = fp8_code(v * up, e5m2);
+    }
+    fp8_block_amax(mx, partial, blockIdx.x);
+}
+
+// out (cols, rows) = enc(x 2^k)^T for x (rows, cols) through a 64 x 64 tile, and the block's max |x| into
+// partial[block]: reads along x's rows, writes along out's rows
+template <typename T>
+__global__ void fp8_cast_transpose_kernel(uint8_t* out, const T* x, int rows, int cols, const int* k, int e5m2,
+                                          unsigned* partial) {
+    __shared__ uint8_t tile[FP8_TILE][FP8_TILE + 4];
+    float up = fp8_pow2_gpu(*k);
+    int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
+    unsigned mx = 0;
+    for (int i = threadIdx.x; i < FP8_TILE * FP8_TILE; i += blockDim.x) {
+        int r = i / FP8_TILE, c = i % FP8_TILE;
+        if (r0 + r < rows && c0 + c < cols) {
+            float v = fp8_in(x[(size_t)(r0 + r) * cols + c0 + c]);
+            unsigned a = __float_as_uint(v) & 0x7FFFFFFFu;
+            mx = a > mx ? a : mx;
+            tile[c][r] = fp8_code(v * up, e5m2);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < FP8_TILE * FP8_TILE; i += blockDim.x) {
+        int c = i / FP8_TILE, r = i % FP8_TILE;
+        if (r0 + r < rows && c0 + c < cols) { out[(size_t)(c0 + c) * rows + r0 + r] = tile[c][r]; }
+    }
+    fp8_block_amax(mx, partial, (size_t)blockIdx.y * gridDim.x + blockIdx.x);
+}
+
+// amax[0] = the max of n partials (magnitude bits), one block of 256 threads in a fixed order
+__global__ void fp8_amax_kernel(unsigned* amax, const unsigned* partial, size_t n) {
+    unsigned mx = 0;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) { mx = partial[i] > mx ? partial[i] : mx; }
+    fp8_block_amax(mx, amax, 0);
+}
+
+// the blocks fp8_cast_gpu uses for n values (rows x cols), each writing one partial
+static size_t fp8_cast_blocks(int rows, int cols, int transpose) {
+    if (transpose) { return ceil_div((size_t)rows, FP8_TILE) * ceil_div((size_t)cols, FP8_TILE); }
+    size_t b = ceil_div((size_t)rows * cols, 256);
+    return b < 1024 ? b : 1024;
+}
+
+// out = the FP8 codes of x (rows, cols) of type T at scale 2^(*k), transposed or not; partial: fp8_cast_blocks of them
+template <typename T>
+static void fp8_cast_gpu(uint8_t* out, const T* x, int rows, int cols, int transpose, const int* k, int e5m2,
+                         unsigned* partial) {
+    if (transpose) {
+        dim3 grid((unsigned)ceil_div((size_t)cols, FP8_TILE), (unsigned)ceil_div((size_t)rows, FP8_TILE));
+        fp8_cast_transpose_kernel<T><<<grid, 256>>>(out, x, rows, cols, k, e5m2, partial);
+    } else {
+        fp8_cast_kernel<T><<<(unsigned)fp8_cast_blocks(rows, cols, 0), 256>>>(out, x, (size_t)rows * cols, k, e5m2,
+                                                                               partial);
+    }
+    launchCheck();
+}
+
+static void fp8_amax_gpu(unsigned* amax, const unsigned* partial, size_t n) {
+    fp8_amax_kernel<<<1, 256>>>(amax, partial, n);
+    launchCheck();
+}
+
+// out (N, M) (+)= x (N, K) @ w (M, K)^T with FP8 operands, both K-major: w E4M3, x E4M3 or E5M2 (cuBLASLt has no
+// E5M2 x E5M2), each dequantised by its device scale 2^-k; fp32 accumulation, out fp32 or floatX, beta 0 or 1 (out is
+// C). K a multiple of 16 and 16-byte aligned operands (Hopper's FP8 matmuls).
+static void matmul_fp8_gpu(void* out, cudaDataType_t out_type, const uint8_t* x, cudaDataType_t x_type,
+                           const float* x_scale, const uint8_t* w, const float* w_scale, size_t N, int M, int K,
+                           float beta) {
+    matmul_typed(out, out_type, NULL, w, CUDA_R_8F_E4M3, w_scale, x, x_type, x_scale, M, (int)N, K, 1, 0, 0, beta);
+}
+#endif
 
 // ----------------------------------------------------------------------------
 // RMSNorm and column sums
