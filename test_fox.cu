@@ -6251,7 +6251,7 @@ static void gpu_test_rmsnorm(void) {
 // 57344, 61440; half the smallest subnormals 2^-10, 2^-17), +-0 and +-inf; k = -7, 0, 9; a part-filled 64 x 64 tile in
 // both directions. Outputs poisoned first (0xFF: a NaN code in both formats, so a code left unwritten fails unless
 // the twin's is NaN too, which the finite inputs never give). The blocks' amaxes, finished by fp8_amax_gpu, equal the
-// twin's fp8_amax of the inputs, bit for bit, also with a NaN among them.
+// twin's fp8_amax of the inputs, bit for bit: inf, NaN (above inf), or without either the largest finite magnitude.
 static void gpu_test_fp8_casts(void) {
     const int rows = 200, cols = 136;
     const size_t n = (size_t)rows * cols;
@@ -6276,8 +6276,10 @@ static void gpu_test_fp8_casts(void) {
     cudaCheck(cudaMalloc(&k_d, sizeof(int)));
     int bad = 0, runs = 0, amax_bad = 0;
     const int ks[3] = {-7, 0, 9};
-    for (int nan = 0; nan < 2; nan++) {
-        x[777] = nan ? NAN : 1.5f;
+    for (int special = 0; special < 3; special++) { // +-inf; +-inf and a NaN; neither (a finite amax)
+        x[2] = special == 2 ? 1.5f : INFINITY;
+        x[3] = special == 2 ? -2.5f : -INFINITY;
+        x[777] = special == 1 ? NAN : 1.5f;
         for (size_t i = 0; i < n; i++) { xh[i] = to_floatX(x[i]); }
         for (int v = 0; v < 24; v++) { // format, k, input type, transpose
             int e5m2 = v % 2, k = ks[(v / 2) % 3], bf = (v / 6) % 2, tr = v / 12;
@@ -6304,8 +6306,8 @@ static void gpu_test_fp8_casts(void) {
         }
     }
     check(bad == 0 && amax_bad == 0, "gpu fp8 casts: %d runs of %zu values (E4M3 / E5M2, k = -7, 0, 9, fp32 / "
-          "floatX in, row-major / transposed, with and without a NaN): %d codes differ from the twin's fp8_encode, %d "
-          "amaxes from its fp8_amax", runs, n, bad, amax_bad);
+          "floatX in, row-major / transposed; with inf, inf and NaN, neither): %d codes differ from the twin's "
+          "fp8_encode, %d amaxes from its fp8_amax", runs, n, bad, amax_bad);
     cudaCheck(cudaFree(out_d)); cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(part_d)); cudaCheck(cudaFree(amax_d));
     cudaCheck(cudaFree(k_d));
     free(x); free(xh); free(xv); free(got);
