@@ -36,8 +36,8 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // encoder
 // defines: encoder_forward_kernel, encoder_backward_kernel, encoder_forward_gpu, encoder_backward_gpu
 // matmuls
-// defines: MatmulPlan, matmul_plan, matmul_tune, digest_gpu, pattern_gpu, matmul_typed, matmul_lt, matmul_forward_gpu,
-// defines: matmul_backward_input_gpu, matmul_backward_weight_gpu
+// defines: MatmulPlan, matmul_scales, matmul_plan, matmul_tune, digest_gpu, pattern_gpu, matmul_typed, matmul_lt,
+// defines: matmul_forward_gpu, matmul_backward_input_gpu, matmul_backward_weight_gpu
 // FP8 operands (bf16 build)
 // defines: fp8_code, fp8_in, fp8_pow2_gpu, fp8_block_amax, fp8_cast_kernel, fp8_cast_transpose_kernel, fp8_amax_kernel,
 // defines: fp8_cast_blocks, fp8_cast_gpu, fp8_amax_gpu, matmul_fp8_gpu
@@ -505,10 +505,19 @@ static void matmul_plans_drop(int keep_tuned) {
     g_num_plans = kept;
 }
 
+// FP8 operands' dequantisation scales (device pointers): D = a_scale b_scale (A B) + beta C. Set before the heuristic
+// (an algorithm chosen without them refuses to run with them) and again at every call (another layer's scales).
+static void matmul_scales(cublasLtMatmulDesc_t desc, const float* a_scale, const float* b_scale) {
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+}
+
 // Descriptors and algorithm for one shape, made once and reused (the heuristic query costs more than many small
 // matmuls).
+
 static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, int ldb, cudaDataType_t a_type,
-                               cudaDataType_t b_type, cudaDataType_t d_type, const unsigned align[4]) {
+                               cudaDataType_t b_type, cudaDataType_t d_type, const unsigned align[4],
+                               const float* a_scale, const float* b_scale) {
     for (int i = 0; i < g_num_plans; i++) {
         MatmulPlan* p = &g_plans[i];
         if (p->m == m && p->n == n && p->k == k && p->trans_a == trans_a && p->trans_b == trans_b && p->ldb == ldb &&
@@ -525,6 +534,7 @@ static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, in
     cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (a_scale != NULL) { matmul_scales(p->desc, a_scale, b_scale); }
     // stored shapes: op(A) is (m, k), op(B) is (k, n)
     cublasCheck(cublasLtMatrixLayoutCreate(&p->a, a_type, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->b, b_type, trans_b ? n : k, trans_b ? k : n, ldb));
@@ -675,13 +685,8 @@ static void matmul_typed(void* d, cudaDataType_t d_type, const void* c, const vo
     const void* c_ptr = c != NULL ? c : d;
     unsigned align[4] = {ptr_alignment(a), ptr_alignment(b), ptr_alignment(c_ptr), ptr_alignment(d)};
     if (ldb == 0) { ldb = trans_b ? n : k; }
-    MatmulPlan* p = matmul_plan(m, n, k, trans_a, trans_b, ldb, a_type, b_type, d_type, align);
-    if (a_scale != NULL) { // D = a_scale b_scale (A B) + beta C: the dequantisation of FP8 operands
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
-                                                   sizeof(a_scale)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
-                                                   sizeof(b_scale)));
-    }
+    MatmulPlan* p = matmul_plan(m, n, k, trans_a, trans_b, ldb, a_type, b_type, d_type, align, a_scale, b_scale);
+    if (a_scale != NULL) { matmul_scales(p->desc, a_scale, b_scale); }
     if (g_tuning) {
         if (!p->tuned) { matmul_tune(p, d, a, b); }
         p->calls++;
