@@ -4736,6 +4736,15 @@ static void run_gpu_tests(void) { printf("skipped: GPU tests (built without nvcc
 static void gpu_poison(GPUModel* g) {
     cudaCheck(cudaMemset(g->acts_memory, 0xFF, g->acts_bytes));
     cudaCheck(cudaMemset(g->grad_memory, 0xFF, g->grad_bytes));
+#ifndef ENABLE_FP32
+    if (g->fp8.on) { // -q's operands: 0xFF is a NaN code in both formats and a NaN in bf16
+        size_t N = (size_t)g->max_B * g->max_T, C = (size_t)g->config.n_embd, I = (size_t)g->config.mlp_hidden;
+        size_t wide = C > I ? C : I, Vp = (size_t)g->config.padded_vocab_size, grad = Vp > 4 * C ? Vp : 4 * C;
+        cudaCheck(cudaMemset(g->fp8.x8, 0xFF, N * wide));
+        cudaCheck(cudaMemset(g->fp8.d8, 0xFF, N * (grad > 2 * I ? grad : 2 * I)));
+        cudaCheck(cudaMemset(g->fp8.xr, 0xFF, N * wide * sizeof(floatX)));
+    }
+#endif
 }
 
 // max |a - b| / max |b|; NaN in a gives infinity
@@ -6245,13 +6254,14 @@ static void gpu_test_rmsnorm(void) {
 }
 
 #ifndef ENABLE_FP32
-// The FP8 casts (fp8_cast_gpu: row-major and transposed, from fp32 and floatX) against the twin's fp8_encode, bit for
+// The FP8 casts (fp8_cast_gpu, fp8_cast_transpose_gpu; from fp32 and floatX) against the twin's fp8_encode, bit for
 // bit (NaN by class: the NaN code is not the twin's business): random normals times 2^-40 .. 2^40 (both formats'
 // subnormal and saturation edges at every k), the twin's thresholds (448, its tie with the NaN code 464 and above;
 // 57344, 61440; half the smallest subnormals 2^-10, 2^-17), +-0 and +-inf; k = -7, 0, 9; a part-filled 64 x 64 tile in
 // both directions. Outputs poisoned first (0xFF: a NaN code in both formats, so a code left unwritten fails unless
-// the twin's is NaN too, which the finite inputs never give). The blocks' amaxes, finished by fp8_amax_gpu, equal the
-// twin's fp8_amax of the inputs, bit for bit: inf, NaN (above inf), or without either the largest finite magnitude.
+// the twin's is NaN too, which the finite inputs never give). The row-major cast's rounded values (floatX) must be
+// the twin's dec(enc(x 2^k)) 2^-k bit for bit, and its amax (onto a poisoned start of 0: atomicMax) the twin's fp8_amax
+// of the inputs: inf, NaN (above inf), or without either the largest finite magnitude.
 static void gpu_test_fp8_casts(void) {
     const int rows = 200, cols = 136;
     const size_t n = (size_t)rows * cols;
@@ -6261,6 +6271,7 @@ static void gpu_test_fp8_casts(void) {
     floatX* xh = (floatX*)malloc_check(n * sizeof(floatX), "fp8 inputs");
     float* xv = (float*)malloc_check(n * sizeof(float), "fp8 input values");
     uint8_t* got = (uint8_t*)malloc_check(n, "fp8 codes");
+    floatX* rounded = (floatX*)malloc_check(n * sizeof(floatX), "fp8 rounded values");
     uint64_t s = 8100;
     for (size_t i = 0; i < n; i++) {
         double mag = ldexp(1.0, (int)(rng_uniform(&s) * 81.0) - 40);
@@ -6268,13 +6279,13 @@ static void gpu_test_fp8_casts(void) {
     }
     uint8_t* out_d;
     void* x_d;
-    unsigned *part_d, *amax_d;
+    floatX* r_d;
+    unsigned* amax_d;
     int* k_d;
-    size_t parts = fp8_cast_blocks(rows, cols, 1) > 1024 ? fp8_cast_blocks(rows, cols, 1) : 1024;
     cudaCheck(cudaMalloc(&out_d, n)); cudaCheck(cudaMalloc(&x_d, n * sizeof(float)));
-    cudaCheck(cudaMalloc(&part_d, parts * sizeof(unsigned))); cudaCheck(cudaMalloc(&amax_d, sizeof(unsigned)));
+    cudaCheck(cudaMalloc(&r_d, n * sizeof(floatX))); cudaCheck(cudaMalloc(&amax_d, sizeof(unsigned)));
     cudaCheck(cudaMalloc(&k_d, sizeof(int)));
-    int bad = 0, runs = 0, amax_bad = 0;
+    int bad = 0, runs = 0, amax_bad = 0, rounded_bad = 0;
     const int ks[3] = {-7, 0, 9};
     for (int special = 0; special < 3; special++) { // +-inf; +-inf and a NaN; neither (a finite amax)
         x[2] = special == 2 ? 1.5f : INFINITY;
@@ -6289,28 +6300,38 @@ static void gpu_test_fp8_casts(void) {
                                  cudaMemcpyHostToDevice));
             cudaCheck(cudaMemcpy(k_d, &k, sizeof(int), cudaMemcpyHostToDevice));
             cudaCheck(cudaMemset(out_d, 0xFF, n));
-            if (bf) { fp8_cast_gpu(out_d, (const floatX*)x_d, rows, cols, tr, k_d, e5m2, part_d); }
-            else { fp8_cast_gpu(out_d, (const float*)x_d, rows, cols, tr, k_d, e5m2, part_d); }
-            fp8_amax_gpu(amax_d, part_d, fp8_cast_blocks(rows, cols, tr));
+            cudaCheck(cudaMemset(r_d, 0xFF, n * sizeof(floatX)));
+            cudaCheck(cudaMemset(amax_d, 0, sizeof(unsigned)));
+            if (tr && bf) { fp8_cast_transpose_gpu(out_d, (const floatX*)x_d, rows, cols, k_d, e5m2); }
+            if (tr && !bf) { fp8_cast_transpose_gpu(out_d, (const float*)x_d, rows, cols, k_d, e5m2); }
+            if (!tr && bf) { fp8_cast_gpu(out_d, r_d, (const floatX*)x_d, n, k_d, e5m2, amax_d); }
+            if (!tr && !bf) { fp8_cast_gpu(out_d, r_d, (const float*)x_d, n, k_d, e5m2, amax_d); }
             unsigned amax;
             cudaCheck(cudaMemcpy(got, out_d, n, cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(rounded, r_d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
             cudaCheck(cudaMemcpy(&amax, amax_d, sizeof(amax), cudaMemcpyDeviceToHost));
             for (size_t i = 0; i < n; i++) {
                 size_t r = i / cols, c = i % cols, at = tr ? c * rows + r : i;
                 uint8_t want = fp8_encode(xv[i] * fp8_pow2(k), f);
-                int same = isnan(fp8_decode(want, f)) ? isnan(fp8_decode(got[at], f)) : got[at] == want;
-                bad += !same;
+                float want_value = fp8_decode(want, f) * fp8_pow2(-k);
+                int nan = isnan(want_value);
+                bad += !(nan ? isnan(fp8_decode(got[at], f)) : got[at] == want);
+                if (!tr) {
+                    float rv = to_float(rounded[i]);
+                    rounded_bad += !(nan ? isnan(rv) : f32_bits(rv) == f32_bits(want_value));
+                }
             }
-            amax_bad += amax != f32_bits(fp8_amax(xv, n));
+            amax_bad += !tr && amax != f32_bits(fp8_amax(xv, n));
             runs++;
         }
     }
-    check(bad == 0 && amax_bad == 0, "gpu fp8 casts: %d runs of %zu values (E4M3 / E5M2, k = -7, 0, 9, fp32 / "
-          "floatX in, row-major / transposed; with inf, inf and NaN, neither): %d codes differ from the twin's "
-          "fp8_encode, %d amaxes from its fp8_amax", runs, n, bad, amax_bad);
-    cudaCheck(cudaFree(out_d)); cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(part_d)); cudaCheck(cudaFree(amax_d));
+    check(bad == 0 && amax_bad == 0 && rounded_bad == 0, "gpu fp8 casts: %d runs of %zu values (E4M3 / E5M2, k = -7, "
+          "0, 9, fp32 / floatX in, row-major / transposed; with inf, inf and NaN, neither): %d codes differ from the "
+          "twin's fp8_encode, %d rounded values from its decoded codes, %d amaxes from its fp8_amax", runs, n, bad,
+          rounded_bad, amax_bad);
+    cudaCheck(cudaFree(out_d)); cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(r_d)); cudaCheck(cudaFree(amax_d));
     cudaCheck(cudaFree(k_d));
-    free(x); free(xh); free(xv); free(got);
+    free(x); free(xh); free(xv); free(got); free(rounded);
 }
 
 // FP8 matmuls (matmul_fp8_gpu) against fp64 on the same codes: random E4M3 w (M, K) and E4M3 or E5M2 x (N, K), decoded
@@ -6348,8 +6369,8 @@ static void gpu_test_fp8_matmul(void) {
         cudaCheck(cudaMemcpy(sc_d, sc, sizeof(sc), cudaMemcpyHostToDevice));
         if (beta != 0.0f) { cudaCheck(cudaMemcpy(out_d, cpat, nd * sizeof(float), cudaMemcpyHostToDevice)); }
         else { cudaCheck(cudaMemset(out_d, 0xFF, nd * de)); } // NaN in fp32 and bf16
-        matmul_fp8_gpu(out_d, f32 ? CUDA_R_32F : CUDA_R_X, x_d, e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, sc_d, w_d,
-                       sc_d + 1, (size_t)N, M, K, beta);
+        matmul_fp8_gpu(out_d, f32 ? CUDA_R_32F : CUDA_R_X, NULL, x_d, e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, sc_d,
+                       w_d, sc_d + 1, (size_t)N, M, K, beta);
         cudaCheck(cudaMemcpy(out, out_d, nd * de, cudaMemcpyDeviceToHost));
         double worst = 0.0; // err / bound over all outputs; NaN -> infinity
         for (int r = 0; r < N; r++) {
@@ -6372,6 +6393,128 @@ static void gpu_test_fp8_matmul(void) {
               beta != 0.0f ? ", beta 1" : "", worst);
         cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(w_d)); cudaCheck(cudaFree(sc_d)); cudaCheck(cudaFree(out_d));
         free(x8); free(w8); free(cpat); free(out);
+    }
+}
+#endif
+
+#ifndef ENABLE_FP32
+// One FP8 training step as both trainers' main runs it (-q), on a twin model: the step begins, its first micro-step's
+// batch calibrates the scales when there are none, the micro-steps, the norm (NaN on a non-finite amax), the clipped
+// update, the step's end (without -q a plain step). Returns the norm; *loss the step's mean loss.
+static double twin_fp8_step(FoxModel* m, const int* inputs, const int* targets, int B, int T, int micro,
+                            const AdamWConfig* opt, float lr, int step, double* loss) {
+    size_t N = (size_t)B * T;
+    fox_zero_grad(m);
+    fp8_step_begin(m);
+    *loss = 0.0;
+    for (int k = 0; k < micro; k++) {
+        if (k == 0) { fp8_calibrate(m, inputs, targets, B, T, 1.0f / micro, step); }
+        fox_forward(m, inputs + k * N, targets + k * N, B, T);
+        fox_backward(m, 1.0f / micro);
+        *loss += m->mean_loss / micro;
+    }
+    double norm = fp8_amax_finite(m) ? fox_grad_norm(m) : NAN;
+    if (opt->grad_clip > 0) { fox_clip_grads(m, norm, opt->grad_clip); }
+    fox_update(m, opt, lr, step);
+    fp8_step_end(m, step, 1);
+    return norm;
+}
+
+// the same step on the GPU, as train_fox's train_micro_steps and train_step run it; the FP8 weights poisoned first
+static double gpu_fp8_step(GPUModel* g, const int* inputs, const int* targets, int B, int T, int micro,
+                           const AdamWConfig* opt, float lr, int step, double* loss) {
+    size_t N = (size_t)B * T;
+    cudaCheck(cudaMemset(g->fp8.w8, 0xFF, g->layout.size));
+    cudaCheck(cudaMemset(g->fp8.w8t, 0xFF, g->layout.size));
+    gpu_zero_grad(g);
+    fp8_step_begin(g->host);
+    *loss = 0.0;
+    for (int k = 0; k < micro; k++) {
+        if (k == 0) {
+            gpu_fp8_calibrate(g, inputs, targets, B, T, 1.0f / micro, step);
+            gpu_fp8_step_begin(g, 1.0f / micro, N);
+        }
+        gpu_poison(g);
+        gpu_train_micro_step(g, inputs + k * N, targets + k * N, B, T, 1.0f / micro);
+        *loss += g->mean_loss / micro;
+    }
+    gpu_fp8_amax_to_host(g);
+    double norm = gpu_grad_norm(g);
+    if (!fp8_amax_finite(g->host)) { norm = NAN; }
+    gpu_update(g, opt, lr, step, norm);
+    fp8_step_end(g->host, step, 1);
+    return norm;
+}
+
+// max over the delayed operands of |a - b| / |b| between two models' step amaxes (NaN gives infinity)
+static double fp8_amax_error(const FoxModel* a, const FoxModel* b) {
+    double e = 0.0;
+    for (size_t i = 0; i < (size_t)b->config.n_layer * FP8_SLOTS; i++) {
+        double d = fabs((double)a->fp8.amax[i] - b->fp8.amax[i]) / fmax(fabs((double)b->fp8.amax[i]), 1e-30);
+        e = isnan(d) ? INFINITY : fmax(e, d);
+    }
+    return e;
+}
+
+// The GPU's FP8 training steps (-q) against the twin's emulation: 4 AdamW steps of 2 micro-batches each on fixed
+// random batches from the same weights, the first step calibrating. The GPU's host side is an exact copy of the twin
+// (its own FP8 state); the probe, the twin with bf16 weights, gives the sensitivity as for bf16 (the GPU's bf16
+// activations move values across FP8 rounding boundaries as the probe's bf16 weights do): losses, grad norms and the
+// step amaxes of every delayed operand within tolerance(GTOL_STEPS, 8 x the probe's distance). Cases: hybrid, e4m3
+// and body modes of FoX Pro (output norm: y's scale bounded), a Transformer (no output norm: y delayed, and y is the
+// attention output itself), -r 1 (the rounded inputs from recomputed activations). That FP8 is really on: the GPU's
+// losses and norms must be nearer the twin's FP8 run than an unrounded twin run from the same weights.
+static void gpu_test_fp8_steps(void) {
+    struct { const char* preset; int mode, recompute; } cases[] = {
+        {"fox-pro-tiny", FP8_MODE_HYBRID, 0}, {"fox-pro-tiny", FP8_MODE_E4M3, 0}, {"fox-pro-tiny", FP8_MODE_BODY, 0},
+        {"transformer-llama-tiny", FP8_MODE_HYBRID, 0}, {"fox-pro-tiny", FP8_MODE_HYBRID, 1},
+    };
+    const int B = 2, T = 100, micro = 2, steps = 4;
+    AdamWConfig opt = {3e-3f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        FoxConfig c;
+        test_config(&c, cases[i].preset, 128, 2, NULL, NULL);
+        FoxModel twin, probe, plain, host;
+        twin_from_config(&twin, &c, 31 + i);
+        twin_rounded_copy(&probe, &twin);
+        fox_build(&plain, &c);
+        fox_build(&host, &c);
+        memcpy(plain.params_memory, twin.params_memory, twin.num_parameters * sizeof(float));
+        memcpy(host.params_memory, twin.params_memory, twin.num_parameters * sizeof(float));
+        fp8_setup(&twin, cases[i].mode); fp8_setup(&probe, cases[i].mode); fp8_setup(&host, cases[i].mode);
+        size_t n = (size_t)micro * B * T;
+        int* inputs = (int*)malloc_check(n * sizeof(int), "tokens");
+        int* targets = (int*)malloc_check(n * sizeof(int), "tokens");
+        random_tokens(inputs, n, c.vocab_size, 300 + i);
+        random_tokens(targets, n, c.vocab_size, 400 + i);
+        g_recompute = cases[i].recompute;
+        GPUModel g;
+        gpu_build(&g, &host, B, T);
+        double e = 0.0, sens = 0.0, e_amax = 0.0, s_amax = 0.0, e_plain = 0.0;
+        double gl = 0, tl = 0;
+        for (int step = 1; step <= steps; step++) {
+            float lr = opt.lr;
+            double ploss, qloss, norm = twin_fp8_step(&twin, inputs, targets, B, T, micro, &opt, lr, step, &tl);
+            double pnorm = twin_fp8_step(&probe, inputs, targets, B, T, micro, &opt, lr, step, &ploss);
+            double gnorm = gpu_fp8_step(&g, inputs, targets, B, T, micro, &opt, lr, step, &gl);
+            double qnorm = twin_fp8_step(&plain, inputs, targets, B, T, micro, &opt, lr, step, &qloss); // -q off
+            double el = fabs(gl - tl) / fabs(tl), en = fabs(gnorm - norm) / fmax(norm, 1e-30);
+            e = fmax(e, isnan(el) || isnan(en) ? INFINITY : fmax(el, en));
+            sens = fmax(sens, fmax(fabs(ploss - tl) / fabs(tl), fabs(pnorm - norm) / fmax(norm, 1e-30)));
+            e_plain = fmax(e_plain, fmax(fabs(gl - qloss) / fabs(qloss), fabs(gnorm - qnorm) / fmax(qnorm, 1e-30)));
+            e_amax = fmax(e_amax, fp8_amax_error(&host, &twin));
+            s_amax = fmax(s_amax, fp8_amax_error(&probe, &twin));
+        }
+        double tol = tolerance(GTOL_STEPS, sens), tol_amax = tolerance(GTOL_STEPS, s_amax);
+        check(e <= tol && e_amax <= tol_amax && e < e_plain, "gpu fp8 steps, %s -q %s%s: %d steps of %d micro-batches: "
+              "losses and grad norms (rel err %.1e <= %.1e; sens %.1e; %.1e from an unrounded run), the delayed "
+              "operands' amaxes (%.1e <= %.1e; sens %.1e); last loss %.4f vs twin %.4f", cases[i].preset,
+              FP8_MODE_NAMES[cases[i].mode], cases[i].recompute ? ", -r 1" : "", steps, micro, e, tol, sens, e_plain,
+              e_amax, tol_amax, s_amax, gl, tl);
+        gpu_free(&g);
+        g_recompute = 0;
+        free(inputs); free(targets);
+        fox_free(&twin); fox_free(&probe); fox_free(&plain); fox_free(&host);
     }
 }
 #endif
@@ -6774,7 +6917,8 @@ void run_gpu_tests(void) {
         printf("skipped: no GPU (%s): attention kernels against the twin's attention\n", why);
         printf("skipped: no GPU (%s): head projections against the twin's matmuls\n", why);
         printf("skipped: no GPU (%s): the cross-entropy kernel against fp64\n", why);
-        printf("skipped: no GPU (%s): FP8 casts and matmuls against the twin's FP8 numerics\n", why);
+        printf("skipped: no GPU (%s): FP8 (-q): casts, matmuls and training steps against the twin's FP8 "
+               "numerics\n", why);
         printf("skipped: no GPU (%s): the forget gate's cumulative sum against fp64\n", why);
         printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
         printf("skipped: no GPU (%s): matmul tuning: the same bits as untuned\n", why);
@@ -6807,6 +6951,7 @@ void run_gpu_tests(void) {
 #ifndef ENABLE_FP32
     gpu_test_fp8_casts();
     gpu_test_fp8_matmul();
+    gpu_test_fp8_steps();
 #endif
     gpu_test_attention();
     gpu_test_attention_rescale();
@@ -7389,14 +7534,16 @@ int main(int argc, char** argv) {
         return tests_failed != 0;
     }
 #if defined(__CUDACC__) && !defined(ENABLE_FP32)
-    if (argc > 1 && strcmp(argv[1], "gpu-fp8") == 0) { // the GPU's FP8 casts and matmuls alone
+    if (argc > 1 && strcmp(argv[1], "gpu-fp8") == 0) { // the GPU's FP8 tests alone
         char why[256];
         if (gpu_available(why, sizeof(why))) {
             gpu_init();
             gpu_test_fp8_casts();
             gpu_test_fp8_matmul();
+            gpu_test_fp8_steps();
         } else {
-            printf("skipped: no GPU (%s): FP8 casts and matmuls against the twin's FP8 numerics\n", why);
+            printf("skipped: no GPU (%s): FP8 (-q): casts, matmuls and training steps against the twin's FP8 "
+                   "numerics\n", why);
         }
         printf("%d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed != 0;

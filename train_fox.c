@@ -30,7 +30,7 @@ encoder_forward through fox_backward, then main):
                                     attention_forward / attention_backward; swiglu_, crossentropy_
   the model's FP8 operands          fp8_matmul_weights, fp8_norm_output, fp8_delayed (called by the next two)
   the whole model                   fox_forward, fox_backward
-  FP8 steps                         fp8_step_begin, fp8_calibrate, fp8_step_end
+  FP8 steps                         fp8_step_begin, fp8_calibrate, fp8_calibration_done, fp8_step_end
   optimiser                         fox_grad_norm, fox_clip_grads, fox_update (AdamW), lr_at_tokens
   numerical guards                  step_guard_check, nonfinite_grad_name
   data                              DataLoader: dataloader_init (every token id checked), dataloader_next_batch
@@ -1988,6 +1988,19 @@ static void fp8_push(FoxModel* m) {
     fp8_update_scales(m);
 }
 
+// The amaxes of a calibration's pass (in m's Fp8State) fill the histories, if finite; else the non-finite amax stays,
+// and the step guard stops or skips this step (and the next step calibrates again)
+static void fp8_calibration_done(FoxModel* m, long step) {
+    Fp8State* s = &m->fp8;
+    if (!fp8_amax_finite(m)) { return; }
+    memset(s->history, 0, (size_t)m->config.n_layer * FP8_SLOTS * s->history_len * sizeof(float));
+    s->pos = 0;
+    fp8_push(m);
+    s->calibrated = 1;
+    printf("fp8: scales calibrated on the first micro-batch of step %ld\n", step);
+    memset(s->amax, 0, (size_t)m->config.n_layer * FP8_SLOTS * sizeof(float));
+}
+
 // The first micro-step of a run without histories (a fresh run, or a resume from a state without them): a forward and
 // backward without rounding, thrown away (the gradients zeroed), whose amaxes alone fill the histories. Only finite
 // amaxes calibrate; else the next step tries again. Call before the step's first micro-step, with its batch.
@@ -2000,13 +2013,7 @@ static void fp8_calibrate(FoxModel* m, const int* inputs, const int* targets, in
     fox_backward(m, loss_scale);
     s->calibrating = 0;
     fox_zero_grad(m);
-    if (!fp8_amax_finite(m)) { return; } // the non-finite amax stays: the step guard stops or skips this step
-    memset(s->history, 0, (size_t)m->config.n_layer * FP8_SLOTS * s->history_len * sizeof(float));
-    s->pos = 0;
-    fp8_push(m);
-    s->calibrated = 1;
-    printf("fp8: scales calibrated on the first micro-batch of step %ld\n", step);
-    memset(s->amax, 0, (size_t)m->config.n_layer * FP8_SLOTS * sizeof(float));
+    fp8_calibration_done(m, step);
 }
 
 // Names the first FP8 operand whose amax is not finite, for the step guard's message; 0 if none.

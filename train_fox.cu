@@ -39,8 +39,9 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: MatmulPlan, matmul_scales, matmul_plan, matmul_tune, digest_gpu, pattern_gpu, matmul_typed, matmul_lt,
 // defines: matmul_forward_gpu, matmul_backward_input_gpu, matmul_backward_weight_gpu
 // FP8 operands (bf16 build)
-// defines: fp8_code, fp8_in, fp8_pow2_gpu, fp8_block_amax, fp8_cast_kernel, fp8_cast_transpose_kernel, fp8_amax_kernel,
-// defines: fp8_cast_blocks, fp8_cast_gpu, fp8_amax_gpu, matmul_fp8_gpu
+// defines: fp8_code, fp8_value, fp8_in, fp8_pow2_gpu, fp8_scale_exp_gpu, fp8_block_amax, fp8_amax_kernel,
+// defines: fp8_cast_kernel, fp8_cast_transpose_kernel, fp8_blocks, fp8_amax_gpu, fp8_cast_gpu, fp8_cast_transpose_gpu,
+// defines: matmul_fp8_gpu
 // RMSNorm and column sums
 // defines: rmsnorm_forward_kernel, rmsnorm_backward_kernel, colsum_partial_kernel, colsum_scale_partial_kernel,
 // defines: colsum_finish_kernel, rms_nv, rmsnorm_forward_nv, rmsnorm_forward_gpu, rmsnorm_backward_nv,
@@ -79,16 +80,21 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // data parallel
 // defines: Dist, dist_init, dist_free, dist_wait, dist_sum, dist_sum_scalar, dist_sum_loss, dist_check_same
 // the GPU model
-// defines: GPUActivations, GPUGradBuffers, RangeList, ParamLayout, StepGraph, GPUModel, qkvg_slots
+// defines: GPUActivations, GPUGradBuffers, RangeList, ParamLayout, StepGraph, Fp8Gpu, fp8_delayed_at, fp8_norm_at,
+// defines: fp8_weight_at, fp8_dlogits_at, fp8_index_count, GPUModel, qkvg_slots
 // the GPU's parameter layout
 // defines: layout_params, slice_offset, pm, px, pg, gpu_upload, gpu_download, adamw_segments,
 // defines: layout_activations, layout_grad_buffers, gpu_memory_needed, gpu_config_problem, gpu_build_dist,
 // defines: gpu_build, gpu_free
+// FP8 matmuls of a training step (-q)
+// defines: fp8_scales_kernel, gpu_fp8_build, gpu_fp8_free, Fp8Block, fp8_weight_blocks, gpu_fp8_step_begin,
+// defines: gpu_fp8_amax_to_host, fp8_rounds, fp8_calibrating, fp8_amax_slot, fp8_slot_e5m2, matmul_forward_q,
+// defines: fp8_rounded_input, matmul_backward_q
 // forward and backward of the whole model
 // defines: LayerActs, layer_acts, head_proj_layer, gpu_docs, kv_shift_forward_layer, qk_norm_rope_forward_layer,
 // defines: output_norm_gate_forward_layer, gpu_recompute_layer, document_ends, gpu_forward_kernels, gpu_forward,
 // defines: gpu_forward_train, gpu_backward_kernels, gpu_encoder_backward, gpu_backward, gpu_train_micro_step,
-// defines: gpu_tune_matmuls
+// defines: gpu_fp8_calibrate, gpu_tune_matmuls
 // optimiser
 // defines: gpu_reduce_grads, gpu_grad_norm, gpu_adamw, gpu_update, gpu_gather_master
 // checkpoints
@@ -719,16 +725,22 @@ static void matmul_backward_weight_gpu(float* dw, const floatX* dout, const floa
 // FP8 operands (-q; the twin's "FP8 numerics" is their specification): an operand x of scale 2^k is stored as the
 // codes enc(x 2^k), E4M3 or E5M2, rounded to nearest even and saturating (__NV_SATFINITE: a finite value past the
 // largest code and +-inf give the largest code, NaN stays NaN), the twin's fp8_encode; 2^k is exact, so the codes are
-// the twin's bit for bit. Each block also writes the max |x| it saw (before scaling) as fp32 bits, which order as
-// unsigned integers with NaN above inf; fp8_amax_gpu finishes the max (exact and order-free: no atomics). Hopper's FP8
-// matmuls take both operands K-major: out (N, M) = x (N, K) w (M, K)^T (matmul_fp8_gpu), so a weight gradient's
-// operands are token-contiguous copies (fp8_cast_gpu with transpose).
+// the twin's bit for bit. An amax is the max |x| as fp32 bits, which order as unsigned integers with NaN above inf:
+// each block reduces its own, then one atomicMax per block. A max of integers is exact and order-free, so the result
+// is the same bits whatever the blocks' order (no sum is formed). Hopper's FP8 matmuls take both operands K-major:
+// out (N, M) = x (N, K) w (M, K)^T (matmul_fp8_gpu); an input gradient reads the weights' transposed copy.
 #ifndef ENABLE_FP32
 #include <cuda_fp8.h>
 #define FP8_TILE 64 // the transposing cast's tile: 64 x 64 values through shared memory
 
 __device__ static inline uint8_t fp8_code(float x, int e5m2) {
     return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+// a code's value, exact (every FP8 value is a half)
+__device__ static inline float fp8_value(uint8_t c, int e5m2) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, e5m2 ? __NV_E5M2 : __NV_E4M3);
+    return __half2float(__half(h));
 }
 
 // an input value as fp32 (exact); overloads, as floatX converts from float implicitly
@@ -743,44 +755,61 @@ __host__ __device__ static inline float fp8_pow2_gpu(int k) {
     return f;
 }
 
-// the block's max of the magnitude bits mx into partial[slot] (256 threads)
-__device__ static void fp8_block_amax(unsigned mx, unsigned* partial, size_t slot) {
-    __shared__ unsigned red[32];
-    mx = block_reduce(mx, red, 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });
-    if (threadIdx.x == 0) { partial[slot] = mx; }
+// the twin's fp8_scale_exp for an amax given as magnitude bits a, a format of largest exponent emax
+__device__ static inline int fp8_scale_exp_gpu(unsigned a, int emax, int margin) {
+    if (a == 0 || a >= 0x7F800000u) { return 0; }
+    int k = emax - ((int)(a >> 23) - 127) - ((a & 0x7FFFFFu) > 0x600000u ? 1 : 0) - margin;
+    return k < -FP8_K_MAX ? -FP8_K_MAX : k > FP8_K_MAX ? FP8_K_MAX : k;
 }
 
-// out (n codes) = enc(x 2^k), row-major as x (n values of T: float or floatX), and this block's max |x| into
-// partial[blockIdx.x]; k is read from the device (a scale slot), so a captured graph follows the scale
+// the block's max of the magnitude bits mx into *amax (256 threads); nothing when amax is NULL
+__device__ static void fp8_block_amax(unsigned mx, unsigned* amax) {
+    __shared__ unsigned red[32];
+    if (amax == NULL) { return; }
+    mx = block_reduce(mx, red, 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });
+    if (threadIdx.x == 0) { atomicMax(amax, mx); }
+}
+
+// *amax = max(*amax, max |x|) over n values of T (float or floatX)
 template <typename T>
-__global__ void fp8_cast_kernel(uint8_t* out, const T* x, size_t n, const int* k, int e5m2, unsigned* partial) {
-    float up = fp8_pow2_gpu(*k);
+__global__ void fp8_amax_kernel(unsigned* amax, const T* x, size_t n) {
+    unsigned mx = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned a = __float_as_uint(fp8_in(x[i])) & 0x7FFFFFFFu;
+        mx = a > mx ? a : mx;
+    }
+    fp8_block_amax(mx, amax);
+}
+
+// codes (n) = enc(x 2^k) and rounded (n) = dec(codes) 2^-k, the values the codes stand for (exact in floatX: at most
+// 4 significant bits, within bf16's range); either may be NULL, rounded may be x. The amax of x (before rounding) into
+// *amax unless NULL. k is read from the device (a scale slot), so a captured graph follows the scale.
+template <typename T>
+__global__ void fp8_cast_kernel(uint8_t* codes, floatX* rounded, const T* x, size_t n, const int* k, int e5m2,
+                                unsigned* amax) {
+    float up = fp8_pow2_gpu(*k), down = fp8_pow2_gpu(-*k);
     unsigned mx = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = fp8_in(x[i]);
         unsigned a = __float_as_uint(v) & 0x7FFFFFFFu;
         mx = a > mx ? a : mx;
-        out[i] = fp8_code(v * up, e5m2);
+        uint8_t c = fp8_code(v * up, e5m2);
+        if (codes != NULL) { codes[i] = c; }
+        if (rounded != NULL) { rounded[i] = (floatX)(fp8_value(c, e5m2) * down); }
     }
-    fp8_block_amax(mx, partial, blockIdx.x);
+    fp8_block_amax(mx, amax);
 }
 
-// out (cols, rows) = enc(x 2^k)^T for x (rows, cols) through a 64 x 64 tile, and the block's max |x| into
-// partial[block]: reads along x's rows, writes along out's rows
+// out (cols, rows) = enc(x 2^k)^T for x (rows, cols) through a 64 x 64 tile: reads along x's rows, writes along out's
 template <typename T>
-__global__ void fp8_cast_transpose_kernel(uint8_t* out, const T* x, int rows, int cols, const int* k, int e5m2,
-                                          unsigned* partial) {
+__global__ void fp8_cast_transpose_kernel(uint8_t* out, const T* x, int rows, int cols, const int* k, int e5m2) {
     __shared__ uint8_t tile[FP8_TILE][FP8_TILE + 4];
     float up = fp8_pow2_gpu(*k);
     int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
-    unsigned mx = 0;
     for (int i = threadIdx.x; i < FP8_TILE * FP8_TILE; i += blockDim.x) {
         int r = i / FP8_TILE, c = i % FP8_TILE;
         if (r0 + r < rows && c0 + c < cols) {
-            float v = fp8_in(x[(size_t)(r0 + r) * cols + c0 + c]);
-            unsigned a = __float_as_uint(v) & 0x7FFFFFFFu;
-            mx = a > mx ? a : mx;
-            tile[c][r] = fp8_code(v * up, e5m2);
+            tile[c][r] = fp8_code(fp8_in(x[(size_t)(r0 + r) * cols + c0 + c]) * up, e5m2);
         }
     }
     __syncthreads();
@@ -788,49 +817,41 @@ __global__ void fp8_cast_transpose_kernel(uint8_t* out, const T* x, int rows, in
         int c = i / FP8_TILE, r = i % FP8_TILE;
         if (r0 + r < rows && c0 + c < cols) { out[(size_t)(c0 + c) * rows + r0 + r] = tile[c][r]; }
     }
-    fp8_block_amax(mx, partial, (size_t)blockIdx.y * gridDim.x + blockIdx.x);
 }
 
-// amax[0] = the max of n partials (magnitude bits), one block of 256 threads in a fixed order
-__global__ void fp8_amax_kernel(unsigned* amax, const unsigned* partial, size_t n) {
-    unsigned mx = 0;
-    for (size_t i = threadIdx.x; i < n; i += blockDim.x) { mx = partial[i] > mx ? partial[i] : mx; }
-    fp8_block_amax(mx, amax, 0);
+static unsigned fp8_blocks(size_t n) {
+    size_t b = ceil_div(n, (size_t)256);
+    return (unsigned)(b < 1024 ? (b > 0 ? b : 1) : 1024);
 }
 
-// the blocks fp8_cast_gpu uses for n values (rows x cols), each writing one partial
-static size_t fp8_cast_blocks(int rows, int cols, int transpose) {
-    if (transpose) { return ceil_div((size_t)rows, FP8_TILE) * ceil_div((size_t)cols, FP8_TILE); }
-    size_t b = ceil_div((size_t)rows * cols, 256);
-    return b < 1024 ? b : 1024;
-}
-
-// out = the FP8 codes of x (rows, cols) of type T at scale 2^(*k), transposed or not; partial: fp8_cast_blocks of them
 template <typename T>
-static void fp8_cast_gpu(uint8_t* out, const T* x, int rows, int cols, int transpose, const int* k, int e5m2,
-                         unsigned* partial) {
-    if (transpose) {
-        dim3 grid((unsigned)ceil_div((size_t)cols, FP8_TILE), (unsigned)ceil_div((size_t)rows, FP8_TILE));
-        fp8_cast_transpose_kernel<T><<<grid, 256>>>(out, x, rows, cols, k, e5m2, partial);
-    } else {
-        fp8_cast_kernel<T><<<(unsigned)fp8_cast_blocks(rows, cols, 0), 256>>>(out, x, (size_t)rows * cols, k, e5m2,
-                                                                               partial);
-    }
+static void fp8_amax_gpu(unsigned* amax, const T* x, size_t n) {
+    fp8_amax_kernel<T><<<fp8_blocks(n), 256>>>(amax, x, n);
     launchCheck();
 }
 
-static void fp8_amax_gpu(unsigned* amax, const unsigned* partial, size_t n) {
-    fp8_amax_kernel<<<1, 256>>>(amax, partial, n);
+template <typename T>
+static void fp8_cast_gpu(uint8_t* codes, floatX* rounded, const T* x, size_t n, const int* k, int e5m2,
+                         unsigned* amax) {
+    fp8_cast_kernel<T><<<fp8_blocks(n), 256>>>(codes, rounded, x, n, k, e5m2, amax);
     launchCheck();
 }
 
-// out (N, M) (+)= x (N, K) @ w (M, K)^T with FP8 operands, both K-major: w E4M3, x E4M3 or E5M2 (cuBLASLt has no
-// E5M2 x E5M2), each dequantised by its device scale 2^-k; fp32 accumulation, out fp32 or floatX, beta 0 or 1 (out is
-// C). K a multiple of 16 and 16-byte aligned operands (Hopper's FP8 matmuls).
-static void matmul_fp8_gpu(void* out, cudaDataType_t out_type, const uint8_t* x, cudaDataType_t x_type,
-                           const float* x_scale, const uint8_t* w, const float* w_scale, size_t N, int M, int K,
-                           float beta) {
-    matmul_typed(out, out_type, NULL, w, CUDA_R_8F_E4M3, w_scale, x, x_type, x_scale, M, (int)N, K, 1, 0, 0, beta);
+template <typename T>
+static void fp8_cast_transpose_gpu(uint8_t* out, const T* x, int rows, int cols, const int* k, int e5m2) {
+    dim3 grid((unsigned)ceil_div((size_t)cols, (size_t)FP8_TILE), (unsigned)ceil_div((size_t)rows, (size_t)FP8_TILE));
+    fp8_cast_transpose_kernel<T><<<grid, 256>>>(out, x, rows, cols, k, e5m2);
+    launchCheck();
+}
+
+// out (N, M) = x (N, K) @ w (M, K)^T + `add` (N, M) (or + out with beta 1) with FP8 operands, both K-major: w E4M3,
+// x E4M3 or E5M2 (cuBLASLt has no E5M2 x E5M2), each dequantised by its device scale 2^-k; fp32 accumulation, out
+// fp32 or floatX. K a multiple of 16 and 16-byte aligned operands (Hopper's FP8 matmuls).
+static void matmul_fp8_gpu(void* out, cudaDataType_t out_type, const void* add, const uint8_t* x,
+                           cudaDataType_t x_type, const float* x_scale, const uint8_t* w, const float* w_scale,
+                           size_t N, int M, int K, float beta) {
+    matmul_typed(out, out_type, add, w, CUDA_R_8F_E4M3, w_scale, x, x_type, x_scale, M, (int)N, K, 1, 0, 0,
+                 add != NULL ? 1.0f : beta);
 }
 #endif
 
@@ -4694,6 +4715,33 @@ static void step_graph_drop(StepGraph* sg) {
     sg->state = 0;
 }
 
+// The device side of the twin's Fp8State (-q, bf16 build), whose histories, delayed scales and step amaxes stay on the
+// host. The scale slots (fp8_delayed_at ... fp8_dlogits_at): the delayed operands (L, FP8_SLOTS) in the twin's order,
+// the RMSNorm outputs' bounded scales (L, FP8_NORMS) and the final norm's, the weight groups' current scales
+// (L, FP8_WEIGHTS) and the lm head's, dlogits'.
+enum { FP8_N_XA, FP8_N_Y, FP8_N_XM, FP8_NORMS };                  // a layer's RMSNorm outputs (y: the output norm's)
+enum { FP8_W_QKVG, FP8_W_O, FP8_W_GU, FP8_W_DOWN, FP8_WEIGHTS };   // a layer's weight groups (q, k, v, g share one)
+typedef struct {
+    int on;             // allocated: the host model's mode is not off
+    uint8_t* w8;        // (layout.size) E4M3 codes of the FP8 matmuls' weights, at the matmul copy's offsets
+    uint8_t* w8t;       // (layout.size) each weight block (OC, IC) as (IC, OC) at its offset: input gradients
+    uint8_t* x8;        // (N, max(C, I)) the codes of a forward matmul's input
+    uint8_t* d8;        // (N, max(Vp, 4C, 2I)) the codes of a backward matmul's output gradient
+    floatX* xr;         // (N, max(C, I)) a forward input's rounded values again, for its weight gradient
+    int* k;             // (fp8_index_count) scale exponents
+    float* inv;         // (fp8_index_count) 2^-k: the matmuls' dequantisation scales
+    unsigned* amax;     // (fp8_index_count) amaxes as magnitude bits: the step's delayed operands', norms', weights'
+    int* k_host;        // (fp8_index_count) staging for the host's scales
+    unsigned* amax_host; // (L, FP8_SLOTS) staging for the step's amaxes
+} Fp8Gpu;
+
+#define FP8_AT __host__ __device__ static int
+FP8_AT fp8_delayed_at(int l, int slot) { return l * FP8_SLOTS + slot; }
+FP8_AT fp8_norm_at(int L, int l, int j) { return L * FP8_SLOTS + l * FP8_NORMS + j; } // l = L: the final norm
+FP8_AT fp8_weight_at(int L, int l, int j) { return fp8_norm_at(L, L, 1) + l * FP8_WEIGHTS + j; } // l = L: lm head
+FP8_AT fp8_dlogits_at(int L) { return fp8_weight_at(L, L, 1); }
+FP8_AT fp8_index_count(int L) { return fp8_dlogits_at(L) + 1; }
+
 typedef struct {
     FoxModel* host;
     FoxConfig config;
@@ -4733,6 +4781,7 @@ typedef struct {
     StepGraph step_graph; // gpu_train_micro_step's
     float* losses_host; // (N)
     int* enc_host;      // (3N + 1 + V) counting-sort workspace
+    Fp8Gpu fp8;         // -q
 } GPUModel;
 
 // The (C, C) projections of the attention input: q, k, v and the output gate
@@ -5124,6 +5173,11 @@ static float* rope_table_gpu(const FoxConfig* cf, int len, cudaStream_t stream, 
     return dev;
 }
 
+#ifndef ENABLE_FP32
+static void gpu_fp8_build(GPUModel* g, int B, int T); // the FP8 section below
+static void gpu_fp8_free(GPUModel* g);
+#endif
+
 // Builds the device side of `host` (whose weights are uploaded) for batches up to (B, T), as one rank of `dist`.
 static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist* dist) {
     const FoxConfig* cf = &host->config;
@@ -5169,6 +5223,9 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     g->enc_host = (int*)malloc_check((3 * N + 1 + (size_t)cf->vocab_size) * sizeof(int), "encoder lists");
     g->mean_loss = -1.0f;
     gpu_params_from_host(g);
+#ifndef ENABLE_FP32
+    gpu_fp8_build(g, B, T);
+#endif
 }
 
 static void gpu_build(GPUModel* g, FoxModel* host, int B, int T) { gpu_build_dist(g, host, B, T, &g_single_process); }
@@ -5182,7 +5239,210 @@ static void gpu_free(GPUModel* g) {
     cudaCheck(cudaFree(g->norm_partial)); cudaCheck(cudaFree(g->rope)); cudaCheck(cudaFree(g->docs_dev));
     free(g->losses_host); free(g->enc_host); free(g->docs_host);
     step_graph_drop(&g->step_graph);
+#ifndef ENABLE_FP32
+    gpu_fp8_free(g);
+#endif
     memset(g, 0, sizeof(*g));
+}
+
+// ----------------------------------------------------------------------------
+// FP8 matmuls of a training step (-q, bf16 build; the twin's "FP8 numerics" is the specification). Per step, before
+// its first micro-step (gpu_fp8_step_begin): the host's delayed scales uploaded, the norms' and weights' scales from
+// their amaxes, the weights cast once (row-major for the forward, transposed for the input gradients). Per matmul
+// (matmul_forward_q, matmul_backward_q): the input or output gradient cast by the kernel after its producer, its
+// amax taken in the same pass. The weight gradients stay bf16 matmuls, on the rounded values of both operands (the
+// twin's product of the rounded operands up to the order of the sums): in FP8 they would need token-major copies of
+// both operands, which cost more than they save while the casts are separate passes (dev/RESULTS.md, "FP8").
+#ifndef ENABLE_FP32
+// k and inv from the amaxes: the RMSNorm outputs' bounded scales (the twin's fp8_norm_exp: margin c, 4^c >= D, with
+// D = hd for y and C otherwise) and the weight groups' current scales (margin 0), E4M3 (largest exponent 8); then
+// every slot's 2^-k (the host set the k of the delayed and dlogits slots)
+__global__ void fp8_scales_kernel(int* k, float* inv, const unsigned* amax, int L, int C, int hd) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, norms = fp8_norm_at(L, 0, 0), weights = fp8_weight_at(L, 0, 0);
+    if (i >= fp8_index_count(L)) { return; }
+    if (i >= norms && i < weights) {
+        int D = (i - norms) % FP8_NORMS == FP8_N_Y && i != fp8_norm_at(L, L, 0) ? hd : C, c = 0;
+        while ((1 << (2 * c)) < D) { c++; }
+        k[i] = fp8_scale_exp_gpu(amax[i], 8, c);
+    } else if (i >= weights && i < fp8_dlogits_at(L)) {
+        k[i] = fp8_scale_exp_gpu(amax[i], 8, 0);
+    }
+    inv[i] = fp8_pow2_gpu(-k[i]);
+}
+
+// Allocates the FP8 buffers when the host model has a mode (-q); every FP8 matmul's K must be a multiple of 16.
+static void gpu_fp8_build(GPUModel* g, int B, int T) {
+    const FoxConfig* cf = &g->config;
+    if (g->host->fp8.mode == FP8_MODE_OFF) { return; }
+    if (cf->n_embd % 16 != 0 || cf->mlp_hidden % 16 != 0) {
+        fail("-q %s: n_embd %d and mlp_hidden %d must be multiples of 16 (Hopper's FP8 matmuls)\nHINT: round them "
+             "to multiples of 16, or drop -q", FP8_MODE_NAMES[g->host->fp8.mode], cf->n_embd, cf->mlp_hidden);
+    }
+    if (g->dist->world > 1) {
+        fail("-q %s is not yet on more than one GPU (the amaxes are not yet reduced across processes)\nHINT: train "
+             "with -q on one GPU, or drop -q", FP8_MODE_NAMES[g->host->fp8.mode]);
+    }
+    Fp8Gpu* q = &g->fp8;
+    size_t N = (size_t)B * T, C = (size_t)cf->n_embd, I = (size_t)cf->mlp_hidden, Vp = (size_t)cf->padded_vocab_size;
+    size_t wide = C > I ? C : I, grad = Vp > 4 * C ? Vp : 4 * C, n = (size_t)fp8_index_count(cf->n_layer);
+    grad = grad > 2 * I ? grad : 2 * I;
+    q->on = 1;
+    q->w8 = (uint8_t*)gpu_malloc(g->layout.size, "FP8 weights");
+    q->w8t = (uint8_t*)gpu_malloc(g->layout.size, "FP8 weights, transposed");
+    q->x8 = (uint8_t*)gpu_malloc(N * wide, "FP8 matmul inputs");
+    q->d8 = (uint8_t*)gpu_malloc(N * grad, "FP8 output gradients");
+    q->xr = (floatX*)gpu_malloc(N * wide * sizeof(floatX), "FP8 rounded inputs");
+    q->k = (int*)gpu_malloc(n * sizeof(int), "FP8 scales");
+    q->inv = (float*)gpu_malloc(n * sizeof(float), "FP8 scales");
+    q->amax = (unsigned*)gpu_malloc(n * sizeof(unsigned), "FP8 amaxes");
+    cudaCheck(cudaMemset(q->k, 0, n * sizeof(int)));
+    q->k_host = (int*)calloc_check(n, sizeof(int), "FP8 scales");
+    q->amax_host = (unsigned*)calloc_check(n, sizeof(unsigned), "FP8 amaxes");
+}
+
+static void gpu_fp8_free(GPUModel* g) {
+    Fp8Gpu* q = &g->fp8;
+    if (!q->on) { return; }
+    cudaCheck(cudaFree(q->w8)); cudaCheck(cudaFree(q->w8t)); cudaCheck(cudaFree(q->x8)); cudaCheck(cudaFree(q->d8));
+    cudaCheck(cudaFree(q->xr)); cudaCheck(cudaFree(q->k)); cudaCheck(cudaFree(q->inv)); cudaCheck(cudaFree(q->amax));
+    free(q->k_host); free(q->amax_host);
+    memset(q, 0, sizeof(*q));
+}
+
+// One FP8 weight block: rows x cols at a matmul-copy offset, its group's scale slot
+typedef struct { size_t off; int rows, cols, slot; } Fp8Block;
+
+// the FP8 matmuls' weight blocks (at most FP8_WEIGHTS + 3 per layer, and the lm head): q, k, v, g as one block where
+// the layout groups them (qkvg_slots), alone otherwise, sharing the group's scale either way
+static int fp8_weight_blocks(const GPUModel* g, Fp8Block* b) {
+    const FoxConfig* cf = &g->config;
+    int L = cf->n_layer, C = cf->n_embd, I = cf->mlp_hidden, n = 0;
+    for (int l = 0; l < L; l++) {
+        int slot[4], F = qkvg_slots(cf, slot), first = -1;
+        for (int j = 0; j < 4; j++) { first = slot[j] == 0 ? QKVG_TENSORS[j] : first; }
+        int group = fp8_weight_at(L, l, FP8_W_QKVG);
+        if (F > 0) { b[n++] = (Fp8Block){slice_offset(g, first, l), F * C, C, group}; }
+        for (int j = 0; j < 4; j++) {
+            if (slot[j] < 0 && (j < 3 || cf->output_gate)) {
+                b[n++] = (Fp8Block){slice_offset(g, QKVG_TENSORS[j], l), C, C, group};
+            }
+        }
+        b[n++] = (Fp8Block){slice_offset(g, P_WO, l), C, C, fp8_weight_at(L, l, FP8_W_O)};
+        b[n++] = (Fp8Block){slice_offset(g, P_WGU, l), 2 * I, C, fp8_weight_at(L, l, FP8_W_GU)};
+        b[n++] = (Fp8Block){slice_offset(g, P_WDOWN, l), C, I, fp8_weight_at(L, l, FP8_W_DOWN)};
+    }
+    if (g->host->fp8.mode != FP8_MODE_BODY) {
+        b[n++] = (Fp8Block){slice_offset(g, P_LM_HEAD, 0), cf->padded_vocab_size, C, fp8_weight_at(L, L, 0)};
+    }
+    return n;
+}
+
+// The start of an FP8 step's micro-steps on the GPU, after the host's fp8_step_begin (and calibration): the delayed
+// scales (the host's, from the histories) and dlogits' (|dlogits| <= loss_scale / N, E5M2) uploaded; the amaxes
+// cleared; the RMSNorm weights' and matmul weights' amaxes, then every scale; the weights' codes, both layouts.
+static void gpu_fp8_step_begin(GPUModel* g, float loss_scale, size_t N) {
+    Fp8Gpu* q = &g->fp8;
+    if (!q->on) { return; }
+    const FoxConfig* cf = &g->config;
+    int L = cf->n_layer, C = cf->n_embd, n = fp8_index_count(L);
+    memcpy(q->k_host, g->host->fp8.k, (size_t)L * FP8_SLOTS * sizeof(int));
+    q->k_host[fp8_dlogits_at(L)] = fp8_scale_exp(loss_scale / (float)N, &FP8_E5M2, 0);
+    cudaCheck(cudaMemcpy(q->k, q->k_host, (size_t)n * sizeof(int), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemset(q->amax, 0, (size_t)n * sizeof(unsigned)));
+    for (int l = 0; l < L; l++) {
+        fp8_amax_gpu(q->amax + fp8_norm_at(L, l, FP8_N_XA), pm(g, P_ATTN_NORM, l), (size_t)C);
+        if (cf->output_norm) { fp8_amax_gpu(q->amax + fp8_norm_at(L, l, FP8_N_Y), pm(g, P_O_NORM, l), (size_t)C); }
+        fp8_amax_gpu(q->amax + fp8_norm_at(L, l, FP8_N_XM), pm(g, P_MLP_NORM, l), (size_t)C);
+    }
+    fp8_amax_gpu(q->amax + fp8_norm_at(L, L, 0), pm(g, P_NORM_F, 0), (size_t)C);
+    Fp8Block* b = (Fp8Block*)malloc_check(((size_t)L * (FP8_WEIGHTS + 3) + 1) * sizeof(Fp8Block), "FP8 blocks");
+    int nb = fp8_weight_blocks(g, b);
+    for (int i = 0; i < nb; i++) {
+        fp8_amax_gpu(q->amax + b[i].slot, g->params_x + b[i].off, (size_t)b[i].rows * b[i].cols);
+    }
+    fp8_scales_kernel<<<ceil_div(n, 256), 256>>>(q->k, q->inv, q->amax, L, C, C / cf->n_head);
+    launchCheck();
+    for (int i = 0; i < nb; i++) {
+        const floatX* w = g->params_x + b[i].off;
+        fp8_cast_gpu(q->w8 + b[i].off, (floatX*)NULL, w, (size_t)b[i].rows * b[i].cols, q->k + b[i].slot, 0, NULL);
+        fp8_cast_transpose_gpu(q->w8t + b[i].off, w, b[i].rows, b[i].cols, q->k + b[i].slot, 0);
+    }
+    free(b);
+    cudaCheck(cudaMemset(q->amax, 0, (size_t)L * FP8_SLOTS * sizeof(unsigned))); // the delayed ones, for the step
+}
+
+// the step's delayed amaxes (the max over its micro-steps) into the host's Fp8State, for fp8_step_end
+static void gpu_fp8_amax_to_host(GPUModel* g) {
+    Fp8Gpu* q = &g->fp8;
+    if (!q->on) { return; }
+    size_t n = (size_t)g->config.n_layer * FP8_SLOTS;
+    cudaCheck(cudaMemcpy(q->amax_host, q->amax, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) { g->host->fp8.amax[i] = f32_from_bits(q->amax_host[i]); }
+}
+
+#endif
+
+// whether this pass's FP8 matmuls round (a training micro-step with -q), or only take the delayed operands' amaxes
+// (the calibration's pass); neither outside a training step (validation, evaluation, tests' plain passes)
+static int fp8_rounds(const GPUModel* g) { return g->fp8.on && g->host->fp8.on && !g->host->fp8.calibrating; }
+static int fp8_calibrating(const GPUModel* g) { return g->fp8.on && g->host->fp8.on && g->host->fp8.calibrating; }
+
+// a delayed slot's amax while the pass rounds or calibrates, else NULL
+static unsigned* fp8_amax_slot(GPUModel* g, int l, int slot) {
+    return fp8_rounds(g) || fp8_calibrating(g) ? g->fp8.amax + fp8_delayed_at(l, slot) : NULL;
+}
+
+// whether a delayed slot's values are E5M2
+static int fp8_slot_e5m2(const GPUModel* g, int slot) { return fp8_slot_format(g->host->fp8.mode, slot) == &FP8_E5M2; }
+
+// A forward matmul out (N, OC) = x (N, IC) @ W^T (+ add) of layer l's weight block `tensor`, its weights' scale slot
+// wi: with use8 in FP8, x cast into x8 at scale slot xi first (unless cast is 0: x8 holds its codes), else bf16. A
+// delayed x's amax (amax, else NULL) is taken either way.
+static void matmul_forward_q(GPUModel* g, int use8, int cast, void* out, cudaDataType_t out_type, const void* add,
+                             const floatX* x, int xi, unsigned* amax, int tensor, int l, int wi, size_t N, int IC,
+                             int OC) {
+#ifndef ENABLE_FP32
+    Fp8Gpu* q = &g->fp8;
+    if (use8) {
+        if (cast) { fp8_cast_gpu(q->x8, (floatX*)NULL, x, N * IC, q->k + xi, 0, amax); }
+        matmul_fp8_gpu(out, out_type, add, q->x8, CUDA_R_8F_E4M3, q->inv + xi, q->w8 + slice_offset(g, tensor, l),
+                       q->inv + wi, N, OC, IC, 0.0f);
+        return;
+    }
+    if (cast && amax != NULL) { fp8_amax_gpu(amax, x, N * IC); }
+#endif
+    matmul_forward_gpu(out, out_type, add, x, px(g, tensor, l), N, IC, OC);
+}
+
+// a forward input x (n values) rounded again at its scale slot xi for a weight gradient (into xr), or x itself
+static const floatX* fp8_rounded_input(GPUModel* g, int use8, const floatX* x, size_t n, int xi) {
+    if (!use8) { return x; }
+#ifndef ENABLE_FP32
+    fp8_cast_gpu((uint8_t*)NULL, g->fp8.xr, x, n, g->fp8.k + xi, 0, NULL);
+#endif
+    return g->fp8.xr;
+}
+
+// The backward of out = x @ W^T (layer l's weight block `tensor`, scale slot wi) from dout (N, OC): dinp (N, IC) (+)=
+// dout @ W, dW += dout^T @ x_w, x_w the forward input's rounded values (fp8_rounded_input). With use8, dout is cast at
+// its slot di (E5M2 or E4M3) and rounded in place (it feeds only these two matmuls), and the input gradient is an FP8
+// matmul with the weights' transposed codes. A delayed dout's amax (amax, else NULL) is taken either way.
+static void matmul_backward_q(GPUModel* g, int use8, void* dinp, cudaDataType_t dinp_type, float beta, floatX* dout,
+                              int di, int e5m2, unsigned* amax, const floatX* x_w, int tensor, int l, int wi, size_t N,
+                              int IC, int OC) {
+#ifndef ENABLE_FP32
+    Fp8Gpu* q = &g->fp8;
+    if (use8) {
+        fp8_cast_gpu(q->d8, dout, dout, N * OC, q->k + di, e5m2, amax);
+        matmul_fp8_gpu(dinp, dinp_type, NULL, q->d8, e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, q->inv + di,
+                       q->w8t + slice_offset(g, tensor, l), q->inv + wi, N, IC, OC, beta);
+        matmul_backward_weight_gpu(pg(g, tensor, l), dout, x_w, N, IC, OC);
+        return;
+    }
+    if (amax != NULL) { fp8_amax_gpu(amax, dout, N * OC); }
+#endif
+    matmul_backward_input_gpu(dinp, dinp_type, dout, px(g, tensor, l), N, IC, OC, beta);
+    matmul_backward_weight_gpu(pg(g, tensor, l), dout, x_w, N, IC, OC);
 }
 
 // ----------------------------------------------------------------------------
@@ -5351,14 +5611,16 @@ static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
     GPUActivations a = g->acts;
     FoxDocs fd;
     const FoxDocs* docs = gpu_docs(g, &fd);
+    int r8 = fp8_rounds(g), head8 = r8 && g->host->fp8.mode != FP8_MODE_BODY; // FP8 matmuls (-q): the body's, lm head
     encoder_forward_gpu(a.resid, g->inputs, pm(g, P_WTE, 0), N, C);
     for (int l = 0; l < L; l++) {
         LayerActs p = layer_acts(g, l);
+        int wqkvg = fp8_weight_at(L, l, FP8_W_QKVG), xa_i = fp8_norm_at(L, l, FP8_N_XA);
         // attention
         rmsnorm_forward_gpu(p.xa, p.rstd_a, p.resid, pm(g, P_ATTN_NORM, l), N, C);
-        matmul_forward_gpu(p.q_raw, CUDA_R_X, NULL, p.xa, px(g, P_WQ, l), N, C, C);
-        matmul_forward_gpu(p.k_raw, CUDA_R_X, NULL, p.xa, px(g, P_WK, l), N, C, C);
-        matmul_forward_gpu(p.v_raw, CUDA_R_X, NULL, p.xa, px(g, P_WV, l), N, C, C);
+        matmul_forward_q(g, r8, 1, p.q_raw, CUDA_R_X, NULL, p.xa, xa_i, NULL, P_WQ, l, wqkvg, N, C, C);
+        matmul_forward_q(g, r8, 0, p.k_raw, CUDA_R_X, NULL, p.xa, xa_i, NULL, P_WK, l, wqkvg, N, C, C);
+        matmul_forward_q(g, r8, 0, p.v_raw, CUDA_R_X, NULL, p.xa, xa_i, NULL, P_WV, l, wqkvg, N, C, C);
         HeadProj hp = head_proj_layer(g, &p, l); // k/v shift and forget-gate logits
         head_proj_forward_gpu(&hp, p.xa, N, C, H);
         kv_shift_forward_layer(g, &p, B, T);
@@ -5368,17 +5630,25 @@ static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
         }
         attention_forward_gpu(p.o, p.lse, p.q, p.k, p.v, cf->gate != GATE_NONE ? p.c : NULL, B, T, H, hd, cf->window,
                               docs);
-        if (cf->output_gate) { matmul_forward_gpu(p.og_logit, CUDA_R_X, NULL, p.xa, px(g, P_WG, l), N, C, C); }
+        if (cf->output_gate) { // xa's codes are still in x8
+            matmul_forward_q(g, r8, 0, p.og_logit, CUDA_R_X, NULL, p.xa, xa_i, NULL, P_WG, l, wqkvg, N, C, C);
+        }
         output_norm_gate_forward_layer(g, &p, l, N);
-        matmul_forward_gpu(p.resid_mid, CUDA_R_32F, p.resid, p.y, px(g, P_WO, l), N, C, C); // resid + W_o y
+        int y_i = cf->output_norm ? fp8_norm_at(L, l, FP8_N_Y) : fp8_delayed_at(l, FP8_Y);
+        unsigned* y_amax = cf->output_norm ? NULL : fp8_amax_slot(g, l, FP8_Y);
+        matmul_forward_q(g, r8, 1, p.resid_mid, CUDA_R_32F, p.resid, p.y, y_i, y_amax, P_WO, l,
+                         fp8_weight_at(L, l, FP8_W_O), N, C, C); // resid + W_o y
         // MLP
         rmsnorm_forward_gpu(p.xm, p.rstd_m, p.resid_mid, pm(g, P_MLP_NORM, l), N, C);
-        matmul_forward_gpu(p.gu, CUDA_R_X, NULL, p.xm, px(g, P_WGU, l), N, C, 2 * I);
+        matmul_forward_q(g, r8, 1, p.gu, CUDA_R_X, NULL, p.xm, fp8_norm_at(L, l, FP8_N_XM), NULL, P_WGU, l,
+                         fp8_weight_at(L, l, FP8_W_GU), N, C, 2 * I);
         swiglu_forward_gpu(p.act, p.gu, N, I);
-        matmul_forward_gpu(p.resid_next, CUDA_R_32F, p.resid_mid, p.act, px(g, P_WDOWN, l), N, I, C);
+        matmul_forward_q(g, r8, 1, p.resid_next, CUDA_R_32F, p.resid_mid, p.act, fp8_delayed_at(l, FP8_ACT),
+                         fp8_amax_slot(g, l, FP8_ACT), P_WDOWN, l, fp8_weight_at(L, l, FP8_W_DOWN), N, I, C);
     }
     rmsnorm_forward_gpu(a.xf, a.rstd_f, LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), N, C);
-    matmul_forward_gpu(a.logits, CUDA_R_X, NULL, a.xf, px(g, P_LM_HEAD, 0), N, C, Vp);
+    matmul_forward_q(g, head8, 1, a.logits, CUDA_R_X, NULL, a.xf, fp8_norm_at(L, L, 0), NULL, P_LM_HEAD, 0,
+                     fp8_weight_at(L, L, 0), N, C, Vp);
     if (g->has_targets) {
         crossentropy_gpu(a.losses, a.logits, g->targets, N, V, Vp, g->has_dlogits, loss_scale / (float)N);
     }
@@ -5467,8 +5737,12 @@ static void gpu_backward_kernels(GPUModel* g) {
     int hp_slot[HP_MAX], PH = head_proj_slots(cf, hp_slot) * H;
     floatX* dhp[HP_MAX];
     for (int i = 0; i < HP_MAX; i++) { dhp[i] = hp_slot[i] >= 0 ? d.dhp + (size_t)hp_slot[i] * H : NULL; }
-    matmul_backward_input_gpu(d.dxn, CUDA_R_32F, a.logits, px(g, P_LM_HEAD, 0), N, C, Vp, 0.0f);
-    matmul_backward_weight_gpu(pg(g, P_LM_HEAD, 0), a.logits, a.xf, N, C, Vp);
+    // FP8 (-q): each output gradient cast at its scale slot (the delayed ones' amaxes taken), the weight gradients on
+    // the forward inputs' rounded values again (fp8_rounded_input, one at a time in xr)
+    int r8 = fp8_rounds(g), head8 = r8 && g->host->fp8.mode != FP8_MODE_BODY;
+    const floatX* xf_w = fp8_rounded_input(g, head8, a.xf, NC, fp8_norm_at(L, L, 0));
+    matmul_backward_q(g, head8, d.dxn, CUDA_R_32F, 0.0f, a.logits, fp8_dlogits_at(L), 1, NULL, xf_w, P_LM_HEAD, 0,
+                      fp8_weight_at(L, L, 0), N, C, Vp);
     cudaCheck(cudaMemsetAsync(d.dresid, 0, NC * sizeof(float), cudaStreamPerThread));
     rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_NORM_F, 0), d.dxn, LAYER(a.resid, L, NC),
                          pm(g, P_NORM_F, 0), a.rstd_f, N, C);
@@ -5477,16 +5751,22 @@ static void gpu_backward_kernels(GPUModel* g) {
         if (a.recompute) { gpu_recompute_layer(g, &p, l); }
         floatX* xa = p.xa;
         // MLP: dresid passes through the residual add unchanged
-        matmul_backward_input_gpu(d.dact, CUDA_R_X, d.dresid_x, px(g, P_WDOWN, l), N, I, C, 0.0f);
-        matmul_backward_weight_gpu(pg(g, P_WDOWN, l), d.dresid_x, p.act, N, I, C);
+        const floatX* act_w = fp8_rounded_input(g, r8, p.act, N * I, fp8_delayed_at(l, FP8_ACT));
+        matmul_backward_q(g, r8, d.dact, CUDA_R_X, 0.0f, d.dresid_x, fp8_delayed_at(l, FP8_DRES_DOWN),
+                          fp8_slot_e5m2(g, FP8_DRES_DOWN), fp8_amax_slot(g, l, FP8_DRES_DOWN), act_w, P_WDOWN, l,
+                          fp8_weight_at(L, l, FP8_W_DOWN), N, I, C);
         swiglu_backward_gpu(d.dgu, d.dact, p.gu, N, I);
-        matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dgu, px(g, P_WGU, l), N, C, 2 * I, 0.0f);
-        matmul_backward_weight_gpu(pg(g, P_WGU, l), d.dgu, p.xm, N, C, 2 * I);
+        const floatX* xm_w = fp8_rounded_input(g, r8, p.xm, NC, fp8_norm_at(L, l, FP8_N_XM));
+        matmul_backward_q(g, r8, d.dxn, CUDA_R_32F, 0.0f, d.dgu, fp8_delayed_at(l, FP8_DGU), fp8_slot_e5m2(g, FP8_DGU),
+                          fp8_amax_slot(g, l, FP8_DGU), xm_w, P_WGU, l, fp8_weight_at(L, l, FP8_W_GU), N, C, 2 * I);
         rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_MLP_NORM, l), d.dxn, p.resid_mid,
                              pm(g, P_MLP_NORM, l), p.rstd_m, N, C);
         // attention
-        matmul_backward_input_gpu(d.dy, CUDA_R_X, d.dresid_x, px(g, P_WO, l), N, C, C, 0.0f);
-        matmul_backward_weight_gpu(pg(g, P_WO, l), d.dresid_x, p.y, N, C, C);
+        int y_i = cf->output_norm ? fp8_norm_at(L, l, FP8_N_Y) : fp8_delayed_at(l, FP8_Y);
+        const floatX* y_w = fp8_rounded_input(g, r8, p.y, NC, y_i);
+        matmul_backward_q(g, r8, d.dy, CUDA_R_X, 0.0f, d.dresid_x, fp8_delayed_at(l, FP8_DRES_O),
+                          fp8_slot_e5m2(g, FP8_DRES_O), fp8_amax_slot(g, l, FP8_DRES_O), y_w, P_WO, l,
+                          fp8_weight_at(L, l, FP8_W_O), N, C, C);
         if (cf->output_norm || cf->output_gate) {
             output_norm_gate_backward_gpu(d.d_o, draw[3], W, d.don, d.attn_scratch + 2 * NH, d.dy, p.o, p.o_normed,
                                           cf->output_gate ? p.og_logit : NULL,
@@ -5529,15 +5809,18 @@ static void gpu_backward_kernels(GPUModel* g) {
         HeadProj hp = head_proj_layer(g, &p, l);
         float beta = hp.count > 0 ? 1.0f : 0.0f;
         if (hp.count > 0) { head_proj_backward_gpu(d.dxn, &hp, xa, N, C, H); }
+        const floatX* xa_w = fp8_rounded_input(g, r8, xa, NC, fp8_norm_at(L, l, FP8_N_XA));
+        int dq_i = fp8_delayed_at(l, FP8_DQKVG), dq_e5m2 = fp8_slot_e5m2(g, FP8_DQKVG);
+        unsigned* dq_amax = fp8_amax_slot(g, l, FP8_DQKVG);
         if (F > 0) {
-            matmul_backward_input_gpu(d.dxn, CUDA_R_32F, d.dqkvg, px(g, first, l), N, C, W, beta);
-            matmul_backward_weight_gpu(pg(g, first, l), d.dqkvg, xa, N, C, W);
+            matmul_backward_q(g, r8, d.dxn, CUDA_R_32F, beta, d.dqkvg, dq_i, dq_e5m2, dq_amax, xa_w, first, l,
+                              fp8_weight_at(L, l, FP8_W_QKVG), N, C, W);
             beta = 1.0f;
         }
         for (int j = 0; j < 4; j++) {
             if (slot[j] < 0 && own[j] != NULL) {
-                matmul_backward_input_gpu(d.dxn, CUDA_R_32F, draw[j], px(g, QKVG_TENSORS[j], l), N, C, C, beta);
-                matmul_backward_weight_gpu(pg(g, QKVG_TENSORS[j], l), draw[j], xa, N, C, C);
+                matmul_backward_q(g, r8, d.dxn, CUDA_R_32F, beta, draw[j], dq_i, dq_e5m2, dq_amax, xa_w,
+                                  QKVG_TENSORS[j], l, fp8_weight_at(L, l, FP8_W_QKVG), N, C, C);
                 beta = 1.0f;
             }
         }
@@ -5596,6 +5879,25 @@ static void gpu_train_micro_step(GPUModel* g, const int* inputs, const int* targ
     gpu_encoder_backward(g);
     gpu_forward_loss(g);
 }
+
+#ifndef ENABLE_FP32
+// The twin's fp8_calibrate on the GPU: an unrounded forward and backward of the first micro-batch, thrown away (the
+// gradients zeroed), whose amaxes fill the histories (fp8_calibration_done)
+static void gpu_fp8_calibrate(GPUModel* g, const int* inputs, const int* targets, int B, int T, float loss_scale,
+                              long step) {
+    Fp8State* s = &g->host->fp8;
+    if (!g->fp8.on || s->calibrated) { return; }
+    cudaCheck(cudaMemset(g->fp8.amax, 0, (size_t)g->config.n_layer * FP8_SLOTS * sizeof(unsigned)));
+    s->calibrating = 1;
+    gpu_forward_train(g, inputs, targets, B, T, loss_scale);
+    gpu_backward(g);
+    s->calibrating = 0;
+    gpu_zero_grad(g);
+    gpu_fp8_amax_to_host(g);
+    fp8_calibration_done(g->host, step);
+}
+
+#endif
 
 // -X 1: one training forward and backward on random tokens with g_tuning set, so each matmul plan's first call tunes it
 // (matmul_tune); the step's results are thrown away (the gradients zeroed). Prints how many plans changed and their
@@ -5997,15 +6299,25 @@ static void train_between_steps(TrainRun* r, long step, int last) {
 
 // the step's micro-steps (forward and backward of each micro-batch, from t0); returns the global batch's mean loss,
 // summed over the processes with their timings (before the gradients' collective)
-static double train_micro_steps(TrainRun* r, double t0, StepReport* rep) {
+static double train_micro_steps(TrainRun* r, long step, double t0, StepReport* rep) {
     const Args* a = &r->a;
     gpu_zero_grad(&r->gm);
+    fp8_step_begin(&r->model);
     double loss = 0.0; // this process's share of the global batch's mean loss
     for (int micro = 0; micro < r->accum; micro++) {
         dataloader_next_batch(&r->train);
+#ifndef ENABLE_FP32
+        if (micro == 0) { // -q: scales calibrated first when there are none, then the step's scales and weights
+            gpu_fp8_calibrate(&r->gm, r->train.inputs, r->train.targets, a->B, a->T, r->loss_scale, step);
+            gpu_fp8_step_begin(&r->gm, r->loss_scale, (size_t)a->B * a->T);
+        }
+#endif
         gpu_train_micro_step(&r->gm, r->train.inputs, r->train.targets, a->B, a->T, r->loss_scale);
         loss += r->gm.mean_loss / (r->accum * r->dist.world);
     }
+#ifndef ENABLE_FP32
+    gpu_fp8_amax_to_host(&r->gm);
+#endif
     rep->t_local = 0.0;
     if (r->dist.world > 1) {
         cudaCheck(cudaDeviceSynchronize()); // no loss of overlap: the loss's sum below waits for it anyway
@@ -6018,18 +6330,22 @@ static double train_micro_steps(TrainRun* r, double t0, StepReport* rep) {
 static void train_step(TrainRun* r, long step, StepReport* rep) {
     if (tiles_counted(&r->a)) { unsigned long long tiles; attention_pruned_share(&tiles); } // this step's forwards
     double t0 = now_seconds();
-    rep->loss = train_micro_steps(r, t0, rep);
+    rep->loss = train_micro_steps(r, step + 1, t0, rep);
     gpu_reduce_grads(&r->gm);
     rep->norm = gpu_grad_norm(&r->gm);
+    if (!fp8_amax_finite(&r->model)) { rep->norm = NAN; } // a non-finite FP8 amax: the saturating casts would hide it
     rep->why[0] = rep->grad[0] = '\0';
     rep->verdict = step_guard_check(&r->guard, rep->loss, rep->norm, rep->why, sizeof(rep->why));
     if (rep->verdict != STEP_UPDATE && !isfinite(rep->norm)) { // name the tensor from this process's gradients
         gpu_download(&r->gm, r->gm.grads, r->model.grads_memory);
-        nonfinite_grad_name(&r->model.config, r->model.grads_memory, rep->grad, sizeof(rep->grad));
+        if (!nonfinite_grad_name(&r->model.config, r->model.grads_memory, rep->grad, sizeof(rep->grad))) {
+            fp8_nonfinite_name(&r->model, rep->grad, sizeof(rep->grad));
+        }
     }
     if (rep->verdict == STEP_STOP) { step_guard_stop(step + 1, rep->why, rep->grad); }
     rep->lr = (float)lr_at_tokens(&r->sched, (double)r->tokens_seen);
     if (rep->verdict == STEP_UPDATE) { gpu_update(&r->gm, &r->opt, rep->lr, (int)step + 1, rep->norm); }
+    fp8_step_end(&r->model, step + 1, rep->verdict == STEP_UPDATE);
     r->tokens_seen += r->a.total_batch_tokens;
     dist_wait(&r->dist);
     cudaCheck(cudaDeviceSynchronize());
@@ -6089,10 +6405,12 @@ int main(int argc, char** argv) {
     static TrainRun r; // static: zeroed, and off the stack
     threads_init();
     parse_args(&r.a, argc, argv);
-    if (r.a.fp8 != FP8_MODE_OFF) { // no FP8 matmuls here yet: refused, never ignored
-        fail("-q %s (FP8 matmuls) is not yet on the GPU\nHINT: the CPU twin, train_fox_cpu, emulates it; or drop -q",
+#ifdef ENABLE_FP32
+    if (r.a.fp8 != FP8_MODE_OFF) { // refused, never ignored
+        fail("-q %s: FP8 matmuls need the bf16 build\nHINT: build without PRECISION=FP32, or drop -q",
              FP8_MODE_NAMES[r.a.fp8]);
     }
+#endif
     if (r.a.mode != MODE_TRAIN) { return gpu_eval_main(&r.a); }
     train_setup(&r, argc, argv);
     train_check_same(&r);
