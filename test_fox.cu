@@ -6113,7 +6113,7 @@ static void gpu_test_crossentropy(void) {
         }
         crossentropy_gpu(loss_d[0], logits_d[0], targets_d, N, V, Vp, 0, 0.0f);
         crossentropy_gpu(loss_d[1], logits_d[1], targets_d, N, V, Vp, 1, dloss);
-        crossentropy_kernel<true><<<N, CE_THREADS>>>(loss_d[2], logits_d[2], targets_d, V, Vp, dloss, 0);
+        crossentropy_kernel<true><<<N, CE_THREADS>>>(loss_d[2], logits_d[2], targets_d, V, Vp, dloss, 0, Fp8Out{});
         launchCheck();
         cudaCheck(cudaDeviceSynchronize());
         float loss[3][4]; // N <= 4 in every case

@@ -729,7 +729,6 @@ static void matmul_backward_weight_gpu(float* dw, const floatX* dout, const floa
 // each block reduces its own, then one atomicMax per block. A max of integers is exact and order-free, so the result
 // is the same bits whatever the blocks' order (no sum is formed). Hopper's FP8 matmuls take both operands K-major:
 // out (N, M) = x (N, K) w (M, K)^T (matmul_fp8_gpu); an input gradient reads the weights' transposed copy.
-#ifndef ENABLE_FP32
 #include <cuda_fp8.h>
 #define FP8_TILE 64 // the transposing cast's tile: 64 x 64 values through shared memory
 
@@ -768,6 +767,40 @@ __device__ static void fp8_block_amax(unsigned mx, unsigned* amax) {
     if (amax == NULL) { return; }
     mx = block_reduce(mx, red, 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });
     if (threadIdx.x == 0) { atomicMax(amax, mx); }
+}
+
+// the warp's max of the magnitude bits mx into *amax (every active lane calls it); for kernels that end early
+__device__ static void fp8_warp_amax(unsigned mx, unsigned* amax) {
+    unsigned active = __activemask();
+    mx = __reduce_max_sync(active, mx);
+    if ((threadIdx.x % 32) == (unsigned)(__ffs(active) - 1)) { atomicMax(amax, mx); }
+}
+
+// An FP8 epilogue (-q) of a kernel that writes floatX values, its producer: with codes, each value's code at scale
+// 2^(*k) into codes at the value's index, and with round the value replaced by the one its code stands for (the
+// operand then feeds only matmuls that read it rounded); with amax, the max |value| into *amax (fp8_warp_amax at the
+// kernel's end). The codes come from the floatX value, as fp8_cast_kernel's from a stored tensor: the same bits.
+typedef struct { uint8_t* codes; const int* k; int e5m2, round; unsigned* amax; } Fp8Out;
+
+// the epilogue on M values v that sit at index i (a multiple of M) of the output, their max folded into *mx
+template <int M>
+__device__ static inline void fp8_pack(const Fp8Out& q, floatX* v, size_t i, unsigned* mx) {
+    if (q.amax != NULL) {
+        #pragma unroll
+        for (int j = 0; j < M; j++) {
+            unsigned a = __float_as_uint(to_float(v[j])) & 0x7FFFFFFFu;
+            *mx = a > *mx ? a : *mx;
+        }
+    }
+    if (q.codes == NULL) { return; }
+    float up = fp8_pow2_gpu(*q.k), down = fp8_pow2_gpu(-*q.k);
+    uint8_t c[M];
+    #pragma unroll
+    for (int j = 0; j < M; j++) {
+        c[j] = fp8_code(to_float(v[j]) * up, q.e5m2);
+        if (q.round) { v[j] = to_floatX(fp8_value(c[j], q.e5m2) * down); }
+    }
+    memcpy(q.codes + i, c, M); // M bytes, M-aligned
 }
 
 // *amax = max(*amax, max |x|) over n values of T (float or floatX)
@@ -819,6 +852,7 @@ __global__ void fp8_cast_transpose_kernel(uint8_t* out, const T* x, int rows, in
     }
 }
 
+#ifndef ENABLE_FP32
 static unsigned fp8_blocks(size_t n) {
     size_t b = ceil_div(n, (size_t)256);
     return (unsigned)(b < 1024 ? (b > 0 ? b : 1) : 1024);
@@ -875,10 +909,10 @@ __device__ static inline void load_row_tile(float4* v4, const float* r, int c0, 
     }
 }
 
-// out = x / sqrt(mean(x^2) + eps) * w for each row of the fp32 residual stream
+// out = x / sqrt(mean(x^2) + eps) * w for each row of the fp32 residual stream (q: out's FP8 epilogue, Fp8Out)
 template <int NV>
 __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C,
-                                       float eps) {
+                                       float eps, Fp8Out q) {
     size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= rows) { return; }
@@ -898,6 +932,7 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x,
     }
     ss = warp_sum(ss);
     float s = 1.0f / sqrtf(ss / (float)C + eps);
+    unsigned mx = 0;
     for (int c0 = last; c0 >= 0; c0 -= RMS_TILE(NV)) {
         if (c0 != last) { load_row_tile<NV>(xv, xr, c0, lane, C); }
         #pragma unroll
@@ -908,10 +943,12 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x,
             load_floats<4>(wi, w + i);
             Pack4X o = {{to_floatX(xv[v].x * s * wi[0]), to_floatX(xv[v].y * s * wi[1]),
                          to_floatX(xv[v].z * s * wi[2]), to_floatX(xv[v].w * s * wi[3])}};
+            fp8_pack<4>(q, o.v, row * C + i, &mx);
             *(Pack4X*)(out + row * C + i) = o;
         }
     }
     if (lane == 0) { rstd[row] = s; }
+    if (q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
 }
 
 // RMSNorm backward fused with the first stage of its scale gradient (a column sum, finished by
@@ -921,7 +958,8 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x,
 #define RMS_BWD_MAX_C 7168 // shared memory: WARPS_PER_BLOCK * C floats of column sums
 template <int NV>
 __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* partial, const float* dout,
-                                        const float* x, const float* w, const float* rstd, size_t rows, int C) {
+                                        const float* x, const float* w, const float* rstd, size_t rows, int C,
+                                        Fp8Out q) {
     // forward: out_i = x_i s w_i, s = (mean(x^2) + eps)^(-1/2), ds/dx_i = -s^3 x_i / C
     // dx_i = s w_i dout_i - x_i s^3 / C * sum_j w_j dout_j x_j   (added to dresid)
     // dw_i = sum over rows of dout_i x_i s   (this chunk's part into partial (chunks, C))
@@ -930,6 +968,7 @@ __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* 
     float* acc = colsum + (size_t)warp * C;
     for (int i = lane * 4; i < C; i += 128) { *(float4*)(acc + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
     size_t r0 = (size_t)blockIdx.x * RMS_BWD_ROWS, r1 = r0 + RMS_BWD_ROWS < rows ? r0 + RMS_BWD_ROWS : rows;
+    unsigned mx = 0; // dresid_x's FP8 epilogue (q, Fp8Out)
     for (size_t row = r0 + warp; row < r1; row += WARPS_PER_BLOCK) {
         const float* xr = x + row * C;
         const float* dr = dout + row * C;
@@ -972,6 +1011,7 @@ __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* 
                 g[v].w += s * wi[3] * dv[v].w - xv[v].w * k;
                 *(float4*)(gr + i) = g[v];
                 Pack4X gx = {{to_floatX(g[v].x), to_floatX(g[v].y), to_floatX(g[v].z), to_floatX(g[v].w)}};
+                fp8_pack<4>(q, gx.v, row * C + i, &mx);
                 *(Pack4X*)(dresid_x + row * C + i) = gx;
                 float4 a = *(float4*)(acc + i);
                 a.x += dv[v].x * xv[v].x * s; a.y += dv[v].y * xv[v].y * s;
@@ -980,6 +1020,7 @@ __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* 
             }
         }
     }
+    if (q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
     __syncthreads();
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
         float total = 0.0f;
@@ -1083,15 +1124,18 @@ static void rms_nv_check(int nv) {
 }
 
 // out = RMSNorm(x) w (eps 1e-6) with register tile nv (the trainer passes rms_nv(C), the tests every one)
-static void rmsnorm_forward_nv(int nv, floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
+// (q: an FP8 epilogue of the output, Fp8Out; none by default)
+static void rmsnorm_forward_nv(int nv, floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C,
+                               Fp8Out q = Fp8Out{}) {
     rms_nv_check(nv);
     RMS_NV_PICK(rmsnorm_forward_kernel, nv)<<<warp_blocks(rows), 32 * WARPS_PER_BLOCK>>>(out, rstd, x, w, rows, C,
-                                                                                        1e-6f);
+                                                                                        1e-6f, q);
     launchCheck();
 }
 
-static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C) {
-    rmsnorm_forward_nv(rms_nv(C), out, rstd, x, w, rows, C);
+static void rmsnorm_forward_gpu(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C,
+                                Fp8Out q = Fp8Out{}) {
+    rmsnorm_forward_nv(rms_nv(C), out, rstd, x, w, rows, C, q);
 }
 
 // dw[W / fold] += column sums over rows of d (the bias gradients) or, with x, of d * x * rstd (the per-head norm
@@ -1116,22 +1160,25 @@ static void colsum_scale_gpu(float* dw, float* partial, const floatX* d, const f
 // dx (added to dresid (N, C), which is refreshed in dresid_x, its matmul copy) and dw (added) from dout, the
 // gradient at the norm's output, with register tile nv (as rmsnorm_forward_nv); partial: ceil(N / RMS_BWD_ROWS) x C
 // floats of scratch
+// (q: an FP8 epilogue of dresid_x, Fp8Out; none by default)
 static void rmsnorm_backward_nv(int nv, float* dresid, floatX* dresid_x, float* partial, float* dw, const float* dout,
-                                const float* x, const float* w, const float* rstd, size_t N, int C) {
+                                const float* x, const float* w, const float* rstd, size_t N, int C,
+                                Fp8Out q = Fp8Out{}) {
     rms_nv_check(nv);
     unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
     size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
     auto kernel = RMS_NV_PICK(rmsnorm_backward_kernel, nv);
     if (smem > 48 * 1024) { smem_limit(smem, kernel); } // above the default (gpu_config_problem: C <= RMS_BWD_MAX_C)
-    kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(dresid, dresid_x, partial, dout, x, w, rstd, N, C);
+    kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(dresid, dresid_x, partial, dout, x, w, rstd, N, C, q);
     launchCheck();
     colsum_finish_kernel<<<(unsigned)ceil_div(C, 32), dim3(32, 16)>>>(dw, partial, (int)chunks, C, 1);
     launchCheck();
 }
 
 static void rmsnorm_backward_gpu(float* dresid, floatX* dresid_x, float* partial, float* dw, const float* dout,
-                                 const float* x, const float* w, const float* rstd, size_t N, int C) {
-    rmsnorm_backward_nv(rms_nv(C), dresid, dresid_x, partial, dw, dout, x, w, rstd, N, C);
+                                 const float* x, const float* w, const float* rstd, size_t N, int C,
+                                 Fp8Out q = Fp8Out{}) {
+    rmsnorm_backward_nv(rms_nv(C), dresid, dresid_x, partial, dw, dout, x, w, rstd, N, C, q);
 }
 
 // ----------------------------------------------------------------------------
@@ -4007,7 +4054,7 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
 // W_o.
 __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, float* rstd, const floatX* o,
                                                 const floatX* og, const float* w, size_t N, int H, int hd, float eps,
-                                                int G) {
+                                                int G, Fp8Out q) {
     size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
     int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
     int active = row < N * H && i0 < half; // the others still join group_sum
@@ -4022,6 +4069,7 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
     float s = head_rstd(ss, w != NULL, rstd, row, active && j == 0, hd, eps, G);
     if (!active) { return; }
     const float* wr = w != NULL ? w + (row % H) * hd : NULL;
+    unsigned mx = 0; // y's FP8 epilogue (q, Fp8Out)
     for (int p = 0; p < 2; p++) {
         size_t off = row * hd + p * half + i0;
         PackX gp, np, yp;
@@ -4039,8 +4087,10 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
             yp.v[k] = to_floatX(v);
         }
         if (wr != NULL && og != NULL) { *(PackX*)(o_normed + off) = np; }
+        fp8_pack<XPACK>(q, yp.v, off, &mx);
         *(PackX*)(y + off) = yp;
     }
+    if (q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
 }
 
 // writes do_ (the attention output gradient), dog when the gate is on (rows ld long: a block of dqkvg), don (the norm's
@@ -4110,11 +4160,12 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
 }
 
 // y (and o_normed, rstd) from o through the output norm (w != NULL, eps) and gate (og != NULL)
+// (q: an FP8 epilogue of y, Fp8Out; none by default)
 static void output_norm_gate_forward_gpu(floatX* o_normed, floatX* y, float* rstd, const floatX* o, const floatX* og,
-                                         const float* w, size_t N, int H, int hd, float eps) {
+                                         const float* w, size_t N, int H, int hd, float eps, Fp8Out q = Fp8Out{}) {
     int G = head_lanes(hd);
     output_norm_gate_forward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(o_normed, y, rstd, o, og, w, N, H, hd, eps,
-                                                                             G);
+                                                                             G, q);
     launchCheck();
 }
 
@@ -4132,7 +4183,8 @@ static void output_norm_gate_backward_gpu(floatX* do_, floatX* dog, int ld, floa
 
 // SwiGLU: act = silu(g) * u, gu (N, 2I) holds the gate then the up projection of a row; XPACK consecutive hidden
 // units of one row per thread (gpu_config_problem: I % XPACK == 0)
-__global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, int I) {
+// (q: act's FP8 epilogue, Fp8Out)
+__global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, int I, Fp8Out q) {
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
     if (idx >= N * I) { return; }
     size_t n = idx / I, i = idx % I;
@@ -4142,9 +4194,13 @@ __global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, i
         float gk = to_float(g.v[k]);
         out.v[k] = to_floatX(gk * sigmoid_gpu(gk) * to_float(u.v[k]));
     }
+    unsigned mx = 0;
+    fp8_pack<XPACK>(q, out.v, idx, &mx);
     *(PackX*)(act + idx) = out;
+    if (q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
 }
-__global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I) {
+// (q: dgu's FP8 epilogue, Fp8Out)
+__global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I, Fp8Out q) {
     // forward: act = g sigmoid(g) u
     // dg = dact u sigmoid(g) (1 + g (1 - sigmoid(g))),  du = dact g sigmoid(g)
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
@@ -4158,17 +4214,23 @@ __global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const fl
         dg.v[k] = to_floatX(dk * uk * sk * (1.0f + gk * (1.0f - sk)));
         du.v[k] = to_floatX(dk * gk * sk);
     }
+    unsigned mx = 0;
+    fp8_pack<XPACK>(q, dg.v, n * 2 * I + i, &mx);
+    fp8_pack<XPACK>(q, du.v, n * 2 * I + I + i, &mx);
     *(PackX*)(dgu + n * 2 * I + i) = dg;
     *(PackX*)(dgu + n * 2 * I + I + i) = du;
+    if (q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
 }
 
-static void swiglu_forward_gpu(floatX* act, const floatX* gu, size_t N, int I) {
-    swiglu_forward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(act, gu, N, I);
+// (q: an FP8 epilogue of the output, Fp8Out; none by default)
+static void swiglu_forward_gpu(floatX* act, const floatX* gu, size_t N, int I, Fp8Out q = Fp8Out{}) {
+    swiglu_forward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(act, gu, N, I, q);
     launchCheck();
 }
 
-static void swiglu_backward_gpu(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I) {
-    swiglu_backward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(dgu, dact, gu, N, I);
+static void swiglu_backward_gpu(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I,
+                                Fp8Out q = Fp8Out{}) {
+    swiglu_backward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(dgu, dact, gu, N, I, q);
     launchCheck();
 }
 
@@ -4216,7 +4278,7 @@ __device__ static inline PackX ce_gradient(const PackX& p, int j0, int V, int ta
 
 template <bool GRAD>
 __global__ void __launch_bounds__(CE_THREADS) crossentropy_kernel(float* losses, floatX* logits, const int* targets,
-                                                                  int V, int Vp, float dloss, int staged) {
+                                                                  int V, int Vp, float dloss, int staged, Fp8Out q) {
     extern __shared__ PackX row_s[]; // (Vp / XPACK) when staged
     __shared__ float red[32];
     size_t n = blockIdx.x;
@@ -4237,17 +4299,21 @@ __global__ void __launch_bounds__(CE_THREADS) crossentropy_kernel(float* losses,
         for (int j0 = threadIdx.x * XPACK; j0 < Vp; j0 += stride) {
             PackX p = {};
             if (j0 < V) { p = staged ? row_s[j0 / XPACK] : *(const PackX*)(row + j0); } // pads: never read
-            *(PackX*)(row + j0) = ce_gradient(p, j0, V, target, lse, dloss);
+            PackX d = ce_gradient(p, j0, V, target, lse, dloss);
+            unsigned mx = 0; // dlogits' scale is bounded: no amax
+            fp8_pack<XPACK>(q, d.v, n * Vp + j0, &mx);
+            *(PackX*)(row + j0) = d;
         }
     }
 }
 
 // the cross-entropy of N rows into losses; with grad the logits become dloss times its gradient, the row staged in
 // shared memory where Vp logits fit (every GPT-2-sized vocabulary in bf16)
+// (q: the gradient's FP8 epilogue, Fp8Out; none by default)
 static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, size_t N, int V, int Vp, int grad,
-                             float dloss) {
+                             float dloss, Fp8Out q = Fp8Out{}) {
     if (!grad) {
-        crossentropy_kernel<false><<<(unsigned)N, CE_THREADS>>>(losses, logits, targets, V, Vp, 0.0f, 0);
+        crossentropy_kernel<false><<<(unsigned)N, CE_THREADS>>>(losses, logits, targets, V, Vp, 0.0f, 0, q);
         launchCheck();
         return;
     }
@@ -4255,7 +4321,7 @@ static void crossentropy_gpu(float* losses, floatX* logits, const int* targets, 
     int staged = smem + 1024 <= g_prop.sharedMemPerBlockOptin; // 1 KB: room for the static red[32] and margin
     if (staged) { smem_limit(smem, crossentropy_kernel<true>); }
     crossentropy_kernel<true><<<(unsigned)N, CE_THREADS, staged ? smem : 0>>>(losses, logits, targets, V, Vp, dloss,
-                                                                              staged);
+                                                                              staged, q);
     launchCheck();
 }
 
@@ -5395,9 +5461,19 @@ static unsigned* fp8_amax_slot(GPUModel* g, int l, int slot) {
 // whether a delayed slot's values are E5M2
 static int fp8_slot_e5m2(const GPUModel* g, int slot) { return fp8_slot_format(g->host->fp8.mode, slot) == &FP8_E5M2; }
 
+// A producer's FP8 epilogue (Fp8Out) for an operand at scale slot i: its codes into `codes` (x8 or d8), rounded in
+// place with `round`, the amax into a delayed slot's (amax, else NULL) while the pass rounds; the amax alone while it
+// calibrates; nothing otherwise (use8 0: this matmul stays bf16)
+static Fp8Out fp8_out(GPUModel* g, int use8, uint8_t* codes, int i, int e5m2, int round, unsigned* amax) {
+    Fp8Out q = {};
+    if (use8) { q.codes = codes; q.k = g->fp8.k + i; q.e5m2 = e5m2; q.round = round; }
+    if (use8 || fp8_calibrating(g)) { q.amax = amax; }
+    return q;
+}
+
 // A forward matmul out (N, OC) = x (N, IC) @ W^T (+ add) of layer l's weight block `tensor`, its weights' scale slot
-// wi: with use8 in FP8, x cast into x8 at scale slot xi first (unless cast is 0: x8 holds its codes), else bf16. A
-// delayed x's amax (amax, else NULL) is taken either way.
+// wi: with use8 in FP8, x cast into x8 at scale slot xi first with cast (else x8 holds its codes: its producer's
+// epilogue, fp8_out), else bf16. With cast, a delayed x's amax (amax, else NULL) is taken either way.
 static void matmul_forward_q(GPUModel* g, int use8, int cast, void* out, cudaDataType_t out_type, const void* add,
                              const floatX* x, int xi, unsigned* amax, int tensor, int l, int wi, size_t N, int IC,
                              int OC) {
@@ -5414,7 +5490,15 @@ static void matmul_forward_q(GPUModel* g, int use8, int cast, void* out, cudaDat
     matmul_forward_gpu(out, out_type, add, x, px(g, tensor, l), N, IC, OC);
 }
 
-// a forward input x (n values) rounded again at its scale slot xi for a weight gradient (into xr), or x itself
+// the epilogue (-q) of dresid_x where it is layer l's output gradient, into W_down (none for l < 0: the embedding's)
+static Fp8Out fp8_dres_down(GPUModel* g, int l) {
+    if (l < 0) { return Fp8Out{}; }
+    return fp8_out(g, fp8_rounds(g), g->fp8.d8, fp8_delayed_at(l, FP8_DRES_DOWN), fp8_slot_e5m2(g, FP8_DRES_DOWN), 1,
+                   fp8_amax_slot(g, l, FP8_DRES_DOWN));
+}
+
+// a forward input x (n values) that its producer did not round in place (xa, which the head projections read too; y
+// when it is the attention output itself), rounded again at its scale slot xi for a weight gradient (into xr); else x
 static const floatX* fp8_rounded_input(GPUModel* g, int use8, const floatX* x, size_t n, int xi) {
     if (!use8) { return x; }
 #ifndef ENABLE_FP32
@@ -5424,22 +5508,23 @@ static const floatX* fp8_rounded_input(GPUModel* g, int use8, const floatX* x, s
 }
 
 // The backward of out = x @ W^T (layer l's weight block `tensor`, scale slot wi) from dout (N, OC): dinp (N, IC) (+)=
-// dout @ W, dW += dout^T @ x_w, x_w the forward input's rounded values (fp8_rounded_input). With use8, dout is cast at
-// its slot di (E5M2 or E4M3) and rounded in place (it feeds only these two matmuls), and the input gradient is an FP8
-// matmul with the weights' transposed codes. A delayed dout's amax (amax, else NULL) is taken either way.
-static void matmul_backward_q(GPUModel* g, int use8, void* dinp, cudaDataType_t dinp_type, float beta, floatX* dout,
-                              int di, int e5m2, unsigned* amax, const floatX* x_w, int tensor, int l, int wi, size_t N,
-                              int IC, int OC) {
+// dout @ W, dW += dout^T @ x_w, x_w the forward input's rounded values. With use8 the input gradient is an FP8 matmul
+// on dout's codes (d8) and the weights' transposed codes; dout cast at its slot di (E5M2 or E4M3) first and rounded in
+// place (it feeds only these two matmuls) with cast, else its producer's epilogue did that (fp8_out). With cast, a
+// delayed dout's amax (amax, else NULL) is taken either way.
+static void matmul_backward_q(GPUModel* g, int use8, int cast, void* dinp, cudaDataType_t dinp_type, float beta,
+                              floatX* dout, int di, int e5m2, unsigned* amax, const floatX* x_w, int tensor, int l,
+                              int wi, size_t N, int IC, int OC) {
 #ifndef ENABLE_FP32
     Fp8Gpu* q = &g->fp8;
     if (use8) {
-        fp8_cast_gpu(q->d8, dout, dout, N * OC, q->k + di, e5m2, amax);
+        if (cast) { fp8_cast_gpu(q->d8, dout, dout, N * OC, q->k + di, e5m2, amax); }
         matmul_fp8_gpu(dinp, dinp_type, NULL, q->d8, e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, q->inv + di,
                        q->w8t + slice_offset(g, tensor, l), q->inv + wi, N, IC, OC, beta);
         matmul_backward_weight_gpu(pg(g, tensor, l), dout, x_w, N, IC, OC);
         return;
     }
-    if (amax != NULL) { fp8_amax_gpu(amax, dout, N * OC); }
+    if (cast && amax != NULL) { fp8_amax_gpu(amax, dout, N * OC); }
 #endif
     matmul_backward_input_gpu(dinp, dinp_type, dout, px(g, tensor, l), N, IC, OC, beta);
     matmul_backward_weight_gpu(pg(g, tensor, l), dout, x_w, N, IC, OC);
@@ -5542,12 +5627,31 @@ static void qk_norm_rope_forward_layer(GPUModel* g, const LayerActs* p, int l, i
 }
 
 // y of layer l from o through the output norm and gate (nothing when both are off)
-static void output_norm_gate_forward_layer(GPUModel* g, const LayerActs* p, int l, size_t N) {
+static void output_norm_gate_forward_layer(GPUModel* g, const LayerActs* p, int l, size_t N, Fp8Out q) {
     const FoxConfig* cf = &g->config;
     if (!cf->output_norm && !cf->output_gate) { return; }
     output_norm_gate_forward_gpu(p->o_normed, p->y, p->rstd_o, p->o, cf->output_gate ? p->og_logit : NULL,
                                  cf->output_norm ? pm(g, P_O_NORM, l) : NULL, N, cf->n_head, cf->n_embd / cf->n_head,
-                                 1e-6f);
+                                 1e-6f, q);
+}
+
+// Layer l's FP8 epilogues (-q) of the forward's matmul inputs, their codes into x8: xa (not rounded: the head
+// projections read it too), y (its scale bounded under the output norm, else delayed; rounded in place unless y is
+// the attention output itself, which the attention's backward reads: then cast before its matmul), xm, act (rounded
+// in place: they feed only their matmuls)
+typedef struct { Fp8Out xa, y, xm, act; int y_i, y_cast; } LayerFp8;
+
+static LayerFp8 layer_fp8(GPUModel* g, const LayerActs* p, int l) {
+    const FoxConfig* cf = &g->config;
+    int L = cf->n_layer, r8 = fp8_rounds(g);
+    LayerFp8 f;
+    f.y_i = cf->output_norm ? fp8_norm_at(L, l, FP8_N_Y) : fp8_delayed_at(l, FP8_Y);
+    f.y_cast = p->y == p->o;
+    f.xa = fp8_out(g, r8, g->fp8.x8, fp8_norm_at(L, l, FP8_N_XA), 0, 0, NULL);
+    f.y = fp8_out(g, r8, g->fp8.x8, f.y_i, 0, 1, cf->output_norm ? NULL : fp8_amax_slot(g, l, FP8_Y));
+    f.xm = fp8_out(g, r8, g->fp8.x8, fp8_norm_at(L, l, FP8_N_XM), 0, 1, NULL);
+    f.act = fp8_out(g, r8, g->fp8.x8, fp8_delayed_at(l, FP8_ACT), 0, 1, fp8_amax_slot(g, l, FP8_ACT));
+    return f;
 }
 
 // -r 1: layer l's (R) tensors again, by the forward's kernels on the inputs the forward kept (and rewriting the same
@@ -5556,12 +5660,13 @@ static void gpu_recompute_layer(GPUModel* g, const LayerActs* p, int l) {
     const FoxConfig* cf = &g->config;
     int B = g->B, T = g->T, C = cf->n_embd;
     size_t N = (size_t)B * T;
+    LayerFp8 f = layer_fp8(g, p, l); // with -q the same rounding in place (and codes, amaxes: the same values)
     rmsnorm_forward_gpu(p->xa, p->rstd_a, p->resid, pm(g, P_ATTN_NORM, l), N, C);
     kv_shift_forward_layer(g, p, B, T);
     qk_norm_rope_forward_layer(g, p, l, B, T);
-    output_norm_gate_forward_layer(g, p, l, N);
-    rmsnorm_forward_gpu(p->xm, p->rstd_m, p->resid_mid, pm(g, P_MLP_NORM, l), N, C);
-    swiglu_forward_gpu(p->act, p->gu, N, cf->mlp_hidden);
+    output_norm_gate_forward_layer(g, p, l, N, f.y);
+    rmsnorm_forward_gpu(p->xm, p->rstd_m, p->resid_mid, pm(g, P_MLP_NORM, l), N, C, f.xm);
+    swiglu_forward_gpu(p->act, p->gu, N, cf->mlp_hidden, f.act);
 }
 
 // end (B, T) from doc (B, T) of document_starts: one past the last position of each token's document (the next
@@ -5615,10 +5720,11 @@ static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
     encoder_forward_gpu(a.resid, g->inputs, pm(g, P_WTE, 0), N, C);
     for (int l = 0; l < L; l++) {
         LayerActs p = layer_acts(g, l);
+        LayerFp8 f = layer_fp8(g, &p, l); // -q: the producers write the matmul inputs' codes (x8)
         int wqkvg = fp8_weight_at(L, l, FP8_W_QKVG), xa_i = fp8_norm_at(L, l, FP8_N_XA);
         // attention
-        rmsnorm_forward_gpu(p.xa, p.rstd_a, p.resid, pm(g, P_ATTN_NORM, l), N, C);
-        matmul_forward_q(g, r8, 1, p.q_raw, CUDA_R_X, NULL, p.xa, xa_i, NULL, P_WQ, l, wqkvg, N, C, C);
+        rmsnorm_forward_gpu(p.xa, p.rstd_a, p.resid, pm(g, P_ATTN_NORM, l), N, C, f.xa);
+        matmul_forward_q(g, r8, 0, p.q_raw, CUDA_R_X, NULL, p.xa, xa_i, NULL, P_WQ, l, wqkvg, N, C, C);
         matmul_forward_q(g, r8, 0, p.k_raw, CUDA_R_X, NULL, p.xa, xa_i, NULL, P_WK, l, wqkvg, N, C, C);
         matmul_forward_q(g, r8, 0, p.v_raw, CUDA_R_X, NULL, p.xa, xa_i, NULL, P_WV, l, wqkvg, N, C, C);
         HeadProj hp = head_proj_layer(g, &p, l); // k/v shift and forget-gate logits
@@ -5633,24 +5739,25 @@ static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
         if (cf->output_gate) { // xa's codes are still in x8
             matmul_forward_q(g, r8, 0, p.og_logit, CUDA_R_X, NULL, p.xa, xa_i, NULL, P_WG, l, wqkvg, N, C, C);
         }
-        output_norm_gate_forward_layer(g, &p, l, N);
-        int y_i = cf->output_norm ? fp8_norm_at(L, l, FP8_N_Y) : fp8_delayed_at(l, FP8_Y);
-        unsigned* y_amax = cf->output_norm ? NULL : fp8_amax_slot(g, l, FP8_Y);
-        matmul_forward_q(g, r8, 1, p.resid_mid, CUDA_R_32F, p.resid, p.y, y_i, y_amax, P_WO, l,
+        output_norm_gate_forward_layer(g, &p, l, N, f.y);
+        matmul_forward_q(g, r8, f.y_cast, p.resid_mid, CUDA_R_32F, p.resid, p.y, f.y_i, f.y.amax, P_WO, l,
                          fp8_weight_at(L, l, FP8_W_O), N, C, C); // resid + W_o y
         // MLP
-        rmsnorm_forward_gpu(p.xm, p.rstd_m, p.resid_mid, pm(g, P_MLP_NORM, l), N, C);
-        matmul_forward_q(g, r8, 1, p.gu, CUDA_R_X, NULL, p.xm, fp8_norm_at(L, l, FP8_N_XM), NULL, P_WGU, l,
+        rmsnorm_forward_gpu(p.xm, p.rstd_m, p.resid_mid, pm(g, P_MLP_NORM, l), N, C, f.xm);
+        matmul_forward_q(g, r8, 0, p.gu, CUDA_R_X, NULL, p.xm, fp8_norm_at(L, l, FP8_N_XM), NULL, P_WGU, l,
                          fp8_weight_at(L, l, FP8_W_GU), N, C, 2 * I);
-        swiglu_forward_gpu(p.act, p.gu, N, I);
-        matmul_forward_q(g, r8, 1, p.resid_next, CUDA_R_32F, p.resid_mid, p.act, fp8_delayed_at(l, FP8_ACT),
-                         fp8_amax_slot(g, l, FP8_ACT), P_WDOWN, l, fp8_weight_at(L, l, FP8_W_DOWN), N, I, C);
+        swiglu_forward_gpu(p.act, p.gu, N, I, f.act);
+        matmul_forward_q(g, r8, 0, p.resid_next, CUDA_R_32F, p.resid_mid, p.act, fp8_delayed_at(l, FP8_ACT), NULL,
+                         P_WDOWN, l, fp8_weight_at(L, l, FP8_W_DOWN), N, I, C);
     }
-    rmsnorm_forward_gpu(a.xf, a.rstd_f, LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), N, C);
-    matmul_forward_q(g, head8, 1, a.logits, CUDA_R_X, NULL, a.xf, fp8_norm_at(L, L, 0), NULL, P_LM_HEAD, 0,
-                     fp8_weight_at(L, L, 0), N, C, Vp);
-    if (g->has_targets) {
-        crossentropy_gpu(a.losses, a.logits, g->targets, N, V, Vp, g->has_dlogits, loss_scale / (float)N);
+    int xf_i = fp8_norm_at(L, L, 0);
+    rmsnorm_forward_gpu(a.xf, a.rstd_f, LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), N, C,
+                        fp8_out(g, head8, g->fp8.x8, xf_i, 0, 1, NULL));
+    matmul_forward_q(g, head8, 0, a.logits, CUDA_R_X, NULL, a.xf, xf_i, NULL, P_LM_HEAD, 0, fp8_weight_at(L, L, 0), N,
+                     C, Vp);
+    if (g->has_targets) { // with the gradient, -q rounds it (its codes into d8; its scale bounded by dloss)
+        crossentropy_gpu(a.losses, a.logits, g->targets, N, V, Vp, g->has_dlogits, loss_scale / (float)N,
+                         fp8_out(g, head8 && g->has_dlogits, g->fp8.d8, fp8_dlogits_at(L), 1, 1, NULL));
     }
 }
 
@@ -5737,35 +5844,36 @@ static void gpu_backward_kernels(GPUModel* g) {
     int hp_slot[HP_MAX], PH = head_proj_slots(cf, hp_slot) * H;
     floatX* dhp[HP_MAX];
     for (int i = 0; i < HP_MAX; i++) { dhp[i] = hp_slot[i] >= 0 ? d.dhp + (size_t)hp_slot[i] * H : NULL; }
-    // FP8 (-q): each output gradient cast at its scale slot (the delayed ones' amaxes taken), the weight gradients on
-    // the forward inputs' rounded values again (fp8_rounded_input, one at a time in xr)
+    // FP8 (-q): each output gradient's codes (d8) written by its producer's epilogue (fp8_out: dlogits by the
+    // cross-entropy, dresid_x by the RMSNorm backward, dgu by SwiGLU's) or cast before its matmul (dqkvg, which several
+    // kernels write); the weight gradients on the forward inputs' values rounded in place, or again (xr: xa, y = o)
     int r8 = fp8_rounds(g), head8 = r8 && g->host->fp8.mode != FP8_MODE_BODY;
-    const floatX* xf_w = fp8_rounded_input(g, head8, a.xf, NC, fp8_norm_at(L, L, 0));
-    matmul_backward_q(g, head8, d.dxn, CUDA_R_32F, 0.0f, a.logits, fp8_dlogits_at(L), 1, NULL, xf_w, P_LM_HEAD, 0,
+    matmul_backward_q(g, head8, 0, d.dxn, CUDA_R_32F, 0.0f, a.logits, fp8_dlogits_at(L), 1, NULL, a.xf, P_LM_HEAD, 0,
                       fp8_weight_at(L, L, 0), N, C, Vp);
     cudaCheck(cudaMemsetAsync(d.dresid, 0, NC * sizeof(float), cudaStreamPerThread));
     rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_NORM_F, 0), d.dxn, LAYER(a.resid, L, NC),
-                         pm(g, P_NORM_F, 0), a.rstd_f, N, C);
+                         pm(g, P_NORM_F, 0), a.rstd_f, N, C, fp8_dres_down(g, L - 1));
     for (int l = L - 1; l >= 0; l--) {
         LayerActs p = layer_acts(g, l);
         if (a.recompute) { gpu_recompute_layer(g, &p, l); }
         floatX* xa = p.xa;
         // MLP: dresid passes through the residual add unchanged
-        const floatX* act_w = fp8_rounded_input(g, r8, p.act, N * I, fp8_delayed_at(l, FP8_ACT));
-        matmul_backward_q(g, r8, d.dact, CUDA_R_X, 0.0f, d.dresid_x, fp8_delayed_at(l, FP8_DRES_DOWN),
-                          fp8_slot_e5m2(g, FP8_DRES_DOWN), fp8_amax_slot(g, l, FP8_DRES_DOWN), act_w, P_WDOWN, l,
-                          fp8_weight_at(L, l, FP8_W_DOWN), N, I, C);
-        swiglu_backward_gpu(d.dgu, d.dact, p.gu, N, I);
-        const floatX* xm_w = fp8_rounded_input(g, r8, p.xm, NC, fp8_norm_at(L, l, FP8_N_XM));
-        matmul_backward_q(g, r8, d.dxn, CUDA_R_32F, 0.0f, d.dgu, fp8_delayed_at(l, FP8_DGU), fp8_slot_e5m2(g, FP8_DGU),
-                          fp8_amax_slot(g, l, FP8_DGU), xm_w, P_WGU, l, fp8_weight_at(L, l, FP8_W_GU), N, C, 2 * I);
+        matmul_backward_q(g, r8, 0, d.dact, CUDA_R_X, 0.0f, d.dresid_x, fp8_delayed_at(l, FP8_DRES_DOWN),
+                          fp8_slot_e5m2(g, FP8_DRES_DOWN), NULL, p.act, P_WDOWN, l, fp8_weight_at(L, l, FP8_W_DOWN),
+                          N, I, C);
+        int dgu_i = fp8_delayed_at(l, FP8_DGU), dgu_e5m2 = fp8_slot_e5m2(g, FP8_DGU);
+        swiglu_backward_gpu(d.dgu, d.dact, p.gu, N, I,
+                            fp8_out(g, r8, g->fp8.d8, dgu_i, dgu_e5m2, 1, fp8_amax_slot(g, l, FP8_DGU)));
+        matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, 0.0f, d.dgu, dgu_i, dgu_e5m2, NULL, p.xm, P_WGU, l,
+                          fp8_weight_at(L, l, FP8_W_GU), N, C, 2 * I);
+        int dres_o = fp8_delayed_at(l, FP8_DRES_O), dres_o_e5m2 = fp8_slot_e5m2(g, FP8_DRES_O);
         rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_MLP_NORM, l), d.dxn, p.resid_mid,
-                             pm(g, P_MLP_NORM, l), p.rstd_m, N, C);
+                             pm(g, P_MLP_NORM, l), p.rstd_m, N, C,
+                             fp8_out(g, r8, g->fp8.d8, dres_o, dres_o_e5m2, 1, fp8_amax_slot(g, l, FP8_DRES_O)));
         // attention
-        int y_i = cf->output_norm ? fp8_norm_at(L, l, FP8_N_Y) : fp8_delayed_at(l, FP8_Y);
-        const floatX* y_w = fp8_rounded_input(g, r8, p.y, NC, y_i);
-        matmul_backward_q(g, r8, d.dy, CUDA_R_X, 0.0f, d.dresid_x, fp8_delayed_at(l, FP8_DRES_O),
-                          fp8_slot_e5m2(g, FP8_DRES_O), fp8_amax_slot(g, l, FP8_DRES_O), y_w, P_WO, l,
+        LayerFp8 f = layer_fp8(g, &p, l);
+        const floatX* y_w = f.y_cast ? fp8_rounded_input(g, r8, p.y, NC, f.y_i) : p.y;
+        matmul_backward_q(g, r8, 0, d.dy, CUDA_R_X, 0.0f, d.dresid_x, dres_o, dres_o_e5m2, NULL, y_w, P_WO, l,
                           fp8_weight_at(L, l, FP8_W_O), N, C, C);
         if (cf->output_norm || cf->output_gate) {
             output_norm_gate_backward_gpu(d.d_o, draw[3], W, d.don, d.attn_scratch + 2 * NH, d.dy, p.o, p.o_normed,
@@ -5813,19 +5921,19 @@ static void gpu_backward_kernels(GPUModel* g) {
         int dq_i = fp8_delayed_at(l, FP8_DQKVG), dq_e5m2 = fp8_slot_e5m2(g, FP8_DQKVG);
         unsigned* dq_amax = fp8_amax_slot(g, l, FP8_DQKVG);
         if (F > 0) {
-            matmul_backward_q(g, r8, d.dxn, CUDA_R_32F, beta, d.dqkvg, dq_i, dq_e5m2, dq_amax, xa_w, first, l,
+            matmul_backward_q(g, r8, 1, d.dxn, CUDA_R_32F, beta, d.dqkvg, dq_i, dq_e5m2, dq_amax, xa_w, first, l,
                               fp8_weight_at(L, l, FP8_W_QKVG), N, C, W);
             beta = 1.0f;
         }
         for (int j = 0; j < 4; j++) {
             if (slot[j] < 0 && own[j] != NULL) {
-                matmul_backward_q(g, r8, d.dxn, CUDA_R_32F, beta, draw[j], dq_i, dq_e5m2, dq_amax, xa_w,
+                matmul_backward_q(g, r8, 1, d.dxn, CUDA_R_32F, beta, draw[j], dq_i, dq_e5m2, dq_amax, xa_w,
                                   QKVG_TENSORS[j], l, fp8_weight_at(L, l, FP8_W_QKVG), N, C, C);
                 beta = 1.0f;
             }
         }
         rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_ATTN_NORM, l), d.dxn, p.resid,
-                             pm(g, P_ATTN_NORM, l), p.rstd_a, N, C);
+                             pm(g, P_ATTN_NORM, l), p.rstd_a, N, C, fp8_dres_down(g, l - 1));
     }
 }
 
