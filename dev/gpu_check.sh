@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU evidence of one sitting on a GPU machine, in one command:
 #   1. ./test_fox in the bf16 and the fp32 build (the GPU against the CPU twin);
-#   2. compute-sanitizer memcheck and racecheck over five short training runs that take every
+#   2. compute-sanitizer memcheck and racecheck over six short training runs that take every
 #      training kernel (fused attention forward and backward at head sizes 64 and 128, at a T
-#      that is not a multiple of the tile, pruning, documents kept apart (-f 1), evaluation and
-#      the optimizer included);
-#   3. bit-exact resume: 12 steps straight against 6 steps, stop, resume, 6 steps: the losses and
-#      the final checkpoints must be equal bit for bit.
+#      that is not a multiple of the tile, pruning, documents kept apart (-f 1), FP8 matmuls
+#      (-q hybrid), evaluation and the optimizer included);
+#   3. bit-exact resume, without and with -q hybrid (its scales and amax histories in the state):
+#      12 steps straight against 6 steps, stop, resume, 6 steps: the losses and the final
+#      checkpoints must be equal bit for bit.
 #
 #   dev/gpu_check.sh [log dir]        (default log_gpu_check; about 12 minutes on one H200 without the two
 #                                     -f 1 runs of part 2, which add about 7 at the others' rates)
@@ -55,7 +56,7 @@ python3 dev/make_doc_shard.py -o "$LOG/docs/d_train_000000.bin" -n 200000 --min 
     python3 dev/make_doc_shard.py -o "$LOG/docs/d_val_000000.bin" -n 50000 --min 20 --max 100 --seed 2 > /dev/null ||
     { say "FAIL dev/make_doc_shard.py"; exit 1; }
 DOCS="-i $LOG/docs/d_train_*.bin -j $LOG/docs/d_val_*.bin -f 1"
-RUNS=("$SHORT" "$SHORT -A 1" "$SHORT --n_head 1 -A 1" "$SHORT $DOCS" "$SHORT --n_head 1 -A 1 $DOCS")
+RUNS=("$SHORT" "$SHORT -A 1" "$SHORT --n_head 1 -A 1" "$SHORT $DOCS" "$SHORT --n_head 1 -A 1 $DOCS" "$SHORT -q hybrid")
 for i in "${!RUNS[@]}"; do
     part memcheck || break
     run=${RUNS[$i]}
@@ -81,8 +82,8 @@ for i in "${!RUNS[@]}"; do
 done
 
 # --- 3. bit-exact resume: a new process continues from the straight run's step-6 checkpoint ---
-resume_check() {
-    local RUN="-e fox-pro-tiny -b 8 -t 512 -x 12 -n 6 -v 0 -s 0" rc
+resume_check() { # extra flags
+    local RUN="-e fox-pro-tiny -b 8 -t 512 -x 12 -n 6 -v 0 -s 0 $*" rc
     rm -rf "$LOG/straight" "$LOG/resumed"
     mkdir -p "$LOG/resumed"
     ./train_fox $RUN -o "$LOG/straight" > "$LOG/straight.txt" 2>&1 &&
@@ -94,11 +95,11 @@ resume_check() {
         diff <(tail_of "$LOG/straight") <(tail_of "$LOG/resumed") > /dev/null &&
         cmp -s "$LOG/straight/model_00000012.bin" "$LOG/resumed/model_00000012.bin" &&
         cmp -s "$LOG/straight/state_00000012.bin" "$LOG/resumed/state_00000012.bin"; then
-        say "PASS bit-exact resume: 12 steps straight = 6 + resume + 6 (losses, weights, AdamW state)"
+        say "PASS bit-exact resume${*:+ ($*)}: 12 steps straight = 6 + resume + 6 (losses, weights, AdamW state)"
     else
-        say "FAIL bit-exact resume (exit $rc)"; FAILURES=$((FAILURES + 1))
+        say "FAIL bit-exact resume${*:+ ($*)} (exit $rc)"; FAILURES=$((FAILURES + 1))
     fi
 }
-if part resume; then resume_check; fi
+if part resume; then resume_check; resume_check -q hybrid; fi
 say "gpu_check: $FAILURES failure(s)"
 [ $FAILURES -eq 0 ]
