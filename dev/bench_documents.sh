@@ -2,9 +2,11 @@
 # Documents kept apart (-f 1) on one GPU: fox-pro-125m at 2 x 16384 with -A 1, -f 0 against -f 1, on a synthetic
 # shard of short documents (dev/make_doc_shard.py: each an EOT then random ids, 512 to 2048 tokens; made when absent).
 # A third run is the reference the -f 1 step should approach: the same tokens a step in sequences of the documents'
-# own scale (16 x 2048, -A 1, -f 0). Per run: the mean step time and tokens/s over the steps after the first SKIP,
-# and the mean share of 128 x 128 attention tiles skipped that the step line prints (-A 1: the decay bound; -f 1:
-# also every tile wholly before its query tile's document). A benchmark, not a test: each run's exit status is
+# own scale (16 x 2048, -A 1, -f 0). The last two are -f 0 and -f 1 without pruning (-A 0): what the documents skip
+# alone (at initialisation the gates forget fast, and -A 1 skips most tiles with or without -f 1). Per run: the mean
+# step time and tokens/s over the steps after the first SKIP, and the mean share of 128 x 128 attention tiles
+# skipped that the step line prints (-A 1: the decay bound; -f 1: also every tile wholly before its query tile's
+# document). A benchmark, not a test: each run's exit status is
 # printed, none is judged; each run's output stays in $OUT. Last, the attention kernels' share of the -f 0 and -f 1
 # steps (dev/trace_step.py: CUPTI, every kernel as it runs).
 #
@@ -56,6 +58,8 @@ run() {
 run f0 "$B" "$T" -A 1 -f 0
 run f1 "$B" "$T" -A 1 -f 1
 run ref $((B * T / 2048)) 2048 -A 1 -f 0
+run f0A0 "$B" "$T" -A 0 -f 0
+run f1A0 "$B" "$T" -A 0 -f 1
 
 # the attention's share of the step at B x T, -f 0 and -f 1 (dev/trace_step.py: CUPTI, every kernel as it runs)
 for f in 0 1; do

@@ -1,6 +1,6 @@
 /*
 dev/profile_generate.cu: where the time of one generated token goes on the GPU decoder of
-train_fox.cu: a preset model (random init) prefilled with B prompts of the held-out shard, then
+train_fox.cu (dev/generate.cuh): a preset model (random init) prefilled with B prompts of the held-out shard, then
 the step as one CUDA graph (with and without the host's wait for each token) and each of its
 launches alone (CUDA events around 20 repetitions, the mean; the attention kernels rewrite the
 same cache slot each time). Not a test: numbers for dev/RESULTS.md.
