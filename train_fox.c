@@ -3281,7 +3281,7 @@ static void usage(void) {
 "  -L <float>  ln eps of the pruning bound, < 0 (default -10)\n"
 "  -f <0|1>    documents kept apart (training and evaluation): each EOT token (50256) starts a fresh\n"
 "              context that sees nothing before it, the EOT only itself (default 0)\n"
-"  -q <mode>   FP8 matmuls in training (train_fox_cpu emulates them; the GPU's are coming): off (default),\n"
+"  -q <mode>   FP8 matmuls in training (one GPU; train_fox_cpu emulates them): off (default),\n"
 "              hybrid (E4M3 weights and activations, E5M2 gradients), e4m3 (E4M3 gradients too),\n"
 "              body (hybrid with the lm head in bf16); per-tensor power-of-two scales, fp32 master weights\n"
 "  -r <0|1>    activation recompute (train_fox on GPUs): 0 keeps every activation (default), 1 recomputes\n"
