@@ -36,12 +36,12 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // encoder
 // defines: encoder_forward_kernel, encoder_backward_kernel, encoder_forward_gpu, encoder_backward_gpu
 // matmuls
-// defines: MatmulPlan, matmul_scales, matmul_plan, matmul_tune, digest_gpu, pattern_gpu, matmul_typed, matmul_lt,
-// defines: matmul_forward_gpu, matmul_backward_input_gpu, matmul_backward_weight_gpu
-// FP8 operands (bf16 build)
-// defines: fp8_code, fp8_value, fp8_in, fp8_pow2_gpu, fp8_scale_exp_gpu, fp8_block_amax, fp8_amax_kernel,
-// defines: fp8_cast_kernel, fp8_cast_transpose_kernel, fp8_blocks, fp8_amax_gpu, fp8_cast_gpu, fp8_cast_transpose_gpu,
-// defines: matmul_fp8_gpu
+// defines: MatmulPlan, matmul_scales, matmul_plan, matmul_run_first, matmul_tune, digest_gpu, pattern_gpu,
+// defines: matmul_typed, matmul_lt, matmul_forward_gpu, matmul_backward_input_gpu, matmul_backward_weight_gpu
+// FP8 operands
+// defines: fp8_code, fp8_value, fp8_pow2_gpu, fp8_warp_amax, Fp8Out, fp8_pack; bf16 build: fp8_in, fp8_scale_exp_gpu,
+// defines: fp8_block_amax, fp8_amax_kernel, fp8_cast_kernel, fp8_cast_transpose_kernel, fp8_blocks, fp8_amax_gpu,
+// defines: fp8_cast_gpu, fp8_cast_transpose_gpu, matmul_fp8_gpu
 // RMSNorm and column sums
 // defines: rmsnorm_forward_kernel, rmsnorm_backward_kernel, colsum_partial_kernel, colsum_scale_partial_kernel,
 // defines: colsum_finish_kernel, rms_nv, rmsnorm_forward_nv, rmsnorm_forward_gpu, rmsnorm_backward_nv,
@@ -87,12 +87,13 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: layout_activations, layout_grad_buffers, gpu_memory_needed, gpu_config_problem, gpu_build_dist,
 // defines: gpu_build, gpu_free
 // FP8 matmuls of a training step (-q)
-// defines: fp8_scales_kernel, gpu_fp8_build, gpu_fp8_free, Fp8Block, fp8_weight_blocks, gpu_fp8_step_begin,
-// defines: gpu_fp8_amax_to_host, fp8_rounds, fp8_calibrating, fp8_amax_slot, fp8_slot_e5m2, matmul_forward_q,
-// defines: fp8_rounded_input, matmul_backward_q
+// defines: bf16 build: fp8_scales_kernel, gpu_fp8_build, gpu_fp8_free, Fp8Block, fp8_weight_blocks,
+// defines: gpu_fp8_step_begin, gpu_fp8_amax_to_host; fp8_rounds, fp8_calibrating, fp8_amax_slot, fp8_slot_e5m2,
+// defines: fp8_out, matmul_forward_q, fp8_dres_down, fp8_rounded_input, matmul_backward_q
 // forward and backward of the whole model
 // defines: LayerActs, layer_acts, head_proj_layer, gpu_docs, kv_shift_forward_layer, qk_norm_rope_forward_layer,
-// defines: output_norm_gate_forward_layer, gpu_recompute_layer, document_ends, gpu_forward_kernels, gpu_forward,
+// defines: output_norm_gate_forward_layer, LayerFp8, layer_fp8, gpu_recompute_layer, document_ends,
+// defines: gpu_forward_kernels, gpu_forward,
 // defines: gpu_forward_train, gpu_backward_kernels, gpu_encoder_backward, gpu_backward, gpu_train_micro_step,
 // defines: gpu_fp8_calibrate, gpu_tune_matmuls
 // optimiser
@@ -476,6 +477,7 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;                         // the one used: the first candidate until tuned
     cublasLtMatmulAlgo_t cand[MATMUL_CANDIDATES];
     int num_cand, tuned, calls;                        // calls: in the tuning step
+    int ran;                                           // cuBLASLt ran algo once (matmul_run_first)
     float first_ms, tuned_ms;
 } MatmulPlan;
 
@@ -540,7 +542,11 @@ static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, in
     cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    if (a_scale != NULL) { matmul_scales(p->desc, a_scale, b_scale); }
+    if (a_scale != NULL) { // FP8: scales, and fast accumulation off (it loses up to 1.5e-2 over long sums)
+        int8_t fast = 0;
+        matmul_scales(p->desc, a_scale, b_scale);
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+    }
     // stored shapes: op(A) is (m, k), op(B) is (k, n)
     cublasCheck(cublasLtMatrixLayoutCreate(&p->a, a_type, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->b, b_type, trans_b ? n : k, trans_b ? k : n, ldb));
@@ -566,10 +572,18 @@ static MatmulPlan* matmul_plan(int m, int n, int k, int trans_a, int trans_b, in
         fail("cuBLASLt has no algorithm for a %dx%dx%d matmul (transa %d, transb %d, ldb %d)\nHINT: unusual "
              "model sizes can trip cuBLASLt; try n_embd and mlp_hidden multiples of 8", m, n, k, trans_a, trans_b, ldb);
     }
-    for (int i = 0; i < found; i++) { p->cand[i] = result[i].algo; }
-    p->num_cand = found;
+    p->num_cand = 0; // a result is valid only with state SUCCESS
+    for (int i = 0; i < found; i++) {
+        if (result[i].state == CUBLAS_STATUS_SUCCESS && result[i].workspaceSize <= WORKSPACE_BYTES) {
+            p->cand[p->num_cand++] = result[i].algo;
+        }
+    }
+    if (p->num_cand == 0) {
+        fail("cuBLASLt has no usable algorithm for a %dx%dx%d matmul (transa %d, transb %d, types %d x %d -> %d)"
+             BUG_HINT, m, n, k, trans_a, trans_b, (int)a_type, (int)b_type, (int)d_type);
+    }
     p->algo = p->cand[0];
-    p->tuned = 0; p->calls = 0;
+    p->tuned = 0; p->calls = 0; p->ran = 0;
     g_num_plans++;
     return p;
 }
@@ -616,6 +630,22 @@ static cublasStatus_t matmul_run(const MatmulPlan* p, const cublasLtMatmulAlgo_t
     float alpha = 1.0f;
     return cublasLtMatmul(g_lt, p->desc, &alpha, a, p->a, b, p->b, &beta, c, p->c, d, p->d, algo, g_workspace,
                           WORKSPACE_BYTES, cudaStreamPerThread);
+}
+
+// The plan's call with its algorithm. Until one has run, a candidate that cuBLASLt refuses at run time (NOT_SUPPORTED:
+// some FP8 candidates of the heuristic are) is dropped and the next tried on the same operands: a refusal launches
+// nothing, so D is untouched. cand[0] stays the first that runs (matmul_tune's reference).
+static cublasStatus_t matmul_run_first(MatmulPlan* p, void* d, const void* c, const void* a, const void* b,
+                                       float beta) {
+    cublasStatus_t st = matmul_run(p, &p->algo, d, c, a, b, beta);
+    while (!p->ran && st == CUBLAS_STATUS_NOT_SUPPORTED && p->num_cand > 1) {
+        for (int i = 1; i < p->num_cand; i++) { p->cand[i - 1] = p->cand[i]; }
+        p->num_cand--;
+        p->algo = p->cand[0];
+        st = matmul_run(p, &p->algo, d, c, a, b, beta);
+    }
+    p->ran = p->ran || st == CUBLAS_STATUS_SUCCESS;
+    return st;
 }
 
 // candidate i's bits on the call's operands: the digest of D after D = A B (beta 0) and after D = A B + pattern
@@ -697,7 +727,7 @@ static void matmul_typed(void* d, cudaDataType_t d_type, const void* c, const vo
         if (!p->tuned) { matmul_tune(p, d, a, b); }
         p->calls++;
     }
-    cublasCheck(matmul_run(p, &p->algo, d, c_ptr, a, b, beta));
+    cublasCheck(matmul_run_first(p, d, c_ptr, a, b, beta));
 }
 
 static void matmul_lt(void* d, cudaDataType_t d_type, const void* c, const floatX* a, const floatX* b,
@@ -726,7 +756,7 @@ static void matmul_backward_weight_gpu(float* dw, const floatX* dout, const floa
 // codes enc(x 2^k), E4M3 or E5M2, rounded to nearest even and saturating (__NV_SATFINITE: a finite value past the
 // largest code and +-inf give the largest code, NaN stays NaN), the twin's fp8_encode; 2^k is exact, so the codes are
 // the twin's bit for bit. An amax is the max |x| as fp32 bits, which order as unsigned integers with NaN above inf:
-// each block reduces its own, then one atomicMax per block. A max of integers is exact and order-free, so the result
+// each block (or warp) reduces its own, then one atomicMax. A max of integers is exact and order-free, so the result
 // is the same bits whatever the blocks' order (no sum is formed). Hopper's FP8 matmuls take both operands K-major:
 // out (N, M) = x (N, K) w (M, K)^T (matmul_fp8_gpu); an input gradient reads the weights' transposed copy.
 #include <cuda_fp8.h>
@@ -742,31 +772,12 @@ __device__ static inline float fp8_value(uint8_t c, int e5m2) {
     return __half2float(__half(h));
 }
 
-// an input value as fp32 (exact); overloads, as floatX converts from float implicitly
-__device__ static inline float fp8_in(float x) { return x; }
-__device__ static inline float fp8_in(__nv_bfloat16 x) { return __bfloat162float(x); }
-
 // 2^k as a float, |k| <= 126 (the twin's fp8_pow2)
 __host__ __device__ static inline float fp8_pow2_gpu(int k) {
     uint32_t u = (uint32_t)(k + 127) << 23;
     float f;
     memcpy(&f, &u, sizeof(f));
     return f;
-}
-
-// the twin's fp8_scale_exp for an amax given as magnitude bits a, a format of largest exponent emax
-__device__ static inline int fp8_scale_exp_gpu(unsigned a, int emax, int margin) {
-    if (a == 0 || a >= 0x7F800000u) { return 0; }
-    int k = emax - ((int)(a >> 23) - 127) - ((a & 0x7FFFFFu) > 0x600000u ? 1 : 0) - margin;
-    return k < -FP8_K_MAX ? -FP8_K_MAX : k > FP8_K_MAX ? FP8_K_MAX : k;
-}
-
-// the block's max of the magnitude bits mx into *amax (256 threads); nothing when amax is NULL
-__device__ static void fp8_block_amax(unsigned mx, unsigned* amax) {
-    __shared__ unsigned red[32];
-    if (amax == NULL) { return; }
-    mx = block_reduce(mx, red, 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });
-    if (threadIdx.x == 0) { atomicMax(amax, mx); }
 }
 
 // the warp's max of the magnitude bits mx into *amax (every active lane calls it); for kernels that end early
@@ -801,6 +812,26 @@ __device__ static inline void fp8_pack(const Fp8Out& q, floatX* v, size_t i, uns
         if (q.round) { v[j] = to_floatX(fp8_value(c[j], q.e5m2) * down); }
     }
     memcpy(q.codes + i, c, M); // M bytes, M-aligned
+}
+
+#ifndef ENABLE_FP32
+// an input value as fp32 (exact); overloads, as floatX converts from float implicitly
+__device__ static inline float fp8_in(float x) { return x; }
+__device__ static inline float fp8_in(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// the twin's fp8_scale_exp for an amax given as magnitude bits a, a format of largest exponent emax
+__device__ static inline int fp8_scale_exp_gpu(unsigned a, int emax, int margin) {
+    if (a == 0 || a >= 0x7F800000u) { return 0; }
+    int k = emax - ((int)(a >> 23) - 127) - ((a & 0x7FFFFFu) > 0x600000u ? 1 : 0) - margin;
+    return k < -FP8_K_MAX ? -FP8_K_MAX : k > FP8_K_MAX ? FP8_K_MAX : k;
+}
+
+// the block's max of the magnitude bits mx into *amax (256 threads); nothing when amax is NULL
+__device__ static void fp8_block_amax(unsigned mx, unsigned* amax) {
+    __shared__ unsigned red[32];
+    if (amax == NULL) { return; }
+    mx = block_reduce(mx, red, 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });
+    if (threadIdx.x == 0) { atomicMax(amax, mx); }
 }
 
 // *amax = max(*amax, max |x|) over n values of T (float or floatX)
@@ -852,7 +883,6 @@ __global__ void fp8_cast_transpose_kernel(uint8_t* out, const T* x, int rows, in
     }
 }
 
-#ifndef ENABLE_FP32
 static unsigned fp8_blocks(size_t n) {
     size_t b = ceil_div(n, (size_t)256);
     return (unsigned)(b < 1024 ? (b > 0 ? b : 1) : 1024);
@@ -4806,7 +4836,9 @@ FP8_AT fp8_delayed_at(int l, int slot) { return l * FP8_SLOTS + slot; }
 FP8_AT fp8_norm_at(int L, int l, int j) { return L * FP8_SLOTS + l * FP8_NORMS + j; } // l = L: the final norm
 FP8_AT fp8_weight_at(int L, int l, int j) { return fp8_norm_at(L, L, 1) + l * FP8_WEIGHTS + j; } // l = L: lm head
 FP8_AT fp8_dlogits_at(int L) { return fp8_weight_at(L, L, 1); }
+#ifndef ENABLE_FP32
 FP8_AT fp8_index_count(int L) { return fp8_dlogits_at(L) + 1; }
+#endif
 
 typedef struct {
     FoxModel* host;
