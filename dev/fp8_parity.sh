@@ -25,8 +25,13 @@ for q in off "$MODE"; do
         -j "$DATA/gutenberg_val_*.bin" -o "$OUT/$q" > "$OUT/$q.txt" 2>&1
     echo "-q $q: rc=$?, $(grep -c '^step ' "$OUT/$q.txt") step lines, $(grep -h 'tel:' "$OUT/$q/main.log" | tail -n 1)"
 done
-a=$(grep -h 'tel:' "$OUT/off/main.log" | tail -n 1 | sed 's/.*tel:\([0-9.]*\).*/\1/')
-b=$(grep -h 'tel:' "$OUT/$MODE/main.log" | tail -n 1 | sed 's/.*tel:\([0-9.]*\).*/\1/')
-python3 -c "a, b = float('$a'), float('$b'); print(f'final val loss: bf16 {a:.4f}, -q $MODE {b:.4f}, ' \
-                                                   f'relative difference {(b - a) / a * 100:+.2f}%')"
+# the validation loss at the last step of a run, or nothing when it did not get there
+final() { grep -h "^s:$STEPS tel:" "$OUT/$1/main.log" 2>/dev/null | tail -n 1 | sed 's/.*tel:\([0-9.]*\).*/\1/'; }
+a=$(final off); b=$(final "$MODE")
+if [ -z "$a" ] || [ -z "$b" ]; then
+    echo "no comparison: a run did not reach step $STEPS (see $OUT/off.txt, $OUT/$MODE.txt)"
+else
+    python3 -c "a, b = float('$a'), float('$b'); print(f'final val loss: bf16 {a:.4f}, -q $MODE {b:.4f}, ' \
+                                                       f'relative difference {(b - a) / a * 100:+.2f}%')"
+fi
 python3 dev/plot_log.py -o "$OUT/parity.png" "bf16:$OUT/off" "fp8 $MODE:$OUT/$MODE" 2>&1 | tail -n 2
