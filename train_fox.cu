@@ -36,8 +36,9 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // encoder
 // defines: encoder_forward_kernel, encoder_backward_kernel, encoder_forward_gpu, encoder_backward_gpu
 // matmuls
-// defines: MatmulPlan, matmul_scales, matmul_plan, matmul_run_first, matmul_tune, digest_gpu, pattern_gpu,
-// defines: matmul_typed, matmul_lt, matmul_forward_gpu, matmul_backward_input_gpu, matmul_backward_weight_gpu
+// defines: MatmulPlan, matmul_scales, matmul_plan, matmul_drop_first, matmul_run_first, matmul_tune, digest_gpu,
+// defines: pattern_gpu, matmul_typed, matmul_lt, matmul_forward_gpu, matmul_backward_input_gpu,
+// defines: matmul_backward_weight_gpu
 // FP8 operands
 // defines: fp8_code, fp8_value, fp8_pow2_gpu, fp8_warp_amax, Fp8Out, fp8_pack; bf16 build: fp8_in, fp8_scale_exp_gpu,
 // defines: fp8_block_amax, fp8_amax_kernel, fp8_cast_kernel, fp8_cast_transpose_kernel, fp8_blocks, fp8_amax_gpu,
@@ -83,13 +84,13 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: GPUActivations, GPUGradBuffers, RangeList, ParamLayout, StepGraph, Fp8Gpu, fp8_delayed_at, fp8_norm_at,
 // defines: fp8_weight_at, fp8_dlogits_at, fp8_index_count, GPUModel, qkvg_slots
 // the GPU's parameter layout
-// defines: layout_params, slice_offset, pm, px, pg, gpu_upload, gpu_download, adamw_segments,
-// defines: layout_activations, layout_grad_buffers, gpu_memory_needed, gpu_config_problem, gpu_build_dist,
+// defines: layout_params, slice_offset, pm, px, pg, gpu_upload, gpu_download, adamw_segments, layout_activations,
+// defines: layout_grad_buffers, fp8_memory_needed, gpu_memory_needed, gpu_config_problem, gpu_build_dist,
 // defines: gpu_build, gpu_free
 // FP8 matmuls of a training step (-q)
 // defines: bf16 build: fp8_scales_kernel, gpu_fp8_build, gpu_fp8_free, Fp8Block, fp8_weight_blocks,
 // defines: gpu_fp8_step_begin, gpu_fp8_amax_to_host; fp8_rounds, fp8_calibrating, fp8_amax_slot, fp8_slot_e5m2,
-// defines: fp8_out, matmul_forward_q, fp8_dres_down, fp8_rounded_input, matmul_backward_q
+// defines: fp8_inv, fp8_out, matmul_forward_q, fp8_dres_down, fp8_rounded_input, matmul_backward_q
 // forward and backward of the whole model
 // defines: LayerActs, layer_acts, head_proj_layer, gpu_docs, kv_shift_forward_layer, qk_norm_rope_forward_layer,
 // defines: output_norm_gate_forward_layer, LayerFp8, layer_fp8, gpu_recompute_layer, document_ends,
@@ -632,6 +633,13 @@ static cublasStatus_t matmul_run(const MatmulPlan* p, const cublasLtMatmulAlgo_t
                           WORKSPACE_BYTES, cudaStreamPerThread);
 }
 
+// drops the plan's first candidate (cuBLASLt refused it); the next becomes the one used
+static void matmul_drop_first(MatmulPlan* p) {
+    for (int i = 1; i < p->num_cand; i++) { p->cand[i - 1] = p->cand[i]; }
+    p->num_cand--;
+    p->algo = p->cand[0];
+}
+
 // The plan's call with its algorithm. Until one has run, a candidate that cuBLASLt refuses at run time (NOT_SUPPORTED:
 // some FP8 candidates of the heuristic are) is dropped and the next tried on the same operands: a refusal launches
 // nothing, so D is untouched. cand[0] stays the first that runs (matmul_tune's reference).
@@ -639,9 +647,7 @@ static cublasStatus_t matmul_run_first(MatmulPlan* p, void* d, const void* c, co
                                        float beta) {
     cublasStatus_t st = matmul_run(p, &p->algo, d, c, a, b, beta);
     while (!p->ran && st == CUBLAS_STATUS_NOT_SUPPORTED && p->num_cand > 1) {
-        for (int i = 1; i < p->num_cand; i++) { p->cand[i - 1] = p->cand[i]; }
-        p->num_cand--;
-        p->algo = p->cand[0];
+        matmul_drop_first(p);
         st = matmul_run(p, &p->algo, d, c, a, b, beta);
     }
     p->ran = p->ran || st == CUBLAS_STATUS_SUCCESS;
@@ -693,8 +699,11 @@ static void matmul_tune(MatmulPlan* p, void* d, const void* a, const void* b) {
     unsigned long long first[2], bits[2];
     int32_t splitk0, splitk;
     uint32_t scheme0, scheme;
-    if (!matmul_candidate_bits(p, 0, d, a, b, first)) {
-        fail("cuBLASLt refused its own first algorithm for a %dx%dx%d matmul" BUG_HINT, p->m, p->n, p->k);
+    while (!matmul_candidate_bits(p, 0, d, a, b, first)) { // a refused first candidate: the next (matmul_run_first)
+        if (p->num_cand == 1) {
+            fail("cuBLASLt refused every algorithm for a %dx%dx%d matmul" BUG_HINT, p->m, p->n, p->k);
+        }
+        matmul_drop_first(p);
     }
     algo_reduction(&p->cand[0], &splitk0, &scheme0);
     p->first_ms = p->tuned_ms = matmul_time_candidate(p, 0, d, a, b);
@@ -805,13 +814,16 @@ __device__ static inline void fp8_pack(const Fp8Out& q, floatX* v, size_t i, uns
     }
     if (q.codes == NULL) { return; }
     float up = fp8_pow2_gpu(*q.k), down = fp8_pow2_gpu(-*q.k);
-    uint8_t c[M];
+    uint32_t w[(M + 3) / 4] = {}; // the codes, little-endian, stored as M-byte words (i is M-aligned; M = 4 or 8)
     #pragma unroll
     for (int j = 0; j < M; j++) {
-        c[j] = fp8_code(to_float(v[j]) * up, q.e5m2);
-        if (q.round) { v[j] = to_floatX(fp8_value(c[j], q.e5m2) * down); }
+        uint8_t c = fp8_code(to_float(v[j]) * up, q.e5m2);
+        w[j / 4] |= (uint32_t)c << (8 * (j % 4));
+        if (q.round) { v[j] = to_floatX(fp8_value(c, q.e5m2) * down); }
     }
-    memcpy(q.codes + i, c, M); // M bytes, M-aligned
+    static_assert(M == 4 || M == 8, "fp8_pack stores 4 or 8 codes");
+    if (M == 4) { *(uint32_t*)(q.codes + i) = w[0]; }
+    else { *(uint2*)(q.codes + i) = make_uint2(w[0], w[(M + 3) / 4 - 1]); }
 }
 
 #ifndef ENABLE_FP32
@@ -4330,8 +4342,8 @@ __global__ void __launch_bounds__(CE_THREADS) crossentropy_kernel(float* losses,
             PackX p = {};
             if (j0 < V) { p = staged ? row_s[j0 / XPACK] : *(const PackX*)(row + j0); } // pads: never read
             PackX d = ce_gradient(p, j0, V, target, lse, dloss);
-            unsigned mx = 0; // dlogits' scale is bounded: no amax
-            fp8_pack<XPACK>(q, d.v, n * Vp + j0, &mx);
+            unsigned no_amax = 0; // dlogits' scale is bounded: no amax
+            fp8_pack<XPACK>(q, d.v, n * Vp + j0, &no_amax);
             *(PackX*)(row + j0) = d;
         }
     }
@@ -4825,12 +4837,13 @@ typedef struct {
     uint8_t* d8;        // (N, max(Vp, 4C, 2I)) the codes of a backward matmul's output gradient
     floatX* xr;         // (N, max(C, I)) a forward input's rounded values again, for its weight gradient
     int* k;             // (fp8_index_count) scale exponents
-    float* inv;         // (fp8_index_count) 2^-k: the matmuls' dequantisation scales
+    float* inv;         // (fp8_index_count, FP8_INV_STRIDE) 2^-k: the matmuls' dequantisation scales, 16 bytes apart
     unsigned* amax;     // (fp8_index_count) amaxes as magnitude bits: the step's delayed operands', norms', weights'
     int* k_host;        // (fp8_index_count) staging for the host's scales
     unsigned* amax_host; // (L, FP8_SLOTS) staging for the step's amaxes
 } Fp8Gpu;
 
+#define FP8_INV_STRIDE 4 // floats between two slots' dequantisation scales (cuBLASLt reads each by pointer)
 #define FP8_AT __host__ __device__ static int
 FP8_AT fp8_delayed_at(int l, int slot) { return l * FP8_SLOTS + slot; }
 FP8_AT fp8_norm_at(int L, int l, int j) { return L * FP8_SLOTS + l * FP8_NORMS + j; } // l = L: the final norm
@@ -5192,13 +5205,23 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
 }
 
 // bytes of device memory for a model trained on (B, T) batches
-static size_t gpu_memory_needed(const FoxConfig* cf, int B, int T, const Dist* dist) {
+// the device bytes of -q's buffers (gpu_fp8_build): the weights' codes twice, x8, d8, xr, the scale slots
+static size_t fp8_memory_needed(const FoxConfig* cf, size_t layout_size, int B, int T) {
+    size_t N = (size_t)B * T, C = (size_t)cf->n_embd, I = (size_t)cf->mlp_hidden, Vp = (size_t)cf->padded_vocab_size;
+    size_t wide = C > I ? C : I, grad = Vp > 4 * C ? Vp : 4 * C;
+    grad = grad > 2 * I ? grad : 2 * I;
+    return 2 * layout_size + N * wide * (1 + sizeof(floatX)) + N * grad + (size_t)(cf->n_layer + 1) * 64 * 16;
+}
+
+// (fp8: -q's mode, its buffers counted unless off)
+static size_t gpu_memory_needed(const FoxConfig* cf, int B, int T, const Dist* dist, int fp8) {
     GPUActivations a;
     GPUGradBuffers d;
     ParamLayout lay;
     layout_params(&lay, cf, dist->world);
     size_t opt = dist->world > 1 && dist->zero_stage == 1 ? lay.size / (size_t)dist->world : lay.size;
     size_t params = lay.size * (2 * sizeof(float) + sizeof(floatX)) + opt * 2 * sizeof(float); // + m, v
+    if (fp8 != FP8_MODE_OFF) { params += fp8_memory_needed(cf, lay.size, B, T); }
     layout_free(&lay);
     size_t rope = cf->rope ? (size_t)T * (cf->n_embd / cf->n_head) * sizeof(float) : 0;
     return params + layout_activations(&a, cf, B, T, g_recompute, NULL) + layout_grad_buffers(&d, cf, B, T, NULL) +
@@ -5292,7 +5315,7 @@ static void gpu_build_dist(GPUModel* g, FoxModel* host, int B, int T, const Dist
     adamw_segments(g);
     g->max_B = B;
     g->max_T = T;
-    g_memory_estimate = gpu_memory_needed(cf, B, T, dist);
+    g_memory_estimate = gpu_memory_needed(cf, B, T, dist, host->fp8.mode);
     size_t np = g->layout.size, no = g->opt.total;
     g->params = (float*)gpu_malloc(np * sizeof(float), "master weights");
     g->params_x = (floatX*)gpu_malloc(np * sizeof(floatX), "matmul weights");
@@ -5365,7 +5388,7 @@ __global__ void fp8_scales_kernel(int* k, float* inv, const unsigned* amax, int 
     } else if (i >= weights && i < fp8_dlogits_at(L)) {
         k[i] = fp8_scale_exp_gpu(amax[i], 8, 0);
     }
-    inv[i] = fp8_pow2_gpu(-k[i]);
+    inv[FP8_INV_STRIDE * i] = fp8_pow2_gpu(-k[i]);
 }
 
 // Allocates the FP8 buffers when the host model has a mode (-q); every FP8 matmul's K must be a multiple of 16.
@@ -5391,7 +5414,7 @@ static void gpu_fp8_build(GPUModel* g, int B, int T) {
     q->d8 = (uint8_t*)gpu_malloc(N * grad, "FP8 output gradients");
     q->xr = (floatX*)gpu_malloc(N * wide * sizeof(floatX), "FP8 rounded inputs");
     q->k = (int*)gpu_malloc(n * sizeof(int), "FP8 scales");
-    q->inv = (float*)gpu_malloc(n * sizeof(float), "FP8 scales");
+    q->inv = (float*)gpu_malloc(n * FP8_INV_STRIDE * sizeof(float), "FP8 scales");
     q->amax = (unsigned*)gpu_malloc(n * sizeof(unsigned), "FP8 amaxes");
     cudaCheck(cudaMemset(q->k, 0, n * sizeof(int)));
     q->k_host = (int*)calloc_check(n, sizeof(int), "FP8 scales");
@@ -5469,16 +5492,21 @@ static void gpu_fp8_step_begin(GPUModel* g, float loss_scale, size_t N) {
     cudaCheck(cudaMemset(q->amax, 0, (size_t)L * FP8_SLOTS * sizeof(unsigned))); // the delayed ones, for the step
 }
 
-// the step's delayed amaxes (the max over its micro-steps) into the host's Fp8State, for fp8_step_end
+// the step's delayed amaxes (the max over its micro-steps) into the host's Fp8State (maxed into it), for fp8_step_end
 static void gpu_fp8_amax_to_host(GPUModel* g) {
     Fp8Gpu* q = &g->fp8;
     if (!q->on) { return; }
     size_t n = (size_t)g->config.n_layer * FP8_SLOTS;
     cudaCheck(cudaMemcpy(q->amax_host, q->amax, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; i++) { g->host->fp8.amax[i] = f32_from_bits(q->amax_host[i]); }
+    for (size_t i = 0; i < n; i++) { // a max: a calibration's non-finite amax stays (the twin's fp8_delayed)
+        g->host->fp8.amax[i] = fp8_max(g->host->fp8.amax[i], f32_from_bits(q->amax_host[i]));
+    }
 }
 
 #endif
+
+// slot i's dequantisation scale 2^-k, for a matmul
+static const float* fp8_inv(const Fp8Gpu* q, int i) { return q->inv + FP8_INV_STRIDE * i; }
 
 // whether this pass's FP8 matmuls round (a training micro-step with -q), or only take the delayed operands' amaxes
 // (the calibration's pass); neither outside a training step (validation, evaluation, tests' plain passes)
@@ -5513,8 +5541,8 @@ static void matmul_forward_q(GPUModel* g, int use8, int cast, void* out, cudaDat
     Fp8Gpu* q = &g->fp8;
     if (use8) {
         if (cast) { fp8_cast_gpu(q->x8, (floatX*)NULL, x, N * IC, q->k + xi, 0, amax); }
-        matmul_fp8_gpu(out, out_type, add, q->x8, CUDA_R_8F_E4M3, q->inv + xi, q->w8 + slice_offset(g, tensor, l),
-                       q->inv + wi, N, OC, IC, 0.0f);
+        matmul_fp8_gpu(out, out_type, add, q->x8, CUDA_R_8F_E4M3, fp8_inv(q, xi), q->w8 + slice_offset(g, tensor, l),
+                       fp8_inv(q, wi), N, OC, IC, 0.0f);
         return;
     }
     if (cast && amax != NULL) { fp8_amax_gpu(amax, x, N * IC); }
@@ -5551,8 +5579,8 @@ static void matmul_backward_q(GPUModel* g, int use8, int cast, void* dinp, cudaD
     Fp8Gpu* q = &g->fp8;
     if (use8) {
         if (cast) { fp8_cast_gpu(q->d8, dout, dout, N * OC, q->k + di, e5m2, amax); }
-        matmul_fp8_gpu(dinp, dinp_type, NULL, q->d8, e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, q->inv + di,
-                       q->w8t + slice_offset(g, tensor, l), q->inv + wi, N, IC, OC, beta);
+        matmul_fp8_gpu(dinp, dinp_type, NULL, q->d8, e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, fp8_inv(q, di),
+                       q->w8t + slice_offset(g, tensor, l), fp8_inv(q, wi), N, IC, OC, beta);
         matmul_backward_weight_gpu(pg(g, tensor, l), dout, x_w, N, IC, OC);
         return;
     }
@@ -6380,7 +6408,7 @@ static void train_plan(TrainRun* r) {
     size_t matmul_params = fox_matmul_params(&r->model);
     r->flops_per_token = 6.0 * (double)matmul_params + 6.0 * cf->n_layer * cf->n_embd * (double)a->T;
     r->peak = gpu_peak_flops();
-    r->need = gpu_memory_needed(cf, a->B, a->T, &r->dist);
+    r->need = gpu_memory_needed(cf, a->B, a->T, &r->dist, a->fp8);
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
     printf("parameters: %zu (%zu in matmuls) | GPU memory estimate %.1f MiB of %.1f MiB free (per GPU), "

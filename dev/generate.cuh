@@ -1715,7 +1715,7 @@ static void gpu_sample(GPUModel* g, const Tokenizer* tk, int gen_tokens, uint64_
 // the device memory -M generate needs: the prefill's model for Bp sequences of Tp tokens (gpu_build's buffers) and a
 // decoder for B sequences of up to max_len tokens whose pool starts at `pages`
 static size_t gpu_generate_bytes(const FoxConfig* cf, int Bp, int Tp, int B, int max_len, size_t pages) {
-    return gpu_memory_needed(cf, Bp, Tp, &g_single_process) + gpu_decoder_bytes(cf, B, max_len, pages);
+    return gpu_memory_needed(cf, Bp, Tp, &g_single_process, FP8_MODE_OFF) + gpu_decoder_bytes(cf, B, max_len, pages);
 }
 
 #define GENERATE_MEMORY_HINT "pass fewer or shorter prompts (-D), a smaller -g, or -A 1 on a model with a forget " \
