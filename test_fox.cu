@@ -6953,8 +6953,6 @@ void run_gpu_tests(void) {
         printf("skipped: no GPU (%s): attention kernels against the twin's attention\n", why);
         printf("skipped: no GPU (%s): head projections against the twin's matmuls\n", why);
         printf("skipped: no GPU (%s): the cross-entropy kernel against fp64\n", why);
-        printf("skipped: no GPU (%s): FP8 (-q): casts, matmuls and training steps against the twin's FP8 "
-               "numerics\n", why);
         printf("skipped: no GPU (%s): the forget gate's cumulative sum against fp64\n", why);
         printf("skipped: no GPU (%s): determinism, checkpoints both ways, resume\n", why);
         printf("skipped: no GPU (%s): matmul tuning: the same bits as untuned\n", why);
@@ -6984,11 +6982,6 @@ void run_gpu_tests(void) {
     gpu_test_rmsnorm();
     gpu_test_forget_gate();
     gpu_test_crossentropy();
-#ifndef ENABLE_FP32
-    gpu_test_fp8_casts();
-    gpu_test_fp8_matmul();
-    gpu_test_fp8_steps();
-#endif
     gpu_test_attention();
     gpu_test_attention_rescale();
 #ifndef ENABLE_FP32
@@ -7550,6 +7543,27 @@ static void run_gpu_gen_tests(void) {
 static void run_gpu_gen_tests(void) { printf("skipped: GPU generation tests (built without nvcc)\n"); }
 #endif
 
+// the GPU's FP8 path (-q): casts, matmuls and whole steps against the twin's emulation
+#if defined(__CUDACC__) && !defined(ENABLE_FP32)
+static void run_gpu_fp8_tests(void) {
+    char why[256];
+    if (!gpu_available(why, sizeof(why))) {
+        printf("skipped: no GPU (%s): FP8 (-q): casts, matmuls and training steps against the twin's FP8 "
+               "numerics\n", why);
+        return;
+    }
+    if (g_lt == NULL) { gpu_init(); } // run_gpu_tests may have done it
+    printf("GPU FP8 tests on %s\n", g_prop.name);
+    gpu_test_fp8_casts();
+    gpu_test_fp8_matmul();
+    gpu_test_fp8_steps();
+}
+#elif defined(__CUDACC__)
+static void run_gpu_fp8_tests(void) { printf("skipped: GPU FP8 tests (-q is a bf16-build option; this is fp32)\n"); }
+#else
+static void run_gpu_fp8_tests(void) { printf("skipped: GPU FP8 tests (built without nvcc)\n"); }
+#endif
+
 // Starts a group of tests: closes the one before with its wall time (NULL closes the last). The times say where a
 // slow run spends itself (the twin's OpenMP loops on a many-core host, the GPU's start-up).
 static void test_group(const char* title) {
@@ -7569,25 +7583,16 @@ int main(int argc, char** argv) {
         printf("%d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed != 0;
     }
-#if defined(__CUDACC__) && !defined(ENABLE_FP32)
     if (argc > 1 && strcmp(argv[1], "gpu-fp8") == 0) { // the GPU's FP8 tests alone
-        char why[256];
-        if (gpu_available(why, sizeof(why))) {
-            gpu_init();
-            gpu_test_fp8_casts();
-            gpu_test_fp8_matmul();
-            gpu_test_fp8_steps();
-        } else {
-            printf("skipped: no GPU (%s): FP8 (-q): casts, matmuls and training steps against the twin's FP8 "
-                   "numerics\n", why);
-        }
+        run_gpu_fp8_tests();
         printf("%d passed, %d failed\n", tests_passed, tests_failed);
         return tests_failed != 0;
     }
-#endif
     if (argc > 1 && strcmp(argv[1], "gpu") == 0) {
         test_group("GPU trainer against the twin");
         run_gpu_tests();
+        test_group("GPU FP8 (-q) against the twin's FP8 emulation");
+        run_gpu_fp8_tests();
         test_group("GPU generation");
         run_gpu_gen_tests();
         test_group(NULL);
@@ -7658,6 +7663,8 @@ int main(int argc, char** argv) {
     test_fp8_training();
     test_group("GPU trainer against the twin");
     run_gpu_tests();
+    test_group("GPU FP8 (-q) against the twin's FP8 emulation");
+    run_gpu_fp8_tests();
     test_group("GPU generation");
     run_gpu_gen_tests();
     test_group(NULL);
