@@ -6553,6 +6553,48 @@ static void gpu_test_fp8_steps(void) {
         fox_free(&twin); fox_free(&probe); fox_free(&plain); fox_free(&host);
     }
 }
+
+// -X 1 with -q: tuning picks FP8 plans' candidates too (a second, rounding pass) and changes no bit of training: 3 FP8
+// steps of 2 micro-batches, tuned (every plan on its last same-bits candidate) against untuned, losses and weights
+static void gpu_test_fp8_tuning(void) {
+    BitRun t;
+    bit_run_init(&t);
+    AdamWConfig opt = {1e-2f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
+    double loss[2][3];
+    FoxModel h[2];
+    GPUModel g[2];
+    int changed = 0, fp8_plans = 0;
+    for (int r = 0; r < 2; r++) {
+        matmul_plans_drop(0);
+        twin_from_config(&h[r], &t.c, 7);
+        fp8_setup(&h[r], FP8_MODE_HYBRID);
+        gpu_build(&g[r], &h[r], t.B, t.T);
+        if (r == 1) {
+            test_hooks.tune_last = 1;
+            gpu_tune_matmuls(&g[r], t.B, t.T);
+            test_hooks.tune_last = 0;
+            for (int i = 0; i < g_num_plans; i++) {
+                int fp8 = g_plans[i].a_type == CUDA_R_8F_E4M3;
+                fp8_plans += fp8 && g_plans[i].tuned;
+                changed += fp8 && memcmp(&g_plans[i].algo, &g_plans[i].cand[0], sizeof(g_plans[i].algo)) != 0;
+            }
+        }
+        for (int s = 0; s < 3; s++) {
+            gpu_fp8_step(&g[r], t.inputs, t.targets, t.B, t.T, t.micro, &opt, opt.lr, s + 1, &loss[r][s]);
+        }
+    }
+    gpu_params_to_host(&g[1]);
+    int same = memcmp(loss[0], loss[1], sizeof(loss[0])) == 0 &&
+               gpu_same_as_twin(&g[0], g[0].params, h[1].params_memory) &&
+               memcmp(h[0].fp8.history, h[1].fp8.history,
+                      (size_t)t.c.n_layer * FP8_SLOTS * h[0].fp8.history_len * sizeof(float)) == 0;
+    check(same && fp8_plans > 0 && changed > 0, "gpu fp8 matmul tuning (-q hybrid): %d FP8 plans tuned, %d on another "
+          "cuBLASLt algorithm; the same losses, weights and amax histories bit for bit as untuned over 3 steps of 2 "
+          "micro-batches: %s (last loss %.6f)", fp8_plans, changed, same ? "yes" : "no", loss[1][2]);
+    matmul_plans_drop(0);
+    for (int r = 0; r < 2; r++) { gpu_free(&g[r]); fox_free(&h[r]); }
+    free(t.inputs); free(t.targets);
+}
 #endif
 
 // The forget gate's forward (forget_gate_forward_kernel) against fp64: z = xw + b must be the fp32
@@ -7557,6 +7599,7 @@ static void run_gpu_fp8_tests(void) {
     gpu_test_fp8_casts();
     gpu_test_fp8_matmul();
     gpu_test_fp8_steps();
+    gpu_test_fp8_tuning();
 }
 #elif defined(__CUDACC__)
 static void run_gpu_fp8_tests(void) { printf("skipped: GPU FP8 tests (-q is a bf16-build option; this is fp32)\n"); }

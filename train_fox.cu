@@ -6067,6 +6067,53 @@ static void gpu_fp8_calibrate(GPUModel* g, const int* inputs, const int* targets
 
 #endif
 
+// -X 1 with -q: the FP8 plans are tuned on a second pass that rounds as a training micro-step does, its delayed scales
+// from the amaxes that the first (bf16) pass takes as a calibration would. The host's FP8 state (scales, histories,
+// amaxes) is left as it was, and the device's amaxes cleared: tuning changes no bit of training (matmul_tune).
+static void gpu_tune_fp8_begin(GPUModel* g) {
+#ifndef ENABLE_FP32
+    if (!g->fp8.on) { return; }
+    cudaCheck(cudaMemset(g->fp8.amax, 0, (size_t)g->config.n_layer * FP8_SLOTS * sizeof(unsigned)));
+    g->host->fp8.on = 1;
+    g->host->fp8.calibrating = 1;
+#endif
+}
+
+// after the first pass: the delayed scales from its amaxes, the weights cast (gpu_fp8_step_begin); the pass that
+// follows rounds. False without -q.
+static int gpu_tune_fp8_scales(GPUModel* g, size_t N) {
+#ifndef ENABLE_FP32
+    if (!g->fp8.on) { return 0; }
+    Fp8State* s = &g->host->fp8;
+    size_t n = (size_t)g->config.n_layer * FP8_SLOTS;
+    int* k_run = (int*)malloc_check(n * sizeof(int), "FP8 scales");
+    memcpy(k_run, s->k, n * sizeof(int));
+    cudaCheck(cudaMemcpy(g->fp8.amax_host, g->fp8.amax, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) {
+        int slot = (int)(i % FP8_SLOTS);
+        s->k[i] = fp8_scale_exp(f32_from_bits(g->fp8.amax_host[i]), fp8_slot_format(s->mode, slot),
+                                fp8_slot_margin(slot));
+    }
+    s->calibrating = 0;
+    gpu_fp8_step_begin(g, 1.0f, N);
+    memcpy(s->k, k_run, n * sizeof(int));
+    free(k_run);
+    return 1;
+#else
+    (void)g; (void)N;
+    return 0;
+#endif
+}
+
+static void gpu_tune_fp8_end(GPUModel* g) {
+#ifndef ENABLE_FP32
+    g->host->fp8.on = 0;
+    cudaCheck(cudaMemset(g->fp8.amax, 0, (size_t)g->config.n_layer * FP8_SLOTS * sizeof(unsigned)));
+#else
+    (void)g;
+#endif
+}
+
 // -X 1: one training forward and backward on random tokens with g_tuning set, so each matmul plan's first call tunes it
 // (matmul_tune); the step's results are thrown away (the gradients zeroed). Prints how many plans changed and their
 // time a step, each matmul timed alone.
@@ -6076,12 +6123,22 @@ static void gpu_tune_matmuls(GPUModel* g, int B, int T) {
     uint64_t rng = 0x7475E5ull;
     for (size_t i = 0; i < 2 * N; i++) { tokens[i] = (int)(rng_next(&rng) % (uint64_t)g->config.vocab_size); }
     double t0 = now_seconds();
+    gpu_tune_fp8_begin(g);
     g_tuning = 1;
     gpu_forward_train(g, tokens, tokens + N, B, T, 1.0f);
     gpu_backward(g);
     cudaCheck(cudaDeviceSynchronize());
     g_tuning = 0;
     gpu_zero_grad(g);
+    if (gpu_tune_fp8_scales(g, N)) { // -q: the FP8 plans on a second pass, one that rounds
+        g_tuning = 1;
+        gpu_forward_train(g, tokens, tokens + N, B, T, 1.0f);
+        gpu_backward(g);
+        cudaCheck(cudaDeviceSynchronize());
+        g_tuning = 0;
+        gpu_zero_grad(g);
+        gpu_tune_fp8_end(g);
+    }
     free(tokens);
     int changed = 0, tuned = 0;
     double first = 0.0, best = 0.0;

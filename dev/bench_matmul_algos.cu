@@ -550,14 +550,18 @@ static float time_cast(const __nv_bfloat16* x, uint8_t* y, int rows, int cols, i
 
 typedef struct { float ms, fast_ms, rows, transposes, weights; } Fp8Result;
 
-// the fastest candidate that gives the same bits twice (ms, or -1) and its error against the reference plan
+// the fastest candidate that gives the same bits twice (ms, or -1) and its error against the reference plan;
+// *refused: a bit per candidate that cuBLASLt refused to run (bit 0 the heuristic's first)
 static float fp8_fastest(const Plan* p, const cublasLtMatmulHeuristicResult_t* cand, int found, const Plan* ref,
-                         const cublasLtMatmulAlgo_t* ref_algo, void* D0, void* D1, size_t nd, double* err) {
+                         const cublasLtMatmulAlgo_t* ref_algo, void* D0, void* D1, size_t nd, double* err,
+                         unsigned* refused) {
     float best = -1.0f;
     int pick = -1;
+    *refused = 0;
     for (int i = 0; i < found; i++) {
         if (cand[i].state != CUBLAS_STATUS_SUCCESS || cand[i].workspaceSize > WORKSPACE_BYTES) { continue; }
         float ms = time_algo(p, &cand[i].algo, D0);
+        if (ms < 0) { *refused |= 1u << i; }
         if (ms < 0 || compare_algos(p, &cand[i].algo, &cand[i].algo, D0, D1, nd) != 0) { continue; }
         if (best < 0 || ms < best) { best = ms; pick = i; }
     }
@@ -608,9 +612,10 @@ static Fp8Result bench_fp8(const Call* c) {
     int nf = plan_make(&pf, c, 1, E4, b_type, 1, candf, FP8_ALGOS);
     ref.A = A16; ref.B = B16; p8.A = pf.A = A8; p8.B = pf.B = B8; ref.Cin = p8.Cin = pf.Cin = Cin;
     double err8 = -1.0, errf = -1.0;
+    unsigned refused = 0, refused_f = 0;
     if (nref > 0) {
-        res.ms = fp8_fastest(&p8, cand, n8, &ref, &rc[0].algo, D0, D1, nd, &err8);
-        res.fast_ms = fp8_fastest(&pf, candf, nf, &ref, &rc[0].algo, D0, D1, nd, &errf);
+        res.ms = fp8_fastest(&p8, cand, n8, &ref, &rc[0].algo, D0, D1, nd, &err8, &refused);
+        res.fast_ms = fp8_fastest(&pf, candf, nf, &ref, &rc[0].algo, D0, D1, nd, &errf, &refused_f);
     }
     // the bf16 copies stand in for the tensors a cast reads (the same sizes); the FP8 buffers take the codes
     if (fwd) {        // B = inp (N, IC) from its producer; A = W (OC, IC)
@@ -629,6 +634,9 @@ static Fp8Result bench_fp8(const Call* c) {
                "transposes %.4f, weights %.4f\n", fwd ? "E4M3" : "E5M2", res.ms, err8, res.fast_ms, errf, res.rows,
                res.transposes, res.weights);
     }
+    printf("    fp8 candidates refused at run time: %d of %d (first %s), fast accumulation %d of %d (first %s)\n",
+           __builtin_popcount(refused), n8, refused & 1 ? "refused" : "ran", __builtin_popcount(refused_f), nf,
+           refused_f & 1 ? "refused" : "ran");
     fflush(stdout);
     plan_free(&ref); plan_free(&p8); plan_free(&pf);
     cudaCheck(cudaFree(A8)); cudaCheck(cudaFree(B8)); cudaCheck(cudaFree(A16)); cudaCheck(cudaFree(B16));
