@@ -6447,13 +6447,13 @@ static double gpu_fp8_step(GPUModel* g, const int* inputs, const int* targets, i
 }
 
 // The GPU's parameter gradients (of its last step) against the twin's FP8 step and an unrounded step from the same
-// weights: the largest ratio, over the trainable tensors, of ||gpu - fp8|| / ||gpu - plain|| (L2: a few operand codes
-// one ulp apart, where the GPU's bf16 values cross a rounding midpoint, weigh less than every value's rounding), and
-// its tensor's name. Below 1: each tensor is nearer the FP8 emulation than the unrounded gradient.
-static double fp8_gradient_ratio(GPUModel* g, FoxModel* twin8, FoxModel* plain, const char** name) {
+// weights: ||gpu - fp8|| / ||gpu - plain||, L2 over all trainable tensors together (below 1: nearer the FP8 emulation
+// than the unrounded gradient); *worst the largest ratio of a single tensor, *name its name, for the message.
+static double fp8_gradient_ratio(GPUModel* g, FoxModel* twin8, FoxModel* plain, double* worst, const char** name) {
     float* grads = (float*)malloc_check(g->num_parameters * sizeof(float), "GPU gradients");
     gpu_download(g, g->grads, grads);
-    double worst = 0.0;
+    double e8_all = 0.0, ep_all = 0.0;
+    *worst = 0.0;
     *name = "";
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         const ParamSpec* sp = &twin8->spec[t];
@@ -6467,11 +6467,13 @@ static double fp8_gradient_ratio(GPUModel* g, FoxModel* twin8, FoxModel* plain, 
             e8 += ((double)gg[i] - ref[i]) * ((double)gg[i] - ref[i]);
             ep += ((double)gg[i] - pl[i]) * ((double)gg[i] - pl[i]);
         }
+        e8_all += e8; ep_all += ep;
         double r = sqrt(e8) / fmax(sqrt(ep), 1e-30);
-        if (!(r <= worst)) { worst = isnan(r) ? INFINITY : r; *name = sp->name; }
+        if (!(r <= *worst)) { *worst = isnan(r) ? INFINITY : r; *name = sp->name; }
     }
     free(grads);
-    return worst;
+    double r = sqrt(e8_all) / fmax(sqrt(ep_all), 1e-30);
+    return isnan(r) ? INFINITY : r;
 }
 
 // max over the delayed operands of |a - b| / |b| between two models' step amaxes (NaN gives infinity)
@@ -6491,11 +6493,13 @@ static double fp8_amax_error(const FoxModel* a, const FoxModel* b) {
 // step amaxes of every delayed operand within tolerance(GTOL_STEPS, 8 x the probe's distance). Cases: hybrid, e4m3
 // and body modes of FoX Pro (output norm: y's scale bounded), a Transformer (no output norm: y delayed, and y is the
 // attention output itself), FoX (LLaMA) (no stage writes dqkvg: every projection's gradient its own operand), -r 1
-// (the rounded inputs from recomputed activations). That FP8 is really on and every operand rounded as specified: the
-// GPU's losses and norms must be nearer the twin's FP8 run than an unrounded twin run from the same weights, and after
-// the first step every parameter gradient nearer the FP8 emulation than the unrounded gradient, within 0.8 of that
-// distance (an operand left unrounded in one matmul moves its tensors towards the unrounded side; 0.8 is a first bound,
-// to be set from the measured ratios). No clipping: the gradients compared are the steps' own.
+// (the rounded inputs from recomputed activations). That FP8 is really on and every operand rounded as specified:
+// step 1's gradients (the first step's, before updates make the runs drift apart) nearer the FP8 emulation than the
+// unrounded gradient, over all tensors (L2), and, as the negative control, those of the same GPU step without -q
+// nearer the unrounded one. Only together: where the GPU's bf16 values sit within a bf16 ulp of an FP8 rounding
+// midpoint, its code is one FP8 ulp from the twin's (~3% of values, per-tensor ratios 0.7 to 1.3 measured on an
+// H100), so single tensors and the 4 steps' losses (within the bf16 noise of the unrounded run in two cases) do not
+// decide it. No clipping: the gradients compared are the steps' own.
 static void gpu_test_fp8_steps(void) {
     struct { const char* preset; int mode, recompute; } cases[] = {
         {"fox-pro-tiny", FP8_MODE_HYBRID, 0}, {"fox-pro-tiny", FP8_MODE_E4M3, 0}, {"fox-pro-tiny", FP8_MODE_BODY, 0},
@@ -6521,11 +6525,15 @@ static void gpu_test_fp8_steps(void) {
         random_tokens(inputs, n, c.vocab_size, 300 + i);
         random_tokens(targets, n, c.vocab_size, 400 + i);
         g_recompute = cases[i].recompute;
-        GPUModel g;
+        GPUModel g, g0; // g0: the same model without -q, the negative control
         gpu_build(&g, &host, B, T);
-        double e = 0.0, sens = 0.0, e_amax = 0.0, s_amax = 0.0, e_plain = 0.0, grad_ratio = 0.0;
-        double gl = 0, tl = 0;
-        const char* grad_worst = "";
+        FoxModel host0;
+        fox_build(&host0, &c);
+        memcpy(host0.params_memory, twin.params_memory, twin.num_parameters * sizeof(float));
+        gpu_build(&g0, &host0, B, T);
+        double e = 0.0, sens = 0.0, e_amax = 0.0, s_amax = 0.0, e_plain = 0.0, ratio = 0.0, ratio0 = 0.0;
+        double worst = 0.0, worst0 = 0.0, gl = 0, tl = 0;
+        const char *worst_name = "", *worst0_name = "";
         for (int step = 1; step <= steps; step++) {
             float lr = opt.lr;
             double ploss, qloss, norm = twin_fp8_step(&twin, inputs, targets, B, T, micro, &opt, lr, step, &tl);
@@ -6538,15 +6546,25 @@ static void gpu_test_fp8_steps(void) {
             e_plain = fmax(e_plain, fmax(fabs(gl - qloss) / fabs(qloss), fabs(gnorm - qnorm) / fmax(qnorm, 1e-30)));
             e_amax = fmax(e_amax, fp8_amax_error(&host, &twin));
             s_amax = fmax(s_amax, fp8_amax_error(&probe, &twin));
-            if (step == 1) { grad_ratio = fp8_gradient_ratio(&g, &twin, &plain, &grad_worst); }
+            if (step == 1) {
+                ratio = fp8_gradient_ratio(&g, &twin, &plain, &worst, &worst_name);
+                gpu_zero_grad(&g0);
+                for (int k = 0; k < micro; k++) {
+                    gpu_train_micro_step(&g0, inputs + k * B * T, targets + k * B * T, B, T, 1.0f / micro);
+                }
+                ratio0 = fp8_gradient_ratio(&g0, &twin, &plain, &worst0, &worst0_name);
+            }
         }
         double tol = tolerance(GTOL_STEPS, sens), tol_amax = tolerance(GTOL_STEPS, s_amax);
-        check(e <= tol && e_amax <= tol_amax && e < e_plain && grad_ratio <= 0.8, "gpu fp8 steps, %s -q %s%s: %d "
-              "steps of %d micro-batches: losses and grad norms (rel err %.1e <= %.1e; sens %.1e; %.1e from an "
-              "unrounded run), the delayed operands' amaxes (%.1e <= %.1e; sens %.1e), step 1's gradients at most "
-              "%.2f of their distance to the unrounded ones from the emulation (<= 0.8; worst %s); last loss %.4f vs "
-              "twin %.4f", cases[i].preset, FP8_MODE_NAMES[cases[i].mode], cases[i].recompute ? ", -r 1" : "", steps,
-              micro, e, tol, sens, e_plain, e_amax, tol_amax, s_amax, grad_ratio, grad_worst, gl, tl);
+        check(e <= tol && e_amax <= tol_amax && ratio < 1.0 && ratio0 > 1.0, "gpu fp8 steps, %s -q %s%s: %d steps of "
+              "%d micro-batches: losses and grad norms (rel err %.1e <= %.1e; sens %.1e; %.1e from an unrounded run), "
+              "the delayed operands' amaxes (%.1e <= %.1e; sens %.1e); step 1's gradients: distance to the FP8 "
+              "emulation / to the unrounded ones %.2f < 1 (single tensors up to %.2f, %s), without -q %.2f > 1; "
+              "last loss %.4f vs twin %.4f", cases[i].preset, FP8_MODE_NAMES[cases[i].mode],
+              cases[i].recompute ? ", -r 1" : "", steps, micro, e, tol, sens, e_plain, e_amax, tol_amax, s_amax, ratio,
+              worst, worst_name, ratio0, gl, tl);
+        gpu_free(&g0);
+        fox_free(&host0);
         gpu_free(&g);
         g_recompute = 0;
         free(inputs); free(targets);
