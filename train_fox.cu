@@ -96,7 +96,7 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: output_norm_gate_forward_layer, LayerFp8, layer_fp8, gpu_recompute_layer, document_ends,
 // defines: gpu_forward_kernels, gpu_forward,
 // defines: gpu_forward_train, gpu_backward_kernels, gpu_encoder_backward, gpu_backward, gpu_train_micro_step,
-// defines: gpu_fp8_calibrate, gpu_tune_matmuls
+// defines: gpu_fp8_calibrate, gpu_tune_fp8_begin, gpu_tune_fp8_scales, gpu_tune_fp8_end, gpu_tune_matmuls
 // optimiser
 // defines: gpu_reduce_grads, gpu_grad_norm, gpu_adamw, gpu_update, gpu_gather_master
 // checkpoints
