@@ -40,9 +40,9 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: pattern_gpu, matmul_typed, matmul_lt, matmul_forward_gpu, matmul_backward_input_gpu,
 // defines: matmul_backward_weight_gpu
 // FP8 operands
-// defines: fp8_code, fp8_value, fp8_pow2_gpu, fp8_warp_amax, Fp8Out, fp8_pack; bf16 build: fp8_in, fp8_scale_exp_gpu,
-// defines: fp8_block_amax, fp8_amax_kernel, fp8_cast_kernel, fp8_cast_transpose_kernel, fp8_blocks, fp8_amax_gpu,
-// defines: fp8_cast_gpu, fp8_cast_transpose_gpu, matmul_fp8_gpu
+// defines: fp8_code, fp8_value, fp8_pow2_gpu, fp8_warp_amax, fp8_block_amax, Fp8Out, fp8_pack; bf16 build: fp8_in,
+// defines: fp8_scale_exp_gpu, fp8_amax_kernel, fp8_load8, fp8_cast_one, fp8_cast_kernel, fp8_cast_transpose_kernel,
+// defines: fp8_blocks, fp8_amax_gpu, fp8_cast_gpu, fp8_cast_transpose_gpu, matmul_fp8_gpu
 // RMSNorm and column sums
 // defines: rmsnorm_forward_kernel, rmsnorm_backward_kernel, colsum_partial_kernel, colsum_scale_partial_kernel,
 // defines: colsum_finish_kernel, rms_nv, rmsnorm_forward_nv, rmsnorm_forward_gpu, rmsnorm_backward_nv,
@@ -96,7 +96,8 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: output_norm_gate_forward_layer, LayerFp8, layer_fp8, gpu_recompute_layer, document_ends,
 // defines: gpu_forward_kernels, gpu_forward,
 // defines: gpu_forward_train, gpu_backward_kernels, gpu_encoder_backward, gpu_backward, gpu_train_micro_step,
-// defines: gpu_fp8_calibrate, gpu_tune_fp8_begin, gpu_tune_fp8_scales, gpu_tune_fp8_end, gpu_tune_matmuls
+// defines: gpu_fp8_calibrate, gpu_tune_fp8_begin, gpu_tune_fp8_scales, gpu_tune_fp8_end, gpu_tune_pass,
+// defines: gpu_tune_matmuls
 // optimiser
 // defines: gpu_reduce_grads, gpu_grad_norm, gpu_adamw, gpu_update, gpu_gather_master
 // checkpoints
@@ -789,18 +790,38 @@ __host__ __device__ static inline float fp8_pow2_gpu(int k) {
     return f;
 }
 
-// the warp's max of the magnitude bits mx into *amax (every active lane calls it); for kernels that end early
+// the warp's max of the magnitude bits mx into *amax (every active lane calls it); for kernels that end early. The
+// atomic only where the max read is smaller: *amax only grows, so a stale read costs an atomic, never a wrong max,
+// and most of a launch's warps (millions of rows) skip the one address's queue.
 __device__ static void fp8_warp_amax(unsigned mx, unsigned* amax) {
     unsigned active = __activemask();
     mx = __reduce_max_sync(active, mx);
-    if ((threadIdx.x % 32) == (unsigned)(__ffs(active) - 1)) { atomicMax(amax, mx); }
+    if ((threadIdx.x % 32) == (unsigned)(__ffs(active) - 1) && mx > __ldcg(amax)) { atomicMax(amax, mx); }
+}
+
+// the block's max of the magnitude bits mx into *amax: one atomic a block (a warp's each, for elementwise kernels of
+// millions of warps, would queue on the one address); every thread of the block calls it; nothing when amax is NULL
+__device__ static void fp8_block_amax(unsigned mx, unsigned* amax) {
+    __shared__ unsigned red[32];
+    if (amax == NULL) { return; }
+    mx = block_reduce(mx, red, 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });
+    if (threadIdx.x == 0) { atomicMax(amax, mx); }
 }
 
 // An FP8 epilogue (-q) of a kernel that writes floatX values, its producer: with codes, each value's code at scale
 // 2^(*k) into codes at the value's index, and with round the value replaced by the one its code stands for (the
-// operand then feeds only matmuls that read it rounded); with amax, the max |value| into *amax (fp8_warp_amax at the
-// kernel's end). The codes come from the floatX value, as fp8_cast_kernel's from a stored tensor: the same bits.
+// operand then feeds only matmuls that read it rounded); with amax, the max |value| into *amax (at the kernel's
+// end: fp8_block_amax, or fp8_warp_amax where warps end early). The codes come from the floatX value, as
+// fp8_cast_kernel's from a stored tensor: the same bits.
 typedef struct { uint8_t* codes; const int* k; int e5m2, round; unsigned* amax; } Fp8Out;
+
+// b when second, else a, field by field (a select of the whole struct would copy both to local memory)
+__device__ static inline Fp8Out fp8_pick(const Fp8Out& a, const Fp8Out& b, bool second) {
+    Fp8Out q;
+    q.codes = second ? b.codes : a.codes; q.k = second ? b.k : a.k; q.e5m2 = second ? b.e5m2 : a.e5m2;
+    q.round = second ? b.round : a.round; q.amax = second ? b.amax : a.amax;
+    return q;
+}
 
 // the epilogue on M values v that sit at index i (a multiple of M) of the output, their max folded into *mx
 template <int M>
@@ -838,14 +859,6 @@ __device__ static inline int fp8_scale_exp_gpu(unsigned a, int emax, int margin)
     return k < -FP8_K_MAX ? -FP8_K_MAX : k > FP8_K_MAX ? FP8_K_MAX : k;
 }
 
-// the block's max of the magnitude bits mx into *amax (256 threads); nothing when amax is NULL
-__device__ static void fp8_block_amax(unsigned mx, unsigned* amax) {
-    __shared__ unsigned red[32];
-    if (amax == NULL) { return; }
-    mx = block_reduce(mx, red, 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });
-    if (threadIdx.x == 0) { atomicMax(amax, mx); }
-}
-
 // *amax = max(*amax, max |x|) over n values of T (float or floatX)
 template <typename T>
 __global__ void fp8_amax_kernel(unsigned* amax, const T* x, size_t n) {
@@ -857,21 +870,59 @@ __global__ void fp8_amax_kernel(unsigned* amax, const T* x, size_t n) {
     fp8_block_amax(mx, amax);
 }
 
+// 8 values of x from x[0] as fp32 (x 16-byte aligned)
+__device__ static inline void fp8_load8(const float* x, float* v) {
+    float4 a = *(const float4*)x, b = *(const float4*)(x + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ static inline void fp8_load8(const __nv_bfloat16* x, float* v) {
+    uint4 u = *(const uint4*)x;
+    const __nv_bfloat16* h = (const __nv_bfloat16*)&u;
+    #pragma unroll
+    for (int j = 0; j < 8; j++) { v[j] = __bfloat162float(h[j]); }
+}
+
+// value i of the cast: its code (into codes) and rounded value (into rounded), each where not NULL; its magnitude
+// folded into *mx
+__device__ static inline void fp8_cast_one(uint8_t* codes, floatX* rounded, float v, size_t i, float up, float down,
+                                           int e5m2, unsigned* mx) {
+    unsigned a = __float_as_uint(v) & 0x7FFFFFFFu;
+    *mx = a > *mx ? a : *mx;
+    uint8_t c = fp8_code(v * up, e5m2);
+    if (codes != NULL) { codes[i] = c; }
+    if (rounded != NULL) { rounded[i] = (floatX)(fp8_value(c, e5m2) * down); }
+}
+
 // codes (n) = enc(x 2^k) and rounded (n) = dec(codes) 2^-k, the values the codes stand for (exact in floatX: at most
 // 4 significant bits, within bf16's range); either may be NULL, rounded may be x. The amax of x (before rounding) into
-// *amax unless NULL. k is read from the device (a scale slot), so a captured graph follows the scale.
+// *amax unless NULL. k is read from the device (a scale slot), so a captured graph follows the scale. With vec (x and
+// rounded 16-byte, codes 8-byte aligned) 8 values a thread, as one 16-byte load and 8- and 16-byte stores; the values
+// past the last multiple of 8 (none in training: n is rows x a multiple of 16), and all without vec, one a thread.
 template <typename T>
 __global__ void fp8_cast_kernel(uint8_t* codes, floatX* rounded, const T* x, size_t n, const int* k, int e5m2,
-                                unsigned* amax) {
+                                unsigned* amax, int vec) {
     float up = fp8_pow2_gpu(*k), down = fp8_pow2_gpu(-*k);
     unsigned mx = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float v = fp8_in(x[i]);
-        unsigned a = __float_as_uint(v) & 0x7FFFFFFFu;
-        mx = a > mx ? a : mx;
-        uint8_t c = fp8_code(v * up, e5m2);
-        if (codes != NULL) { codes[i] = c; }
-        if (rounded != NULL) { rounded[i] = (floatX)(fp8_value(c, e5m2) * down); }
+    size_t stride = (size_t)gridDim.x * blockDim.x, first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t n8 = vec ? n / 8 : 0;
+    for (size_t g = first; g < n8; g += stride) {
+        float v[8];
+        fp8_load8(x + 8 * g, v);
+        uint32_t w[2] = {0, 0};
+        union { uint4 u; floatX h[8]; } r; // floatX is bf16 here
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            unsigned a = __float_as_uint(v[j]) & 0x7FFFFFFFu;
+            mx = a > mx ? a : mx;
+            uint8_t c = fp8_code(v[j] * up, e5m2);
+            w[j / 4] |= (uint32_t)c << (8 * (j % 4));
+            r.h[j] = (floatX)(fp8_value(c, e5m2) * down);
+        }
+        if (codes != NULL) { *(uint2*)(codes + 8 * g) = make_uint2(w[0], w[1]); }
+        if (rounded != NULL) { *(uint4*)(rounded + 8 * g) = r.u; }
+    }
+    for (size_t i = 8 * n8 + first; i < n; i += stride) {
+        fp8_cast_one(codes, rounded, fp8_in(x[i]), i, up, down, e5m2, &mx);
     }
     fp8_block_amax(mx, amax);
 }
@@ -909,7 +960,8 @@ static void fp8_amax_gpu(unsigned* amax, const T* x, size_t n) {
 template <typename T>
 static void fp8_cast_gpu(uint8_t* codes, floatX* rounded, const T* x, size_t n, const int* k, int e5m2,
                          unsigned* amax) {
-    fp8_cast_kernel<T><<<fp8_blocks(n), 256>>>(codes, rounded, x, n, k, e5m2, amax);
+    int vec = (uintptr_t)x % 16 == 0 && (uintptr_t)rounded % 16 == 0 && (uintptr_t)codes % 8 == 0;
+    fp8_cast_kernel<T><<<fp8_blocks(n / (vec ? 8 : 1)), 256>>>(codes, rounded, x, n, k, e5m2, amax, vec);
     launchCheck();
 }
 
@@ -1785,13 +1837,15 @@ __global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, 
 }
 
 // G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg), dalpha_logit's ld_a (a
-// block of the head projections' dhp). At most 48 registers (no spills), so five blocks share an SM.
+// block of the head projections' dhp). At most 48 registers (no spills), so five blocks share an SM. Q8: draw's FP8
+// epilogue (q, its codes indexed as draw; the instance without it is the plain kernel).
 typedef struct {
     floatX *draw, *dalpha_logit;
     const floatX *dout, *raw;
     const float* alpha_logit;
+    Fp8Out q;
 } KVShiftGradSet;
-template <bool DOCS>
+template <bool DOCS, bool Q8>
 __global__ void __launch_bounds__(HEAD_THREADS, 5)
 kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a, size_t N, int T, int H, int hd,
                          int G, FoxDocs docs) {
@@ -1809,6 +1863,7 @@ kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a,
     int active = row < N * H && j * XPACK < half; // the others still join group_sum
     size_t n = row / H, C = (size_t)H * hd;
     float a = 0.0f, da = 0.0f;
+    unsigned mx = 0;
     if (active) {
         int has_prev = n % T > 0 && !(DOCS && doc_starts_at(docs, n, (int)(n % T)));
         int has_next = n % T + 1 < (size_t)T && !(DOCS && doc_starts_at(docs, n + 1, (int)(n % T) + 1));
@@ -1826,11 +1881,17 @@ kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a,
                 res.v[k] = to_floatX((1.0f - a) * dk + a_next * dn);
                 da += dk * (p - to_float(cur.v[k]));
             }
-            *(PackX*)(draw + n * ld + (size_t)(row % H) * hd + e) = res;
+            size_t at = n * ld + (size_t)(row % H) * hd + e;
+            if constexpr (Q8) { fp8_pack<XPACK>(fp8_pick(s0.q, s1.q, blockIdx.y), res.v, at, &mx); }
+            *(PackX*)(draw + at) = res;
         }
     }
     da = group_sum(da, G);
     if (active && j == 0) { dalpha_logit[n * ld_a + row % H] = to_floatX(da * a * (1.0f - a)); }
+    if constexpr (Q8) {
+        unsigned* amax = blockIdx.y ? s1.q.amax : s0.q.amax;
+        if (amax != NULL) { fp8_warp_amax(mx, amax); }
+    }
 }
 
 // out_t = a_t * raw_{t-1} + (1 - a_t) * raw_t per head for the n <= 2 sets set[0 .. n - 1] (k, v: those whose shift is
@@ -1844,11 +1905,13 @@ static void kv_shift_forward_gpu(const KVShiftSet set[2], int n, size_t N, int T
     launchCheck();
 }
 
-// the sets' draw (rows ld long) and dalpha_logit (rows ld_a long) from dout (n >= 1)
+// the sets' draw (rows ld long) and dalpha_logit (rows ld_a long) from dout (n >= 1); each set's FP8 epilogue of draw
+// (Fp8Out q; none when zero)
 static void kv_shift_backward_gpu(const KVShiftGradSet set[2], int n, int ld, int ld_a, size_t N, int T, int H,
                                   int hd, const FoxDocs* docs) {
-    int G = head_lanes(hd);
-    auto kernel = docs != NULL ? kv_shift_backward_kernel<true> : kv_shift_backward_kernel<false>;
+    int G = head_lanes(hd), q8 = set[0].q.amax != NULL || set[0].q.codes != NULL;
+    auto kernel = docs != NULL ? (q8 ? kv_shift_backward_kernel<true, true> : kv_shift_backward_kernel<true, false>)
+                               : (q8 ? kv_shift_backward_kernel<false, true> : kv_shift_backward_kernel<false, false>);
     kernel<<<dim3(head_blocks(N * H, G), n), HEAD_THREADS>>>(set[0], set[n - 1], ld, ld_a, N, T, H, hd, G,
                                                              docs_or_none(docs));
     launchCheck();
@@ -1915,13 +1978,34 @@ __global__ void qk_norm_rope_forward_kernel(QKNormSet s0, QKNormSet s1, int grou
 
 // Writes dinp (rows ld long: C, or a block of dqkvg) and, with the norm on, dnormed (the gradient at the norm's output,
 // for the scale gradient). At most 64 registers, so four blocks share an SM. The norm is on for both sets or for
-// neither (w), as the forward's.
+// neither (w), as the forward's. Q8: dinp's FP8 epilogue (q, codes indexed as dinp) in the sets that have one.
 typedef struct {
     floatX *dinp, *dnormed;
     int ld;
     const floatX *dout, *inp;
     const float *w, *rstd;
+    Fp8Out q;
 } QKNormGradSet;
+
+// a row's two dinp packs (lo at i0, hi at half + i0 of the row at dr, index at of dr[0] in dinp), stored; when Q8 first
+// through the FP8 epilogue of the block's set (q0 or q1), and then the warp's amax
+template <bool Q8>
+__device__ static inline void qk_grad_store(const Fp8Out& q0, const Fp8Out& q1, floatX* dr, size_t at, int i0, int half,
+                                            PackX& lo, PackX& hi, unsigned* mx) {
+    if constexpr (Q8) {
+        Fp8Out q = fp8_pick(q0, q1, blockIdx.y);
+        fp8_pack<XPACK>(q, lo.v, at + i0, mx);
+        fp8_pack<XPACK>(q, hi.v, at + half + i0, mx);
+    }
+    *(PackX*)(dr + i0) = lo;
+    *(PackX*)(dr + half + i0) = hi;
+    if constexpr (Q8) {
+        unsigned* amax = blockIdx.y ? q1.amax : q0.amax;
+        if (amax != NULL) { fp8_warp_amax(*mx, amax); }
+    }
+}
+
+template <bool Q8>
 __global__ void __launch_bounds__(HEAD_THREADS, 4)
 qk_norm_rope_backward_kernel(QKNormGradSet s0, QKNormGradSet s1, int groups, const float* rope, size_t N, int T,
                              int H, int hd, int G) {
@@ -1940,8 +2024,10 @@ qk_norm_rope_backward_kernel(QKNormGradSet s0, QKNormGradSet s1, int groups, con
     int active = row < N * H && i0 < half; // the others still join group_sum
     int h = (int)(row % H), t = (int)((row / H) % T);
     const float* wr = w != NULL ? w + (size_t)(h % groups) * hd : NULL;
-    floatX* dr = dinp + (row / H) * ld + (size_t)h * hd; // this row of dinp
+    size_t at = (row / H) * ld + (size_t)h * hd;
+    floatX* dr = dinp + at; // this row of dinp
     float dlo[XPACK], dhi[XPACK], xlo[XPACK], xhi[XPACK], wlo[XPACK], whi[XPACK], dot = 0.0f;
+    unsigned mx = 0;
     if (active) {
         PackX plo = *(const PackX*)(dout + row * hd + i0), phi = *(const PackX*)(dout + row * hd + half + i0);
         #pragma unroll
@@ -1972,8 +2058,7 @@ qk_norm_rope_backward_kernel(QKNormGradSet s0, QKNormGradSet s1, int groups, con
         if (!active) { return; }
         #pragma unroll
         for (int k = 0; k < XPACK; k++) { olo.v[k] = to_floatX(dlo[k]); ohi.v[k] = to_floatX(dhi[k]); }
-        *(PackX*)(dr + i0) = olo;
-        *(PackX*)(dr + half + i0) = ohi;
+        qk_grad_store<Q8>(s0.q, s1.q, dr, at, i0, half, olo, ohi, &mx);
         return;
     }
     dot = group_sum(dot, G);
@@ -1989,8 +2074,7 @@ qk_norm_rope_backward_kernel(QKNormGradSet s0, QKNormGradSet s1, int groups, con
     }
     *(PackX*)(dnormed + row * hd + i0) = nlo;
     *(PackX*)(dnormed + row * hd + half + i0) = nhi;
-    *(PackX*)(dr + i0) = olo;
-    *(PackX*)(dr + half + i0) = ohi;
+    qk_grad_store<Q8>(s0.q, s1.q, dr, at, i0, half, olo, ohi, &mx);
 }
 
 // q and k through QK-norm (w != NULL, eps) then RoPE (rope != NULL), both sets in one launch
@@ -2002,10 +2086,12 @@ static void qk_norm_rope_forward_gpu(QKNormSet q, QKNormSet k, int groups, const
     launchCheck();
 }
 
+// (each set's FP8 epilogue of dinp: its q, none when zero)
 static void qk_norm_rope_backward_gpu(QKNormGradSet q, QKNormGradSet k, int groups, const float* rope, size_t N, int T,
                                       int H, int hd) {
-    int G = head_lanes(hd);
-    qk_norm_rope_backward_kernel<<<dim3(head_blocks(N * H, G), 2), HEAD_THREADS>>>(q, k, groups, rope, N, T, H, hd, G);
+    int G = head_lanes(hd), q8 = q.q.amax != NULL || q.q.codes != NULL || k.q.amax != NULL || k.q.codes != NULL;
+    auto kernel = q8 ? qk_norm_rope_backward_kernel<true> : qk_norm_rope_backward_kernel<false>;
+    kernel<<<dim3(head_blocks(N * H, G), 2), HEAD_THREADS>>>(q, k, groups, rope, N, T, H, hd, G);
     launchCheck();
 }
 
@@ -4137,11 +4223,12 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
 
 // writes do_ (the attention output gradient), dog when the gate is on (rows ld long: a block of dqkvg), don (the norm's
 // output gradient, for the scale gradient) when the norm is on, and, when delta is given, the attention backward's
-// Delta = rowsum(do_ * o) (B, H, T) from the rounded do_
+// Delta = rowsum(do_ * o) (B, H, T) from the rounded do_. Q8: dog's FP8 epilogue (q, codes indexed as dog).
+template <bool Q8>
 __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int ld, floatX* don, float* delta,
                                                  const floatX* dy, const floatX* o, const floatX* o_normed,
                                                  const floatX* og, const float* w, const float* rstd, size_t N, int T,
-                                                 int H, int hd, int G) {
+                                                 int H, int hd, int G, Fp8Out q) {
     // forward: on = o s w (per head), y = on sigmoid(g)
     // don = dy sigmoid(g), dg = dy on sigmoid(g) (1 - sigmoid(g))
     // do_i = s w_i don_i - o_i s^3 / hd * sum_j w_j don_j o_j
@@ -4150,7 +4237,9 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
     int active = row < N * H && i0 < half; // the others still join group_sum
     const float* wr = w != NULL ? w + (row % H) * hd : NULL;
     float dn[2][XPACK], x[2][XPACK], wp[2][XPACK], dot = 0.0f, dd = 0.0f; // x: o
+    unsigned mx = 0;
     if (active) {
+        #pragma unroll
         for (int p = 0; p < 2; p++) {
             size_t off = row * hd + p * half + i0;
             PackX dp = *(const PackX*)(dy + off), op = *(const PackX*)(o + off);
@@ -4165,7 +4254,9 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
                     dgp.v[k] = to_floatX(dn[p][k] * to_float(xp.v[k]) * sg * (1.0f - sg));
                     dn[p][k] = dn[p][k] * sg;
                 }
-                *(PackX*)(dog + (row / H) * ld + (row % H) * hd + p * half + i0) = dgp;
+                size_t at = (row / H) * ld + (row % H) * hd + p * half + i0;
+                if constexpr (Q8) { fp8_pack<XPACK>(q, dgp.v, at, &mx); }
+                *(PackX*)(dog + at) = dgp;
             }
             if (wr != NULL) {
                 load_floats<XPACK>(wp[p], wr + p * half + i0);
@@ -4181,6 +4272,7 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
         if (active) { s = rstd[row]; c = dot * s * s * s / (float)hd; }
     }
     if (active) {
+        #pragma unroll
         for (int p = 0; p < 2; p++) {
             size_t off = row * hd + p * half + i0;
             PackX np, rp;
@@ -4199,6 +4291,7 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
         size_t n = row / H;
         if (active && j == 0) { delta[((n / T) * H + row % H) * T + n % T] = dd; }
     }
+    if (Q8 && q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
 }
 
 // y (and o_normed, rstd) from o through the output norm (w != NULL, eps) and gate (og != NULL)
@@ -4211,12 +4304,15 @@ static void output_norm_gate_forward_gpu(floatX* o_normed, floatX* y, float* rst
     launchCheck();
 }
 
+// (q: dog's FP8 epilogue, Fp8Out; none by default)
 static void output_norm_gate_backward_gpu(floatX* do_, floatX* dog, int ld, floatX* don, float* delta, const floatX* dy,
                                           const floatX* o, const floatX* o_normed, const floatX* og, const float* w,
-                                          const float* rstd, size_t N, int T, int H, int hd) {
+                                          const float* rstd, size_t N, int T, int H, int hd, Fp8Out q = Fp8Out{}) {
     int G = head_lanes(hd);
-    output_norm_gate_backward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(do_, dog, ld, don, delta, dy, o, o_normed,
-                                                                              og, w, rstd, N, T, H, hd, G);
+    auto kernel = q.amax != NULL || q.codes != NULL ? output_norm_gate_backward_kernel<true>
+                                                    : output_norm_gate_backward_kernel<false>;
+    kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(do_, dog, ld, don, delta, dy, o, o_normed, og, w, rstd, N, T, H, hd,
+                                                    G, q);
     launchCheck();
 }
 
@@ -4228,40 +4324,42 @@ static void output_norm_gate_backward_gpu(floatX* do_, floatX* dog, int ld, floa
 // (q: act's FP8 epilogue, Fp8Out)
 __global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, int I, Fp8Out q) {
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
-    if (idx >= N * I) { return; }
-    size_t n = idx / I, i = idx % I;
-    PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i), out;
-    #pragma unroll
-    for (int k = 0; k < XPACK; k++) {
-        float gk = to_float(g.v[k]);
-        out.v[k] = to_floatX(gk * sigmoid_gpu(gk) * to_float(u.v[k]));
-    }
     unsigned mx = 0;
-    fp8_pack<XPACK>(q, out.v, idx, &mx);
-    *(PackX*)(act + idx) = out;
-    if (q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
+    if (idx < N * I) {
+        size_t n = idx / I, i = idx % I;
+        PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i), out;
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            float gk = to_float(g.v[k]);
+            out.v[k] = to_floatX(gk * sigmoid_gpu(gk) * to_float(u.v[k]));
+        }
+        fp8_pack<XPACK>(q, out.v, idx, &mx);
+        *(PackX*)(act + idx) = out;
+    }
+    fp8_block_amax(mx, q.amax);
 }
 // (q: dgu's FP8 epilogue, Fp8Out)
 __global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I, Fp8Out q) {
     // forward: act = g sigmoid(g) u
     // dg = dact u sigmoid(g) (1 + g (1 - sigmoid(g))),  du = dact g sigmoid(g)
     size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
-    if (idx >= N * I) { return; }
-    size_t n = idx / I, i = idx % I;
-    PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i);
-    PackX d = *(const PackX*)(dact + idx), dg, du;
-    #pragma unroll
-    for (int k = 0; k < XPACK; k++) {
-        float gk = to_float(g.v[k]), uk = to_float(u.v[k]), dk = to_float(d.v[k]), sk = sigmoid_gpu(gk);
-        dg.v[k] = to_floatX(dk * uk * sk * (1.0f + gk * (1.0f - sk)));
-        du.v[k] = to_floatX(dk * gk * sk);
-    }
     unsigned mx = 0;
-    fp8_pack<XPACK>(q, dg.v, n * 2 * I + i, &mx);
-    fp8_pack<XPACK>(q, du.v, n * 2 * I + I + i, &mx);
-    *(PackX*)(dgu + n * 2 * I + i) = dg;
-    *(PackX*)(dgu + n * 2 * I + I + i) = du;
-    if (q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
+    if (idx < N * I) {
+        size_t n = idx / I, i = idx % I;
+        PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i);
+        PackX d = *(const PackX*)(dact + idx), dg, du;
+        #pragma unroll
+        for (int k = 0; k < XPACK; k++) {
+            float gk = to_float(g.v[k]), uk = to_float(u.v[k]), dk = to_float(d.v[k]), sk = sigmoid_gpu(gk);
+            dg.v[k] = to_floatX(dk * uk * sk * (1.0f + gk * (1.0f - sk)));
+            du.v[k] = to_floatX(dk * gk * sk);
+        }
+        fp8_pack<XPACK>(q, dg.v, n * 2 * I + i, &mx);
+        fp8_pack<XPACK>(q, du.v, n * 2 * I + I + i, &mx);
+        *(PackX*)(dgu + n * 2 * I + i) = dg;
+        *(PackX*)(dgu + n * 2 * I + I + i) = du;
+    }
+    fp8_block_amax(mx, q.amax);
 }
 
 // (q: an FP8 epilogue of the output, Fp8Out; none by default)
@@ -5905,8 +6003,9 @@ static void gpu_backward_kernels(GPUModel* g) {
     floatX* dhp[HP_MAX];
     for (int i = 0; i < HP_MAX; i++) { dhp[i] = hp_slot[i] >= 0 ? d.dhp + (size_t)hp_slot[i] * H : NULL; }
     // FP8 (-q): each output gradient's codes (d8) written by its producer's epilogue (fp8_out: dlogits by the
-    // cross-entropy, dresid_x by the RMSNorm backward, dgu by SwiGLU's) or cast before its matmul (dqkvg, which several
-    // kernels write); the weight gradients on the forward inputs' values rounded in place, or again (xr: xa, y = o)
+    // cross-entropy, dresid_x by the RMSNorm backward, dgu by SwiGLU's, each block of dqkvg by the stage kernel that
+    // writes it, into d8 as (N, W) too) or cast before its matmul (q, k, v straight from the attention, not in dqkvg);
+    // the weight gradients on the forward inputs' values rounded in place, or again (xr: xa, y = o)
     int r8 = fp8_rounds(g), head8 = r8 && g->host->fp8.mode != FP8_MODE_BODY;
     matmul_backward_q(g, head8, 0, d.dxn, CUDA_R_32F, 0.0f, a.logits, fp8_dlogits_at(L), 1, NULL, a.xf, P_LM_HEAD, 0,
                       fp8_weight_at(L, L, 0), N, C, Vp);
@@ -5932,13 +6031,20 @@ static void gpu_backward_kernels(GPUModel* g) {
                              fp8_out(g, r8, g->fp8.d8, dres_o, dres_o_e5m2, 1, fp8_amax_slot(g, l, FP8_DRES_O)));
         // attention
         LayerFp8 f = layer_fp8(g, &p, l);
+        int dq_i = fp8_delayed_at(l, FP8_DQKVG), dq_e5m2 = fp8_slot_e5m2(g, FP8_DQKVG);
+        unsigned* dq_amax = fp8_amax_slot(g, l, FP8_DQKVG);
+        Fp8Out dq8[4]; // the epilogue of each block of dqkvg (its codes at the block's columns of d8)
+        for (int j = 0; j < 4; j++) {
+            uint8_t* codes = g->fp8.d8 != NULL && slot[j] >= 0 ? g->fp8.d8 + (size_t)slot[j] * C : NULL;
+            dq8[j] = slot[j] >= 0 ? fp8_out(g, r8, codes, dq_i, dq_e5m2, 1, dq_amax) : Fp8Out{};
+        }
         const floatX* y_w = f.y_cast ? fp8_rounded_input(g, r8, p.y, NC, f.y_i) : p.y;
         matmul_backward_q(g, r8, 0, d.dy, CUDA_R_X, 0.0f, d.dresid_x, dres_o, dres_o_e5m2, NULL, y_w, P_WO, l,
                           fp8_weight_at(L, l, FP8_W_O), N, C, C);
         if (cf->output_norm || cf->output_gate) {
             output_norm_gate_backward_gpu(d.d_o, draw[3], W, d.don, d.attn_scratch + 2 * NH, d.dy, p.o, p.o_normed,
                                           cf->output_gate ? p.og_logit : NULL,
-                                          cf->output_norm ? pm(g, P_O_NORM, l) : NULL, p.rstd_o, N, T, H, hd);
+                                          cf->output_norm ? pm(g, P_O_NORM, l) : NULL, p.rstd_o, N, T, H, hd, dq8[3]);
         }
         if (cf->output_norm) {
             colsum_scale_gpu(pg(g, P_O_NORM, l), d.partial, d.don, p.o, p.rstd_o, N, C, hd, 1);
@@ -5955,9 +6061,9 @@ static void gpu_backward_kernels(GPUModel* g) {
         if (cf->qk_norm || cf->rope) {
             const float* rope = cf->rope ? g->rope : NULL;
             QKNormGradSet q = {draw[0], d.dq_normed, W, d.dq, p.q_raw, cf->qk_norm ? pm(g, P_Q_NORM, l) : NULL,
-                               p.rstd_q};
+                               p.rstd_q, dq8[0]};
             QKNormGradSet k = {dk_shifted, d.dk_normed, ld_dk_shifted, d.dk, p.k_shifted,
-                               cf->qk_norm ? pm(g, P_K_NORM, l) : NULL, p.rstd_k};
+                               cf->qk_norm ? pm(g, P_K_NORM, l) : NULL, p.rstd_k, cf->k_shift ? Fp8Out{} : dq8[1]};
             qk_norm_rope_backward_gpu(q, k, groups_qk, rope, N, T, H, hd);
         }
         if (cf->qk_norm) {
@@ -5967,8 +6073,8 @@ static void gpu_backward_kernels(GPUModel* g) {
         if (cf->k_shift || cf->v_shift) { // k's after the QK-norm backward above (dk_shifted)
             KVShiftGradSet set[2];
             int n = 0;
-            if (cf->k_shift) { set[n++] = (KVShiftGradSet){draw[1], dhp[0], dk_shifted, p.k_raw, p.k_alpha}; }
-            if (cf->v_shift) { set[n++] = (KVShiftGradSet){draw[2], dhp[1], d.dv, p.v_raw, p.v_alpha}; }
+            if (cf->k_shift) { set[n++] = (KVShiftGradSet){draw[1], dhp[0], dk_shifted, p.k_raw, p.k_alpha, dq8[1]}; }
+            if (cf->v_shift) { set[n++] = (KVShiftGradSet){draw[2], dhp[1], d.dv, p.v_raw, p.v_alpha, dq8[2]}; }
             kv_shift_backward_gpu(set, n, W, PH, N, T, H, hd, docs);
         }
         // the attention input's gradient: the head projections' terms written, then dqkvg's in one matmul with the
@@ -5978,10 +6084,8 @@ static void gpu_backward_kernels(GPUModel* g) {
         float beta = hp.count > 0 ? 1.0f : 0.0f;
         if (hp.count > 0) { head_proj_backward_gpu(d.dxn, &hp, xa, N, C, H); }
         const floatX* xa_w = fp8_rounded_input(g, r8, xa, NC, fp8_norm_at(L, l, FP8_N_XA));
-        int dq_i = fp8_delayed_at(l, FP8_DQKVG), dq_e5m2 = fp8_slot_e5m2(g, FP8_DQKVG);
-        unsigned* dq_amax = fp8_amax_slot(g, l, FP8_DQKVG);
-        if (F > 0) {
-            matmul_backward_q(g, r8, 1, d.dxn, CUDA_R_32F, beta, d.dqkvg, dq_i, dq_e5m2, dq_amax, xa_w, first, l,
+        if (F > 0) { // its blocks' producers wrote the codes and the amax
+            matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, beta, d.dqkvg, dq_i, dq_e5m2, NULL, xa_w, first, l,
                               fp8_weight_at(L, l, FP8_W_QKVG), N, C, W);
             beta = 1.0f;
         }
@@ -6114,6 +6218,16 @@ static void gpu_tune_fp8_end(GPUModel* g) {
 #endif
 }
 
+// a training forward and backward on the tokens (2 N: inputs, then targets) with g_tuning set, thrown away
+static void gpu_tune_pass(GPUModel* g, const int* tokens, int B, int T) {
+    g_tuning = 1;
+    gpu_forward_train(g, tokens, tokens + (size_t)B * T, B, T, 1.0f);
+    gpu_backward(g);
+    cudaCheck(cudaDeviceSynchronize());
+    g_tuning = 0;
+    gpu_zero_grad(g);
+}
+
 // -X 1: one training forward and backward on random tokens with g_tuning set, so each matmul plan's first call tunes it
 // (matmul_tune); the step's results are thrown away (the gradients zeroed). Prints how many plans changed and their
 // time a step, each matmul timed alone.
@@ -6124,19 +6238,9 @@ static void gpu_tune_matmuls(GPUModel* g, int B, int T) {
     for (size_t i = 0; i < 2 * N; i++) { tokens[i] = (int)(rng_next(&rng) % (uint64_t)g->config.vocab_size); }
     double t0 = now_seconds();
     gpu_tune_fp8_begin(g);
-    g_tuning = 1;
-    gpu_forward_train(g, tokens, tokens + N, B, T, 1.0f);
-    gpu_backward(g);
-    cudaCheck(cudaDeviceSynchronize());
-    g_tuning = 0;
-    gpu_zero_grad(g);
+    gpu_tune_pass(g, tokens, B, T);
     if (gpu_tune_fp8_scales(g, N)) { // -q: the FP8 plans on a second pass, one that rounds
-        g_tuning = 1;
-        gpu_forward_train(g, tokens, tokens + N, B, T, 1.0f);
-        gpu_backward(g);
-        cudaCheck(cudaDeviceSynchronize());
-        g_tuning = 0;
-        gpu_zero_grad(g);
+        gpu_tune_pass(g, tokens, B, T);
         gpu_tune_fp8_end(g);
     }
     free(tokens);
