@@ -6510,15 +6510,18 @@ static double fp8_amax_error(const FoxModel* a, const FoxModel* b) {
 // H100), so single tensors and the 4 steps' losses (within the bf16 noise of the unrounded run in two cases) do not
 // decide it. No clipping: the gradients compared are the steps' own.
 static void gpu_test_fp8_steps(void) {
-    struct { const char* preset; int mode, recompute; } cases[] = {
-        {"fox-pro-tiny", FP8_MODE_HYBRID, 0}, {"fox-pro-tiny", FP8_MODE_E4M3, 0}, {"fox-pro-tiny", FP8_MODE_BODY, 0},
-        {"transformer-llama-tiny", FP8_MODE_HYBRID, 0}, {"fox-llama-tiny", FP8_MODE_HYBRID, 0},
-        {"fox-pro-tiny", FP8_MODE_HYBRID, 1},
+    // T = 112: N = 224, a multiple of FP8_TM_ROWS, so the MLP's weight gradients are FP8 matmuls (fp8_wgrad8_on);
+    // T = 100 (N = 200) in one case: bf16 weight gradients
+    struct { const char* preset; int mode, recompute, T; } cases[] = {
+        {"fox-pro-tiny", FP8_MODE_HYBRID, 0, 112}, {"fox-pro-tiny", FP8_MODE_E4M3, 0, 112},
+        {"fox-pro-tiny", FP8_MODE_BODY, 0, 112}, {"transformer-llama-tiny", FP8_MODE_HYBRID, 0, 100},
+        {"fox-llama-tiny", FP8_MODE_HYBRID, 0, 112}, {"fox-pro-tiny", FP8_MODE_HYBRID, 1, 112},
     };
-    const int B = 2, T = 100, micro = 2, steps = 4;
+    const int B = 2, micro = 2, steps = 4;
     AdamWConfig opt = {3e-3f, 0.1f, 0.9f, 0.95f, 1e-8f, 0.0f};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         FoxConfig c;
+        int T = cases[i].T;
         test_config(&c, cases[i].preset, 128, 2, NULL, NULL);
         FoxModel twin, probe, plain, host;
         twin_from_config(&twin, &c, 31 + i);
@@ -6565,13 +6568,13 @@ static void gpu_test_fp8_steps(void) {
             }
         }
         double tol = tolerance(GTOL_STEPS, sens), tol_amax = tolerance(GTOL_STEPS, s_amax);
-        check(e <= tol && e_amax <= tol_amax && ratio < 1.0 && ratio0 > 1.0, "gpu fp8 steps, %s -q %s%s: %d steps of "
-              "%d micro-batches: losses and grad norms (rel err %.1e <= %.1e; sens %.1e; %.1e from an unrounded run), "
-              "the delayed operands' amaxes (%.1e <= %.1e; sens %.1e); step 1's gradients: distance to the FP8 "
-              "emulation / to the unrounded ones %.2f < 1 (single tensors up to %.2f, %s), without -q %.2f > 1; "
-              "last loss %.4f vs twin %.4f", cases[i].preset, FP8_MODE_NAMES[cases[i].mode],
-              cases[i].recompute ? ", -r 1" : "", steps, micro, e, tol, sens, e_plain, e_amax, tol_amax, s_amax, ratio,
-              worst, worst_name, ratio0, gl, tl);
+        check(e <= tol && e_amax <= tol_amax && ratio < 1.0 && ratio0 > 1.0, "gpu fp8 steps, %s -q %s%s, %s weight "
+              "gradients: %d steps of %d micro-batches: losses and grad norms (rel err %.1e <= %.1e; sens %.1e; %.1e "
+              "from an unrounded run), the delayed operands' amaxes (%.1e <= %.1e; sens %.1e); step 1's gradients: "
+              "distance to the FP8 emulation / to the unrounded ones %.2f < 1 (single tensors up to %.2f, %s), without "
+              "-q %.2f > 1; last loss %.4f vs twin %.4f", cases[i].preset, FP8_MODE_NAMES[cases[i].mode],
+              cases[i].recompute ? ", -r 1" : "", g.fp8.wgrad8 ? "the MLP's FP8" : "bf16", steps, micro, e, tol, sens,
+              e_plain, e_amax, tol_amax, s_amax, ratio, worst, worst_name, ratio0, gl, tl);
         gpu_free(&g0);
         fox_free(&host0);
         gpu_free(&g);
@@ -6579,6 +6582,111 @@ static void gpu_test_fp8_steps(void) {
         free(inputs); free(targets);
         fox_free(&twin); fox_free(&probe); fox_free(&plain); fox_free(&host);
     }
+}
+
+// Token-major FP8 codes (Fp8Out.codes_t: the MLP's FP8 weight gradients) from their four producers: the RMSNorm
+// forward (xm) and backward (dresid_x), the SwiGLU forward (act) and backward (dgu), each launched with row-major codes
+// alone and again with token-major codes too and the floatX output dropped (Fp8Out.drop), on the same random inputs.
+// N = 160 rows (5 tiles of 32; the RMSNorm backward's chunks of 64 end part-filled), C = 136 and I = 264: column
+// tiles part-filled too (the SwiGLU's 256 units). The second launch must give the first's row-major codes, amax and
+// other outputs (rstd, dresid, dw) bit for bit, leave the floatX output untouched, and codes_t[c N + n] =
+// codes[n W + c] for every value; all outputs poisoned first, codes with 0xFF (NaN in both formats, which finite
+// inputs never give).
+static void gpu_test_fp8_token_major(void) {
+    const size_t N = 160;
+    const int C = 136, I = 264, k = 3;
+    size_t nx = N * 2 * I, nh = 5 * N * C + nx; // the largest tensor, (N, 2I); the random values
+    float* h = (float*)malloc_check(nh * sizeof(float), "inputs");
+    floatX* hx = (floatX*)malloc_check(nx * sizeof(floatX), "inputs");
+    uint8_t *codes[2], *tm = (uint8_t*)malloc_check(nx, "codes");
+    char* outs[2];
+    size_t out_bytes = nx * sizeof(float) * 2 + N * sizeof(float) + C * sizeof(float) + sizeof(unsigned);
+    for (int r = 0; r < 2; r++) {
+        codes[r] = (uint8_t*)malloc_check(nx, "codes");
+        outs[r] = (char*)calloc_check(out_bytes, 1, "outputs");
+    }
+    float *x_d, *w_d, *rstd_d, *dresid_d, *dw_d, *partial_d, *dout_d;
+    floatX *out_d, *gu_d, *dact_d, *fwd_d;
+    uint8_t *codes_d, *tm_d;
+    unsigned* amax_d;
+    int* k_d;
+    cudaCheck(cudaMalloc(&x_d, N * C * sizeof(float))); cudaCheck(cudaMalloc(&w_d, C * sizeof(float)));
+    cudaCheck(cudaMalloc(&rstd_d, N * sizeof(float))); cudaCheck(cudaMalloc(&dresid_d, N * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&dw_d, C * sizeof(float))); cudaCheck(cudaMalloc(&dout_d, N * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&partial_d, ceil_div(N, RMS_BWD_ROWS) * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&out_d, nx * sizeof(floatX))); cudaCheck(cudaMalloc(&gu_d, nx * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dact_d, N * I * sizeof(floatX))); cudaCheck(cudaMalloc(&fwd_d, N * C * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&codes_d, nx)); cudaCheck(cudaMalloc(&tm_d, nx));
+    cudaCheck(cudaMalloc(&amax_d, sizeof(unsigned))); cudaCheck(cudaMalloc(&k_d, sizeof(int)));
+    cudaCheck(cudaMemcpy(k_d, &k, sizeof(int), cudaMemcpyHostToDevice));
+    uint64_t rng = 4300;
+    for (size_t i = 0; i < nh; i++) { h[i] = (float)rng_normal(&rng); }
+    for (size_t i = 0; i < nx; i++) { hx[i] = to_floatX(h[i] * 0.5f); }
+    cudaCheck(cudaMemcpy(x_d, h, N * C * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(w_d, h + N * C, C * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(dout_d, h + 2 * N * C, N * C * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(gu_d, hx, nx * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(dact_d, hx + N, N * I * sizeof(floatX), cudaMemcpyHostToDevice));
+    const char* names[4] = {"RMSNorm forward", "RMSNorm backward", "SwiGLU forward", "SwiGLU backward"};
+    int bad_same = 0, bad_tm = 0, bad_drop = 0, cases = 0;
+    for (int kind = 0; kind < 4; kind++) {
+        size_t W = kind < 2 ? (size_t)C : kind == 2 ? (size_t)I : 2 * (size_t)I, n = N * W;
+        for (int r = 0; r < 2; r++) { // r = 1: with token-major codes, the floatX output dropped
+            cudaCheck(cudaMemset(out_d, 0xFF, nx * sizeof(floatX))); cudaCheck(cudaMemset(codes_d, 0xFF, nx));
+            cudaCheck(cudaMemset(tm_d, 0xFF, nx)); cudaCheck(cudaMemset(amax_d, 0, sizeof(unsigned)));
+            cudaCheck(cudaMemset(rstd_d, 0xFF, N * sizeof(float)));
+            cudaCheck(cudaMemcpy(dresid_d, h + 3 * N * C, N * C * sizeof(float), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(dw_d, h + 4 * N * C, C * sizeof(float), cudaMemcpyHostToDevice));
+            Fp8Out q = {codes_d, r ? tm_d : NULL, k_d, kind % 2, 1, r, amax_d};
+            if (kind == 1) { rmsnorm_forward_gpu(fwd_d, rstd_d, x_d, w_d, N, C); } // rstd for the backward
+            if (kind == 0) { rmsnorm_forward_gpu(out_d, rstd_d, x_d, w_d, N, C, q); }
+            if (kind == 1) {
+                rmsnorm_backward_gpu(dresid_d, out_d, partial_d, dw_d, dout_d, x_d, w_d, rstd_d, N, C, q);
+            }
+            if (kind == 2) { swiglu_forward_gpu(out_d, gu_d, N, I, q); }
+            if (kind == 3) { swiglu_backward_gpu(out_d, dact_d, gu_d, N, I, q); }
+            cudaCheck(cudaDeviceSynchronize());
+            char* o = outs[r]; // the outputs: out, dresid, rstd, dw, amax
+            cudaCheck(cudaMemcpy(o, out_d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+            o += nx * sizeof(float);
+            cudaCheck(cudaMemcpy(o, dresid_d, N * C * sizeof(float), cudaMemcpyDeviceToHost));
+            o += nx * sizeof(float);
+            cudaCheck(cudaMemcpy(o, rstd_d, N * sizeof(float), cudaMemcpyDeviceToHost));
+            o += N * sizeof(float);
+            cudaCheck(cudaMemcpy(o, dw_d, C * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(o + C * sizeof(float), amax_d, sizeof(unsigned), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(codes[r], codes_d, nx, cudaMemcpyDeviceToHost));
+            if (r == 1) { cudaCheck(cudaMemcpy(tm, tm_d, nx, cudaMemcpyDeviceToHost)); }
+        }
+        size_t fx = n * sizeof(floatX), kept = 0; // the floatX output: written, then dropped (still the poison)
+        for (size_t i = 0; i < fx; i++) { kept += (uint8_t)outs[1][i] != 0xFF; }
+        bad_drop += kept > 0;
+        int same = memcmp(outs[0] + fx, outs[1] + fx, out_bytes - fx) == 0 && memcmp(codes[0], codes[1], nx) == 0;
+        size_t poisoned = 0, wrong = 0;
+        for (size_t i = 0; i < n; i++) {
+            poisoned += codes[1][i] == 0xFF;
+            wrong += tm[(i % W) * N + i / W] != codes[1][i];
+        }
+        for (size_t i = n; i < nx; i++) { wrong += tm[i] != 0xFF; } // past the tensor: untouched
+        bad_same += !same;
+        bad_tm += wrong > 0 || poisoned > 0;
+        if (!same || wrong > 0 || poisoned > 0 || kept > 0) {
+            printf("     %s: same outputs %s, %zu codes left poisoned, %zu token-major codes wrong, %zu floatX bytes "
+                   "written though dropped\n", names[kind], same ? "yes" : "no", poisoned, wrong, kept);
+        }
+        cases++;
+    }
+    check(bad_same == 0 && bad_tm == 0 && bad_drop == 0, "gpu fp8 token-major codes: %d producers (RMSNorm forward "
+          "and backward, SwiGLU forward and backward; %zu rows, C %d, I %d): codes, amax and other outputs the same "
+          "with and without them in %d, codes_t[c N + n] = codes[n W + c] everywhere in %d, the dropped floatX output "
+          "untouched in %d", cases, N, C, I, cases - bad_same, cases - bad_tm, cases - bad_drop);
+    cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(w_d)); cudaCheck(cudaFree(rstd_d)); cudaCheck(cudaFree(dresid_d));
+    cudaCheck(cudaFree(dw_d)); cudaCheck(cudaFree(dout_d)); cudaCheck(cudaFree(partial_d)); cudaCheck(cudaFree(out_d));
+    cudaCheck(cudaFree(gu_d)); cudaCheck(cudaFree(dact_d)); cudaCheck(cudaFree(fwd_d));
+    cudaCheck(cudaFree(codes_d)); cudaCheck(cudaFree(tm_d));
+    cudaCheck(cudaFree(amax_d)); cudaCheck(cudaFree(k_d));
+    for (int r = 0; r < 2; r++) { free(codes[r]); free(outs[r]); }
+    free(h); free(hx); free(tm);
 }
 
 // -X 1 with -q: tuning picks FP8 plans' candidates too (a second, rounding pass) and changes no bit of training: 3 FP8
@@ -7625,6 +7733,7 @@ static void run_gpu_fp8_tests(void) {
     printf("GPU FP8 tests on %s\n", g_prop.name);
     gpu_test_fp8_casts();
     gpu_test_fp8_matmul();
+    gpu_test_fp8_token_major();
     gpu_test_fp8_steps();
     gpu_test_fp8_tuning();
 }

@@ -40,11 +40,13 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: pattern_gpu, matmul_typed, matmul_lt, matmul_forward_gpu, matmul_backward_input_gpu,
 // defines: matmul_backward_weight_gpu
 // FP8 operands
-// defines: fp8_code, fp8_value, fp8_pow2_gpu, fp8_warp_amax, fp8_block_amax, Fp8Out, fp8_pack; bf16 build: fp8_in,
+// defines: fp8_code, fp8_value, fp8_pow2_gpu, fp8_warp_amax, fp8_block_amax, Fp8Out, fp8_pack, FP8_TM_ROWS,
+// defines: fp8_stage_put, fp8_transpose4, fp8_stage_write; bf16 build: fp8_in,
 // defines: fp8_scale_exp_gpu, fp8_amax_kernel, fp8_load8, fp8_cast_one, fp8_cast_kernel, fp8_cast_transpose_kernel,
-// defines: fp8_blocks, fp8_amax_gpu, fp8_cast_gpu, fp8_cast_transpose_gpu, matmul_fp8_gpu
+// defines: fp8_blocks, fp8_amax_gpu, fp8_cast_gpu, fp8_cast_transpose_gpu, matmul_fp8_gpu; fp8_tm_check
 // RMSNorm and column sums
-// defines: rmsnorm_forward_kernel, rmsnorm_backward_kernel, colsum_partial_kernel, colsum_scale_partial_kernel,
+// defines: rmsnorm_forward_row, rmsnorm_forward_kernel, rmsnorm_backward_kernel, colsum_partial_kernel,
+// defines: colsum_scale_partial_kernel,
 // defines: colsum_finish_kernel, rms_nv, rmsnorm_forward_nv, rmsnorm_forward_gpu, rmsnorm_backward_nv,
 // defines: rmsnorm_backward_gpu, colsum_gpu, colsum_scale_gpu
 // Hopper primitives
@@ -72,7 +74,8 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: output_norm_gate_forward_kernel, output_norm_gate_backward_kernel, output_norm_gate_forward_gpu,
 // defines: output_norm_gate_backward_gpu
 // SwiGLU
-// defines: swiglu_forward_kernel, swiglu_backward_kernel, swiglu_forward_gpu, swiglu_backward_gpu
+// defines: swiglu_grid, swiglu_forward_pack, swiglu_forward_kernel, swiglu_backward_pack, swiglu_backward_kernel,
+// defines: swiglu_forward_gpu, swiglu_backward_gpu
 // cross-entropy
 // defines: crossentropy_kernel, crossentropy_gpu
 // optimiser kernels
@@ -85,12 +88,13 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: fp8_weight_at, fp8_dlogits_at, fp8_index_count, GPUModel, qkvg_slots
 // the GPU's parameter layout
 // defines: layout_params, slice_offset, pm, px, pg, gpu_upload, gpu_download, adamw_segments, layout_activations,
-// defines: layout_grad_buffers, fp8_memory_needed, gpu_memory_needed, gpu_config_problem, gpu_build_dist,
-// defines: gpu_build, gpu_free
+// defines: layout_grad_buffers, fp8_wgrad8_on, fp8_memory_needed, gpu_memory_needed, gpu_config_problem,
+// defines: gpu_build_dist, gpu_build, gpu_free
 // FP8 matmuls of a training step (-q)
 // defines: bf16 build: fp8_scales_kernel, gpu_fp8_build, gpu_fp8_free, Fp8Block, fp8_weight_blocks,
 // defines: gpu_fp8_step_begin, gpu_fp8_amax_to_host; fp8_rounds, fp8_calibrating, fp8_amax_slot, fp8_slot_e5m2,
-// defines: fp8_inv, fp8_out, matmul_forward_q, fp8_dres_down, fp8_rounded_input, matmul_backward_q
+// defines: fp8_inv, fp8_out, matmul_forward_q, fp8_wgrad8, fp8_x8t, fp8_out_t, fp8_dres_down, fp8_rounded_input,
+// defines: matmul_backward_q
 // forward and backward of the whole model
 // defines: LayerActs, layer_acts, head_proj_layer, gpu_docs, kv_shift_forward_layer, qk_norm_rope_forward_layer,
 // defines: output_norm_gate_forward_layer, LayerFp8, layer_fp8, gpu_recompute_layer, document_ends,
@@ -812,20 +816,24 @@ __device__ static void fp8_block_amax(unsigned mx, unsigned* amax) {
 // 2^(*k) into codes at the value's index, and with round the value replaced by the one its code stands for (the
 // operand then feeds only matmuls that read it rounded); with amax, the max |value| into *amax (at the kernel's
 // end: fp8_block_amax, or fp8_warp_amax where warps end early). The codes come from the floatX value, as
-// fp8_cast_kernel's from a stored tensor: the same bits.
-typedef struct { uint8_t* codes; const int* k; int e5m2, round; unsigned* amax; } Fp8Out;
+// fp8_cast_kernel's from a stored tensor: the same bits. With codes_t (and codes) the same codes token-major too, for
+// a weight gradient's FP8 matmul (K = the tokens): value (n, c) of a (rows, W) output at codes_t[c rows + n]
+// (fp8_stage_write); then with drop the floatX values are not stored at all (they feed only FP8 matmuls).
+typedef struct { uint8_t *codes, *codes_t; const int* k; int e5m2, round, drop; unsigned* amax; } Fp8Out;
 
 // b when second, else a, field by field (a select of the whole struct would copy both to local memory)
 __device__ static inline Fp8Out fp8_pick(const Fp8Out& a, const Fp8Out& b, bool second) {
     Fp8Out q;
-    q.codes = second ? b.codes : a.codes; q.k = second ? b.k : a.k; q.e5m2 = second ? b.e5m2 : a.e5m2;
-    q.round = second ? b.round : a.round; q.amax = second ? b.amax : a.amax;
+    q.codes = second ? b.codes : a.codes; q.codes_t = second ? b.codes_t : a.codes_t;
+    q.k = second ? b.k : a.k; q.e5m2 = second ? b.e5m2 : a.e5m2;
+    q.round = second ? b.round : a.round; q.drop = second ? b.drop : a.drop; q.amax = second ? b.amax : a.amax;
     return q;
 }
 
-// the epilogue on M values v that sit at index i (a multiple of M) of the output, their max folded into *mx
+// the epilogue on M values v that sit at index i (a multiple of M) of the output, their max folded into *mx; returns
+// the M codes as M bytes, little-endian (zeros without codes)
 template <int M>
-__device__ static inline void fp8_pack(const Fp8Out& q, floatX* v, size_t i, unsigned* mx) {
+__device__ static inline uint2 fp8_pack(const Fp8Out& q, floatX* v, size_t i, unsigned* mx) {
     if (q.amax != NULL) {
         #pragma unroll
         for (int j = 0; j < M; j++) {
@@ -833,7 +841,7 @@ __device__ static inline void fp8_pack(const Fp8Out& q, floatX* v, size_t i, uns
             *mx = a > *mx ? a : *mx;
         }
     }
-    if (q.codes == NULL) { return; }
+    if (q.codes == NULL) { return make_uint2(0u, 0u); }
     float up = fp8_pow2_gpu(*q.k), down = fp8_pow2_gpu(-*q.k);
     uint32_t w[(M + 3) / 4] = {}; // the codes, little-endian, stored as M-byte words (i is M-aligned; M = 4 or 8)
     #pragma unroll
@@ -845,6 +853,50 @@ __device__ static inline void fp8_pack(const Fp8Out& q, floatX* v, size_t i, uns
     static_assert(M == 4 || M == 8, "fp8_pack stores 4 or 8 codes");
     if (M == 4) { *(uint32_t*)(q.codes + i) = w[0]; }
     else { *(uint2*)(q.codes + i) = make_uint2(w[0], w[(M + 3) / 4 - 1]); }
+    return make_uint2(w[0], M == 4 ? 0u : w[(M + 3) / 4 - 1]);
+}
+
+// Token-major codes (Fp8Out.codes_t) from a block that produces rows r0 .. r0 + FP8_TM_ROWS - 1 of an output (r0 a
+// multiple of FP8_TM_ROWS, as rows is): each row's codes of columns c0 .. c0 + W - 1 go into stage (FP8_TM_ROWS, S)
+// bytes (S >= W) as they are stored row-major (fp8_stage_put); after a __syncthreads the block writes column c's
+// codes as one 32-byte sector at codes_t[c rows + r0] (fp8_stage_write: two threads a sector, each 4 columns of 16
+// rows: 16 words read, four 4 x 4 byte transposes, four 16-byte stores). W and S multiples of 4. Whole sectors, as a
+// store of part of one is an L2 transaction of its own (the tile's height: dev/RESULTS.md, "FP8 matmuls").
+#define FP8_TM_ROWS 32
+template <int M>
+__device__ static inline void fp8_stage_put(uint8_t* stage, int S, int r, int c, uint2 codes) {
+    if (M == 4) { *(uint32_t*)(stage + r * S + c) = codes.x; }
+    else { *(uint2*)(stage + r * S + c) = codes; }
+}
+
+// the 4 x 4 byte transpose: word j of out holds byte j of a, b, c, d (in that order, little-endian)
+__device__ static inline void fp8_transpose4(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t* out) {
+    uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362); // a0 b0 a1 b1, a2 b2 a3 b3
+    uint32_t cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
+    out[0] = __byte_perm(ab_lo, cd_lo, 0x5410); out[1] = __byte_perm(ab_lo, cd_lo, 0x7632);
+    out[2] = __byte_perm(ab_hi, cd_hi, 0x5410); out[3] = __byte_perm(ab_hi, cd_hi, 0x7632);
+}
+
+// the block's columns c0 + c (c < W) of rows r0 .. r0 + FP8_TM_ROWS - 1 from stage (FP8_TM_ROWS, S) into codes_t
+// (see fp8_stage_put): task t takes columns 4 (t / 2) .. + 3, rows 16 (t % 2) .. + 15
+__device__ static void fp8_stage_write(uint8_t* codes_t, size_t rows, size_t r0, const uint8_t* stage, int S, int W,
+                                       int c0) {
+    static_assert(FP8_TM_ROWS == 32, "two 16-row halves a column");
+    for (int t = threadIdx.x; t < W / 2; t += blockDim.x) {
+        int c = 4 * (t / 2), h = 16 * (t % 2);
+        uint32_t col[4][4]; // col[g][j]: rows h + 4g .. + 3 of column c + j
+        #pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uint8_t* p = stage + (size_t)(h + 4 * g) * S + c;
+            fp8_transpose4(*(const uint32_t*)p, *(const uint32_t*)(p + S), *(const uint32_t*)(p + 2 * S),
+                           *(const uint32_t*)(p + 3 * S), col[g]);
+        }
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            *(uint4*)(codes_t + (size_t)(c0 + c + j) * rows + r0 + h) = make_uint4(col[0][j], col[1][j], col[2][j],
+                                                                                  col[3][j]);
+        }
+    }
 }
 
 #ifndef ENABLE_FP32
@@ -983,6 +1035,14 @@ static void matmul_fp8_gpu(void* out, cudaDataType_t out_type, const void* add, 
 }
 #endif
 
+// a producer's token-major codes (Fp8Out.codes_t) need whole tiles of FP8_TM_ROWS rows (fp8_wgrad8_on checks both)
+static void fp8_tm_check(size_t rows, int C, int max_c) {
+    if (rows % FP8_TM_ROWS != 0 || C > max_c) {
+        fail("internal: token-major FP8 codes of %zu rows x %d columns (rows %% %d == 0, C <= %d)" BUG_HINT, rows, C,
+             FP8_TM_ROWS, max_c);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // RMSNorm and column sums
 
@@ -1003,13 +1063,13 @@ __device__ static inline void load_row_tile(float4* v4, const float* r, int c0, 
     }
 }
 
-// out = x / sqrt(mean(x^2) + eps) * w for each row of the fp32 residual stream (q: out's FP8 epilogue, Fp8Out)
-template <int NV>
-__global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C,
-                                       float eps, Fp8Out q) {
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+// one row of the RMSNorm forward (a warp's): out = x / sqrt(mean(x^2) + eps) * w, its FP8 epilogue's max into *mx;
+// TM: its codes into row srow of stage (fp8_stage_put)
+template <int NV, bool TM>
+__device__ static inline void rmsnorm_forward_row(floatX* out, float* rstd, const float* x, const float* w, size_t row,
+                                                  int C, float eps, const Fp8Out& q, unsigned* mx, uint8_t* stage,
+                                                  int srow) {
     int lane = threadIdx.x % 32;
-    if (row >= rows) { return; }
     const float* xr = x + row * C;
     float4 xv[NV];
     float ss = 0.0f;
@@ -1026,7 +1086,6 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x,
     }
     ss = warp_sum(ss);
     float s = 1.0f / sqrtf(ss / (float)C + eps);
-    unsigned mx = 0;
     for (int c0 = last; c0 >= 0; c0 -= RMS_TILE(NV)) {
         if (c0 != last) { load_row_tile<NV>(xv, xr, c0, lane, C); }
         #pragma unroll
@@ -1037,20 +1096,48 @@ __global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x,
             load_floats<4>(wi, w + i);
             Pack4X o = {{to_floatX(xv[v].x * s * wi[0]), to_floatX(xv[v].y * s * wi[1]),
                          to_floatX(xv[v].z * s * wi[2]), to_floatX(xv[v].w * s * wi[3])}};
-            fp8_pack<4>(q, o.v, row * C + i, &mx);
-            *(Pack4X*)(out + row * C + i) = o;
+            uint2 codes = fp8_pack<4>(q, o.v, row * C + i, mx);
+            if constexpr (TM) { fp8_stage_put<4>(stage, C, srow, i, codes); }
+            if (!TM || !q.drop) { *(Pack4X*)(out + row * C + i) = o; }
         }
     }
     if (lane == 0) { rstd[row] = s; }
-    if (q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w for each row of the fp32 residual stream, a warp a row (q: out's FP8 epilogue,
+// Fp8Out). TM: with its token-major codes; a block takes FP8_TM_ROWS rows (rows a multiple), staged through
+// FP8_TM_ROWS C bytes of dynamic shared memory.
+template <int NV, bool TM>
+__global__ void rmsnorm_forward_kernel(floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C,
+                                       float eps, Fp8Out q) {
+    extern __shared__ __align__(16) uint8_t stage[]; // TM: (FP8_TM_ROWS, C) codes, fp8_stage_put
+    int warp = threadIdx.x / 32;
+    unsigned mx = 0;
+    if constexpr (TM) {
+        size_t r0 = (size_t)blockIdx.x * FP8_TM_ROWS;
+        for (int k = warp; k < FP8_TM_ROWS; k += WARPS_PER_BLOCK) {
+            rmsnorm_forward_row<NV, TM>(out, rstd, x, w, r0 + k, C, eps, q, &mx, stage, k);
+        }
+        if (q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
+        __syncthreads();
+        fp8_stage_write(q.codes_t, rows, r0, stage, C, C, 0);
+    } else {
+        size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + warp;
+        if (row >= rows) { return; }
+        rmsnorm_forward_row<NV, TM>(out, rstd, x, w, row, C, eps, q, &mx, stage, 0);
+        if (q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
+    }
 }
 
 // RMSNorm backward fused with the first stage of its scale gradient (a column sum, finished by
 // colsum_finish_kernel), so dout and x are read once: one block per chunk of RMS_BWD_ROWS rows, warp w takes
 // rows w, w + 8, ... of the chunk. Accumulates into the fp32 residual gradient and refreshes its matmul copy.
+// TM: dresid_x's token-major codes too (q.codes_t), staged after the sums in FP8_TM_ROWS C more bytes of shared
+// memory, a tile of FP8_TM_ROWS rows at a time (rows a multiple: every warp takes as many rows).
 #define RMS_BWD_ROWS 64
 #define RMS_BWD_MAX_C 7168 // shared memory: WARPS_PER_BLOCK * C floats of column sums
-template <int NV>
+#define RMS_BWD_MAX_C_TM 3584 // and, with TM, FP8_TM_ROWS * C bytes of codes (Hopper: 227 KB a block)
+template <int NV, bool TM>
 __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* partial, const float* dout,
                                         const float* x, const float* w, const float* rstd, size_t rows, int C,
                                         Fp8Out q) {
@@ -1058,6 +1145,7 @@ __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* 
     // dx_i = s w_i dout_i - x_i s^3 / C * sum_j w_j dout_j x_j   (added to dresid)
     // dw_i = sum over rows of dout_i x_i s   (this chunk's part into partial (chunks, C))
     extern __shared__ float colsum[]; // (WARPS_PER_BLOCK, C): each warp's own column sums
+    uint8_t* stage = (uint8_t*)(colsum + (size_t)WARPS_PER_BLOCK * C); // TM: (FP8_TM_ROWS, C) codes
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float* acc = colsum + (size_t)warp * C;
     for (int i = lane * 4; i < C; i += 128) { *(float4*)(acc + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
@@ -1105,12 +1193,21 @@ __global__ void rmsnorm_backward_kernel(float* dresid, floatX* dresid_x, float* 
                 g[v].w += s * wi[3] * dv[v].w - xv[v].w * k;
                 *(float4*)(gr + i) = g[v];
                 Pack4X gx = {{to_floatX(g[v].x), to_floatX(g[v].y), to_floatX(g[v].z), to_floatX(g[v].w)}};
-                fp8_pack<4>(q, gx.v, row * C + i, &mx);
-                *(Pack4X*)(dresid_x + row * C + i) = gx;
+                uint2 codes = fp8_pack<4>(q, gx.v, row * C + i, &mx);
+                if constexpr (TM) { fp8_stage_put<4>(stage, C, (int)((row - r0) % FP8_TM_ROWS), i, codes); }
+                if (!TM || !q.drop) { *(Pack4X*)(dresid_x + row * C + i) = gx; }
                 float4 a = *(float4*)(acc + i);
                 a.x += dv[v].x * xv[v].x * s; a.y += dv[v].y * xv[v].y * s;
                 a.z += dv[v].z * xv[v].z * s; a.w += dv[v].w * xv[v].w * s;
                 *(float4*)(acc + i) = a;
+            }
+        }
+        if constexpr (TM) {
+            size_t t0 = row - (row - r0) % FP8_TM_ROWS; // the tile's first row
+            if (row - t0 + WARPS_PER_BLOCK >= FP8_TM_ROWS) { // the tile's last round of rows (all warps at once)
+                __syncthreads();
+                fp8_stage_write(q.codes_t, rows, t0, stage, C, C, 0);
+                __syncthreads();
             }
         }
     }
@@ -1209,8 +1306,8 @@ static int rms_nv(int C) {
 }
 
 // the instance of RMSNorm kernel template K at register tile nv, which must be one of rms_nv's
-#define RMS_NV_PICK(K, nv) \
-    ((nv) == 1 ? K<1> : (nv) == 2 ? K<2> : (nv) == 4 ? K<4> : (nv) == 6 ? K<6> : (nv) == 8 ? K<8> : K<12>)
+#define RMS_NV_PICK(K, nv, TM) ((nv) == 1 ? K<1, TM> : (nv) == 2 ? K<2, TM> : (nv) == 4 ? K<4, TM> : \
+                                (nv) == 6 ? K<6, TM> : (nv) == 8 ? K<8, TM> : K<12, TM>)
 static void rms_nv_check(int nv) {
     if (nv != 1 && nv != 2 && nv != 4 && nv != 6 && nv != 8 && nv != 12) {
         fail("internal: RMSNorm register tile %d" BUG_HINT, nv);
@@ -1222,8 +1319,16 @@ static void rms_nv_check(int nv) {
 static void rmsnorm_forward_nv(int nv, floatX* out, float* rstd, const float* x, const float* w, size_t rows, int C,
                                Fp8Out q = Fp8Out{}) {
     rms_nv_check(nv);
-    RMS_NV_PICK(rmsnorm_forward_kernel, nv)<<<warp_blocks(rows), 32 * WARPS_PER_BLOCK>>>(out, rstd, x, w, rows, C,
-                                                                                        1e-6f, q);
+    if (q.codes_t == NULL) {
+        RMS_NV_PICK(rmsnorm_forward_kernel, nv, false)<<<warp_blocks(rows), 32 * WARPS_PER_BLOCK>>>(out, rstd, x, w,
+                                                                                                   rows, C, 1e-6f, q);
+    } else {
+        fp8_tm_check(rows, C, RMS_BWD_MAX_C_TM);
+        size_t smem = (size_t)FP8_TM_ROWS * C;
+        auto kernel = RMS_NV_PICK(rmsnorm_forward_kernel, nv, true);
+        if (smem > 48 * 1024) { smem_limit(smem, kernel); }
+        kernel<<<(unsigned)(rows / FP8_TM_ROWS), 32 * WARPS_PER_BLOCK, smem>>>(out, rstd, x, w, rows, C, 1e-6f, q);
+    }
     launchCheck();
 }
 
@@ -1260,8 +1365,10 @@ static void rmsnorm_backward_nv(int nv, float* dresid, floatX* dresid_x, float* 
                                 Fp8Out q = Fp8Out{}) {
     rms_nv_check(nv);
     unsigned chunks = (unsigned)ceil_div(N, RMS_BWD_ROWS);
-    size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
-    auto kernel = RMS_NV_PICK(rmsnorm_backward_kernel, nv);
+    int tm = q.codes_t != NULL;
+    if (tm) { fp8_tm_check(N, C, RMS_BWD_MAX_C_TM); }
+    size_t smem = sizeof(float) * WARPS_PER_BLOCK * C + (tm ? (size_t)FP8_TM_ROWS * C : 0);
+    auto kernel = tm ? RMS_NV_PICK(rmsnorm_backward_kernel, nv, true) : RMS_NV_PICK(rmsnorm_backward_kernel, nv, false);
     if (smem > 48 * 1024) { smem_limit(smem, kernel); } // above the default (gpu_config_problem: C <= RMS_BWD_MAX_C)
     kernel<<<chunks, 32 * WARPS_PER_BLOCK, smem>>>(dresid, dresid_x, partial, dout, x, w, rstd, N, C, q);
     launchCheck();
@@ -4320,57 +4427,120 @@ static void output_norm_gate_backward_gpu(floatX* do_, floatX* dog, int ld, floa
 // SwiGLU
 
 // SwiGLU: act = silu(g) * u, gu (N, 2I) holds the gate then the up projection of a row; XPACK consecutive hidden
-// units of one row per thread (gpu_config_problem: I % XPACK == 0)
+// units of one row per thread (gpu_config_problem: I % XPACK == 0): consecutive threads take consecutive packs of the
+// whole. TM (token-major codes, q.codes_t; N a multiple of FP8_TM_ROWS): block (x, y) takes rows FP8_TM_ROWS x ..,
+// warp w those w, w + 8, .., and units SWIGLU_TM_W y .. + SWIGLU_TM_W - 1 of each, so that fp8_stage_write can turn
+// the block's codes.
+#define SWIGLU_TM_W (32 * XPACK)
+
+// the launch grid of the SwiGLU kernels
+static dim3 swiglu_grid(size_t N, int I, int tm) {
+    if (!tm) { return dim3(elem_blocks(N * I / XPACK)); }
+    fp8_tm_check(N, I, INT_MAX);
+    return dim3((unsigned)(N / FP8_TM_ROWS), (unsigned)ceil_div(I, SWIGLU_TM_W));
+}
+
+// units i .. i + XPACK - 1 of row n: act = g sigmoid(g) u, stored unless drop; the FP8 epilogue's codes (fp8_pack)
+__device__ static inline uint2 swiglu_forward_pack(floatX* act, const floatX* gu, size_t n, int i, int I,
+                                                   const Fp8Out& q, bool drop, unsigned* mx) {
+    PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i), out;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float gk = to_float(g.v[k]);
+        out.v[k] = to_floatX(gk * sigmoid_gpu(gk) * to_float(u.v[k]));
+    }
+    uint2 codes = fp8_pack<XPACK>(q, out.v, n * I + i, mx);
+    if (!drop) { *(PackX*)(act + n * I + i) = out; }
+    return codes;
+}
+
 // (q: act's FP8 epilogue, Fp8Out)
+template <bool TM>
 __global__ void swiglu_forward_kernel(floatX* act, const floatX* gu, size_t N, int I, Fp8Out q) {
-    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
+    __shared__ __align__(16) uint8_t stage[TM ? FP8_TM_ROWS * SWIGLU_TM_W : 1];
     unsigned mx = 0;
-    if (idx < N * I) {
-        size_t n = idx / I, i = idx % I;
-        PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i), out;
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) {
-            float gk = to_float(g.v[k]);
-            out.v[k] = to_floatX(gk * sigmoid_gpu(gk) * to_float(u.v[k]));
+    if constexpr (TM) {
+        size_t r0 = (size_t)blockIdx.x * FP8_TM_ROWS;
+        int i = blockIdx.y * SWIGLU_TM_W + (threadIdx.x % 32) * XPACK;
+        for (int k = threadIdx.x / 32; k < FP8_TM_ROWS && i < I; k += WARPS_PER_BLOCK) {
+            uint2 codes = swiglu_forward_pack(act, gu, r0 + k, i, I, q, q.drop, &mx);
+            fp8_stage_put<XPACK>(stage, SWIGLU_TM_W, k, i % SWIGLU_TM_W, codes);
         }
-        fp8_pack<XPACK>(q, out.v, idx, &mx);
-        *(PackX*)(act + idx) = out;
+    } else {
+        size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
+        if (idx < N * I) { swiglu_forward_pack(act, gu, idx / I, (int)(idx % I), I, q, false, &mx); }
     }
     fp8_block_amax(mx, q.amax);
+    if constexpr (TM) {
+        __syncthreads();
+        int w = min(SWIGLU_TM_W, I - (int)blockIdx.y * SWIGLU_TM_W);
+        fp8_stage_write(q.codes_t, N, (size_t)blockIdx.x * FP8_TM_ROWS, stage, SWIGLU_TM_W, w,
+                        blockIdx.y * SWIGLU_TM_W);
+    }
 }
-// (q: dgu's FP8 epilogue, Fp8Out)
-__global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I, Fp8Out q) {
+
+// units i .. i + XPACK - 1 of row n: dg and du into dgu's row (columns i, I + i), stored unless drop; their codes
+__device__ static inline void swiglu_backward_pack(floatX* dgu, const floatX* dact, const floatX* gu, size_t n, int i,
+                                                   int I, const Fp8Out& q, bool drop, unsigned* mx, uint2* cg,
+                                                   uint2* cu) {
     // forward: act = g sigmoid(g) u
     // dg = dact u sigmoid(g) (1 + g (1 - sigmoid(g))),  du = dact g sigmoid(g)
-    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
-    unsigned mx = 0;
-    if (idx < N * I) {
-        size_t n = idx / I, i = idx % I;
-        PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i);
-        PackX d = *(const PackX*)(dact + idx), dg, du;
-        #pragma unroll
-        for (int k = 0; k < XPACK; k++) {
-            float gk = to_float(g.v[k]), uk = to_float(u.v[k]), dk = to_float(d.v[k]), sk = sigmoid_gpu(gk);
-            dg.v[k] = to_floatX(dk * uk * sk * (1.0f + gk * (1.0f - sk)));
-            du.v[k] = to_floatX(dk * gk * sk);
-        }
-        fp8_pack<XPACK>(q, dg.v, n * 2 * I + i, &mx);
-        fp8_pack<XPACK>(q, du.v, n * 2 * I + I + i, &mx);
+    PackX g = *(const PackX*)(gu + n * 2 * I + i), u = *(const PackX*)(gu + n * 2 * I + I + i);
+    PackX d = *(const PackX*)(dact + n * I + i), dg, du;
+    #pragma unroll
+    for (int k = 0; k < XPACK; k++) {
+        float gk = to_float(g.v[k]), uk = to_float(u.v[k]), dk = to_float(d.v[k]), sk = sigmoid_gpu(gk);
+        dg.v[k] = to_floatX(dk * uk * sk * (1.0f + gk * (1.0f - sk)));
+        du.v[k] = to_floatX(dk * gk * sk);
+    }
+    *cg = fp8_pack<XPACK>(q, dg.v, n * 2 * I + i, mx);
+    *cu = fp8_pack<XPACK>(q, du.v, n * 2 * I + I + i, mx);
+    if (!drop) {
         *(PackX*)(dgu + n * 2 * I + i) = dg;
         *(PackX*)(dgu + n * 2 * I + I + i) = du;
     }
+}
+
+// (q: dgu's FP8 epilogue, Fp8Out)
+template <bool TM>
+__global__ void swiglu_backward_kernel(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I, Fp8Out q) {
+    __shared__ __align__(16) uint8_t stage[TM ? 2 * FP8_TM_ROWS * SWIGLU_TM_W : 1]; // dg's codes, then du's
+    unsigned mx = 0;
+    uint2 cg, cu;
+    if constexpr (TM) {
+        size_t r0 = (size_t)blockIdx.x * FP8_TM_ROWS;
+        int i = blockIdx.y * SWIGLU_TM_W + (threadIdx.x % 32) * XPACK;
+        for (int k = threadIdx.x / 32; k < FP8_TM_ROWS && i < I; k += WARPS_PER_BLOCK) {
+            swiglu_backward_pack(dgu, dact, gu, r0 + k, i, I, q, q.drop, &mx, &cg, &cu);
+            fp8_stage_put<XPACK>(stage, SWIGLU_TM_W, k, i % SWIGLU_TM_W, cg);
+            fp8_stage_put<XPACK>(stage + FP8_TM_ROWS * SWIGLU_TM_W, SWIGLU_TM_W, k, i % SWIGLU_TM_W, cu);
+        }
+    } else {
+        size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * XPACK;
+        if (idx < N * I) { swiglu_backward_pack(dgu, dact, gu, idx / I, (int)(idx % I), I, q, false, &mx, &cg, &cu); }
+    }
     fp8_block_amax(mx, q.amax);
+    if constexpr (TM) { // dg's columns i, du's I + i
+        __syncthreads();
+        int w = min(SWIGLU_TM_W, I - (int)blockIdx.y * SWIGLU_TM_W), c0 = blockIdx.y * SWIGLU_TM_W;
+        size_t r0 = (size_t)blockIdx.x * FP8_TM_ROWS;
+        fp8_stage_write(q.codes_t, N, r0, stage, SWIGLU_TM_W, w, c0);
+        fp8_stage_write(q.codes_t, N, r0, stage + FP8_TM_ROWS * SWIGLU_TM_W, SWIGLU_TM_W, w, I + c0);
+    }
 }
 
 // (q: an FP8 epilogue of the output, Fp8Out; none by default)
 static void swiglu_forward_gpu(floatX* act, const floatX* gu, size_t N, int I, Fp8Out q = Fp8Out{}) {
-    swiglu_forward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(act, gu, N, I, q);
+    int tm = q.codes_t != NULL;
+    (tm ? swiglu_forward_kernel<true> : swiglu_forward_kernel<false>)<<<swiglu_grid(N, I, tm), 256>>>(act, gu, N, I, q);
     launchCheck();
 }
 
 static void swiglu_backward_gpu(floatX* dgu, const floatX* dact, const floatX* gu, size_t N, int I,
                                 Fp8Out q = Fp8Out{}) {
-    swiglu_backward_kernel<<<elem_blocks(N * I / XPACK), 256>>>(dgu, dact, gu, N, I, q);
+    int tm = q.codes_t != NULL;
+    (tm ? swiglu_backward_kernel<true> : swiglu_backward_kernel<false>)<<<swiglu_grid(N, I, tm), 256>>>(dgu, dact, gu,
+                                                                                                      N, I, q);
     launchCheck();
 }
 
@@ -4934,6 +5104,9 @@ typedef struct {
     uint8_t* x8;        // (N, max(C, I)) the codes of a forward matmul's input
     uint8_t* d8;        // (N, max(Vp, 4C, 2I)) the codes of a backward matmul's output gradient
     floatX* xr;         // (N, max(C, I)) a forward input's rounded values again, for its weight gradient
+    int wgrad8;         // the MLP's weight gradients in FP8 (fp8_wgrad8_on), on the token-major codes below
+    uint8_t* x8t;       // (R, C + I, N) token-major codes of xm (C, N) and act (I, N): each layer's, one with -r 1
+    uint8_t* d8t;       // (max(C, 2I), N) token-major codes of a backward matmul's output gradient (dres, dgu)
     int* k;             // (fp8_index_count) scale exponents
     float* inv;         // (fp8_index_count, FP8_INV_STRIDE) 2^-k: the matmuls' dequantisation scales, 16 bytes apart
     unsigned* amax;     // (fp8_index_count) amaxes as magnitude bits: the step's delayed operands', norms', weights'
@@ -5304,11 +5477,19 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
 
 // bytes of device memory for a model trained on (B, T) batches
 // the device bytes of -q's buffers (gpu_fp8_build): the weights' codes twice, x8, d8, xr, the scale slots
+// whether the MLP's weight gradients run in FP8 (-q): their K, the tokens N, a multiple of FP8_TM_ROWS (the
+// producers' tiles of token-major codes; Hopper's FP8 matmuls need 16), and n_embd within the RMSNorm backward's shared
+// memory with token-major codes; else bf16
+static int fp8_wgrad8_on(const FoxConfig* cf, size_t N) {
+    return N % FP8_TM_ROWS == 0 && cf->n_embd <= RMS_BWD_MAX_C_TM;
+}
+
 static size_t fp8_memory_needed(const FoxConfig* cf, size_t layout_size, int B, int T) {
     size_t N = (size_t)B * T, C = (size_t)cf->n_embd, I = (size_t)cf->mlp_hidden, Vp = (size_t)cf->padded_vocab_size;
-    size_t wide = C > I ? C : I, grad = Vp > 4 * C ? Vp : 4 * C;
+    size_t wide = C > I ? C : I, grad = Vp > 4 * C ? Vp : 4 * C, layers = g_recompute ? 1 : (size_t)cf->n_layer;
     grad = grad > 2 * I ? grad : 2 * I;
-    return 2 * layout_size + N * wide * (1 + sizeof(floatX)) + N * grad + (size_t)(cf->n_layer + 1) * 64 * 16;
+    size_t wgrad8 = fp8_wgrad8_on(cf, N) ? N * (layers * (C + I) + (C > 2 * I ? C : 2 * I)) : 0;
+    return 2 * layout_size + N * wide * (1 + sizeof(floatX)) + N * grad + wgrad8 + (size_t)(cf->n_layer + 1) * 64 * 16;
 }
 
 // (fp8: -q's mode, its buffers counted unless off)
@@ -5469,9 +5650,10 @@ static void gpu_free(GPUModel* g) {
 // its first micro-step (gpu_fp8_step_begin): the host's delayed scales uploaded, the norms' and weights' scales from
 // their amaxes, the weights cast once (row-major for the forward, transposed for the input gradients). Per matmul
 // (matmul_forward_q, matmul_backward_q): the input or output gradient cast by the kernel after its producer, its
-// amax taken in the same pass. The weight gradients stay bf16 matmuls, on the rounded values of both operands (the
-// twin's product of the rounded operands up to the order of the sums): in FP8 they would need token-major copies of
-// both operands, which cost more than they save while the casts are separate passes (dev/RESULTS.md, "FP8").
+// amax taken in the same pass. The weight gradients take the rounded values of both operands (the twin's product of
+// the rounded operands up to the order of the sums): the MLP's (W_gu, W_down) as FP8 matmuls on token-major codes that
+// the producers write beside the row-major ones (Fp8Out.codes_t: xm, act, dgu and dresid_x into W_down; fp8_wgrad8),
+// the others bf16 matmuls on the rounded values.
 #ifndef ENABLE_FP32
 // k and inv from the amaxes: the RMSNorm outputs' bounded scales (the twin's fp8_norm_exp: margin c, 4^c >= D, with
 // D = hd for y and C otherwise) and the weight groups' current scales (margin 0), E4M3 (largest exponent 8); then
@@ -5511,6 +5693,12 @@ static void gpu_fp8_build(GPUModel* g, int B, int T) {
     q->x8 = (uint8_t*)gpu_malloc(N * wide, "FP8 matmul inputs");
     q->d8 = (uint8_t*)gpu_malloc(N * grad, "FP8 output gradients");
     q->xr = (floatX*)gpu_malloc(N * wide * sizeof(floatX), "FP8 rounded inputs");
+    q->wgrad8 = fp8_wgrad8_on(cf, N);
+    if (q->wgrad8) {
+        size_t layers = g->acts.recompute ? 1 : (size_t)cf->n_layer;
+        q->x8t = (uint8_t*)gpu_malloc(layers * N * (C + I), "FP8 token-major inputs");
+        q->d8t = (uint8_t*)gpu_malloc(N * (C > 2 * I ? C : 2 * I), "FP8 token-major gradients");
+    }
     q->k = (int*)gpu_malloc(n * sizeof(int), "FP8 scales");
     q->inv = (float*)gpu_malloc(n * FP8_INV_STRIDE * sizeof(float), "FP8 scales");
     q->amax = (unsigned*)gpu_malloc(n * sizeof(unsigned), "FP8 amaxes");
@@ -5524,6 +5712,7 @@ static void gpu_fp8_free(GPUModel* g) {
     if (!q->on) { return; }
     cudaCheck(cudaFree(q->w8)); cudaCheck(cudaFree(q->w8t)); cudaCheck(cudaFree(q->x8)); cudaCheck(cudaFree(q->d8));
     cudaCheck(cudaFree(q->xr)); cudaCheck(cudaFree(q->k)); cudaCheck(cudaFree(q->inv)); cudaCheck(cudaFree(q->amax));
+    cudaCheck(cudaFree(q->x8t)); cudaCheck(cudaFree(q->d8t));
     free(q->k_host); free(q->amax_host);
     memset(q, 0, sizeof(*q));
 }
@@ -5648,11 +5837,31 @@ static void matmul_forward_q(GPUModel* g, int use8, int cast, void* out, cudaDat
     matmul_forward_gpu(out, out_type, add, x, px(g, tensor, l), N, IC, OC);
 }
 
+// whether this pass's MLP weight gradients are FP8 matmuls (its batch's N a multiple too: fp8_wgrad8_on)
+static int fp8_wgrad8(const GPUModel* g) {
+    return g->fp8.wgrad8 && fp8_rounds(g) && (size_t)g->B * g->T % FP8_TM_ROWS == 0;
+}
+
+// layer l's token-major codes of xm (C, N), then act (I, N), for the MLP's FP8 weight gradients; NULL without
+static uint8_t* fp8_x8t(const GPUModel* g, int l) {
+    if (!fp8_wgrad8(g)) { return NULL; }
+    size_t N = (size_t)g->B * g->T, CI = (size_t)g->config.n_embd + (size_t)g->config.mlp_hidden;
+    return g->fp8.x8t + (g->acts.recompute ? 0 : (size_t)l) * N * CI;
+}
+
+// an output gradient's epilogue (-q) with its token-major codes too (d8t) where the weight gradient is FP8 (and then
+// its floatX values dropped: the gradient feeds only FP8 matmuls)
+static Fp8Out fp8_out_t(GPUModel* g, uint8_t* codes, int i, int e5m2, unsigned* amax) {
+    Fp8Out q = fp8_out(g, fp8_rounds(g), codes, i, e5m2, 1, amax);
+    if (q.codes != NULL && fp8_wgrad8(g)) { q.codes_t = g->fp8.d8t; q.drop = 1; }
+    return q;
+}
+
 // the epilogue (-q) of dresid_x where it is layer l's output gradient, into W_down (none for l < 0: the embedding's)
 static Fp8Out fp8_dres_down(GPUModel* g, int l) {
     if (l < 0) { return Fp8Out{}; }
-    return fp8_out(g, fp8_rounds(g), g->fp8.d8, fp8_delayed_at(l, FP8_DRES_DOWN), fp8_slot_e5m2(g, FP8_DRES_DOWN), 1,
-                   fp8_amax_slot(g, l, FP8_DRES_DOWN));
+    return fp8_out_t(g, g->fp8.d8, fp8_delayed_at(l, FP8_DRES_DOWN), fp8_slot_e5m2(g, FP8_DRES_DOWN),
+                     fp8_amax_slot(g, l, FP8_DRES_DOWN));
 }
 
 // a forward input x (n values) that its producer did not round in place (xa, which the head projections read too; y
@@ -5669,17 +5878,24 @@ static const floatX* fp8_rounded_input(GPUModel* g, int use8, const floatX* x, s
 // dout @ W, dW += dout^T @ x_w, x_w the forward input's rounded values. With use8 the input gradient is an FP8 matmul
 // on dout's codes (d8) and the weights' transposed codes; dout cast at its slot di (E5M2 or E4M3) first and rounded in
 // place (it feeds only these two matmuls) with cast, else its producer's epilogue did that (fp8_out). With cast, a
-// delayed dout's amax (amax, else NULL) is taken either way.
+// delayed dout's amax (amax, else NULL) is taken either way. With use8 and xt8 (x's token-major codes, scale slot xi)
+// the weight gradient is an FP8 matmul too, on dout's token-major codes (d8t, from its producer: fp8_out_t).
 static void matmul_backward_q(GPUModel* g, int use8, int cast, void* dinp, cudaDataType_t dinp_type, float beta,
-                              floatX* dout, int di, int e5m2, unsigned* amax, const floatX* x_w, int tensor, int l,
-                              int wi, size_t N, int IC, int OC) {
+                              floatX* dout, int di, int e5m2, unsigned* amax, const floatX* x_w, const uint8_t* xt8,
+                              int xi, int tensor, int l, int wi, size_t N, int IC, int OC) {
 #ifndef ENABLE_FP32
     Fp8Gpu* q = &g->fp8;
     if (use8) {
+        cudaDataType_t d_type = e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
         if (cast) { fp8_cast_gpu(q->d8, dout, dout, N * OC, q->k + di, e5m2, amax); }
-        matmul_fp8_gpu(dinp, dinp_type, NULL, q->d8, e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, fp8_inv(q, di),
-                       q->w8t + slice_offset(g, tensor, l), fp8_inv(q, wi), N, IC, OC, beta);
-        matmul_backward_weight_gpu(pg(g, tensor, l), dout, x_w, N, IC, OC);
+        matmul_fp8_gpu(dinp, dinp_type, NULL, q->d8, d_type, fp8_inv(q, di), q->w8t + slice_offset(g, tensor, l),
+                       fp8_inv(q, wi), N, IC, OC, beta);
+        if (xt8 != NULL) { // dW (OC, IC) += dout^T (OC, N) x (N, IC): both token-major, K = N
+            matmul_fp8_gpu(pg(g, tensor, l), CUDA_R_32F, NULL, q->d8t, d_type, fp8_inv(q, di), xt8, fp8_inv(q, xi),
+                           (size_t)OC, IC, (int)N, 1.0f);
+        } else {
+            matmul_backward_weight_gpu(pg(g, tensor, l), dout, x_w, N, IC, OC);
+        }
         return;
     }
     if (cast && amax != NULL) { fp8_amax_gpu(amax, dout, N * OC); }
@@ -5809,6 +6025,11 @@ static LayerFp8 layer_fp8(GPUModel* g, const LayerActs* p, int l) {
     f.y = fp8_out(g, r8, g->fp8.x8, f.y_i, 0, 1, cf->output_norm ? NULL : fp8_amax_slot(g, l, FP8_Y));
     f.xm = fp8_out(g, r8, g->fp8.x8, fp8_norm_at(L, l, FP8_N_XM), 0, 1, NULL);
     f.act = fp8_out(g, r8, g->fp8.x8, fp8_delayed_at(l, FP8_ACT), 0, 1, fp8_amax_slot(g, l, FP8_ACT));
+    uint8_t* t8 = fp8_x8t(g, l); // the MLP's FP8 weight gradients: xm's and act's token-major codes too
+    if (t8 != NULL) { // and their floatX values not stored: only FP8 matmuls read them
+        f.xm.codes_t = t8; f.act.codes_t = t8 + (size_t)g->B * g->T * cf->n_embd;
+        f.xm.drop = f.act.drop = 1;
+    }
     return f;
 }
 
@@ -6005,10 +6226,11 @@ static void gpu_backward_kernels(GPUModel* g) {
     // FP8 (-q): each output gradient's codes (d8) written by its producer's epilogue (fp8_out: dlogits by the
     // cross-entropy, dresid_x by the RMSNorm backward, dgu by SwiGLU's, each block of dqkvg by the stage kernel that
     // writes it, into d8 as (N, W) too) or cast before its matmul (q, k, v straight from the attention, not in dqkvg);
-    // the weight gradients on the forward inputs' values rounded in place, or again (xr: xa, y = o)
+    // the MLP's weight gradients FP8 on token-major codes (d8t, x8t), the others on the forward inputs' values rounded
+    // in place, or again (xr: xa, y = o)
     int r8 = fp8_rounds(g), head8 = r8 && g->host->fp8.mode != FP8_MODE_BODY;
-    matmul_backward_q(g, head8, 0, d.dxn, CUDA_R_32F, 0.0f, a.logits, fp8_dlogits_at(L), 1, NULL, a.xf, P_LM_HEAD, 0,
-                      fp8_weight_at(L, L, 0), N, C, Vp);
+    matmul_backward_q(g, head8, 0, d.dxn, CUDA_R_32F, 0.0f, a.logits, fp8_dlogits_at(L), 1, NULL, a.xf, NULL, 0,
+                      P_LM_HEAD, 0, fp8_weight_at(L, L, 0), N, C, Vp);
     cudaCheck(cudaMemsetAsync(d.dresid, 0, NC * sizeof(float), cudaStreamPerThread));
     rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_NORM_F, 0), d.dxn, LAYER(a.resid, L, NC),
                          pm(g, P_NORM_F, 0), a.rstd_f, N, C, fp8_dres_down(g, L - 1));
@@ -6017,14 +6239,15 @@ static void gpu_backward_kernels(GPUModel* g) {
         if (a.recompute) { gpu_recompute_layer(g, &p, l); }
         floatX* xa = p.xa;
         // MLP: dresid passes through the residual add unchanged
+        uint8_t* t8 = fp8_x8t(g, l); // xm's and act's token-major codes: FP8 weight gradients (NULL: bf16)
         matmul_backward_q(g, r8, 0, d.dact, CUDA_R_X, 0.0f, d.dresid_x, fp8_delayed_at(l, FP8_DRES_DOWN),
-                          fp8_slot_e5m2(g, FP8_DRES_DOWN), NULL, p.act, P_WDOWN, l, fp8_weight_at(L, l, FP8_W_DOWN),
-                          N, I, C);
+                          fp8_slot_e5m2(g, FP8_DRES_DOWN), NULL, p.act, t8 != NULL ? t8 + NC : NULL,
+                          fp8_delayed_at(l, FP8_ACT), P_WDOWN, l, fp8_weight_at(L, l, FP8_W_DOWN), N, I, C);
         int dgu_i = fp8_delayed_at(l, FP8_DGU), dgu_e5m2 = fp8_slot_e5m2(g, FP8_DGU);
         swiglu_backward_gpu(d.dgu, d.dact, p.gu, N, I,
-                            fp8_out(g, r8, g->fp8.d8, dgu_i, dgu_e5m2, 1, fp8_amax_slot(g, l, FP8_DGU)));
-        matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, 0.0f, d.dgu, dgu_i, dgu_e5m2, NULL, p.xm, P_WGU, l,
-                          fp8_weight_at(L, l, FP8_W_GU), N, C, 2 * I);
+                            fp8_out_t(g, g->fp8.d8, dgu_i, dgu_e5m2, fp8_amax_slot(g, l, FP8_DGU)));
+        matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, 0.0f, d.dgu, dgu_i, dgu_e5m2, NULL, p.xm, t8,
+                          fp8_norm_at(L, l, FP8_N_XM), P_WGU, l, fp8_weight_at(L, l, FP8_W_GU), N, C, 2 * I);
         int dres_o = fp8_delayed_at(l, FP8_DRES_O), dres_o_e5m2 = fp8_slot_e5m2(g, FP8_DRES_O);
         rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_MLP_NORM, l), d.dxn, p.resid_mid,
                              pm(g, P_MLP_NORM, l), p.rstd_m, N, C,
@@ -6039,7 +6262,7 @@ static void gpu_backward_kernels(GPUModel* g) {
             dq8[j] = slot[j] >= 0 ? fp8_out(g, r8, codes, dq_i, dq_e5m2, 1, dq_amax) : Fp8Out{};
         }
         const floatX* y_w = f.y_cast ? fp8_rounded_input(g, r8, p.y, NC, f.y_i) : p.y;
-        matmul_backward_q(g, r8, 0, d.dy, CUDA_R_X, 0.0f, d.dresid_x, dres_o, dres_o_e5m2, NULL, y_w, P_WO, l,
+        matmul_backward_q(g, r8, 0, d.dy, CUDA_R_X, 0.0f, d.dresid_x, dres_o, dres_o_e5m2, NULL, y_w, NULL, 0, P_WO, l,
                           fp8_weight_at(L, l, FP8_W_O), N, C, C);
         if (cf->output_norm || cf->output_gate) {
             output_norm_gate_backward_gpu(d.d_o, draw[3], W, d.don, d.attn_scratch + 2 * NH, d.dy, p.o, p.o_normed,
@@ -6085,13 +6308,13 @@ static void gpu_backward_kernels(GPUModel* g) {
         if (hp.count > 0) { head_proj_backward_gpu(d.dxn, &hp, xa, N, C, H); }
         const floatX* xa_w = fp8_rounded_input(g, r8, xa, NC, fp8_norm_at(L, l, FP8_N_XA));
         if (F > 0) { // its blocks' producers wrote the codes and the amax
-            matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, beta, d.dqkvg, dq_i, dq_e5m2, NULL, xa_w, first, l,
+            matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, beta, d.dqkvg, dq_i, dq_e5m2, NULL, xa_w, NULL, 0, first, l,
                               fp8_weight_at(L, l, FP8_W_QKVG), N, C, W);
             beta = 1.0f;
         }
         for (int j = 0; j < 4; j++) {
             if (slot[j] < 0 && own[j] != NULL) {
-                matmul_backward_q(g, r8, 1, d.dxn, CUDA_R_32F, beta, draw[j], dq_i, dq_e5m2, dq_amax, xa_w,
+                matmul_backward_q(g, r8, 1, d.dxn, CUDA_R_32F, beta, draw[j], dq_i, dq_e5m2, dq_amax, xa_w, NULL, 0,
                                   QKVG_TENSORS[j], l, fp8_weight_at(L, l, FP8_W_QKVG), N, C, C);
                 beta = 1.0f;
             }

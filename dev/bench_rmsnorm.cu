@@ -60,16 +60,17 @@ typedef struct { float *x, *dout, *dresid0, *dresid, *w, *rstd, *partial; floatX
 
 template <int NV>
 static void forward(const Bufs* b, size_t N, int C) {
-    rmsnorm_forward_kernel<NV><<<warp_blocks(N), 32 * WARPS_PER_BLOCK>>>(b->out, b->rstd, b->x, b->w, N, C, 1e-6f,
-                                                                         Fp8Out{});
+    rmsnorm_forward_kernel<NV, false><<<warp_blocks(N), 32 * WARPS_PER_BLOCK>>>(b->out, b->rstd, b->x, b->w, N, C,
+                                                                                1e-6f, Fp8Out{});
 }
 
 template <int NV>
 static void backward(const Bufs* b, size_t N, int C) {
     size_t smem = sizeof(float) * WARPS_PER_BLOCK * C;
     cudaCheck(
-        cudaFuncSetAttribute(rmsnorm_backward_kernel<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    rmsnorm_backward_kernel<NV><<<(unsigned)ceil_div(N, RMS_BWD_ROWS), 32 * WARPS_PER_BLOCK, smem>>>(
+        cudaFuncSetAttribute(rmsnorm_backward_kernel<NV, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem));
+    rmsnorm_backward_kernel<NV, false><<<(unsigned)ceil_div(N, RMS_BWD_ROWS), 32 * WARPS_PER_BLOCK, smem>>>(
         b->dresid, b->dresid_x, b->partial, b->dout, b->x, b->w, b->rstd, N, C, Fp8Out{});
 }
 
