@@ -6573,8 +6573,9 @@ static void gpu_test_fp8_steps(void) {
               "from an unrounded run), the delayed operands' amaxes (%.1e <= %.1e; sens %.1e); step 1's gradients: "
               "distance to the FP8 emulation / to the unrounded ones %.2f < 1 (single tensors up to %.2f, %s), without "
               "-q %.2f > 1; last loss %.4f vs twin %.4f", cases[i].preset, FP8_MODE_NAMES[cases[i].mode],
-              cases[i].recompute ? ", -r 1" : "", g.fp8.wgrad8 ? "the MLP's FP8" : "bf16", steps, micro, e, tol, sens,
-              e_plain, e_amax, tol_amax, s_amax, ratio, worst, worst_name, ratio0, gl, tl);
+              cases[i].recompute ? ", -r 1" : "", !g.fp8.wgrad8 ? "bf16" : fp8_wgrad8_o(&g) ? "the MLP's and W_o's FP8"
+              : "the MLP's FP8", steps, micro, e, tol, sens, e_plain, e_amax, tol_amax, s_amax, ratio, worst,
+              worst_name, ratio0, gl, tl);
         gpu_free(&g0);
         fox_free(&host0);
         gpu_free(&g);
@@ -6584,34 +6585,35 @@ static void gpu_test_fp8_steps(void) {
     }
 }
 
-// Token-major FP8 codes (Fp8Out.codes_t: the MLP's FP8 weight gradients) from their four producers: the RMSNorm
-// forward (xm) and backward (dresid_x), the SwiGLU forward (act) and backward (dgu), each launched with row-major codes
-// alone and again with token-major codes too and the floatX output dropped (Fp8Out.drop), on the same random inputs.
-// N = 160 rows (5 tiles of 32; the RMSNorm backward's chunks of 64 end part-filled), C = 136 and I = 264: column
-// tiles part-filled too (the SwiGLU's 256 units). The second launch must give the first's row-major codes, amax and
-// other outputs (rstd, dresid, dw) bit for bit, leave the floatX output untouched, and codes_t[c N + n] =
-// codes[n W + c] for every value; all outputs poisoned first, codes with 0xFF (NaN in both formats, which finite
-// inputs never give).
+// Token-major FP8 codes (Fp8Out.codes_t: the FP8 weight gradients) from their five producers: the RMSNorm forward (xm)
+// and backward (dresid_x), the SwiGLU forward (act) and backward (dgu), the output norm and gate (y; H 3, hd 48: a lane
+// of each row idle), each launched with row-major codes alone and again with token-major codes too and the floatX
+// output dropped (Fp8Out.drop), on the same random inputs. N = 160 rows (5 tiles of 32; the RMSNorm backward's chunks
+// of 64 end part-filled), C = 136 and I = 264: column tiles part-filled too (the SwiGLU's 256 units). The second launch
+// must give the first's row-major codes, amax and other outputs (rstd, dresid, dw, o_normed) bit for bit, leave the
+// floatX output untouched, and codes_t[c N + n] = codes[n W + c] for every value; all outputs poisoned first, codes
+// with 0xFF (NaN in both formats, which finite inputs never give).
 static void gpu_test_fp8_token_major(void) {
     const size_t N = 160;
-    const int C = 136, I = 264, k = 3;
+    const int C = 136, I = 264, k = 3, H = 3, hd = 48; // H hd: the output norm and gate's
     size_t nx = N * 2 * I, nh = 5 * N * C + nx; // the largest tensor, (N, 2I); the random values
     float* h = (float*)malloc_check(nh * sizeof(float), "inputs");
     floatX* hx = (floatX*)malloc_check(nx * sizeof(floatX), "inputs");
     uint8_t *codes[2], *tm = (uint8_t*)malloc_check(nx, "codes");
     char* outs[2];
-    size_t out_bytes = nx * sizeof(float) * 2 + N * sizeof(float) + C * sizeof(float) + sizeof(unsigned);
+    size_t out_bytes = nx * sizeof(float) * 2 + 4 * N * sizeof(float) + C * sizeof(float) + sizeof(unsigned);
     for (int r = 0; r < 2; r++) {
         codes[r] = (uint8_t*)malloc_check(nx, "codes");
         outs[r] = (char*)calloc_check(out_bytes, 1, "outputs");
     }
     float *x_d, *w_d, *rstd_d, *dresid_d, *dw_d, *partial_d, *dout_d;
-    floatX *out_d, *gu_d, *dact_d, *fwd_d;
+    floatX *out_d, *gu_d, *dact_d, *fwd_d, *on_d; // on_d: the output norm's o_normed
     uint8_t *codes_d, *tm_d;
     unsigned* amax_d;
     int* k_d;
-    cudaCheck(cudaMalloc(&x_d, N * C * sizeof(float))); cudaCheck(cudaMalloc(&w_d, C * sizeof(float)));
-    cudaCheck(cudaMalloc(&rstd_d, N * sizeof(float))); cudaCheck(cudaMalloc(&dresid_d, N * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&x_d, N * C * sizeof(float))); cudaCheck(cudaMalloc(&w_d, H * hd * sizeof(float)));
+    cudaCheck(cudaMalloc(&rstd_d, 4 * N * sizeof(float))); cudaCheck(cudaMalloc(&dresid_d, N * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&on_d, N * H * hd * sizeof(floatX)));
     cudaCheck(cudaMalloc(&dw_d, C * sizeof(float))); cudaCheck(cudaMalloc(&dout_d, N * C * sizeof(float)));
     cudaCheck(cudaMalloc(&partial_d, ceil_div(N, RMS_BWD_ROWS) * C * sizeof(float)));
     cudaCheck(cudaMalloc(&out_d, nx * sizeof(floatX))); cudaCheck(cudaMalloc(&gu_d, nx * sizeof(floatX)));
@@ -6623,18 +6625,22 @@ static void gpu_test_fp8_token_major(void) {
     for (size_t i = 0; i < nh; i++) { h[i] = (float)rng_normal(&rng); }
     for (size_t i = 0; i < nx; i++) { hx[i] = to_floatX(h[i] * 0.5f); }
     cudaCheck(cudaMemcpy(x_d, h, N * C * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(w_d, h + N * C, C * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(w_d, h + N * C, H * hd * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(dout_d, h + 2 * N * C, N * C * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(gu_d, hx, nx * sizeof(floatX), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(dact_d, hx + N, N * I * sizeof(floatX), cudaMemcpyHostToDevice));
-    const char* names[4] = {"RMSNorm forward", "RMSNorm backward", "SwiGLU forward", "SwiGLU backward"};
+    const char* names[5] = {"RMSNorm forward", "RMSNorm backward", "SwiGLU forward", "SwiGLU backward",
+                            "output norm and gate"};
     int bad_same = 0, bad_tm = 0, bad_drop = 0, cases = 0;
-    for (int kind = 0; kind < 4; kind++) {
-        size_t W = kind < 2 ? (size_t)C : kind == 2 ? (size_t)I : 2 * (size_t)I, n = N * W;
+    for (int kind = 0; kind < 5; kind++) {
+        size_t W = kind < 2 ? (size_t)C : kind == 2 ? (size_t)I : kind == 3 ? 2 * (size_t)I : (size_t)H * hd;
+        size_t n = N * W;
+        for (int r = 0; r < 2; r++) { memset(outs[r], 0, out_bytes); } // nothing left from the last producer
         for (int r = 0; r < 2; r++) { // r = 1: with token-major codes, the floatX output dropped
             cudaCheck(cudaMemset(out_d, 0xFF, nx * sizeof(floatX))); cudaCheck(cudaMemset(codes_d, 0xFF, nx));
             cudaCheck(cudaMemset(tm_d, 0xFF, nx)); cudaCheck(cudaMemset(amax_d, 0, sizeof(unsigned)));
-            cudaCheck(cudaMemset(rstd_d, 0xFF, N * sizeof(float)));
+            cudaCheck(cudaMemset(rstd_d, 0xFF, 4 * N * sizeof(float)));
+            cudaCheck(cudaMemset(on_d, 0xFF, N * H * hd * sizeof(floatX)));
             cudaCheck(cudaMemcpy(dresid_d, h + 3 * N * C, N * C * sizeof(float), cudaMemcpyHostToDevice));
             cudaCheck(cudaMemcpy(dw_d, h + 4 * N * C, C * sizeof(float), cudaMemcpyHostToDevice));
             Fp8Out q = {codes_d, r ? tm_d : NULL, k_d, kind % 2, 1, r, amax_d};
@@ -6645,14 +6651,18 @@ static void gpu_test_fp8_token_major(void) {
             }
             if (kind == 2) { swiglu_forward_gpu(out_d, gu_d, N, I, q); }
             if (kind == 3) { swiglu_backward_gpu(out_d, dact_d, gu_d, N, I, q); }
+            if (kind == 4) { // o and the gate's logits from gu_d
+                output_norm_gate_forward_gpu(on_d, out_d, rstd_d, gu_d, gu_d + n, w_d, N, H, hd, 1e-6f, q);
+            }
             cudaCheck(cudaDeviceSynchronize());
-            char* o = outs[r]; // the outputs: out, dresid, rstd, dw, amax
+            char* o = outs[r]; // the outputs: out, dresid (o_normed for kind 4), rstd, dw, amax
             cudaCheck(cudaMemcpy(o, out_d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
             o += nx * sizeof(float);
-            cudaCheck(cudaMemcpy(o, dresid_d, N * C * sizeof(float), cudaMemcpyDeviceToHost));
+            if (kind == 4) { cudaCheck(cudaMemcpy(o, on_d, n * sizeof(floatX), cudaMemcpyDeviceToHost)); }
+            else { cudaCheck(cudaMemcpy(o, dresid_d, N * C * sizeof(float), cudaMemcpyDeviceToHost)); }
             o += nx * sizeof(float);
-            cudaCheck(cudaMemcpy(o, rstd_d, N * sizeof(float), cudaMemcpyDeviceToHost));
-            o += N * sizeof(float);
+            cudaCheck(cudaMemcpy(o, rstd_d, 4 * N * sizeof(float), cudaMemcpyDeviceToHost));
+            o += 4 * N * sizeof(float);
             cudaCheck(cudaMemcpy(o, dw_d, C * sizeof(float), cudaMemcpyDeviceToHost));
             cudaCheck(cudaMemcpy(o + C * sizeof(float), amax_d, sizeof(unsigned), cudaMemcpyDeviceToHost));
             cudaCheck(cudaMemcpy(codes[r], codes_d, nx, cudaMemcpyDeviceToHost));
@@ -6677,13 +6687,14 @@ static void gpu_test_fp8_token_major(void) {
         cases++;
     }
     check(bad_same == 0 && bad_tm == 0 && bad_drop == 0, "gpu fp8 token-major codes: %d producers (RMSNorm forward "
-          "and backward, SwiGLU forward and backward; %zu rows, C %d, I %d): codes, amax and other outputs the same "
+          "and backward, SwiGLU forward and backward, output norm and gate; %zu rows, C %d, I %d, H hd %d x %d): "
+          "codes, amax and other outputs the same "
           "with and without them in %d, codes_t[c N + n] = codes[n W + c] everywhere in %d, the dropped floatX output "
-          "untouched in %d", cases, N, C, I, cases - bad_same, cases - bad_tm, cases - bad_drop);
+          "untouched in %d", cases, N, C, I, H, hd, cases - bad_same, cases - bad_tm, cases - bad_drop);
     cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(w_d)); cudaCheck(cudaFree(rstd_d)); cudaCheck(cudaFree(dresid_d));
     cudaCheck(cudaFree(dw_d)); cudaCheck(cudaFree(dout_d)); cudaCheck(cudaFree(partial_d)); cudaCheck(cudaFree(out_d));
     cudaCheck(cudaFree(gu_d)); cudaCheck(cudaFree(dact_d)); cudaCheck(cudaFree(fwd_d));
-    cudaCheck(cudaFree(codes_d)); cudaCheck(cudaFree(tm_d));
+    cudaCheck(cudaFree(codes_d)); cudaCheck(cudaFree(tm_d)); cudaCheck(cudaFree(on_d));
     cudaCheck(cudaFree(amax_d)); cudaCheck(cudaFree(k_d));
     for (int r = 0; r < 2; r++) { free(codes[r]); free(outs[r]); }
     free(h); free(hx); free(tm);

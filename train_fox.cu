@@ -71,8 +71,8 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: fox_backward_dkdv_kernel20, fox_backward_dq_kernel20, fox_attention_backward, attention_set_pruning,
 // defines: attention_pruned_share, tiles_counted, attention_forward_gpu, attention_backward_gpu
 // output norm and gate
-// defines: output_norm_gate_forward_kernel, output_norm_gate_backward_kernel, output_norm_gate_forward_gpu,
-// defines: output_norm_gate_backward_gpu
+// defines: output_norm_gate_row, output_norm_gate_forward_kernel, output_norm_gate_backward_kernel,
+// defines: fp8_ong_tm_ok, output_norm_gate_forward_gpu, output_norm_gate_backward_gpu
 // SwiGLU
 // defines: swiglu_grid, swiglu_forward_pack, swiglu_forward_kernel, swiglu_backward_pack, swiglu_backward_kernel,
 // defines: swiglu_forward_gpu, swiglu_backward_gpu
@@ -93,8 +93,8 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // FP8 matmuls of a training step (-q)
 // defines: bf16 build: fp8_scales_kernel, gpu_fp8_build, gpu_fp8_free, Fp8Block, fp8_weight_blocks,
 // defines: gpu_fp8_step_begin, gpu_fp8_amax_to_host; fp8_rounds, fp8_calibrating, fp8_amax_slot, fp8_slot_e5m2,
-// defines: fp8_inv, fp8_out, matmul_forward_q, fp8_wgrad8, fp8_x8t, fp8_out_t, fp8_dres_down, fp8_rounded_input,
-// defines: matmul_backward_q
+// defines: fp8_inv, fp8_out, matmul_forward_q, fp8_wgrad8, fp8_x8t, fp8_wgrad8_o, fp8_out_t, fp8_dres_down,
+// defines: fp8_rounded_input, matmul_backward_q
 // forward and backward of the whole model
 // defines: LayerActs, layer_acts, head_proj_layer, gpu_docs, kv_shift_forward_layer, qk_norm_rope_forward_layer,
 // defines: output_norm_gate_forward_layer, LayerFp8, layer_fp8, gpu_recompute_layer, document_ends,
@@ -922,16 +922,18 @@ __global__ void fp8_amax_kernel(unsigned* amax, const T* x, size_t n) {
     fp8_block_amax(mx, amax);
 }
 
-// 8 values of x from x[0] as fp32 (x 16-byte aligned)
-__device__ static inline void fp8_load8(const float* x, float* v) {
-    float4 a = *(const float4*)x, b = *(const float4*)(x + 4);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-__device__ static inline void fp8_load8(const __nv_bfloat16* x, float* v) {
-    uint4 u = *(const uint4*)x;
-    const __nv_bfloat16* h = (const __nv_bfloat16*)&u;
-    #pragma unroll
-    for (int j = 0; j < 8; j++) { v[j] = __bfloat162float(h[j]); }
+// 8 values of x (fp32 or bf16) from x[0] as fp32 (x 16-byte aligned)
+template <typename T>
+__device__ static inline void fp8_load8(const T* x, float* v) {
+    if constexpr (sizeof(T) == 4) {
+        float4 a = *(const float4*)x, b = *(const float4*)(x + 4);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+        uint4 u = *(const uint4*)x;
+        const __nv_bfloat16* h = (const __nv_bfloat16*)&u;
+        #pragma unroll
+        for (int j = 0; j < 8; j++) { v[j] = __bfloat162float(h[j]); }
+    }
 }
 
 // value i of the cast: its code (into codes) and rounded value (into rounded), each where not NULL; its magnitude
@@ -1945,7 +1947,8 @@ __global__ void kv_shift_forward_kernel(KVShiftSet s0, KVShiftSet s1, size_t N, 
 
 // G lanes per (token, head) row (see head_lanes); draw's rows are ld long (a block of dqkvg), dalpha_logit's ld_a (a
 // block of the head projections' dhp). At most 48 registers (no spills), so five blocks share an SM. Q8: draw's FP8
-// epilogue (q, its codes indexed as draw; the instance without it is the plain kernel).
+// epilogue (q, its codes indexed as draw; the instance without it is the plain kernel), at most 64 registers and four
+// blocks an SM: at 48 it spilled.
 typedef struct {
     floatX *draw, *dalpha_logit;
     const floatX *dout, *raw;
@@ -1953,7 +1956,7 @@ typedef struct {
     Fp8Out q;
 } KVShiftGradSet;
 template <bool DOCS, bool Q8>
-__global__ void __launch_bounds__(HEAD_THREADS, 5)
+__global__ void __launch_bounds__(HEAD_THREADS, Q8 ? 4 : 5)
 kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a, size_t N, int T, int H, int hd,
                          int G, FoxDocs docs) {
     // forward: out_t = a_t raw_{t-1} + (1 - a_t) raw_t, a_t = sigmoid(z_t)
@@ -4286,14 +4289,16 @@ static void attention_backward_gpu(floatX* dq, floatX* dk, floatX* dv, float* dl
 
 // Output norm and output gate on one (token, head) row, G lanes per row (see head_lanes); either may be off (w == NULL:
 // no norm, og == NULL: no gate). o_normed is written when both are on (the gate's backward needs it); y is the input of
-// W_o.
-__global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, float* rstd, const floatX* o,
-                                                const floatX* og, const float* w, size_t N, int H, int hd, float eps,
-                                                int G, Fp8Out q) {
-    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+// W_o. Every lane of the warp calls it (group_sum), active or not; TM: y's codes into row srow of stage
+// (fp8_stage_put), y itself not stored with q.drop.
+template <bool TM>
+__device__ static inline void output_norm_gate_row(floatX* o_normed, floatX* y, float* rstd, const floatX* o,
+                                                   const floatX* og, const float* w, size_t row, int active, int H,
+                                                   int hd, float eps, int G, const Fp8Out& q, unsigned* mx,
+                                                   uint8_t* stage, int srow) {
     int j = (int)(threadIdx.x % G), half = hd / 2, i0 = j * XPACK;
-    int active = row < N * H && i0 < half; // the others still join group_sum
-    float x[2][XPACK], ss = 0.0f;          // the lane's channels i0.. and half + i0..
+    active = active && i0 < half; // the others still join group_sum
+    float x[2][XPACK], ss = 0.0f;  // the lane's channels i0.. and half + i0..
     if (active) {
         for (int p = 0; p < 2; p++) {
             PackX xp = *(const PackX*)(o + row * hd + p * half + i0);
@@ -4304,7 +4309,6 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
     float s = head_rstd(ss, w != NULL, rstd, row, active && j == 0, hd, eps, G);
     if (!active) { return; }
     const float* wr = w != NULL ? w + (row % H) * hd : NULL;
-    unsigned mx = 0; // y's FP8 epilogue (q, Fp8Out)
     for (int p = 0; p < 2; p++) {
         size_t off = row * hd + p * half + i0;
         PackX gp, np, yp;
@@ -4322,10 +4326,36 @@ __global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, flo
             yp.v[k] = to_floatX(v);
         }
         if (wr != NULL && og != NULL) { *(PackX*)(o_normed + off) = np; }
-        fp8_pack<XPACK>(q, yp.v, off, &mx);
-        *(PackX*)(y + off) = yp;
+        uint2 codes = fp8_pack<XPACK>(q, yp.v, off, mx);
+        if constexpr (TM) { fp8_stage_put<XPACK>(stage, H * hd, srow, (int)(off % ((size_t)H * hd)), codes); }
+        if (!TM || !q.drop) { *(PackX*)(y + off) = yp; }
     }
-    if (q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
+}
+
+// The output norm and gate over N H rows (output_norm_gate_row). TM: y's token-major codes too (q.codes_t): a block of
+// 8 H G threads takes FP8_TM_ROWS tokens (N a multiple) in passes of 8 (fp8_ong_tm_ok), staged through FP8_TM_ROWS C
+// bytes of dynamic shared memory.
+template <bool TM>
+__global__ void output_norm_gate_forward_kernel(floatX* o_normed, floatX* y, float* rstd, const floatX* o,
+                                                const floatX* og, const float* w, size_t N, int H, int hd, float eps,
+                                                int G, Fp8Out q) {
+    extern __shared__ __align__(16) uint8_t stage[]; // TM: (FP8_TM_ROWS, C) codes
+    unsigned mx = 0; // y's FP8 epilogue (q, Fp8Out)
+    if constexpr (TM) {
+        size_t t0 = (size_t)blockIdx.x * FP8_TM_ROWS; // the block's first token
+        int lr = (int)(threadIdx.x / G);               // the thread's (token, head) row within a pass of 8 tokens
+        for (int t = 0; t < FP8_TM_ROWS; t += 8) {
+            size_t row = (t0 + t) * H + lr;
+            output_norm_gate_row<TM>(o_normed, y, rstd, o, og, w, row, 1, H, hd, eps, G, q, &mx, stage, t + lr / H);
+        }
+        if (q.amax != NULL && (int)(threadIdx.x % G) * XPACK < hd / 2) { fp8_warp_amax(mx, q.amax); }
+        __syncthreads();
+        fp8_stage_write(q.codes_t, N, t0, stage, H * hd, H * hd, 0);
+    } else {
+        size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / G;
+        output_norm_gate_row<TM>(o_normed, y, rstd, o, og, w, row, row < N * H, H, hd, eps, G, q, &mx, stage, 0);
+        if (q.amax != NULL && row < N * H && (int)(threadIdx.x % G) * XPACK < hd / 2) { fp8_warp_amax(mx, q.amax); }
+    }
 }
 
 // writes do_ (the attention output gradient), dog when the gate is on (rows ld long: a block of dqkvg), don (the norm's
@@ -4401,13 +4431,36 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
     if (Q8 && q.amax != NULL) { fp8_warp_amax(mx, q.amax); }
 }
 
+// whether output_norm_gate_forward_gpu can write y's token-major codes: a pass of 8 tokens' H G lanes a block, whole
+// warps, within the block size its registers allow (cudaFuncGetAttributes), their FP8_TM_ROWS C codes in shared memory
+static int fp8_ong_tm_ok(int H, int hd) {
+    static int max_threads = 0;
+    if (max_threads == 0) {
+        cudaFuncAttributes attr;
+        cudaCheck(cudaFuncGetAttributes(&attr, output_norm_gate_forward_kernel<true>));
+        max_threads = attr.maxThreadsPerBlock;
+    }
+    int threads = 8 * H * head_lanes(hd);
+    return threads <= max_threads && threads % 32 == 0 && (size_t)FP8_TM_ROWS * H * hd <= 200 * 1024;
+}
+
 // y (and o_normed, rstd) from o through the output norm (w != NULL, eps) and gate (og != NULL)
 // (q: an FP8 epilogue of y, Fp8Out; none by default)
 static void output_norm_gate_forward_gpu(floatX* o_normed, floatX* y, float* rstd, const floatX* o, const floatX* og,
                                          const float* w, size_t N, int H, int hd, float eps, Fp8Out q = Fp8Out{}) {
     int G = head_lanes(hd);
-    output_norm_gate_forward_kernel<<<head_blocks(N * H, G), HEAD_THREADS>>>(o_normed, y, rstd, o, og, w, N, H, hd, eps,
-                                                                             G, q);
+    if (q.codes_t == NULL) {
+        output_norm_gate_forward_kernel<false><<<head_blocks(N * H, G), HEAD_THREADS>>>(o_normed, y, rstd, o, og, w, N,
+                                                                                        H, hd, eps, G, q);
+    } else { // blocks of FP8_TM_ROWS tokens
+        fp8_tm_check(N, H * hd, INT_MAX);
+        if (!fp8_ong_tm_ok(H, hd)) { fail("internal: y's token-major codes with H %d, hd %d" BUG_HINT, H, hd); }
+        size_t smem = (size_t)FP8_TM_ROWS * H * hd;
+        if (smem > 48 * 1024) { smem_limit(smem, output_norm_gate_forward_kernel<true>); }
+        output_norm_gate_forward_kernel<true><<<(unsigned)(N / FP8_TM_ROWS), 8 * H * G, smem>>>(o_normed, y, rstd, o,
+                                                                                                og, w, N, H, hd, eps,
+                                                                                                G, q);
+    }
     launchCheck();
 }
 
@@ -5104,8 +5157,8 @@ typedef struct {
     uint8_t* x8;        // (N, max(C, I)) the codes of a forward matmul's input
     uint8_t* d8;        // (N, max(Vp, 4C, 2I)) the codes of a backward matmul's output gradient
     floatX* xr;         // (N, max(C, I)) a forward input's rounded values again, for its weight gradient
-    int wgrad8;         // the MLP's weight gradients in FP8 (fp8_wgrad8_on), on the token-major codes below
-    uint8_t* x8t;       // (R, C + I, N) token-major codes of xm (C, N) and act (I, N): each layer's, one with -r 1
+    int wgrad8;         // weight gradients in FP8 (fp8_wgrad8_on), on the token-major codes below
+    uint8_t* x8t;       // (R, 2C + I, N) token-major codes of xm (C, N), act (I, N), y (C, N): each layer's (-r 1: one)
     uint8_t* d8t;       // (max(C, 2I), N) token-major codes of a backward matmul's output gradient (dres, dgu)
     int* k;             // (fp8_index_count) scale exponents
     float* inv;         // (fp8_index_count, FP8_INV_STRIDE) 2^-k: the matmuls' dequantisation scales, 16 bytes apart
@@ -5488,7 +5541,7 @@ static size_t fp8_memory_needed(const FoxConfig* cf, size_t layout_size, int B, 
     size_t N = (size_t)B * T, C = (size_t)cf->n_embd, I = (size_t)cf->mlp_hidden, Vp = (size_t)cf->padded_vocab_size;
     size_t wide = C > I ? C : I, grad = Vp > 4 * C ? Vp : 4 * C, layers = g_recompute ? 1 : (size_t)cf->n_layer;
     grad = grad > 2 * I ? grad : 2 * I;
-    size_t wgrad8 = fp8_wgrad8_on(cf, N) ? N * (layers * (C + I) + (C > 2 * I ? C : 2 * I)) : 0;
+    size_t wgrad8 = fp8_wgrad8_on(cf, N) ? N * (layers * (2 * C + I) + (C > 2 * I ? C : 2 * I)) : 0;
     return 2 * layout_size + N * wide * (1 + sizeof(floatX)) + N * grad + wgrad8 + (size_t)(cf->n_layer + 1) * 64 * 16;
 }
 
@@ -5651,9 +5704,9 @@ static void gpu_free(GPUModel* g) {
 // their amaxes, the weights cast once (row-major for the forward, transposed for the input gradients). Per matmul
 // (matmul_forward_q, matmul_backward_q): the input or output gradient cast by the kernel after its producer, its
 // amax taken in the same pass. The weight gradients take the rounded values of both operands (the twin's product of
-// the rounded operands up to the order of the sums): the MLP's (W_gu, W_down) as FP8 matmuls on token-major codes that
-// the producers write beside the row-major ones (Fp8Out.codes_t: xm, act, dgu and dresid_x into W_down; fp8_wgrad8),
-// the others bf16 matmuls on the rounded values.
+// the rounded operands up to the order of the sums): the MLP's (W_gu, W_down) and W_o's as FP8 matmuls on token-major
+// codes that the producers write beside the row-major ones (Fp8Out.codes_t: xm, act, y, dgu and the residual
+// gradients into W_down and W_o; fp8_wgrad8), the others bf16 matmuls on the rounded values.
 #ifndef ENABLE_FP32
 // k and inv from the amaxes: the RMSNorm outputs' bounded scales (the twin's fp8_norm_exp: margin c, 4^c >= D, with
 // D = hd for y and C otherwise) and the weight groups' current scales (margin 0), E4M3 (largest exponent 8); then
@@ -5696,7 +5749,7 @@ static void gpu_fp8_build(GPUModel* g, int B, int T) {
     q->wgrad8 = fp8_wgrad8_on(cf, N);
     if (q->wgrad8) {
         size_t layers = g->acts.recompute ? 1 : (size_t)cf->n_layer;
-        q->x8t = (uint8_t*)gpu_malloc(layers * N * (C + I), "FP8 token-major inputs");
+        q->x8t = (uint8_t*)gpu_malloc(layers * N * (2 * C + I), "FP8 token-major inputs");
         q->d8t = (uint8_t*)gpu_malloc(N * (C > 2 * I ? C : 2 * I), "FP8 token-major gradients");
     }
     q->k = (int*)gpu_malloc(n * sizeof(int), "FP8 scales");
@@ -5842,11 +5895,18 @@ static int fp8_wgrad8(const GPUModel* g) {
     return g->fp8.wgrad8 && fp8_rounds(g) && (size_t)g->B * g->T % FP8_TM_ROWS == 0;
 }
 
-// layer l's token-major codes of xm (C, N), then act (I, N), for the MLP's FP8 weight gradients; NULL without
+// layer l's token-major codes of xm (C, N), act (I, N) and y (C, N) from there, for the FP8 weight gradients of
+// W_gu, W_down and W_o; NULL without
 static uint8_t* fp8_x8t(const GPUModel* g, int l) {
     if (!fp8_wgrad8(g)) { return NULL; }
-    size_t N = (size_t)g->B * g->T, CI = (size_t)g->config.n_embd + (size_t)g->config.mlp_hidden;
+    size_t N = (size_t)g->B * g->T, CI = 2 * (size_t)g->config.n_embd + (size_t)g->config.mlp_hidden;
     return g->fp8.x8t + (g->acts.recompute ? 0 : (size_t)l) * N * CI;
+}
+
+// whether W_o's weight gradient is FP8 too: y from the output norm or gate, which can write its token-major codes
+static int fp8_wgrad8_o(const GPUModel* g) {
+    const FoxConfig* cf = &g->config;
+    return fp8_wgrad8(g) && (cf->output_norm || cf->output_gate) && fp8_ong_tm_ok(cf->n_head, cf->n_embd / cf->n_head);
 }
 
 // an output gradient's epilogue (-q) with its token-major codes too (d8t) where the weight gradient is FP8 (and then
@@ -6025,10 +6085,15 @@ static LayerFp8 layer_fp8(GPUModel* g, const LayerActs* p, int l) {
     f.y = fp8_out(g, r8, g->fp8.x8, f.y_i, 0, 1, cf->output_norm ? NULL : fp8_amax_slot(g, l, FP8_Y));
     f.xm = fp8_out(g, r8, g->fp8.x8, fp8_norm_at(L, l, FP8_N_XM), 0, 1, NULL);
     f.act = fp8_out(g, r8, g->fp8.x8, fp8_delayed_at(l, FP8_ACT), 0, 1, fp8_amax_slot(g, l, FP8_ACT));
-    uint8_t* t8 = fp8_x8t(g, l); // the MLP's FP8 weight gradients: xm's and act's token-major codes too
+    uint8_t* t8 = fp8_x8t(g, l); // FP8 weight gradients: xm's, act's (and y's) token-major codes too
+    size_t N = (size_t)g->B * g->T;
     if (t8 != NULL) { // and their floatX values not stored: only FP8 matmuls read them
-        f.xm.codes_t = t8; f.act.codes_t = t8 + (size_t)g->B * g->T * cf->n_embd;
+        f.xm.codes_t = t8; f.act.codes_t = t8 + N * cf->n_embd;
         f.xm.drop = f.act.drop = 1;
+    }
+    if (t8 != NULL && fp8_wgrad8_o(g)) {
+        f.y.codes_t = t8 + N * (cf->n_embd + cf->mlp_hidden);
+        f.y.drop = 1;
     }
     return f;
 }
@@ -6249,9 +6314,11 @@ static void gpu_backward_kernels(GPUModel* g) {
         matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, 0.0f, d.dgu, dgu_i, dgu_e5m2, NULL, p.xm, t8,
                           fp8_norm_at(L, l, FP8_N_XM), P_WGU, l, fp8_weight_at(L, l, FP8_W_GU), N, C, 2 * I);
         int dres_o = fp8_delayed_at(l, FP8_DRES_O), dres_o_e5m2 = fp8_slot_e5m2(g, FP8_DRES_O);
+        int o8t = fp8_wgrad8_o(g); // W_o's weight gradient FP8 too: dresid_x's token-major codes
         rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_MLP_NORM, l), d.dxn, p.resid_mid,
                              pm(g, P_MLP_NORM, l), p.rstd_m, N, C,
-                             fp8_out(g, r8, g->fp8.d8, dres_o, dres_o_e5m2, 1, fp8_amax_slot(g, l, FP8_DRES_O)));
+                             o8t ? fp8_out_t(g, g->fp8.d8, dres_o, dres_o_e5m2, fp8_amax_slot(g, l, FP8_DRES_O))
+                                 : fp8_out(g, r8, g->fp8.d8, dres_o, dres_o_e5m2, 1, fp8_amax_slot(g, l, FP8_DRES_O)));
         // attention
         LayerFp8 f = layer_fp8(g, &p, l);
         int dq_i = fp8_delayed_at(l, FP8_DQKVG), dq_e5m2 = fp8_slot_e5m2(g, FP8_DQKVG);
@@ -6262,7 +6329,8 @@ static void gpu_backward_kernels(GPUModel* g) {
             dq8[j] = slot[j] >= 0 ? fp8_out(g, r8, codes, dq_i, dq_e5m2, 1, dq_amax) : Fp8Out{};
         }
         const floatX* y_w = f.y_cast ? fp8_rounded_input(g, r8, p.y, NC, f.y_i) : p.y;
-        matmul_backward_q(g, r8, 0, d.dy, CUDA_R_X, 0.0f, d.dresid_x, dres_o, dres_o_e5m2, NULL, y_w, NULL, 0, P_WO, l,
+        matmul_backward_q(g, r8, 0, d.dy, CUDA_R_X, 0.0f, d.dresid_x, dres_o, dres_o_e5m2, NULL, y_w,
+                          o8t ? t8 + NC + N * I : NULL, f.y_i, P_WO, l,
                           fp8_weight_at(L, l, FP8_W_O), N, C, C);
         if (cf->output_norm || cf->output_gate) {
             output_norm_gate_backward_gpu(d.d_o, draw[3], W, d.don, d.attn_scratch + 2 * NH, d.dy, p.o, p.o_normed,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU evidence of one sitting on a GPU machine, in one command:
 #   1. ./test_fox in the bf16 and the fp32 build (the GPU against the CPU twin);
-#   2. compute-sanitizer memcheck and racecheck over six short training runs that take every
+#   2. compute-sanitizer memcheck and racecheck over seven short training runs that take every
 #      training kernel (fused attention forward and backward at head sizes 64 and 128, at a T
 #      that is not a multiple of the tile, pruning, documents kept apart (-f 1), FP8 matmuls
 #      (-q hybrid), evaluation and the optimizer included);
@@ -56,7 +56,10 @@ python3 dev/make_doc_shard.py -o "$LOG/docs/d_train_000000.bin" -n 200000 --min 
     python3 dev/make_doc_shard.py -o "$LOG/docs/d_val_000000.bin" -n 50000 --min 20 --max 100 --seed 2 > /dev/null ||
     { say "FAIL dev/make_doc_shard.py"; exit 1; }
 DOCS="-i $LOG/docs/d_train_*.bin -j $LOG/docs/d_val_*.bin -f 1"
-RUNS=("$SHORT" "$SHORT -A 1" "$SHORT --n_head 1 -A 1" "$SHORT $DOCS" "$SHORT --n_head 1 -A 1 $DOCS" "$SHORT -q hybrid")
+# -q hybrid twice: at T = 300 (B T not a multiple of 32: bf16 weight gradients) and T = 320 (the FP8 ones, on
+# token-major codes, and their producers' token-major instances).
+RUNS=("$SHORT" "$SHORT -A 1" "$SHORT --n_head 1 -A 1" "$SHORT $DOCS" "$SHORT --n_head 1 -A 1 $DOCS" "$SHORT -q hybrid"
+      "$SHORT -t 320 -q hybrid")
 for i in "${!RUNS[@]}"; do
     part memcheck || break
     run=${RUNS[$i]}
