@@ -6573,9 +6573,8 @@ static void gpu_test_fp8_steps(void) {
               "from an unrounded run), the delayed operands' amaxes (%.1e <= %.1e; sens %.1e); step 1's gradients: "
               "distance to the FP8 emulation / to the unrounded ones %.2f < 1 (single tensors up to %.2f, %s), without "
               "-q %.2f > 1; last loss %.4f vs twin %.4f", cases[i].preset, FP8_MODE_NAMES[cases[i].mode],
-              cases[i].recompute ? ", -r 1" : "", !g.fp8.wgrad8 ? "bf16" : fp8_wgrad8_o(&g) ? "the MLP's and W_o's FP8"
-              : "the MLP's FP8", steps, micro, e, tol, sens, e_plain, e_amax, tol_amax, s_amax, ratio, worst,
-              worst_name, ratio0, gl, tl);
+              cases[i].recompute ? ", -r 1" : "", !g.fp8.wgrad8 ? "bf16" : "FP8", steps, micro, e, tol, sens, e_plain,
+              e_amax, tol_amax, s_amax, ratio, worst, worst_name, ratio0, gl, tl);
         gpu_free(&g0);
         fox_free(&host0);
         gpu_free(&g);
@@ -6592,7 +6591,9 @@ static void gpu_test_fp8_steps(void) {
 // of 64 end part-filled), C = 136 and I = 264: column tiles part-filled too (the SwiGLU's 256 units). The second launch
 // must give the first's row-major codes, amax and other outputs (rstd, dresid, dw, o_normed) bit for bit, leave the
 // floatX output untouched, and codes_t[c N + n] = codes[n W + c] for every value; all outputs poisoned first, codes
-// with 0xFF (NaN in both formats, which finite inputs never give).
+// with 0xFF (NaN in both formats, which finite inputs never give). Then the transpose of stored codes
+// (fp8_transpose_codes_gpu: dqkvg's, dlogits'): random codes, 272 columns (a part-filled column tile), every code in
+// its place and nothing else written.
 static void gpu_test_fp8_token_major(void) {
     const size_t N = 160;
     const int C = 136, I = 264, k = 3, H = 3, hd = 48; // H hd: the output norm and gate's
@@ -6686,11 +6687,24 @@ static void gpu_test_fp8_token_major(void) {
         }
         cases++;
     }
-    check(bad_same == 0 && bad_tm == 0 && bad_drop == 0, "gpu fp8 token-major codes: %d producers (RMSNorm forward "
-          "and backward, SwiGLU forward and backward, output norm and gate; %zu rows, C %d, I %d, H hd %d x %d): "
-          "codes, amax and other outputs the same "
-          "with and without them in %d, codes_t[c N + n] = codes[n W + c] everywhere in %d, the dropped floatX output "
-          "untouched in %d", cases, N, C, I, H, hd, cases - bad_same, cases - bad_tm, cases - bad_drop);
+    // the transpose of stored codes (dqkvg's, dlogits'): W = 272, a second column tile of 16; random codes but 0xFF
+    const int WT = 272;
+    uint8_t* src = (uint8_t*)malloc_check(N * WT, "codes");
+    for (size_t i = 0; i < N * WT; i++) { src[i] = (uint8_t)(rng_next(&rng) % 255); }
+    cudaCheck(cudaMemcpy(codes_d, src, N * WT, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemset(tm_d, 0xFF, nx));
+    fp8_transpose_codes_gpu(tm_d, codes_d, N, WT);
+    cudaCheck(cudaMemcpy(tm, tm_d, nx, cudaMemcpyDeviceToHost));
+    size_t t_wrong = 0;
+    for (size_t i = 0; i < N * WT; i++) { t_wrong += tm[(i % WT) * N + i / WT] != src[i]; }
+    for (size_t i = N * WT; i < nx; i++) { t_wrong += tm[i] != 0xFF; }
+    free(src);
+    check(bad_same == 0 && bad_tm == 0 && bad_drop == 0 && t_wrong == 0, "gpu fp8 token-major codes: %d producers "
+          "(RMSNorm forward and backward, SwiGLU forward and backward, output norm and gate; %zu rows, C %d, I %d, "
+          "H hd %d x %d): codes, amax and other outputs the same with and without them in %d, codes_t[c N + n] = "
+          "codes[n W + c] everywhere in %d, the dropped floatX output untouched in %d; the transpose of %zu x %d "
+          "stored codes: %zu wrong", cases, N, C, I, H, hd, cases - bad_same, cases - bad_tm, cases - bad_drop, N, WT,
+          t_wrong);
     cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(w_d)); cudaCheck(cudaFree(rstd_d)); cudaCheck(cudaFree(dresid_d));
     cudaCheck(cudaFree(dw_d)); cudaCheck(cudaFree(dout_d)); cudaCheck(cudaFree(partial_d)); cudaCheck(cudaFree(out_d));
     cudaCheck(cudaFree(gu_d)); cudaCheck(cudaFree(dact_d)); cudaCheck(cudaFree(fwd_d));

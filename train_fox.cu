@@ -41,9 +41,10 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: matmul_backward_weight_gpu
 // FP8 operands
 // defines: fp8_code, fp8_value, fp8_pow2_gpu, fp8_warp_amax, fp8_block_amax, Fp8Out, fp8_pack, FP8_TM_ROWS,
-// defines: fp8_stage_put, fp8_transpose4, fp8_stage_write; bf16 build: fp8_in,
-// defines: fp8_scale_exp_gpu, fp8_amax_kernel, fp8_load8, fp8_cast_one, fp8_cast_kernel, fp8_cast_transpose_kernel,
-// defines: fp8_blocks, fp8_amax_gpu, fp8_cast_gpu, fp8_cast_transpose_gpu, matmul_fp8_gpu; fp8_tm_check
+// defines: fp8_stage_put, fp8_transpose4, fp8_stage_write, fp8_transpose_codes_kernel, fp8_transpose_codes_gpu;
+// defines: bf16 build: fp8_in, fp8_scale_exp_gpu, fp8_amax_kernel, fp8_load8, fp8_cast_one, fp8_cast_kernel,
+// defines: fp8_cast_transpose_kernel, fp8_blocks, fp8_amax_gpu, fp8_cast_gpu, fp8_cast_transpose_gpu, matmul_fp8_gpu;
+// defines: fp8_tm_check
 // RMSNorm and column sums
 // defines: rmsnorm_forward_row, rmsnorm_forward_kernel, rmsnorm_backward_kernel, colsum_partial_kernel,
 // defines: colsum_scale_partial_kernel,
@@ -93,8 +94,8 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // FP8 matmuls of a training step (-q)
 // defines: bf16 build: fp8_scales_kernel, gpu_fp8_build, gpu_fp8_free, Fp8Block, fp8_weight_blocks,
 // defines: gpu_fp8_step_begin, gpu_fp8_amax_to_host; fp8_rounds, fp8_calibrating, fp8_amax_slot, fp8_slot_e5m2,
-// defines: fp8_inv, fp8_out, matmul_forward_q, fp8_wgrad8, fp8_x8t, fp8_wgrad8_o, fp8_out_t, fp8_dres_down,
-// defines: fp8_rounded_input, matmul_backward_q
+// defines: fp8_inv, fp8_out, matmul_forward_q, fp8_wgrad8, fp8_x8t, fp8_wgrad8_o, fp8_wgrad8_qkvg, fp8_wgrad8_head,
+// defines: fp8_out_t, fp8_dres_down, fp8_rounded_input, matmul_backward_q
 // forward and backward of the whole model
 // defines: LayerActs, layer_acts, head_proj_layer, gpu_docs, kv_shift_forward_layer, qk_norm_rope_forward_layer,
 // defines: output_norm_gate_forward_layer, LayerFp8, layer_fp8, gpu_recompute_layer, document_ends,
@@ -897,6 +898,31 @@ __device__ static void fp8_stage_write(uint8_t* codes_t, size_t rows, size_t r0,
                                                                                   col[3][j]);
         }
     }
+}
+
+// codes_t (W, rows) = codes (rows, W) transposed, for an operand whose producers cannot write token-major codes
+// themselves (dqkvg, dlogits): a block takes FP8_TM_ROWS rows of FP8_TRANSPOSE_W columns, in as 16-byte loads, out
+// through fp8_stage_write. rows a multiple of FP8_TM_ROWS, W of 16 (the loads' alignment).
+#define FP8_TRANSPOSE_W 256
+__global__ void fp8_transpose_codes_kernel(uint8_t* codes_t, const uint8_t* codes, size_t rows, int W) {
+    __shared__ __align__(16) uint8_t stage[FP8_TM_ROWS * FP8_TRANSPOSE_W];
+    size_t r0 = (size_t)blockIdx.x * FP8_TM_ROWS;
+    int c0 = blockIdx.y * FP8_TRANSPOSE_W, w = min(FP8_TRANSPOSE_W, W - c0);
+    for (int i = threadIdx.x; i < FP8_TM_ROWS * FP8_TRANSPOSE_W / 16; i += blockDim.x) {
+        int r = i / (FP8_TRANSPOSE_W / 16), c = 16 * (i % (FP8_TRANSPOSE_W / 16));
+        if (c < w) { *(uint4*)(stage + r * FP8_TRANSPOSE_W + c) = *(const uint4*)(codes + (r0 + r) * W + c0 + c); }
+    }
+    __syncthreads();
+    fp8_stage_write(codes_t, rows, r0, stage, FP8_TRANSPOSE_W, w, c0);
+}
+
+static void fp8_transpose_codes_gpu(uint8_t* codes_t, const uint8_t* codes, size_t rows, int W) {
+    if (rows % FP8_TM_ROWS != 0 || W % 16 != 0) {
+        fail("internal: a transpose of %zu x %d codes (rows %% %d, W %% 16)" BUG_HINT, rows, W, FP8_TM_ROWS);
+    }
+    dim3 grid((unsigned)(rows / FP8_TM_ROWS), (unsigned)ceil_div(W, FP8_TRANSPOSE_W));
+    fp8_transpose_codes_kernel<<<grid, 256>>>(codes_t, codes, rows, W);
+    launchCheck();
 }
 
 #ifndef ENABLE_FP32
@@ -1992,8 +2018,13 @@ kv_shift_backward_kernel(KVShiftGradSet s0, KVShiftGradSet s1, int ld, int ld_a,
                 da += dk * (p - to_float(cur.v[k]));
             }
             size_t at = n * ld + (size_t)(row % H) * hd + e;
-            if constexpr (Q8) { fp8_pack<XPACK>(fp8_pick(s0.q, s1.q, blockIdx.y), res.v, at, &mx); }
-            *(PackX*)(draw + at) = res;
+            bool store = true;
+            if constexpr (Q8) {
+                Fp8Out q = fp8_pick(s0.q, s1.q, blockIdx.y);
+                fp8_pack<XPACK>(q, res.v, at, &mx);
+                store = !q.drop;
+            }
+            if (store) { *(PackX*)(draw + at) = res; }
         }
     }
     da = group_sum(da, G);
@@ -2102,13 +2133,17 @@ typedef struct {
 template <bool Q8>
 __device__ static inline void qk_grad_store(const Fp8Out& q0, const Fp8Out& q1, floatX* dr, size_t at, int i0, int half,
                                             PackX& lo, PackX& hi, unsigned* mx) {
+    bool store = true;
     if constexpr (Q8) {
         Fp8Out q = fp8_pick(q0, q1, blockIdx.y);
         fp8_pack<XPACK>(q, lo.v, at + i0, mx);
         fp8_pack<XPACK>(q, hi.v, at + half + i0, mx);
+        store = !q.drop;
     }
-    *(PackX*)(dr + i0) = lo;
-    *(PackX*)(dr + half + i0) = hi;
+    if (store) {
+        *(PackX*)(dr + i0) = lo;
+        *(PackX*)(dr + half + i0) = hi;
+    }
     if constexpr (Q8) {
         unsigned* amax = blockIdx.y ? q1.amax : q0.amax;
         if (amax != NULL) { fp8_warp_amax(*mx, amax); }
@@ -4393,7 +4428,7 @@ __global__ void output_norm_gate_backward_kernel(floatX* do_, floatX* dog, int l
                 }
                 size_t at = (row / H) * ld + (row % H) * hd + p * half + i0;
                 if constexpr (Q8) { fp8_pack<XPACK>(q, dgp.v, at, &mx); }
-                *(PackX*)(dog + at) = dgp;
+                if (!Q8 || !q.drop) { *(PackX*)(dog + at) = dgp; }
             }
             if (wr != NULL) {
                 load_floats<XPACK>(wp[p], wr + p * half + i0);
@@ -4665,7 +4700,7 @@ __global__ void __launch_bounds__(CE_THREADS) crossentropy_kernel(float* losses,
             PackX d = ce_gradient(p, j0, V, target, lse, dloss);
             unsigned no_amax = 0; // dlogits' scale is bounded: no amax
             fp8_pack<XPACK>(q, d.v, n * Vp + j0, &no_amax);
-            *(PackX*)(row + j0) = d;
+            if (!q.drop) { *(PackX*)(row + j0) = d; } // dropped: the codes alone feed the lm head's matmuls
         }
     }
 }
@@ -5158,8 +5193,10 @@ typedef struct {
     uint8_t* d8;        // (N, max(Vp, 4C, 2I)) the codes of a backward matmul's output gradient
     floatX* xr;         // (N, max(C, I)) a forward input's rounded values again, for its weight gradient
     int wgrad8;         // weight gradients in FP8 (fp8_wgrad8_on), on the token-major codes below
-    uint8_t* x8t;       // (R, 2C + I, N) token-major codes of xm (C, N), act (I, N), y (C, N): each layer's (-r 1: one)
-    uint8_t* d8t;       // (max(C, 2I), N) token-major codes of a backward matmul's output gradient (dres, dgu)
+    uint8_t* x8t;       // (R, 3C + I, N) token-major codes of xm (C, N), act (I, N), y (C, N), xa (C, N): each layer's
+                        // (-r 1: one layer's)
+    uint8_t* xf8t;      // (C, N) xf's token-major codes (the lm head's input)
+    uint8_t* d8t;       // (max(Vp, 4C, 2I), N) token-major codes of a backward matmul's output gradient
     int* k;             // (fp8_index_count) scale exponents
     float* inv;         // (fp8_index_count, FP8_INV_STRIDE) 2^-k: the matmuls' dequantisation scales, 16 bytes apart
     unsigned* amax;     // (fp8_index_count) amaxes as magnitude bits: the step's delayed operands', norms', weights'
@@ -5530,7 +5567,7 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
 
 // bytes of device memory for a model trained on (B, T) batches
 // the device bytes of -q's buffers (gpu_fp8_build): the weights' codes twice, x8, d8, xr, the scale slots
-// whether the MLP's weight gradients run in FP8 (-q): their K, the tokens N, a multiple of FP8_TM_ROWS (the
+// whether the weight gradients run in FP8 (-q): their K, the tokens N, a multiple of FP8_TM_ROWS (the
 // producers' tiles of token-major codes; Hopper's FP8 matmuls need 16), and n_embd within the RMSNorm backward's shared
 // memory with token-major codes; else bf16
 static int fp8_wgrad8_on(const FoxConfig* cf, size_t N) {
@@ -5541,7 +5578,7 @@ static size_t fp8_memory_needed(const FoxConfig* cf, size_t layout_size, int B, 
     size_t N = (size_t)B * T, C = (size_t)cf->n_embd, I = (size_t)cf->mlp_hidden, Vp = (size_t)cf->padded_vocab_size;
     size_t wide = C > I ? C : I, grad = Vp > 4 * C ? Vp : 4 * C, layers = g_recompute ? 1 : (size_t)cf->n_layer;
     grad = grad > 2 * I ? grad : 2 * I;
-    size_t wgrad8 = fp8_wgrad8_on(cf, N) ? N * (layers * (2 * C + I) + (C > 2 * I ? C : 2 * I)) : 0;
+    size_t wgrad8 = fp8_wgrad8_on(cf, N) ? N * (layers * (3 * C + I) + C + grad) : 0;
     return 2 * layout_size + N * wide * (1 + sizeof(floatX)) + N * grad + wgrad8 + (size_t)(cf->n_layer + 1) * 64 * 16;
 }
 
@@ -5704,9 +5741,11 @@ static void gpu_free(GPUModel* g) {
 // their amaxes, the weights cast once (row-major for the forward, transposed for the input gradients). Per matmul
 // (matmul_forward_q, matmul_backward_q): the input or output gradient cast by the kernel after its producer, its
 // amax taken in the same pass. The weight gradients take the rounded values of both operands (the twin's product of
-// the rounded operands up to the order of the sums): the MLP's (W_gu, W_down) and W_o's as FP8 matmuls on token-major
-// codes that the producers write beside the row-major ones (Fp8Out.codes_t: xm, act, y, dgu and the residual
-// gradients into W_down and W_o; fp8_wgrad8), the others bf16 matmuls on the rounded values.
+// the rounded operands up to the order of the sums), as FP8 matmuls on token-major codes where B T allows
+// (fp8_wgrad8): the producers write them beside the row-major ones for xm, act, y, xa, xf, dgu and the residual
+// gradients (Fp8Out.codes_t), and a transpose of the codes gives dqkvg's and dlogits' (fp8_transpose_codes_gpu: their
+// producers' head or vocabulary rows have no 32-token tiles); the operands that feed only matmuls then drop their
+// floatX copies (Fp8Out.drop). The blocks of q, k, v not in dqkvg and W_o without an output norm or gate stay bf16.
 #ifndef ENABLE_FP32
 // k and inv from the amaxes: the RMSNorm outputs' bounded scales (the twin's fp8_norm_exp: margin c, 4^c >= D, with
 // D = hd for y and C otherwise) and the weight groups' current scales (margin 0), E4M3 (largest exponent 8); then
@@ -5749,8 +5788,9 @@ static void gpu_fp8_build(GPUModel* g, int B, int T) {
     q->wgrad8 = fp8_wgrad8_on(cf, N);
     if (q->wgrad8) {
         size_t layers = g->acts.recompute ? 1 : (size_t)cf->n_layer;
-        q->x8t = (uint8_t*)gpu_malloc(layers * N * (2 * C + I), "FP8 token-major inputs");
-        q->d8t = (uint8_t*)gpu_malloc(N * (C > 2 * I ? C : 2 * I), "FP8 token-major gradients");
+        q->x8t = (uint8_t*)gpu_malloc(layers * N * (3 * C + I), "FP8 token-major inputs");
+        q->xf8t = (uint8_t*)gpu_malloc(N * C, "FP8 token-major inputs");
+        q->d8t = (uint8_t*)gpu_malloc(N * grad, "FP8 token-major gradients");
     }
     q->k = (int*)gpu_malloc(n * sizeof(int), "FP8 scales");
     q->inv = (float*)gpu_malloc(n * FP8_INV_STRIDE * sizeof(float), "FP8 scales");
@@ -5765,7 +5805,7 @@ static void gpu_fp8_free(GPUModel* g) {
     if (!q->on) { return; }
     cudaCheck(cudaFree(q->w8)); cudaCheck(cudaFree(q->w8t)); cudaCheck(cudaFree(q->x8)); cudaCheck(cudaFree(q->d8));
     cudaCheck(cudaFree(q->xr)); cudaCheck(cudaFree(q->k)); cudaCheck(cudaFree(q->inv)); cudaCheck(cudaFree(q->amax));
-    cudaCheck(cudaFree(q->x8t)); cudaCheck(cudaFree(q->d8t));
+    cudaCheck(cudaFree(q->x8t)); cudaCheck(cudaFree(q->xf8t)); cudaCheck(cudaFree(q->d8t));
     free(q->k_host); free(q->amax_host);
     memset(q, 0, sizeof(*q));
 }
@@ -5890,16 +5930,16 @@ static void matmul_forward_q(GPUModel* g, int use8, int cast, void* out, cudaDat
     matmul_forward_gpu(out, out_type, add, x, px(g, tensor, l), N, IC, OC);
 }
 
-// whether this pass's MLP weight gradients are FP8 matmuls (its batch's N a multiple too: fp8_wgrad8_on)
+// whether this pass's weight gradients are FP8 matmuls (its batch's N a multiple too: fp8_wgrad8_on)
 static int fp8_wgrad8(const GPUModel* g) {
     return g->fp8.wgrad8 && fp8_rounds(g) && (size_t)g->B * g->T % FP8_TM_ROWS == 0;
 }
 
-// layer l's token-major codes of xm (C, N), act (I, N) and y (C, N) from there, for the FP8 weight gradients of
-// W_gu, W_down and W_o; NULL without
+// layer l's token-major codes of xm (C, N), act (I, N), y (C, N) and xa (C, N) from there, for the FP8 weight
+// gradients of W_gu, W_down, W_o and W_qkvg; NULL without
 static uint8_t* fp8_x8t(const GPUModel* g, int l) {
     if (!fp8_wgrad8(g)) { return NULL; }
-    size_t N = (size_t)g->B * g->T, CI = 2 * (size_t)g->config.n_embd + (size_t)g->config.mlp_hidden;
+    size_t N = (size_t)g->B * g->T, CI = 3 * (size_t)g->config.n_embd + (size_t)g->config.mlp_hidden;
     return g->fp8.x8t + (g->acts.recompute ? 0 : (size_t)l) * N * CI;
 }
 
@@ -5908,6 +5948,16 @@ static int fp8_wgrad8_o(const GPUModel* g) {
     const FoxConfig* cf = &g->config;
     return fp8_wgrad8(g) && (cf->output_norm || cf->output_gate) && fp8_ong_tm_ok(cf->n_head, cf->n_embd / cf->n_head);
 }
+
+// whether the grouped weights' (dqkvg's) weight gradient is FP8: dqkvg's codes transposed after its producers
+// (fp8_transpose_codes_gpu), xa's token-major codes from the RMSNorm forward
+static int fp8_wgrad8_qkvg(const GPUModel* g) {
+    int slot[4];
+    return fp8_wgrad8(g) && qkvg_slots(&g->config, slot) > 0;
+}
+
+// whether the lm head's weight gradient is FP8: dlogits' codes transposed after the cross-entropy
+static int fp8_wgrad8_head(const GPUModel* g) { return fp8_wgrad8(g) && g->host->fp8.mode != FP8_MODE_BODY; }
 
 // an output gradient's epilogue (-q) with its token-major codes too (d8t) where the weight gradient is FP8 (and then
 // its floatX values dropped: the gradient feeds only FP8 matmuls)
@@ -6095,6 +6145,9 @@ static LayerFp8 layer_fp8(GPUModel* g, const LayerActs* p, int l) {
         f.y.codes_t = t8 + N * (cf->n_embd + cf->mlp_hidden);
         f.y.drop = 1;
     }
+    if (t8 != NULL && fp8_wgrad8_qkvg(g)) { // xa stays: the head projections read it
+        f.xa.codes_t = t8 + N * (2 * cf->n_embd + cf->mlp_hidden);
+    }
     return f;
 }
 
@@ -6105,7 +6158,7 @@ static void gpu_recompute_layer(GPUModel* g, const LayerActs* p, int l) {
     int B = g->B, T = g->T, C = cf->n_embd;
     size_t N = (size_t)B * T;
     LayerFp8 f = layer_fp8(g, p, l); // with -q the same rounding in place (and codes, amaxes: the same values)
-    rmsnorm_forward_gpu(p->xa, p->rstd_a, p->resid, pm(g, P_ATTN_NORM, l), N, C);
+    rmsnorm_forward_gpu(p->xa, p->rstd_a, p->resid, pm(g, P_ATTN_NORM, l), N, C, f.xa);
     kv_shift_forward_layer(g, p, B, T);
     qk_norm_rope_forward_layer(g, p, l, B, T);
     output_norm_gate_forward_layer(g, p, l, N, f.y);
@@ -6195,13 +6248,15 @@ static void gpu_forward_kernels(GPUModel* g, float loss_scale) {
                          P_WDOWN, l, fp8_weight_at(L, l, FP8_W_DOWN), N, I, C);
     }
     int xf_i = fp8_norm_at(L, L, 0);
-    rmsnorm_forward_gpu(a.xf, a.rstd_f, LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), N, C,
-                        fp8_out(g, head8, g->fp8.x8, xf_i, 0, 1, NULL));
+    Fp8Out xf8 = fp8_out(g, head8, g->fp8.x8, xf_i, 0, 1, NULL);
+    if (fp8_wgrad8_head(g) && g->has_dlogits) { xf8.codes_t = g->fp8.xf8t; xf8.drop = 1; } // only matmuls read xf
+    rmsnorm_forward_gpu(a.xf, a.rstd_f, LAYER(a.resid, L, NC), pm(g, P_NORM_F, 0), N, C, xf8);
     matmul_forward_q(g, head8, 0, a.logits, CUDA_R_X, NULL, a.xf, xf_i, NULL, P_LM_HEAD, 0, fp8_weight_at(L, L, 0), N,
                      C, Vp);
     if (g->has_targets) { // with the gradient, -q rounds it (its codes into d8; its scale bounded by dloss)
-        crossentropy_gpu(a.losses, a.logits, g->targets, N, V, Vp, g->has_dlogits, loss_scale / (float)N,
-                         fp8_out(g, head8 && g->has_dlogits, g->fp8.d8, fp8_dlogits_at(L), 1, 1, NULL));
+        Fp8Out dl8 = fp8_out(g, head8 && g->has_dlogits, g->fp8.d8, fp8_dlogits_at(L), 1, 1, NULL);
+        dl8.drop = fp8_wgrad8_head(g) && g->has_dlogits; // the codes alone feed the lm head's matmuls
+        crossentropy_gpu(a.losses, a.logits, g->targets, N, V, Vp, g->has_dlogits, loss_scale / (float)N, dl8);
     }
 }
 
@@ -6291,11 +6346,12 @@ static void gpu_backward_kernels(GPUModel* g) {
     // FP8 (-q): each output gradient's codes (d8) written by its producer's epilogue (fp8_out: dlogits by the
     // cross-entropy, dresid_x by the RMSNorm backward, dgu by SwiGLU's, each block of dqkvg by the stage kernel that
     // writes it, into d8 as (N, W) too) or cast before its matmul (q, k, v straight from the attention, not in dqkvg);
-    // the MLP's weight gradients FP8 on token-major codes (d8t, x8t), the others on the forward inputs' values rounded
-    // in place, or again (xr: xa, y = o)
-    int r8 = fp8_rounds(g), head8 = r8 && g->host->fp8.mode != FP8_MODE_BODY;
-    matmul_backward_q(g, head8, 0, d.dxn, CUDA_R_32F, 0.0f, a.logits, fp8_dlogits_at(L), 1, NULL, a.xf, NULL, 0,
-                      P_LM_HEAD, 0, fp8_weight_at(L, L, 0), N, C, Vp);
+    // the weight gradients FP8 on token-major codes (d8t, x8t, xf8t; fp8_wgrad8), or bf16 on the forward inputs'
+    // values rounded in place, or again (xr: xa, y = o)
+    int r8 = fp8_rounds(g), head8 = r8 && g->host->fp8.mode != FP8_MODE_BODY, lm8 = fp8_wgrad8_head(g);
+    if (lm8) { fp8_transpose_codes_gpu(g->fp8.d8t, g->fp8.d8, N, Vp); } // dlogits' codes, token-major
+    matmul_backward_q(g, head8, 0, d.dxn, CUDA_R_32F, 0.0f, a.logits, fp8_dlogits_at(L), 1, NULL, a.xf,
+                      lm8 ? g->fp8.xf8t : NULL, fp8_norm_at(L, L, 0), P_LM_HEAD, 0, fp8_weight_at(L, L, 0), N, C, Vp);
     cudaCheck(cudaMemsetAsync(d.dresid, 0, NC * sizeof(float), cudaStreamPerThread));
     rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_NORM_F, 0), d.dxn, LAYER(a.resid, L, NC),
                          pm(g, P_NORM_F, 0), a.rstd_f, N, C, fp8_dres_down(g, L - 1));
@@ -6324,9 +6380,11 @@ static void gpu_backward_kernels(GPUModel* g) {
         int dq_i = fp8_delayed_at(l, FP8_DQKVG), dq_e5m2 = fp8_slot_e5m2(g, FP8_DQKVG);
         unsigned* dq_amax = fp8_amax_slot(g, l, FP8_DQKVG);
         Fp8Out dq8[4]; // the epilogue of each block of dqkvg (its codes at the block's columns of d8)
+        int qkvg8 = fp8_wgrad8_qkvg(g); // its weight gradient FP8: dqkvg's codes alone feed its matmuls
         for (int j = 0; j < 4; j++) {
             uint8_t* codes = g->fp8.d8 != NULL && slot[j] >= 0 ? g->fp8.d8 + (size_t)slot[j] * C : NULL;
             dq8[j] = slot[j] >= 0 ? fp8_out(g, r8, codes, dq_i, dq_e5m2, 1, dq_amax) : Fp8Out{};
+            dq8[j].drop = qkvg8 && slot[j] >= 0;
         }
         const floatX* y_w = f.y_cast ? fp8_rounded_input(g, r8, p.y, NC, f.y_i) : p.y;
         matmul_backward_q(g, r8, 0, d.dy, CUDA_R_X, 0.0f, d.dresid_x, dres_o, dres_o_e5m2, NULL, y_w,
@@ -6374,9 +6432,13 @@ static void gpu_backward_kernels(GPUModel* g) {
         HeadProj hp = head_proj_layer(g, &p, l);
         float beta = hp.count > 0 ? 1.0f : 0.0f;
         if (hp.count > 0) { head_proj_backward_gpu(d.dxn, &hp, xa, N, C, H); }
-        const floatX* xa_w = fp8_rounded_input(g, r8, xa, NC, fp8_norm_at(L, l, FP8_N_XA));
+        int own8 = 0; // blocks not in dqkvg: their weight gradients bf16, on xa rounded again
+        for (int j = 0; j < 4; j++) { own8 |= slot[j] < 0 && own[j] != NULL; }
+        const floatX* xa_w = !qkvg8 || own8 ? fp8_rounded_input(g, r8, xa, NC, fp8_norm_at(L, l, FP8_N_XA)) : xa;
         if (F > 0) { // its blocks' producers wrote the codes and the amax
-            matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, beta, d.dqkvg, dq_i, dq_e5m2, NULL, xa_w, NULL, 0, first, l,
+            if (qkvg8) { fp8_transpose_codes_gpu(g->fp8.d8t, g->fp8.d8, N, W); }
+            matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, beta, d.dqkvg, dq_i, dq_e5m2, NULL, xa_w,
+                              qkvg8 ? t8 + NC * 2 + N * I : NULL, fp8_norm_at(L, l, FP8_N_XA), first, l,
                               fp8_weight_at(L, l, FP8_W_QKVG), N, C, W);
             beta = 1.0f;
         }
