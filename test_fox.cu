@@ -1048,7 +1048,8 @@ static void test_schedule_resume(void) {
             const int starts[] = {1, 7, 10, 37, 99};
             for (int i = 0; i < 5; i++) {
                 int k = starts[i];
-                TrainState at_k = {k};
+                TrainState at_k = {};
+                at_k.step = k;
                 at_k.tokens_seen = (int64_t)k * a.total_batch_tokens;
                 at_k.warmup_tokens = straight.warmup_tokens;
                 LRSchedule resumed = run_schedule(&a, &at_k);
@@ -1068,7 +1069,8 @@ static void test_schedule_resume(void) {
     // written out here, in fp64
     a.schedule = SCHEDULE_COSINE; a.warmup_tokens = -1; a.total_batch_tokens = 16384;
     const double d1 = 4096, d2 = 16384, k = 30, S = 100;
-    TrainState at_30 = {30};
+    TrainState at_30 = {};
+    at_30.step = 30;
     at_30.tokens_seen = (int64_t)(k * d1);
     at_30.warmup_tokens = 0.1 * S * d1;
     LRSchedule resumed = run_schedule(&a, &at_30);
@@ -1378,7 +1380,7 @@ static void test_checkpoints(void) {
     char model_path[512], state_path[512];
     checkpoint_paths(test_dir, 1, model_path, state_path, sizeof(model_path));
     TrainState s = {1, 0, 1, 2, 1, 8, 8, 1, 0x1234567890abcdefull, 0xfedcba0987654321ull, 48, 3000000000ll, 4800.5,
-                    1, 3e-4, 0.05, 0.5, SCHEDULE_LINEAR, 1e9, 1, -7.5, 1, 3.5, 1};
+                    1, 3e-4, 0.05, 0.5, SCHEDULE_LINEAR, 1e9, 1, -7.5, 1, 3.5, 1, 0, 0, 0, 0};
     save_model(&m, model_path);
     save_state(&m, &s, state_path);
     FoxModel l;
