@@ -40,8 +40,9 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: pattern_gpu, matmul_typed, matmul_lt, matmul_forward_gpu, matmul_backward_input_gpu,
 // defines: matmul_backward_weight_gpu
 // FP8 operands
-// defines: fp8_code, fp8_value, fp8_pow2_gpu, fp8_warp_amax, fp8_block_amax, Fp8Out, fp8_pack, FP8_TM_ROWS,
-// defines: fp8_stage_put, fp8_transpose4, fp8_stage_write, fp8_transpose_codes_kernel, fp8_transpose_codes_gpu;
+// defines: fp8_code, fp8_value, fp8_pow2_gpu, fp8_warp_amax, fp8_block_amax, Fp8Out, fp8_pick, fp8_pack,
+// defines: FP8_TM_ROWS, fp8_stage_put, fp8_transpose4, fp8_stage_write, fp8_transpose_codes_kernel,
+// defines: fp8_transpose_codes_gpu;
 // defines: bf16 build: fp8_in, fp8_scale_exp_gpu, fp8_amax_kernel, fp8_load8, fp8_cast_one, fp8_cast_kernel,
 // defines: fp8_cast_transpose_kernel, fp8_blocks, fp8_amax_gpu, fp8_cast_gpu, fp8_cast_transpose_gpu, matmul_fp8_gpu;
 // defines: fp8_tm_check
@@ -60,8 +61,8 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: KVShiftSet, kv_shift_forward_kernel, kv_shift_backward_kernel, kv_shift_forward_gpu,
 // defines: kv_shift_backward_gpu
 // QK-norm and RoPE
-// defines: QKNormSet, qk_norm_rope_forward_kernel, qk_norm_rope_backward_kernel, qk_norm_rope_forward_gpu,
-// defines: qk_norm_rope_backward_gpu
+// defines: QKNormSet, qk_norm_rope_forward_kernel, qk_grad_store, qk_norm_rope_backward_kernel,
+// defines: qk_norm_rope_forward_gpu, qk_norm_rope_backward_gpu
 // the forget gate
 // defines: forget_gate_forward_kernel, forget_gate_backward_kernel, forget_gate_forward_gpu,
 // defines: forget_gate_backward_gpu
@@ -5565,8 +5566,6 @@ static size_t layout_grad_buffers(GPUGradBuffers* d, const FoxConfig* cf, int B,
     return off;
 }
 
-// bytes of device memory for a model trained on (B, T) batches
-// the device bytes of -q's buffers (gpu_fp8_build): the weights' codes twice, x8, d8, xr, the scale slots
 // whether the weight gradients run in FP8 (-q): their K, the tokens N, a multiple of FP8_TM_ROWS (the
 // producers' tiles of token-major codes; Hopper's FP8 matmuls need 16), and n_embd within the RMSNorm backward's shared
 // memory with token-major codes; else bf16
@@ -5574,6 +5573,8 @@ static int fp8_wgrad8_on(const FoxConfig* cf, size_t N) {
     return N % FP8_TM_ROWS == 0 && cf->n_embd <= RMS_BWD_MAX_C_TM;
 }
 
+// the device bytes of -q's buffers (gpu_fp8_build): the weights' codes twice, x8, d8, xr, the token-major codes, the
+// scale slots
 static size_t fp8_memory_needed(const FoxConfig* cf, size_t layout_size, int B, int T) {
     size_t N = (size_t)B * T, C = (size_t)cf->n_embd, I = (size_t)cf->mlp_hidden, Vp = (size_t)cf->padded_vocab_size;
     size_t wide = C > I ? C : I, grad = Vp > 4 * C ? Vp : 4 * C, layers = g_recompute ? 1 : (size_t)cf->n_layer;
@@ -5582,7 +5583,7 @@ static size_t fp8_memory_needed(const FoxConfig* cf, size_t layout_size, int B, 
     return 2 * layout_size + N * wide * (1 + sizeof(floatX)) + N * grad + wgrad8 + (size_t)(cf->n_layer + 1) * 64 * 16;
 }
 
-// (fp8: -q's mode, its buffers counted unless off)
+// bytes of device memory for a model trained on (B, T) batches (fp8: -q's mode, its buffers counted unless off)
 static size_t gpu_memory_needed(const FoxConfig* cf, int B, int T, const Dist* dist, int fp8) {
     GPUActivations a;
     GPUGradBuffers d;
@@ -5989,7 +5990,8 @@ static const floatX* fp8_rounded_input(GPUModel* g, int use8, const floatX* x, s
 // on dout's codes (d8) and the weights' transposed codes; dout cast at its slot di (E5M2 or E4M3) first and rounded in
 // place (it feeds only these two matmuls) with cast, else its producer's epilogue did that (fp8_out). With cast, a
 // delayed dout's amax (amax, else NULL) is taken either way. With use8 and xt8 (x's token-major codes, scale slot xi)
-// the weight gradient is an FP8 matmul too, on dout's token-major codes (d8t, from its producer: fp8_out_t).
+// the weight gradient is an FP8 matmul too, on dout's token-major codes (d8t: from its producer, fp8_out_t, or for
+// dqkvg and dlogits fp8_transpose_codes_gpu).
 static void matmul_backward_q(GPUModel* g, int use8, int cast, void* dinp, cudaDataType_t dinp_type, float beta,
                               floatX* dout, int di, int e5m2, unsigned* amax, const floatX* x_w, const uint8_t* xt8,
                               int xi, int tensor, int l, int wi, size_t N, int IC, int OC) {
