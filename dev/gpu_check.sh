@@ -7,13 +7,14 @@
 #      (-q hybrid), evaluation and the optimizer included);
 #   3. bit-exact resume, without and with -q hybrid (its scales and amax histories in the state):
 #      12 steps straight against 6 steps, stop, resume, 6 steps: the losses and the final
-#      checkpoints must be equal bit for bit.
+#      checkpoints must be equal bit for bit;
+#   4. the step guard on a NaN model, without and with -q hybrid: it stops naming the tensor, or skips.
 #
 #   dev/gpu_check.sh [log dir]        (default log_gpu_check; about 12 minutes on one H200 without the two
 #                                     -f 1 runs of part 2, which add about 7 at the others' rates)
 #
 # Exit status: non-zero when a step fails. Environment: SKIP_FP32=1 skips the fp32 build; PARTS
-# (default "tests memcheck racecheck resume") runs some of them, e.g. PARTS="racecheck resume"
+# (default "tests memcheck racecheck resume guard") runs some of them, e.g. PARTS="racecheck resume"
 # (the racechecks take about 2.5 minutes each).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -21,7 +22,7 @@ LOG=${1:-log_gpu_check}
 mkdir -p "$LOG"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 FAILURES=0
-PARTS=" ${PARTS:-tests memcheck racecheck resume} "
+PARTS=" ${PARTS:-tests memcheck racecheck resume guard} "
 part() { [[ $PARTS == *" $1 "* ]]; }
 say() { echo "$@" | tee -a "$LOG/summary.txt"; }
 : > "$LOG/summary.txt"
@@ -104,5 +105,33 @@ resume_check() { # extra flags
     fi
 }
 if part resume; then resume_check; resume_check -q hybrid; fi
+
+# --- 4. the step guard on the GPU: a model whose loss and gradients are NaN from the first step (dev/nan_model.py) ---
+# must stop with a message that names the first non-finite gradient tensor and a HINT, without and with -q hybrid
+# (whose saturating casts must not hide the NaN), and with -G skip leave the weights untouched
+guard_check() { # extra flags
+    local RUN="-b 2 -t 64 -v 0 -s 0 -x 3 $*" seed="$LOG/guard_seed" nan="$LOG/guard_nan.bin"
+    rm -rf "$seed" "$LOG/guard_skip"
+    if ! ./train_fox -e fox-pro-tiny -b 2 -t 64 -x 1 -n 1 -v 0 -s 0 -o "$seed" > "$LOG/guard_seed.txt" 2>&1 ||
+        ! python3 dev/nan_model.py "$seed/model_00000001.bin" "$nan"; then
+        say "FAIL guard${*:+ ($*)}: no NaN model to start from"; FAILURES=$((FAILURES + 1)); return
+    fi
+    if ./train_fox -e "$nan" $RUN > "$LOG/guard_stop.txt" 2>&1; then
+        say "FAIL guard${*:+ ($*)}: a NaN model trained on"; FAILURES=$((FAILURES + 1))
+    elif grep -q "not finite" "$LOG/guard_stop.txt" && grep -q "the gradient of model\.\|the FP8 operand " \
+        "$LOG/guard_stop.txt" && grep -q HINT "$LOG/guard_stop.txt"; then
+        say "PASS guard -G stop${*:+ ($*)}: $(grep -m 1 'not finite' "$LOG/guard_stop.txt")"
+    else
+        say "FAIL guard -G stop${*:+ ($*)}: wrong message"; FAILURES=$((FAILURES + 1))
+    fi
+    if ./train_fox -e "$nan" $RUN -G skip -o "$LOG/guard_skip" > "$LOG/guard_skip.txt" 2>&1 &&
+        grep -q "skip:3" "$LOG/guard_skip/main.log" &&
+        cmp -s <(tail -c +1025 "$nan") <(tail -c +1025 "$LOG/guard_skip/model_00000003.bin"); then
+        say "PASS guard -G skip${*:+ ($*)}: 3 steps skipped, the weights untouched"
+    else
+        say "FAIL guard -G skip${*:+ ($*)}"; FAILURES=$((FAILURES + 1))
+    fi
+}
+if part guard; then guard_check; guard_check -q hybrid; fi
 say "gpu_check: $FAILURES failure(s)"
 [ $FAILURES -eq 0 ]
