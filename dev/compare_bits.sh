@@ -8,6 +8,7 @@
 #
 #   dev/compare_bits.sh OLD_BINARY NEW_BINARY [work dir]     (about 3 minutes on one H200)
 #   ONLY="16x2048_A0 2x16384_A1" dev/compare_bits.sh ...        (some of the four configurations)
+#   EXTRA="-q hybrid" dev/compare_bits.sh ...                    (more flags for every run: FP8 steps)
 #
 # Needs the default shards (make data). Exit status: the number of configurations that differ.
 set -u
@@ -37,7 +38,8 @@ for shape in "16 2048" "2 16384"; do
             bin=$OLD; [ $which = new ] && bin=$NEW
             dir=$WORK/${name}_$which
             rm -rf "$dir"
-            if ! "$bin" -e fox-pro-125m -b "$1" -t "$2" -x 20 -v 0 -s 0 -n 20 -A $prune -o "$dir" > "$dir.out" 2>&1; then
+            if ! "$bin" -e fox-pro-125m -b "$1" -t "$2" -x 20 -v 0 -s 0 -n 20 -A $prune ${EXTRA:-} -o "$dir" \
+                > "$dir.out" 2>&1; then
                 echo "FAIL $name: $bin did not finish (see $dir.out)"; differ=$((differ + 1)); continue 2
             fi
             grep '^s:' "$dir/main.log" | sed 's/ tokps:[0-9.]*//' > "$dir/steps.txt"
