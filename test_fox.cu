@@ -6256,14 +6256,15 @@ static void gpu_test_rmsnorm(void) {
 }
 
 #ifndef ENABLE_FP32
-// The FP8 casts (fp8_cast_gpu, fp8_cast_transpose_gpu; from fp32 and floatX) against the twin's fp8_encode, bit for
-// bit (NaN by class: the NaN code is not the twin's business): random normals times 2^-40 .. 2^40 (both formats'
-// subnormal and saturation edges at every k), the twin's thresholds (448, its tie with the NaN code 464 and above;
-// 57344, 61440; half the smallest subnormals 2^-10, 2^-17), +-0 and +-inf; k = -7, 0, 9; a part-filled 64 x 64 tile in
-// both directions. Outputs poisoned first (0xFF: a NaN code in both formats, so a code left unwritten fails unless
-// the twin's is NaN too, which the finite inputs never give). The row-major cast's rounded values (floatX) must be
-// the twin's dec(enc(x 2^k)) 2^-k bit for bit, and its amax (onto a poisoned start of 0: atomicMax) the twin's fp8_amax
-// of the inputs: inf, NaN (above inf), or without either the largest finite magnitude.
+// The FP8 casts (fp8_cast_gpu from fp32 and floatX; the weights' fp8_weights_cast_gpu, floatX to E4M3, as one block of
+// rows x cols: its row-major and transposed codes) against the twin's fp8_encode, bit for bit (NaN by class: the NaN
+// code is not the twin's business): random normals times 2^-40 .. 2^40 (both formats' subnormal and saturation edges at
+// every k), the twin's thresholds (448, its tie with the NaN code 464 and above; 57344, 61440; half the smallest
+// subnormals 2^-10, 2^-17), +-0 and +-inf; k = -7, 0, 9; a part-filled 64 x 64 tile in both directions. Outputs
+// poisoned first (0xFF: a NaN code in both formats, so a code left unwritten fails unless the twin's is NaN too, which
+// the finite inputs never give). The row-major cast's rounded values (floatX) must be the twin's dec(enc(x 2^k)) 2^-k
+// bit for bit, and its amax (onto a poisoned start of 0: atomicMax) the twin's fp8_amax of the inputs: inf, NaN (above
+// inf), or without either the largest finite magnitude.
 static void gpu_test_fp8_casts(void) {
     const int rows = 200, cols = 136;
     const size_t n = (size_t)rows * cols;
@@ -6273,20 +6274,25 @@ static void gpu_test_fp8_casts(void) {
     floatX* xh = (floatX*)malloc_check(n * sizeof(floatX), "fp8 inputs");
     float* xv = (float*)malloc_check(n * sizeof(float), "fp8 input values");
     uint8_t* got = (uint8_t*)malloc_check(n, "fp8 codes");
+    uint8_t* got_t = (uint8_t*)malloc_check(n, "fp8 codes");
     floatX* rounded = (floatX*)malloc_check(n * sizeof(floatX), "fp8 rounded values");
     uint64_t s = 8100;
     for (size_t i = 0; i < n; i++) {
         double mag = ldexp(1.0, (int)(rng_uniform(&s) * 81.0) - 40);
         x[i] = i < sizeof(edges) / sizeof(edges[0]) ? edges[i] : (float)(rng_normal(&s) * mag);
     }
-    uint8_t* out_d;
+    uint8_t *out_d, *out_t_d;
     void* x_d;
     floatX* r_d;
     unsigned* amax_d;
     int* k_d;
     cudaCheck(cudaMalloc(&out_d, n)); cudaCheck(cudaMalloc(&x_d, n * sizeof(float)));
     cudaCheck(cudaMalloc(&r_d, n * sizeof(floatX))); cudaCheck(cudaMalloc(&amax_d, sizeof(unsigned)));
-    cudaCheck(cudaMalloc(&k_d, sizeof(int)));
+    cudaCheck(cudaMalloc(&k_d, sizeof(int))); cudaCheck(cudaMalloc(&out_t_d, n));
+    Fp8Block one = {0, rows, cols, 0, 0}, *one_d; // the weights' cast of one block, its scale in slot 0
+    unsigned tiles = fp8_block_tiles(&one, 1);
+    cudaCheck(cudaMalloc(&one_d, sizeof(one)));
+    cudaCheck(cudaMemcpy(one_d, &one, sizeof(one), cudaMemcpyHostToDevice));
     int bad = 0, runs = 0, amax_bad = 0, rounded_bad = 0;
     const int ks[3] = {-7, 0, 9};
     for (int special = 0; special < 3; special++) { // +-inf; +-inf and a NaN; neither (a finite amax)
@@ -6294,18 +6300,22 @@ static void gpu_test_fp8_casts(void) {
         x[3] = special == 2 ? -2.5f : -INFINITY;
         x[777] = special == 1 ? NAN : 1.5f;
         for (size_t i = 0; i < n; i++) { xh[i] = to_floatX(x[i]); }
-        for (int v = 0; v < 24; v++) { // format, k, input type, transpose
+        for (int v = 0; v < 24; v++) { // format, k, input type, transpose (the weights' cast: floatX to E4M3 only)
             int e5m2 = v % 2, k = ks[(v / 2) % 3], bf = (v / 6) % 2, tr = v / 12;
+            if (tr && (e5m2 || !bf)) { continue; }
             const Fp8Format* f = e5m2 ? &FP8_E5M2 : &FP8_E4M3;
             for (size_t i = 0; i < n; i++) { xv[i] = bf ? to_float(xh[i]) : x[i]; }
             cudaCheck(cudaMemcpy(x_d, bf ? (const void*)xh : (const void*)x, n * (bf ? sizeof(floatX) : sizeof(float)),
                                  cudaMemcpyHostToDevice));
             cudaCheck(cudaMemcpy(k_d, &k, sizeof(int), cudaMemcpyHostToDevice));
             cudaCheck(cudaMemset(out_d, 0xFF, n));
+            cudaCheck(cudaMemset(out_t_d, 0xFF, n));
             cudaCheck(cudaMemset(r_d, 0xFF, n * sizeof(floatX)));
             cudaCheck(cudaMemset(amax_d, 0, sizeof(unsigned)));
-            if (tr && bf) { fp8_cast_transpose_gpu(out_d, (const floatX*)x_d, rows, cols, k_d, e5m2); }
-            if (tr && !bf) { fp8_cast_transpose_gpu(out_d, (const float*)x_d, rows, cols, k_d, e5m2); }
+            if (tr) {
+                fp8_weights_amax_gpu(amax_d, (const floatX*)x_d, one_d, 1, tiles);
+                fp8_weights_cast_gpu(out_d, out_t_d, (const floatX*)x_d, one_d, 1, tiles, k_d);
+            }
             // row-major casts of values lo .. hi - 1 (the rest keeps the poison): k = 0 leaves 3 values past the last
             // multiple of 8 (one a thread), k = 9 starts one value in (unaligned: every value one a thread)
             size_t lo = !tr && k == 9 ? 1 : 0, hi = !tr && k == 0 ? n - 5 : n, es = bf ? sizeof(floatX) : sizeof(float);
@@ -6314,6 +6324,7 @@ static void gpu_test_fp8_casts(void) {
             if (!tr && !bf) { fp8_cast_gpu(out_d + lo, r_d + lo, (const float*)xs, hi - lo, k_d, e5m2, amax_d); }
             unsigned amax;
             cudaCheck(cudaMemcpy(got, out_d, n, cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(got_t, out_t_d, n, cudaMemcpyDeviceToHost));
             cudaCheck(cudaMemcpy(rounded, r_d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
             cudaCheck(cudaMemcpy(&amax, amax_d, sizeof(amax), cudaMemcpyDeviceToHost));
             for (size_t i = 0; i < n; i++) {
@@ -6322,27 +6333,99 @@ static void gpu_test_fp8_casts(void) {
                     rounded_bad += !tr && *(const uint16_t*)&rounded[i] != 0xFFFF;
                     continue;
                 }
-                size_t r = i / cols, c = i % cols, at = tr ? c * rows + r : i;
+                size_t r = i / cols, c = i % cols;
                 uint8_t want = fp8_encode(xv[i] * fp8_pow2(k), f);
                 float want_value = fp8_decode(want, f) * fp8_pow2(-k);
                 int nan = isnan(want_value);
-                bad += !(nan ? isnan(fp8_decode(got[at], f)) : got[at] == want);
+                bad += !(nan ? isnan(fp8_decode(got[i], f)) : got[i] == want);
+                if (tr) { bad += !(nan ? isnan(fp8_decode(got_t[c * rows + r], f)) : got_t[c * rows + r] == want); }
                 if (!tr) {
                     float rv = to_float(rounded[i]);
                     rounded_bad += !(nan ? isnan(rv) : f32_bits(rv) == f32_bits(want_value));
                 }
             }
-            amax_bad += !tr && amax != f32_bits(fp8_amax(xv + lo, hi - lo));
+            amax_bad += amax != f32_bits(fp8_amax(xv + lo, hi - lo)); // the weights' amax too
             runs++;
         }
     }
     check(bad == 0 && amax_bad == 0 && rounded_bad == 0, "gpu fp8 casts: %d runs of %zu values (E4M3 / E5M2, k = -7, "
-          "0 (5 fewer: a tail), 9 (one value in: unaligned), fp32 / floatX in, row-major / transposed; with inf, inf "
-          "and NaN, neither): %d codes differ from the twin's fp8_encode, %d rounded values from its decoded codes, %d "
-          "amaxes from its fp8_amax", runs, n, bad, rounded_bad, amax_bad);
+          "0 (5 fewer: a tail), 9 (one value in: unaligned), fp32 / floatX in; the weights' cast, floatX to E4M3, "
+          "row-major and transposed; with inf, inf and NaN, neither): %d codes differ from the twin's fp8_encode, %d "
+          "rounded values from its decoded codes, %d amaxes from its fp8_amax", runs, n, bad, rounded_bad, amax_bad);
     cudaCheck(cudaFree(out_d)); cudaCheck(cudaFree(x_d)); cudaCheck(cudaFree(r_d)); cudaCheck(cudaFree(amax_d));
-    cudaCheck(cudaFree(k_d));
-    free(x); free(xh); free(xv); free(got); free(rounded);
+    cudaCheck(cudaFree(k_d)); cudaCheck(cudaFree(out_t_d)); cudaCheck(cudaFree(one_d));
+    free(x); free(xh); free(xv); free(got); free(got_t); free(rounded);
+}
+
+// The weights' amax and cast over a table of blocks, one launch each (fp8_weights_amax_gpu, fp8_weights_cast_gpu), as
+// gpu_fp8_step_begin runs them: three blocks in one buffer with gaps between them, two sharing a scale slot, part-
+// filled tiles in both directions (70 x 80, 64 x 144, 130 x 48), each at its own magnitude with its largest value its
+// last (the corner of its last tile; block 0's above block 1's, which share a slot) and the gaps 2^12 (any read past a
+// block shows in an amax). Slot amaxes against the twin's fp8_amax of the blocks that share them, the others left as
+// they were (7); every code, row-major and transposed, against the twin's fp8_encode at the slot's scale; the gaps
+// still the poison (0xFF) in both outputs.
+static void gpu_test_fp8_weight_blocks(void) {
+    Fp8Block b[3] = {{16, 70, 80, 1, 0}, {16 + 70 * 80 + 40, 64, 144, 1, 0}, {0, 130, 48, 3, 0}};
+    b[2].off = b[1].off + 64 * 144 + 24;
+    const size_t n = b[2].off + 130 * 48 + 8;
+    const int k[4] = {0, 2, 0, -3};
+    unsigned tiles = fp8_block_tiles(b, 3);
+    floatX* w = (floatX*)malloc_check(n * sizeof(floatX), "weights");
+    float* wv = (float*)malloc_check(n * sizeof(float), "weight values");
+    uint8_t* w8 = (uint8_t*)malloc_check(n, "codes");
+    uint8_t* w8t = (uint8_t*)malloc_check(n, "codes");
+    uint64_t s = 8200;
+    const float last[3] = {6.0f, 5.0f, 70.0f}; // each block's largest |value| (the others stay below 4.5 2^(4 blk - 5))
+    for (size_t i = 0; i < n; i++) {
+        int blk = -1;
+        for (int j = 0; j < 3; j++) { blk = i >= b[j].off && i < b[j].off + (size_t)b[j].rows * b[j].cols ? j : blk; }
+        double v = blk < 0 ? 4096.0 : rng_normal(&s) * ldexp(1.0, 4 * blk - 5);
+        v = blk >= 0 && fabs(v) > 4.5 * ldexp(1.0, 4 * blk - 5) ? 0.0 : v;
+        if (blk >= 0 && i == b[blk].off + (size_t)b[blk].rows * b[blk].cols - 1) { v = -last[blk]; }
+        w[i] = to_floatX((float)v);
+        wv[i] = to_float(w[i]);
+    }
+    floatX* w_d;
+    uint8_t *w8_d, *w8t_d;
+    unsigned* amax_d;
+    int* k_d;
+    Fp8Block* b_d;
+    cudaCheck(cudaMalloc(&w_d, n * sizeof(floatX))); cudaCheck(cudaMalloc(&w8_d, n)); cudaCheck(cudaMalloc(&w8t_d, n));
+    cudaCheck(cudaMalloc(&amax_d, 4 * sizeof(unsigned))); cudaCheck(cudaMalloc(&k_d, 4 * sizeof(int)));
+    cudaCheck(cudaMalloc(&b_d, sizeof(b)));
+    const unsigned amax0[4] = {7, 0, 7, 0};
+    cudaCheck(cudaMemcpy(w_d, w, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(amax_d, amax0, sizeof(amax0), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(k_d, k, sizeof(k), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(b_d, b, sizeof(b), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemset(w8_d, 0xFF, n));
+    cudaCheck(cudaMemset(w8t_d, 0xFF, n));
+    fp8_weights_amax_gpu(amax_d, w_d, b_d, 3, tiles);
+    fp8_weights_cast_gpu(w8_d, w8t_d, w_d, b_d, 3, tiles, k_d);
+    unsigned amax[4];
+    cudaCheck(cudaMemcpy(amax, amax_d, sizeof(amax), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(w8, w8_d, n, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(w8t, w8t_d, n, cudaMemcpyDeviceToHost));
+    float a01 = fp8_max(fp8_amax(wv + b[0].off, 70 * 80), fp8_amax(wv + b[1].off, 64 * 144));
+    int amax_bad = (amax[0] != 7) + (amax[2] != 7) + (amax[1] != f32_bits(a01)) +
+                   (amax[3] != f32_bits(fp8_amax(wv + b[2].off, 130 * 48)));
+    size_t bad = 0, gap_bad = 0, inside = 0;
+    for (size_t i = 0; i < n; i++) {
+        int blk = -1;
+        for (int j = 0; j < 3; j++) { blk = i >= b[j].off && i < b[j].off + (size_t)b[j].rows * b[j].cols ? j : blk; }
+        if (blk < 0) { gap_bad += (w8[i] != 0xFF) + (w8t[i] != 0xFF); continue; }
+        size_t e = i - b[blk].off, r = e / b[blk].cols, c = e % b[blk].cols;
+        uint8_t want = fp8_encode(wv[i] * fp8_pow2(k[b[blk].slot]), &FP8_E4M3);
+        bad += (w8[i] != want) + (w8t[b[blk].off + c * b[blk].rows + r] != want);
+        inside++;
+    }
+    check(amax_bad == 0 && bad == 0 && gap_bad == 0, "gpu fp8 weight blocks: 3 blocks (70 x 80, 64 x 144 on one slot; "
+          "130 x 48), %u tiles in one launch each: %d slot amaxes wrong, %zu of %zu values' codes (row-major and "
+          "transposed) differ from the twin's fp8_encode, %zu bytes written outside the blocks", tiles, amax_bad, bad,
+          2 * inside, gap_bad);
+    cudaCheck(cudaFree(w_d)); cudaCheck(cudaFree(w8_d)); cudaCheck(cudaFree(w8t_d)); cudaCheck(cudaFree(amax_d));
+    cudaCheck(cudaFree(k_d)); cudaCheck(cudaFree(b_d));
+    free(w); free(wv); free(w8); free(w8t);
 }
 
 // FP8 matmuls (matmul_fp8_gpu) against fp64 on the same codes: random E4M3 w (M, K) and E4M3 or E5M2 x (N, K), decoded
@@ -7759,6 +7842,7 @@ static void run_gpu_fp8_tests(void) {
     if (g_lt == NULL) { gpu_init(); } // run_gpu_tests may have done it
     printf("GPU FP8 tests on %s\n", g_prop.name);
     gpu_test_fp8_casts();
+    gpu_test_fp8_weight_blocks();
     gpu_test_fp8_matmul();
     gpu_test_fp8_token_major();
     gpu_test_fp8_steps();

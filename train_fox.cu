@@ -44,7 +44,7 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: FP8_TM_ROWS, fp8_stage_put, fp8_transpose4, fp8_stage_write, fp8_transpose_codes_kernel,
 // defines: fp8_transpose_codes_gpu;
 // defines: bf16 build: fp8_in, fp8_scale_exp_gpu, fp8_amax_kernel, fp8_load8, fp8_cast_one, fp8_cast_kernel,
-// defines: fp8_cast_transpose_kernel, fp8_blocks, fp8_amax_gpu, fp8_cast_gpu, fp8_cast_transpose_gpu, matmul_fp8_gpu;
+// defines: fp8_blocks, fp8_amax_gpu, fp8_cast_gpu, matmul_fp8_gpu;
 // defines: fp8_tm_check
 // RMSNorm and column sums
 // defines: rmsnorm_forward_row, rmsnorm_forward_kernel, rmsnorm_backward_kernel, colsum_partial_kernel,
@@ -86,17 +86,18 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // data parallel
 // defines: Dist, dist_init, dist_free, dist_wait, dist_sum, dist_sum_scalar, dist_sum_loss, dist_check_same
 // the GPU model
-// defines: GPUActivations, GPUGradBuffers, RangeList, ParamLayout, StepGraph, Fp8Gpu, fp8_delayed_at, fp8_norm_at,
-// defines: fp8_weight_at, fp8_dlogits_at, fp8_index_count, GPUModel, qkvg_slots
+// defines: GPUActivations, GPUGradBuffers, RangeList, ParamLayout, StepGraph, Fp8Block, Fp8Gpu, fp8_delayed_at,
+// defines: fp8_norm_at, fp8_weight_at, fp8_dlogits_at, fp8_index_count, GPUModel, qkvg_slots
 // the GPU's parameter layout
 // defines: layout_params, slice_offset, pm, px, pg, gpu_upload, gpu_download, adamw_segments, layout_activations,
 // defines: layout_grad_buffers, fp8_wgrad8_on, fp8_memory_needed, gpu_memory_needed, gpu_config_problem,
 // defines: gpu_build_dist, gpu_build, gpu_free
 // FP8 matmuls of a training step (-q)
-// defines: bf16 build: fp8_scales_kernel, gpu_fp8_build, gpu_fp8_free, Fp8Block, fp8_weight_blocks,
-// defines: gpu_fp8_step_begin, gpu_fp8_amax_to_host; fp8_rounds, fp8_calibrating, fp8_amax_slot, fp8_slot_e5m2,
-// defines: fp8_inv, fp8_out, matmul_forward_q, fp8_wgrad8, fp8_x8t, fp8_wgrad8_o, fp8_wgrad8_qkvg, fp8_wgrad8_head,
-// defines: fp8_out_t, fp8_dres_down, fp8_rounded_input, matmul_backward_q
+// defines: bf16 build: fp8_scales_kernel, fp8_weight_blocks, fp8_block_of, fp8_weights_amax_kernel,
+// defines: fp8_weights_cast_kernel, fp8_block_tiles, fp8_weights_amax_gpu, fp8_weights_cast_gpu, gpu_fp8_build,
+// defines: gpu_fp8_free, gpu_fp8_step_begin, gpu_fp8_amax_to_host, fp8_inv; fp8_rounds, fp8_calibrating,
+// defines: fp8_amax_slot, fp8_slot_e5m2, fp8_out, matmul_forward_q, fp8_wgrad8, fp8_x8t, fp8_wgrad8_o,
+// defines: fp8_wgrad8_qkvg, fp8_wgrad8_head, fp8_out_t, fp8_dres_down, fp8_rounded_input, matmul_backward_q
 // forward and backward of the whole model
 // defines: LayerActs, layer_acts, head_proj_layer, gpu_docs, kv_shift_forward_layer, qk_norm_rope_forward_layer,
 // defines: output_norm_gate_forward_layer, LayerFp8, layer_fp8, gpu_recompute_layer, document_ends,
@@ -776,7 +777,7 @@ static void matmul_backward_weight_gpu(float* dw, const floatX* dout, const floa
 // is the same bits whatever the blocks' order (no sum is formed). Hopper's FP8 matmuls take both operands K-major:
 // out (N, M) = x (N, K) w (M, K)^T (matmul_fp8_gpu); an input gradient reads the weights' transposed copy.
 #include <cuda_fp8.h>
-#define FP8_TILE 64 // the transposing cast's tile: 64 x 64 values through shared memory
+#define FP8_TILE 64 // the weights' cast's tile: 64 x 64 values through shared memory (fp8_weights_cast_kernel)
 
 __device__ static inline uint8_t fp8_code(float x, int e5m2) {
     return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
@@ -1008,25 +1009,6 @@ __global__ void fp8_cast_kernel(uint8_t* codes, floatX* rounded, const T* x, siz
     fp8_block_amax(mx, amax);
 }
 
-// out (cols, rows) = enc(x 2^k)^T for x (rows, cols) through a 64 x 64 tile: reads along x's rows, writes along out's
-template <typename T>
-__global__ void fp8_cast_transpose_kernel(uint8_t* out, const T* x, int rows, int cols, const int* k, int e5m2) {
-    __shared__ uint8_t tile[FP8_TILE][FP8_TILE + 4];
-    float up = fp8_pow2_gpu(*k);
-    int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
-    for (int i = threadIdx.x; i < FP8_TILE * FP8_TILE; i += blockDim.x) {
-        int r = i / FP8_TILE, c = i % FP8_TILE;
-        if (r0 + r < rows && c0 + c < cols) {
-            tile[c][r] = fp8_code(fp8_in(x[(size_t)(r0 + r) * cols + c0 + c]) * up, e5m2);
-        }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < FP8_TILE * FP8_TILE; i += blockDim.x) {
-        int c = i / FP8_TILE, r = i % FP8_TILE;
-        if (r0 + r < rows && c0 + c < cols) { out[(size_t)(c0 + c) * rows + r0 + r] = tile[c][r]; }
-    }
-}
-
 static unsigned fp8_blocks(size_t n) {
     size_t b = ceil_div(n, (size_t)256);
     return (unsigned)(b < 1024 ? (b > 0 ? b : 1) : 1024);
@@ -1043,13 +1025,6 @@ static void fp8_cast_gpu(uint8_t* codes, floatX* rounded, const T* x, size_t n, 
                          unsigned* amax) {
     int vec = (uintptr_t)x % 16 == 0 && (uintptr_t)rounded % 16 == 0 && (uintptr_t)codes % 8 == 0;
     fp8_cast_kernel<T><<<fp8_blocks(n / (vec ? 8 : 1)), 256>>>(codes, rounded, x, n, k, e5m2, amax, vec);
-    launchCheck();
-}
-
-template <typename T>
-static void fp8_cast_transpose_gpu(uint8_t* out, const T* x, int rows, int cols, const int* k, int e5m2) {
-    dim3 grid((unsigned)ceil_div((size_t)cols, (size_t)FP8_TILE), (unsigned)ceil_div((size_t)rows, (size_t)FP8_TILE));
-    fp8_cast_transpose_kernel<T><<<grid, 256>>>(out, x, rows, cols, k, e5m2);
     launchCheck();
 }
 
@@ -5186,6 +5161,9 @@ static void step_graph_drop(StepGraph* sg) {
 // (L, FP8_WEIGHTS) and the lm head's, dlogits'.
 enum { FP8_N_XA, FP8_N_Y, FP8_N_XM, FP8_NORMS };                  // a layer's RMSNorm outputs (y: the output norm's)
 enum { FP8_W_QKVG, FP8_W_O, FP8_W_GU, FP8_W_DOWN, FP8_WEIGHTS };   // a layer's weight groups (q, k, v, g share one)
+// One FP8 weight block: rows x cols at a matmul-copy offset, its group's scale slot, and its first FP8_TILE x FP8_TILE
+// tile in the one grid over every block's tiles (fp8_weights_amax_kernel, fp8_weights_cast_kernel)
+typedef struct { size_t off; int rows, cols, slot; unsigned tile0; } Fp8Block;
 typedef struct {
     int on;             // allocated: the host model's mode is not off
     uint8_t* w8;        // (layout.size) E4M3 codes of the FP8 matmuls' weights, at the matmul copy's offsets
@@ -5203,6 +5181,9 @@ typedef struct {
     unsigned* amax;     // (fp8_index_count) amaxes as magnitude bits: the step's delayed operands', norms', weights'
     int* k_host;        // (fp8_index_count) staging for the host's scales
     unsigned* amax_host; // (L, FP8_SLOTS) staging for the step's amaxes
+    Fp8Block* blocks;   // (nblocks) the weight blocks (fp8_weight_blocks), in tile order
+    int nblocks;
+    unsigned tiles;     // the weight blocks' tiles in all
 } Fp8Gpu;
 
 #define FP8_INV_STRIDE 4 // floats between two slots' dequantisation scales (cuBLASLt reads each by pointer)
@@ -5764,6 +5745,108 @@ __global__ void fp8_scales_kernel(int* k, float* inv, const unsigned* amax, int 
     inv[FP8_INV_STRIDE * i] = fp8_pow2_gpu(-k[i]);
 }
 
+// the FP8 matmuls' weight blocks (at most FP8_WEIGHTS + 3 per layer, and the lm head): q, k, v, g as one block where
+// the layout groups them (qkvg_slots), alone otherwise, sharing the group's scale either way
+static int fp8_weight_blocks(const GPUModel* g, Fp8Block* b) {
+    const FoxConfig* cf = &g->config;
+    int L = cf->n_layer, C = cf->n_embd, I = cf->mlp_hidden, n = 0;
+    for (int l = 0; l < L; l++) {
+        int slot[4], F = qkvg_slots(cf, slot), first = -1;
+        for (int j = 0; j < 4; j++) { first = slot[j] == 0 ? QKVG_TENSORS[j] : first; }
+        int group = fp8_weight_at(L, l, FP8_W_QKVG);
+        if (F > 0) { b[n++] = (Fp8Block){slice_offset(g, first, l), F * C, C, group, 0}; }
+        for (int j = 0; j < 4; j++) {
+            if (slot[j] < 0 && (j < 3 || cf->output_gate)) {
+                b[n++] = (Fp8Block){slice_offset(g, QKVG_TENSORS[j], l), C, C, group, 0};
+            }
+        }
+        b[n++] = (Fp8Block){slice_offset(g, P_WO, l), C, C, fp8_weight_at(L, l, FP8_W_O), 0};
+        b[n++] = (Fp8Block){slice_offset(g, P_WGU, l), 2 * I, C, fp8_weight_at(L, l, FP8_W_GU), 0};
+        b[n++] = (Fp8Block){slice_offset(g, P_WDOWN, l), C, I, fp8_weight_at(L, l, FP8_W_DOWN), 0};
+    }
+    if (g->host->fp8.mode != FP8_MODE_BODY) {
+        b[n++] = (Fp8Block){slice_offset(g, P_LM_HEAD, 0), cf->padded_vocab_size, C, fp8_weight_at(L, L, 0),
+                             0};
+    }
+    return n;
+}
+
+// the block that holds tile t of the grid over blocks (nb >= 1, in tile order): the last with tile0 <= t
+__device__ static inline Fp8Block fp8_block_of(const Fp8Block* blocks, int nb, unsigned t) {
+    int lo = 0, hi = nb - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (blocks[mid].tile0 <= t) { lo = mid; } else { hi = mid - 1; }
+    }
+    return blocks[lo];
+}
+
+// the amax of every weight block's floatX copy into its group's slot, one launch: a CTA a tile (fp8_block_of), its
+// max by fp8_block_amax (atomicMax of magnitude bits: the same in any order)
+__global__ void fp8_weights_amax_kernel(unsigned* amax, const floatX* w, const Fp8Block* blocks, int nb) {
+    Fp8Block b = fp8_block_of(blocks, nb, blockIdx.x);
+    int tc = ceil_div(b.cols, FP8_TILE), t = (int)(blockIdx.x - b.tile0);
+    int r0 = (t / tc) * FP8_TILE, c0 = (t % tc) * FP8_TILE;
+    unsigned mx = 0;
+    for (int i = threadIdx.x; i < FP8_TILE * FP8_TILE; i += blockDim.x) {
+        int r = r0 + i / FP8_TILE, c = c0 + i % FP8_TILE;
+        if (r < b.rows && c < b.cols) {
+            unsigned a = __float_as_uint(to_float(w[b.off + (size_t)r * b.cols + c])) & 0x7FFFFFFFu;
+            mx = a > mx ? a : mx;
+        }
+    }
+    fp8_block_amax(mx, amax + b.slot);
+}
+
+// every weight block's E4M3 codes at its group's scale 2^k[slot], row-major into w8 and transposed ((cols, rows))
+// into w8t at the block's offset, one launch and one read of the weights: a CTA a tile through shared memory. The
+// codes of fp8_cast_kernel, bit for bit (the same fp8_code of the same product).
+__global__ void fp8_weights_cast_kernel(uint8_t* w8, uint8_t* w8t, const floatX* w, const Fp8Block* blocks, int nb,
+                                        const int* k) {
+    __shared__ uint8_t tile[FP8_TILE][FP8_TILE + 4];
+    Fp8Block b = fp8_block_of(blocks, nb, blockIdx.x);
+    int tc = ceil_div(b.cols, FP8_TILE), t = (int)(blockIdx.x - b.tile0);
+    int r0 = (t / tc) * FP8_TILE, c0 = (t % tc) * FP8_TILE;
+    float up = fp8_pow2_gpu(k[b.slot]);
+    for (int i = threadIdx.x; i < FP8_TILE * FP8_TILE; i += blockDim.x) {
+        int r = i / FP8_TILE, c = i % FP8_TILE;
+        if (r0 + r < b.rows && c0 + c < b.cols) {
+            size_t at = b.off + (size_t)(r0 + r) * b.cols + c0 + c;
+            uint8_t code = fp8_code(to_float(w[at]) * up, 0);
+            w8[at] = code;
+            tile[c][r] = code;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < FP8_TILE * FP8_TILE; i += blockDim.x) {
+        int c = i / FP8_TILE, r = i % FP8_TILE;
+        if (r0 + r < b.rows && c0 + c < b.cols) { w8t[b.off + (size_t)(c0 + c) * b.rows + r0 + r] = tile[c][r]; }
+    }
+}
+
+// the weight blocks' tiles: each block's tile0 set in order; returns the total
+static unsigned fp8_block_tiles(Fp8Block* b, int nb) {
+    unsigned tiles = 0;
+    for (int i = 0; i < nb; i++) {
+        b[i].tile0 = tiles;
+        size_t across = ceil_div((size_t)b[i].cols, (size_t)FP8_TILE);
+        tiles += (unsigned)(ceil_div((size_t)b[i].rows, (size_t)FP8_TILE) * across);
+    }
+    return tiles;
+}
+
+// blocks: a device copy of nb blocks whose tile0 fp8_block_tiles set (tiles in all)
+static void fp8_weights_amax_gpu(unsigned* amax, const floatX* w, const Fp8Block* blocks, int nb, unsigned tiles) {
+    fp8_weights_amax_kernel<<<tiles, 256>>>(amax, w, blocks, nb);
+    launchCheck();
+}
+
+static void fp8_weights_cast_gpu(uint8_t* w8, uint8_t* w8t, const floatX* w, const Fp8Block* blocks, int nb,
+                                 unsigned tiles, const int* k) {
+    fp8_weights_cast_kernel<<<tiles, 256>>>(w8, w8t, w, blocks, nb, k);
+    launchCheck();
+}
+
 // Allocates the FP8 buffers when the host model has a mode (-q); every FP8 matmul's K must be a multiple of 16.
 static void gpu_fp8_build(GPUModel* g, int B, int T) {
     const FoxConfig* cf = &g->config;
@@ -5799,6 +5882,13 @@ static void gpu_fp8_build(GPUModel* g, int B, int T) {
     cudaCheck(cudaMemset(q->k, 0, n * sizeof(int)));
     q->k_host = (int*)calloc_check(n, sizeof(int), "FP8 scales");
     q->amax_host = (unsigned*)calloc_check(n, sizeof(unsigned), "FP8 amaxes");
+    size_t most = (size_t)cf->n_layer * (FP8_WEIGHTS + 3) + 1; // fp8_weight_blocks' bound
+    Fp8Block* b = (Fp8Block*)malloc_check(most * sizeof(Fp8Block), "FP8 blocks");
+    q->nblocks = fp8_weight_blocks(g, b);
+    q->tiles = fp8_block_tiles(b, q->nblocks);
+    q->blocks = (Fp8Block*)gpu_malloc((size_t)q->nblocks * sizeof(Fp8Block), "FP8 weight blocks");
+    cudaCheck(cudaMemcpy(q->blocks, b, (size_t)q->nblocks * sizeof(Fp8Block), cudaMemcpyHostToDevice));
+    free(b);
 }
 
 static void gpu_fp8_free(GPUModel* g) {
@@ -5807,36 +5897,9 @@ static void gpu_fp8_free(GPUModel* g) {
     cudaCheck(cudaFree(q->w8)); cudaCheck(cudaFree(q->w8t)); cudaCheck(cudaFree(q->x8)); cudaCheck(cudaFree(q->d8));
     cudaCheck(cudaFree(q->xr)); cudaCheck(cudaFree(q->k)); cudaCheck(cudaFree(q->inv)); cudaCheck(cudaFree(q->amax));
     cudaCheck(cudaFree(q->x8t)); cudaCheck(cudaFree(q->xf8t)); cudaCheck(cudaFree(q->d8t));
+    cudaCheck(cudaFree(q->blocks));
     free(q->k_host); free(q->amax_host);
     memset(q, 0, sizeof(*q));
-}
-
-// One FP8 weight block: rows x cols at a matmul-copy offset, its group's scale slot
-typedef struct { size_t off; int rows, cols, slot; } Fp8Block;
-
-// the FP8 matmuls' weight blocks (at most FP8_WEIGHTS + 3 per layer, and the lm head): q, k, v, g as one block where
-// the layout groups them (qkvg_slots), alone otherwise, sharing the group's scale either way
-static int fp8_weight_blocks(const GPUModel* g, Fp8Block* b) {
-    const FoxConfig* cf = &g->config;
-    int L = cf->n_layer, C = cf->n_embd, I = cf->mlp_hidden, n = 0;
-    for (int l = 0; l < L; l++) {
-        int slot[4], F = qkvg_slots(cf, slot), first = -1;
-        for (int j = 0; j < 4; j++) { first = slot[j] == 0 ? QKVG_TENSORS[j] : first; }
-        int group = fp8_weight_at(L, l, FP8_W_QKVG);
-        if (F > 0) { b[n++] = (Fp8Block){slice_offset(g, first, l), F * C, C, group}; }
-        for (int j = 0; j < 4; j++) {
-            if (slot[j] < 0 && (j < 3 || cf->output_gate)) {
-                b[n++] = (Fp8Block){slice_offset(g, QKVG_TENSORS[j], l), C, C, group};
-            }
-        }
-        b[n++] = (Fp8Block){slice_offset(g, P_WO, l), C, C, fp8_weight_at(L, l, FP8_W_O)};
-        b[n++] = (Fp8Block){slice_offset(g, P_WGU, l), 2 * I, C, fp8_weight_at(L, l, FP8_W_GU)};
-        b[n++] = (Fp8Block){slice_offset(g, P_WDOWN, l), C, I, fp8_weight_at(L, l, FP8_W_DOWN)};
-    }
-    if (g->host->fp8.mode != FP8_MODE_BODY) {
-        b[n++] = (Fp8Block){slice_offset(g, P_LM_HEAD, 0), cf->padded_vocab_size, C, fp8_weight_at(L, L, 0)};
-    }
-    return n;
 }
 
 // The start of an FP8 step's micro-steps on the GPU, after the host's fp8_step_begin (and calibration): the delayed
@@ -5857,19 +5920,10 @@ static void gpu_fp8_step_begin(GPUModel* g, float loss_scale, size_t N) {
         fp8_amax_gpu(q->amax + fp8_norm_at(L, l, FP8_N_XM), pm(g, P_MLP_NORM, l), (size_t)C);
     }
     fp8_amax_gpu(q->amax + fp8_norm_at(L, L, 0), pm(g, P_NORM_F, 0), (size_t)C);
-    Fp8Block* b = (Fp8Block*)malloc_check(((size_t)L * (FP8_WEIGHTS + 3) + 1) * sizeof(Fp8Block), "FP8 blocks");
-    int nb = fp8_weight_blocks(g, b);
-    for (int i = 0; i < nb; i++) {
-        fp8_amax_gpu(q->amax + b[i].slot, g->params_x + b[i].off, (size_t)b[i].rows * b[i].cols);
-    }
+    fp8_weights_amax_gpu(q->amax, g->params_x, q->blocks, q->nblocks, q->tiles);
     fp8_scales_kernel<<<ceil_div(n, 256), 256>>>(q->k, q->inv, q->amax, L, C, C / cf->n_head);
     launchCheck();
-    for (int i = 0; i < nb; i++) {
-        const floatX* w = g->params_x + b[i].off;
-        fp8_cast_gpu(q->w8 + b[i].off, (floatX*)NULL, w, (size_t)b[i].rows * b[i].cols, q->k + b[i].slot, 0, NULL);
-        fp8_cast_transpose_gpu(q->w8t + b[i].off, w, b[i].rows, b[i].cols, q->k + b[i].slot, 0);
-    }
-    free(b);
+    fp8_weights_cast_gpu(q->w8, q->w8t, g->params_x, q->blocks, q->nblocks, q->tiles, q->k);
     cudaCheck(cudaMemset(q->amax, 0, (size_t)L * FP8_SLOTS * sizeof(unsigned))); // the delayed ones, for the step
 }
 
@@ -5884,10 +5938,9 @@ static void gpu_fp8_amax_to_host(GPUModel* g) {
     }
 }
 
-#endif
-
 // slot i's dequantisation scale 2^-k, for a matmul
 static const float* fp8_inv(const Fp8Gpu* q, int i) { return q->inv + FP8_INV_STRIDE * i; }
+#endif
 
 // whether this pass's FP8 matmuls round (a training micro-step with -q), or only take the delayed operands' amaxes
 // (the calibration's pass); neither outside a training step (validation, evaluation, tests' plain passes)
