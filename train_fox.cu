@@ -96,8 +96,8 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: bf16 build: fp8_scales_kernel, fp8_weight_blocks, fp8_block_of, fp8_weights_amax_kernel,
 // defines: fp8_weights_cast_kernel, fp8_block_tiles, fp8_weights_amax_gpu, fp8_weights_cast_gpu, gpu_fp8_build,
 // defines: gpu_fp8_free, gpu_fp8_step_begin, gpu_fp8_amax_to_host, fp8_inv; fp8_rounds, fp8_calibrating,
-// defines: fp8_amax_slot, fp8_slot_e5m2, fp8_out, matmul_forward_q, fp8_wgrad8, fp8_x8t, fp8_wgrad8_o,
-// defines: fp8_wgrad8_qkvg, fp8_wgrad8_head, fp8_out_t, fp8_dres_down, fp8_rounded_input, matmul_backward_q
+// defines: fp8_amax_slot, fp8_slot_e5m2, fp8_out, matmul_forward_q, fp8_wgrad8, fp8_wgrad8_o, fp8_wgrad8_qkvg,
+// defines: fp8_wgrad8_head, FP8_T_XM, fp8_x8t, fp8_out_t, fp8_dres_down, fp8_rounded_input, matmul_backward_q
 // forward and backward of the whole model
 // defines: LayerActs, layer_acts, head_proj_layer, gpu_docs, kv_shift_forward_layer, qk_norm_rope_forward_layer,
 // defines: output_norm_gate_forward_layer, LayerFp8, layer_fp8, gpu_recompute_layer, document_ends,
@@ -5989,14 +5989,6 @@ static int fp8_wgrad8(const GPUModel* g) {
     return g->fp8.wgrad8 && fp8_rounds(g) && (size_t)g->B * g->T % FP8_TM_ROWS == 0;
 }
 
-// layer l's token-major codes of xm (C, N), act (I, N), y (C, N) and xa (C, N) from there, for the FP8 weight
-// gradients of W_gu, W_down, W_o and W_qkvg; NULL without
-static uint8_t* fp8_x8t(const GPUModel* g, int l) {
-    if (!fp8_wgrad8(g)) { return NULL; }
-    size_t N = (size_t)g->B * g->T, CI = 3 * (size_t)g->config.n_embd + (size_t)g->config.mlp_hidden;
-    return g->fp8.x8t + (g->acts.recompute ? 0 : (size_t)l) * N * CI;
-}
-
 // whether W_o's weight gradient is FP8 too: y from the output norm or gate, which can write its token-major codes
 static int fp8_wgrad8_o(const GPUModel* g) {
     const FoxConfig* cf = &g->config;
@@ -6012,6 +6004,20 @@ static int fp8_wgrad8_qkvg(const GPUModel* g) {
 
 // whether the lm head's weight gradient is FP8: dlogits' codes transposed after the cross-entropy
 static int fp8_wgrad8_head(const GPUModel* g) { return fp8_wgrad8(g) && g->host->fp8.mode != FP8_MODE_BODY; }
+
+// the forward inputs whose token-major codes x8t holds, in its order: xm (C, N), act (I, N), y (C, N), xa (C, N)
+enum { FP8_T_XM, FP8_T_ACT, FP8_T_Y, FP8_T_XA };
+
+// layer l's token-major codes of forward input `which` (FP8_T_*), for the FP8 weight gradient of W_gu, W_down, W_o or
+// W_qkvg; NULL where that weight gradient is not FP8 (the producer then writes none)
+static uint8_t* fp8_x8t(const GPUModel* g, int l, int which) {
+    if (!fp8_wgrad8(g) || (which == FP8_T_Y && !fp8_wgrad8_o(g)) || (which == FP8_T_XA && !fp8_wgrad8_qkvg(g))) {
+        return NULL;
+    }
+    size_t N = (size_t)g->B * g->T, C = (size_t)g->config.n_embd, I = (size_t)g->config.mlp_hidden;
+    size_t at[4] = {0, C, C + I, 2 * C + I}; // FP8_T_* within a layer's (3C + I, N)
+    return g->fp8.x8t + ((g->acts.recompute ? 0 : (size_t)l) * (3 * C + I) + at[which]) * N;
+}
 
 // an output gradient's epilogue (-q) with its token-major codes too (d8t) where the weight gradient is FP8 (and then
 // its floatX values dropped: the gradient feeds only FP8 matmuls)
@@ -6190,19 +6196,12 @@ static LayerFp8 layer_fp8(GPUModel* g, const LayerActs* p, int l) {
     f.y = fp8_out(g, r8, g->fp8.x8, f.y_i, 0, 1, cf->output_norm ? NULL : fp8_amax_slot(g, l, FP8_Y));
     f.xm = fp8_out(g, r8, g->fp8.x8, fp8_norm_at(L, l, FP8_N_XM), 0, 1, NULL);
     f.act = fp8_out(g, r8, g->fp8.x8, fp8_delayed_at(l, FP8_ACT), 0, 1, fp8_amax_slot(g, l, FP8_ACT));
-    uint8_t* t8 = fp8_x8t(g, l); // FP8 weight gradients: xm's, act's (and y's) token-major codes too
-    size_t N = (size_t)g->B * g->T;
-    if (t8 != NULL) { // and their floatX values not stored: only FP8 matmuls read them
-        f.xm.codes_t = t8; f.act.codes_t = t8 + N * cf->n_embd;
-        f.xm.drop = f.act.drop = 1;
-    }
-    if (t8 != NULL && fp8_wgrad8_o(g)) {
-        f.y.codes_t = t8 + N * (cf->n_embd + cf->mlp_hidden);
-        f.y.drop = 1;
-    }
-    if (t8 != NULL && fp8_wgrad8_qkvg(g)) { // xa stays: the head projections read it
-        f.xa.codes_t = t8 + N * (2 * cf->n_embd + cf->mlp_hidden);
-    }
+    // FP8 weight gradients: the token-major codes too, and the floatX values not stored where only FP8 matmuls read
+    // them (xa stays: the head projections read it)
+    f.xm.codes_t = fp8_x8t(g, l, FP8_T_XM); f.act.codes_t = fp8_x8t(g, l, FP8_T_ACT);
+    f.y.codes_t = fp8_x8t(g, l, FP8_T_Y); f.xa.codes_t = fp8_x8t(g, l, FP8_T_XA);
+    f.xm.drop = f.act.drop = f.xm.codes_t != NULL;
+    f.y.drop = f.y.codes_t != NULL;
     return f;
 }
 
@@ -6415,15 +6414,15 @@ static void gpu_backward_kernels(GPUModel* g) {
         if (a.recompute) { gpu_recompute_layer(g, &p, l); }
         floatX* xa = p.xa;
         // MLP: dresid passes through the residual add unchanged
-        uint8_t* t8 = fp8_x8t(g, l); // xm's and act's token-major codes: FP8 weight gradients (NULL: bf16)
         matmul_backward_q(g, r8, 0, d.dact, CUDA_R_X, 0.0f, d.dresid_x, fp8_delayed_at(l, FP8_DRES_DOWN),
-                          fp8_slot_e5m2(g, FP8_DRES_DOWN), NULL, p.act, t8 != NULL ? t8 + NC : NULL,
+                          fp8_slot_e5m2(g, FP8_DRES_DOWN), NULL, p.act, fp8_x8t(g, l, FP8_T_ACT),
                           fp8_delayed_at(l, FP8_ACT), P_WDOWN, l, fp8_weight_at(L, l, FP8_W_DOWN), N, I, C);
         int dgu_i = fp8_delayed_at(l, FP8_DGU), dgu_e5m2 = fp8_slot_e5m2(g, FP8_DGU);
         swiglu_backward_gpu(d.dgu, d.dact, p.gu, N, I,
                             fp8_out_t(g, g->fp8.d8, dgu_i, dgu_e5m2, fp8_amax_slot(g, l, FP8_DGU)));
-        matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, 0.0f, d.dgu, dgu_i, dgu_e5m2, NULL, p.xm, t8,
-                          fp8_norm_at(L, l, FP8_N_XM), P_WGU, l, fp8_weight_at(L, l, FP8_W_GU), N, C, 2 * I);
+        matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, 0.0f, d.dgu, dgu_i, dgu_e5m2, NULL, p.xm,
+                          fp8_x8t(g, l, FP8_T_XM), fp8_norm_at(L, l, FP8_N_XM), P_WGU, l, fp8_weight_at(L, l, FP8_W_GU),
+                          N, C, 2 * I);
         int dres_o = fp8_delayed_at(l, FP8_DRES_O), dres_o_e5m2 = fp8_slot_e5m2(g, FP8_DRES_O);
         int o8t = fp8_wgrad8_o(g); // W_o's weight gradient FP8 too: dresid_x's token-major codes
         rmsnorm_backward_gpu(d.dresid, d.dresid_x, d.partial, pg(g, P_MLP_NORM, l), d.dxn, p.resid_mid,
@@ -6443,7 +6442,7 @@ static void gpu_backward_kernels(GPUModel* g) {
         }
         const floatX* y_w = f.y_cast ? fp8_rounded_input(g, r8, p.y, NC, f.y_i) : p.y;
         matmul_backward_q(g, r8, 0, d.dy, CUDA_R_X, 0.0f, d.dresid_x, dres_o, dres_o_e5m2, NULL, y_w,
-                          o8t ? t8 + NC + N * I : NULL, f.y_i, P_WO, l,
+                          fp8_x8t(g, l, FP8_T_Y), f.y_i, P_WO, l,
                           fp8_weight_at(L, l, FP8_W_O), N, C, C);
         if (cf->output_norm || cf->output_gate) {
             output_norm_gate_backward_gpu(d.d_o, draw[3], W, d.don, d.attn_scratch + 2 * NH, d.dy, p.o, p.o_normed,
@@ -6493,7 +6492,7 @@ static void gpu_backward_kernels(GPUModel* g) {
         if (F > 0) { // its blocks' producers wrote the codes and the amax
             if (qkvg8) { fp8_transpose_codes_gpu(g->fp8.d8t, g->fp8.d8, N, W); }
             matmul_backward_q(g, r8, 0, d.dxn, CUDA_R_32F, beta, d.dqkvg, dq_i, dq_e5m2, NULL, xa_w,
-                              qkvg8 ? t8 + NC * 2 + N * I : NULL, fp8_norm_at(L, l, FP8_N_XA), first, l,
+                              fp8_x8t(g, l, FP8_T_XA), fp8_norm_at(L, l, FP8_N_XA), first, l,
                               fp8_weight_at(L, l, FP8_W_QKVG), N, C, W);
             beta = 1.0f;
         }
