@@ -40,9 +40,9 @@ optimiser, generation) calls launchers only. The fused attention kernels keep th
 // defines: pattern_gpu, matmul_typed, matmul_lt, matmul_forward_gpu, matmul_backward_input_gpu,
 // defines: matmul_backward_weight_gpu
 // FP8 operands
-// defines: fp8_code, fp8_value, fp8_pow2_gpu, fp8_warp_amax, fp8_block_amax, Fp8Out, fp8_pick, fp8_pack,
-// defines: FP8_TM_ROWS, fp8_stage_put, fp8_transpose4, fp8_stage_write, fp8_transpose_codes_kernel,
-// defines: fp8_transpose_codes_gpu;
+// defines: fp8_code, fp8_value, fp8_code2, fp8_value2, fp8_pow2_gpu, fp8_warp_amax, fp8_block_amax, Fp8Out,
+// defines: fp8_pick, fp8_pack, FP8_TM_ROWS, fp8_stage_put, fp8_transpose4, fp8_stage_write,
+// defines: fp8_transpose_codes_kernel, fp8_transpose_codes_gpu;
 // defines: bf16 build: fp8_in, fp8_scale_exp_gpu, fp8_amax_kernel, fp8_load8, fp8_cast_one, fp8_cast_kernel,
 // defines: fp8_blocks, fp8_amax_gpu, fp8_cast_gpu, matmul_fp8_gpu;
 // defines: fp8_tm_check
@@ -789,6 +789,17 @@ __device__ static inline float fp8_value(uint8_t c, int e5m2) {
     return __half2float(__half(h));
 }
 
+// the codes of a and b as two bytes, a's low: one conversion for the pair (fp8_code of each, the same bits)
+__device__ static inline uint32_t fp8_code2(float a, float b, int e5m2) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+// the values of the two codes in c's low 16 bits (fp8_value of each), the low byte's in .x
+__device__ static inline float2 fp8_value2(uint32_t c, int e5m2) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)c, e5m2 ? __NV_E5M2 : __NV_E4M3);
+    return __half22float2(__half2(h));
+}
+
 // 2^k as a float, |k| <= 126 (the twin's fp8_pow2)
 __host__ __device__ static inline float fp8_pow2_gpu(int k) {
     uint32_t u = (uint32_t)(k + 127) << 23;
@@ -848,10 +859,13 @@ __device__ static inline uint2 fp8_pack(const Fp8Out& q, floatX* v, size_t i, un
     float up = fp8_pow2_gpu(*q.k), down = fp8_pow2_gpu(-*q.k);
     uint32_t w[(M + 3) / 4] = {}; // the codes, little-endian, stored as M-byte words (i is M-aligned; M = 4 or 8)
     #pragma unroll
-    for (int j = 0; j < M; j++) {
-        uint8_t c = fp8_code(to_float(v[j]) * up, q.e5m2);
-        w[j / 4] |= (uint32_t)c << (8 * (j % 4));
-        if (q.round) { v[j] = to_floatX(fp8_value(c, q.e5m2) * down); }
+    for (int j = 0; j < M; j += 2) {
+        uint32_t c = fp8_code2(to_float(v[j]) * up, to_float(v[j + 1]) * up, q.e5m2);
+        w[j / 4] |= c << (8 * (j % 4));
+        if (q.round) {
+            float2 r = fp8_value2(c, q.e5m2);
+            v[j] = to_floatX(r.x * down); v[j + 1] = to_floatX(r.y * down);
+        }
     }
     static_assert(M == 4 || M == 8, "fp8_pack stores 4 or 8 codes");
     if (M == 4) { *(uint32_t*)(q.codes + i) = w[0]; }
@@ -993,12 +1007,13 @@ __global__ void fp8_cast_kernel(uint8_t* codes, floatX* rounded, const T* x, siz
         uint32_t w[2] = {0, 0};
         union { uint4 u; floatX h[8]; } r; // floatX is bf16 here
         #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            unsigned a = __float_as_uint(v[j]) & 0x7FFFFFFFu;
-            mx = a > mx ? a : mx;
-            uint8_t c = fp8_code(v[j] * up, e5m2);
-            w[j / 4] |= (uint32_t)c << (8 * (j % 4));
-            r.h[j] = (floatX)(fp8_value(c, e5m2) * down);
+        for (int j = 0; j < 8; j += 2) {
+            unsigned a = __float_as_uint(v[j]) & 0x7FFFFFFFu, b = __float_as_uint(v[j + 1]) & 0x7FFFFFFFu;
+            mx = a > mx ? a : mx; mx = b > mx ? b : mx;
+            uint32_t c = fp8_code2(v[j] * up, v[j + 1] * up, e5m2);
+            w[j / 4] |= c << (8 * (j % 4));
+            float2 f = fp8_value2(c, e5m2);
+            r.h[j] = (floatX)(f.x * down); r.h[j + 1] = (floatX)(f.y * down);
         }
         if (codes != NULL) { *(uint2*)(codes + 8 * g) = make_uint2(w[0], w[1]); }
         if (rounded != NULL) { *(uint4*)(rounded + 8 * g) = r.u; }
